@@ -1,0 +1,178 @@
+package fairlock
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisClient is the part of a go-redis v9 client that fairlock uses.
+// *redis.Client (also as returned by redis.NewFailoverClient for Sentinel),
+// *redis.ClusterClient and *redis.Ring all satisfy it.
+type RedisClient interface {
+	redis.Scripter
+	BLPop(ctx context.Context, timeout time.Duration, keys ...string) *redis.StringSliceCmd
+}
+
+var (
+	_ RedisClient = (*redis.Client)(nil)
+	_ RedisClient = (*redis.ClusterClient)(nil)
+	_ RedisClient = (*redis.Ring)(nil)
+)
+
+// MaxCapacity is the largest semaphore capacity. Scripts count permits in
+// Lua numbers, which are exact integers only up to 2^53.
+const MaxCapacity = 1 << 50
+
+// Request asks for Permits of the semaphore Name, whose capacity is
+// Capacity. Every user of one semaphore must give the same capacity while
+// it is in use (see [ErrCapacityMismatch]).
+type Request struct {
+	Name     string
+	Capacity int64
+	Permits  int64
+}
+
+// Client grants fair, first-in first-out permits of semaphores stored in
+// Redis. One Client stands for one process in the queues: its waiters on
+// one semaphore share one blocking connection and one liveness refresh.
+//
+// A Client is safe for concurrent use. It holds no per-acquisition state;
+// each grant is a [Lease].
+type Client struct {
+	rdb  RedisClient
+	cfg  config
+	id   string        // identifies this client's wake lists; unguessable
+	done chan struct{} // closed by Close
+
+	mu     sync.Mutex
+	closed bool
+	rooms  map[string]*room // by keys.base
+	leases map[*Lease]struct{}
+
+	wg sync.WaitGroup // every goroutine the client starts
+}
+
+// New returns a Client that keeps its semaphores in rdb. It starts no
+// goroutine and sends nothing to Redis until first used.
+func New(rdb RedisClient, opts ...Option) (*Client, error) {
+	if rdb == nil || isNilPointer(rdb) {
+		return nil, fmt.Errorf("%w: nil redis client", ErrInvalidArgument)
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{
+		rdb:    rdb,
+		cfg:    cfg,
+		id:     rand.Text(),
+		done:   make(chan struct{}),
+		rooms:  make(map[string]*room),
+		leases: make(map[*Lease]struct{}),
+	}, nil
+}
+
+func isNilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
+}
+
+// Close stops the client: its blocked Acquire calls return [ErrClosed]
+// after leaving their queues, and later calls fail with ErrClosed.
+//
+// Close does not release leases still held. It stops renewing them, so
+// their Done channels close (with [ErrClosed] as cause) and Redis drops them
+// when their TTL runs out; Release still frees one at once, as before.
+// Close waits for every goroutine the client started, and is idempotent.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	close(c.done)
+	var listening []*room
+	for _, r := range c.rooms {
+		if r.running {
+			listening = append(listening, r)
+		}
+	}
+	leases := make([]*Lease, 0, len(c.leases))
+	for l := range c.leases {
+		leases = append(leases, l)
+	}
+	c.mu.Unlock()
+
+	for _, l := range leases {
+		l.abandon(ErrClosed)
+	}
+	// A listener blocked in BLPOP would otherwise stay blocked until its
+	// timeout; a wake-up with no ticket ends it now.
+	for _, r := range listening {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = nudgeScript.Run(ctx, c.rdb, []string{r.wakeKey}, ms(c.cfg.waiterTTL)).Err()
+		cancel()
+	}
+	c.wg.Wait()
+	return nil
+}
+
+// Acquire waits in first-in first-out order for req.Permits permits of the
+// semaphore req.Name and returns the lease that holds them. ctx governs the
+// wait only: when ctx ends first, Acquire leaves the queue (handing on a
+// grant that raced the cancellation) and returns an error for which
+// errors.Is(err, ctx.Err()) holds. A request that can never be granted
+// (permits above the capacity) fails at once with [ErrInvalidArgument].
+//
+// Most programs use the semaphore package instead.
+func (c *Client) Acquire(ctx context.Context, req Request) (*Lease, error) {
+	return c.acquire(ctx, req, true)
+}
+
+// TryAcquire takes req.Permits permits if they are free now and nobody is
+// queued for the semaphore, and otherwise returns an error matching
+// [ErrNotAcquired]. It never queues, so it never barges either.
+func (c *Client) TryAcquire(ctx context.Context, req Request) (*Lease, error) {
+	return c.acquire(ctx, req, false)
+}
+
+// check validates a request and returns its semaphore's keys.
+func (c *Client) check(req Request) (keys, error) {
+	k, err := c.keys(req.Name)
+	switch {
+	case err != nil:
+		return k, err
+	case req.Capacity <= 0 || req.Capacity > MaxCapacity:
+		return k, fmt.Errorf("%w: capacity %d of %q is not in [1, %d]", ErrInvalidArgument, req.Capacity, req.Name, int64(MaxCapacity))
+	case req.Permits <= 0:
+		return k, fmt.Errorf("%w: %d permits of %q", ErrInvalidArgument, req.Permits, req.Name)
+	case req.Permits > req.Capacity:
+		return k, fmt.Errorf("%w: %d permits of %q exceed its capacity %d", ErrInvalidArgument, req.Permits, req.Name, req.Capacity)
+	}
+	return k, nil
+}
+
+// newTicket returns a fresh, unguessable ticket id (more than 128 random
+// bits). Only the holder of a Lease knows its ticket, so nobody else can
+// release or renew it.
+func newTicket() string { return rand.Text() }
+
+// ms renders a duration as whole milliseconds, at least 1, for scripts.
+func ms(d time.Duration) int64 {
+	return max(int64(d/time.Millisecond), 1)
+}
+
+// Validate reports whether req is a request c can serve: a valid name, a
+// capacity in [1, MaxCapacity] and permits in [1, capacity]. It contacts no
+// server.
+func (c *Client) Validate(req Request) error {
+	_, err := c.check(req)
+	return err
+}

@@ -1,0 +1,43 @@
+package fairlock
+
+import "errors"
+
+var (
+	// ErrNotAcquired is returned by TryAcquire when the permits are not
+	// free at once, or when earlier waiters are queued for them.
+	ErrNotAcquired = errors.New("fairlock: not acquired")
+
+	// ErrLeaseLost reports that a lease ended without being released: it
+	// expired, could not be renewed in time, or was dropped from Redis. The
+	// holder's critical section may have overlapped the next holder's; the
+	// fencing token is how a resource protects itself from that.
+	ErrLeaseLost = errors.New("fairlock: lease lost")
+
+	// ErrNotHeld is returned by Release on a lease that was already
+	// released, and is the cause reported by [Lease.Err] after a release.
+	ErrNotHeld = errors.New("fairlock: lease not held")
+
+	// ErrCapacityMismatch is returned when a semaphore is used with a
+	// capacity other than the one stored with it in Redis. The stored
+	// capacity holds until the semaphore is idle (no holders, no waiters).
+	ErrCapacityMismatch = errors.New("fairlock: capacity mismatch")
+
+	// ErrInvalidName is returned for a semaphore name fairlock cannot use:
+	// empty, longer than [MaxNameLen], not UTF-8, holding control
+	// characters, or consisting of one hash tag alone.
+	ErrInvalidName = errors.New("fairlock: invalid name")
+
+	// ErrInvalidArgument is returned for an argument out of range: permits
+	// <= 0 or above the capacity, capacity <= 0 or above [MaxCapacity], a
+	// non-positive duration, a nil client.
+	ErrInvalidArgument = errors.New("fairlock: invalid argument")
+
+	// ErrClosed is returned by calls on a [Client] after Close.
+	ErrClosed = errors.New("fairlock: client closed")
+
+	// ErrRedis wraps a failure reported by Redis or by the connection to it:
+	// network errors, OOM under maxmemory, a key of the wrong type in
+	// fairlock's key space. The original error is wrapped too, so
+	// errors.As still reaches it.
+	ErrRedis = errors.New("fairlock: redis error")
+)

@@ -1,0 +1,73 @@
+package fairlock
+
+import (
+	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// MaxNameLen is the longest semaphore name, in bytes, that fairlock accepts.
+const MaxNameLen = 512
+
+// maxPrefixLen bounds the key prefix set with [WithPrefix].
+const maxPrefixLen = 256
+
+// keys names the Redis keys of one semaphore. Every key shares one hash tag,
+// so a script that touches them all is valid on Redis Cluster.
+type keys struct {
+	name string
+	base string // prefix plus hash-tagged name; every key starts with it
+}
+
+// hashTag reports the hash tag Redis Cluster would use for s, or "" if s has
+// none: the text between the first '{' and the first '}' after it, when that
+// text is not empty.
+func hashTag(s string) string {
+	open := strings.IndexByte(s, '{')
+	if open < 0 {
+		return ""
+	}
+	end := strings.IndexByte(s[open+1:], '}')
+	if end <= 0 {
+		return ""
+	}
+	return s[open+1 : open+1+end]
+}
+
+// checkName validates a semaphore name and returns the semaphore's keys.
+//
+// A name that carries its own hash tag ("{acct}:17") is used as is, so names
+// that share a tag share a Cluster slot (which multi-resource locks need).
+// Any other name is wrapped in braces and is its own tag. A name that is
+// entirely one tag ("{acct}") is refused: it would share its keys with the
+// plain name "acct".
+func (c *Client) keys(name string) (keys, error) {
+	switch {
+	case name == "":
+		return keys{}, fmt.Errorf("%w: empty", ErrInvalidName)
+	case len(name) > MaxNameLen:
+		return keys{}, fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidName, len(name), MaxNameLen)
+	case !utf8.ValidString(name):
+		return keys{}, fmt.Errorf("%w: %q is not valid UTF-8", ErrInvalidName, name)
+	case strings.IndexFunc(name, unicode.IsControl) >= 0:
+		return keys{}, fmt.Errorf("%w: %q contains a control character", ErrInvalidName, name)
+	case strings.HasPrefix(name, "{") && strings.HasSuffix(name, "}") && hashTag(name) == name[1:len(name)-1]:
+		return keys{}, fmt.Errorf("%w: %q is only a hash tag; use %q, which lands in the same slot", ErrInvalidName, name, name[1:len(name)-1])
+	}
+	if hashTag(name) != "" {
+		return keys{name: name, base: c.cfg.prefix + name}, nil
+	}
+	return keys{name: name, base: c.cfg.prefix + "{" + name + "}"}, nil
+}
+
+// list returns the keys every script takes, in the order the scripts'
+// headers give.
+func (k keys) list() []string {
+	return []string{k.base + ":s", k.base + ":q", k.base + ":d", k.base + ":h", k.base + ":i", k.base + ":t"}
+}
+
+// wake returns the list on which grants to one client's tickets arrive.
+func (k keys) wake(client string) string {
+	return k.base + ":w:" + client
+}

@@ -1,0 +1,186 @@
+package fairlock
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// A Lease holds permits of a semaphore until it is released or lost. It is
+// renewed automatically while held. Its methods are safe for concurrent
+// use.
+type Lease struct {
+	c       *Client
+	k       keys
+	ticket  string
+	permits int64
+	token   int64
+
+	ctx context.Context // ends when the lease ends; its cause says why
+	end context.CancelCauseFunc
+
+	halt    context.CancelFunc // stops renewal
+	renewed chan struct{}      // closed when renewal has stopped
+
+	mu       sync.Mutex // serialises Release
+	released bool
+}
+
+// newLease wraps a grant and starts its renewal. granted is the local time
+// at which the grant was requested or received; renewals count from it.
+// A grant announced through a wake list (announced) lasts only the waiter
+// TTL until confirmed, so it is renewed at once.
+func (c *Client) newLease(ctx context.Context, k keys, req Request, ticket string, token int64, granted time.Time, announced bool) (*Lease, error) {
+	l := &Lease{c: c, k: k, ticket: ticket, permits: req.Permits, token: token, renewed: make(chan struct{})}
+	l.ctx, l.end = context.WithCancelCause(context.Background())
+	stop, halt := context.WithCancel(context.Background())
+	l.halt = halt
+
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		halt()
+		close(l.renewed)
+		l.end(ErrClosed)
+		// Nobody would renew it; free the permits now rather than at expiry.
+		c.withdraw(ctx, k, ticket)
+		return nil, fmt.Errorf("fairlock: acquire %q: %w", req.Name, ErrClosed)
+	}
+	c.leases[l] = struct{}{}
+	c.wg.Add(1)
+	c.mu.Unlock()
+	go l.renew(stop, granted, announced)
+	return l, nil
+}
+
+// Token returns the lease's fencing token. Tokens of one semaphore
+// strictly increase over all its grants, so a resource that remembers the
+// highest token it has seen can refuse a holder whose lease was lost (say,
+// paused past its TTL) once a later holder has written. Tokens are derived
+// from Redis's clock in microseconds, raised by one where grants come
+// faster, so they keep increasing even after an idle semaphore's keys
+// expire, and after Redis loses its data, unless the clock of the Redis that
+// serves next is behind the one that served before.
+func (l *Lease) Token() int64 { return l.token }
+
+// Permits returns the number of permits the lease holds.
+func (l *Lease) Permits() int64 { return l.permits }
+
+// Name returns the name of the semaphore the lease holds permits of.
+func (l *Lease) Name() string { return l.k.name }
+
+// Done returns a channel that is closed when the lease ends: released,
+// expired, not renewed in time, or abandoned by [Client.Close].
+func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+
+// Err returns nil while the lease is held, and afterwards why it ended:
+// [ErrNotHeld] once released, an error matching [ErrLeaseLost] if it was
+// lost, or [ErrClosed] if its client was closed.
+func (l *Lease) Err() error { return context.Cause(l.ctx) }
+
+// Release frees the lease's permits and hands them to the next waiters. It
+// stops renewal before it returns. It returns an error matching
+// [ErrLeaseLost] if the lease had already expired or been dropped, so the
+// caller learns its critical section may have overlapped another holder's,
+// and [ErrNotHeld] if the lease was released before.
+//
+// If Redis cannot be reached, Release returns an error matching [ErrRedis],
+// the lease is no longer renewed (Done closes) and its permits return when
+// its TTL runs out; calling Release again may free them earlier.
+func (l *Lease) Release(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.released {
+		return fmt.Errorf("fairlock: release %q: %w", l.k.name, ErrNotHeld)
+	}
+	l.stopRenewal()
+	n, err := releaseScript.Run(ctx, l.c.rdb, l.k.list(), "release", l.ticket).Int64()
+	if err != nil {
+		l.finish(fmt.Errorf("%w: release failed, the lease is no longer renewed", ErrLeaseLost))
+		return fail(ctx, "release", l.k.name, err)
+	}
+	l.released = true
+	if n != 1 {
+		l.finish(ErrLeaseLost)
+		return fmt.Errorf("fairlock: release %q: %w", l.k.name, ErrLeaseLost)
+	}
+	l.finish(ErrNotHeld)
+	return nil
+}
+
+// stopRenewal stops the renewal goroutine and waits for it.
+func (l *Lease) stopRenewal() {
+	l.halt()
+	<-l.renewed
+}
+
+// finish ends the lease with cause (the first cause given sticks) and
+// forgets it in its client.
+func (l *Lease) finish(cause error) {
+	l.end(cause)
+	l.c.mu.Lock()
+	delete(l.c.leases, l)
+	l.c.mu.Unlock()
+}
+
+// abandon stops maintaining the lease without releasing it.
+func (l *Lease) abandon(cause error) {
+	l.stopRenewal()
+	l.finish(cause)
+}
+
+// renew extends the lease at a third of its TTL until stopped or lost. It
+// counts the TTL from when each renewal was sent, never from its answer,
+// so the holder gives the lease up before Redis can have expired it.
+func (l *Lease) renew(stop context.Context, granted time.Time, announced bool) {
+	defer l.c.wg.Done()
+	defer close(l.renewed)
+	ttl := l.c.cfg.leaseTTL
+	deadline, first := granted.Add(ttl), ttl/3
+	if announced {
+		deadline, first = granted.Add(min(ttl, l.c.cfg.waiterTTL)), 0
+	}
+	timer := time.NewTimer(first)
+	defer timer.Stop()
+	for {
+		select {
+		case <-stop.Done():
+			return
+		case <-timer.C:
+		}
+		sent := time.Now()
+		ctx, cancel := context.WithDeadline(stop, deadline)
+		n, err := releaseScript.Run(ctx, l.c.rdb, l.k.list(), "renew", l.ticket, ms(ttl)).Int64()
+		cancel()
+		switch {
+		case stop.Err() != nil:
+			return
+		case err == nil && n == 1:
+			deadline = sent.Add(ttl)
+			timer.Reset(ttl / 3)
+		case err == nil:
+			l.finish(fmt.Errorf("fairlock: renew %q: %w: expired", l.k.name, ErrLeaseLost))
+			return
+		case !time.Now().Before(deadline):
+			l.finish(fmt.Errorf("%w: %w", ErrLeaseLost, fail(ctx, "renew", l.k.name, err)))
+			return
+		default:
+			// Retry soon, but never past the deadline.
+			timer.Reset(min(ttl/10, time.Until(deadline)))
+		}
+	}
+}
+
+// WithLease returns a copy of parent that is also cancelled when lease
+// ends, with the lease's [Lease.Err] as cause (see [context.Cause]), so work
+// done under the lease can stop once the lease no longer protects it. Call
+// cancel when the work is done to free the resources it holds.
+func WithLease(parent context.Context, lease *Lease) (ctx context.Context, cancel context.CancelFunc) {
+	ctx, cancelCause := context.WithCancelCause(parent)
+	stop := context.AfterFunc(lease.ctx, func() { cancelCause(lease.Err()) })
+	return ctx, func() {
+		stop()
+		cancelCause(context.Canceled)
+	}
+}

@@ -1,0 +1,69 @@
+package fairlock
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Defaults of the [Option] settings.
+const (
+	DefaultPrefix    = "fairlock:"
+	DefaultLeaseTTL  = 10 * time.Second
+	DefaultWaiterTTL = 3 * time.Second
+)
+
+// minTTL is the shortest lease or waiter TTL accepted: renewals run at a
+// third of it, and shorter periods would keep Redis busy for nothing.
+const minTTL = 10 * time.Millisecond
+
+type config struct {
+	prefix    string
+	leaseTTL  time.Duration
+	waiterTTL time.Duration
+}
+
+// Option configures a [Client].
+type Option func(*config)
+
+// WithPrefix sets the prefix of every Redis key the client writes, so that
+// several applications can share one Redis. The default is "fairlock:". A
+// prefix may not contain '{' or '}', which would change the hash tag.
+func WithPrefix(prefix string) Option {
+	return func(c *config) { c.prefix = prefix }
+}
+
+// WithLeaseTTL sets how long a grant lasts without renewal. Leases are
+// renewed automatically at a third of the TTL while held, so the TTL bounds
+// how long a crashed holder keeps its permits. The default is 10s.
+func WithLeaseTTL(d time.Duration) Option {
+	return func(c *config) { c.leaseTTL = d }
+}
+
+// WithWaiterTTL sets how long a queued waiter stays in the queue after its
+// process stops refreshing it (crashed, partitioned or paused). Live
+// processes refresh their waiters at a third of it. It bounds how long a
+// dead waiter can delay the ones behind it. The default is 3s.
+func WithWaiterTTL(d time.Duration) Option {
+	return func(c *config) { c.waiterTTL = d }
+}
+
+func newConfig(opts []Option) (config, error) {
+	cfg := config{prefix: DefaultPrefix, leaseTTL: DefaultLeaseTTL, waiterTTL: DefaultWaiterTTL}
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	switch {
+	case strings.ContainsAny(cfg.prefix, "{}"):
+		return cfg, fmt.Errorf("%w: prefix %q contains '{' or '}'", ErrInvalidArgument, cfg.prefix)
+	case len(cfg.prefix) > maxPrefixLen:
+		return cfg, fmt.Errorf("%w: prefix is %d bytes, longer than %d", ErrInvalidArgument, len(cfg.prefix), maxPrefixLen)
+	case cfg.leaseTTL < minTTL:
+		return cfg, fmt.Errorf("%w: lease TTL %v is shorter than %v", ErrInvalidArgument, cfg.leaseTTL, minTTL)
+	case cfg.waiterTTL < minTTL:
+		return cfg, fmt.Errorf("%w: waiter TTL %v is shorter than %v", ErrInvalidArgument, cfg.waiterTTL, minTTL)
+	}
+	return cfg, nil
+}

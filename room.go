@@ -1,0 +1,284 @@
+package fairlock
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// listenTimeout is how long one BLPOP blocks. It only bounds how long an
+// idle listener lingers after its last waiter left; wake-ups end the block
+// at once. go-redis rounds shorter timeouts up to a second anyway.
+const listenTimeout = time.Second
+
+// A room gathers one client's waiters on one semaphore. While it has
+// waiters it runs two goroutines: listen, the one blocking BLPOP connection
+// that receives every grant to them, and maintain, which refreshes their
+// liveness and runs the queue when a lease or a waiter deadline passes.
+type room struct {
+	c       *Client
+	k       keys
+	wakeKey string
+	kick    chan struct{} // wakes maintain to look at due again
+
+	// Guarded by c.mu.
+	waiters map[string]*waiter
+	running bool
+	due     time.Time     // when maintain runs next
+	stop    chan struct{} // closed when the goroutines must end
+}
+
+type waiter struct {
+	ticket string
+	ch     chan wakeup // buffered; receives at most one wakeup
+}
+
+// wakeup is what a waiter learns: granted (token), dropped from the queue
+// (requeue), or cut off from Redis for longer than its liveness (err).
+type wakeup struct {
+	token   int64
+	at      time.Time
+	requeue bool
+	err     error
+}
+
+// register makes a ticket for one acquisition; when it may wait, the
+// ticket also gets a waiter in its room.
+func (c *Client) register(k keys, wait bool) (*room, *waiter, error) {
+	w := &waiter{ticket: newTicket(), ch: make(chan wakeup, 1)}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, nil, ErrClosed
+	}
+	if !wait {
+		return nil, w, nil
+	}
+	r := c.rooms[k.base]
+	if r == nil {
+		r = &room{c: c, k: k, wakeKey: k.wake(c.id), kick: make(chan struct{}, 1), waiters: make(map[string]*waiter)}
+		c.rooms[k.base] = r
+	}
+	r.waiters[w.ticket] = w
+	return r, w, nil
+}
+
+func (c *Client) unregister(r *room, w *waiter) {
+	if r == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(r.waiters, w.ticket)
+	if len(r.waiters) == 0 && !r.running && c.rooms[r.k.base] == r {
+		delete(c.rooms, r.k.base)
+	}
+}
+
+// listen makes sure r's goroutines run, and that maintain runs no later
+// than after the given time (the queue's next event, or < 0 for none).
+func (c *Client) listen(r *room, next time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	if !r.running {
+		r.running = true
+		r.stop = make(chan struct{})
+		r.due = time.Now().Add(c.refreshEvery())
+		c.wg.Add(2)
+		go r.listen(r.stop)
+		go r.maintain(r.stop)
+	}
+	r.scheduleLocked(next)
+}
+
+func (c *Client) refreshEvery() time.Duration { return c.cfg.waiterTTL / 3 }
+
+// scheduleLocked moves maintain's next run earlier, to next from now.
+func (r *room) scheduleLocked(next time.Duration) {
+	if next < 0 {
+		return
+	}
+	if at := time.Now().Add(next); at.Before(r.due) {
+		r.due = at
+		select {
+		case r.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// active reports whether r still has waiters. When it has none, r stops:
+// both goroutines end and the room is forgotten, so a later waiter starts
+// afresh.
+func (r *room) active() bool {
+	c := r.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(r.waiters) > 0 && !c.closed {
+		return true
+	}
+	r.running = false
+	close(r.stop)
+	if len(r.waiters) == 0 && c.rooms[r.k.base] == r {
+		delete(c.rooms, r.k.base)
+	}
+	return false
+}
+
+// listen receives grants on the room's wake list and hands each to its
+// waiter. It is the room's only blocking connection.
+func (r *room) listen(stop chan struct{}) {
+	defer r.c.wg.Done()
+	backoff := time.NewTimer(0)
+	defer backoff.Stop()
+	delay := time.Duration(0)
+	for r.active() {
+		res, err := r.c.rdb.BLPop(context.Background(), listenTimeout, r.wakeKey).Result()
+		switch {
+		case err == nil:
+			delay = 0
+			if len(res) == 2 {
+				r.deliverGrant(res[1])
+			}
+		case errors.Is(err, redis.Nil): // timed out
+			delay = 0
+		default:
+			// Redis unreachable: reconnect with backoff. Waiters learn of
+			// the outage from maintain, which fails them after one
+			// liveness period.
+			delay = min(max(2*delay, 10*time.Millisecond), time.Second)
+			backoff.Reset(delay)
+			select {
+			case <-backoff.C:
+			case <-stop:
+			case <-r.c.done:
+			}
+		}
+	}
+}
+
+func (r *room) deliverGrant(payload string) {
+	ticket, token, ok := parseWake(payload)
+	if ok {
+		r.deliver(ticket, wakeup{token: token, at: time.Now()})
+	}
+}
+
+// deliver hands w to the waiter of ticket, if it still waits. A wake-up for
+// a ticket that no longer waits (cancelled, or from an earlier life of the
+// wake list) is dropped: tickets are never reused, so it cannot be
+// mistaken for a grant to anybody else.
+func (r *room) deliver(ticket string, wk wakeup) {
+	r.c.mu.Lock()
+	w := r.waiters[ticket]
+	delete(r.waiters, ticket)
+	r.c.mu.Unlock()
+	if w != nil {
+		w.ch <- wk
+	}
+}
+
+// maintain keeps the room's waiters alive in Redis and runs the queue's
+// timed events: a lease expiring or a dead waiter's deadline passing, after
+// which the queue may move though nobody released. It wakes only at those
+// moments and every third of the waiter TTL; it never polls for grants.
+func (r *room) maintain(stop chan struct{}) {
+	c := r.c
+	defer c.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	lastOK := time.Now()
+	for {
+		c.mu.Lock()
+		due := r.due
+		c.mu.Unlock()
+		timer.Reset(time.Until(due))
+		select {
+		case <-stop:
+			return
+		case <-c.done:
+			return
+		case <-r.kick:
+			continue
+		case <-timer.C:
+		}
+		c.mu.Lock()
+		if time.Now().Before(r.due) {
+			c.mu.Unlock()
+			continue
+		}
+		r.due = time.Now().Add(time.Hour) // lowered by the result below or by schedule
+		tickets := make([]any, 0, 2+len(r.waiters))
+		tickets = append(tickets, "refresh", ms(c.cfg.waiterTTL))
+		for t := range r.waiters {
+			tickets = append(tickets, t)
+		}
+		c.mu.Unlock()
+
+		next := c.refreshEvery()
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
+		res, err := acquireScript.Run(ctx, c.rdb, r.k.list(), tickets...).Slice()
+		cancel()
+		now := time.Now()
+		if err == nil {
+			err = r.apply(res, &next)
+		}
+		if err != nil {
+			// The waiters' tickets die at their deadlines if this lasts;
+			// their Acquire calls must not wait on in ignorance.
+			if now.Sub(lastOK) >= c.cfg.waiterTTL {
+				r.failAll(err)
+			}
+			next = min(next, c.cfg.waiterTTL/10)
+		} else {
+			lastOK = now
+		}
+		c.mu.Lock()
+		r.scheduleLocked(next)
+		c.mu.Unlock()
+	}
+}
+
+// apply reads a refresh reply: the queue's next event and the tickets that
+// stopped waiting (granted, or dropped).
+func (r *room) apply(res []any, next *time.Duration) error {
+	ev, err := reply(res).int(0)
+	if err != nil {
+		return err
+	}
+	if ev >= 0 {
+		*next = min(*next, time.Duration(ev)*time.Millisecond)
+	}
+	if len(res) < 2 {
+		return nil
+	}
+	gone, _ := res[1].([]any)
+	for i := 0; i+1 < len(gone); i += 2 {
+		ticket, _ := gone[i].(string)
+		token, err := reply(gone).int(i + 1)
+		if err != nil {
+			return err
+		}
+		if token > 0 {
+			r.deliver(ticket, wakeup{token: token, at: time.Now()})
+		} else {
+			r.deliver(ticket, wakeup{requeue: true})
+		}
+	}
+	return nil
+}
+
+func (r *room) failAll(err error) {
+	r.c.mu.Lock()
+	ws := r.waiters
+	r.waiters = make(map[string]*waiter)
+	r.c.mu.Unlock()
+	for _, w := range ws {
+		w.ch <- wakeup{err: err}
+	}
+}

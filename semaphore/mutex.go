@@ -1,0 +1,36 @@
+package semaphore
+
+import (
+	"context"
+
+	"github.com/fairlock/fairlock"
+)
+
+// Mutex is a fair mutual-exclusion lock named in Redis: a semaphore of
+// capacity 1. Lockers are served in arrival order.
+type Mutex struct{ s *Semaphore }
+
+// NewMutex returns the mutex name kept in Redis by c. It shares its state
+// with a semaphore of the same name and capacity 1.
+func NewMutex(c *fairlock.Client, name string) (*Mutex, error) {
+	s, err := New(c, name, 1)
+	if err != nil {
+		return nil, err
+	}
+	return &Mutex{s}, nil
+}
+
+// Lock waits, in arrival order, until the mutex is free and returns the
+// lease that holds it, or an error matching ctx.Err() when ctx ends first.
+func (m *Mutex) Lock(ctx context.Context) (*fairlock.Lease, error) { return m.s.Acquire(ctx, 1) }
+
+// TryLock locks the mutex if it is free and nobody waits for it; otherwise
+// it returns an error matching [fairlock.ErrNotAcquired].
+func (m *Mutex) TryLock(ctx context.Context) (*fairlock.Lease, error) {
+	return m.s.TryAcquire(ctx, 1)
+}
+
+// Do locks the mutex, runs f and unlocks it, as [Semaphore.Do].
+func (m *Mutex) Do(ctx context.Context, f func(ctx context.Context) error) error {
+	return m.s.Do(ctx, 1, f)
+}

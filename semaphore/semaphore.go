@@ -1,0 +1,75 @@
+package semaphore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/fairlock/fairlock"
+)
+
+// Semaphore is a weighted counting semaphore named in Redis.
+type Semaphore struct {
+	c        *fairlock.Client
+	name     string
+	capacity int64
+}
+
+// New returns the semaphore name with the given capacity, kept in Redis by
+// c. It validates its arguments and contacts no server. Every user of one
+// name must give the same capacity while it is in use; otherwise Acquire
+// fails with [fairlock.ErrCapacityMismatch].
+func New(c *fairlock.Client, name string, capacity int64) (*Semaphore, error) {
+	if c == nil {
+		return nil, fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument)
+	}
+	// A request for one permit checks the name and capacity the way every
+	// later call will.
+	if err := c.Validate(fairlock.Request{Name: name, Capacity: capacity, Permits: 1}); err != nil {
+		return nil, err
+	}
+	return &Semaphore{c: c, name: name, capacity: capacity}, nil
+}
+
+// Name returns the semaphore's name.
+func (s *Semaphore) Name() string { return s.name }
+
+// Capacity returns the semaphore's capacity.
+func (s *Semaphore) Capacity() int64 { return s.capacity }
+
+// Acquire waits for n permits, first-in first-out, and returns the lease
+// that holds them. It blocks until the permits are granted or ctx ends;
+// then it leaves the queue and returns an error matching ctx.Err(). n must
+// be in [1, Capacity]: other values fail at once with
+// [fairlock.ErrInvalidArgument], and nothing is queued.
+func (s *Semaphore) Acquire(ctx context.Context, n int64) (*fairlock.Lease, error) {
+	return s.c.Acquire(ctx, fairlock.Request{Name: s.name, Capacity: s.capacity, Permits: n})
+}
+
+// TryAcquire takes n permits if they are free and nobody waits for the
+// semaphore, without waiting. Otherwise it returns an error matching
+// [fairlock.ErrNotAcquired].
+func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (*fairlock.Lease, error) {
+	return s.c.TryAcquire(ctx, fairlock.Request{Name: s.name, Capacity: s.capacity, Permits: n})
+}
+
+// Do acquires n permits, runs f and releases them. The context given to f
+// is cancelled, with cause [fairlock.ErrLeaseLost], if the lease is lost
+// while f runs, so f can stop work it no longer protects. Do returns f's
+// error joined with any error from the release.
+func (s *Semaphore) Do(ctx context.Context, n int64, f func(ctx context.Context) error) error {
+	lease, err := s.Acquire(ctx, n)
+	if err != nil {
+		return err
+	}
+	return run(ctx, lease, f)
+}
+
+// run calls f under lease and releases it afterwards.
+func run(ctx context.Context, lease *fairlock.Lease, f func(ctx context.Context) error) error {
+	fctx, cancel := fairlock.WithLease(ctx, lease)
+	ferr := f(fctx)
+	cancel()
+	rerr := lease.Release(context.WithoutCancel(ctx))
+	return errors.Join(ferr, rerr)
+}
