@@ -46,12 +46,16 @@ end
 -- next_seq hands out the next number of the semaphore's one sequence, used
 -- both as arrival order and as fencing token. It is at least the current
 -- time in microseconds, so it keeps increasing after the key is gone: the key
--- lives until Redis's clock has passed the number it stores.
+-- lives until a second after Redis's clock has passed the number it stores.
+-- The number is also kept in a local, for servers whose key expiry moves on
+-- while a script runs.
+local last_seq = 0
 local function next_seq()
-  local last = tonumber(redis.call('GET', T) or 0)
-  local seq = math.max(last + 1, now_us)
+  local stored = tonumber(redis.call('GET', T) or 0)
+  local seq = math.max(stored + 1, last_seq + 1, now_us)
+  last_seq = seq
   redis.call('SET', T, num(seq))
-  redis.call('PEXPIREAT', T, num(math.floor(seq / 1000) + 2))
+  redis.call('PEXPIREAT', T, num(math.floor(seq / 1000) + 1000))
   return seq
 end
 

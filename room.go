@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -232,7 +233,7 @@ func (r *room) maintain(stop chan struct{}) {
 			// The waiters' tickets die at their deadlines if this lasts;
 			// their Acquire calls must not wait on in ignorance.
 			if now.Sub(lastOK) >= c.cfg.waiterTTL {
-				r.failAll(err)
+				r.failAll(fmt.Errorf("%w: waiters could not be kept alive for %v: %w", ErrRedis, c.cfg.waiterTTL, err))
 			}
 			next = min(next, c.cfg.waiterTTL/10)
 		} else {

@@ -39,10 +39,12 @@ const capacityErrPrefix = "FAIRLOCK_CAPACITY "
 // fail turns an error from Redis or the connection into fairlock's error
 // for op on name. It is the one place where Redis errors are mapped.
 func fail(ctx context.Context, op, name string, err error) error {
+	// Only the caller's context makes a context error the caller's; an
+	// internal timeout means Redis did not answer in time.
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return fmt.Errorf("fairlock: %s %q: %w", op, name, ctxErr)
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, ErrRedis) {
 		return fmt.Errorf("fairlock: %s %q: %w", op, name, err)
 	}
 	if msg := err.Error(); strings.HasPrefix(msg, capacityErrPrefix) {

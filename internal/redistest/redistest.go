@@ -85,6 +85,8 @@ var shared *Server
 // tests, stops the server and fails the run if a fairlock goroutine
 // outlived the tests.
 func Main(m *testing.M) {
+	// Tests break connections on purpose; go-redis would log every redial.
+	redis.SetLogger(quiet{})
 	srv, err := Start()
 	switch {
 	case err == nil:
@@ -269,3 +271,7 @@ func Leaks(wait time.Duration) string {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}

@@ -1,0 +1,190 @@
+package semaphore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"sync"
+	"sync/atomic"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/semaphore"
+	"github.com/redis/go-redis/v9"
+)
+
+// startRedis starts an embedded Redis for the examples; a program would
+// connect to its real Redis instead.
+func startRedis() (*redis.Client, func()) {
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	return rdb, func() { rdb.Close(); mr.Close() }
+}
+
+func Example() {
+	rdb, stop := startRedis()
+	defer stop()
+	ctx := context.Background()
+
+	c, err := fairlock.New(rdb, fairlock.WithPrefix("myapp:"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	sem, err := semaphore.New(c, "encoders", 4)
+	if err != nil {
+		log.Fatal(err)
+	}
+	lease, err := sem.Acquire(ctx, 1) // waits its turn, first-in first-out
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Release(ctx)
+
+	fmt.Println("holding", lease.Permits(), "of", sem.Capacity(), "permits of", lease.Name())
+	// Output: holding 1 of 4 permits of encoders
+}
+
+// Eight jobs across a pool of workers, at most three encoding at once.
+func ExampleNew_workerPool() {
+	rdb, stop := startRedis()
+	defer stop()
+	ctx := context.Background()
+	c, err := fairlock.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	sem, err := semaphore.New(c, "encoders", 3)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	var running, most atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := sem.Do(ctx, 1, func(ctx context.Context) error {
+				n := running.Add(1)
+				defer running.Add(-1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				return nil // encode here; ctx ends if the lease is lost
+			})
+			if err != nil {
+				log.Print(err)
+			}
+		}()
+	}
+	wg.Wait()
+	fmt.Println("at most three at once:", most.Load() <= 3)
+	// Output: at most three at once: true
+}
+
+func ExampleSemaphore_TryAcquire() {
+	rdb, stop := startRedis()
+	defer stop()
+	ctx := context.Background()
+	c, err := fairlock.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	sem, err := semaphore.New(c, "gpu", 2)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	both, err := sem.TryAcquire(ctx, 2)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = sem.TryAcquire(ctx, 1)
+	fmt.Println("busy:", errors.Is(err, fairlock.ErrNotAcquired))
+	both.Release(ctx)
+	one, err := sem.TryAcquire(ctx, 1)
+	fmt.Println("after release:", err)
+	one.Release(ctx)
+	// Output:
+	// busy: true
+	// after release: <nil>
+}
+
+// A fencing token lets the protected resource refuse a holder whose lease
+// ended (say, it was paused past its TTL) once a later holder has written.
+func ExampleMutex() {
+	rdb, stop := startRedis()
+	defer stop()
+	ctx := context.Background()
+	c, err := fairlock.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	mu, err := semaphore.NewMutex(c, "ledger")
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	var highest int64 // kept by the resource, e.g. in its own database
+	write := func(lease *fairlock.Lease) error {
+		if lease.Token() <= highest {
+			return errors.New("stale token")
+		}
+		highest = lease.Token()
+		return nil
+	}
+	first, err := mu.Lock(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	first.Release(ctx)
+	second, err := mu.Lock(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer second.Release(ctx)
+
+	fmt.Println("second holder writes:", write(second))
+	fmt.Println("first holder, late:", write(first))
+	// Output:
+	// second holder writes: <nil>
+	// first holder, late: stale token
+}
+
+func ExampleRWMutex() {
+	rdb, stop := startRedis()
+	defer stop()
+	ctx := context.Background()
+	c, err := fairlock.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	rw, err := semaphore.NewRWMutex(c, "config")
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	r1, _ := rw.RLock(ctx)
+	r2, err := rw.TryRLock(ctx)
+	fmt.Println("two readers:", err == nil)
+	_, err = rw.TryLock(ctx)
+	fmt.Println("writer while reading:", errors.Is(err, fairlock.ErrNotAcquired))
+	r1.Release(ctx)
+	r2.Release(ctx)
+	w, err := rw.Lock(ctx)
+	fmt.Println("writer alone:", err == nil)
+	w.Release(ctx)
+	// Output:
+	// two readers: true
+	// writer while reading: true
+	// writer alone: true
+}

@@ -1,0 +1,248 @@
+package semaphore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/redistest"
+)
+
+// waitDone waits for a lease's Done channel.
+func (e *env) waitDone(l *fairlock.Lease) {
+	e.t.Helper()
+	select {
+	case <-l.Done():
+	case <-time.After(10 * time.Second):
+		e.t.Fatal("lease Done not closed within 10s")
+	}
+}
+
+// Semantics 4: a held lease is renewed past its TTL.
+func TestLeaseRenewedWhileHeld(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		const ttl = 150 * time.Millisecond
+		l, err := e.sem(e.client(fairlock.WithLeaseTTL(ttl)), "renew", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * ttl)
+		if _, err := e.sem(e.client(), "renew", 1).TryAcquire(ctx, 1); !errors.Is(err, fairlock.ErrNotAcquired) {
+			t.Fatalf("TryAcquire while renewed = %v, want ErrNotAcquired", err)
+		}
+		if err := l.Err(); err != nil {
+			t.Fatalf("Err() of a held lease = %v", err)
+		}
+		e.release(l)
+		isErr(t, "Err() after Release", l.Err(), fairlock.ErrNotHeld)
+	})
+}
+
+// Semantics 4: a lease that expired by Redis's clock is reported lost by
+// Done, Err and Release, and renewal never brings it back.
+func TestLeaseExpiredIsLost(t *testing.T) {
+	b := redistest.Mini(t)
+	b.Freeze(t)
+	e := newEnv(t, b)
+	ctx := context.Background()
+	const ttl = 300 * time.Millisecond
+	a := e.sem(e.client(fairlock.WithLeaseTTL(ttl)), "lost", 1)
+	l, err := a.Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Advance(t, ttl) // expiry <= now: gone
+	e.waitDone(l)
+	isErr(t, "Err() after expiry", l.Err(), fairlock.ErrLeaseLost)
+	// Nobody holds it now, and the old holder's renewals did not revive it.
+	next, err := e.sem(e.client(), "lost", 1).TryAcquire(ctx, 1)
+	if err != nil {
+		t.Fatalf("TryAcquire after expiry: %v", err)
+	}
+	if next.Token() <= l.Token() {
+		t.Fatalf("token after takeover %d <= lost holder's %d", next.Token(), l.Token())
+	}
+	isErr(t, "Release of an expired lease", l.Release(ctx), fairlock.ErrLeaseLost)
+	isErr(t, "second Release", l.Release(ctx), fairlock.ErrNotHeld)
+	e.release(next)
+}
+
+// Semantics 4: renewal stops before Release returns.
+func TestNoRenewalAfterRelease(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		cnt := newCounter()
+		rdb := b.Client(t)
+		rdb.AddHook(cnt)
+		const ttl = 30 * time.Millisecond
+		l, err := e.sem(e.clientOn(rdb, fairlock.WithLeaseTTL(ttl)), "stop", 1).Acquire(context.Background(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.waitFor("two renewals", func() bool { return cnt.get("evalsha:renew") >= 2 })
+		e.release(l)
+		after := cnt.get("evalsha:renew")
+		time.Sleep(5 * ttl)
+		if got := cnt.get("evalsha:renew"); got != after {
+			t.Fatalf("%d renewals after Release returned", got-after)
+		}
+	})
+}
+
+// Semantics 5: a crashed holder's permits pass to the next waiter when its
+// lease expires, with nobody releasing and the waiter not polling (its
+// liveness refresh is an hour away).
+func TestHolderCrash(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		const ttl = 200 * time.Millisecond
+		holder, f := e.faultyClient(fairlock.WithLeaseTTL(ttl))
+		l, err := e.sem(holder, "crash", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch := acquireAsync(ctx, e.sem(e.client(fairlock.WithWaiterTTL(time.Hour)), "crash", 1), 1)
+		e.waitQueued("crash", 1)
+		f.down.Store(true) // the holder's process dies
+		r := e.receive(ch)
+		if r.err != nil {
+			t.Fatalf("waiter after holder crash: %v", r.err)
+		}
+		if r.lease.Token() <= l.Token() {
+			t.Fatalf("new token %d <= crashed holder's %d", r.lease.Token(), l.Token())
+		}
+		e.release(r.lease)
+	})
+}
+
+// Semantics 6: a waiter whose context ends leaves the queue at once.
+func TestCancelLeavesQueue(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		held, err := e.sem(e.client(), "cancel", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := e.sem(e.client(), "cancel", 1)
+		cctx, cancel := context.WithCancel(ctx)
+		ch := acquireAsync(cctx, s, 1)
+		e.waitQueued("cancel", 1)
+		cancel()
+		r := e.receive(ch)
+		isErr(t, "Acquire after cancel", r.err, context.Canceled)
+		if n, _ := e.rdb.ZCard(ctx, e.key("cancel", "q")).Result(); n != 0 {
+			t.Fatalf("queue length after cancel = %d, want 0", n)
+		}
+		dctx, dcancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer dcancel()
+		_, err = s.Acquire(dctx, 1)
+		isErr(t, "Acquire past its deadline", err, context.DeadlineExceeded)
+		if n, _ := e.rdb.ZCard(ctx, e.key("cancel", "q")).Result(); n != 0 {
+			t.Fatalf("queue length after deadline = %d, want 0", n)
+		}
+		// A done context fails even where permits are free.
+		e.release(held)
+		_, err = s.Acquire(cctx, 1)
+		isErr(t, "Acquire with a done context", err, context.Canceled)
+	})
+}
+
+// Semantics 6: a grant that races a cancellation is handed to the next
+// waiter. The first waiter's process is held before it reads its wake-up,
+// so the grant lands while it still waits; then its context ends.
+func TestCancelRacingGrantHandsOn(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		held, err := e.sem(e.client(), "race", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c1, f := e.faultyClient()
+		undo := f.deafen(t)
+		cctx, cancel := context.WithCancel(ctx)
+		first := acquireAsync(cctx, e.sem(c1, "race", 1), 1)
+		e.waitQueued("race", 1)
+		second := acquireAsync(ctx, e.sem(e.client(), "race", 1), 1)
+		e.waitQueued("race", 2)
+		e.release(held)
+		e.waitQueued("race", 1) // granted to the first, which has not heard
+		cancel()
+		r1 := e.receive(first)
+		isErr(t, "cancelled Acquire", r1.err, context.Canceled)
+		r2 := e.receive(second)
+		if r2.err != nil {
+			t.Fatalf("second waiter: %v", r2.err)
+		}
+		undo()
+		e.release(r2.lease)
+	})
+}
+
+// Semantics 6: waiters whose process died are dropped after one waiter
+// TTL, all at once: survivors wait one TTL, not one per dead waiter, even
+// when the grant reaches a dead waiter first. Redis's clock is frozen and
+// moved exactly one waiter TTL, so a per-waiter delay could not pass.
+func TestDeadWaitersCostOneTTL(t *testing.T) {
+	b := redistest.Mini(t)
+	b.Freeze(t)
+	e := newEnv(t, b)
+	ctx := context.Background()
+	held, err := e.sem(e.client(), "dead", 1).Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wttl = 500 * time.Millisecond
+	const dead = 5
+	var cut []*faults
+	for i := range dead {
+		c, f := e.faultyClient(fairlock.WithWaiterTTL(wttl), fairlock.WithLeaseTTL(time.Hour))
+		cut = append(cut, f)
+		_ = acquireAsync(ctx, e.sem(c, "dead", 1), 1)
+		e.waitQueued("dead", int64(i+1))
+	}
+	live := acquireAsync(ctx, e.sem(e.client(fairlock.WithWaiterTTL(time.Hour)), "dead", 1), 1)
+	e.waitQueued("dead", dead+1)
+	for _, f := range cut {
+		f.down.Store(true)
+	}
+	e.release(held) // hands the permit to the first dead waiter
+	e.notYet(live, "the live waiter, behind dead ones")
+	b.Advance(t, wttl)
+	r := e.receive(live)
+	if r.err != nil {
+		t.Fatalf("live waiter: %v", r.err)
+	}
+	e.release(r.lease)
+}
+
+// Semantics 6: a dead process's announced grant expires after one waiter
+// TTL, with real time and no clock moves.
+func TestGrantToDeadWaiterExpires(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		held, err := e.sem(e.client(), "gd", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, f := e.faultyClient(fairlock.WithWaiterTTL(200*time.Millisecond), fairlock.WithLeaseTTL(time.Hour))
+		_ = acquireAsync(ctx, e.sem(c, "gd", 1), 1)
+		e.waitQueued("gd", 1)
+		live := acquireAsync(ctx, e.sem(e.client(fairlock.WithWaiterTTL(time.Hour)), "gd", 1), 1)
+		e.waitQueued("gd", 2)
+		f.down.Store(true)
+		e.release(held)
+		r := e.receive(live)
+		if r.err != nil {
+			t.Fatalf("live waiter: %v", r.err)
+		}
+		e.release(r.lease)
+	})
+}

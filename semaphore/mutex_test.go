@@ -1,0 +1,126 @@
+package semaphore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/semaphore"
+)
+
+func TestMutex(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		m1, err := semaphore.NewMutex(e.client(), "mu")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m2, err := semaphore.NewMutex(e.client(), "mu")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := m1.Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = m2.TryLock(ctx)
+		isErr(t, "TryLock of a locked mutex", err, fairlock.ErrNotAcquired)
+		e.release(l)
+		ran := false
+		if err := m2.Do(ctx, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
+			t.Fatalf("Do = %v, ran %v", err, ran)
+		}
+		l, err = m1.TryLock(ctx)
+		if err != nil {
+			t.Fatalf("TryLock after Do released: %v", err)
+		}
+		e.release(l)
+	})
+}
+
+// Readers share; a waiting writer holds back later readers; readers
+// queued behind a writer enter together.
+func TestRWMutexFair(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		rw := func() *semaphore.RWMutex {
+			m, err := semaphore.NewRWMutex(e.client(), "rw")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return m
+		}
+		r1, err := rw().RLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r2, err := rw().TryRLock(ctx)
+		if err != nil {
+			t.Fatalf("second reader: %v", err)
+		}
+		if _, err := rw().TryLock(ctx); !errors.Is(err, fairlock.ErrNotAcquired) {
+			t.Fatalf("TryLock with readers = %v, want ErrNotAcquired", err)
+		}
+		w := rw()
+		wch := make(chan result, 1)
+		go func() { l, err := w.Lock(ctx); wch <- result{l, err} }()
+		e.waitQueued("rw", 1)
+		if _, err := rw().TryRLock(ctx); !errors.Is(err, fairlock.ErrNotAcquired) {
+			t.Fatalf("TryRLock behind a waiting writer = %v, want ErrNotAcquired", err)
+		}
+		late := make(chan result, 2)
+		for i := range 2 {
+			m := rw()
+			go func() { l, err := m.RLock(ctx); late <- result{l, err} }()
+			e.waitQueued("rw", int64(i+2))
+		}
+		e.release(r1)
+		e.notYet(wch, "the writer, with a reader inside")
+		e.release(r2)
+		wr := e.receive(wch)
+		if wr.err != nil {
+			t.Fatal(wr.err)
+		}
+		e.notYet(late, "a reader, with the writer inside")
+		e.release(wr.lease)
+		for range 2 {
+			r := e.receive(late)
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			defer e.release(r.lease)
+		}
+	})
+}
+
+// Do cancels its function's context when the lease is lost, and reports
+// the loss.
+func TestDoCancelsOnLeaseLoss(t *testing.T) {
+	b := redistest.Mini(t)
+	b.Freeze(t)
+	e := newEnv(t, b)
+	const ttl = 300 * time.Millisecond
+	s := e.sem(e.client(fairlock.WithLeaseTTL(ttl)), "do", 1)
+	started := make(chan struct{})
+	errc := make(chan error, 1)
+	go func() {
+		errc <- s.Do(context.Background(), 1, func(ctx context.Context) error {
+			close(started)
+			<-ctx.Done()
+			return context.Cause(ctx)
+		})
+	}()
+	<-started
+	b.Advance(t, ttl)
+	select {
+	case err := <-errc:
+		isErr(t, "Do with a lost lease", err, fairlock.ErrLeaseLost)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Do did not return after its lease was lost")
+	}
+}

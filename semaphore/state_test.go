@@ -1,0 +1,153 @@
+package semaphore_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/redistest"
+)
+
+// Semantics 7: fencing tokens strictly increase over all grants of a
+// semaphore: across processes, weights, and after its keys expire.
+func TestTokensIncrease(t *testing.T) {
+	b := redistest.Mini(t)
+	b.Freeze(t)
+	e := newEnv(t, b)
+	ctx := context.Background()
+	var last int64
+	check := func(l *fairlock.Lease) {
+		t.Helper()
+		if l.Token() <= last {
+			t.Fatalf("token %d after %d", l.Token(), last)
+		}
+		last = l.Token()
+	}
+	// Grants within one frozen microsecond still increase.
+	s := e.sem(e.client(), "tok", 3)
+	var held []*fairlock.Lease
+	for range 3 {
+		l, err := s.Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(l)
+		held = append(held, l)
+	}
+	// A release granting several waiters at once numbers them in order.
+	var chans []<-chan result
+	for i := range 3 {
+		chans = append(chans, acquireAsync(ctx, e.sem(e.client(), "tok", 3), 1))
+		e.waitQueued("tok", int64(i+1))
+	}
+	for _, l := range held {
+		e.release(l)
+	}
+	for _, ch := range chans {
+		r := e.receive(ch)
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		check(r.lease)
+		e.release(r.lease)
+	}
+	// Idle long enough for every key to expire: tokens still increase.
+	b.Advance(t, time.Hour)
+	if ks := e.keys(); len(ks) != 0 {
+		t.Fatalf("keys after an idle hour: %v", ks)
+	}
+	l, err := s.Acquire(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(l)
+	e.release(l)
+}
+
+// Semantics 8: the capacity is stored with the semaphore while in use.
+func TestCapacityMismatch(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		l, err := e.sem(e.client(), "cap", 4).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = e.sem(e.client(), "cap", 5).Acquire(ctx, 1)
+		isErr(t, "Acquire with another capacity", err, fairlock.ErrCapacityMismatch)
+		_, err = e.sem(e.client(), "cap", 5).TryAcquire(ctx, 1)
+		isErr(t, "TryAcquire with another capacity", err, fairlock.ErrCapacityMismatch)
+		e.release(l)
+		// Idle now: a new capacity is accepted.
+		l, err = e.sem(e.client(), "cap", 5).Acquire(ctx, 5)
+		if err != nil {
+			t.Fatalf("Acquire on the idle semaphore with a new capacity: %v", err)
+		}
+		e.release(l)
+	})
+}
+
+// hashTag is Redis Cluster's rule for the part of a key that is hashed.
+func hashTag(key string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[i+1 : i+1+j]
+		}
+	}
+	return key
+}
+
+// Semantics 9: one semaphore's keys share a hash tag, and nothing stays
+// once it is idle but keys that expire on their own.
+func TestKeysShareSlotAndVanish(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, name := range []string{"plain", "{acct}:17", "a}b", "x{"} {
+			e := newEnv(t, b)
+			s := e.sem(e.client(), name, 2)
+			held, err := s.Acquire(ctx, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ch := acquireAsync(ctx, e.sem(e.client(), name, 2), 1)
+			e.waitFor("a waiter on "+name, func() bool {
+				for _, k := range e.keys() {
+					if strings.HasSuffix(k, ":q") {
+						return true
+					}
+				}
+				return false
+			})
+			tags := map[string]bool{}
+			for _, k := range e.keys() {
+				tags[hashTag(k)] = true
+			}
+			if len(tags) != 1 {
+				t.Fatalf("keys of %q hash as %v, want one tag", name, tags)
+			}
+			e.release(held)
+			r := e.receive(ch)
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			e.release(r.lease)
+			for _, k := range e.keys() {
+				ttl, err := e.rdb.PTTL(ctx, k).Result()
+				if err != nil || ttl <= 0 {
+					t.Fatalf("idle %q left key %s with TTL %v (%v)", name, k, ttl, err)
+				}
+				if !strings.HasSuffix(k, ":t") && !strings.Contains(k, ":w:") {
+					t.Fatalf("idle %q left state key %s", name, k)
+				}
+			}
+			if b.Mini != nil {
+				b.Mini.FastForward(time.Hour)
+				if ks := e.keys(); len(ks) != 0 {
+					t.Fatalf("keys of %q once their TTLs ran out: %v", name, ks)
+				}
+			}
+		}
+	})
+}
