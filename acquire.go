@@ -24,13 +24,13 @@ func (c *Client) acquire(ctx context.Context, req Request, wait bool) (*Lease, e
 	for {
 		// A waiter registers before its script runs, so a grant announced
 		// the moment it is queued finds it.
-		r, w, err := c.register(k, wait)
+		r, w, err := c.register(k, req.Permits, wait)
 		if err != nil {
 			return nil, fmt.Errorf("fairlock: %s %q: %w", op, req.Name, err)
 		}
 		start := time.Now()
-		res, err := acquireScript.Run(ctx, c.rdb, k.list(), mode, w.ticket, c.id,
-			req.Permits, req.Capacity, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL)).Slice()
+		res, err := acquireScript.Run(ctx, c.rdb, k.list(), mode, w.ticket, req.Permits, c.id,
+			ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL), req.Capacity).Slice()
 		var code, val int64
 		if err == nil {
 			code, err = reply(res).int(0)
@@ -41,7 +41,7 @@ func (c *Client) acquire(ctx context.Context, req Request, wait bool) (*Lease, e
 		if err != nil {
 			c.unregister(r, w)
 			// The script may have run before the failure was seen.
-			c.withdraw(ctx, k, w.ticket)
+			c.withdraw(ctx, k, w.ticket, req.Permits)
 			return nil, fail(ctx, op, req.Name, err)
 		}
 		switch code {
@@ -58,7 +58,7 @@ func (c *Client) acquire(ctx context.Context, req Request, wait bool) (*Lease, e
 		case wk := <-w.ch:
 			switch {
 			case wk.err != nil:
-				c.withdraw(ctx, k, w.ticket)
+				c.withdraw(ctx, k, w.ticket, req.Permits)
 				return nil, fail(ctx, op, req.Name, wk.err)
 			case wk.requeue:
 				// The ticket was dropped while this process could not
@@ -71,7 +71,7 @@ func (c *Client) acquire(ctx context.Context, req Request, wait bool) (*Lease, e
 		}
 		c.unregister(r, w)
 		// Leave atomically; a grant that raced the cancellation is handed on.
-		c.withdraw(ctx, k, w.ticket)
+		c.withdraw(ctx, k, w.ticket, req.Permits)
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("fairlock: %s %q: %w", op, req.Name, err)
 		}
@@ -83,8 +83,9 @@ func (c *Client) acquire(ctx context.Context, req Request, wait bool) (*Lease, e
 // been granted, using a context that outlives the caller's. If Redis cannot
 // be reached, the ticket dies on its own: a waiter at its liveness
 // deadline, a grant when its lease expires.
-func (c *Client) withdraw(ctx context.Context, k keys, ticket string) {
+func (c *Client) withdraw(ctx context.Context, k keys, ticket string, permits int64) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
 	defer cancel()
-	_ = releaseScript.Run(ctx, c.rdb, k.list(), "leave", ticket).Err()
+	_ = releaseScript.Run(ctx, c.rdb, k.list(), "leave", ticket, permits,
+		c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL)).Err()
 }

@@ -1,32 +1,38 @@
 -- acquire.lua: the waiter's side. Runs after queue.lua (same KEYS).
 --
 -- ARGV[1] op:
---   "acquire" | "try"  ARGV: op, ticket, client, permits, capacity, leaseMs, waiterMs
+--   "acquire" | "try"  ARGV: op, ticket, permits, client, leaseMs, waiterMs,
+--                      capacity
 --     returns {1, token}          granted at once
 --             {0, 0}              "try" only: not granted, nothing queued
 --             {2, nextEventMs}    queued; the grant arrives on the wake list
 --     error   "FAIRLOCK_CAPACITY <stored>" when capacity differs from the
 --             capacity stored with a semaphore in use
---   "refresh"          ARGV: op, waiterMs, ticket...
---     keeps the listed waiting tickets of one process alive and reports those
---     that no longer wait: {nextEventMs, {ticket, token-or-0, ...}}; a token
---     means granted (in case its wake-up was lost), 0 means dropped.
+--   "refresh"          ARGV: op, client, leaseMs, waiterMs, ticket, permits,
+--                      ticket, permits, ...
+--     keeps one process's listed waiters alive and reports those that no
+--     longer wait: {nextEventMs, {ticket, token-or-0, ...}}; a token means
+--     granted (in case its wake-up was lost), 0 means dropped.
 
 local op = ARGV[1]
 
 if op == 'refresh' then
-  purge()
-  local waiter_ms = tonumber(ARGV[2])
+  local client, lease, wait = ARGV[2], ARGV[3], tonumber(ARGV[4])
+  rebuild()
+  purge_holders()
   local out = {}
-  for i = 3, #ARGV do
-    local id = ARGV[i]
-    if redis.call('ZSCORE', Q, id) then
-      redis.call('ZADD', D, now + waiter_ms, id)
+  for i = 5, #ARGV, 2 do
+    local ticket, n = ARGV[i], ARGV[i + 1]
+    local m = waiter_member(ticket, n, client, lease, wait)
+    if redis.call('ZSCORE', Q, m) then
+      redis.call('ZADD', D, now + wait, m)
+      horizon = math.max(horizon, now + wait)
     else
-      local t = ticket(id)
-      out[#out + 1] = id
-      if t and t.token and redis.call('ZSCORE', H, id) then
-        out[#out + 1] = num(t.token)
+      out[#out + 1] = ticket
+      local token = redis.call('HGET', I, ticket)
+      local at = redis.call('ZSCORE', H, holder_member(ticket, n))
+      if token and at and tonumber(at) > now then
+        out[#out + 1] = token
       else
         out[#out + 1] = '0'
       end
@@ -37,36 +43,23 @@ if op == 'refresh' then
   return { next_event(), out }
 end
 
-local id, client = ARGV[2], ARGV[3]
-local n, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
-local lease, waiter_ms = tonumber(ARGV[6]), tonumber(ARGV[7])
+local ticket, n, client = ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local lease, wait, want = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 
-purge()
-if redis.call('EXISTS', H) == 0 and redis.call('EXISTS', Q) == 0 then
+rebuild()
+if nh <= 0 and nq <= 0 or not cap then
   -- Idle: whatever capacity was stored belonged to users who are all gone.
-  redis.call('HSET', S, 'cap', cap, 'used', 0)
-else
-  local stored = redis.call('HGET', S, 'cap')
-  if stored and tonumber(stored) ~= cap then
-    return redis.error_reply('FAIRLOCK_CAPACITY ' .. stored)
-  end
-  if not stored then
-    -- The state hash alone went missing (evicted by a maxmemory policy that
-    -- should not be used with fairlock): rebuild it from the holders.
-    local used = 0
-    for _, h in ipairs(redis.call('ZRANGE', H, 0, -1)) do
-      local t = ticket(h)
-      if t then used = used + t.n end
-    end
-    redis.call('HSET', S, 'cap', cap, 'used', used)
-  end
-  -- Leases that expired in purge may have made room for the queue's head.
+  cap = want
+elseif cap and cap ~= want then
+  return redis.error_reply('FAIRLOCK_CAPACITY ' .. tostring(cap))
+elseif nq > 0 or used + n > cap then
+  -- Expired leases and dead waiters may have made room for the queue.
   pump('')
+  if nq <= 0 and used + n > cap then purge_holders() end
 end
 
-local used = tonumber(redis.call('HGET', S, 'used'))
-if redis.call('EXISTS', Q) == 0 and used + n <= cap then
-  local token = hold(id, n, client, lease, waiter_ms, lease)
+if nq <= 0 and used + n <= cap then
+  local token = hold(ticket, n, lease)
   finish()
   return { 1, token }
 end
@@ -75,8 +68,10 @@ if op == 'try' then
   return { 0, 0 }
 end
 
-redis.call('ZADD', Q, next_seq(), id)
-redis.call('ZADD', D, now + waiter_ms, id)
-redis.call('HSET', I, id, record(n, client, lease, waiter_ms))
+local m = waiter_member(ticket, n, client, lease, wait)
+redis.call('ZADD', Q, next_seq(), m)
+redis.call('ZADD', D, now + wait, m)
+nq = nq + 1
+horizon = math.max(horizon, now + wait)
 finish()
 return { 2, next_event() }

@@ -55,7 +55,8 @@ type Client struct {
 	rooms  map[string]*room // by keys.base
 	leases map[*Lease]struct{}
 
-	wg sync.WaitGroup // every goroutine the client starts
+	wg sync.WaitGroup // goroutines the client starts (renewal timers are
+	// stopped through each lease instead)
 }
 
 // New returns a Client that keeps its semaphores in rdb. It starts no

@@ -17,7 +17,8 @@ const maxPrefixLen = 256
 // so a script that touches them all is valid on Redis Cluster.
 type keys struct {
 	name string
-	base string // prefix plus hash-tagged name; every key starts with it
+	base string   // prefix plus hash-tagged name; every key starts with it
+	all  []string // the keys every script takes
 }
 
 // hashTag reports the hash tag Redis Cluster would use for s, or "" if s has
@@ -55,17 +56,16 @@ func (c *Client) keys(name string) (keys, error) {
 	case strings.HasPrefix(name, "{") && strings.HasSuffix(name, "}") && hashTag(name) == name[1:len(name)-1]:
 		return keys{}, fmt.Errorf("%w: %q is only a hash tag; use %q, which lands in the same slot", ErrInvalidName, name, name[1:len(name)-1])
 	}
+	base := c.cfg.prefix + "{" + name + "}"
 	if hashTag(name) != "" {
-		return keys{name: name, base: c.cfg.prefix + name}, nil
+		base = c.cfg.prefix + name
 	}
-	return keys{name: name, base: c.cfg.prefix + "{" + name + "}"}, nil
+	return keys{name: name, base: base, all: []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":i"}}, nil
 }
 
-// list returns the keys every script takes, in the order the scripts'
-// headers give.
-func (k keys) list() []string {
-	return []string{k.base + ":s", k.base + ":q", k.base + ":d", k.base + ":h", k.base + ":i", k.base + ":t"}
-}
+// list returns the keys every script takes, in the order queue.lua's
+// header gives.
+func (k keys) list() []string { return k.all }
 
 // wake returns the list on which grants to one client's tickets arrive.
 func (k keys) wake(client string) string {

@@ -20,8 +20,16 @@ type Lease struct {
 	ctx context.Context // ends when the lease ends; its cause says why
 	end context.CancelCauseFunc
 
-	halt    context.CancelFunc // stops renewal
-	renewed chan struct{}      // closed when renewal has stopped
+	// Renewal runs on a timer, so no goroutine exists between renewals.
+	stopCtx  context.Context // cancelled when renewal stops
+	halt     context.CancelFunc
+	rmu      sync.Mutex
+	idle     *sync.Cond  // signalled when a renewal in flight ends
+	timer    *time.Timer // guarded by rmu
+	deadline time.Time   // guarded by rmu: when the lease may have expired
+	stopped  bool        // guarded by rmu
+	renewing bool        // guarded by rmu
+	pending  bool        // guarded by rmu: announced, not yet confirmed
 
 	mu       sync.Mutex // serialises Release
 	released bool
@@ -32,25 +40,32 @@ type Lease struct {
 // A grant announced through a wake list (announced) lasts only the waiter
 // TTL until confirmed, so it is renewed at once.
 func (c *Client) newLease(ctx context.Context, k keys, req Request, ticket string, token int64, granted time.Time, announced bool) (*Lease, error) {
-	l := &Lease{c: c, k: k, ticket: ticket, permits: req.Permits, token: token, renewed: make(chan struct{})}
+	l := &Lease{c: c, k: k, ticket: ticket, permits: req.Permits, token: token}
 	l.ctx, l.end = context.WithCancelCause(context.Background())
-	stop, halt := context.WithCancel(context.Background())
-	l.halt = halt
+	l.stopCtx, l.halt = context.WithCancel(context.Background())
+	l.idle = sync.NewCond(&l.rmu)
+	ttl := c.cfg.leaseTTL
+	l.deadline = granted.Add(ttl)
+	first := ttl / 3
+	if announced {
+		l.deadline, first, l.pending = granted.Add(min(ttl, c.cfg.waiterTTL)), 0, true
+	}
 
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		halt()
-		close(l.renewed)
+		l.stopped = true
+		l.halt()
 		l.end(ErrClosed)
 		// Nobody would renew it; free the permits now rather than at expiry.
-		c.withdraw(ctx, k, ticket)
+		c.withdraw(ctx, k, ticket, req.Permits)
 		return nil, fmt.Errorf("fairlock: acquire %q: %w", req.Name, ErrClosed)
 	}
 	c.leases[l] = struct{}{}
-	c.wg.Add(1)
 	c.mu.Unlock()
-	go l.renew(stop, granted, announced)
+	l.rmu.Lock()
+	l.timer = time.AfterFunc(first, l.renew)
+	l.rmu.Unlock()
 	return l, nil
 }
 
@@ -95,7 +110,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("fairlock: release %q: %w", l.k.name, ErrNotHeld)
 	}
 	l.stopRenewal()
-	n, err := releaseScript.Run(ctx, l.c.rdb, l.k.list(), "release", l.ticket).Int64()
+	n, err := releaseScript.Run(ctx, l.c.rdb, l.k.list(), "release", l.ticket, l.permits, flag(l.pending)).Int64()
 	if err != nil {
 		l.finish(fmt.Errorf("%w: release failed, the lease is no longer renewed", ErrLeaseLost))
 		return fail(ctx, "release", l.k.name, err)
@@ -109,10 +124,19 @@ func (l *Lease) Release(ctx context.Context) error {
 	return nil
 }
 
-// stopRenewal stops the renewal goroutine and waits for it.
+// stopRenewal stops renewal and waits for a renewal in flight, so none
+// reaches Redis after it returns.
 func (l *Lease) stopRenewal() {
+	l.rmu.Lock()
+	defer l.rmu.Unlock()
+	l.stopped = true
 	l.halt()
-	<-l.renewed
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	for l.renewing {
+		l.idle.Wait()
+	}
 }
 
 // finish ends the lease with cause (the first cause given sticks) and
@@ -130,45 +154,48 @@ func (l *Lease) abandon(cause error) {
 	l.finish(cause)
 }
 
-// renew extends the lease at a third of its TTL until stopped or lost. It
-// counts the TTL from when each renewal was sent, never from its answer,
-// so the holder gives the lease up before Redis can have expired it.
-func (l *Lease) renew(stop context.Context, granted time.Time, announced bool) {
-	defer l.c.wg.Done()
-	defer close(l.renewed)
-	ttl := l.c.cfg.leaseTTL
-	deadline, first := granted.Add(ttl), ttl/3
-	if announced {
-		deadline, first = granted.Add(min(ttl, l.c.cfg.waiterTTL)), 0
+// renew extends the lease; it runs on the lease's timer, at a third of the
+// TTL. It counts the TTL from when each renewal was sent, never from its
+// answer, so the holder gives the lease up before Redis can have expired it.
+func (l *Lease) renew() {
+	l.rmu.Lock()
+	if l.stopped {
+		l.rmu.Unlock()
+		return
 	}
-	timer := time.NewTimer(first)
-	defer timer.Stop()
-	for {
-		select {
-		case <-stop.Done():
-			return
-		case <-timer.C:
-		}
-		sent := time.Now()
-		ctx, cancel := context.WithDeadline(stop, deadline)
-		n, err := releaseScript.Run(ctx, l.c.rdb, l.k.list(), "renew", l.ticket, ms(ttl)).Int64()
-		cancel()
-		switch {
-		case stop.Err() != nil:
-			return
-		case err == nil && n == 1:
-			deadline = sent.Add(ttl)
-			timer.Reset(ttl / 3)
-		case err == nil:
-			l.finish(fmt.Errorf("fairlock: renew %q: %w: expired", l.k.name, ErrLeaseLost))
-			return
-		case !time.Now().Before(deadline):
-			l.finish(fmt.Errorf("%w: %w", ErrLeaseLost, fail(ctx, "renew", l.k.name, err)))
-			return
-		default:
-			// Retry soon, but never past the deadline.
-			timer.Reset(min(ttl/10, time.Until(deadline)))
-		}
+	l.renewing = true
+	deadline, pending := l.deadline, flag(l.pending)
+	l.rmu.Unlock()
+
+	ttl := l.c.cfg.leaseTTL
+	sent := time.Now()
+	ctx, cancel := context.WithDeadline(l.stopCtx, deadline)
+	n, err := releaseScript.Run(ctx, l.c.rdb, l.k.list(), "renew", l.ticket, l.permits, ms(ttl), pending).Int64()
+	cancel()
+
+	l.rmu.Lock()
+	l.renewing = false
+	l.idle.Broadcast()
+	var lost error
+	switch {
+	case l.stopped:
+	case err == nil && n == 1:
+		l.deadline, l.pending = sent.Add(ttl), false
+		l.timer.Reset(ttl / 3)
+	case err == nil:
+		lost = fmt.Errorf("fairlock: renew %q: %w: expired", l.k.name, ErrLeaseLost)
+	case !time.Now().Before(deadline):
+		lost = fmt.Errorf("%w: %w", ErrLeaseLost, fail(ctx, "renew", l.k.name, err))
+	default:
+		// Retry soon, but never past the deadline.
+		l.timer.Reset(min(ttl/10, time.Until(deadline)))
+	}
+	if lost != nil {
+		l.stopped = true
+	}
+	l.rmu.Unlock()
+	if lost != nil {
+		l.finish(lost)
 	}
 }
 
@@ -183,4 +210,12 @@ func WithLease(parent context.Context, lease *Lease) (ctx context.Context, cance
 		stop()
 		cancelCause(context.Canceled)
 	}
+}
+
+// flag renders a bool as a script argument.
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
 }

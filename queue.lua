@@ -4,12 +4,16 @@
 -- change runs as one script that sees the same model and the same grant rule.
 --
 -- KEYS (all of one semaphore; they share one hash tag, so one Cluster slot):
---   KEYS[1] <b>:s  hash    cap, used (permits held by live leases)
---   KEYS[2] <b>:q  zset    waiting tickets, scored by arrival sequence
---   KEYS[3] <b>:d  zset    waiting tickets, scored by liveness deadline (ms)
---   KEYS[4] <b>:h  zset    holders, scored by lease expiry (ms)
---   KEYS[5] <b>:i  hash    ticket -> "permits client leaseMs waiterMs [token]"
---   KEYS[6] <b>:t  string  last sequence number handed out (µs-based)
+--   KEYS[1] <b>:s  hash  cap, used (permits held), nh (holders), nq (waiters),
+--                        seq (last sequence number), exp (when keys expire, ms)
+--   KEYS[2] <b>:q  zset  waiters "ticket permits client leaseMs waiterMs",
+--                        scored by arrival sequence
+--   KEYS[3] <b>:d  zset  the same waiters, scored by liveness deadline (ms)
+--   KEYS[4] <b>:h  zset  holders "ticket permits", scored by lease expiry (ms)
+--   KEYS[5] <b>:i  hash  ticket -> token, for grants announced on a wake list
+--                        and not yet confirmed by their process (each
+--                        record is needed only until its grant's first,
+--                        short deadline; the hash expires with the keys)
 -- Wake lists <b>:w:<client> (one per waiting process) receive "ticket token"
 -- when a grant reaches one of that process's tickets. Their names come from
 -- the queue's data, so they cannot be declared in KEYS; they carry the same
@@ -17,81 +21,93 @@
 --
 -- All times come from Redis's TIME, never from a client. A lease or a waiter
 -- whose time has come (expiry <= now) is gone, whether or not anyone said so.
+-- Every redis.call costs about a microsecond, so the common paths make few:
+-- the state hash is read once and written once, expired leases are purged
+-- only when their permits are needed, and key TTLs move in large steps.
 
-if redis.replicate_commands then redis.replicate_commands() end
-
-local S, Q, D, H, I, T = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local S, Q, D, H, I = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local base = string.sub(S, 1, -3)
 
 local clock = redis.call('TIME')
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local now = math.floor(now_us / 1000)
 
+local st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp')
+local cap = tonumber(st[1])
+local used = tonumber(st[2]) or 0
+local nh = tonumber(st[3]) or 0
+local nq = tonumber(st[4]) or 0
+local seq = tonumber(st[5]) or 0
+local exp = tonumber(st[6]) or 0
+local nh0, nq0, used0, seq0 = nh, nq, used, seq
+local horizon = 0        -- latest deadline written by this script
+local wrote_i = false    -- whether this script wrote I
+
 -- num formats an integer-valued Lua number without exponent notation.
 local function num(x)
   return string.format('%.0f', x)
 end
 
--- ticket reads a ticket's record: permits, client, lease and waiter TTLs
--- (ms) and, once granted, its fencing token.
-local function ticket(id)
-  local v = redis.call('HGET', I, id)
-  if not v then return nil end
-  local n, client, lease, wait, token = string.match(v, '^(%d+) (%S+) (%d+) (%d+) ?(%d*)$')
-  if not n then return nil end
-  return { n = tonumber(n), client = client, lease = tonumber(lease), wait = tonumber(wait),
-    token = tonumber(token) }
+local function waiter_member(ticket, n, client, lease, wait)
+  return ticket .. ' ' .. n .. ' ' .. client .. ' ' .. lease .. ' ' .. wait
+end
+
+local function holder_member(ticket, n)
+  return ticket .. ' ' .. n
+end
+
+local function parse_waiter(m)
+  local ticket, n, client, lease, wait = string.match(m, '^(%S+) (%d+) (%S+) (%d+) (%d+)$')
+  if not ticket then return nil end
+  return { ticket = ticket, n = tonumber(n), client = client, lease = tonumber(lease), wait = tonumber(wait) }
 end
 
 -- next_seq hands out the next number of the semaphore's one sequence, used
 -- both as arrival order and as fencing token. It is at least the current
--- time in microseconds, so it keeps increasing after the key is gone: the key
--- lives until a second after Redis's clock has passed the number it stores.
--- The number is also kept in a local, for servers whose key expiry moves on
--- while a script runs.
-local last_seq = 0
+-- time in microseconds, so it keeps increasing after the state hash is gone:
+-- the hash lives until a second after Redis's clock passes the last number.
 local function next_seq()
-  local stored = tonumber(redis.call('GET', T) or 0)
-  local seq = math.max(stored + 1, last_seq + 1, now_us)
-  last_seq = seq
-  redis.call('SET', T, num(seq))
-  redis.call('PEXPIREAT', T, num(math.floor(seq / 1000) + 1000))
+  seq = math.max(seq + 1, now_us)
   return seq
 end
 
--- purge drops holders whose lease has expired and waiters whose process
--- stopped refreshing. Each deadline is absolute and its own: a dead waiter
--- never pushes anybody else's deadline later.
-local function purge()
-  local expired = redis.call('ZRANGEBYSCORE', H, '-inf', now)
-  for _, id in ipairs(expired) do
-    local t = ticket(id)
-    redis.call('ZREM', H, id)
-    redis.call('HDEL', I, id)
-    if t then redis.call('HINCRBY', S, 'used', -t.n) end
-  end
-  local dead = redis.call('ZRANGEBYSCORE', D, '-inf', now)
-  for _, id in ipairs(dead) do
-    redis.call('ZREM', Q, id)
-    redis.call('ZREM', D, id)
-    redis.call('HDEL', I, id)
+-- drop_holder forgets a lease and frees its permits.
+local function drop_holder(m)
+  redis.call('ZREM', H, m)
+  local ticket, n = string.match(m, '^(%S+) (%d+)$')
+  used = used - (tonumber(n) or 0)
+  nh = nh - 1
+  return ticket
+end
+
+-- purge_holders drops leases whose expiry has passed.
+local function purge_holders()
+  if nh <= 0 then return end
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', H, '-inf', now)) do
+    redis.call('HDEL', I, drop_holder(m))
   end
 end
 
--- record formats a ticket's record.
-local function record(n, client, lease, wait, token)
-  local r = n .. ' ' .. client .. ' ' .. lease .. ' ' .. wait
-  if token then r = r .. ' ' .. num(token) end
-  return r
+-- purge_waiters drops waiters whose process stopped refreshing. Each
+-- deadline is absolute and its own: a dead waiter never pushes anybody
+-- else's deadline later, so any number of dead waiters cost one TTL.
+local function purge_waiters()
+  if nq <= 0 then return end
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', D, '-inf', now)) do
+    redis.call('ZREM', Q, m)
+    redis.call('ZREM', D, m)
+    nq = nq - 1
+  end
 end
 
--- hold records a grant of n permits to ticket id, lasting ttl ms, and
--- returns its token.
-local function hold(id, n, client, lease, wait, ttl)
+-- hold records a lease of n permits for ticket, lasting ttl ms, and returns
+-- its token.
+local function hold(ticket, n, ttl)
   local token = next_seq()
-  redis.call('ZADD', H, now + ttl, id)
-  redis.call('HSET', I, id, record(n, client, lease, wait, token))
-  redis.call('HINCRBY', S, 'used', n)
+  redis.call('ZADD', H, now + ttl, holder_member(ticket, n))
+  used = used + n
+  nh = nh + 1
+  horizon = math.max(horizon, now + ttl)
   return token
 end
 
@@ -99,62 +115,83 @@ end
 -- A head that does not fit stops the loop even when a later, smaller ticket
 -- would fit: letting that one pass is barging, and a stream of small requests
 -- could then starve a large one forever. Each grant is announced on the
--- wake list of the ticket's process; the ticket `self`, whose caller is
--- running this script and gets the answer directly, is not announced.
--- An announced grant lasts only the waiter TTL until its process confirms
--- it by renewing, so a grant that reaches a process that has just died
--- delays the queue by one waiter TTL, not one lease TTL.
--- Returns self's token if self was granted.
+-- wake list of the ticket's process, except to the ticket `self`, whose
+-- caller runs this script and gets the answer directly. An announced grant
+-- lasts only the waiter TTL until its process confirms it by renewing, so a
+-- grant that reaches a process that has just died delays the queue by one
+-- waiter TTL, not one lease TTL. Returns self's token if self was granted.
 local function pump(self)
-  local cap = tonumber(redis.call('HGET', S, 'cap'))
-  if not cap then return nil end
-  local used = tonumber(redis.call('HGET', S, 'used') or 0)
-  local mine = nil
-  while true do
+  if nq <= 0 or not cap then return nil end
+  purge_waiters()
+  local mine, purged = nil, false
+  while nq > 0 do
     local head = redis.call('ZRANGE', Q, 0, 0)[1]
-    if not head then break end
-    local t = ticket(head)
-    if not t then
-      -- A ticket without its record cannot be granted; drop it rather than
-      -- let it block the queue.
-      redis.call('ZREM', Q, head)
-      redis.call('ZREM', D, head)
-    else
-      if used + t.n > cap then break end
-      redis.call('ZREM', Q, head)
-      redis.call('ZREM', D, head)
-      local ttl = t.lease
-      if head ~= self then ttl = math.min(t.lease, t.wait) end
-      local token = hold(head, t.n, t.client, t.lease, t.wait, ttl)
-      used = used + t.n
-      if head == self then
-        mine = token
+    if not head then
+      nq = 0
+      break
+    end
+    local w = parse_waiter(head)
+    if w and used + w.n > cap and not purged then
+      purge_holders()
+      purged = true
+    end
+    if w and used + w.n > cap then break end
+    redis.call('ZREM', Q, head)
+    redis.call('ZREM', D, head)
+    nq = nq - 1
+    if w then
+      if w.ticket == self then
+        mine = hold(w.ticket, w.n, w.lease)
       else
-        local list = base .. ':w:' .. t.client
-        redis.call('RPUSH', list, head .. ' ' .. num(token))
-        redis.call('PEXPIRE', list, t.lease)
+        local ttl = math.min(w.lease, w.wait)
+        local token = hold(w.ticket, w.n, ttl)
+        redis.call('HSET', I, w.ticket, num(token))
+        wrote_i = true
+        local list = base .. ':w:' .. w.client
+        redis.call('RPUSH', list, w.ticket .. ' ' .. num(token))
+        redis.call('PEXPIRE', list, ttl)
       end
     end
   end
   return mine
 end
 
--- finish sets every key to expire when the last lease or waiter deadline
--- passes, so a semaphore whose users all vanished leaves nothing behind; a
--- semaphore with no holders and no waiters is deleted at once.
+-- finish writes the state back and keeps every key alive until the last
+-- deadline it holds. A semaphore with no holders and no waiters keeps only
+-- its state hash, for the sequence, and only for a second past it.
 local function finish()
-  local last = 0
-  local h = redis.call('ZRANGE', H, -1, -1, 'WITHSCORES')
-  if h[2] then last = tonumber(h[2]) end
-  local d = redis.call('ZRANGE', D, -1, -1, 'WITHSCORES')
-  if d[2] and tonumber(d[2]) > last then last = tonumber(d[2]) end
-  if last == 0 then
-    redis.call('DEL', S, Q, D, H, I)
+  local keep = math.floor(seq / 1000) + 1000
+  if nh <= 0 and nq <= 0 then
+    -- The sorted sets are empty, so Redis has deleted them already.
+    redis.call('HSET', S, 'cap', cap or 0, 'used', 0, 'nh', 0, 'nq', 0, 'seq', num(seq), 'exp', keep)
+    redis.call('PEXPIREAT', S, keep)
     return
   end
-  for _, k in ipairs({ S, Q, D, H, I }) do
-    redis.call('PEXPIREAT', k, num(last + 1))
+  local need = math.max(horizon, keep)
+  if need > exp then
+    -- Move the horizon well past what is needed, so that renewals seldom
+    -- have to move it again.
+    exp = need + math.max(need - now, 1000)
+    redis.call('HSET', S, 'cap', cap, 'used', used, 'nh', nh, 'nq', nq, 'seq', num(seq), 'exp', exp)
+    redis.call('PEXPIREAT', S, exp)
+    redis.call('PEXPIREAT', H, exp)
+    if wrote_i then redis.call('PEXPIREAT', I, exp) end
+    if nq > 0 then
+      redis.call('PEXPIREAT', Q, exp)
+      redis.call('PEXPIREAT', D, exp)
+    end
+    return
   end
+  if used ~= used0 or nh ~= nh0 or nq ~= nq0 or seq ~= seq0 then
+    redis.call('HSET', S, 'used', used, 'nh', nh, 'nq', nq, 'seq', num(seq))
+  end
+  -- Keys this script created have no TTL yet.
+  if nh0 <= 0 and nh > 0 then redis.call('PEXPIREAT', H, exp) end
+  if nq0 <= 0 and nq > 0 then
+    redis.call('PEXPIREAT', Q, exp)
+    redis.call('PEXPIREAT', D, exp)
+  end
+  if wrote_i then redis.call('PEXPIREAT', I, exp) end
 end
 
 -- next_event returns the milliseconds until the earliest lease expiry or
@@ -167,4 +204,15 @@ local function next_event()
   if d[2] and (at == nil or tonumber(d[2]) < at) then at = tonumber(d[2]) end
   if at == nil then return -1 end
   return at - now
+end
+
+-- rebuild recounts the state from the sorted sets, should the state hash be
+-- missing while they are not (it is never evicted alone under noeviction).
+local function rebuild()
+  if cap or redis.call('EXISTS', H, Q) == 0 then return end
+  nh, nq, used = redis.call('ZCARD', H), redis.call('ZCARD', Q), 0
+  for _, m in ipairs(redis.call('ZRANGE', H, 0, -1)) do
+    used = used + (tonumber(string.match(m, ' (%d+)$')) or 0)
+  end
+  nh0, nq0 = 0, 0
 end

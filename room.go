@@ -32,8 +32,9 @@ type room struct {
 }
 
 type waiter struct {
-	ticket string
-	ch     chan wakeup // buffered; receives at most one wakeup
+	ticket  string
+	permits int64
+	ch      chan wakeup // buffered; receives at most one wakeup
 }
 
 // wakeup is what a waiter learns: granted (token), dropped from the queue
@@ -47,8 +48,8 @@ type wakeup struct {
 
 // register makes a ticket for one acquisition; when it may wait, the
 // ticket also gets a waiter in its room.
-func (c *Client) register(k keys, wait bool) (*room, *waiter, error) {
-	w := &waiter{ticket: newTicket(), ch: make(chan wakeup, 1)}
+func (c *Client) register(k keys, permits int64, wait bool) (*room, *waiter, error) {
+	w := &waiter{ticket: newTicket(), permits: permits, ch: make(chan wakeup, 1)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -214,16 +215,16 @@ func (r *room) maintain(stop chan struct{}) {
 			continue
 		}
 		r.due = time.Now().Add(time.Hour) // lowered by the result below or by schedule
-		tickets := make([]any, 0, 2+len(r.waiters))
-		tickets = append(tickets, "refresh", ms(c.cfg.waiterTTL))
-		for t := range r.waiters {
-			tickets = append(tickets, t)
+		args := make([]any, 0, 4+2*len(r.waiters))
+		args = append(args, "refresh", c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL))
+		for t, w := range r.waiters {
+			args = append(args, t, w.permits)
 		}
 		c.mu.Unlock()
 
 		next := c.refreshEvery()
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
-		res, err := acquireScript.Run(ctx, c.rdb, r.k.list(), tickets...).Slice()
+		res, err := acquireScript.Run(ctx, c.rdb, r.k.list(), args...).Slice()
 		cancel()
 		now := time.Now()
 		if err == nil {

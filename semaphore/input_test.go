@@ -53,11 +53,9 @@ func TestBadArguments(t *testing.T) {
 		}
 		e.release(l)
 	}
-	if ks := e.keys(); len(ks) > 0 {
-		for _, k := range ks {
-			if !strings.HasSuffix(k, ":t") {
-				t.Fatalf("bad arguments left key %s", k)
-			}
+	for _, k := range e.keys() {
+		if !strings.HasSuffix(k, ":s") {
+			t.Fatalf("left key %s", k)
 		}
 	}
 }
