@@ -23,17 +23,15 @@
 // prefix+"{N}" (or prefix+N when N already carries a hash tag such as
 // "{acct}:17"), so all its keys share a Cluster slot:
 //
-//	:s  hash    capacity and permits in use
-//	:q  zset    waiting tickets by arrival
-//	:d  zset    waiting tickets by liveness deadline
+//	:s  hash    capacity, permits in use, counts, token sequence, key expiry
+//	:q  zset    waiters by arrival
+//	:d  zset    waiters by liveness deadline
 //	:h  zset    leases by expiry
-//	:i  hash    ticket records
-//	:t  string  last sequence number (expires on its own)
+//	:i  hash    tokens of grants announced to a waiter, until confirmed
 //	:w:<client> list of wake-ups for one client's waiters
 //
-// Every key expires when the last lease or waiter deadline it records has
-// passed, and an idle semaphore's keys are deleted at once. fairlock needs
-// Redis 6.2 or later with a maxmemory-policy that never evicts keys with a
-// TTL (noeviction, the default, or an allkeys- policy in a Redis used only
-// for locks is not enough: use noeviction).
+// Every key expires once the deadlines it records have passed; an idle
+// semaphore keeps only :s, for about a second. fairlock needs Redis 6.2 or
+// later, run with maxmemory-policy noeviction: a volatile-* policy evicts
+// keys with a TTL first.
 package fairlock

@@ -185,7 +185,7 @@ func (l *Lease) renew() {
 	case err == nil:
 		lost = fmt.Errorf("fairlock: renew %q: %w: expired", l.k.name, ErrLeaseLost)
 	case !time.Now().Before(deadline):
-		lost = fmt.Errorf("%w: %w", ErrLeaseLost, fail(ctx, "renew", l.k.name, err))
+		lost = fmt.Errorf("fairlock: renew %q: %w: not renewed in time: %w: %w", l.k.name, ErrLeaseLost, ErrRedis, err)
 	default:
 		// Retry soon, but never past the deadline.
 		l.timer.Reset(min(ttl/10, time.Until(deadline)))
