@@ -164,7 +164,8 @@ func TestCancelRacingGrantHandsOn(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c1, f := e.faultyClient()
+		// Hour-long TTLs: only the hand-on can free a grant it never hears of.
+		c1, f := e.faultyClient(fairlock.WithWaiterTTL(time.Hour), fairlock.WithLeaseTTL(time.Hour))
 		undo := f.deafen(t)
 		cctx, cancel := context.WithCancel(ctx)
 		first := acquireAsync(cctx, e.sem(c1, "race", 1), 1)
