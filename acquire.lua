@@ -48,9 +48,13 @@ local lease, wait, want = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]
 
 rebuild()
 if nh <= 0 and nq <= 0 or not cap then
+  -- Idle, or the state hash was lost and rebuilt: take the caller's capacity.
+  cap = want
+end
+if nh <= 0 and nq <= 0 then
   -- Idle: whatever capacity was stored belonged to users who are all gone.
   cap = want
-elseif cap and cap ~= want then
+elseif cap ~= want then
   return redis.error_reply('FAIRLOCK_CAPACITY ' .. tostring(cap))
 elseif nq > 0 or used + n > cap then
   -- Expired leases and dead waiters may have made room for the queue.
@@ -71,6 +75,7 @@ end
 local m = waiter_member(ticket, n, client, lease, wait)
 redis.call('ZADD', Q, next_seq(), m)
 redis.call('ZADD', D, now + wait, m)
+wrote_q = true
 nq = nq + 1
 horizon = math.max(horizon, now + wait)
 finish()

@@ -110,7 +110,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("fairlock: release %q: %w", l.k.name, ErrNotHeld)
 	}
 	l.stopRenewal()
-	n, err := releaseScript.Run(ctx, l.c.rdb, l.k.list(), "release", l.ticket, l.permits, flag(l.pending)).Int64()
+	n, err := releaseScript.Run(ctx, l.c.rdb, l.k.list(), "release", l.ticket, l.permits, boolArg(l.pending)).Int64()
 	if err != nil {
 		l.finish(fmt.Errorf("%w: release failed, the lease is no longer renewed", ErrLeaseLost))
 		return fail(ctx, "release", l.k.name, err)
@@ -164,7 +164,7 @@ func (l *Lease) renew() {
 		return
 	}
 	l.renewing = true
-	deadline, pending := l.deadline, flag(l.pending)
+	deadline, pending := l.deadline, boolArg(l.pending)
 	l.rmu.Unlock()
 
 	ttl := l.c.cfg.leaseTTL
@@ -212,8 +212,8 @@ func WithLease(parent context.Context, lease *Lease) (ctx context.Context, cance
 	}
 }
 
-// flag renders a bool as a script argument.
-func flag(b bool) string {
+// boolArg renders a bool as a script argument.
+func boolArg(b bool) string {
 	if b {
 		return "1"
 	}

@@ -41,7 +41,9 @@ local seq = tonumber(st[5]) or 0
 local exp = tonumber(st[6]) or 0
 local nh0, nq0, used0, seq0 = nh, nq, used, seq
 local horizon = 0        -- latest deadline written by this script
-local wrote_i = false    -- whether this script wrote I
+-- Keys this script added members to, which may have been created (or
+-- emptied and created again) here and so have no TTL yet.
+local wrote_h, wrote_q, wrote_i = false, false, false
 
 -- num formats an integer-valued Lua number without exponent notation.
 local function num(x)
@@ -105,6 +107,7 @@ end
 local function hold(ticket, n, ttl)
   local token = next_seq()
   redis.call('ZADD', H, now + ttl, holder_member(ticket, n))
+  wrote_h = true
   used = used + n
   nh = nh + 1
   horizon = math.max(horizon, now + ttl)
@@ -185,9 +188,8 @@ local function finish()
   if used ~= used0 or nh ~= nh0 or nq ~= nq0 or seq ~= seq0 then
     redis.call('HSET', S, 'used', used, 'nh', nh, 'nq', nq, 'seq', num(seq))
   end
-  -- Keys this script created have no TTL yet.
-  if nh0 <= 0 and nh > 0 then redis.call('PEXPIREAT', H, exp) end
-  if nq0 <= 0 and nq > 0 then
+  if wrote_h then redis.call('PEXPIREAT', H, exp) end
+  if wrote_q then
     redis.call('PEXPIREAT', Q, exp)
     redis.call('PEXPIREAT', D, exp)
   end
@@ -214,5 +216,6 @@ local function rebuild()
   for _, m in ipairs(redis.call('ZRANGE', H, 0, -1)) do
     used = used + (tonumber(string.match(m, ' (%d+)$')) or 0)
   end
-  nh0, nq0 = 0, 0
+  nh0, nq0, used0 = 0, 0, 0
+  wrote_h, wrote_q = true, nq > 0
 end

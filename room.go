@@ -215,21 +215,10 @@ func (r *room) maintain(stop chan struct{}) {
 			continue
 		}
 		r.due = time.Now().Add(time.Hour) // lowered by the result below or by schedule
-		args := make([]any, 0, 4+2*len(r.waiters))
-		args = append(args, "refresh", c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL))
-		for t, w := range r.waiters {
-			args = append(args, t, w.permits)
-		}
 		c.mu.Unlock()
 
-		next := c.refreshEvery()
-		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
-		res, err := acquireScript.Run(ctx, c.rdb, r.k.list(), args...).Slice()
-		cancel()
+		next, err := r.refresh()
 		now := time.Now()
-		if err == nil {
-			err = r.apply(res, &next)
-		}
 		if err != nil {
 			// The waiters' tickets die at their deadlines if this lasts;
 			// their Acquire calls must not wait on in ignorance.
@@ -244,6 +233,28 @@ func (r *room) maintain(stop chan struct{}) {
 		r.scheduleLocked(next)
 		c.mu.Unlock()
 	}
+}
+
+// refresh keeps r's waiters alive in Redis, runs the queue (dropping dead
+// waiters and expired leases, granting what fits), hands on what it learns
+// about r's tickets, and returns when it should run next.
+func (r *room) refresh() (time.Duration, error) {
+	c := r.c
+	c.mu.Lock()
+	args := make([]any, 0, 4+2*len(r.waiters))
+	args = append(args, "refresh", c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL))
+	for t, w := range r.waiters {
+		args = append(args, t, w.permits)
+	}
+	c.mu.Unlock()
+	next := c.refreshEvery()
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
+	defer cancel()
+	res, err := acquireScript.Run(ctx, c.rdb, r.k.list(), args...).Slice()
+	if err == nil {
+		err = r.apply(res, &next)
+	}
+	return next, err
 }
 
 // apply reads a refresh reply: the queue's next event and the tickets that

@@ -1,0 +1,818 @@
+package fairlock
+
+// Model-based property tests: a rapid state machine drives several
+// simulated processes (one Client each) against one or two semaphores and
+// checks, after every step, what Redis holds against a plain in-memory FIFO
+// weighted semaphore with leases and liveness deadlines.
+//
+// Time is Redis's clock: on miniredis it is frozen and moved only by the
+// "advance" action, in chunks of at most a quarter of the waiter TTL. After
+// each chunk every live process renews its leases and refreshes its waiters
+// synchronously, which is what a live process does in real time at a third
+// of each TTL; a crashed process (its connection cut) does not. After every
+// step an observer runs the queue once, as any waiting process's timer
+// would, so the model may assume that whatever can be granted is granted.
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"pgregory.net/rapid"
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	// Unless told otherwise, run a few hundred state machines.
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "rapid.checks" })
+	if !given && os.Getenv("RAPID_CHECKS") == "" {
+		_ = flag.Set("rapid.checks", "300")
+	}
+	redistest.Main(m)
+}
+
+const (
+	pLease  = 1000 * time.Millisecond
+	pWaiter = 600 * time.Millisecond
+	pChunk  = 150 * time.Millisecond
+	pWait   = 5 * time.Second // for an expected asynchronous grant
+)
+
+func TestPropertyFairSafe(t *testing.T) {
+	b := redistest.Mini(t)
+	rapid.Check(t, func(rt *rapid.T) { runMachine(rt, b, true, pWait) })
+}
+
+// The same machine on a real redis-server, in real time: no clock moves and
+// no crashes (whose timing real time would decide), TTLs long enough that
+// nothing expires while a run lasts.
+func TestPropertyRealRedis(t *testing.T) {
+	b := redistest.RealBackend(t)
+	n, _ := strconv.Atoi(flag.Lookup("rapid.checks").Value.String())
+	setFlag(t, "rapid.checks", strconv.Itoa(max(n/10, 10)))
+	rapid.Check(t, func(rt *rapid.T) { runMachine(rt, b, false, pWait) })
+}
+
+// Show that the checker bites: each deliberately broken rule is caught,
+// and rapid shrinks it to a short list of actions.
+func TestPropertyCatchesBrokenRules(t *testing.T) {
+	for _, tc := range []struct {
+		name, file, old, new string
+	}{
+		{"barging", "acquire.lua",
+			"if nq <= 0 and used + n <= cap then", "if used + n <= cap then"},
+		{"permit lost on cancel", "release.lua",
+			"    redis.call('ZREM', D, m)\n    nq = nq - 1", "    redis.call('ZREM', D, m)\n    nq = nq - 1\n    used = used + 1"},
+		{"token not monotonic", "queue.lua",
+			"seq = math.max(seq + 1, now_us)", "seq = now_us"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			restore := breakScript(t, tc.file, tc.old, tc.new)
+			defer restore()
+			setFlag(t, "rapid.nofailfile", "true")
+			setFlag(t, "rapid.shrinktime", "10s")
+			setFlag(t, "rapid.steps", "8")
+			rec := &recorder{name: t.Name()}
+			b := redistest.Mini(t)
+			// A grant the model expects and the broken rule withholds is
+			// given up on sooner, so shrinking stays quick.
+			rapid.Check(rec, func(rt *rapid.T) { runMachine(rt, b, true, 300*time.Millisecond) })
+			if !rec.failed {
+				t.Fatalf("the checker did not catch %s", tc.name)
+			}
+			t.Logf("caught %s; shrunk counterexample:\n%s", tc.name, rec.report())
+		})
+	}
+}
+
+// setFlag sets a flag for the test's duration.
+func setFlag(t *testing.T, name, value string) {
+	old := flag.Lookup(name).Value.String()
+	_ = flag.Set(name, value)
+	t.Cleanup(func() { _ = flag.Set(name, old) })
+}
+
+// breakScript swaps a mutated copy of one script in for the test's
+// duration.
+func breakScript(t *testing.T, file, old, new string) func() {
+	t.Helper()
+	sources := map[string]*string{"queue.lua": &queueLua, "acquire.lua": &acquireLua, "release.lua": &releaseLua}
+	src := sources[file]
+	if !strings.Contains(*src, old) {
+		t.Fatalf("%s no longer contains %q", file, old)
+	}
+	saved, savedA, savedR := *src, acquireScript, releaseScript
+	*src = strings.Replace(*src, old, new, 1)
+	acquireScript = redis.NewScript(queueLua + "\n" + acquireLua)
+	releaseScript = redis.NewScript(queueLua + "\n" + releaseLua)
+	return func() { *src, acquireScript, releaseScript = saved, savedA, savedR }
+}
+
+// recorder is a rapid.TB that records a failure instead of failing.
+type recorder struct {
+	name   string
+	mu     sync.Mutex
+	failed bool
+	logs   []string
+}
+
+func (r *recorder) Helper()      {}
+func (r *recorder) Name() string { return r.name }
+func (r *recorder) Logf(f string, a ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.logs = append(r.logs, fmt.Sprintf(f, a...))
+}
+func (r *recorder) Log(a ...any)             { r.Logf("%s", fmt.Sprint(a...)) }
+func (r *recorder) Skipf(f string, a ...any) { r.Logf(f, a...) }
+func (r *recorder) Skip(a ...any)            { r.Log(a...) }
+func (r *recorder) SkipNow()                 {}
+func (r *recorder) Errorf(f string, a ...any) {
+	r.Logf(f, a...)
+	r.Fail()
+}
+func (r *recorder) Error(a ...any)            { r.Errorf("%s", fmt.Sprint(a...)) }
+func (r *recorder) Fatalf(f string, a ...any) { r.Errorf(f, a...) }
+func (r *recorder) Fatal(a ...any)            { r.Error(a...) }
+func (r *recorder) FailNow()                  { r.Fail() }
+func (r *recorder) Fail() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failed = true
+}
+func (r *recorder) Failed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failed
+}
+func (r *recorder) report() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, l := range r.logs {
+		if !strings.HasPrefix(l, "[rapid] draw") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// cut is a go-redis hook that severs a client from Redis: a crash.
+type cut struct{ down atomic.Bool }
+
+var errCut = errors.New("property test: process crashed")
+
+func (c *cut) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *cut) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (c *cut) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if c.down.Load() {
+			cmd.SetErr(errCut)
+			return errCut
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// The model.
+
+type mstate int
+
+const (
+	idle mstate = iota
+	waiting
+	holding
+	crashed
+)
+
+type actor struct {
+	id    int
+	c     *Client
+	rdb   *redis.Client
+	cut   *cut
+	state mstate
+	// The request in progress (waiting or holding).
+	sem    *msem
+	n      int64
+	cancel context.CancelFunc
+	res    chan acqResult
+	lease  *Lease
+	ticket string
+}
+
+type acqResult struct {
+	l   *Lease
+	err error
+}
+
+// mentry is a waiter or a holder in the model.
+type mentry struct {
+	a      *actor
+	n      int64
+	ticket string
+	at     int64 // waiter: liveness deadline; holder: lease expiry (ms)
+	dead   bool  // its process crashed
+}
+
+type msem struct {
+	name    string
+	cap     int64
+	k       keys
+	queue   []*mentry // arrival order
+	holders []*mentry
+	token   int64 // last token seen
+}
+
+type machine struct {
+	t       *rapid.T
+	wait    time.Duration // for an expected asynchronous grant
+	b       *redistest.Backend
+	frozen  bool // clock and crashes under the test's control
+	now     time.Time
+	prefix  string
+	obs     *Client
+	rdb     *redis.Client
+	sems    []*msem
+	actors  []*actor
+	byCID   map[string]*actor
+	clients []*Client
+}
+
+func (m *machine) nowMs() int64 { return m.now.UnixMilli() }
+
+func (m *machine) logf(format string, args ...any) { m.t.Logf(format, args...) }
+
+func runMachine(rt *rapid.T, b *redistest.Backend, frozen bool, wait time.Duration) {
+	m := &machine{t: rt, b: b, frozen: frozen, wait: wait, byCID: map[string]*actor{}}
+	if b.Mini != nil {
+		// Each run starts on an empty server and a clock on a whole ms.
+		b.Mini.FlushAll()
+		m.now = time.Now().Truncate(time.Millisecond)
+		b.Mini.SetTime(m.now)
+	}
+	m.prefix = fmt.Sprintf("prop%d:", time.Now().UnixNano())
+	m.rdb = redis.NewClient(&redis.Options{Addr: b.Addr})
+	defer m.rdb.Close()
+	m.obs = m.newClient(nil)
+	defer func() {
+		// A crashed process's BLPOP may still block at the server, out of
+		// reach of Close's nudge; closing its connections ends it.
+		for _, a := range m.live(crashed) {
+			a.rdb.Close()
+		}
+		var wg sync.WaitGroup
+		for _, c := range m.clients {
+			wg.Go(func() { c.Close() })
+		}
+		wg.Wait()
+		for _, a := range m.actors {
+			a.rdb.Close()
+		}
+	}()
+	for i := range rapid.IntRange(1, 2).Draw(rt, "semaphores") {
+		capacity := rapid.Int64Range(1, 8).Draw(rt, fmt.Sprintf("capacity%d", i))
+		name := fmt.Sprintf("s%d", i)
+		k, _ := m.obs.keys(name)
+		m.sems = append(m.sems, &msem{name: name, cap: capacity, k: k})
+	}
+	for range 3 {
+		m.spawn()
+	}
+
+	actions := map[string]func(*rapid.T){
+		"acquire": m.acquire,
+		"try":     m.try,
+		"release": m.release,
+		"cancel":  m.cancelWait,
+		"spawn":   func(*rapid.T) { m.spawn() },
+		"flush":   m.flush,
+		"":        m.check,
+	}
+	if frozen {
+		actions["crash"] = m.crash
+		actions["advance"] = m.advance
+	}
+	rt.Repeat(actions)
+	m.finish()
+}
+
+func (m *machine) newClient(hook redis.Hook) *Client {
+	rdb := redis.NewClient(&redis.Options{Addr: m.b.Addr})
+	if hook != nil {
+		rdb.AddHook(hook)
+	}
+	ttl, wttl := pLease, pWaiter
+	if !m.frozen {
+		ttl, wttl = time.Hour, time.Hour
+	}
+	c, err := New(rdb, WithPrefix(m.prefix), WithLeaseTTL(ttl), WithWaiterTTL(wttl))
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	m.clients = append(m.clients, c)
+	return c
+}
+
+func (m *machine) spawn() {
+	if len(m.live(idle, waiting, holding)) >= 6 {
+		return
+	}
+	cu := &cut{}
+	c := m.newClient(cu)
+	a := &actor{id: len(m.actors), c: c, rdb: c.rdb.(*redis.Client), cut: cu}
+	m.actors = append(m.actors, a)
+	m.byCID[c.id] = a
+	m.logf("process %d starts", a.id)
+}
+
+// live returns the actors in one of the given states.
+func (m *machine) live(states ...mstate) []*actor {
+	var out []*actor
+	for _, a := range m.actors {
+		if slices.Contains(states, a.state) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func (m *machine) pickSem(t *rapid.T) *msem {
+	return m.sems[rapid.IntRange(0, len(m.sems)-1).Draw(t, "semaphore")]
+}
+
+// pick draws one of the given processes by its number.
+func pick(t *rapid.T, as []*actor) *actor {
+	ids := make([]int, len(as))
+	for i, a := range as {
+		ids[i] = a.id
+	}
+	id := rapid.SampledFrom(ids).Draw(t, "process")
+	return as[slices.Index(ids, id)]
+}
+
+// dump renders a semaphore's Redis state for failure messages.
+func (m *machine) dump(s *msem) string {
+	ctx := context.Background()
+	st, _ := m.rdb.HGetAll(ctx, s.k.list()[0]).Result()
+	q, _ := m.rdb.ZRangeWithScores(ctx, s.k.list()[1], 0, -1).Result()
+	h, _ := m.rdb.ZRangeWithScores(ctx, s.k.list()[3], 0, -1).Result()
+	return fmt.Sprintf("now=%d state=%v queue=%v holders=%v", m.nowMs(), st, q, h)
+}
+
+func (m *machine) acquire(t *rapid.T) {
+	as := m.live(idle)
+	if len(as) == 0 {
+		t.Skip("no idle process")
+	}
+	a := pick(t, as)
+	s := m.pickSem(t)
+	n := rapid.Int64Range(1, s.cap).Draw(t, "permits")
+	m.logf("process %d: Acquire(%d) of %s (capacity %d)", a.id, n, s.name, s.cap)
+	m.modelRun(s)
+	grant := len(s.queue) == 0 && s.used()+n <= s.cap
+
+	ctx, cancel := context.WithCancel(context.Background())
+	a.state, a.sem, a.n, a.cancel, a.res = waiting, s, n, cancel, make(chan acqResult, 1)
+	go func() {
+		l, err := a.c.Acquire(ctx, Request{Name: s.name, Capacity: s.cap, Permits: n})
+		a.res <- acqResult{l, err}
+	}()
+	if grant {
+		m.expectGrant(t, a)
+		s.holders = append(s.holders, &mentry{a: a, n: n, ticket: a.ticket, at: m.nowMs() + ms(m.leaseTTL())})
+		m.settle(t)
+		return
+	}
+	// Wait until the ticket is queued, then learn it.
+	e := &mentry{a: a, n: n, at: m.nowMs() + ms(m.waiterTTL())}
+	s.queue = append(s.queue, e)
+	m.waitFor(t, fmt.Sprintf("process %d queued", a.id), func() bool {
+		for _, q := range m.redisQueue(s) {
+			if q.client == a.c.id {
+				e.ticket, a.ticket = q.ticket, q.ticket
+				return true
+			}
+		}
+		select {
+		case r := <-a.res:
+			a.res <- r // let check see it
+			return true
+		default:
+		}
+		return false
+	})
+	m.settle(t)
+}
+
+func (m *machine) try(t *rapid.T) {
+	as := m.live(idle)
+	if len(as) == 0 {
+		t.Skip("no idle process")
+	}
+	a := pick(t, as)
+	s := m.pickSem(t)
+	n := rapid.Int64Range(1, s.cap).Draw(t, "permits")
+	m.logf("process %d: TryAcquire(%d) of %s (capacity %d)", a.id, n, s.name, s.cap)
+	m.modelRun(s)
+	want := len(s.queue) == 0 && s.used()+n <= s.cap
+	l, err := a.c.TryAcquire(context.Background(), Request{Name: s.name, Capacity: s.cap, Permits: n})
+	switch {
+	case want && err != nil:
+		t.Fatalf("TryAcquire(%d) = %v; the model has %d of %d in use and no queue", n, err, s.used(), s.cap)
+	case !want && err == nil:
+		t.Fatalf("TryAcquire(%d) granted; the model has %d of %d in use and %d queued", n, s.used(), s.cap, len(s.queue))
+	case !want && !errors.Is(err, ErrNotAcquired):
+		t.Fatalf("TryAcquire(%d) = %v, want ErrNotAcquired", n, err)
+	case want:
+		a.state, a.sem, a.n, a.lease, a.ticket = holding, s, n, l, l.ticket
+		m.sawToken(t, s, l)
+		s.holders = append(s.holders, &mentry{a: a, n: n, ticket: l.ticket, at: m.nowMs() + ms(m.leaseTTL())})
+	}
+	m.settle(t)
+}
+
+func (m *machine) release(t *rapid.T) {
+	as := m.live(holding)
+	if len(as) == 0 {
+		t.Skip("no holder")
+	}
+	a := pick(t, as)
+	s := a.sem
+	m.logf("process %d: Release(%d) of %s", a.id, a.n, s.name)
+	m.modelRun(s)
+	i := slices.IndexFunc(s.holders, func(e *mentry) bool { return e.a == a })
+	err := a.lease.Release(context.Background())
+	switch {
+	case i < 0 && !errors.Is(err, ErrLeaseLost):
+		t.Fatalf("Release of a lease the model says expired = %v, want ErrLeaseLost", err)
+	case i >= 0 && err != nil:
+		t.Fatalf("Release of a live lease = %v", err)
+	}
+	if i >= 0 {
+		s.holders = slices.Delete(s.holders, i, i+1)
+	}
+	a.state, a.lease = idle, nil
+	m.settle(t)
+}
+
+func (m *machine) cancelWait(t *rapid.T) {
+	as := m.live(waiting)
+	if len(as) == 0 {
+		t.Skip("no waiter")
+	}
+	a := pick(t, as)
+	s := a.sem
+	m.logf("process %d: cancels its wait on %s", a.id, s.name)
+	a.cancel()
+	r := m.receive(t, a)
+	if !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("cancelled Acquire = %v, %v; want context.Canceled", r.l != nil, r.err)
+	}
+	s.queue = slices.DeleteFunc(s.queue, func(e *mentry) bool { return e.a == a })
+	a.state = idle
+	m.settle(t)
+}
+
+func (m *machine) crash(t *rapid.T) {
+	as := m.live(idle, waiting, holding)
+	if len(as) == 0 {
+		t.Skip("nobody to crash")
+	}
+	a := pick(t, as)
+	m.logf("process %d crashes (state %d)", a.id, a.state)
+	a.cut.down.Store(true)
+	a.state = crashed
+	for _, s := range m.sems {
+		for _, e := range append(slices.Clone(s.queue), s.holders...) {
+			if e.a == a {
+				e.dead = true
+			}
+		}
+	}
+	m.settle(t)
+}
+
+func (m *machine) advance(t *rapid.T) {
+	d := time.Duration(rapid.IntRange(1, 25).Draw(t, "advance")) * 100 * time.Millisecond
+	m.logf("Redis's clock moves %v", d)
+	for d > 0 {
+		step := min(d, pChunk)
+		d -= step
+		m.now = m.now.Add(step)
+		m.b.Mini.SetTime(m.now)
+		m.heartbeat(t)
+		m.settle(t)
+	}
+}
+
+func (m *machine) flush(t *rapid.T) {
+	m.logf("SCRIPT FLUSH")
+	if err := m.rdb.ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (m *machine) leaseTTL() time.Duration  { return m.obs.cfg.leaseTTL }
+func (m *machine) waiterTTL() time.Duration { return m.obs.cfg.waiterTTL }
+
+func (s *msem) used() int64 {
+	var n int64
+	for _, e := range s.holders {
+		n += e.n
+	}
+	return n
+}
+
+// modelRun applies the model's rules at the current time: expired leases
+// and dead waiters go, then the queue's head is granted while it fits.
+func (m *machine) modelRun(s *msem) (granted []*mentry) {
+	now := m.nowMs()
+	s.holders = slices.DeleteFunc(s.holders, func(e *mentry) bool { return e.at <= now })
+	s.queue = slices.DeleteFunc(s.queue, func(e *mentry) bool { return e.at <= now })
+	for len(s.queue) > 0 && s.used()+s.queue[0].n <= s.cap {
+		e := s.queue[0]
+		s.queue = s.queue[1:]
+		// A grant announced to a process lasts one waiter TTL until the
+		// process confirms it; a live one does so before the next step.
+		e.at = now + ms(min(m.leaseTTL(), m.waiterTTL()))
+		if !e.dead {
+			e.at = now + ms(m.leaseTTL())
+		}
+		s.holders = append(s.holders, e)
+		granted = append(granted, e)
+	}
+	return granted
+}
+
+// settle runs the queue once as a waiting process's timer would, brings
+// the model to the same point, and waits for the grants it expects to
+// reach their live processes.
+func (m *machine) settle(t *rapid.T) {
+	for _, s := range m.sems {
+		if err := acquireScript.Run(context.Background(), m.rdb, s.k.list(), "refresh", m.obs.id,
+			ms(m.leaseTTL()), ms(m.waiterTTL())).Err(); err != nil {
+			t.Fatalf("observer's refresh: %v", err)
+		}
+		for _, e := range m.modelRun(s) {
+			if e.dead {
+				continue
+			}
+			m.expectGrant(t, e.a)
+			// Confirm now, as its renewal timer does at once.
+			e.a.lease.renew()
+		}
+	}
+}
+
+// heartbeat makes every live process renew its leases and refresh its
+// waiters now, as its timers do at a third of each TTL.
+func (m *machine) heartbeat(t *rapid.T) {
+	for _, a := range m.live(waiting, holding) {
+		switch a.state {
+		case holding:
+			a.lease.renew()
+			if err := a.lease.Err(); err != nil {
+				t.Fatalf("process %d's lease ended on renewal: %v", a.id, err)
+			}
+		case waiting:
+			a.c.mu.Lock()
+			r := a.c.rooms[a.sem.k.base]
+			a.c.mu.Unlock()
+			if r == nil {
+				continue // granted by an earlier heartbeat; settle checks it
+			}
+			if _, err := r.refresh(); err != nil {
+				t.Fatalf("process %d's refresh: %v", a.id, err)
+			}
+		}
+	}
+	now := m.nowMs()
+	for _, s := range m.sems {
+		// Entries already past their time stay as they are: the model
+		// drops them at its next run, as Redis does.
+		for _, e := range s.holders {
+			if !e.dead && e.at > now {
+				e.at = now + ms(m.leaseTTL())
+			}
+		}
+		for _, e := range s.queue {
+			if !e.dead && e.at > now {
+				e.at = now + ms(m.waiterTTL())
+			}
+		}
+	}
+}
+
+func (m *machine) receive(t *rapid.T, a *actor) acqResult {
+	select {
+	case r := <-a.res:
+		return r
+	case <-time.After(m.wait):
+		t.Fatalf("process %d's Acquire did not return within %v", a.id, m.wait)
+		return acqResult{}
+	}
+}
+
+// expectGrant waits for a live waiter's Acquire to return its lease.
+func (m *machine) expectGrant(t *rapid.T, a *actor) {
+	r := m.receive(t, a)
+	if r.err != nil {
+		t.Fatalf("process %d: Acquire(%d) of %s = %v; the model grants it", a.id, a.n, a.sem.name, r.err)
+	}
+	a.state, a.lease, a.ticket = holding, r.l, r.l.ticket
+	m.sawToken(t, a.sem, r.l)
+	for _, e := range a.sem.holders {
+		if e.a == a {
+			e.ticket = r.l.ticket
+		}
+	}
+}
+
+func (m *machine) sawToken(t *rapid.T, s *msem, l *Lease) {
+	if l.Token() <= s.token {
+		t.Fatalf("%s granted token %d after token %d", s.name, l.Token(), s.token)
+	}
+	s.token = l.Token()
+}
+
+func (m *machine) waitFor(t *rapid.T, what string, cond func() bool) {
+	deadline := time.Now().Add(m.wait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+type rentry struct {
+	ticket, client string
+	n              int64
+	at             int64
+}
+
+// redisQueue and redisHolders read a semaphore's state as Redis holds it,
+// keeping only entries whose time has not passed.
+func (m *machine) redisQueue(s *msem) []rentry {
+	ctx := context.Background()
+	members, err := m.rdb.ZRange(ctx, s.k.list()[1], 0, -1).Result()
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	var out []rentry
+	for _, mem := range members {
+		f := strings.Fields(mem)
+		at, err := m.rdb.ZScore(ctx, s.k.list()[2], mem).Result()
+		if err != nil || len(f) != 5 {
+			m.t.Fatalf("queue member %q has no deadline or a bad form (%v)", mem, err)
+		}
+		n, _ := strconv.ParseInt(f[1], 10, 64)
+		if int64(at) > m.nowMs() || !m.frozen {
+			out = append(out, rentry{ticket: f[0], n: n, client: f[2], at: int64(at)})
+		}
+	}
+	return out
+}
+
+func (m *machine) redisHolders(s *msem) []rentry {
+	zs, err := m.rdb.ZRangeWithScores(context.Background(), s.k.list()[3], 0, -1).Result()
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	var out []rentry
+	for _, z := range zs {
+		f := strings.Fields(z.Member.(string))
+		n, _ := strconv.ParseInt(f[1], 10, 64)
+		if int64(z.Score) > m.nowMs() || !m.frozen {
+			out = append(out, rentry{ticket: f[0], n: n, at: int64(z.Score)})
+		}
+	}
+	return out
+}
+
+// check compares Redis with the model after every step.
+func (m *machine) check(t *rapid.T) {
+	for _, s := range m.sems {
+		// Safety: live leases never hold more than the capacity, and they
+		// are exactly the model's holders: none the model says expired.
+		hs := m.redisHolders(s)
+		var held int64
+		got := map[string]int64{}
+		for _, h := range hs {
+			held += h.n
+			got[h.ticket] = h.n
+		}
+		if held > s.cap {
+			t.Fatalf("%s: leases hold %d permits, capacity %d", s.name, held, s.cap)
+		}
+		want := map[string]int64{}
+		for _, e := range s.holders {
+			want[e.ticket] = e.n
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%s: Redis has %d live leases %v, the model %d %v", s.name, len(got), got, len(want), want)
+		}
+		for tk, n := range want {
+			if got[tk] != n {
+				t.Fatalf("%s: lease %s holds %d in Redis, %d in the model", s.name, tk, got[tk], n)
+			}
+		}
+		// FIFO: the live waiters in Redis are the model's, in its order.
+		qs := m.redisQueue(s)
+		if len(qs) != len(s.queue) {
+			t.Fatalf("%s: Redis queues %d, the model %d", s.name, len(qs), len(s.queue))
+		}
+		for i, q := range qs {
+			e := s.queue[i]
+			if m.byCID[q.client] != e.a || q.n != e.n {
+				t.Fatalf("%s: queue position %d is process %v for %d in Redis, process %d for %d in the model",
+					s.name, i, m.byCID[q.client].id, q.n, e.a.id, e.n)
+			}
+		}
+		// Liveness: the model grants whatever fits, so its head never fits.
+		if len(s.queue) > 0 && s.used()+s.queue[0].n <= s.cap {
+			t.Fatalf("%s: head fits but waits", s.name)
+		}
+	}
+	// Processes that wait have not returned; holders' leases are alive.
+	for _, a := range m.live(waiting, holding) {
+		if a.state == waiting {
+			select {
+			case r := <-a.res:
+				t.Fatalf("process %d returned (lease %v, err %v) while the model has it waiting", a.id, r.l != nil, r.err)
+			default:
+			}
+		} else if slices.IndexFunc(a.sem.holders, func(e *mentry) bool { return e.a == a }) >= 0 {
+			if err := a.lease.Err(); err != nil {
+				t.Fatalf("process %d's lease ended (%v) while the model has it held", a.id, err)
+			}
+		}
+	}
+}
+
+// finish ends a run: every live process lets go, the crashed ones'
+// entries run out, and then the full capacity must be free (no permit was
+// lost) and, once idle long enough, no key must remain.
+func (m *machine) finish() {
+	t := m.t
+	ctx := context.Background()
+	for _, a := range m.live(waiting, holding) {
+		if a.state == waiting {
+			a.cancel()
+			if r := m.receive(t, a); r.l != nil {
+				_ = r.l.Release(ctx)
+			}
+		} else {
+			_ = a.lease.Release(ctx)
+		}
+		a.state = idle
+	}
+	if m.frozen {
+		m.now = m.now.Add(pLease + pWaiter)
+		m.b.Mini.SetTime(m.now)
+	}
+	c := m.newClient(nil)
+	for _, s := range m.sems {
+		l, err := c.TryAcquire(ctx, Request{Name: s.name, Capacity: s.cap, Permits: s.cap})
+		if err != nil {
+			t.Fatalf("%s: TryAcquire of the whole capacity %d once all is released: %v\n%s", s.name, s.cap, err, m.dump(s))
+		}
+		if l.Token() <= s.token {
+			t.Fatalf("%s: token %d after %d", s.name, l.Token(), s.token)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys, err := m.rdb.Keys(ctx, m.prefix+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		ttl, err := m.rdb.PTTL(ctx, k).Result()
+		if err != nil || ttl <= 0 {
+			t.Fatalf("key %s stays (TTL %v, %v)", k, ttl, err)
+		}
+	}
+	if m.frozen {
+		m.now = m.now.Add(time.Hour)
+		m.b.Mini.SetTime(m.now)
+		if keys, _ := m.rdb.Keys(ctx, m.prefix+"*").Result(); len(keys) > 0 {
+			t.Fatalf("keys remain an idle hour later: %v", keys)
+		}
+	}
+}
