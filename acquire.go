@@ -53,7 +53,7 @@ func (c *Client) acquire(ctx context.Context, req Request, wait bool) (*Lease, e
 			return nil, fmt.Errorf("fairlock: %s %q: %w", op, req.Name, ErrNotAcquired)
 		}
 
-		c.listen(r, time.Duration(val)*time.Millisecond)
+		c.listen(r, w, time.Duration(val)*time.Millisecond)
 		select {
 		case wk := <-w.ch:
 			switch {

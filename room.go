@@ -35,6 +35,10 @@ type waiter struct {
 	ticket  string
 	permits int64
 	ch      chan wakeup // buffered; receives at most one wakeup
+	// queued is set (under c.mu) once the acquire script has queued the
+	// ticket. Only queued tickets are refreshed: a refresh that reached
+	// Redis before the ticket's own acquire script would report it gone.
+	queued bool
 }
 
 // wakeup is what a waiter learns: granted (token), dropped from the queue
@@ -79,11 +83,13 @@ func (c *Client) unregister(r *room, w *waiter) {
 	}
 }
 
-// listen makes sure r's goroutines run, and that maintain runs no later
-// than after the given time (the queue's next event, or < 0 for none).
-func (c *Client) listen(r *room, next time.Duration) {
+// listen records that w is queued, makes sure r's goroutines run, and that
+// maintain runs no later than after the given time (the queue's next
+// event, or < 0 for none).
+func (c *Client) listen(r *room, w *waiter, next time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	w.queued = true
 	if c.closed {
 		return
 	}
@@ -244,7 +250,9 @@ func (r *room) refresh() (time.Duration, error) {
 	args := make([]any, 0, 4+2*len(r.waiters))
 	args = append(args, "refresh", c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL))
 	for t, w := range r.waiters {
-		args = append(args, t, w.permits)
+		if w.queued {
+			args = append(args, t, w.permits)
+		}
 	}
 	c.mu.Unlock()
 	next := c.refreshEvery()

@@ -3,11 +3,14 @@ package semaphore_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // waitDone waits for a lease's Done channel.
@@ -245,5 +248,64 @@ func TestGrantToDeadWaiterExpires(t *testing.T) {
 			t.Fatalf("live waiter: %v", r.err)
 		}
 		e.release(r.lease)
+	})
+}
+
+// slowAcquire is a go-redis hook that holds "acquire" scripts back while
+// armed, so that other commands of the same client overtake them.
+type slowAcquire struct{ delay atomic.Int64 }
+
+func (s *slowAcquire) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (s *slowAcquire) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (s *slowAcquire) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if d := s.delay.Load(); d > 0 && slices.Contains(cmd.Args(), any("acquire")) {
+			time.Sleep(time.Duration(d))
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// Regression: a liveness refresh that reached Redis before a waiter's own
+// acquire script reported the new ticket gone. The waiter then queued again
+// under another ticket, behind its own ghost, which could later be granted
+// and hold the permits for a waiter TTL while nobody used them.
+func TestRefreshIgnoresTicketsNotYetQueued(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		held, err := e.sem(e.client(), "ghost", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cnt, slow := newCounter(), &slowAcquire{}
+		rdb := b.Client(t)
+		rdb.AddHook(cnt)
+		rdb.AddHook(slow)
+		const wttl = 150 * time.Millisecond // refreshes every 50ms
+		s := e.sem(e.clientOn(rdb, fairlock.WithWaiterTTL(wttl)), "ghost", 1)
+		first := acquireAsync(ctx, s, 1)
+		e.waitQueued("ghost", 1) // the room now refreshes on its own
+		slow.delay.Store(int64(wttl))
+		second := acquireAsync(ctx, s, 1)
+		e.waitQueued("ghost", 2)
+		slow.delay.Store(0)
+		time.Sleep(wttl) // room for more refreshes, and for a re-queue
+		if got := cnt.get("evalsha:acquire") + cnt.get("eval:acquire"); got != 2 {
+			t.Fatalf("two waiters ran %d acquire scripts: one was queued again", got)
+		}
+		if n, _ := e.rdb.ZCard(ctx, e.key("ghost", "q")).Result(); n != 2 {
+			t.Fatalf("queue length %d, want 2", n)
+		}
+		e.release(held)
+		for _, ch := range []<-chan result{first, second} {
+			r := e.receive(ch)
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			e.release(r.lease)
+		}
 	})
 }
