@@ -13,8 +13,28 @@
 --     keeps one process's listed waiters alive and reports those that no
 --     longer wait: {nextEventMs, {ticket, token-or-0, ...}}; a token means
 --     granted (in case its wake-up was lost), 0 means dropped.
+--   "status"           ARGV: op; changes nothing. Returns {nowMs, capacity,
+--     {holder, expiryMs, ...}, {waiter, sequence, ...}} for live entries.
 
 local op = ARGV[1]
+
+if op == 'status' then
+  local holders, waiters = {}, {}
+  local h = redis.call('ZRANGEBYSCORE', H, '(' .. num(now), '+inf', 'WITHSCORES')
+  for i = 1, #h, 2 do
+    holders[#holders + 1] = h[i]
+    holders[#holders + 1] = h[i + 1]
+  end
+  local q = redis.call('ZRANGE', Q, 0, -1, 'WITHSCORES')
+  for i = 1, #q, 2 do
+    local at = redis.call('ZSCORE', D, q[i])
+    if at and tonumber(at) > now then
+      waiters[#waiters + 1] = q[i]
+      waiters[#waiters + 1] = q[i + 1]
+    end
+  end
+  return { now, cap or 0, holders, waiters }
+end
 
 if op == 'refresh' then
   local client, lease, wait = ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -30,8 +50,8 @@ if op == 'refresh' then
     else
       out[#out + 1] = ticket
       local token = redis.call('HGET', I, ticket)
-      local at = redis.call('ZSCORE', H, holder_member(ticket, n))
-      if token and at and tonumber(at) > now then
+      local at = token and redis.call('ZSCORE', H, holder_member(ticket, n, client, tonumber(token)))
+      if at and tonumber(at) > now then
         out[#out + 1] = token
       else
         out[#out + 1] = '0'
@@ -63,7 +83,7 @@ elseif nq > 0 or used + n > cap then
 end
 
 if nq <= 0 and used + n <= cap then
-  local token = hold(ticket, n, lease)
+  local token = hold(ticket, n, client, lease)
   finish()
   return { 1, token }
 end

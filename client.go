@@ -69,10 +69,14 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	id := rand.Text()
+	if cfg.owner != "" {
+		id = cfg.owner + "/" + id
+	}
 	return &Client{
 		rdb:    rdb,
 		cfg:    cfg,
-		id:     rand.Text(),
+		id:     id,
 		done:   make(chan struct{}),
 		rooms:  make(map[string]*room),
 		leases: make(map[*Lease]struct{}),

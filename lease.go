@@ -110,7 +110,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("fairlock: release %q: %w", l.k.name, ErrNotHeld)
 	}
 	l.stopRenewal()
-	n, err := releaseScript.Run(ctx, l.c.rdb, l.k.list(), "release", l.ticket, l.permits, boolArg(l.pending)).Int64()
+	n, err := releaseScript.Run(ctx, l.c.rdb, l.k.list(), "release", l.ticket, l.permits, l.c.id, l.token, boolArg(l.pending)).Int64()
 	if err != nil {
 		l.finish(fmt.Errorf("%w: release failed, the lease is no longer renewed", ErrLeaseLost))
 		return fail(ctx, "release", l.k.name, err)
@@ -170,7 +170,7 @@ func (l *Lease) renew() {
 	ttl := l.c.cfg.leaseTTL
 	sent := time.Now()
 	ctx, cancel := context.WithDeadline(l.stopCtx, deadline)
-	n, err := releaseScript.Run(ctx, l.c.rdb, l.k.list(), "renew", l.ticket, l.permits, ms(ttl), pending).Int64()
+	n, err := releaseScript.Run(ctx, l.c.rdb, l.k.list(), "renew", l.ticket, l.permits, l.c.id, l.token, pending, ms(ttl)).Int64()
 	cancel()
 
 	l.rmu.Lock()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
 )
 
 // Defaults of the [Option] settings.
@@ -19,9 +20,13 @@ const minTTL = 10 * time.Millisecond
 
 type config struct {
 	prefix    string
+	owner     string
 	leaseTTL  time.Duration
 	waiterTTL time.Duration
 }
+
+// maxOwnerLen bounds the label set with [WithOwner].
+const maxOwnerLen = 64
 
 // Option configures a [Client].
 type Option func(*config)
@@ -31,6 +36,14 @@ type Option func(*config)
 // prefix may not contain '{' or '}', which would change the hash tag.
 func WithPrefix(prefix string) Option {
 	return func(c *config) { c.prefix = prefix }
+}
+
+// WithOwner labels the client's leases and waiters in Redis, for people
+// reading [Client.Status] (the fairlock command uses "host:pid"). The label
+// is at most 64 printable characters without spaces or braces. It is not a
+// secret and grants nothing. The default is no label.
+func WithOwner(label string) Option {
+	return func(c *config) { c.owner = label }
 }
 
 // WithLeaseTTL sets how long a grant lasts without renewal. Leases are
@@ -60,6 +73,9 @@ func newConfig(opts []Option) (config, error) {
 		return cfg, fmt.Errorf("%w: prefix %q contains '{' or '}'", ErrInvalidArgument, cfg.prefix)
 	case len(cfg.prefix) > maxPrefixLen:
 		return cfg, fmt.Errorf("%w: prefix is %d bytes, longer than %d", ErrInvalidArgument, len(cfg.prefix), maxPrefixLen)
+	case len(cfg.owner) > maxOwnerLen || strings.ContainsAny(cfg.owner, "{} /") ||
+		strings.IndexFunc(cfg.owner, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0:
+		return cfg, fmt.Errorf("%w: owner label %q: at most %d printable characters, no spaces, braces or '/'", ErrInvalidArgument, cfg.owner, maxOwnerLen)
 	case cfg.leaseTTL < minTTL:
 		return cfg, fmt.Errorf("%w: lease TTL %v is shorter than %v", ErrInvalidArgument, cfg.leaseTTL, minTTL)
 	case cfg.waiterTTL < minTTL:

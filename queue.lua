@@ -9,7 +9,8 @@
 --   KEYS[2] <b>:q  zset  waiters "ticket permits client leaseMs waiterMs",
 --                        scored by arrival sequence
 --   KEYS[3] <b>:d  zset  the same waiters, scored by liveness deadline (ms)
---   KEYS[4] <b>:h  zset  holders "ticket permits", scored by lease expiry (ms)
+--   KEYS[4] <b>:h  zset  holders "ticket permits client token", scored by
+--                        lease expiry (ms)
 --   KEYS[5] <b>:i  hash  ticket -> token, for grants announced on a wake list
 --                        and not yet confirmed by their process (each
 --                        record is needed only until its grant's first,
@@ -54,8 +55,8 @@ local function waiter_member(ticket, n, client, lease, wait)
   return ticket .. ' ' .. n .. ' ' .. client .. ' ' .. lease .. ' ' .. wait
 end
 
-local function holder_member(ticket, n)
-  return ticket .. ' ' .. n
+local function holder_member(ticket, n, client, token)
+  return ticket .. ' ' .. n .. ' ' .. client .. ' ' .. num(token)
 end
 
 local function parse_waiter(m)
@@ -76,7 +77,7 @@ end
 -- drop_holder forgets a lease and frees its permits.
 local function drop_holder(m)
   redis.call('ZREM', H, m)
-  local ticket, n = string.match(m, '^(%S+) (%d+)$')
+  local ticket, n = string.match(m, '^(%S+) (%d+)')
   used = used - (tonumber(n) or 0)
   nh = nh - 1
   return ticket
@@ -104,9 +105,9 @@ end
 
 -- hold records a lease of n permits for ticket, lasting ttl ms, and returns
 -- its token.
-local function hold(ticket, n, ttl)
+local function hold(ticket, n, client, ttl)
   local token = next_seq()
-  redis.call('ZADD', H, now + ttl, holder_member(ticket, n))
+  redis.call('ZADD', H, now + ttl, holder_member(ticket, n, client, token))
   wrote_h = true
   used = used + n
   nh = nh + 1
@@ -144,10 +145,10 @@ local function pump(self)
     nq = nq - 1
     if w then
       if w.ticket == self then
-        mine = hold(w.ticket, w.n, w.lease)
+        mine = hold(w.ticket, w.n, w.client, w.lease)
       else
         local ttl = math.min(w.lease, w.wait)
-        local token = hold(w.ticket, w.n, ttl)
+        local token = hold(w.ticket, w.n, w.client, ttl)
         redis.call('HSET', I, w.ticket, num(token))
         wrote_i = true
         local list = base .. ':w:' .. w.client
@@ -214,7 +215,7 @@ local function rebuild()
   if cap or redis.call('EXISTS', H, Q) == 0 then return end
   nh, nq, used = redis.call('ZCARD', H), redis.call('ZCARD', Q), 0
   for _, m in ipairs(redis.call('ZRANGE', H, 0, -1)) do
-    used = used + (tonumber(string.match(m, ' (%d+)$')) or 0)
+    used = used + (tonumber(string.match(m, '^%S+ (%d+)')) or 0)
   end
   nh0, nq0, used0 = 0, 0, 0
   wrote_h, wrote_q = true, nq > 0

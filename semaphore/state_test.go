@@ -156,3 +156,51 @@ func TestKeysShareSlotAndVanish(t *testing.T) {
 		}
 	})
 }
+
+// Status shows live holders and waiters, with owners, tokens and times.
+func TestStatus(t *testing.T) {
+	b := redistest.Mini(t)
+	b.Freeze(t)
+	e := newEnv(t, b)
+	ctx := context.Background()
+	alice := e.client(fairlock.WithOwner("alice"), fairlock.WithLeaseTTL(time.Minute))
+	held, err := e.sem(alice, "st", 3).Acquire(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bob := e.client(fairlock.WithOwner("bob"), fairlock.WithWaiterTTL(time.Second))
+	ch := acquireAsync(ctx, e.sem(bob, "st", 3), 2)
+	e.waitQueued("st", 1)
+
+	st, err := alice.Status(ctx, "st")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Capacity != 3 || st.InUse != 2 || len(st.Holders) != 1 || len(st.Waiters) != 1 {
+		t.Fatalf("Status = %+v, want capacity 3, 2 in use, one holder, one waiter", st)
+	}
+	if h := st.Holders[0]; h.Owner != "alice" || h.Permits != 2 || h.Token != held.Token() || h.ExpiresIn != time.Minute {
+		t.Fatalf("holder = %+v, want alice holding 2 with token %d for 1m", h, held.Token())
+	}
+	if w := st.Waiters[0]; w.Owner != "bob" || w.Permits != 2 {
+		t.Fatalf("waiter = %+v, want bob waiting for 2", w)
+	}
+	// Bob's process shuts down; Close takes him out of the queue.
+	e.notYet(ch, "bob")
+	if err := bob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.receive(ch)
+	st, err = alice.Status(ctx, "st")
+	if err != nil || len(st.Waiters) != 0 {
+		t.Fatalf("Status after bob left = %+v, %v", st, err)
+	}
+	e.release(held)
+	if st, err = alice.Status(ctx, "st"); err != nil || st.Capacity != 0 || len(st.Holders) != 0 {
+		t.Fatalf("Status when idle = %+v, %v", st, err)
+	}
+	_, err = alice.Status(ctx, "")
+	isErr(t, "Status of an empty name", err, fairlock.ErrInvalidName)
+	_, err = fairlock.New(e.rdb, fairlock.WithOwner("has space"))
+	isErr(t, "WithOwner with a space", err, fairlock.ErrInvalidArgument)
+}

@@ -1,0 +1,93 @@
+package fairlock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Status is a snapshot of one semaphore, as [Client.Status] reads it.
+type Status struct {
+	Name     string   `json:"name"`
+	Capacity int64    `json:"capacity"` // 0 when the semaphore is idle
+	InUse    int64    `json:"in_use"`   // permits held by live leases
+	Holders  []Holder `json:"holders"`
+	Waiters  []Waiter `json:"waiters"` // in queue order
+}
+
+// Holder is a live lease in a [Status].
+type Holder struct {
+	Owner     string        `json:"owner"` // the holder's [WithOwner] label, or its client id
+	Permits   int64         `json:"permits"`
+	Token     int64         `json:"token"`
+	ExpiresIn time.Duration `json:"expires_in_ns"` // by Redis's clock; renewed while held
+}
+
+// Waiter is a queued request in a [Status].
+type Waiter struct {
+	Owner   string    `json:"owner"`
+	Permits int64     `json:"permits"`
+	Since   time.Time `json:"since"` // arrival, by Redis's clock
+}
+
+// Status reads who holds and who waits for the semaphore name, in one
+// atomic, read-only step. It leaves out leases that have expired and
+// waiters whose process stopped refreshing, even where Redis has not yet
+// dropped them.
+func (c *Client) Status(ctx context.Context, name string) (Status, error) {
+	k, err := c.keys(name)
+	if err != nil {
+		return Status{}, err
+	}
+	res, err := acquireScript.Run(ctx, c.rdb, k.list(), "status").Slice()
+	if err != nil {
+		return Status{}, fail(ctx, "status", name, err)
+	}
+	st := Status{Name: name, Holders: []Holder{}, Waiters: []Waiter{}}
+	now, err := reply(res).int(0)
+	if err == nil {
+		st.Capacity, err = reply(res).int(1)
+	}
+	if err != nil || len(res) < 4 {
+		return Status{}, fmt.Errorf("fairlock: status %q: bad reply %v: %v", name, res, err)
+	}
+	hs, _ := res[2].([]any)
+	for i := 0; i+1 < len(hs); i += 2 {
+		f := strings.Fields(fmt.Sprint(hs[i])) // ticket permits client token
+		at, _ := strconv.ParseFloat(fmt.Sprint(hs[i+1]), 64)
+		if len(f) != 4 {
+			continue
+		}
+		n, _ := strconv.ParseInt(f[1], 10, 64)
+		tok, _ := strconv.ParseInt(f[3], 10, 64)
+		st.InUse += n
+		st.Holders = append(st.Holders, Holder{Owner: owner(f[2]), Permits: n, Token: tok,
+			ExpiresIn: time.Duration(int64(at)-now) * time.Millisecond})
+	}
+	ws, _ := res[3].([]any)
+	for i := 0; i+1 < len(ws); i += 2 {
+		f := strings.Fields(fmt.Sprint(ws[i])) // ticket permits client lease wait
+		seq, _ := strconv.ParseFloat(fmt.Sprint(ws[i+1]), 64)
+		if len(f) != 5 {
+			continue
+		}
+		n, _ := strconv.ParseInt(f[1], 10, 64)
+		st.Waiters = append(st.Waiters, Waiter{Owner: owner(f[2]), Permits: n,
+			Since: time.UnixMicro(int64(seq)).UTC()})
+	}
+	if len(st.Holders)+len(st.Waiters) == 0 {
+		st.Capacity = 0
+	}
+	return st, nil
+}
+
+// owner returns the label part of a client id ("label/random"), or the
+// whole id when it has none.
+func owner(client string) string {
+	if i := strings.LastIndexByte(client, '/'); i >= 0 {
+		return client[:i]
+	}
+	return client
+}
