@@ -23,7 +23,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -169,10 +168,21 @@ func (r *recorder) report() string {
 	return strings.Join(out, "\n")
 }
 
-// cut is a go-redis hook that severs a client from Redis: a crash.
-type cut struct{ down atomic.Bool }
+// cut is a go-redis hook that severs a client from Redis: a crash. A
+// crash waits for the commands in flight, so none lands after it, as none
+// can from a dead process. (BLPOPs only take wake-ups, and may block.)
+type cut struct {
+	mu   sync.RWMutex
+	down bool
+}
 
 var errCut = errors.New("property test: process crashed")
+
+func (c *cut) crash() {
+	c.mu.Lock()
+	c.down = true
+	c.mu.Unlock()
+}
 
 func (c *cut) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (c *cut) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
@@ -180,7 +190,14 @@ func (c *cut) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessP
 }
 func (c *cut) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if c.down.Load() {
+		c.mu.RLock()
+		down := c.down
+		if cmd.Name() == "blpop" || down {
+			c.mu.RUnlock()
+		} else {
+			defer c.mu.RUnlock()
+		}
+		if down {
 			cmd.SetErr(errCut)
 			return errCut
 		}
@@ -364,6 +381,27 @@ func pick(t *rapid.T, as []*actor) *actor {
 	return as[slices.Index(ids, id)]
 }
 
+// diagnose tells what a process that should have heard of a grant has in
+// Redis and in its client.
+func (m *machine) diagnose(a *actor) string {
+	if a.sem == nil {
+		return ""
+	}
+	ctx := context.Background()
+	wake := a.sem.k.wake(a.c.id)
+	list, _ := m.rdb.LRange(ctx, wake, 0, -1).Result()
+	ttl, _ := m.rdb.PTTL(ctx, wake).Result()
+	pending, _ := m.rdb.HGetAll(ctx, a.sem.k.list()[4]).Result()
+	a.c.mu.Lock()
+	r := a.c.rooms[a.sem.k.base]
+	room := "no room"
+	if r != nil {
+		room = fmt.Sprintf("room running=%v waiters=%d", r.running, len(r.waiters))
+	}
+	a.c.mu.Unlock()
+	return fmt.Sprintf("%s\nwake list %v (TTL %v), announced %v, %s", m.dump(a.sem), list, ttl, pending, room)
+}
+
 // dump renders a semaphore's Redis state for failure messages.
 func (m *machine) dump(s *msem) string {
 	ctx := context.Background()
@@ -494,7 +532,7 @@ func (m *machine) crash(t *rapid.T) {
 	}
 	a := pick(t, as)
 	m.logf("process %d crashes (state %d)", a.id, a.state)
-	a.cut.down.Store(true)
+	a.cut.crash()
 	a.state = crashed
 	for _, s := range m.sems {
 		for _, e := range append(slices.Clone(s.queue), s.holders...) {
@@ -622,7 +660,7 @@ func (m *machine) receive(t *rapid.T, a *actor) acqResult {
 	case r := <-a.res:
 		return r
 	case <-time.After(m.wait):
-		t.Fatalf("process %d's Acquire did not return within %v", a.id, m.wait)
+		t.Fatalf("process %d's Acquire did not return within %v\n%s", a.id, m.wait, m.diagnose(a))
 		return acqResult{}
 	}
 }
@@ -698,7 +736,7 @@ func (m *machine) redisHolders(s *msem) []rentry {
 		f := strings.Fields(z.Member.(string))
 		n, _ := strconv.ParseInt(f[1], 10, 64)
 		if int64(z.Score) > m.nowMs() || !m.frozen {
-			out = append(out, rentry{ticket: f[0], n: n, at: int64(z.Score)})
+			out = append(out, rentry{ticket: f[0], n: n, client: f[2], at: int64(z.Score)})
 		}
 	}
 	return out
@@ -724,7 +762,12 @@ func (m *machine) check(t *rapid.T) {
 			want[e.ticket] = e.n
 		}
 		if len(got) != len(want) {
-			t.Fatalf("%s: Redis has %d live leases %v, the model %d %v", s.name, len(got), got, len(want), want)
+			var who []string
+			for _, h := range hs {
+				who = append(who, fmt.Sprintf("process %d (ticket %s, until %d)", m.byCID[h.client].id, h.ticket, h.at))
+			}
+			t.Fatalf("%s: Redis has %d live leases %v, the model %d %v\nRedis's holders: %v\n%s",
+				s.name, len(got), got, len(want), want, who, m.dump(s))
 		}
 		for tk, n := range want {
 			if got[tk] != n {
@@ -738,6 +781,9 @@ func (m *machine) check(t *rapid.T) {
 		}
 		for i, q := range qs {
 			e := s.queue[i]
+			if m.byCID[q.client] == e.a && e.ticket != "" && q.ticket != e.ticket {
+				t.Fatalf("%s: process %d waits with ticket %s, not %s: it was queued again", s.name, e.a.id, q.ticket, e.ticket)
+			}
 			if m.byCID[q.client] != e.a || q.n != e.n {
 				t.Fatalf("%s: queue position %d is process %v for %d in Redis, process %d for %d in the model",
 					s.name, i, m.byCID[q.client].id, q.n, e.a.id, e.n)
