@@ -84,7 +84,10 @@ var shared *Server
 // Main runs a test binary: it starts the shared redis-server, runs the
 // tests, stops the server and fails the run if a fairlock goroutine
 // outlived the tests.
-func Main(m *testing.M) {
+func Main(m *testing.M) { MainWith(m, nil) }
+
+// MainWith is Main, calling after (if not nil) once the tests have run.
+func MainWith(m *testing.M, after func()) {
 	// Tests break connections on purpose; go-redis would log every redial.
 	redis.SetLogger(quiet{})
 	srv, err := Start()
@@ -98,6 +101,9 @@ func Main(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "redistest: real-Redis tests skipped: %v\n", err)
 	}
 	code := m.Run()
+	if after != nil {
+		after()
+	}
 	if shared != nil {
 		shared.Stop()
 	}

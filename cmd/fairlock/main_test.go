@@ -1,0 +1,280 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+var bin string // the fairlock binary under test
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "fairlock-cli")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = filepath.Join(dir, "fairlock")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	redistest.MainWith(m, func() { os.RemoveAll(dir) })
+}
+
+// cli is one test's view: a real Redis, a prefix of its own, a working
+// directory, and a library client for comparison.
+type cli struct {
+	t      *testing.T
+	url    string
+	prefix string
+	dir    string
+	lib    *fairlock.Client
+}
+
+func newCLI(t *testing.T) *cli {
+	b := redistest.RealBackend(t)
+	c := &cli{t: t, url: "redis://" + b.Addr, prefix: redistest.Prefix(t), dir: t.TempDir()}
+	c.lib = c.client("lib")
+	return c
+}
+
+func (c *cli) client(owner string, opts ...fairlock.Option) *fairlock.Client {
+	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimPrefix(c.url, "redis://")})
+	c.t.Cleanup(func() { rdb.Close() })
+	fc, err := fairlock.New(rdb, append([]fairlock.Option{fairlock.WithPrefix(c.prefix), fairlock.WithOwner(owner)}, opts...)...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { fc.Close() })
+	return fc
+}
+
+// cmd prepares the fairlock binary with a subcommand and its flags.
+func (c *cli) cmd(sub string, args ...string) *exec.Cmd {
+	cmd := exec.Command(bin, append([]string{sub, "-redis", c.url, "-prefix", c.prefix}, args...)...)
+	cmd.Dir = c.dir
+	return cmd
+}
+
+// exit runs cmd and returns its exit status.
+func exit(t *testing.T, cmd *exec.Cmd) int {
+	t.Helper()
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.ExitCode()
+	}
+	t.Fatalf("%v: %v", cmd.Args, err)
+	return -1
+}
+
+func (c *cli) status(name string) fairlock.Status {
+	st, err := c.lib.Status(context.Background(), name)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return st
+}
+
+func (c *cli) waitFor(what string, cond func() bool) {
+	c.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Three processes started one after another get the lock in that order.
+func TestRunInArrivalOrder(t *testing.T) {
+	c := newCLI(t)
+	first := c.cmd("run", "job", "--", "sh", "-c", "echo 1 >> order; while [ ! -e go ]; do sleep 0.02; done")
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("the first to hold", func() bool { return len(c.status("job").Holders) == 1 })
+	var rest []*exec.Cmd
+	for i := 2; i <= 3; i++ {
+		cmd := c.cmd("run", "job", "--", "sh", "-c", fmt.Sprintf("echo %d >> order", i))
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		rest = append(rest, cmd)
+		c.waitFor(fmt.Sprintf("%d queued", i-1), func() bool { return len(c.status("job").Waiters) == i-1 })
+	}
+	if err := os.WriteFile(filepath.Join(c.dir, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range append([]*exec.Cmd{first}, rest...) {
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("%v: %v", cmd.Args, err)
+		}
+	}
+	got, _ := os.ReadFile(filepath.Join(c.dir, "order"))
+	if string(got) != "1\n2\n3\n" {
+		t.Fatalf("commands ran in order %q, want 1 2 3", got)
+	}
+}
+
+func TestRunExitStatus(t *testing.T) {
+	c := newCLI(t)
+	if got := exit(t, c.cmd("run", "x", "--", "sh", "-c", "exit 7")); got != 7 {
+		t.Fatalf("exit status = %d, want the command's 7", got)
+	}
+	var out bytes.Buffer
+	cmd := c.cmd("run", "-capacity", "3", "-permits", "2", "x3", "--", "sh", "-c", `echo "$FAIRLOCK_NAME $FAIRLOCK_TOKEN"`)
+	cmd.Stdout = &out
+	if got := exit(t, cmd); got != 0 {
+		t.Fatalf("exit status = %d", got)
+	}
+	if f := strings.Fields(out.String()); len(f) != 2 || f[0] != "x3" || f[1] == "" {
+		t.Fatalf("command saw %q, want its lock's name and token", out.String())
+	}
+	if got := exit(t, c.cmd("run", "x", "--", "/nonexistent/command")); got != exitNoCommand {
+		t.Fatalf("exit status for a missing command = %d, want %d", got, exitNoCommand)
+	}
+	for _, args := range [][]string{
+		{"x"}, {"x", "--"}, {"x", "true"}, {"-capacity", "0", "x", "--", "true"}, {"-permits", "2", "x", "--", "true"}, {"", "--", "true"},
+	} {
+		if got := exit(t, c.cmd("run", args...)); got != exitUsage {
+			t.Fatalf("run %v = %d, want %d", args, got, exitUsage)
+		}
+	}
+	if got := exit(t, exec.Command(bin, "run", "-redis", "not a url", "x", "--", "true")); got != exitUsage {
+		t.Fatalf("run with a bad URL = %d, want %d", got, exitUsage)
+	}
+	if got := exit(t, exec.Command(bin, "run", "-redis", "redis://127.0.0.1:1", "x", "--", "true")); got != exitError {
+		t.Fatalf("run with Redis unreachable = %d, want %d", got, exitError)
+	}
+}
+
+func TestRunBusyAndTimeout(t *testing.T) {
+	c := newCLI(t)
+	held, err := c.lib.Acquire(context.Background(), fairlock.Request{Name: "busy", Capacity: 1, Permits: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(context.Background())
+	if got := exit(t, c.cmd("run", "-n", "busy", "--", "true")); got != exitNotGot {
+		t.Fatalf("run -n on a held lock = %d, want %d", got, exitNotGot)
+	}
+	if got := exit(t, c.cmd("run", "-w", "200ms", "busy", "--", "true")); got != exitNotGot {
+		t.Fatalf("run -w 200ms on a held lock = %d, want %d", got, exitNotGot)
+	}
+	if st := c.status("busy"); len(st.Waiters) != 0 {
+		t.Fatalf("a timed-out run left %d waiters", len(st.Waiters))
+	}
+}
+
+// A fairlock process paused past its lease learns it lost the lease when
+// it resumes: it stops the command and exits 76, and the holder that took
+// over has a higher token.
+func TestRunLeaseLost(t *testing.T) {
+	c := newCLI(t)
+	var stderr bytes.Buffer
+	cmd := c.cmd("run", "-ttl", "300ms", "-grace", "1s", "lost", "--", "sleep", "30")
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var paused fairlock.Holder
+	c.waitFor("the run to hold", func() bool {
+		st := c.status("lost")
+		if len(st.Holders) == 1 {
+			paused = st.Holders[0]
+		}
+		return len(st.Holders) == 1
+	})
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	next, err := c.lib.Acquire(ctx, fairlock.Request{Name: "lost", Capacity: 1, Permits: 1})
+	if err != nil {
+		t.Fatalf("Acquire while the holder is paused: %v", err)
+	}
+	defer next.Release(context.Background())
+	if next.Token() <= paused.Token {
+		t.Fatalf("token after takeover %d <= paused holder's %d", next.Token(), paused.Token)
+	}
+	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitLeaseLost {
+		t.Fatalf("paused run exited with %v, want status %d; stderr: %s", err, exitLeaseLost, stderr.String())
+	}
+}
+
+// status -json shows what the library sees.
+func TestStatusMatchesLibrary(t *testing.T) {
+	c := newCLI(t)
+	ctx := context.Background()
+	held, err := c.lib.Acquire(ctx, fairlock.Request{Name: "st", Capacity: 3, Permits: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go c.client("waiter").Acquire(wctx, fairlock.Request{Name: "st", Capacity: 3, Permits: 2})
+	c.waitFor("a waiter", func() bool { return len(c.status("st").Waiters) == 1 })
+
+	var out bytes.Buffer
+	cmd := c.cmd("status", "-json", "st", "idle")
+	cmd.Stdout = &out
+	if got := exit(t, cmd); got != 0 {
+		t.Fatalf("status exited %d", got)
+	}
+	var got []fairlock.Status
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("status -json printed %q: %v", out.String(), err)
+	}
+	want := c.status("st")
+	if len(got) != 2 || got[1].Name != "idle" || got[1].Capacity != 0 {
+		t.Fatalf("status -json = %+v, want st and an idle lock", got)
+	}
+	g := got[0]
+	if g.Capacity != want.Capacity || g.InUse != want.InUse || len(g.Holders) != 1 || len(g.Waiters) != 1 {
+		t.Fatalf("status -json = %+v, library %+v", g, want)
+	}
+	if g.Holders[0].Owner != "lib" || g.Holders[0].Token != held.Token() || g.Holders[0].Permits != 2 {
+		t.Fatalf("holder %+v, want lib holding 2 with token %d", g.Holders[0], held.Token())
+	}
+	if g.Waiters[0] != want.Waiters[0] || g.Waiters[0].Owner != "waiter" {
+		t.Fatalf("waiter %+v, library %+v", g.Waiters[0], want.Waiters[0])
+	}
+
+	out.Reset()
+	cmd = c.cmd("status", "st")
+	cmd.Stdout = &out
+	if got := exit(t, cmd); got != 0 {
+		t.Fatalf("status exited %d", got)
+	}
+	for _, s := range []string{"st: 2 of 3 permits held, 1 waiting", "HOLDER", "lib", "WAITER", "waiter"} {
+		if !strings.Contains(out.String(), s) {
+			t.Fatalf("status table lacks %q:\n%s", s, out.String())
+		}
+	}
+}
