@@ -411,7 +411,9 @@ func (m *machine) dump(s *msem) string {
 	return fmt.Sprintf("now=%d state=%v queue=%v holders=%v", m.nowMs(), st, q, h)
 }
 
-func (m *machine) acquire(t *rapid.T) {
+// request draws an idle process, a semaphore and a number of permits for
+// the operation op, and reports whether the model would grant them now.
+func (m *machine) request(t *rapid.T, op string) (*actor, *msem, int64, bool) {
 	as := m.live(idle)
 	if len(as) == 0 {
 		t.Skip("no idle process")
@@ -419,9 +421,13 @@ func (m *machine) acquire(t *rapid.T) {
 	a := pick(t, as)
 	s := m.pickSem(t)
 	n := rapid.Int64Range(1, s.cap).Draw(t, "permits")
-	m.logf("process %d: Acquire(%d) of %s (capacity %d)", a.id, n, s.name, s.cap)
+	m.logf("process %d: %s(%d) of %s (capacity %d)", a.id, op, n, s.name, s.cap)
 	m.modelRun(s)
-	grant := len(s.queue) == 0 && s.used()+n <= s.cap
+	return a, s, n, len(s.queue) == 0 && s.used()+n <= s.cap
+}
+
+func (m *machine) acquire(t *rapid.T) {
+	a, s, n, grant := m.request(t, "Acquire")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	a.state, a.sem, a.n, a.cancel, a.res = waiting, s, n, cancel, make(chan acqResult, 1)
@@ -435,12 +441,14 @@ func (m *machine) acquire(t *rapid.T) {
 		m.settle(t)
 		return
 	}
-	// Wait until the ticket is queued, then learn it.
+	// Wait until the ticket is queued, in Redis and in its client (which
+	// refreshes only tickets it knows are queued; this test moves Redis's
+	// clock faster than real time could between the two), then learn it.
 	e := &mentry{a: a, n: n, at: m.nowMs() + ms(m.waiterTTL())}
 	s.queue = append(s.queue, e)
 	m.waitFor(t, fmt.Sprintf("process %d queued", a.id), func() bool {
 		for _, q := range m.redisQueue(s) {
-			if q.client == a.c.id {
+			if q.client == a.c.id && m.queuedInClient(a, q.ticket) {
 				e.ticket, a.ticket = q.ticket, q.ticket
 				return true
 			}
@@ -456,17 +464,16 @@ func (m *machine) acquire(t *rapid.T) {
 	m.settle(t)
 }
 
+// queuedInClient reports whether a's client knows its ticket is queued.
+func (m *machine) queuedInClient(a *actor, ticket string) bool {
+	a.c.mu.Lock()
+	defer a.c.mu.Unlock()
+	r := a.c.rooms[a.sem.k.base]
+	return r != nil && r.waiters[ticket] != nil && r.waiters[ticket].queued
+}
+
 func (m *machine) try(t *rapid.T) {
-	as := m.live(idle)
-	if len(as) == 0 {
-		t.Skip("no idle process")
-	}
-	a := pick(t, as)
-	s := m.pickSem(t)
-	n := rapid.Int64Range(1, s.cap).Draw(t, "permits")
-	m.logf("process %d: TryAcquire(%d) of %s (capacity %d)", a.id, n, s.name, s.cap)
-	m.modelRun(s)
-	want := len(s.queue) == 0 && s.used()+n <= s.cap
+	a, s, n, want := m.request(t, "TryAcquire")
 	l, err := a.c.TryAcquire(context.Background(), Request{Name: s.name, Capacity: s.cap, Permits: n})
 	switch {
 	case want && err != nil:
