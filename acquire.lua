@@ -67,16 +67,14 @@ local ticket, n, client = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local lease, wait, want = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 
 rebuild()
-if nh <= 0 and nq <= 0 or not cap then
-  -- Idle, or the state hash was lost and rebuilt: take the caller's capacity.
-  cap = want
-end
-if nh <= 0 and nq <= 0 then
-  -- Idle: whatever capacity was stored belonged to users who are all gone.
+if not cap or (nh <= 0 and nq <= 0) then
+  -- Idle (whatever capacity was stored belonged to users who are all
+  -- gone), or the state hash was lost and rebuilt: take the caller's.
   cap = want
 elseif cap ~= want then
   return redis.error_reply('FAIRLOCK_CAPACITY ' .. tostring(cap))
-elseif nq > 0 or used + n > cap then
+end
+if nq > 0 or used + n > cap then
   -- Expired leases and dead waiters may have made room for the queue.
   pump('')
   if nq <= 0 and used + n > cap then purge_holders() end
