@@ -12,6 +12,7 @@ func (c *Client) acquire(ctx context.Context, req Request, wait bool) (*Lease, e
 	if !wait {
 		op, mode = "try acquire", "try"
 	}
+	wrap := func(err error) error { return fmt.Errorf("fairlock: %s %q: %w", op, req.Name, err) }
 	k, err := c.check(req)
 	if err != nil {
 		return nil, err
@@ -19,14 +20,14 @@ func (c *Client) acquire(ctx context.Context, req Request, wait bool) (*Lease, e
 	// A done context wins over permits that happen to be free, as in
 	// golang.org/x/sync/semaphore.
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("fairlock: %s %q: %w", op, req.Name, err)
+		return nil, wrap(err)
 	}
 	for {
 		// A waiter registers before its script runs, so a grant announced
 		// the moment it is queued finds it.
 		r, w, err := c.register(k, req.Permits, wait)
 		if err != nil {
-			return nil, fmt.Errorf("fairlock: %s %q: %w", op, req.Name, err)
+			return nil, wrap(err)
 		}
 		start := time.Now()
 		res, err := acquireScript.Run(ctx, c.rdb, k.list(), mode, w.ticket, req.Permits, c.id,
@@ -50,7 +51,7 @@ func (c *Client) acquire(ctx context.Context, req Request, wait bool) (*Lease, e
 			return c.newLease(ctx, k, req, w.ticket, val, start, false)
 		case 0:
 			c.unregister(r, w)
-			return nil, fmt.Errorf("fairlock: %s %q: %w", op, req.Name, ErrNotAcquired)
+			return nil, wrap(ErrNotAcquired)
 		}
 
 		c.listen(r, w, time.Duration(val)*time.Millisecond)
@@ -73,9 +74,9 @@ func (c *Client) acquire(ctx context.Context, req Request, wait bool) (*Lease, e
 		// Leave atomically; a grant that raced the cancellation is handed on.
 		c.withdraw(ctx, k, w.ticket, req.Permits)
 		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("fairlock: %s %q: %w", op, req.Name, err)
+			return nil, wrap(err)
 		}
-		return nil, fmt.Errorf("fairlock: %s %q: %w", op, req.Name, ErrClosed)
+		return nil, wrap(ErrClosed)
 	}
 }
 
