@@ -6,17 +6,18 @@ import (
 	"time"
 )
 
-// acquire runs Acquire (wait) and TryAcquire (!wait).
-func (c *Client) acquire(ctx context.Context, req Request, wait bool) (*Lease, error) {
+// acquire runs Acquire (wait) and TryAcquire (!wait) for one or more
+// semaphores.
+func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease, error) {
 	op, mode := "acquire", "acquire"
 	if !wait {
 		op, mode = "try acquire", "try"
 	}
-	wrap := func(err error) error { return fmt.Errorf("fairlock: %s %q: %w", op, req.Name, err) }
-	k, err := c.check(req)
+	p, err := c.plan(reqs)
 	if err != nil {
 		return nil, err
 	}
+	wrap := func(err error) error { return fmt.Errorf("fairlock: %s %s: %w", op, labelOf(p.names), err) }
 	// A done context wins over permits that happen to be free, as in
 	// golang.org/x/sync/semaphore.
 	if err := ctx.Err(); err != nil {
@@ -25,30 +26,36 @@ func (c *Client) acquire(ctx context.Context, req Request, wait bool) (*Lease, e
 	for {
 		// A waiter registers before its script runs, so a grant announced
 		// the moment it is queued finds it.
-		r, w, err := c.register(k, req.Permits, wait)
+		r, w, err := c.register(p, wait)
 		if err != nil {
 			return nil, wrap(err)
 		}
 		start := time.Now()
-		res, err := acquireScript.Run(ctx, c.rdb, k.list(), mode, w.ticket, req.Permits, c.id,
-			ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL), req.Capacity).Slice()
+		res, err := acquireScript.Run(ctx, c.rdb, p.keys, p.acquireArgs(mode, w.ticket, c)...).Slice()
 		var code, val int64
 		if err == nil {
 			code, err = reply(res).int(0)
 		}
-		if err == nil {
+		if err == nil && code != 0 {
 			val, err = reply(res).int(1)
 		}
 		if err != nil {
 			c.unregister(r, w)
 			// The script may have run before the failure was seen.
-			c.withdraw(ctx, k, w.ticket, req.Permits)
-			return nil, fail(ctx, op, req.Name, err)
+			c.withdraw(ctx, p, w.ticket)
+			return nil, fail(ctx, op, p.names, err)
 		}
 		switch code {
 		case 1:
 			c.unregister(r, w)
-			return c.newLease(ctx, k, req, w.ticket, val, start, false)
+			tokens := make([]int64, len(p.parts))
+			for i := range tokens {
+				if tokens[i], err = reply(res).int(i + 1); err != nil {
+					c.withdraw(ctx, p, w.ticket)
+					return nil, wrap(err)
+				}
+			}
+			return c.newLease(ctx, p, w.ticket, tokens, start, false)
 		case 0:
 			c.unregister(r, w)
 			return nil, wrap(ErrNotAcquired)
@@ -59,20 +66,23 @@ func (c *Client) acquire(ctx context.Context, req Request, wait bool) (*Lease, e
 		case wk := <-w.ch:
 			switch {
 			case wk.err != nil:
-				c.withdraw(ctx, k, w.ticket, req.Permits)
-				return nil, fail(ctx, op, req.Name, wk.err)
+				c.withdraw(ctx, p, w.ticket)
+				return nil, fail(ctx, op, p.names, wk.err)
 			case wk.requeue:
 				// The ticket was dropped while this process could not
 				// refresh it (paused, or Redis lost it); queue again.
 				continue
+			case len(wk.tokens) != len(p.parts):
+				c.withdraw(ctx, p, w.ticket)
+				return nil, wrap(fmt.Errorf("%w: a grant with %d tokens for %d semaphores", ErrRedis, len(wk.tokens), len(p.parts)))
 			}
-			return c.newLease(ctx, k, req, w.ticket, wk.token, wk.at, true)
+			return c.newLease(ctx, p, w.ticket, wk.tokens, wk.at, true)
 		case <-ctx.Done():
 		case <-c.done:
 		}
 		c.unregister(r, w)
 		// Leave atomically; a grant that raced the cancellation is handed on.
-		c.withdraw(ctx, k, w.ticket, req.Permits)
+		c.withdraw(ctx, p, w.ticket)
 		if err := ctx.Err(); err != nil {
 			return nil, wrap(err)
 		}
@@ -80,13 +90,37 @@ func (c *Client) acquire(ctx context.Context, req Request, wait bool) (*Lease, e
 	}
 }
 
-// withdraw takes ticket out of the semaphore, whether it waits or has just
+// acquireArgs renders the arguments of acquire.lua's "acquire" and "try".
+func (p plan) acquireArgs(op, ticket string, c *Client) []any {
+	args := make([]any, 0, 6+2*len(p.parts))
+	args = append(args, op, ticket, c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL), p.group)
+	for _, pt := range p.parts {
+		args = append(args, pt.req.Permits, pt.req.Capacity)
+	}
+	return args
+}
+
+// releaseArgs renders the arguments of release.lua for op on p's
+// semaphores held under ticket with the given tokens (zeros for "leave").
+func (p plan) releaseArgs(op, ticket string, c *Client, unconfirmed bool, tokens []int64) []any {
+	args := make([]any, 0, 7+2*len(p.parts))
+	args = append(args, op, ticket, c.id, boolArg(unconfirmed), ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL), p.group)
+	for i, pt := range p.parts {
+		var tok int64
+		if tokens != nil {
+			tok = tokens[i]
+		}
+		args = append(args, pt.req.Permits, tok)
+	}
+	return args
+}
+
+// withdraw takes ticket out of p's semaphores, whether it waits or has just
 // been granted, using a context that outlives the caller's. If Redis cannot
 // be reached, the ticket dies on its own: a waiter at its liveness
 // deadline, a grant when its lease expires.
-func (c *Client) withdraw(ctx context.Context, k keys, ticket string, permits int64) {
+func (c *Client) withdraw(ctx context.Context, p plan, ticket string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
 	defer cancel()
-	_ = releaseScript.Run(ctx, c.rdb, k.list(), "leave", ticket, permits,
-		c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL)).Err()
+	_ = releaseScript.Run(ctx, c.rdb, p.keys, p.releaseArgs("leave", ticket, c, true, nil)...).Err()
 }

@@ -138,14 +138,38 @@ func (c *Client) Close() error {
 //
 // Most programs use the semaphore package instead.
 func (c *Client) Acquire(ctx context.Context, req Request) (*Lease, error) {
-	return c.acquire(ctx, req, true)
+	return c.acquire(ctx, []Request{req}, true)
 }
 
 // TryAcquire takes req.Permits permits if they are free now and nobody is
 // queued for the semaphore, and otherwise returns an error matching
 // [ErrNotAcquired]. It never queues, so it never barges either.
 func (c *Client) TryAcquire(ctx context.Context, req Request) (*Lease, error) {
-	return c.acquire(ctx, req, false)
+	return c.acquire(ctx, []Request{req}, false)
+}
+
+// AcquireAll waits for all of reqs at once (at most [MaxResources]
+// semaphores, each named once) and returns one lease over all of them. The
+// request joins every semaphore's queue in one atomic step and is granted
+// only when it heads every queue and fits in every semaphore at once; it
+// never holds some while it waits for the rest. Since all queues order
+// requests the same way, by arrival, nothing ever waits in a cycle:
+// AcquireAll cannot deadlock with other AcquireAll or Acquire calls, and
+// shares each semaphore's first-in first-out order with them.
+//
+// On Redis Cluster the semaphores of one request must share a hash slot:
+// give their names one hash tag ("{acct}:1", "{acct}:2"). Otherwise
+// AcquireAll fails with [ErrCrossSlot]. Context and errors are as for
+// [Client.Acquire]. Package multilock offers the same call.
+func (c *Client) AcquireAll(ctx context.Context, reqs ...Request) (*Lease, error) {
+	return c.acquire(ctx, reqs, true)
+}
+
+// TryAcquireAll takes all of reqs at once if they are free now and nobody
+// is queued for any of them, and otherwise returns an error matching
+// [ErrNotAcquired] and takes nothing.
+func (c *Client) TryAcquireAll(ctx context.Context, reqs ...Request) (*Lease, error) {
+	return c.acquire(ctx, reqs, false)
 }
 
 // check validates a request and returns its semaphore's keys.

@@ -32,6 +32,12 @@ var (
 	// non-positive duration, a nil client.
 	ErrInvalidArgument = errors.New("fairlock: invalid argument")
 
+	// ErrCrossSlot is returned for a request over several semaphores whose
+	// keys live in different Redis Cluster hash slots: one script cannot
+	// change them atomically. Names that share a hash tag ("{acct}:1",
+	// "{acct}:2") share a slot.
+	ErrCrossSlot = errors.New("fairlock: semaphores in different cluster slots")
+
 	// ErrClosed is returned by calls on a [Client] after Close.
 	ErrClosed = errors.New("fairlock: client closed")
 

@@ -11,11 +11,10 @@ import (
 // renewed automatically while held. Its methods are safe for concurrent
 // use.
 type Lease struct {
-	c       *Client
-	k       keys
-	ticket  string
-	permits int64
-	token   int64
+	c      *Client
+	p      plan
+	ticket string
+	tokens []int64 // one per semaphore, in p's order
 
 	ctx context.Context // ends when the lease ends; its cause says why
 	end context.CancelCauseFunc
@@ -39,8 +38,8 @@ type Lease struct {
 // at which the grant was requested or received; renewals count from it.
 // A grant announced through a wake list (announced) lasts only the waiter
 // TTL until confirmed, so it is renewed at once.
-func (c *Client) newLease(ctx context.Context, k keys, req Request, ticket string, token int64, granted time.Time, announced bool) (*Lease, error) {
-	l := &Lease{c: c, k: k, ticket: ticket, permits: req.Permits, token: token}
+func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []int64, granted time.Time, announced bool) (*Lease, error) {
+	l := &Lease{c: c, p: p, ticket: ticket, tokens: tokens}
 	l.ctx, l.end = context.WithCancelCause(context.Background())
 	l.stopCtx, l.halt = context.WithCancel(context.Background())
 	l.idle = sync.NewCond(&l.rmu)
@@ -58,8 +57,8 @@ func (c *Client) newLease(ctx context.Context, k keys, req Request, ticket strin
 		l.halt()
 		l.end(ErrClosed)
 		// Nobody would renew it; free the permits now rather than at expiry.
-		c.withdraw(ctx, k, ticket, req.Permits)
-		return nil, fmt.Errorf("fairlock: acquire %q: %w", req.Name, ErrClosed)
+		c.withdraw(ctx, p, ticket)
+		return nil, fmt.Errorf("fairlock: acquire %s: %w", labelOf(p.names), ErrClosed)
 	}
 	c.leases[l] = struct{}{}
 	c.mu.Unlock()
@@ -77,13 +76,36 @@ func (c *Client) newLease(ctx context.Context, k keys, req Request, ticket strin
 // faster, so they keep increasing even after an idle semaphore's keys
 // expire, and after Redis loses its data, unless the clock of the Redis that
 // serves next is behind the one that served before.
-func (l *Lease) Token() int64 { return l.token }
+//
+// A lease over several semaphores has a token for each (see
+// [Lease.Parts]); Token returns the one of the first in name order.
+func (l *Lease) Token() int64 { return l.tokens[0] }
 
-// Permits returns the number of permits the lease holds.
-func (l *Lease) Permits() int64 { return l.permits }
+// Permits returns the number of permits the lease holds (of the first
+// semaphore in name order, for a lease over several).
+func (l *Lease) Permits() int64 { return l.p.first().req.Permits }
 
-// Name returns the name of the semaphore the lease holds permits of.
-func (l *Lease) Name() string { return l.k.name }
+// Name returns the name of the semaphore the lease holds permits of (the
+// first in name order, for a lease over several).
+func (l *Lease) Name() string { return l.p.first().req.Name }
+
+// Part is one semaphore held by a [Lease].
+type Part struct {
+	Name     string
+	Capacity int64
+	Permits  int64
+	Token    int64 // the fencing token of this grant of this semaphore
+}
+
+// Parts returns what the lease holds of each of its semaphores, in name
+// order. All parts were granted together and end together.
+func (l *Lease) Parts() []Part {
+	out := make([]Part, len(l.p.parts))
+	for i, pt := range l.p.parts {
+		out[i] = Part{Name: pt.req.Name, Capacity: pt.req.Capacity, Permits: pt.req.Permits, Token: l.tokens[i]}
+	}
+	return out
+}
 
 // Done returns a channel that is closed when the lease ends: released,
 // expired, not renewed in time, or abandoned by [Client.Close].
@@ -94,7 +116,8 @@ func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 // lost, or [ErrClosed] if its client was closed.
 func (l *Lease) Err() error { return context.Cause(l.ctx) }
 
-// Release frees the lease's permits and hands them to the next waiters. It
+// Release frees the lease's permits, of all its semaphores at once, and
+// hands them to the next waiters. It
 // stops renewal before it returns. It returns an error matching
 // [ErrLeaseLost] if the lease had already expired or been dropped, so the
 // caller learns its critical section may have overlapped another holder's,
@@ -107,18 +130,18 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.released {
-		return fmt.Errorf("fairlock: release %q: %w", l.k.name, ErrNotHeld)
+		return fmt.Errorf("fairlock: release %s: %w", labelOf(l.p.names), ErrNotHeld)
 	}
 	l.stopRenewal()
-	n, err := releaseScript.Run(ctx, l.c.rdb, l.k.list(), "release", l.ticket, l.permits, l.c.id, l.token, boolArg(l.pending)).Int64()
+	n, err := releaseScript.Run(ctx, l.c.rdb, l.p.keys, l.p.releaseArgs("release", l.ticket, l.c, l.pending, l.tokens)...).Int64()
 	if err != nil {
 		l.finish(fmt.Errorf("%w: release failed, the lease is no longer renewed", ErrLeaseLost))
-		return fail(ctx, "release", l.k.name, err)
+		return fail(ctx, "release", l.p.names, err)
 	}
 	l.released = true
 	if n != 1 {
 		l.finish(ErrLeaseLost)
-		return fmt.Errorf("fairlock: release %q: %w", l.k.name, ErrLeaseLost)
+		return fmt.Errorf("fairlock: release %s: %w", labelOf(l.p.names), ErrLeaseLost)
 	}
 	l.finish(ErrNotHeld)
 	return nil
@@ -164,13 +187,13 @@ func (l *Lease) renew() {
 		return
 	}
 	l.renewing = true
-	deadline, pending := l.deadline, boolArg(l.pending)
+	deadline, pending := l.deadline, l.pending
 	l.rmu.Unlock()
 
 	ttl := l.c.cfg.leaseTTL
 	sent := time.Now()
 	ctx, cancel := context.WithDeadline(l.stopCtx, deadline)
-	n, err := releaseScript.Run(ctx, l.c.rdb, l.k.list(), "renew", l.ticket, l.permits, l.c.id, l.token, pending, ms(ttl)).Int64()
+	n, err := releaseScript.Run(ctx, l.c.rdb, l.p.keys, l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens)...).Int64()
 	cancel()
 
 	l.rmu.Lock()
@@ -183,9 +206,9 @@ func (l *Lease) renew() {
 		l.deadline, l.pending = sent.Add(ttl), false
 		l.timer.Reset(ttl / 3)
 	case err == nil:
-		lost = fmt.Errorf("fairlock: renew %q: %w: expired", l.k.name, ErrLeaseLost)
+		lost = fmt.Errorf("fairlock: renew %s: %w: expired", labelOf(l.p.names), ErrLeaseLost)
 	case !time.Now().Before(deadline):
-		lost = fmt.Errorf("fairlock: renew %q: %w: not renewed in time: %w: %w", l.k.name, ErrLeaseLost, ErrRedis, err)
+		lost = fmt.Errorf("fairlock: renew %s: %w: not renewed in time: %w: %w", labelOf(l.p.names), ErrLeaseLost, ErrRedis, err)
 	default:
 		// Retry soon, but never past the deadline.
 		l.timer.Reset(min(ttl/10, time.Until(deadline)))

@@ -33,7 +33,8 @@ type Option func(*config)
 
 // WithPrefix sets the prefix of every Redis key the client writes, so that
 // several applications can share one Redis. The default is "fairlock:". A
-// prefix may not contain '{' or '}', which would change the hash tag.
+// prefix may not contain '{' or '}', which would change the hash tag, nor
+// control characters.
 func WithPrefix(prefix string) Option {
 	return func(c *config) { c.prefix = prefix }
 }
@@ -71,6 +72,8 @@ func newConfig(opts []Option) (config, error) {
 	switch {
 	case strings.ContainsAny(cfg.prefix, "{}"):
 		return cfg, fmt.Errorf("%w: prefix %q contains '{' or '}'", ErrInvalidArgument, cfg.prefix)
+	case strings.IndexFunc(cfg.prefix, unicode.IsControl) >= 0:
+		return cfg, fmt.Errorf("%w: prefix %q contains a control character", ErrInvalidArgument, cfg.prefix)
 	case len(cfg.prefix) > maxPrefixLen:
 		return cfg, fmt.Errorf("%w: prefix is %d bytes, longer than %d", ErrInvalidArgument, len(cfg.prefix), maxPrefixLen)
 	case len(cfg.owner) > maxOwnerLen || strings.ContainsAny(cfg.owner, "{} /") ||

@@ -71,11 +71,11 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 		name, file, old, new string
 	}{
 		{"barging", "acquire.lua",
-			"if nq <= 0 and used + n <= cap then", "if used + n <= cap then"},
+			"if r.nq > 0 or r.used + want[i] > r.cap then\n    free = false", "if r.used + want[i] > r.cap then\n    free = false"},
 		{"permit lost on cancel", "release.lua",
-			"    redis.call('ZREM', D, m)\n    nq = nq - 1", "    redis.call('ZREM', D, m)\n    nq = nq - 1\n    used = used + 1"},
+			"      p.r.nq = p.r.nq - 1\n", "      p.r.nq = p.r.nq - 1\n      p.r.used = p.r.used + 1\n"},
 		{"token not monotonic", "queue.lua",
-			"seq = math.max(seq + 1, now_us)", "seq = now_us"},
+			"r.seq = math.max(r.seq + 1, now_us)", "r.seq = now_us"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			restore := breakScript(t, tc.file, tc.old, tc.new)

@@ -1,56 +1,72 @@
--- release.lua: the holder's side. Runs after queue.lua (same KEYS).
+-- release.lua: the holder's side. Runs after queue.lua.
 --
--- ARGV: op, ticket, permits, client, then per op:
---   "release"  ARGV[5] token, ARGV[6] "1" if the grant was announced and not
---              confirmed: frees the lease's permits and grants them on;
---              returns 1, or 0 when the lease had already expired or been
---              dropped (its permits were not held any more).
---   "renew"    ARGV[5], ARGV[6] as for release, ARGV[7] leaseMs: extends a
---              live lease to now + leaseMs; returns 1, or 0 when it has
---              expired or is gone. An expired lease is never brought back.
---   "leave"    ARGV[5..6] leaseMs, waiterMs: withdraws a ticket whatever its
---              state, for a waiter whose context ended: 1 it was waiting, 2
---              it had just been granted (the grant, announced to it, is
---              handed on), 0 it was already gone.
+-- KEYS: the keys of each resource of one request, in name order.
+-- ARGV: op, ticket, client, unconfirmed ("1" if the grant was announced
+-- and not yet confirmed), leaseMs, waiterMs, group ("" for one resource),
+-- then permits, token for each resource. Per op:
+--   "release"  frees the lease's permits on every resource and grants them
+--              on; returns 1, or 0 when the lease had already expired or
+--              been dropped on some resource (its permits were not held).
+--   "renew"    extends a live lease to now + leaseMs on every resource;
+--              returns 1, or 0 when it has expired or is gone on any of
+--              them, and then frees what is left of it. An expired lease
+--              is never brought back.
+--   "leave"    withdraws a ticket whatever its state, for a waiter whose
+--              context ended (tokens are ignored): 1 it was waiting, 2 it
+--              had just been granted (the grant, announced to it, is handed
+--              on), 0 it was already gone.
 
-local op, ticket, n, client = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local result = 0
-local token, unconfirmed = tonumber(ARGV[5]), ARGV[6]
-
-rebuild()
-if op == 'leave' then
-  -- A grant this waiter has not heard of was announced, so I has its token.
-  token = tonumber(redis.call('HGET', I, ticket) or 0)
-  unconfirmed = '1'
-  local m = waiter_member(ticket, n, client, ARGV[5], ARGV[6])
-  if redis.call('ZREM', Q, m) == 1 then
-    redis.call('ZREM', D, m)
-    nq = nq - 1
-    result = 1
-  end
+local op, ticket, client, unconfirmed = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local lease, wait, group = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+local rs = declared()
+local parts = {}
+for i, r in ipairs(rs) do
+  parts[i] = { r = r, n = tonumber(ARGV[6 + 2 * i]), token = tonumber(ARGV[7 + 2 * i]) }
 end
-if result == 0 and token > 0 then
-  local hm = holder_member(ticket, n, client, token)
-  local at = redis.call('ZSCORE', H, hm)
-  if at then
-    if op == 'renew' and tonumber(at) > now then
-      local lease = tonumber(ARGV[7])
-      redis.call('ZADD', H, now + lease, hm)
-      horizon = now + lease
+local result = 0
+
+if op == 'leave' then
+  -- A grant this waiter has not heard of was announced, so I has its
+  -- tokens.
+  unconfirmed = '1'
+  for _, p in ipairs(parts) do
+    p.token = tonumber(redis.call('HGET', p.r.I, ticket) or 0)
+    local m = waiter_member(ticket, p.n, client, lease, wait, group)
+    if redis.call('ZREM', p.r.Q, m) == 1 then
+      redis.call('ZREM', p.r.D, m)
+      p.r.nq = p.r.nq - 1
       result = 1
-    elseif op ~= 'renew' then
-      drop_holder(hm)
-      if tonumber(at) > now then
-        result = 1
-        if op == 'leave' then result = 2 end
-      end
-    else
-      drop_holder(hm) -- expired: renew finds it gone and frees its permits
     end
   end
-  -- A grant announced to this ticket is confirmed or over.
-  if unconfirmed == '1' then redis.call('HDEL', I, ticket) end
 end
-pump('')
+
+if result == 0 then
+  -- Find the lease on every resource; it is live only if live on all.
+  local live = true
+  for _, p in ipairs(parts) do
+    if p.token > 0 then
+      p.hm = holder_member(ticket, p.n, client, p.token)
+      p.at = tonumber(redis.call('ZSCORE', p.r.H, p.hm))
+    end
+    if not (p.at and p.at > now) then live = false end
+  end
+  for _, p in ipairs(parts) do
+    if p.at then
+      if op == 'renew' and live then
+        redis.call('ZADD', p.r.H, now + lease, p.hm)
+        p.r.horizon = now + lease
+      else
+        drop_holder(p.r, p.hm)
+      end
+    end
+    -- A grant announced to this ticket is confirmed or over.
+    if unconfirmed == '1' then redis.call('HDEL', p.r.I, ticket) end
+  end
+  if live then
+    result = 1
+    if op == 'leave' then result = 2 end
+  end
+end
+run_queues(rs)
 finish()
 return result

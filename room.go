@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -33,7 +34,8 @@ type room struct {
 
 type waiter struct {
 	ticket  string
-	permits int64
+	permits int64       // of the room's semaphore
+	group   string      // the plan's group, for a request over several semaphores
 	ch      chan wakeup // buffered; receives at most one wakeup
 	// queued is set (under c.mu) once the acquire script has queued the
 	// ticket. Only queued tickets are refreshed: a refresh that reached
@@ -41,19 +43,21 @@ type waiter struct {
 	queued bool
 }
 
-// wakeup is what a waiter learns: granted (token), dropped from the queue
-// (requeue), or cut off from Redis for longer than its liveness (err).
+// wakeup is what a waiter learns: granted (a token per semaphore), dropped
+// from the queue (requeue), or cut off from Redis for longer than its
+// liveness (err).
 type wakeup struct {
-	token   int64
+	tokens  []int64
 	at      time.Time
 	requeue bool
 	err     error
 }
 
 // register makes a ticket for one acquisition; when it may wait, the
-// ticket also gets a waiter in its room.
-func (c *Client) register(k keys, permits int64, wait bool) (*room, *waiter, error) {
-	w := &waiter{ticket: newTicket(), permits: permits, ch: make(chan wakeup, 1)}
+// ticket also gets a waiter in the room of its first semaphore.
+func (c *Client) register(p plan, wait bool) (*room, *waiter, error) {
+	k := p.first().k
+	w := &waiter{ticket: newTicket(), permits: p.first().req.Permits, group: p.group, ch: make(chan wakeup, 1)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -171,9 +175,9 @@ func (r *room) listen(stop chan struct{}) {
 }
 
 func (r *room) deliverGrant(payload string) {
-	ticket, token, ok := parseWake(payload)
+	ticket, tokens, ok := parseWake(payload)
 	if ok {
-		r.deliver(ticket, wakeup{token: token, at: time.Now()})
+		r.deliver(ticket, wakeup{tokens: tokens, at: time.Now()})
 	}
 }
 
@@ -247,11 +251,11 @@ func (r *room) maintain(stop chan struct{}) {
 func (r *room) refresh() (time.Duration, error) {
 	c := r.c
 	c.mu.Lock()
-	args := make([]any, 0, 4+2*len(r.waiters))
+	args := make([]any, 0, 4+3*len(r.waiters))
 	args = append(args, "refresh", c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL))
 	for t, w := range r.waiters {
 		if w.queued {
-			args = append(args, t, w.permits)
+			args = append(args, t, w.permits, w.group)
 		}
 	}
 	c.mu.Unlock()
@@ -281,15 +285,16 @@ func (r *room) apply(res []any, next *time.Duration) error {
 	gone, _ := res[1].([]any)
 	for i := 0; i+1 < len(gone); i += 2 {
 		ticket, _ := gone[i].(string)
-		token, err := reply(gone).int(i + 1)
+		granted, _ := gone[i+1].(string)
+		if granted == "0" {
+			r.deliver(ticket, wakeup{requeue: true})
+			continue
+		}
+		tokens, err := parseTokens(strings.Fields(granted))
 		if err != nil {
 			return err
 		}
-		if token > 0 {
-			r.deliver(ticket, wakeup{token: token, at: time.Now()})
-		} else {
-			r.deliver(ticket, wakeup{requeue: true})
-		}
+		r.deliver(ticket, wakeup{tokens: tokens, at: time.Now()})
 	}
 	return nil
 }

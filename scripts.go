@@ -37,20 +37,41 @@ return 1`)
 const capacityErrPrefix = "FAIRLOCK_CAPACITY "
 
 // fail turns an error from Redis or the connection into fairlock's error
-// for op on name. It is the one place where Redis errors are mapped.
-func fail(ctx context.Context, op, name string, err error) error {
+// for op on the semaphores names (in the order the script took them). It is
+// the one place where Redis errors are mapped.
+func fail(ctx context.Context, op string, names []string, err error) error {
+	label := labelOf(names)
 	// Only the caller's context makes a context error the caller's; an
 	// internal timeout means Redis did not answer in time.
 	if ctxErr := ctx.Err(); ctxErr != nil {
-		return fmt.Errorf("fairlock: %s %q: %w", op, name, ctxErr)
+		return fmt.Errorf("fairlock: %s %s: %w", op, label, ctxErr)
 	}
 	if errors.Is(err, ErrRedis) {
-		return fmt.Errorf("fairlock: %s %q: %w", op, name, err)
+		return fmt.Errorf("fairlock: %s %s: %w", op, label, err)
 	}
-	if msg := err.Error(); strings.HasPrefix(msg, capacityErrPrefix) {
-		return fmt.Errorf("fairlock: %s %q: %w: stored capacity is %s", op, name, ErrCapacityMismatch, strings.TrimPrefix(msg, capacityErrPrefix))
+	msg := err.Error()
+	if rest, ok := strings.CutPrefix(msg, capacityErrPrefix); ok {
+		// "<stored> <index>": the capacity stored with the index-th
+		// semaphore.
+		stored, idx, _ := strings.Cut(rest, " ")
+		i, _ := strconv.Atoi(idx)
+		if len(names) > 1 && i >= 1 && i <= len(names) {
+			return fmt.Errorf("fairlock: %s %s: %w: stored capacity of %q is %s", op, label, ErrCapacityMismatch, names[i-1], stored)
+		}
+		return fmt.Errorf("fairlock: %s %s: %w: stored capacity is %s", op, label, ErrCapacityMismatch, stored)
 	}
-	return fmt.Errorf("fairlock: %s %q: %w: %w", op, name, ErrRedis, err)
+	if strings.HasPrefix(msg, "CROSSSLOT") {
+		return fmt.Errorf("fairlock: %s %s: %w: %w", op, label, ErrCrossSlot, err)
+	}
+	return fmt.Errorf("fairlock: %s %s: %w: %w", op, label, ErrRedis, err)
+}
+
+// labelOf names one semaphore ("a") or several (["a" "b"]) in messages.
+func labelOf(names []string) string {
+	if len(names) == 1 {
+		return strconv.Quote(names[0])
+	}
+	return fmt.Sprintf("%q", names)
 }
 
 // reply reads a script's array reply as integers and strings.
@@ -69,12 +90,25 @@ func (r reply) int(i int) (int64, error) {
 	return 0, fmt.Errorf("fairlock: unexpected script reply %v", []any(r))
 }
 
-// parseWake splits a wake-up "ticket token" pushed by queue.lua's pump.
-func parseWake(s string) (ticket string, token int64, ok bool) {
-	ticket, tok, found := strings.Cut(s, " ")
-	if !found {
-		return "", 0, false
+// parseWake splits a wake-up "ticket token..." pushed by queue.lua: one
+// token per semaphore of the ticket's request.
+func parseWake(s string) (ticket string, tokens []int64, ok bool) {
+	f := strings.Fields(s)
+	if len(f) < 2 {
+		return "", nil, false
 	}
-	token, err := strconv.ParseInt(tok, 10, 64)
-	return ticket, token, err == nil
+	tokens, err := parseTokens(f[1:])
+	return f[0], tokens, err == nil
+}
+
+func parseTokens(f []string) ([]int64, error) {
+	tokens := make([]int64, len(f))
+	for i, s := range f {
+		t, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || t <= 0 {
+			return nil, fmt.Errorf("fairlock: bad token %q", s)
+		}
+		tokens[i] = t
+	}
+	return tokens, nil
 }

@@ -43,7 +43,7 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	}
 	res, err := acquireScript.Run(ctx, c.rdb, k.list(), "status").Slice()
 	if err != nil {
-		return Status{}, fail(ctx, "status", name, err)
+		return Status{}, fail(ctx, "status", []string{name}, err)
 	}
 	st := Status{Name: name, Holders: []Holder{}, Waiters: []Waiter{}}
 	now, err := reply(res).int(0)
@@ -68,7 +68,9 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	}
 	ws, _ := res[3].([]any)
 	for i := 0; i+1 < len(ws); i += 2 {
-		f := strings.Fields(fmt.Sprint(ws[i])) // ticket permits client lease wait
+		// ticket permits client lease wait, then a multi-request's group
+		head, _, _ := strings.Cut(fmt.Sprint(ws[i]), "\t")
+		f := strings.Fields(head)
 		seq, _ := strconv.ParseFloat(fmt.Sprint(ws[i+1]), 64)
 		if len(f) != 5 {
 			continue

@@ -1,0 +1,107 @@
+package fairlock
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// MaxResources is the most semaphores one request may lock at once.
+const MaxResources = 16
+
+// part is one semaphore of a request.
+type part struct {
+	k   keys
+	req Request
+}
+
+// A plan is a validated request for one or more semaphores, in the form
+// the scripts take: parts in name order, their keys, and for several parts
+// the group that marks the request in every queue.
+type plan struct {
+	parts []part
+	keys  []string
+	group string // "" for one semaphore
+	names []string
+}
+
+// plan validates reqs and orders them. On a Cluster client, the semaphores
+// of one request must share a hash slot.
+func (c *Client) plan(reqs []Request) (plan, error) {
+	switch {
+	case len(reqs) == 0:
+		return plan{}, fmt.Errorf("%w: no semaphore requested", ErrInvalidArgument)
+	case len(reqs) > MaxResources:
+		return plan{}, fmt.Errorf("%w: %d semaphores in one request, more than %d", ErrInvalidArgument, len(reqs), MaxResources)
+	}
+	p := plan{parts: make([]part, len(reqs))}
+	for i, req := range reqs {
+		k, err := c.check(req)
+		if err != nil {
+			return plan{}, err
+		}
+		p.parts[i] = part{k: k, req: req}
+	}
+	slices.SortFunc(p.parts, func(a, b part) int { return strings.Compare(a.req.Name, b.req.Name) })
+	names := make([]string, len(p.parts))
+	for i, pt := range p.parts {
+		names[i] = pt.req.Name
+		if i > 0 && names[i] == names[i-1] {
+			return plan{}, fmt.Errorf("%w: %q requested twice", ErrInvalidArgument, names[i])
+		}
+		p.keys = append(p.keys, pt.k.list()...)
+	}
+	p.names = names
+	if len(p.parts) == 1 {
+		return p, nil
+	}
+	if _, ok := c.rdb.(*redis.ClusterClient); ok {
+		if err := sameSlot(p.parts); err != nil {
+			return plan{}, err
+		}
+	}
+	var g []string
+	for _, pt := range p.parts {
+		g = append(g, pt.k.base, strconv.FormatInt(pt.req.Permits, 10), strconv.FormatInt(pt.req.Capacity, 10))
+	}
+	p.group = strings.Join(g, "\t")
+	return p, nil
+}
+
+// first is the part whose room, wake list and refresh serve the request.
+func (p plan) first() part { return p.parts[0] }
+
+// sameSlot reports an error unless all parts live in one Cluster slot.
+func sameSlot(parts []part) error {
+	slot := keySlot(parts[0].k.base)
+	for _, pt := range parts[1:] {
+		if s := keySlot(pt.k.base); s != slot {
+			return fmt.Errorf("%w: %q is in slot %d and %q in slot %d; give the names one hash tag, such as \"{acct}:1\" and \"{acct}:2\"",
+				ErrCrossSlot, parts[0].req.Name, slot, pt.req.Name, s)
+		}
+	}
+	return nil
+}
+
+// keySlot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of its
+// hash tag, or of the whole key when it has none, modulo 16384.
+func keySlot(key string) int {
+	if tag := hashTag(key); tag != "" {
+		key = tag
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
+}
