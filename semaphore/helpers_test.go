@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -204,78 +203,13 @@ func isErr(t *testing.T, what string, err, want error) {
 
 type redisOptions = redis.Options
 
-// faults is a go-redis hook that cuts a client off from Redis, as if its
-// process had died or been partitioned, or holds its BLPOPs back, as if
-// the process had stalled before reading its wake-ups.
-type faults struct {
-	down atomic.Bool
-	mu   sync.Mutex
-	deaf chan struct{} // while non-nil, BLPOPs wait for it to close
-}
-
-var errCutOff = errors.New("test: cut off from redis")
-
-func (f *faults) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (f *faults) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (f *faults) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "blpop" {
-			f.mu.Lock()
-			deaf := f.deaf
-			f.mu.Unlock()
-			if deaf != nil {
-				<-deaf
-			}
-		}
-		if f.down.Load() {
-			cmd.SetErr(errCutOff)
-			return errCutOff
-		}
-		return next(ctx, cmd)
-	}
-}
-
-// deafen holds BLPOPs back until the returned function is called (also
-// called when the test ends).
-func (f *faults) deafen(t *testing.T) func() {
-	ch := make(chan struct{})
-	f.mu.Lock()
-	f.deaf = ch
-	f.mu.Unlock()
-	var once sync.Once
-	undo := func() {
-		once.Do(func() {
-			f.mu.Lock()
-			f.deaf = nil
-			f.mu.Unlock()
-			close(ch)
-		})
-	}
-	t.Cleanup(undo)
-	return undo
-}
-
 // faultyClient returns a fairlock client whose connection f can break.
-func (e *env) faultyClient(opts ...fairlock.Option) (*fairlock.Client, *faults) {
-	f := &faults{}
+func (e *env) faultyClient(opts ...fairlock.Option) (*fairlock.Client, *redistest.Faults) {
+	f := &redistest.Faults{}
 	rdb := e.b.Client(e.t)
 	rdb.AddHook(f)
 	c := e.clientOn(rdb, opts...)
 	// Cleanups run last-in first-out: let held BLPOPs go before Close.
-	e.t.Cleanup(func() {
-		f.mu.Lock()
-		ch := f.deaf
-		f.deaf = nil
-		f.mu.Unlock()
-		if ch != nil {
-			select {
-			case <-ch:
-			default:
-				close(ch)
-			}
-		}
-	})
+	e.t.Cleanup(f.Hear)
 	return c, f
 }

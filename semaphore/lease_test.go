@@ -111,7 +111,7 @@ func TestHolderCrash(t *testing.T) {
 		}
 		ch := acquireAsync(ctx, e.sem(e.client(fairlock.WithWaiterTTL(time.Hour)), "crash", 1), 1)
 		e.waitQueued("crash", 1)
-		f.down.Store(true) // the holder's process dies
+		f.Down.Store(true) // the holder's process dies
 		r := e.receive(ch)
 		if r.err != nil {
 			t.Fatalf("waiter after holder crash: %v", r.err)
@@ -169,7 +169,7 @@ func TestCancelRacingGrantHandsOn(t *testing.T) {
 		}
 		// Hour-long TTLs: only the hand-on can free a grant it never hears of.
 		c1, f := e.faultyClient(fairlock.WithWaiterTTL(time.Hour), fairlock.WithLeaseTTL(time.Hour))
-		undo := f.deafen(t)
+		undo := f.Deafen(t)
 		cctx, cancel := context.WithCancel(ctx)
 		first := acquireAsync(cctx, e.sem(c1, "race", 1), 1)
 		e.waitQueued("race", 1)
@@ -204,7 +204,7 @@ func TestDeadWaitersCostOneTTL(t *testing.T) {
 	}
 	const wttl = 500 * time.Millisecond
 	const dead = 5
-	var cut []*faults
+	var cut []*redistest.Faults
 	for i := range dead {
 		c, f := e.faultyClient(fairlock.WithWaiterTTL(wttl), fairlock.WithLeaseTTL(time.Hour))
 		cut = append(cut, f)
@@ -214,7 +214,7 @@ func TestDeadWaitersCostOneTTL(t *testing.T) {
 	live := acquireAsync(ctx, e.sem(e.client(fairlock.WithWaiterTTL(time.Hour)), "dead", 1), 1)
 	e.waitQueued("dead", dead+1)
 	for _, f := range cut {
-		f.down.Store(true)
+		f.Down.Store(true)
 	}
 	e.release(held) // hands the permit to the first dead waiter
 	e.notYet(live, "the live waiter, behind dead ones")
@@ -241,7 +241,7 @@ func TestGrantToDeadWaiterExpires(t *testing.T) {
 		e.waitQueued("gd", 1)
 		live := acquireAsync(ctx, e.sem(e.client(fairlock.WithWaiterTTL(time.Hour)), "gd", 1), 1)
 		e.waitQueued("gd", 2)
-		f.down.Store(true)
+		f.Down.Store(true)
 		e.release(held)
 		r := e.receive(live)
 		if r.err != nil {

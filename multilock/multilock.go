@@ -1,0 +1,91 @@
+// Package multilock locks several fair semaphores at once, all or nothing,
+// without deadlock.
+//
+// A multi-lock request joins the queue of every semaphore it names in one
+// atomic step, and is granted only when it is first in all of those queues
+// and fits in all of them at once. It never holds one semaphore while it
+// waits for another, so it cannot take part in a deadlock, and because
+// every queue orders requests by arrival, nobody starves either. Single
+// semaphores (package semaphore) and multi-locks on the same names share
+// the same queues and the same first-in first-out order.
+//
+// The result is one [fairlock.Lease] over all the semaphores: renewed as
+// one, with a fencing token per semaphore ([fairlock.Lease.Parts]), ended
+// (Done closed) when any part is lost, and released in one atomic step
+// that hands every semaphore on to its next waiter.
+//
+// # Redis Cluster
+//
+// One script changes all the semaphores of a request, so on Redis Cluster
+// their keys must live in one hash slot. Give names that are locked
+// together one hash tag: "{acct}:17" and "{acct}:42" share a slot, "acct:17"
+// and "acct:42" do not. A request whose names span slots fails with
+// [fairlock.ErrCrossSlot] before anything reaches Redis. On a single Redis
+// server or a Sentinel-managed one, any names may be combined.
+package multilock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/fairlock/fairlock"
+)
+
+// Request names one semaphore of a multi-lock, its capacity and the
+// permits wanted. The capacity must be the one every user of that name
+// gives (see [fairlock.ErrCapacityMismatch]).
+type Request = fairlock.Request
+
+// Mutex returns the request for the mutex name: the one permit of a
+// semaphore of capacity 1, as [semaphore.NewMutex] uses.
+//
+// [semaphore.NewMutex]: https://pkg.go.dev/github.com/fairlock/fairlock/semaphore#NewMutex
+func Mutex(name string) Request { return Request{Name: name, Capacity: 1, Permits: 1} }
+
+// Acquire waits until every request can be granted at once, in first-in
+// first-out order on each semaphore, and returns the lease that holds them
+// all. At most [fairlock.MaxResources] semaphores may be locked together,
+// each named once. When ctx ends first, Acquire leaves every queue and
+// returns an error matching ctx.Err().
+func Acquire(ctx context.Context, c *fairlock.Client, reqs ...Request) (*fairlock.Lease, error) {
+	if c == nil {
+		return nil, fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument)
+	}
+	return c.AcquireAll(ctx, reqs...)
+}
+
+// TryAcquire takes every request at once if all are free now and nobody
+// waits for any of them; otherwise it takes nothing and returns an error
+// matching [fairlock.ErrNotAcquired].
+func TryAcquire(ctx context.Context, c *fairlock.Client, reqs ...Request) (*fairlock.Lease, error) {
+	if c == nil {
+		return nil, fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument)
+	}
+	return c.TryAcquireAll(ctx, reqs...)
+}
+
+// Lock locks the mutexes names at once; see [Mutex] and [Acquire].
+func Lock(ctx context.Context, c *fairlock.Client, names ...string) (*fairlock.Lease, error) {
+	reqs := make([]Request, len(names))
+	for i, n := range names {
+		reqs[i] = Mutex(n)
+	}
+	return Acquire(ctx, c, reqs...)
+}
+
+// Do acquires reqs, runs f and releases them all. The context given to f
+// is cancelled, with the lease's error as cause, if any part of the lease
+// is lost while f runs. Do returns f's error joined with any error from
+// the release.
+func Do(ctx context.Context, c *fairlock.Client, reqs []Request, f func(ctx context.Context) error) error {
+	lease, err := Acquire(ctx, c, reqs...)
+	if err != nil {
+		return err
+	}
+	fctx, cancel := fairlock.WithLease(ctx, lease)
+	ferr := f(fctx)
+	cancel()
+	rerr := lease.Release(context.WithoutCancel(ctx))
+	return errors.Join(ferr, rerr)
+}

@@ -1,0 +1,336 @@
+package multilock_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/multilock"
+	"github.com/redis/go-redis/v9"
+)
+
+// A multi-lock never holds one semaphore while it waits for another, and
+// its release frees all of them at once.
+func TestAllOrNothing(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		c := e.client()
+		held, err := c.Acquire(ctx, one("a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch := async(func() (*fairlock.Lease, error) { return multilock.Lock(ctx, e.client(), "b", "a") })
+		e.waitQueued("b", 1)
+		e.waitQueued("a", 1)
+		e.notYet(ch, "multi-lock of a held semaphore")
+		if st := e.status("b"); st.InUse != 0 {
+			t.Fatalf("b has %d permits in use while the multi-lock waits for a", st.InUse)
+		}
+		// FIFO: b is free, but the multi-lock came first.
+		_, err = c.TryAcquire(ctx, one("b"))
+		isErr(t, "TryAcquire of b behind a waiting multi-lock", err, fairlock.ErrNotAcquired)
+
+		e.release(held)
+		l := e.receive(ch)
+		parts := l.Parts()
+		if len(parts) != 2 || parts[0].Name != "a" || parts[1].Name != "b" {
+			t.Fatalf("Parts() = %+v, want a and b in name order", parts)
+		}
+		if parts[0].Token <= held.Token() || parts[1].Token <= 0 {
+			t.Fatalf("tokens %+v after a's token %d", parts, held.Token())
+		}
+		for _, name := range []string{"a", "b"} {
+			if st := e.status(name); st.InUse != 1 || len(st.Holders) != 1 || len(st.Waiters) != 0 {
+				t.Fatalf("%s while the multi-lock holds it: %+v", name, st)
+			}
+		}
+		e.release(l)
+		both, err := multilock.TryAcquire(ctx, c, one("a"), one("b"))
+		if err != nil {
+			t.Fatalf("TryAcquire of both after the release: %v", err)
+		}
+		e.release(both)
+	})
+}
+
+// Single and multi requests share one first-in first-out order on every
+// semaphore: a multi-lock at the head of b's queue blocks later single
+// requests for b, even while b is free, until it is granted.
+func TestMixedFIFO(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		holdA, err := e.client().Acquire(ctx, one("a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		holdB, err := e.client().Acquire(ctx, one("b"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w1 := async(func() (*fairlock.Lease, error) { return e.client().Acquire(ctx, one("a")) })
+		e.waitQueued("a", 1)
+		w2 := async(func() (*fairlock.Lease, error) { return multilock.Lock(ctx, e.client(), "a", "b") })
+		e.waitQueued("a", 2)
+		w3 := async(func() (*fairlock.Lease, error) { return e.client().Acquire(ctx, one("b")) })
+		e.waitQueued("b", 2)
+		w4 := async(func() (*fairlock.Lease, error) { return e.client().Acquire(ctx, one("a")) })
+		e.waitQueued("a", 3)
+
+		e.release(holdA)
+		l1 := e.receive(w1)
+		e.release(holdB)
+		// b is free, but its head (w2) still waits for a; w3 must not pass.
+		e.waitFor("b's holder gone", func() bool { return e.status("b").InUse == 0 })
+		e.notYet(w3, "single b behind the multi-lock")
+		e.notYet(w2, "multi-lock while a is held")
+		e.release(l1)
+		l2 := e.receive(w2)
+		e.notYet(w3, "single b while the multi-lock holds b")
+		e.notYet(w4, "single a while the multi-lock holds a")
+		e.release(l2)
+		l3, l4 := e.receive(w3), e.receive(w4)
+		if l3.Token() <= l2.Parts()[1].Token || l4.Token() <= l2.Parts()[0].Token {
+			t.Fatalf("tokens did not increase: multi %+v, then b %d and a %d", l2.Parts(), l3.Token(), l4.Token())
+		}
+		e.release(l3)
+		e.release(l4)
+	})
+}
+
+// A multi waiter whose context ends leaves every queue at once.
+func TestCancelLeavesAllQueues(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		held, err := e.client().Acquire(ctx, one("a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		ch := async(func() (*fairlock.Lease, error) { return multilock.Lock(wctx, e.client(), "a", "b") })
+		e.waitQueued("b", 1)
+		cancel()
+		select {
+		case r := <-ch:
+			isErr(t, "cancelled multi-lock", r.err, context.Canceled)
+		case <-time.After(10 * time.Second):
+			t.Fatal("cancelled multi-lock did not return")
+		}
+		for _, name := range []string{"a", "b"} {
+			if st := e.status(name); len(st.Waiters) != 0 {
+				t.Fatalf("%s still has waiters after the cancel: %+v", name, st.Waiters)
+			}
+		}
+		l, err := e.client().TryAcquire(ctx, one("b"))
+		if err != nil {
+			t.Fatalf("TryAcquire of b after the multi waiter left: %v", err)
+		}
+		e.release(l)
+		e.release(held)
+	})
+}
+
+// A grant that reaches a multi waiter as its context ends is handed on,
+// on every semaphore.
+func TestCancelRacingGrantHandsOn(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		long := []fairlock.Option{fairlock.WithLeaseTTL(time.Hour), fairlock.WithWaiterTTL(time.Hour)}
+		held, err := e.client(long...).Acquire(ctx, one("a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, f := e.faultyClient(long...)
+		undo := f.Deafen(t) // grants are announced, but not heard
+		wctx, cancel := context.WithCancel(ctx)
+		ch := async(func() (*fairlock.Lease, error) { return multilock.Lock(wctx, c, "a", "b") })
+		e.waitQueued("a", 1)
+		nextA := async(func() (*fairlock.Lease, error) { return e.client(long...).Acquire(ctx, one("a")) })
+		nextB := async(func() (*fairlock.Lease, error) { return e.client(long...).Acquire(ctx, one("b")) })
+		e.waitQueued("a", 2)
+		e.waitQueued("b", 2)
+		e.release(held)
+		e.waitFor("the grant to the multi-lock", func() bool {
+			return len(e.status("a").Holders) == 1 && len(e.status("b").Holders) == 1
+		})
+		cancel()
+		r := <-ch
+		isErr(t, "multi-lock cancelled as it was granted", r.err, context.Canceled)
+		undo()
+		e.release(e.receive(nextA))
+		e.release(e.receive(nextB))
+	})
+}
+
+// A multi holder that dies frees every semaphore when its lease expires.
+func TestHolderCrash(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		holder, f := e.faultyClient(fairlock.WithLeaseTTL(200 * time.Millisecond))
+		l, err := multilock.Lock(ctx, holder, "a", "b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		slow := fairlock.WithWaiterTTL(time.Hour)
+		wa := async(func() (*fairlock.Lease, error) { return e.client(slow).Acquire(ctx, one("a")) })
+		wb := async(func() (*fairlock.Lease, error) { return e.client(slow).Acquire(ctx, one("b")) })
+		e.waitQueued("a", 1)
+		e.waitQueued("b", 1)
+		f.Down.Store(true)
+		la, lb := e.receive(wa), e.receive(wb)
+		if la.Token() <= l.Parts()[0].Token || lb.Token() <= l.Parts()[1].Token {
+			t.Fatalf("tokens after the crash %d, %d; crashed holder's %+v", la.Token(), lb.Token(), l.Parts())
+		}
+		select {
+		case <-l.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("the crashed holder's lease did not end")
+		}
+		e.release(la)
+		e.release(lb)
+	})
+}
+
+// A multi waiter that dies leaves every queue after the waiter TTL, even
+// when only the waiters of its other semaphore are alive to notice.
+func TestWaiterCrash(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		held, err := e.client().Acquire(ctx, one("a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, f := e.faultyClient(fairlock.WithWaiterTTL(200 * time.Millisecond))
+		dead := async(func() (*fairlock.Lease, error) { return multilock.Lock(ctx, c, "a", "b") })
+		e.waitQueued("b", 1)
+		wb := async(func() (*fairlock.Lease, error) { return e.client().Acquire(ctx, one("b")) })
+		e.waitQueued("b", 2)
+		f.Down.Store(true)
+		e.release(e.receive(wb)) // b is free, so its waiter is granted once the dead one is gone
+		if st := e.status("a"); len(st.Waiters) != 0 {
+			t.Fatalf("a still queues the dead multi waiter: %+v", st.Waiters)
+		}
+		e.release(held)
+		select {
+		case r := <-dead:
+			if r.err == nil {
+				t.Fatal("a multi-lock cut off from Redis was granted")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the cut-off multi-lock did not give up")
+		}
+	})
+}
+
+func TestBadRequests(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		c := e.client()
+		held, err := c.Acquire(ctx, fairlock.Request{Name: "x", Capacity: 2, Permits: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		many := make([]string, fairlock.MaxResources+1)
+		for i := range many {
+			many[i] = fmt.Sprint("r", i)
+		}
+		for _, tc := range []struct {
+			name string
+			reqs []fairlock.Request
+			want error
+		}{
+			{"empty", nil, fairlock.ErrInvalidArgument},
+			{"duplicate", []fairlock.Request{one("a"), one("b"), one("a")}, fairlock.ErrInvalidArgument},
+			{"too many", func() (r []fairlock.Request) {
+				for _, n := range many {
+					r = append(r, one(n))
+				}
+				return r
+			}(), fairlock.ErrInvalidArgument},
+			{"permits above capacity", []fairlock.Request{one("a"), {Name: "b", Capacity: 2, Permits: 3}}, fairlock.ErrInvalidArgument},
+			{"zero permits", []fairlock.Request{one("a"), {Name: "b", Capacity: 2}}, fairlock.ErrInvalidArgument},
+			{"bad name", []fairlock.Request{one("a"), one("")}, fairlock.ErrInvalidName},
+			{"capacity mismatch", []fairlock.Request{one("a"), {Name: "x", Capacity: 3, Permits: 1}}, fairlock.ErrCapacityMismatch},
+		} {
+			_, err := multilock.Acquire(ctx, c, tc.reqs...)
+			isErr(t, tc.name, err, tc.want)
+			_, err = multilock.TryAcquire(ctx, c, tc.reqs...)
+			isErr(t, tc.name+" (try)", err, tc.want)
+		}
+		_, err = multilock.Acquire(ctx, c, one("a"), fairlock.Request{Name: "x", Capacity: 3, Permits: 1})
+		if !strings.Contains(fmt.Sprint(err), `capacity of "x" is 2`) {
+			t.Fatalf("capacity mismatch error %q does not name the semaphore and its capacity", err)
+		}
+		if _, err := multilock.Acquire(ctx, nil, one("a")); err == nil {
+			t.Fatal("nil client accepted")
+		}
+		// Nothing was left behind by the failed calls.
+		if st := e.status("a"); len(st.Waiters)+len(st.Holders) != 0 {
+			t.Fatalf("a after failed requests: %+v", st)
+		}
+		e.release(held)
+	})
+}
+
+// On Redis Cluster, semaphores locked together must share a slot; the
+// check runs before anything is sent.
+func TestCrossSlot(t *testing.T) {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	defer rdb.Close()
+	c, err := fairlock.New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = multilock.Lock(context.Background(), c, "acct:1", "acct:2")
+	isErr(t, "cross-slot multi-lock", err, fairlock.ErrCrossSlot)
+	if !strings.Contains(err.Error(), "hash tag") {
+		t.Fatalf("error %q does not say how to co-locate", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err = multilock.TryAcquire(ctx, c, one("{acct}:1"), one("{acct}:2"))
+	if err == nil || strings.Contains(err.Error(), "slot") {
+		t.Fatalf("hash-tagged names: %v, want only a connection error", err)
+	}
+}
+
+// A multi-lock that fits everywhere still waits behind an earlier request
+// on any of its semaphores: it does not barge.
+func TestNoBarging(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		b2 := func(n int64) fairlock.Request { return fairlock.Request{Name: "b", Capacity: 2, Permits: n} }
+		holdA, err := e.client().Acquire(ctx, one("a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		holdB, err := e.client().Acquire(ctx, b2(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		big := async(func() (*fairlock.Lease, error) { return e.client().Acquire(ctx, b2(2)) })
+		e.waitQueued("b", 1)
+		multi := async(func() (*fairlock.Lease, error) { return multilock.Acquire(ctx, e.client(), one("a"), b2(1)) })
+		e.waitQueued("b", 2)
+		e.release(holdA) // the multi-lock now fits in a and in b, but b's head is big
+		e.waitFor("a's holder gone", func() bool { return e.status("a").InUse == 0 })
+		e.notYet(multi, "multi-lock behind a larger request for b")
+		e.release(holdB)
+		l := e.receive(big)
+		e.notYet(multi, "multi-lock while b is full")
+		e.release(l)
+		e.release(e.receive(multi))
+	})
+}
