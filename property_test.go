@@ -1,9 +1,12 @@
 package fairlock
 
 // Model-based property tests: a rapid state machine drives several
-// simulated processes (one Client each) against one or two semaphores and
-// checks, after every step, what Redis holds against a plain in-memory FIFO
-// weighted semaphore with leases and liveness deadlines.
+// simulated processes (one Client each) against one or two semaphores, with
+// single requests and, given two semaphores, multi-requests for both, and
+// checks, after every step, what Redis holds against a plain in-memory
+// model: FIFO weighted semaphores with leases and liveness deadlines, where
+// a multi-request is granted only when it heads both queues and fits in
+// both.
 //
 // Time is Redis's clock: on miniredis it is frozen and moved only by the
 // "advance" action, in chunks of at most a quarter of the waiter TTL. After
@@ -14,6 +17,7 @@ package fairlock
 // would, so the model may assume that whatever can be granted is granted.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -51,7 +55,7 @@ const (
 
 func TestPropertyFairSafe(t *testing.T) {
 	b := redistest.Mini(t)
-	rapid.Check(t, func(rt *rapid.T) { runMachine(rt, b, true, pWait) })
+	rapid.Check(t, func(rt *rapid.T) { runMachine(rt, b, true, pWait, 8) })
 }
 
 // The same machine on a real redis-server, in real time: no clock moves and
@@ -61,7 +65,7 @@ func TestPropertyRealRedis(t *testing.T) {
 	b := redistest.RealBackend(t)
 	n, _ := strconv.Atoi(flag.Lookup("rapid.checks").Value.String())
 	setFlag(t, "rapid.checks", strconv.Itoa(max(n/10, 10)))
-	rapid.Check(t, func(rt *rapid.T) { runMachine(rt, b, false, pWait) })
+	rapid.Check(t, func(rt *rapid.T) { runMachine(rt, b, false, pWait, 8) })
 }
 
 // Show that the checker bites: each deliberately broken rule is caught,
@@ -69,25 +73,35 @@ func TestPropertyRealRedis(t *testing.T) {
 func TestPropertyCatchesBrokenRules(t *testing.T) {
 	for _, tc := range []struct {
 		name, file, old, new string
+		checks               int // machines to try; 300 unless given
 	}{
 		{"barging", "acquire.lua",
-			"if r.nq > 0 or r.used + want[i] > r.cap then\n    free = false", "if r.used + want[i] > r.cap then\n    free = false"},
+			"if r.nq > 0 or r.used + want[i] > r.cap then\n    free = false", "if r.used + want[i] > r.cap then\n    free = false", 0},
 		{"permit lost on cancel", "release.lua",
-			"      p.r.nq = p.r.nq - 1\n", "      p.r.nq = p.r.nq - 1\n      p.r.used = p.r.used + 1\n"},
+			"      p.r.nq = p.r.nq - 1\n", "      p.r.nq = p.r.nq - 1\n      p.r.used = p.r.used + 1\n", 0},
+		{"multi-request barging", "queue.lua",
+			"if m ~= waiter_member(w.ticket, p.n, w.client, w.lease, w.wait, w.group) or not fits(r, p.n) then", "if not fits(r, p.n) then",
+			// It takes three requests with the right sizes in the right
+			// order; one machine in a few hundred draws them.
+			2000},
+		{"multi-request partly granted", "queue.lua",
+			"      if not ready(w) then break end", "      if not fits(r, w.n) then break end", 0},
 		{"token not monotonic", "queue.lua",
-			"r.seq = math.max(r.seq + 1, now_us)", "r.seq = now_us"},
+			"r.seq = math.max(r.seq + 1, now_us)", "r.seq = now_us", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			restore := breakScript(t, tc.file, tc.old, tc.new)
 			defer restore()
 			setFlag(t, "rapid.nofailfile", "true")
 			setFlag(t, "rapid.shrinktime", "10s")
-			setFlag(t, "rapid.steps", "8")
+			setFlag(t, "rapid.steps", "12")
+			setFlag(t, "rapid.checks", strconv.Itoa(cmp.Or(tc.checks, 300)))
 			rec := &recorder{name: t.Name()}
 			b := redistest.Mini(t)
 			// A grant the model expects and the broken rule withholds is
-			// given up on sooner, so shrinking stays quick.
-			rapid.Check(rec, func(rt *rapid.T) { runMachine(rt, b, true, 300*time.Millisecond) })
+			// given up on sooner, so shrinking stays quick. Small
+			// capacities make the queues contended, where rules matter.
+			rapid.Check(rec, func(rt *rapid.T) { runMachine(rt, b, true, 300*time.Millisecond, 3) })
 			if !rec.failed {
 				t.Fatalf("the checker did not catch %s", tc.name)
 			}
@@ -222,7 +236,9 @@ type actor struct {
 	rdb   *redis.Client
 	cut   *cut
 	state mstate
-	// The request in progress (waiting or holding).
+	// The request in progress (waiting or holding): its parts in name
+	// order; sem and n are the first part's.
+	parts  []mpart
 	sem    *msem
 	n      int64
 	cancel context.CancelFunc
@@ -236,10 +252,17 @@ type acqResult struct {
 	err error
 }
 
-// mentry is a waiter or a holder in the model.
+type mpart struct {
+	s *msem
+	n int64
+}
+
+// mentry is a waiter or a holder in the model: one part of a request.
 type mentry struct {
 	a      *actor
+	s      *msem
 	n      int64
+	group  []*mentry // all parts of a multi-request; nil for a single one
 	ticket string
 	at     int64 // waiter: liveness deadline; holder: lease expiry (ms)
 	dead   bool  // its process crashed
@@ -273,7 +296,9 @@ func (m *machine) nowMs() int64 { return m.now.UnixMilli() }
 
 func (m *machine) logf(format string, args ...any) { m.t.Logf(format, args...) }
 
-func runMachine(rt *rapid.T, b *redistest.Backend, frozen bool, wait time.Duration) {
+// runMachine runs one state machine; semaphores get capacities up to
+// maxCap.
+func runMachine(rt *rapid.T, b *redistest.Backend, frozen bool, wait time.Duration, maxCap int64) {
 	m := &machine{t: rt, b: b, frozen: frozen, wait: wait, byCID: map[string]*actor{}}
 	if b.Mini != nil {
 		// Each run starts on an empty server and a clock on a whole ms.
@@ -301,7 +326,7 @@ func runMachine(rt *rapid.T, b *redistest.Backend, frozen bool, wait time.Durati
 		}
 	}()
 	for i := range rapid.IntRange(1, 2).Draw(rt, "semaphores") {
-		capacity := rapid.Int64Range(1, 8).Draw(rt, fmt.Sprintf("capacity%d", i))
+		capacity := rapid.Int64Range(1, maxCap).Draw(rt, fmt.Sprintf("capacity%d", i))
 		name := fmt.Sprintf("s%d", i)
 		k, _ := m.obs.keys(name)
 		m.sems = append(m.sems, &msem{name: name, cap: capacity, k: k})
@@ -411,45 +436,97 @@ func (m *machine) dump(s *msem) string {
 	return fmt.Sprintf("now=%d state=%v queue=%v holders=%v", m.nowMs(), st, q, h)
 }
 
-// request draws an idle process, a semaphore and a number of permits for
-// the operation op, and reports whether the model would grant them now.
-func (m *machine) request(t *rapid.T, op string) (*actor, *msem, int64, bool) {
+// request draws an idle process, one or both semaphores and a number of
+// permits of each for the operation op, and reports whether the model
+// would grant them now.
+func (m *machine) request(t *rapid.T, op string) (*actor, []mpart, bool) {
 	as := m.live(idle)
 	if len(as) == 0 {
 		t.Skip("no idle process")
 	}
 	a := pick(t, as)
-	s := m.pickSem(t)
-	n := rapid.Int64Range(1, s.cap).Draw(t, "permits")
-	m.logf("process %d: %s(%d) of %s (capacity %d)", a.id, op, n, s.name, s.cap)
-	m.modelRun(s)
-	return a, s, n, len(s.queue) == 0 && s.used()+n <= s.cap
+	sems := []*msem{m.pickSem(t)}
+	if len(m.sems) == 2 && rapid.Bool().Draw(t, "multi") {
+		sems = m.sems
+	}
+	var parts []mpart
+	var desc []string
+	for _, s := range sems {
+		n := rapid.Int64Range(1, s.cap).Draw(t, "permits")
+		parts = append(parts, mpart{s, n})
+		desc = append(desc, fmt.Sprintf("%d of %s (capacity %d)", n, s.name, s.cap))
+	}
+	m.logf("process %d: %s(%s)", a.id, op, strings.Join(desc, ", "))
+	m.modelRun()
+	grant := true
+	for _, pt := range parts {
+		grant = grant && len(pt.s.queue) == 0 && pt.s.used()+pt.n <= pt.s.cap
+	}
+	a.parts, a.sem, a.n = parts, parts[0].s, parts[0].n
+	return a, parts, grant
+}
+
+// entries makes the model's entries for a's request, expiring at at.
+func (m *machine) entries(a *actor, ticket string, at int64) []*mentry {
+	var es []*mentry
+	for _, pt := range a.parts {
+		es = append(es, &mentry{a: a, s: pt.s, n: pt.n, ticket: ticket, at: at})
+	}
+	if len(es) > 1 {
+		for _, e := range es {
+			e.group = es
+		}
+	}
+	return es
+}
+
+// group returns every part of e's request.
+func (e *mentry) parts() []*mentry {
+	if e.group == nil {
+		return []*mentry{e}
+	}
+	return e.group
+}
+
+func requests(parts []mpart) []Request {
+	var reqs []Request
+	for _, pt := range parts {
+		reqs = append(reqs, Request{Name: pt.s.name, Capacity: pt.s.cap, Permits: pt.n})
+	}
+	return reqs
 }
 
 func (m *machine) acquire(t *rapid.T) {
-	a, s, n, grant := m.request(t, "Acquire")
+	a, parts, grant := m.request(t, "Acquire")
 
 	ctx, cancel := context.WithCancel(context.Background())
-	a.state, a.sem, a.n, a.cancel, a.res = waiting, s, n, cancel, make(chan acqResult, 1)
+	a.state, a.cancel, a.res = waiting, cancel, make(chan acqResult, 1)
 	go func() {
-		l, err := a.c.Acquire(ctx, Request{Name: s.name, Capacity: s.cap, Permits: n})
+		l, err := a.c.AcquireAll(ctx, requests(parts)...)
 		a.res <- acqResult{l, err}
 	}()
 	if grant {
 		m.expectGrant(t, a)
-		s.holders = append(s.holders, &mentry{a: a, n: n, ticket: a.ticket, at: m.nowMs() + ms(m.leaseTTL())})
+		for _, e := range m.entries(a, a.ticket, m.nowMs()+ms(m.leaseTTL())) {
+			e.s.holders = append(e.s.holders, e)
+		}
 		m.settle(t)
 		return
 	}
 	// Wait until the ticket is queued, in Redis and in its client (which
 	// refreshes only tickets it knows are queued; this test moves Redis's
 	// clock faster than real time could between the two), then learn it.
-	e := &mentry{a: a, n: n, at: m.nowMs() + ms(m.waiterTTL())}
-	s.queue = append(s.queue, e)
+	es := m.entries(a, "", m.nowMs()+ms(m.waiterTTL()))
+	for _, e := range es {
+		e.s.queue = append(e.s.queue, e)
+	}
 	m.waitFor(t, fmt.Sprintf("process %d queued", a.id), func() bool {
-		for _, q := range m.redisQueue(s) {
+		for _, q := range m.redisQueue(a.sem) {
 			if q.client == a.c.id && m.queuedInClient(a, q.ticket) {
-				e.ticket, a.ticket = q.ticket, q.ticket
+				for _, e := range es {
+					e.ticket = q.ticket
+				}
+				a.ticket = q.ticket
 				return true
 			}
 		}
@@ -473,21 +550,38 @@ func (m *machine) queuedInClient(a *actor, ticket string) bool {
 }
 
 func (m *machine) try(t *rapid.T) {
-	a, s, n, want := m.request(t, "TryAcquire")
-	l, err := a.c.TryAcquire(context.Background(), Request{Name: s.name, Capacity: s.cap, Permits: n})
+	a, parts, want := m.request(t, "TryAcquire")
+	l, err := a.c.TryAcquireAll(context.Background(), requests(parts)...)
 	switch {
 	case want && err != nil:
-		t.Fatalf("TryAcquire(%d) = %v; the model has %d of %d in use and no queue", n, err, s.used(), s.cap)
+		t.Fatalf("TryAcquire = %v; the model has room and no queue", err)
 	case !want && err == nil:
-		t.Fatalf("TryAcquire(%d) granted; the model has %d of %d in use and %d queued", n, s.used(), s.cap, len(s.queue))
+		t.Fatalf("TryAcquire granted; the model has no room or a queue")
 	case !want && !errors.Is(err, ErrNotAcquired):
-		t.Fatalf("TryAcquire(%d) = %v, want ErrNotAcquired", n, err)
+		t.Fatalf("TryAcquire = %v, want ErrNotAcquired", err)
 	case want:
-		a.state, a.sem, a.n, a.lease, a.ticket = holding, s, n, l, l.ticket
-		m.sawToken(t, s, l)
-		s.holders = append(s.holders, &mentry{a: a, n: n, ticket: l.ticket, at: m.nowMs() + ms(m.leaseTTL())})
+		a.state, a.lease, a.ticket = holding, l, l.ticket
+		m.sawTokens(t, a, l)
+		for _, e := range m.entries(a, l.ticket, m.nowMs()+ms(m.leaseTTL())) {
+			e.s.holders = append(e.s.holders, e)
+		}
 	}
 	m.settle(t)
+}
+
+// holding returns a's holder entries in the model, one per part, or none
+// if its lease expired there.
+func (m *machine) holding(t *rapid.T, a *actor) []*mentry {
+	var es []*mentry
+	for _, pt := range a.parts {
+		if i := slices.IndexFunc(pt.s.holders, func(e *mentry) bool { return e.a == a }); i >= 0 {
+			es = append(es, pt.s.holders[i])
+		}
+	}
+	if len(es) != 0 && len(es) != len(a.parts) {
+		t.Fatalf("model: process %d holds %d of its %d parts", a.id, len(es), len(a.parts))
+	}
+	return es
 }
 
 func (m *machine) release(t *rapid.T) {
@@ -496,19 +590,18 @@ func (m *machine) release(t *rapid.T) {
 		t.Skip("no holder")
 	}
 	a := pick(t, as)
-	s := a.sem
-	m.logf("process %d: Release(%d) of %s", a.id, a.n, s.name)
-	m.modelRun(s)
-	i := slices.IndexFunc(s.holders, func(e *mentry) bool { return e.a == a })
+	m.logf("process %d: Release", a.id)
+	m.modelRun()
+	held := m.holding(t, a)
 	err := a.lease.Release(context.Background())
 	switch {
-	case i < 0 && !errors.Is(err, ErrLeaseLost):
+	case len(held) == 0 && !errors.Is(err, ErrLeaseLost):
 		t.Fatalf("Release of a lease the model says expired = %v, want ErrLeaseLost", err)
-	case i >= 0 && err != nil:
+	case len(held) > 0 && err != nil:
 		t.Fatalf("Release of a live lease = %v", err)
 	}
-	if i >= 0 {
-		s.holders = slices.Delete(s.holders, i, i+1)
+	for _, e := range held {
+		e.s.holders = slices.DeleteFunc(e.s.holders, func(x *mentry) bool { return x == e })
 	}
 	a.state, a.lease = idle, nil
 	m.settle(t)
@@ -520,14 +613,15 @@ func (m *machine) cancelWait(t *rapid.T) {
 		t.Skip("no waiter")
 	}
 	a := pick(t, as)
-	s := a.sem
-	m.logf("process %d: cancels its wait on %s", a.id, s.name)
+	m.logf("process %d: cancels its wait", a.id)
 	a.cancel()
 	r := m.receive(t, a)
 	if !errors.Is(r.err, context.Canceled) {
 		t.Fatalf("cancelled Acquire = %v, %v; want context.Canceled", r.l != nil, r.err)
 	}
-	s.queue = slices.DeleteFunc(s.queue, func(e *mentry) bool { return e.a == a })
+	for _, pt := range a.parts {
+		pt.s.queue = slices.DeleteFunc(pt.s.queue, func(e *mentry) bool { return e.a == a })
+	}
 	a.state = idle
 	m.settle(t)
 }
@@ -583,43 +677,63 @@ func (s *msem) used() int64 {
 }
 
 // modelRun applies the model's rules at the current time: expired leases
-// and dead waiters go, then the queue's head is granted while it fits.
-func (m *machine) modelRun(s *msem) (granted []*mentry) {
+// and dead waiters go, then each queue's head is granted while it fits, a
+// multi-request only once it heads both queues and fits in both. It
+// returns the first part of each request it granted.
+func (m *machine) modelRun() (granted []*mentry) {
 	now := m.nowMs()
-	s.holders = slices.DeleteFunc(s.holders, func(e *mentry) bool { return e.at <= now })
-	s.queue = slices.DeleteFunc(s.queue, func(e *mentry) bool { return e.at <= now })
-	for len(s.queue) > 0 && s.used()+s.queue[0].n <= s.cap {
-		e := s.queue[0]
-		s.queue = s.queue[1:]
-		// A grant announced to a process lasts one waiter TTL until the
-		// process confirms it; a live one does so before the next step.
-		e.at = now + ms(min(m.leaseTTL(), m.waiterTTL()))
-		if !e.dead {
-			e.at = now + ms(m.leaseTTL())
+	for _, s := range m.sems {
+		s.holders = slices.DeleteFunc(s.holders, func(e *mentry) bool { return e.at <= now })
+		s.queue = slices.DeleteFunc(s.queue, func(e *mentry) bool { return e.at <= now })
+	}
+	for moved := true; moved; {
+		moved = false
+		for _, s := range m.sems {
+			for len(s.queue) > 0 && ready(s.queue[0]) {
+				parts := s.queue[0].parts()
+				for _, e := range parts {
+					e.s.queue = e.s.queue[1:]
+					// A grant announced to a process lasts one waiter TTL
+					// until the process confirms it; a live one does so
+					// before the next step.
+					e.at = now + ms(min(m.leaseTTL(), m.waiterTTL()))
+					if !e.dead {
+						e.at = now + ms(m.leaseTTL())
+					}
+					e.s.holders = append(e.s.holders, e)
+				}
+				granted = append(granted, parts[0])
+				moved = true
+			}
 		}
-		s.holders = append(s.holders, e)
-		granted = append(granted, e)
 	}
 	return granted
 }
 
-// settle runs the queue once as a waiting process's timer would, brings
-// the model to the same point, and waits for the grants it expects to
-// reach their live processes.
+// ready reports whether every part of e's request heads its queue and fits.
+func ready(e *mentry) bool {
+	for _, x := range e.parts() {
+		if x.s.queue[0] != x || x.s.used()+x.n > x.s.cap {
+			return false
+		}
+	}
+	return true
+}
+
 func (m *machine) settle(t *rapid.T) {
 	for _, s := range m.sems {
 		if err := acquireScript.Run(context.Background(), m.rdb, s.k.list(), "refresh", m.obs.id,
 			ms(m.leaseTTL()), ms(m.waiterTTL())).Err(); err != nil {
 			t.Fatalf("observer's refresh: %v", err)
 		}
-		for _, e := range m.modelRun(s) {
-			if e.dead {
-				continue
-			}
-			m.expectGrant(t, e.a)
-			// Confirm now, as its renewal timer does at once.
-			e.a.lease.renew()
+	}
+	for _, e := range m.modelRun() {
+		if e.dead {
+			continue
 		}
+		m.expectGrant(t, e.a)
+		// Confirm now, as its renewal timer does at once.
+		e.a.lease.renew()
 	}
 }
 
@@ -676,22 +790,36 @@ func (m *machine) receive(t *rapid.T, a *actor) acqResult {
 func (m *machine) expectGrant(t *rapid.T, a *actor) {
 	r := m.receive(t, a)
 	if r.err != nil {
-		t.Fatalf("process %d: Acquire(%d) of %s = %v; the model grants it", a.id, a.n, a.sem.name, r.err)
+		t.Fatalf("process %d: Acquire of %d parts = %v; the model grants it", a.id, len(a.parts), r.err)
 	}
 	a.state, a.lease, a.ticket = holding, r.l, r.l.ticket
-	m.sawToken(t, a.sem, r.l)
-	for _, e := range a.sem.holders {
-		if e.a == a {
-			e.ticket = r.l.ticket
+	m.sawTokens(t, a, r.l)
+	for _, pt := range a.parts {
+		for _, e := range pt.s.holders {
+			if e.a == a {
+				e.ticket = r.l.ticket
+			}
 		}
 	}
 }
 
-func (m *machine) sawToken(t *rapid.T, s *msem, l *Lease) {
-	if l.Token() <= s.token {
-		t.Fatalf("%s granted token %d after token %d", s.name, l.Token(), s.token)
+// sawTokens checks that each part of a's new lease has a token above any
+// seen before on its semaphore.
+func (m *machine) sawTokens(t *rapid.T, a *actor, l *Lease) {
+	parts := l.Parts()
+	if len(parts) != len(a.parts) {
+		t.Fatalf("lease has %d parts, the request %d", len(parts), len(a.parts))
 	}
-	s.token = l.Token()
+	for i, p := range parts {
+		s := a.parts[i].s
+		if p.Name != s.name || p.Permits != a.parts[i].n {
+			t.Fatalf("lease part %d is %+v, the request %s for %d", i, p, s.name, a.parts[i].n)
+		}
+		if p.Token <= s.token {
+			t.Fatalf("%s granted token %d after token %d", s.name, p.Token, s.token)
+		}
+		s.token = p.Token
+	}
 }
 
 func (m *machine) waitFor(t *rapid.T, what string, cond func() bool) {
@@ -720,7 +848,8 @@ func (m *machine) redisQueue(s *msem) []rentry {
 	}
 	var out []rentry
 	for _, mem := range members {
-		f := strings.Fields(mem)
+		head, _, _ := strings.Cut(mem, "\t") // a multi-request's group follows a tab
+		f := strings.Fields(head)
 		at, err := m.rdb.ZScore(ctx, s.k.list()[2], mem).Result()
 		if err != nil || len(f) != 5 {
 			m.t.Fatalf("queue member %q has no deadline or a bad form (%v)", mem, err)
@@ -796,9 +925,9 @@ func (m *machine) check(t *rapid.T) {
 					s.name, i, m.byCID[q.client].id, q.n, e.a.id, e.n)
 			}
 		}
-		// Liveness: the model grants whatever fits, so its head never fits.
-		if len(s.queue) > 0 && s.used()+s.queue[0].n <= s.cap {
-			t.Fatalf("%s: head fits but waits", s.name)
+		// Liveness: the model grants whatever is ready, so its head never is.
+		if len(s.queue) > 0 && ready(s.queue[0]) {
+			t.Fatalf("%s: head is ready but waits", s.name)
 		}
 	}
 	// Processes that wait have not returned; holders' leases are alive.
@@ -809,7 +938,7 @@ func (m *machine) check(t *rapid.T) {
 				t.Fatalf("process %d returned (lease %v, err %v) while the model has it waiting", a.id, r.l != nil, r.err)
 			default:
 			}
-		} else if slices.IndexFunc(a.sem.holders, func(e *mentry) bool { return e.a == a }) >= 0 {
+		} else if len(m.holding(t, a)) > 0 {
 			if err := a.lease.Err(); err != nil {
 				t.Fatalf("process %d's lease ended (%v) while the model has it held", a.id, err)
 			}
