@@ -13,9 +13,13 @@
 // lease TTL runs out; a waiter that crashes stops refreshing and leaves the
 // queue after the waiter TTL. Neither delays anybody by more than one TTL.
 //
+// [Client.AcquireAll] takes several semaphores at once, all or nothing,
+// sharing each one's first-in first-out order; it cannot deadlock.
+//
 // Most programs use package [github.com/fairlock/fairlock/semaphore], which
 // offers counting semaphores, mutexes and read-write mutexes on top of
-// this package.
+// this package, and package [github.com/fairlock/fairlock/multilock] for
+// several at once.
 //
 // # Redis keys
 //
