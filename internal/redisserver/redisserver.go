@@ -1,0 +1,123 @@
+// Package redisserver starts and stops redis-server processes on free
+// loopback ports, for fairlock's tests and benchmark harness.
+package redisserver
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Server is a redis-server process on a loopback port.
+type Server struct {
+	Addr string
+	Port int
+	Args []string
+	cmd  *exec.Cmd
+	dir  string
+}
+
+// Start runs redis-server on a free loopback port (never 6379) with
+// persistence off, plus any extra arguments, and waits until it answers.
+func Start(args ...string) (*Server, error) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return nil, err
+	}
+	var last error
+	for range 5 {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), Port: port, Args: args}
+		if last = s.start(); last == nil {
+			return s, nil
+		}
+	}
+	return nil, last
+}
+
+func (s *Server) start() error {
+	if s.dir == "" {
+		dir, err := os.MkdirTemp("", "redistest")
+		if err != nil {
+			return err
+		}
+		s.dir = dir
+	}
+	args := append([]string{
+		"--port", fmt.Sprint(s.Port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", s.dir, "--protected-mode", "no",
+	}, s.Args...)
+	cmd := exec.Command("redis-server", args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	// Keep draining the server's log so it never blocks on a full pipe.
+	lines := make(chan string, 64)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			default:
+			}
+		}
+		close(lines)
+	}()
+	s.cmd = cmd
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if c.Ping(context.Background()).Err() == nil {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s.kill()
+	var log []string
+	for l := range lines {
+		log = append(log, l)
+	}
+	return fmt.Errorf("redis-server on %s did not start: %s", s.Addr, strings.Join(log, "\n"))
+}
+
+func (s *Server) kill() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+	}
+}
+
+// Stop kills the server and removes its directory.
+func (s *Server) Stop() {
+	s.kill()
+	if s.dir != "" {
+		_ = os.RemoveAll(s.dir)
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	if port == 6379 {
+		return freePort()
+	}
+	return port, nil
+}
