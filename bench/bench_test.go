@@ -1,0 +1,146 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestQuantile(t *testing.T) {
+	ds := []time.Duration{5, 1, 4, 2, 3, 6, 7, 8, 9, 10}
+	for _, tc := range []struct {
+		q    float64
+		want time.Duration
+	}{{0.5, 5}, {0.99, 10}, {0.1, 1}, {1, 10}} {
+		if got := quantile(ds, tc.q); got != tc.want {
+			t.Errorf("quantile(%v) = %v, want %v", tc.q, got, tc.want)
+		}
+	}
+	if quantile(nil, 0.5) != 0 {
+		t.Error("quantile of nothing is not 0")
+	}
+}
+
+func TestJain(t *testing.T) {
+	for _, tc := range []struct {
+		xs   []float64
+		want float64
+	}{{[]float64{3, 3, 3, 3}, 1}, {[]float64{4, 0, 0, 0}, 0.25}, {[]float64{1, 3}, 0.8}} {
+		if got := jain(tc.xs); got < tc.want-1e-9 || got > tc.want+1e-9 {
+			t.Errorf("jain(%v) = %v, want %v", tc.xs, got, tc.want)
+		}
+	}
+}
+
+func TestKendallDistance(t *testing.T) {
+	for _, tc := range []struct {
+		order []int
+		want  int
+	}{{[]int{0, 1, 2, 3}, 0}, {[]int{3, 2, 1, 0}, 6}, {[]int{1, 0, 2, 3}, 1}, {[]int{0, 3, 1, 2}, 2}} {
+		if got := kendallDistance(tc.order); got != tc.want {
+			t.Errorf("kendallDistance(%v) = %d, want %d", tc.order, got, tc.want)
+		}
+	}
+}
+
+func TestFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-scenarios", "nope"},
+		{"-duration", "-1s"},
+		{"-impls", "zookeeper"},
+		{"extra"},
+	} {
+		if err := run(args, io.Discard, io.Discard); err == nil {
+			t.Errorf("run(%q) succeeded", args)
+		}
+	}
+}
+
+// The smoke run: every scenario, every implementation, briefly, on the
+// embedded Redis, checked through the JSON report.
+func TestSmokeEveryScenario(t *testing.T) {
+	rep := runJSON(t, "-duration", "60ms")
+	var names []string
+	for _, s := range rep.Scenarios {
+		names = append(names, s.Name)
+		if len(s.Rows) == 0 || len(s.Rows) != len(s.Data) {
+			t.Errorf("scenario %s: %d rows, %d data", s.Name, len(s.Rows), len(s.Data))
+		}
+		for _, d := range s.Data {
+			// Locks that never expire must never overlap, whoever made them.
+			for _, k := range []string{"overlaps", "exceeded"} {
+				if v, ok := d[k]; ok && v.(float64) != 0 {
+					t.Errorf("scenario %s, %v: %s = %v", s.Name, d["impl"], k, v)
+				}
+			}
+			if s.Name == "fifo" && d["impl"] == "fairlock" && d["inversions"].(float64) != 0 {
+				t.Errorf("fairlock granted out of order: %v", d)
+			}
+			// How many drain in the time limit is speed, not function (the
+			// semaphore package's tests check that all are granted).
+			if s.Name == "drain" && d["drained"].(float64) <= 0 {
+				t.Errorf("nothing drained: %v", d)
+			}
+		}
+	}
+	if !slices.Equal(names, allScenarios) {
+		t.Errorf("scenarios %v, want %v", names, allScenarios)
+	}
+	if !strings.HasPrefix(rep.Meta["backend"], "miniredis") {
+		t.Errorf("backend %q", rep.Meta["backend"])
+	}
+	if len(rep.Targets) == 0 {
+		t.Error("no targets reported")
+	}
+}
+
+// -redis auto starts a redis-server from PATH (CI must have one).
+func TestAutoBackend(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI=true and no redis-server on PATH")
+		}
+		t.Skip("no redis-server on PATH")
+	}
+	rep := runJSON(t, "-redis", "auto", "-duration", "60ms", "-scenarios", "uncontended,fifo,drain", "-impls", "fairlock,setnx")
+	if !strings.HasPrefix(rep.Meta["backend"], "redis-server started on 127.0.0.1:") || rep.Meta["redis_version"] == "" {
+		t.Errorf("meta %v", rep.Meta)
+	}
+	for _, s := range rep.Scenarios {
+		if s.Name == "drain" {
+			for _, d := range s.Data {
+				// A real server reports its connections and commands.
+				if d["server_cmds"].(float64) <= 0 || d["peak_connections"].(float64) <= 0 {
+					t.Errorf("drain without server figures: %v", d)
+				}
+			}
+		}
+	}
+}
+
+func runJSON(t *testing.T, args ...string) Report {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "bench.json")
+	var out strings.Builder
+	if err := run(append(args, "-json", file), &out, io.Discard); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if !strings.Contains(out.String(), "| implementation |") {
+		t.Errorf("no markdown table in the output:\n%s", out.String())
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}

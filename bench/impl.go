@@ -1,0 +1,214 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"math"
+	"time"
+
+	"github.com/bsm/redislock"
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/multilock"
+	"github.com/fairlock/fairlock/semaphore"
+	"github.com/go-redsync/redsync/v4"
+	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	"github.com/redis/go-redis/v9"
+)
+
+// leaseTTL is the lock TTL every implementation gets: long enough that no
+// lock expires while its holder lives.
+const leaseTTL = 10 * time.Second
+
+// A locker is one simulated process's handle on one lock implementation.
+type locker interface {
+	// lock blocks until it holds the lock key (or ctx ends) and returns
+	// how to release it.
+	lock(ctx context.Context, key string) (unlock func(context.Context) error, err error)
+	// lockBoth takes two locks: atomically where the implementation can,
+	// else one after the other in name order, which cannot deadlock.
+	lockBoth(ctx context.Context, a, b string) (unlock func(context.Context) error, err error)
+	close()
+}
+
+// An impl makes lockers, one per simulated process, each on its own
+// go-redis client.
+type impl struct {
+	name  string
+	about string // settings, for the report
+	// peer is false for fairlock itself.
+	peer bool
+	open func(rdb *redis.Client, prefix string) (locker, error)
+}
+
+func impls() []impl {
+	return []impl{
+		{name: "fairlock", about: "semaphore.Mutex (capacity 1); multilock for two locks; lease TTL 10s, waiter TTL 3s",
+			open: openFairlock},
+		{name: "redsync", peer: true, about: "redsync v4, one pool, default retry delay (random 50–250 ms), tries unlimited, expiry 10s",
+			open: openRedsync},
+		{name: "redislock", peer: true, about: "bsm/redislock, RetryStrategy LinearBackoff(100ms) as in its package example, TTL 10s",
+			open: openRedislock},
+		{name: "setnx", peer: true, about: "SET NX PX, sleep 10 ms and retry; release by compare-and-delete script",
+			open: openSetNX},
+	}
+}
+
+// inOrder returns a before b in name order.
+func inOrder(a, b string) (string, string) {
+	if b < a {
+		return b, a
+	}
+	return a, b
+}
+
+// bothInOrder takes two locks one after the other, in name order.
+func bothInOrder(ctx context.Context, l locker, a, b string) (func(context.Context) error, error) {
+	a, b = inOrder(a, b)
+	ua, err := l.lock(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	ub, err := l.lock(ctx, b)
+	if err != nil {
+		_ = ua(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return func(ctx context.Context) error { return errors.Join(ub(ctx), ua(ctx)) }, nil
+}
+
+// fairlock
+
+type fairlockLocker struct{ c *fairlock.Client }
+
+func openFairlock(rdb *redis.Client, prefix string) (locker, error) {
+	c, err := fairlock.New(rdb, fairlock.WithPrefix(prefix), fairlock.WithLeaseTTL(leaseTTL))
+	if err != nil {
+		return nil, err
+	}
+	return &fairlockLocker{c}, nil
+}
+
+func (f *fairlockLocker) lock(ctx context.Context, key string) (func(context.Context) error, error) {
+	mu, err := semaphore.NewMutex(f.c, key)
+	if err != nil {
+		return nil, err
+	}
+	l, err := mu.Lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return l.Release, nil
+}
+
+func (f *fairlockLocker) lockBoth(ctx context.Context, a, b string) (func(context.Context) error, error) {
+	l, err := multilock.Lock(ctx, f.c, a, b)
+	if err != nil {
+		return nil, err
+	}
+	return l.Release, nil
+}
+
+func (f *fairlockLocker) close() { _ = f.c.Close() }
+
+// redsync
+
+type redsyncLocker struct {
+	rs     *redsync.Redsync
+	prefix string
+}
+
+func openRedsync(rdb *redis.Client, prefix string) (locker, error) {
+	return &redsyncLocker{rs: redsync.New(goredis.NewPool(rdb)), prefix: prefix}, nil
+}
+
+func (r *redsyncLocker) lock(ctx context.Context, key string) (func(context.Context) error, error) {
+	m := r.rs.NewMutex(r.prefix+key, redsync.WithTries(math.MaxInt32), redsync.WithExpiry(leaseTTL))
+	if err := m.LockContext(ctx); err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error {
+		_, err := m.UnlockContext(ctx)
+		return err
+	}, nil
+}
+
+func (r *redsyncLocker) lockBoth(ctx context.Context, a, b string) (func(context.Context) error, error) {
+	return bothInOrder(ctx, r, a, b)
+}
+
+func (r *redsyncLocker) close() {}
+
+// redislock
+
+type redislockLocker struct {
+	c      *redislock.Client
+	prefix string
+}
+
+func openRedislock(rdb *redis.Client, prefix string) (locker, error) {
+	return &redislockLocker{c: redislock.New(rdb), prefix: prefix}, nil
+}
+
+func (r *redislockLocker) lock(ctx context.Context, key string) (func(context.Context) error, error) {
+	l, err := r.c.Obtain(ctx, r.prefix+key, leaseTTL, &redislock.Options{
+		RetryStrategy: redislock.LinearBackoff(100 * time.Millisecond),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return l.Release, nil
+}
+
+func (r *redislockLocker) lockBoth(ctx context.Context, a, b string) (func(context.Context) error, error) {
+	return bothInOrder(ctx, r, a, b)
+}
+
+func (r *redislockLocker) close() {}
+
+// setnx: the lock many services write by hand.
+
+type setnxLocker struct {
+	rdb    *redis.Client
+	prefix string
+}
+
+var compareAndDelete = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0`)
+
+func openSetNX(rdb *redis.Client, prefix string) (locker, error) {
+	return &setnxLocker{rdb: rdb, prefix: prefix}, nil
+}
+
+func (s *setnxLocker) lock(ctx context.Context, key string) (func(context.Context) error, error) {
+	key = s.prefix + key
+	val := rand.Text()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	<-t.C
+	for {
+		ok, err := s.rdb.SetNX(ctx, key, val, leaseTTL).Result()
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			return func(ctx context.Context) error {
+				return compareAndDelete.Run(ctx, s.rdb, []string{key}, val).Err()
+			}, nil
+		}
+		t.Reset(10 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func (s *setnxLocker) lockBoth(ctx context.Context, a, b string) (func(context.Context) error, error) {
+	return bothInOrder(ctx, s, a, b)
+}
+
+func (s *setnxLocker) close() {}

@@ -1,0 +1,314 @@
+// Command bench measures fairlock side by side with redsync, redislock and a
+// hand-written SET NX lock, in one run, and prints the ratios that matter:
+// latency against a PING round trip, handoff against an idle PING,
+// throughput and fairness under contention, order of grants, and a
+// thousand waiters draining.
+//
+// Usage:
+//
+//	go run .                       # embedded miniredis: functional figures only
+//	go run . -redis auto           # a redis-server from PATH on a free loopback port
+//	go run . -redis 127.0.0.1:6380 # an existing server (keys under "bench:<run>:")
+//
+// Flags -scenarios and -duration choose what runs and for how long; -json
+// FILE writes the figures for machines. Tables go to stdout, one progress
+// line per scenario to stderr.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/fairlock/fairlock/internal/redisserver"
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+type config struct {
+	redis     string
+	scenarios []string
+	duration  time.Duration
+	jsonFile  string
+	only      []string // implementations
+}
+
+var allScenarios = []string{"uncontended", "handoff", "contended", "fifo", "drain", "semaphore", "dining"}
+
+func parse(args []string, stderr io.Writer) (config, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg config
+	var scen, only string
+	fs.StringVar(&cfg.redis, "redis", "", `Redis to measure: "" for the embedded miniredis, "auto" to start redis-server from PATH, or host:port`)
+	fs.StringVar(&scen, "scenarios", "all", "comma-separated scenarios: "+strings.Join(allScenarios, ", ")+", or all")
+	fs.DurationVar(&cfg.duration, "duration", time.Second, "time each implementation gets in each measurement")
+	fs.StringVar(&cfg.jsonFile, "json", "", "also write the results as JSON to this file")
+	fs.StringVar(&only, "impls", "all", "comma-separated implementations: fairlock, redsync, redislock, setnx, or all")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if cfg.duration <= 0 {
+		return cfg, fmt.Errorf("-duration must be positive")
+	}
+	cfg.scenarios = allScenarios
+	if scen != "all" {
+		cfg.scenarios = nil
+		for _, s := range strings.Split(scen, ",") {
+			if !slices.Contains(allScenarios, s) {
+				return cfg, fmt.Errorf("unknown scenario %q (have %s)", s, strings.Join(allScenarios, ", "))
+			}
+			cfg.scenarios = append(cfg.scenarios, s)
+		}
+	}
+	if only != "all" {
+		names := []string{}
+		for _, im := range impls() {
+			names = append(names, im.name)
+		}
+		for _, s := range strings.Split(only, ",") {
+			if !slices.Contains(names, s) {
+				return cfg, fmt.Errorf("unknown implementation %q (have %s)", s, strings.Join(names, ", "))
+			}
+			cfg.only = append(cfg.only, s)
+		}
+	}
+	return cfg, nil
+}
+
+// env is the Redis under test and the run's bookkeeping.
+type env struct {
+	cfg     config
+	addr    string
+	backend string // "miniredis", "redis-server (started)", "redis-server at ADDR"
+	real    bool
+	admin   *redis.Client // for INFO; not counted
+	run     string        // key prefix of this run
+	impls   []impl
+	stderr  io.Writer
+}
+
+// Report is what a run measured.
+type Report struct {
+	Meta      map[string]string `json:"meta"`
+	Scenarios []*Table          `json:"scenarios"`
+	Targets   []Target          `json:"targets"`
+}
+
+// Table is one scenario's results.
+type Table struct {
+	Name    string           `json:"name"`
+	Title   string           `json:"title"`
+	Note    string           `json:"note,omitempty"`
+	Columns []string         `json:"columns"`
+	Rows    [][]string       `json:"rows"`
+	Data    []map[string]any `json:"data"`
+}
+
+// Target is one of the issue's targets and whether this run met it.
+type Target struct {
+	Scenario string `json:"scenario"`
+	What     string `json:"what"`
+	Measured string `json:"measured"`
+	Met      bool   `json:"met"`
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	cfg, err := parse(args, stderr)
+	if err != nil {
+		return err
+	}
+	redis.SetLogger(quietLogger{})
+	e := &env{cfg: cfg, stderr: stderr, run: "bench:" + rand.Text()[:8] + ":"}
+	stop, err := e.start()
+	if err != nil {
+		return err
+	}
+	defer stop()
+	for _, im := range impls() {
+		if len(cfg.only) == 0 || slices.Contains(cfg.only, im.name) {
+			e.impls = append(e.impls, im)
+		}
+	}
+
+	rep := &Report{Meta: e.meta()}
+	for _, name := range cfg.scenarios {
+		fmt.Fprintf(stderr, "bench: %s ...\n", name)
+		start := time.Now()
+		tables, targets, err := scenarios[name](e)
+		if err != nil {
+			return fmt.Errorf("scenario %s: %w", name, err)
+		}
+		rep.Scenarios = append(rep.Scenarios, tables...)
+		rep.Targets = append(rep.Targets, targets...)
+		fmt.Fprintf(stderr, "bench: %s done in %v\n", name, time.Since(start).Round(time.Millisecond))
+	}
+	writeMarkdown(stdout, rep, e)
+	if cfg.jsonFile != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(cfg.jsonFile, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// start connects to (or starts) the Redis to measure.
+func (e *env) start() (func(), error) {
+	var stop func()
+	switch e.cfg.redis {
+	case "":
+		m, err := miniredis.Run()
+		if err != nil {
+			return nil, err
+		}
+		e.addr, e.backend = m.Addr(), "miniredis (embedded; figures are functional only, not speed)"
+		stop = m.Close
+	case "auto":
+		s, err := redisserver.Start()
+		if err != nil {
+			return nil, fmt.Errorf("-redis auto: %w", err)
+		}
+		e.addr, e.backend, e.real = s.Addr, "redis-server started on "+s.Addr, true
+		stop = s.Stop
+	default:
+		e.addr, e.backend, e.real = e.cfg.redis, "redis-server at "+e.cfg.redis, true
+		stop = func() {}
+	}
+	e.admin = redis.NewClient(&redis.Options{Addr: e.addr})
+	if err := e.admin.Ping(context.Background()).Err(); err != nil {
+		stop()
+		return nil, fmt.Errorf("redis at %s: %w", e.addr, err)
+	}
+	return func() { e.cleanup(); e.admin.Close(); stop() }, nil
+}
+
+// cleanup deletes the run's keys from a server the harness did not start.
+func (e *env) cleanup() {
+	ctx := context.Background()
+	iter := e.admin.Scan(ctx, 0, e.run+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		e.admin.Del(ctx, iter.Val())
+	}
+}
+
+func (e *env) meta() map[string]string {
+	m := map[string]string{
+		"date":     time.Now().UTC().Format("2006-01-02 15:04 MST"),
+		"backend":  e.backend,
+		"go":       runtime.Version(),
+		"os/arch":  runtime.GOOS + "/" + runtime.GOARCH,
+		"cpus":     fmt.Sprint(runtime.NumCPU()),
+		"cpu":      cpuModel(),
+		"duration": e.cfg.duration.String(),
+	}
+	if info, err := e.admin.Info(context.Background(), "server").Result(); err == nil {
+		if v := infoField(info, "redis_version"); v != "" {
+			m["redis_version"] = v
+		}
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			switch d.Path {
+			case "github.com/go-redsync/redsync/v4", "github.com/bsm/redislock", "github.com/redis/go-redis/v9", "github.com/alicebob/miniredis/v2":
+				m[d.Path] = d.Version
+			case "github.com/fairlock/fairlock":
+				m[d.Path] = "this checkout"
+			}
+		}
+	}
+	return m
+}
+
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return "unknown"
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
+}
+
+// infoField reads one "field:value" line of an INFO reply.
+func infoField(info, field string) string {
+	for _, l := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), field+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func writeMarkdown(w io.Writer, rep *Report, e *env) {
+	fmt.Fprintf(w, "# fairlock bench\n\n")
+	keys := make([]string, 0, len(rep.Meta))
+	for k := range rep.Meta {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		fmt.Fprintf(w, "- %s: %s\n", k, rep.Meta[k])
+	}
+	fmt.Fprintln(w, "\nImplementations:")
+	for _, im := range e.impls {
+		fmt.Fprintf(w, "- %s: %s\n", im.name, im.about)
+	}
+	for _, t := range rep.Scenarios {
+		fmt.Fprintf(w, "\n## %s\n\n", t.Title)
+		if t.Note != "" {
+			fmt.Fprintf(w, "%s\n\n", t.Note)
+		}
+		fmt.Fprintf(w, "| %s |\n|", strings.Join(t.Columns, " | "))
+		for range t.Columns {
+			fmt.Fprint(w, "---|")
+		}
+		fmt.Fprintln(w)
+		for _, r := range t.Rows {
+			fmt.Fprintf(w, "| %s |\n", strings.Join(r, " | "))
+		}
+	}
+	if len(rep.Targets) > 0 {
+		fmt.Fprintf(w, "\n## Targets\n\n")
+		if !e.real {
+			fmt.Fprintf(w, "Measured on miniredis: speed targets apply to a real redis-server only (run with -redis auto).\n\n")
+		}
+		fmt.Fprintln(w, "| scenario | target | measured | met |\n|---|---|---|---|")
+		for _, t := range rep.Targets {
+			met := "yes"
+			if !t.Met {
+				met = "**no**"
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %s |\n", t.Scenario, t.What, t.Measured, met)
+		}
+	}
+}
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}

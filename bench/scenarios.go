@@ -1,0 +1,778 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fairlock/fairlock/semaphore"
+	"github.com/redis/go-redis/v9"
+)
+
+var scenarios = map[string]func(*env) ([]*Table, []Target, error){
+	"uncontended": uncontended,
+	"handoff":     handoff,
+	"contended":   contended,
+	"fifo":        fifo,
+	"drain":       drain,
+	"semaphore":   countingSemaphore,
+	"dining":      dining,
+}
+
+// counter is a go-redis hook counting the commands one process sends.
+type counter struct{ n atomic.Int64 }
+
+func (c *counter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// A proc is one simulated process: its own go-redis client and locker.
+type proc struct {
+	locker
+	rdb *redis.Client
+}
+
+// procs opens n processes of im, all counting their commands into cnt.
+func (e *env) procs(im impl, n int, cnt *counter) ([]*proc, func(), error) {
+	var ps []*proc
+	closeAll := func() {
+		for _, p := range ps {
+			p.close()
+			p.rdb.Close()
+		}
+	}
+	for range n {
+		rdb := redis.NewClient(&redis.Options{Addr: e.addr})
+		rdb.AddHook(cnt)
+		l, err := im.open(rdb, e.run+im.name+":")
+		if err != nil {
+			rdb.Close()
+			closeAll()
+			return nil, nil, err
+		}
+		ps = append(ps, &proc{locker: l, rdb: rdb})
+	}
+	return ps, closeAll, nil
+}
+
+// serverCalls returns the commands Redis has run in all (INFO
+// commandstats, script-internal calls included), or -1 where INFO does not
+// say (miniredis).
+func (e *env) serverCalls() int64 {
+	info, err := e.admin.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		return -1
+	}
+	var total int64
+	found := false
+	for _, l := range strings.Split(strings.ReplaceAll(info, "\r", ""), "\n") {
+		// cmdstat_get:calls=1,usec=...
+		_, rest, ok := strings.Cut(l, ":calls=")
+		if !ok {
+			continue
+		}
+		num, _, _ := strings.Cut(rest, ",")
+		n, _ := strconv.ParseInt(num, 10, 64)
+		total += n
+		found = true
+	}
+	if !found {
+		return -1
+	}
+	return total
+}
+
+func (e *env) connectedClients() int {
+	info, err := e.admin.Info(context.Background(), "clients").Result()
+	if err != nil {
+		return -1
+	}
+	n, err := strconv.Atoi(infoField(info, "connected_clients"))
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// rotate returns the implementations starting at the k-th, so that in
+// turn each goes first: drift of the machine hits all alike.
+func rotate(ims []impl, k int) []int {
+	out := make([]int, len(ims))
+	for i := range ims {
+		out[i] = (i + k) % len(ims)
+	}
+	return out
+}
+
+func us(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "0"
+	case d < 10*time.Millisecond:
+		return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
+	case d < 10*time.Second:
+		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%.1f s", d.Seconds())
+}
+
+func f2(x float64) string { return strconv.FormatFloat(x, 'f', 2, 64) }
+
+func perAcq(cmds, acqs int64) string {
+	if cmds < 0 || acqs == 0 {
+		return "n/a"
+	}
+	return f2(float64(cmds) / float64(acqs))
+}
+
+func fairlockIndex(ims []impl) int {
+	for i, im := range ims {
+		if !im.peer {
+			return i
+		}
+	}
+	return -1
+}
+
+// 1. Uncontended acquire and release, against a PING in the same loop.
+func uncontended(e *env) ([]*Table, []Target, error) {
+	ctx := context.Background()
+	n := len(e.impls)
+	ps := make([]*proc, n)
+	cnt := make([]*counter, n)
+	for i, im := range e.impls {
+		cnt[i] = &counter{}
+		p, closeAll, err := e.procs(im, 1, cnt[i])
+		if err != nil {
+			return nil, nil, err
+		}
+		defer closeAll()
+		ps[i] = p[0]
+	}
+	pinger := redis.NewClient(&redis.Options{Addr: e.addr})
+	defer pinger.Close()
+	acq := make([][]time.Duration, n)
+	rel := make([][]time.Duration, n)
+	var pings []time.Duration
+	deadline := time.Now().Add(time.Duration(n) * e.cfg.duration)
+	for iter := 0; iter < 20 || time.Now().Before(deadline); iter++ {
+		t0 := time.Now()
+		if err := pinger.Ping(ctx).Err(); err != nil {
+			return nil, nil, err
+		}
+		pings = append(pings, time.Since(t0))
+		for _, i := range rotate(e.impls, iter) {
+			t0 := time.Now()
+			unlock, err := ps[i].lock(ctx, "u")
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", e.impls[i].name, err)
+			}
+			t1 := time.Now()
+			if err := unlock(ctx); err != nil {
+				return nil, nil, fmt.Errorf("%s release: %w", e.impls[i].name, err)
+			}
+			if iter > 0 { // the first round warms connections and scripts
+				acq[i] = append(acq[i], t1.Sub(t0))
+				rel[i] = append(rel[i], time.Since(t1))
+			}
+		}
+	}
+	pingP50 := quantile(pings, 0.5)
+	t := &Table{Name: "uncontended", Title: "1. Uncontended acquire + release",
+		Note:    fmt.Sprintf("One process per implementation, one lock, nobody else. PING p50 %s, p99 %s, measured in the same loop (%d samples).", us(pingP50), us(quantile(pings, 0.99)), len(pings)),
+		Columns: []string{"implementation", "acquire p50", "acquire p99", "release p50", "acquire p50 / PING p50", "commands per acquire+release", "samples"}}
+	var targets []Target
+	for i, im := range e.impls {
+		r := ratio(quantile(acq[i], 0.5), pingP50)
+		t.Rows = append(t.Rows, []string{im.name, us(quantile(acq[i], 0.5)), us(quantile(acq[i], 0.99)), us(quantile(rel[i], 0.5)), f2(r),
+			perAcq(cnt[i].n.Load(), int64(len(acq[i])+1)), strconv.Itoa(len(acq[i]))})
+		t.Data = append(t.Data, map[string]any{"impl": im.name, "acquire_p50_us": micros(quantile(acq[i], 0.5)), "acquire_p99_us": micros(quantile(acq[i], 0.99)),
+			"release_p50_us": micros(quantile(rel[i], 0.5)), "ping_p50_us": micros(pingP50), "acquire_per_ping": r, "samples": len(acq[i])})
+		if !im.peer {
+			targets = append(targets, Target{"uncontended", "acquire p50 ≤ 1.3 × PING p50", f2(r) + " ×", r <= 1.3})
+		}
+	}
+	return []*Table{t}, targets, nil
+}
+
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// 2. Handoff: a release by one process to the return of a waiter blocked
+// in another.
+func handoff(e *env) ([]*Table, []Target, error) {
+	ctx := context.Background()
+	const idle = 20 * time.Millisecond // how long the waiter waits before the release
+	n := len(e.impls)
+	holders, waiters := make([]*proc, n), make([]*proc, n)
+	for i, im := range e.impls {
+		p, closeAll, err := e.procs(im, 2, &counter{})
+		if err != nil {
+			return nil, nil, err
+		}
+		defer closeAll()
+		holders[i], waiters[i] = p[0], p[1]
+	}
+	pinger := redis.NewClient(&redis.Options{Addr: e.addr})
+	defer pinger.Close()
+	_ = pinger.Ping(ctx)
+	hand := make([][]time.Duration, n)
+	var pings []time.Duration
+	deadline := time.Now().Add(time.Duration(n) * e.cfg.duration)
+	for iter := 0; iter < 6 || time.Now().Before(deadline); iter++ {
+		time.Sleep(idle)
+		t0 := time.Now()
+		if err := pinger.Ping(ctx).Err(); err != nil {
+			return nil, nil, err
+		}
+		pings = append(pings, time.Since(t0))
+		for _, i := range rotate(e.impls, iter) {
+			unlock, err := holders[i].lock(ctx, "h")
+			if err != nil {
+				return nil, nil, err
+			}
+			got := make(chan time.Time, 1)
+			done := make(chan error, 1)
+			go func() {
+				u, err := waiters[i].lock(ctx, "h")
+				if err != nil {
+					got <- time.Time{}
+					done <- err
+					return
+				}
+				got <- time.Now()
+				done <- u(ctx)
+			}()
+			time.Sleep(idle)
+			t0 := time.Now()
+			if err := unlock(ctx); err != nil {
+				return nil, nil, err
+			}
+			t1 := <-got
+			if err := <-done; err != nil {
+				return nil, nil, fmt.Errorf("%s waiter: %w", e.impls[i].name, err)
+			}
+			if iter > 0 {
+				hand[i] = append(hand[i], t1.Sub(t0))
+			}
+		}
+	}
+	ping := quantile(pings, 0.5)
+	t := &Table{Name: "handoff", Title: "2. Handoff: release to the blocked waiter's return",
+		Note:    fmt.Sprintf("The waiter has waited %v when the holder releases. Idle-PING: a PING after %v of silence on its connection, p50 %s.", idle, idle, us(ping)),
+		Columns: []string{"implementation", "handoff p50", "p99", "max", "p50 / idle-PING p50", "samples"}}
+	var targets []Target
+	for i, im := range e.impls {
+		r := ratio(quantile(hand[i], 0.5), ping)
+		t.Rows = append(t.Rows, []string{im.name, us(quantile(hand[i], 0.5)), us(quantile(hand[i], 0.99)), us(maxOf(hand[i])), f2(r), strconv.Itoa(len(hand[i]))})
+		t.Data = append(t.Data, map[string]any{"impl": im.name, "handoff_p50_us": micros(quantile(hand[i], 0.5)), "handoff_p99_us": micros(quantile(hand[i], 0.99)),
+			"handoff_max_us": micros(maxOf(hand[i])), "idle_ping_p50_us": micros(ping), "handoff_per_idle_ping": r, "samples": len(hand[i])})
+		if !im.peer {
+			targets = append(targets, Target{"handoff", "handoff p50 ≤ 2 × idle-PING p50", f2(r) + " ×", r <= 2})
+		}
+	}
+	return []*Table{t}, targets, nil
+}
+
+// loopStats is what processes looping acquire / hold / release saw.
+type loopStats struct {
+	counts   []int64 // acquisitions per process
+	permits  []int64 // permits per process (weighted scenarios)
+	maxWait  time.Duration
+	holdSum  time.Duration
+	overlaps int64
+	elapsed  time.Duration
+	cmds     int64
+	server   int64 // INFO commandstats calls, -1 if unknown
+	err      error
+}
+
+func (s *loopStats) total() (n int64) {
+	for _, c := range s.counts {
+		n += c
+	}
+	return n
+}
+
+// loop runs every process of ps for d: acquire via take (returning the
+// permits it holds and the release), hold for about hold, release.
+// occupancy is checked against limit with a counter of fairlock's own.
+func loop(ps []*proc, d, hold time.Duration, limit int64, st *loopStats,
+	take func(ctx context.Context, i int, p *proc) (int64, func(context.Context) error, error)) {
+	if st.counts == nil {
+		st.counts = make([]int64, len(ps))
+		st.permits = make([]int64, len(ps))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var inUse atomic.Int64
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, p := range ps {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				t0 := time.Now()
+				n, release, err := take(ctx, i, p)
+				waited := time.Since(t0)
+				mu.Lock()
+				// A wait cut off by the end of the run counts too: a
+				// starving process must not hide there.
+				st.maxWait = max(st.maxWait, waited)
+				mu.Unlock()
+				if err != nil {
+					if ctx.Err() == nil {
+						mu.Lock()
+						st.err = err
+						mu.Unlock()
+						cancel()
+					}
+					return
+				}
+				h0 := time.Now()
+				if inUse.Add(n) > limit {
+					atomic.AddInt64(&st.overlaps, 1)
+				}
+				time.Sleep(hold)
+				inUse.Add(-n)
+				err = release(context.Background())
+				mu.Lock()
+				st.holdSum += time.Since(h0)
+				st.counts[i]++
+				st.permits[i] += n
+				if err != nil && st.err == nil {
+					st.err = err
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	st.elapsed += time.Since(start)
+}
+
+func asFloats(xs []int64) []float64 {
+	out := make([]float64, len(xs))
+	for i, x := range xs {
+		out[i] = float64(x)
+	}
+	return out
+}
+
+// 3. Contended: N processes loop on one lock.
+func contended(e *env) ([]*Table, []Target, error) {
+	const hold = time.Millisecond
+	const slices = 3
+	t := &Table{Name: "contended", Title: "3. Contended: N processes loop acquire / 1 ms critical section / release",
+		Note: fmt.Sprintf("Each implementation runs %v per N, in %d slices interleaved with the others. Longest wait includes waits cut off by the end of a slice. "+
+			"Server commands come from INFO commandstats and include the commands scripts run.", e.cfg.duration, slices),
+		Columns: []string{"N", "implementation", "acquisitions/s", "Jain", "longest wait", "longest wait / (N × mean hold)", "client commands / acq", "server commands / acq", "overlaps"}}
+	var targets []Target
+	for _, N := range []int{4, 16, 64} {
+		n := len(e.impls)
+		ps := make([][]*proc, n)
+		cnt := make([]*counter, n)
+		sts := make([]*loopStats, n)
+		for i, im := range e.impls {
+			cnt[i] = &counter{}
+			p, closeAll, err := e.procs(im, N, cnt[i])
+			if err != nil {
+				return nil, nil, err
+			}
+			defer closeAll()
+			ps[i], sts[i] = p, &loopStats{}
+		}
+		for s := range slices {
+			for _, i := range rotate(e.impls, s) {
+				before := e.serverCalls()
+				loop(ps[i], e.cfg.duration/slices, hold, 1, sts[i], func(ctx context.Context, _ int, p *proc) (int64, func(context.Context) error, error) {
+					u, err := p.lock(ctx, fmt.Sprintf("c%d", N))
+					return 1, u, err
+				})
+				if after := e.serverCalls(); before >= 0 && after >= 0 {
+					sts[i].server += after - before
+				} else {
+					sts[i].server = -1
+				}
+				if sts[i].err != nil {
+					return nil, nil, fmt.Errorf("%s, N=%d: %w", e.impls[i].name, N, sts[i].err)
+				}
+			}
+		}
+		best, mine := 0.0, -1.0
+		for i, im := range e.impls {
+			st := sts[i]
+			acqs := st.total()
+			rate := float64(acqs) / st.elapsed.Seconds()
+			j := jain(asFloats(st.counts))
+			meanHold := time.Duration(0)
+			if acqs > 0 {
+				meanHold = st.holdSum / time.Duration(acqs)
+			}
+			waitRatio := ratio(st.maxWait, time.Duration(N)*meanHold)
+			t.Rows = append(t.Rows, []string{strconv.Itoa(N), im.name, fmt.Sprintf("%.0f", rate), fmt.Sprintf("%.3f", j), us(st.maxWait), f2(waitRatio),
+				perAcq(cnt[i].n.Load(), acqs), perAcq(st.server, acqs), strconv.FormatInt(st.overlaps, 10)})
+			t.Data = append(t.Data, map[string]any{"n": N, "impl": im.name, "acquisitions_per_s": rate, "jain": j, "max_wait_us": micros(st.maxWait),
+				"mean_hold_us": micros(meanHold), "max_wait_per_n_hold": waitRatio, "client_cmds": cnt[i].n.Load(), "server_cmds": st.server,
+				"acquisitions": acqs, "overlaps": st.overlaps, "per_process": st.counts})
+			if im.peer {
+				best = max(best, rate)
+			} else {
+				mine = rate
+				if N == 64 {
+					targets = append(targets,
+						Target{"contended", "N=64: Jain ≥ 0.99", fmt.Sprintf("%.3f", j), j >= 0.99},
+						Target{"contended", "N=64: longest wait ≤ 3 × N × mean hold", f2(waitRatio) + " × N × mean hold", waitRatio <= 3},
+						Target{"contended", "no overlap", strconv.FormatInt(st.overlaps, 10), st.overlaps == 0})
+				}
+			}
+		}
+		if N == 64 && mine >= 0 && best > 0 {
+			targets = append(targets, Target{"contended", "N=64: acquisitions/s ≥ 1.5 × best peer", f2(mine/best) + " ×", mine >= 1.5*best})
+		}
+	}
+	return []*Table{t}, targets, nil
+}
+
+// 4. FIFO: waiters arrive a few ms apart while the lock is held.
+func fifo(e *env) ([]*Table, []Target, error) {
+	const waiters = 8
+	const gap = 3 * time.Millisecond
+	n := len(e.impls)
+	ps := make([][]*proc, n)
+	for i, im := range e.impls {
+		p, closeAll, err := e.procs(im, waiters+1, &counter{})
+		if err != nil {
+			return nil, nil, err
+		}
+		defer closeAll()
+		ps[i] = p
+	}
+	inversions := make([]int, n)
+	rounds := make([]int, n)
+	spent := make([]time.Duration, n)
+	for r := 0; ; r++ {
+		more := false
+		for _, i := range rotate(e.impls, r) {
+			if rounds[i] >= 2 && spent[i] >= e.cfg.duration {
+				continue
+			}
+			more = true
+			start := time.Now()
+			inv, err := fifoRound(ps[i], waiters, gap)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", e.impls[i].name, err)
+			}
+			inversions[i] += inv
+			rounds[i]++
+			spent[i] += time.Since(start)
+		}
+		if !more {
+			break
+		}
+	}
+	pairs := waiters * (waiters - 1) / 2
+	t := &Table{Name: "fifo", Title: "4. FIFO order: waiters arriving 3 ms apart while the lock is held",
+		Note:    fmt.Sprintf("%d waiters per round, each its own process. Kendall tau distance between arrival and grant order: 0 is FIFO, %d per round is reversed, about %d random.", waiters, pairs, pairs/2),
+		Columns: []string{"implementation", "rounds", "inversions in all", "mean Kendall distance per round", "normalised (0 FIFO, 0.5 random)"}}
+	var targets []Target
+	for i, im := range e.impls {
+		mean := float64(inversions[i]) / float64(rounds[i])
+		t.Rows = append(t.Rows, []string{im.name, strconv.Itoa(rounds[i]), strconv.Itoa(inversions[i]), f2(mean), f2(mean / float64(pairs))})
+		t.Data = append(t.Data, map[string]any{"impl": im.name, "rounds": rounds[i], "inversions": inversions[i], "waiters": waiters})
+		if !im.peer {
+			targets = append(targets, Target{"fifo", "order inversions = 0", strconv.Itoa(inversions[i]), inversions[i] == 0})
+		}
+	}
+	return []*Table{t}, targets, nil
+}
+
+// fifoRound holds the lock with ps[0] while ps[1..] start waiting, gap
+// apart, then releases and returns the inversions in the order of grants.
+func fifoRound(ps []*proc, waiters int, gap time.Duration) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	unlock, err := ps[0].lock(ctx, "f")
+	if err != nil {
+		return 0, err
+	}
+	var mu sync.Mutex
+	var order []int
+	errs := make(chan error, waiters)
+	for j := range waiters {
+		go func() {
+			u, err := ps[j+1].lock(ctx, "f")
+			if err != nil {
+				errs <- err
+				return
+			}
+			mu.Lock()
+			order = append(order, j)
+			mu.Unlock()
+			errs <- u(ctx)
+		}()
+		time.Sleep(gap)
+	}
+	time.Sleep(5 * gap)
+	if err := unlock(ctx); err != nil {
+		return 0, err
+	}
+	for range waiters {
+		if err := <-errs; err != nil {
+			return 0, err
+		}
+	}
+	return kendallDistance(order), nil
+}
+
+// queueLen reads how many wait for a fairlock semaphore, through its own
+// Status; -1 for other implementations.
+func queueLen(p *proc, key string) int {
+	f, ok := p.locker.(*fairlockLocker)
+	if !ok {
+		return -1
+	}
+	st, err := f.c.Status(context.Background(), key)
+	if err != nil {
+		return -1
+	}
+	return len(st.Waiters)
+}
+
+// 5. A thousand goroutines of one process wait on one lock.
+func drain(e *env) ([]*Table, []Target, error) {
+	const waiters = 1000
+	limit := max(time.Second, 3*e.cfg.duration)
+	t := &Table{Name: "drain", Title: "5. 1,000 goroutine waiters in one process: drain",
+		Note: fmt.Sprintf("One process (one go-redis client, default pool) starts %d goroutines on one lock while another holds it, then the holder releases; each waiter releases at once. "+
+			"Drain is the time from the release to the last waiter done, stopped at %v. Peak connections counts the waiting process's connections to Redis.", waiters, limit),
+		Columns: []string{"implementation", "drain", "drained", "client commands / acq", "server commands / acq", "peak connections", "pool size"}}
+	var targets []Target
+	for _, im := range e.impls {
+		cnt := &counter{}
+		holder, closeH, err := e.procs(im, 1, &counter{})
+		if err != nil {
+			return nil, nil, err
+		}
+		wp, closeW, err := e.procs(im, 1, cnt)
+		if err != nil {
+			closeH()
+			return nil, nil, err
+		}
+		p := wp[0]
+		key := "d"
+		unlock, err := holder[0].lock(context.Background(), key)
+		if err != nil {
+			return nil, nil, err
+		}
+		// The waiting process has no connection yet; everybody else has.
+		base := e.connectedClients()
+		ctx, cancel := context.WithCancel(context.Background())
+		var done atomic.Int64
+		var wg sync.WaitGroup
+		serverBefore := e.serverCalls()
+		peak := 0
+		stopSampling := make(chan struct{})
+		sampled := make(chan struct{})
+		go func() {
+			defer close(sampled)
+			for {
+				if c := e.connectedClients(); c >= 0 && base >= 0 {
+					peak = max(peak, c-base)
+				}
+				select {
+				case <-stopSampling:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+		}()
+		for range waiters {
+			wg.Go(func() {
+				u, err := p.lock(ctx, key)
+				if err != nil {
+					return
+				}
+				done.Add(1)
+				_ = u(context.Background())
+			})
+		}
+		// Let every waiter get in line: fairlock's queue can be read; the
+		// others are given a fixed time.
+		if queueLen(p, key) >= 0 {
+			deadline := time.Now().Add(limit)
+			for queueLen(p, key) < waiters && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+		} else {
+			time.Sleep(300 * time.Millisecond)
+		}
+		t0 := time.Now()
+		if err := unlock(context.Background()); err != nil {
+			cancel()
+			return nil, nil, err
+		}
+		deadline := time.Now().Add(limit)
+		for done.Load() < waiters && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		elapsed := time.Since(t0)
+		drained := done.Load()
+		cancel()
+		wg.Wait()
+		close(stopSampling)
+		<-sampled
+		server := int64(-1)
+		if after := e.serverCalls(); serverBefore >= 0 && after >= 0 {
+			server = after - serverBefore
+		}
+		pool := p.rdb.Options().PoolSize
+		closeW()
+		closeH()
+		drainS := us(elapsed)
+		if drained < waiters {
+			drainS = "> " + us(limit)
+		}
+		t.Rows = append(t.Rows, []string{im.name, drainS, fmt.Sprintf("%d of %d", drained, waiters), perAcq(cnt.n.Load(), drained), perAcq(server, drained),
+			strconv.Itoa(peak), strconv.Itoa(pool)})
+		t.Data = append(t.Data, map[string]any{"impl": im.name, "drain_ms": float64(elapsed) / float64(time.Millisecond), "drained": drained, "waiters": waiters,
+			"client_cmds": cnt.n.Load(), "server_cmds": server, "peak_connections": peak, "pool_size": pool})
+		if !im.peer {
+			cpa := float64(cnt.n.Load()) / float64(max(drained, 1))
+			targets = append(targets,
+				Target{"drain", "1,000 waiters drain ≤ 0.5 s", drainS, drained == waiters && elapsed <= 500*time.Millisecond},
+				Target{"drain", "≤ 4 commands per acquisition", f2(cpa), cpa <= 4},
+				Target{"drain", "peak connections ≤ pool + 2", fmt.Sprintf("%d (pool %d)", peak, pool), peak <= pool+2})
+		}
+	}
+	return []*Table{t}, targets, nil
+}
+
+// 6a. A counting semaphore: capacity 4, 16 processes asking for 1 to 3
+// permits. Only fairlock has one; its peers offer mutexes.
+func countingSemaphore(e *env) ([]*Table, []Target, error) {
+	const capacity, procs = 4, 16
+	var im impl
+	for _, x := range e.impls {
+		if !x.peer {
+			im = x
+		}
+	}
+	if im.name == "" {
+		return nil, nil, nil
+	}
+	ps, closeAll, err := e.procs(im, procs, &counter{})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer closeAll()
+	st := &loopStats{}
+	loop(ps, e.cfg.duration, time.Millisecond, capacity, st, func(ctx context.Context, i int, p *proc) (int64, func(context.Context) error, error) {
+		w := int64(1 + i%3)
+		sem, err := semaphore.New(p.locker.(*fairlockLocker).c, "sem", capacity)
+		if err != nil {
+			return 0, nil, err
+		}
+		l, err := sem.Acquire(ctx, w)
+		if err != nil {
+			return 0, nil, err
+		}
+		return w, l.Release, nil
+	})
+	if st.err != nil {
+		return nil, nil, st.err
+	}
+	acqs := st.total()
+	var permits int64
+	for _, p := range st.permits {
+		permits += p
+	}
+	j := jain(asFloats(st.counts))
+	t := &Table{Name: "semaphore", Title: "6a. Counting semaphore: capacity 4, 16 processes, weights 1–3, 1 ms hold",
+		Note:    "fairlock only: its peers have no counting semaphore. Under FIFO each process gets its turn whatever its weight, so acquisitions per process should be equal (Jain over acquisitions).",
+		Columns: []string{"implementation", "acquisitions/s", "permits/s", "Jain (acquisitions)", "longest wait", "capacity exceeded"}}
+	t.Rows = append(t.Rows, []string{im.name, fmt.Sprintf("%.0f", float64(acqs)/st.elapsed.Seconds()), fmt.Sprintf("%.0f", float64(permits)/st.elapsed.Seconds()),
+		fmt.Sprintf("%.3f", j), us(st.maxWait), strconv.FormatInt(st.overlaps, 10)})
+	t.Data = append(t.Data, map[string]any{"impl": im.name, "acquisitions": acqs, "permits": permits, "seconds": st.elapsed.Seconds(), "jain": j,
+		"max_wait_us": micros(st.maxWait), "exceeded": st.overlaps, "per_process": st.counts})
+	return []*Table{t}, []Target{{"semaphore", "capacity never exceeded", strconv.FormatInt(st.overlaps, 10), st.overlaps == 0}}, nil
+}
+
+// 6b. Dining philosophers: five processes, five forks, each eating with
+// both its neighbours' forks. fairlock takes both at once; its peers take
+// them one after the other in name order (no deadlock, no atomicity).
+func dining(e *env) ([]*Table, []Target, error) {
+	const seats = 5
+	n := len(e.impls)
+	ps := make([][]*proc, n)
+	sts := make([]*loopStats, n)
+	for i, im := range e.impls {
+		p, closeAll, err := e.procs(im, seats, &counter{})
+		if err != nil {
+			return nil, nil, err
+		}
+		defer closeAll()
+		ps[i], sts[i] = p, &loopStats{}
+	}
+	forkOf := func(i int) string { return fmt.Sprintf("{table}:fork%d", i%seats) }
+	for s := range 2 {
+		for _, i := range rotate(e.impls, s) {
+			var forks [seats]atomic.Int64
+			st := sts[i]
+			loop(ps[i], e.cfg.duration/2, time.Millisecond, 1<<62, st, func(ctx context.Context, j int, p *proc) (int64, func(context.Context) error, error) {
+				u, err := p.lockBoth(ctx, forkOf(j), forkOf(j+1))
+				if err != nil {
+					return 0, nil, err
+				}
+				for _, f := range []int{j % seats, (j + 1) % seats} {
+					if forks[f].Add(1) != 1 {
+						atomic.AddInt64(&st.overlaps, 1)
+					}
+				}
+				return 1, func(ctx context.Context) error {
+					forks[j%seats].Add(-1)
+					forks[(j+1)%seats].Add(-1)
+					return u(ctx)
+				}, nil
+			})
+			if st.err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", e.impls[i].name, st.err)
+			}
+		}
+	}
+	t := &Table{Name: "dining", Title: "6b. Dining philosophers: 5 processes, 5 forks, 1 ms meals",
+		Note:    "fairlock: multilock (both forks at once). Peers: lower-numbered fork first, then the other (the textbook deadlock-free order).",
+		Columns: []string{"implementation", "meals/s", "Jain", "min share of fair", "max share of fair", "longest wait", "fork held twice"}}
+	var targets []Target
+	for i, im := range e.impls {
+		st := sts[i]
+		meals := st.total()
+		lo, hi := 1e9, 0.0
+		fair := float64(meals) / seats
+		for _, c := range st.counts {
+			lo, hi = min(lo, float64(c)/fair), max(hi, float64(c)/fair)
+		}
+		j := jain(asFloats(st.counts))
+		t.Rows = append(t.Rows, []string{im.name, fmt.Sprintf("%.0f", float64(meals)/st.elapsed.Seconds()), fmt.Sprintf("%.3f", j), f2(lo), f2(hi), us(st.maxWait),
+			strconv.FormatInt(st.overlaps, 10)})
+		t.Data = append(t.Data, map[string]any{"impl": im.name, "meals": meals, "seconds": st.elapsed.Seconds(), "jain": j, "min_share": lo, "max_share": hi,
+			"max_wait_us": micros(st.maxWait), "overlaps": st.overlaps, "per_process": st.counts})
+		if !im.peer {
+			targets = append(targets, Target{"dining", "no fork held twice", strconv.FormatInt(st.overlaps, 10), st.overlaps == 0})
+		}
+	}
+	return []*Table{t}, targets, nil
+}
