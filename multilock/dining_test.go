@@ -78,7 +78,7 @@ func dine(t *testing.T, e *env, eat strategy, rounds int64, stall, limit time.Du
 	defer cancel()
 	clients := make([]*fairlock.Client, philosophers)
 	for i := range clients {
-		clients[i] = e.client()
+		clients[i] = e.Client()
 	}
 	start := time.Now()
 	var wg sync.WaitGroup

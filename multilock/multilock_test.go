@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/multilock"
 	"github.com/redis/go-redis/v9"
@@ -19,12 +20,12 @@ func TestAllOrNothing(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
 		ctx := context.Background()
-		c := e.client()
+		c := e.Client()
 		held, err := c.Acquire(ctx, one("a"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		ch := async(func() (*fairlock.Lease, error) { return multilock.Lock(ctx, e.client(), "b", "a") })
+		ch := async(func() (*fairlock.Lease, error) { return multilock.Lock(ctx, e.Client(), "b", "a") })
 		e.waitQueued("b", 1)
 		e.waitQueued("a", 1)
 		e.notYet(ch, "multi-lock of a held semaphore")
@@ -33,9 +34,9 @@ func TestAllOrNothing(t *testing.T) {
 		}
 		// FIFO: b is free, but the multi-lock came first.
 		_, err = c.TryAcquire(ctx, one("b"))
-		isErr(t, "TryAcquire of b behind a waiting multi-lock", err, fairlock.ErrNotAcquired)
+		fltest.IsErr(t, "TryAcquire of b behind a waiting multi-lock", err, fairlock.ErrNotAcquired)
 
-		e.release(held)
+		e.Release(held)
 		l := e.receive(ch)
 		parts := l.Parts()
 		if len(parts) != 2 || parts[0].Name != "a" || parts[1].Name != "b" {
@@ -49,12 +50,12 @@ func TestAllOrNothing(t *testing.T) {
 				t.Fatalf("%s while the multi-lock holds it: %+v", name, st)
 			}
 		}
-		e.release(l)
+		e.Release(l)
 		both, err := multilock.TryAcquire(ctx, c, one("a"), one("b"))
 		if err != nil {
 			t.Fatalf("TryAcquire of both after the release: %v", err)
 		}
-		e.release(both)
+		e.Release(both)
 	})
 }
 
@@ -65,41 +66,35 @@ func TestMixedFIFO(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
 		ctx := context.Background()
-		holdA, err := e.client().Acquire(ctx, one("a"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		holdB, err := e.client().Acquire(ctx, one("b"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		w1 := async(func() (*fairlock.Lease, error) { return e.client().Acquire(ctx, one("a")) })
+		holdA := e.hold(e.Client(), one("a"))
+		holdB := e.hold(e.Client(), one("b"))
+		w1 := async(func() (*fairlock.Lease, error) { return e.Client().Acquire(ctx, one("a")) })
 		e.waitQueued("a", 1)
-		w2 := async(func() (*fairlock.Lease, error) { return multilock.Lock(ctx, e.client(), "a", "b") })
+		w2 := async(func() (*fairlock.Lease, error) { return multilock.Lock(ctx, e.Client(), "a", "b") })
 		e.waitQueued("a", 2)
-		w3 := async(func() (*fairlock.Lease, error) { return e.client().Acquire(ctx, one("b")) })
+		w3 := async(func() (*fairlock.Lease, error) { return e.Client().Acquire(ctx, one("b")) })
 		e.waitQueued("b", 2)
-		w4 := async(func() (*fairlock.Lease, error) { return e.client().Acquire(ctx, one("a")) })
+		w4 := async(func() (*fairlock.Lease, error) { return e.Client().Acquire(ctx, one("a")) })
 		e.waitQueued("a", 3)
 
-		e.release(holdA)
+		e.Release(holdA)
 		l1 := e.receive(w1)
-		e.release(holdB)
+		e.Release(holdB)
 		// b is free, but its head (w2) still waits for a; w3 must not pass.
-		e.waitFor("b's holder gone", func() bool { return e.status("b").InUse == 0 })
+		e.WaitFor("b's holder gone", func() bool { return e.status("b").InUse == 0 })
 		e.notYet(w3, "single b behind the multi-lock")
 		e.notYet(w2, "multi-lock while a is held")
-		e.release(l1)
+		e.Release(l1)
 		l2 := e.receive(w2)
 		e.notYet(w3, "single b while the multi-lock holds b")
 		e.notYet(w4, "single a while the multi-lock holds a")
-		e.release(l2)
+		e.Release(l2)
 		l3, l4 := e.receive(w3), e.receive(w4)
 		if l3.Token() <= l2.Parts()[1].Token || l4.Token() <= l2.Parts()[0].Token {
 			t.Fatalf("tokens did not increase: multi %+v, then b %d and a %d", l2.Parts(), l3.Token(), l4.Token())
 		}
-		e.release(l3)
-		e.release(l4)
+		e.Release(l3)
+		e.Release(l4)
 	})
 }
 
@@ -108,17 +103,14 @@ func TestCancelLeavesAllQueues(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
 		ctx := context.Background()
-		held, err := e.client().Acquire(ctx, one("a"))
-		if err != nil {
-			t.Fatal(err)
-		}
+		held := e.hold(e.Client(), one("a"))
 		wctx, cancel := context.WithCancel(ctx)
-		ch := async(func() (*fairlock.Lease, error) { return multilock.Lock(wctx, e.client(), "a", "b") })
+		ch := async(func() (*fairlock.Lease, error) { return multilock.Lock(wctx, e.Client(), "a", "b") })
 		e.waitQueued("b", 1)
 		cancel()
 		select {
 		case r := <-ch:
-			isErr(t, "cancelled multi-lock", r.err, context.Canceled)
+			fltest.IsErr(t, "cancelled multi-lock", r.err, context.Canceled)
 		case <-time.After(10 * time.Second):
 			t.Fatal("cancelled multi-lock did not return")
 		}
@@ -127,12 +119,12 @@ func TestCancelLeavesAllQueues(t *testing.T) {
 				t.Fatalf("%s still has waiters after the cancel: %+v", name, st.Waiters)
 			}
 		}
-		l, err := e.client().TryAcquire(ctx, one("b"))
+		l, err := e.Client().TryAcquire(ctx, one("b"))
 		if err != nil {
 			t.Fatalf("TryAcquire of b after the multi waiter left: %v", err)
 		}
-		e.release(l)
-		e.release(held)
+		e.Release(l)
+		e.Release(held)
 	})
 }
 
@@ -143,29 +135,26 @@ func TestCancelRacingGrantHandsOn(t *testing.T) {
 		e := newEnv(t, b)
 		ctx := context.Background()
 		long := []fairlock.Option{fairlock.WithLeaseTTL(time.Hour), fairlock.WithWaiterTTL(time.Hour)}
-		held, err := e.client(long...).Acquire(ctx, one("a"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, f := e.faultyClient(long...)
+		held := e.hold(e.Client(long...), one("a"))
+		c, f := e.FaultyClient(long...)
 		undo := f.Deafen(t) // grants are announced, but not heard
 		wctx, cancel := context.WithCancel(ctx)
 		ch := async(func() (*fairlock.Lease, error) { return multilock.Lock(wctx, c, "a", "b") })
 		e.waitQueued("a", 1)
-		nextA := async(func() (*fairlock.Lease, error) { return e.client(long...).Acquire(ctx, one("a")) })
-		nextB := async(func() (*fairlock.Lease, error) { return e.client(long...).Acquire(ctx, one("b")) })
+		nextA := async(func() (*fairlock.Lease, error) { return e.Client(long...).Acquire(ctx, one("a")) })
+		nextB := async(func() (*fairlock.Lease, error) { return e.Client(long...).Acquire(ctx, one("b")) })
 		e.waitQueued("a", 2)
 		e.waitQueued("b", 2)
-		e.release(held)
-		e.waitFor("the grant to the multi-lock", func() bool {
+		e.Release(held)
+		e.WaitFor("the grant to the multi-lock", func() bool {
 			return len(e.status("a").Holders) == 1 && len(e.status("b").Holders) == 1
 		})
 		cancel()
 		r := <-ch
-		isErr(t, "multi-lock cancelled as it was granted", r.err, context.Canceled)
+		fltest.IsErr(t, "multi-lock cancelled as it was granted", r.err, context.Canceled)
 		undo()
-		e.release(e.receive(nextA))
-		e.release(e.receive(nextB))
+		e.Release(e.receive(nextA))
+		e.Release(e.receive(nextB))
 	})
 }
 
@@ -174,14 +163,14 @@ func TestHolderCrash(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
 		ctx := context.Background()
-		holder, f := e.faultyClient(fairlock.WithLeaseTTL(200 * time.Millisecond))
+		holder, f := e.FaultyClient(fairlock.WithLeaseTTL(200 * time.Millisecond))
 		l, err := multilock.Lock(ctx, holder, "a", "b")
 		if err != nil {
 			t.Fatal(err)
 		}
 		slow := fairlock.WithWaiterTTL(time.Hour)
-		wa := async(func() (*fairlock.Lease, error) { return e.client(slow).Acquire(ctx, one("a")) })
-		wb := async(func() (*fairlock.Lease, error) { return e.client(slow).Acquire(ctx, one("b")) })
+		wa := async(func() (*fairlock.Lease, error) { return e.Client(slow).Acquire(ctx, one("a")) })
+		wb := async(func() (*fairlock.Lease, error) { return e.Client(slow).Acquire(ctx, one("b")) })
 		e.waitQueued("a", 1)
 		e.waitQueued("b", 1)
 		f.Down.Store(true)
@@ -194,8 +183,8 @@ func TestHolderCrash(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("the crashed holder's lease did not end")
 		}
-		e.release(la)
-		e.release(lb)
+		e.Release(la)
+		e.Release(lb)
 	})
 }
 
@@ -205,21 +194,18 @@ func TestWaiterCrash(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
 		ctx := context.Background()
-		held, err := e.client().Acquire(ctx, one("a"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, f := e.faultyClient(fairlock.WithWaiterTTL(200 * time.Millisecond))
+		held := e.hold(e.Client(), one("a"))
+		c, f := e.FaultyClient(fairlock.WithWaiterTTL(200 * time.Millisecond))
 		dead := async(func() (*fairlock.Lease, error) { return multilock.Lock(ctx, c, "a", "b") })
 		e.waitQueued("b", 1)
-		wb := async(func() (*fairlock.Lease, error) { return e.client().Acquire(ctx, one("b")) })
+		wb := async(func() (*fairlock.Lease, error) { return e.Client().Acquire(ctx, one("b")) })
 		e.waitQueued("b", 2)
 		f.Down.Store(true)
-		e.release(e.receive(wb)) // b is free, so its waiter is granted once the dead one is gone
+		e.Release(e.receive(wb)) // b is free, so its waiter is granted once the dead one is gone
 		if st := e.status("a"); len(st.Waiters) != 0 {
 			t.Fatalf("a still queues the dead multi waiter: %+v", st.Waiters)
 		}
-		e.release(held)
+		e.Release(held)
 		select {
 		case r := <-dead:
 			if r.err == nil {
@@ -235,7 +221,7 @@ func TestBadRequests(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
 		ctx := context.Background()
-		c := e.client()
+		c := e.Client()
 		held, err := c.Acquire(ctx, fairlock.Request{Name: "x", Capacity: 2, Permits: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -263,9 +249,9 @@ func TestBadRequests(t *testing.T) {
 			{"capacity mismatch", []fairlock.Request{one("a"), {Name: "x", Capacity: 3, Permits: 1}}, fairlock.ErrCapacityMismatch},
 		} {
 			_, err := multilock.Acquire(ctx, c, tc.reqs...)
-			isErr(t, tc.name, err, tc.want)
+			fltest.IsErr(t, tc.name, err, tc.want)
 			_, err = multilock.TryAcquire(ctx, c, tc.reqs...)
-			isErr(t, tc.name+" (try)", err, tc.want)
+			fltest.IsErr(t, tc.name+" (try)", err, tc.want)
 		}
 		_, err = multilock.Acquire(ctx, c, one("a"), fairlock.Request{Name: "x", Capacity: 3, Permits: 1})
 		if !strings.Contains(fmt.Sprint(err), `capacity of "x" is 2`) {
@@ -278,7 +264,7 @@ func TestBadRequests(t *testing.T) {
 		if st := e.status("a"); len(st.Waiters)+len(st.Holders) != 0 {
 			t.Fatalf("a after failed requests: %+v", st)
 		}
-		e.release(held)
+		e.Release(held)
 	})
 }
 
@@ -293,7 +279,7 @@ func TestCrossSlot(t *testing.T) {
 	}
 	defer c.Close()
 	_, err = multilock.Lock(context.Background(), c, "acct:1", "acct:2")
-	isErr(t, "cross-slot multi-lock", err, fairlock.ErrCrossSlot)
+	fltest.IsErr(t, "cross-slot multi-lock", err, fairlock.ErrCrossSlot)
 	if !strings.Contains(err.Error(), "hash tag") {
 		t.Fatalf("error %q does not say how to co-locate", err)
 	}
@@ -312,25 +298,19 @@ func TestNoBarging(t *testing.T) {
 		e := newEnv(t, b)
 		ctx := context.Background()
 		b2 := func(n int64) fairlock.Request { return fairlock.Request{Name: "b", Capacity: 2, Permits: n} }
-		holdA, err := e.client().Acquire(ctx, one("a"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		holdB, err := e.client().Acquire(ctx, b2(1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		big := async(func() (*fairlock.Lease, error) { return e.client().Acquire(ctx, b2(2)) })
+		holdA := e.hold(e.Client(), one("a"))
+		holdB := e.hold(e.Client(), b2(1))
+		big := async(func() (*fairlock.Lease, error) { return e.Client().Acquire(ctx, b2(2)) })
 		e.waitQueued("b", 1)
-		multi := async(func() (*fairlock.Lease, error) { return multilock.Acquire(ctx, e.client(), one("a"), b2(1)) })
+		multi := async(func() (*fairlock.Lease, error) { return multilock.Acquire(ctx, e.Client(), one("a"), b2(1)) })
 		e.waitQueued("b", 2)
-		e.release(holdA) // the multi-lock now fits in a and in b, but b's head is big
-		e.waitFor("a's holder gone", func() bool { return e.status("a").InUse == 0 })
+		e.Release(holdA) // the multi-lock now fits in a and in b, but b's head is big
+		e.WaitFor("a's holder gone", func() bool { return e.status("a").InUse == 0 })
 		e.notYet(multi, "multi-lock behind a larger request for b")
-		e.release(holdB)
+		e.Release(holdB)
 		l := e.receive(big)
 		e.notYet(multi, "multi-lock while b is full")
-		e.release(l)
-		e.release(e.receive(multi))
+		e.Release(l)
+		e.Release(e.receive(multi))
 	})
 }

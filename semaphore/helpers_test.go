@@ -2,13 +2,13 @@ package semaphore_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/semaphore"
 	"github.com/redis/go-redis/v9"
@@ -16,9 +16,10 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-// env is one test's view of a backend: a raw client for inspection and a
-// key prefix of its own.
+// env is one test's view of a backend (see fltest.Env), with short names
+// for what the tests read most.
 type env struct {
+	*fltest.Env
 	t      *testing.T
 	b      *redistest.Backend
 	rdb    *redis.Client
@@ -26,23 +27,8 @@ type env struct {
 }
 
 func newEnv(t *testing.T, b *redistest.Backend) *env {
-	return &env{t: t, b: b, rdb: b.Client(t), prefix: redistest.Prefix(t)}
-}
-
-// client returns a fairlock client (one simulated process) using e's
-// prefix, closed when the test ends.
-func (e *env) client(opts ...fairlock.Option) *fairlock.Client {
-	return e.clientOn(e.b.Client(e.t), opts...)
-}
-
-func (e *env) clientOn(rdb fairlock.RedisClient, opts ...fairlock.Option) *fairlock.Client {
-	e.t.Helper()
-	c, err := fairlock.New(rdb, append([]fairlock.Option{fairlock.WithPrefix(e.prefix)}, opts...)...)
-	if err != nil {
-		e.t.Fatalf("fairlock.New: %v", err)
-	}
-	e.t.Cleanup(func() { _ = c.Close() })
-	return c
+	e := fltest.New(t, b)
+	return &env{Env: e, t: t, b: b, rdb: e.RDB, prefix: e.Prefix}
 }
 
 func (e *env) sem(c *fairlock.Client, name string, capacity int64) *semaphore.Semaphore {
@@ -57,23 +43,10 @@ func (e *env) sem(c *fairlock.Client, name string, capacity int64) *semaphore.Se
 // key returns the Redis key of a semaphore's part (see fairlock's doc).
 func (e *env) key(name, part string) string { return e.prefix + "{" + name + "}:" + part }
 
-// waitFor waits until cond holds, failing the test after 10s. It waits
-// for a state, never asserts a duration.
-func (e *env) waitFor(what string, cond func() bool) {
-	e.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // waitQueued waits until n tickets wait in the semaphore's queue.
 func (e *env) waitQueued(name string, n int64) {
 	e.t.Helper()
-	e.waitFor(fmt.Sprintf("%d queued on %s", n, name), func() bool {
+	e.WaitFor(fmt.Sprintf("%d queued on %s", n, name), func() bool {
 		got, err := e.rdb.ZCard(context.Background(), e.key(name, "q")).Result()
 		return err == nil && got == n
 	})
@@ -123,13 +96,6 @@ func (e *env) notYet(ch <-chan result, what string) {
 	case r := <-ch:
 		e.t.Fatalf("%s returned early: lease=%v err=%v", what, r.lease != nil, r.err)
 	default:
-	}
-}
-
-func (e *env) release(l *fairlock.Lease) {
-	e.t.Helper()
-	if err := l.Release(context.Background()); err != nil {
-		e.t.Fatalf("Release: %v", err)
 	}
 }
 
@@ -193,23 +159,4 @@ func (c *counter) total() int {
 	return n
 }
 
-// isErr fails the test unless errors.Is(err, want).
-func isErr(t *testing.T, what string, err, want error) {
-	t.Helper()
-	if !errors.Is(err, want) {
-		t.Fatalf("%s = %v, want an error matching %v", what, err, want)
-	}
-}
-
 type redisOptions = redis.Options
-
-// faultyClient returns a fairlock client whose connection f can break.
-func (e *env) faultyClient(opts ...fairlock.Option) (*fairlock.Client, *redistest.Faults) {
-	f := &redistest.Faults{}
-	rdb := e.b.Client(e.t)
-	rdb.AddHook(f)
-	c := e.clientOn(rdb, opts...)
-	// Cleanups run last-in first-out: let held BLPOPs go before Close.
-	e.t.Cleanup(f.Hear)
-	return c, f
-}

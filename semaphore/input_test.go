@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/semaphore"
 	"github.com/redis/go-redis/v9"
@@ -18,7 +19,7 @@ import (
 func TestBadArguments(t *testing.T) {
 	b := redistest.Mini(t)
 	e := newEnv(t, b)
-	c := e.client()
+	c := e.Client()
 	var nilClient *redis.Client
 	for _, tc := range []struct {
 		what string
@@ -43,7 +44,7 @@ func TestBadArguments(t *testing.T) {
 		{"NewMutex with empty name", second(semaphore.NewMutex(c, "")), fairlock.ErrInvalidName},
 		{"NewRWMutex with empty name", second(semaphore.NewRWMutex(c, "")), fairlock.ErrInvalidName},
 	} {
-		isErr(t, tc.what, tc.err, tc.want)
+		fltest.IsErr(t, tc.what, tc.err, tc.want)
 	}
 	// Names that are odd but valid work.
 	for _, name := range []string{"ünïcode ✓", "with space", "{tag}:x", "a}b", strings.Repeat("n", fairlock.MaxNameLen)} {
@@ -51,7 +52,7 @@ func TestBadArguments(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Acquire on %q: %v", name, err)
 		}
-		e.release(l)
+		e.Release(l)
 	}
 	for _, k := range e.keys() {
 		if !strings.HasSuffix(k, ":s") {
@@ -68,7 +69,7 @@ func TestRedisFaults(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
 		ctx := context.Background()
-		s := e.sem(e.client(), "f", 2)
+		s := e.sem(e.Client(), "f", 2)
 		held, err := s.Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
@@ -82,27 +83,27 @@ func TestRedisFaults(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Acquire after SCRIPT FLUSH: %v", err)
 		}
-		e.release(l)
+		e.Release(l)
 
 		// Release twice.
 		l, err = s.Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.release(l)
-		isErr(t, "second Release", l.Release(ctx), fairlock.ErrNotHeld)
+		e.Release(l)
+		fltest.IsErr(t, "second Release", l.Release(ctx), fairlock.ErrNotHeld)
 
 		// A key of the wrong type in fairlock's key space.
 		if err := e.rdb.Set(ctx, e.key("wrong", "q"), "x", 0).Err(); err != nil {
 			t.Fatal(err)
 		}
-		_, err = e.sem(e.client(), "wrong", 1).Acquire(ctx, 1)
-		isErr(t, "Acquire over a string key", err, fairlock.ErrRedis)
+		_, err = e.sem(e.Client(), "wrong", 1).Acquire(ctx, 1)
+		fltest.IsErr(t, "Acquire over a string key", err, fairlock.ErrRedis)
 
 		// Out of memory.
 		oom(t, b, e, func() {
-			_, err := e.sem(e.client(), "oom", 1).Acquire(ctx, 1)
-			isErr(t, "Acquire under OOM", err, fairlock.ErrRedis)
+			_, err := e.sem(e.Client(), "oom", 1).Acquire(ctx, 1)
+			fltest.IsErr(t, "Acquire under OOM", err, fairlock.ErrRedis)
 			if !strings.Contains(err.Error(), "OOM") {
 				t.Fatalf("Acquire under OOM = %v, want Redis's OOM message", err)
 			}
@@ -112,7 +113,7 @@ func TestRedisFaults(t *testing.T) {
 		if err := held.Err(); err != nil {
 			t.Fatalf("holder's lease after others' faults: %v", err)
 		}
-		e.release(held)
+		e.Release(held)
 	})
 }
 
@@ -138,26 +139,26 @@ func TestRedisDown(t *testing.T) {
 	b := redistest.Mini(t)
 	e := newEnv(t, b)
 	ctx := context.Background()
-	c := e.client(fairlock.WithLeaseTTL(300*time.Millisecond), fairlock.WithWaiterTTL(300*time.Millisecond))
+	c := e.Client(fairlock.WithLeaseTTL(300*time.Millisecond), fairlock.WithWaiterTTL(300*time.Millisecond))
 	s := e.sem(c, "down", 1)
 	held, err := s.Acquire(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	waiting := acquireAsync(ctx, e.sem(e.client(fairlock.WithWaiterTTL(300*time.Millisecond)), "down", 1), 1)
+	waiting := acquireAsync(ctx, e.sem(e.Client(fairlock.WithWaiterTTL(300*time.Millisecond)), "down", 1), 1)
 	e.waitQueued("down", 1)
 	b.Mini.Close()
 
 	_, err = s.TryAcquire(ctx, 1)
-	isErr(t, "TryAcquire with Redis down", err, fairlock.ErrRedis)
+	fltest.IsErr(t, "TryAcquire with Redis down", err, fairlock.ErrRedis)
 	// A blocked waiter learns within about one waiter TTL.
 	r := e.receive(waiting)
-	isErr(t, "blocked Acquire with Redis down", r.err, fairlock.ErrRedis)
+	fltest.IsErr(t, "blocked Acquire with Redis down", r.err, fairlock.ErrRedis)
 	// The holder's lease is lost once it cannot be renewed in time.
 	e.waitDone(held)
-	isErr(t, "Err() of an unrenewable lease", held.Err(), fairlock.ErrLeaseLost)
+	fltest.IsErr(t, "Err() of an unrenewable lease", held.Err(), fairlock.ErrLeaseLost)
 	err = held.Release(ctx)
-	isErr(t, "Release with Redis down", err, fairlock.ErrRedis)
+	fltest.IsErr(t, "Release with Redis down", err, fairlock.ErrRedis)
 	var netErr interface{ Timeout() bool }
 	if !errors.As(err, &netErr) {
 		t.Logf("Release error %v does not expose a net.Error; fine, but unusual", err)
@@ -169,7 +170,7 @@ func TestClose(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
 		ctx := context.Background()
-		c := e.client()
+		c := e.Client()
 		s := e.sem(c, "close", 1)
 		held, err := s.Acquire(ctx, 1)
 		if err != nil {
@@ -181,19 +182,19 @@ func TestClose(t *testing.T) {
 			t.Fatalf("Close: %v", err)
 		}
 		r := e.receive(waiting)
-		isErr(t, "Acquire blocked across Close", r.err, fairlock.ErrClosed)
+		fltest.IsErr(t, "Acquire blocked across Close", r.err, fairlock.ErrClosed)
 		e.waitQueued("close", 0)
 		e.waitDone(held)
-		isErr(t, "Err() after Close", held.Err(), fairlock.ErrClosed)
+		fltest.IsErr(t, "Err() after Close", held.Err(), fairlock.ErrClosed)
 		// The permit is still held in Redis until released.
-		if _, err := e.sem(e.client(), "close", 1).TryAcquire(ctx, 1); !errors.Is(err, fairlock.ErrNotAcquired) {
+		if _, err := e.sem(e.Client(), "close", 1).TryAcquire(ctx, 1); !errors.Is(err, fairlock.ErrNotAcquired) {
 			t.Fatalf("TryAcquire after holder's Close = %v, want ErrNotAcquired", err)
 		}
 		if err := held.Release(ctx); err != nil {
 			t.Fatalf("Release after Close: %v", err)
 		}
 		_, err = s.Acquire(ctx, 1)
-		isErr(t, "Acquire after Close", err, fairlock.ErrClosed)
+		fltest.IsErr(t, "Acquire after Close", err, fairlock.ErrClosed)
 		if err := c.Close(); err != nil {
 			t.Fatalf("second Close: %v", err)
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -29,19 +30,19 @@ func TestLeaseRenewedWhileHeld(t *testing.T) {
 		e := newEnv(t, b)
 		ctx := context.Background()
 		const ttl = 150 * time.Millisecond
-		l, err := e.sem(e.client(fairlock.WithLeaseTTL(ttl)), "renew", 1).Acquire(ctx, 1)
+		l, err := e.sem(e.Client(fairlock.WithLeaseTTL(ttl)), "renew", 1).Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(5 * ttl)
-		if _, err := e.sem(e.client(), "renew", 1).TryAcquire(ctx, 1); !errors.Is(err, fairlock.ErrNotAcquired) {
+		if _, err := e.sem(e.Client(), "renew", 1).TryAcquire(ctx, 1); !errors.Is(err, fairlock.ErrNotAcquired) {
 			t.Fatalf("TryAcquire while renewed = %v, want ErrNotAcquired", err)
 		}
 		if err := l.Err(); err != nil {
 			t.Fatalf("Err() of a held lease = %v", err)
 		}
-		e.release(l)
-		isErr(t, "Err() after Release", l.Err(), fairlock.ErrNotHeld)
+		e.Release(l)
+		fltest.IsErr(t, "Err() after Release", l.Err(), fairlock.ErrNotHeld)
 	})
 }
 
@@ -53,25 +54,25 @@ func TestLeaseExpiredIsLost(t *testing.T) {
 	e := newEnv(t, b)
 	ctx := context.Background()
 	const ttl = 300 * time.Millisecond
-	a := e.sem(e.client(fairlock.WithLeaseTTL(ttl)), "lost", 1)
+	a := e.sem(e.Client(fairlock.WithLeaseTTL(ttl)), "lost", 1)
 	l, err := a.Acquire(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b.Advance(t, ttl) // expiry <= now: gone
 	e.waitDone(l)
-	isErr(t, "Err() after expiry", l.Err(), fairlock.ErrLeaseLost)
+	fltest.IsErr(t, "Err() after expiry", l.Err(), fairlock.ErrLeaseLost)
 	// Nobody holds it now, and the old holder's renewals did not revive it.
-	next, err := e.sem(e.client(), "lost", 1).TryAcquire(ctx, 1)
+	next, err := e.sem(e.Client(), "lost", 1).TryAcquire(ctx, 1)
 	if err != nil {
 		t.Fatalf("TryAcquire after expiry: %v", err)
 	}
 	if next.Token() <= l.Token() {
 		t.Fatalf("token after takeover %d <= lost holder's %d", next.Token(), l.Token())
 	}
-	isErr(t, "Release of an expired lease", l.Release(ctx), fairlock.ErrLeaseLost)
-	isErr(t, "second Release", l.Release(ctx), fairlock.ErrNotHeld)
-	e.release(next)
+	fltest.IsErr(t, "Release of an expired lease", l.Release(ctx), fairlock.ErrLeaseLost)
+	fltest.IsErr(t, "second Release", l.Release(ctx), fairlock.ErrNotHeld)
+	e.Release(next)
 }
 
 // Semantics 4: renewal stops before Release returns.
@@ -82,12 +83,12 @@ func TestNoRenewalAfterRelease(t *testing.T) {
 		rdb := b.Client(t)
 		rdb.AddHook(cnt)
 		const ttl = 30 * time.Millisecond
-		l, err := e.sem(e.clientOn(rdb, fairlock.WithLeaseTTL(ttl)), "stop", 1).Acquire(context.Background(), 1)
+		l, err := e.sem(e.ClientOn(rdb, fairlock.WithLeaseTTL(ttl)), "stop", 1).Acquire(context.Background(), 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.waitFor("two renewals", func() bool { return cnt.get("evalsha:renew") >= 2 })
-		e.release(l)
+		e.WaitFor("two renewals", func() bool { return cnt.get("evalsha:renew") >= 2 })
+		e.Release(l)
 		after := cnt.get("evalsha:renew")
 		time.Sleep(5 * ttl)
 		if got := cnt.get("evalsha:renew"); got != after {
@@ -104,12 +105,12 @@ func TestHolderCrash(t *testing.T) {
 		e := newEnv(t, b)
 		ctx := context.Background()
 		const ttl = 200 * time.Millisecond
-		holder, f := e.faultyClient(fairlock.WithLeaseTTL(ttl))
+		holder, f := e.FaultyClient(fairlock.WithLeaseTTL(ttl))
 		l, err := e.sem(holder, "crash", 1).Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ch := acquireAsync(ctx, e.sem(e.client(fairlock.WithWaiterTTL(time.Hour)), "crash", 1), 1)
+		ch := acquireAsync(ctx, e.sem(e.Client(fairlock.WithWaiterTTL(time.Hour)), "crash", 1), 1)
 		e.waitQueued("crash", 1)
 		f.Down.Store(true) // the holder's process dies
 		r := e.receive(ch)
@@ -119,7 +120,7 @@ func TestHolderCrash(t *testing.T) {
 		if r.lease.Token() <= l.Token() {
 			t.Fatalf("new token %d <= crashed holder's %d", r.lease.Token(), l.Token())
 		}
-		e.release(r.lease)
+		e.Release(r.lease)
 	})
 }
 
@@ -128,31 +129,31 @@ func TestCancelLeavesQueue(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
 		ctx := context.Background()
-		held, err := e.sem(e.client(), "cancel", 1).Acquire(ctx, 1)
+		held, err := e.sem(e.Client(), "cancel", 1).Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := e.sem(e.client(), "cancel", 1)
+		s := e.sem(e.Client(), "cancel", 1)
 		cctx, cancel := context.WithCancel(ctx)
 		ch := acquireAsync(cctx, s, 1)
 		e.waitQueued("cancel", 1)
 		cancel()
 		r := e.receive(ch)
-		isErr(t, "Acquire after cancel", r.err, context.Canceled)
+		fltest.IsErr(t, "Acquire after cancel", r.err, context.Canceled)
 		if n, _ := e.rdb.ZCard(ctx, e.key("cancel", "q")).Result(); n != 0 {
 			t.Fatalf("queue length after cancel = %d, want 0", n)
 		}
 		dctx, dcancel := context.WithTimeout(ctx, 50*time.Millisecond)
 		defer dcancel()
 		_, err = s.Acquire(dctx, 1)
-		isErr(t, "Acquire past its deadline", err, context.DeadlineExceeded)
+		fltest.IsErr(t, "Acquire past its deadline", err, context.DeadlineExceeded)
 		if n, _ := e.rdb.ZCard(ctx, e.key("cancel", "q")).Result(); n != 0 {
 			t.Fatalf("queue length after deadline = %d, want 0", n)
 		}
 		// A done context fails even where permits are free.
-		e.release(held)
+		e.Release(held)
 		_, err = s.Acquire(cctx, 1)
-		isErr(t, "Acquire with a done context", err, context.Canceled)
+		fltest.IsErr(t, "Acquire with a done context", err, context.Canceled)
 	})
 }
 
@@ -163,29 +164,29 @@ func TestCancelRacingGrantHandsOn(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
 		ctx := context.Background()
-		held, err := e.sem(e.client(), "race", 1).Acquire(ctx, 1)
+		held, err := e.sem(e.Client(), "race", 1).Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
 		// Hour-long TTLs: only the hand-on can free a grant it never hears of.
-		c1, f := e.faultyClient(fairlock.WithWaiterTTL(time.Hour), fairlock.WithLeaseTTL(time.Hour))
+		c1, f := e.FaultyClient(fairlock.WithWaiterTTL(time.Hour), fairlock.WithLeaseTTL(time.Hour))
 		undo := f.Deafen(t)
 		cctx, cancel := context.WithCancel(ctx)
 		first := acquireAsync(cctx, e.sem(c1, "race", 1), 1)
 		e.waitQueued("race", 1)
-		second := acquireAsync(ctx, e.sem(e.client(), "race", 1), 1)
+		second := acquireAsync(ctx, e.sem(e.Client(), "race", 1), 1)
 		e.waitQueued("race", 2)
-		e.release(held)
+		e.Release(held)
 		e.waitQueued("race", 1) // granted to the first, which has not heard
 		cancel()
 		r1 := e.receive(first)
-		isErr(t, "cancelled Acquire", r1.err, context.Canceled)
+		fltest.IsErr(t, "cancelled Acquire", r1.err, context.Canceled)
 		r2 := e.receive(second)
 		if r2.err != nil {
 			t.Fatalf("second waiter: %v", r2.err)
 		}
 		undo()
-		e.release(r2.lease)
+		e.Release(r2.lease)
 	})
 }
 
@@ -198,7 +199,7 @@ func TestDeadWaitersCostOneTTL(t *testing.T) {
 	b.Freeze(t)
 	e := newEnv(t, b)
 	ctx := context.Background()
-	held, err := e.sem(e.client(), "dead", 1).Acquire(ctx, 1)
+	held, err := e.sem(e.Client(), "dead", 1).Acquire(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,24 +207,24 @@ func TestDeadWaitersCostOneTTL(t *testing.T) {
 	const dead = 5
 	var cut []*redistest.Faults
 	for i := range dead {
-		c, f := e.faultyClient(fairlock.WithWaiterTTL(wttl), fairlock.WithLeaseTTL(time.Hour))
+		c, f := e.FaultyClient(fairlock.WithWaiterTTL(wttl), fairlock.WithLeaseTTL(time.Hour))
 		cut = append(cut, f)
 		_ = acquireAsync(ctx, e.sem(c, "dead", 1), 1)
 		e.waitQueued("dead", int64(i+1))
 	}
-	live := acquireAsync(ctx, e.sem(e.client(fairlock.WithWaiterTTL(time.Hour)), "dead", 1), 1)
+	live := acquireAsync(ctx, e.sem(e.Client(fairlock.WithWaiterTTL(time.Hour)), "dead", 1), 1)
 	e.waitQueued("dead", dead+1)
 	for _, f := range cut {
 		f.Down.Store(true)
 	}
-	e.release(held) // hands the permit to the first dead waiter
+	e.Release(held) // hands the permit to the first dead waiter
 	e.notYet(live, "the live waiter, behind dead ones")
 	b.Advance(t, wttl)
 	r := e.receive(live)
 	if r.err != nil {
 		t.Fatalf("live waiter: %v", r.err)
 	}
-	e.release(r.lease)
+	e.Release(r.lease)
 }
 
 // Semantics 6: a dead process's announced grant expires after one waiter
@@ -232,22 +233,22 @@ func TestGrantToDeadWaiterExpires(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
 		ctx := context.Background()
-		held, err := e.sem(e.client(), "gd", 1).Acquire(ctx, 1)
+		held, err := e.sem(e.Client(), "gd", 1).Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, f := e.faultyClient(fairlock.WithWaiterTTL(200*time.Millisecond), fairlock.WithLeaseTTL(time.Hour))
+		c, f := e.FaultyClient(fairlock.WithWaiterTTL(200*time.Millisecond), fairlock.WithLeaseTTL(time.Hour))
 		_ = acquireAsync(ctx, e.sem(c, "gd", 1), 1)
 		e.waitQueued("gd", 1)
-		live := acquireAsync(ctx, e.sem(e.client(fairlock.WithWaiterTTL(time.Hour)), "gd", 1), 1)
+		live := acquireAsync(ctx, e.sem(e.Client(fairlock.WithWaiterTTL(time.Hour)), "gd", 1), 1)
 		e.waitQueued("gd", 2)
 		f.Down.Store(true)
-		e.release(held)
+		e.Release(held)
 		r := e.receive(live)
 		if r.err != nil {
 			t.Fatalf("live waiter: %v", r.err)
 		}
-		e.release(r.lease)
+		e.Release(r.lease)
 	})
 }
 
@@ -276,7 +277,7 @@ func TestRefreshIgnoresTicketsNotYetQueued(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
 		ctx := context.Background()
-		held, err := e.sem(e.client(), "ghost", 1).Acquire(ctx, 1)
+		held, err := e.sem(e.Client(), "ghost", 1).Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -285,7 +286,7 @@ func TestRefreshIgnoresTicketsNotYetQueued(t *testing.T) {
 		rdb.AddHook(cnt)
 		rdb.AddHook(slow)
 		const wttl = 150 * time.Millisecond // refreshes every 50ms
-		s := e.sem(e.clientOn(rdb, fairlock.WithWaiterTTL(wttl)), "ghost", 1)
+		s := e.sem(e.ClientOn(rdb, fairlock.WithWaiterTTL(wttl)), "ghost", 1)
 		first := acquireAsync(ctx, s, 1)
 		e.waitQueued("ghost", 1) // the room now refreshes on its own
 		slow.delay.Store(int64(wttl))
@@ -299,13 +300,13 @@ func TestRefreshIgnoresTicketsNotYetQueued(t *testing.T) {
 		if n, _ := e.rdb.ZCard(ctx, e.key("ghost", "q")).Result(); n != 2 {
 			t.Fatalf("queue length %d, want 2", n)
 		}
-		e.release(held)
+		e.Release(held)
 		for _, ch := range []<-chan result{first, second} {
 			r := e.receive(ch)
 			if r.err != nil {
 				t.Fatal(r.err)
 			}
-			e.release(r.lease)
+			e.Release(r.lease)
 		}
 	})
 }

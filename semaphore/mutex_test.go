@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/semaphore"
 )
@@ -15,11 +16,11 @@ func TestMutex(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
 		ctx := context.Background()
-		m1, err := semaphore.NewMutex(e.client(), "mu")
+		m1, err := semaphore.NewMutex(e.Client(), "mu")
 		if err != nil {
 			t.Fatal(err)
 		}
-		m2, err := semaphore.NewMutex(e.client(), "mu")
+		m2, err := semaphore.NewMutex(e.Client(), "mu")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -28,8 +29,8 @@ func TestMutex(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = m2.TryLock(ctx)
-		isErr(t, "TryLock of a locked mutex", err, fairlock.ErrNotAcquired)
-		e.release(l)
+		fltest.IsErr(t, "TryLock of a locked mutex", err, fairlock.ErrNotAcquired)
+		e.Release(l)
 		ran := false
 		if err := m2.Do(ctx, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
 			t.Fatalf("Do = %v, ran %v", err, ran)
@@ -38,7 +39,7 @@ func TestMutex(t *testing.T) {
 		if err != nil {
 			t.Fatalf("TryLock after Do released: %v", err)
 		}
-		e.release(l)
+		e.Release(l)
 	})
 }
 
@@ -49,7 +50,7 @@ func TestRWMutexFair(t *testing.T) {
 		e := newEnv(t, b)
 		ctx := context.Background()
 		rw := func() *semaphore.RWMutex {
-			m, err := semaphore.NewRWMutex(e.client(), "rw")
+			m, err := semaphore.NewRWMutex(e.Client(), "rw")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -79,21 +80,21 @@ func TestRWMutexFair(t *testing.T) {
 			go func() { l, err := m.RLock(ctx); late <- result{l, err} }()
 			e.waitQueued("rw", int64(i+2))
 		}
-		e.release(r1)
+		e.Release(r1)
 		e.notYet(wch, "the writer, with a reader inside")
-		e.release(r2)
+		e.Release(r2)
 		wr := e.receive(wch)
 		if wr.err != nil {
 			t.Fatal(wr.err)
 		}
 		e.notYet(late, "a reader, with the writer inside")
-		e.release(wr.lease)
+		e.Release(wr.lease)
 		for range 2 {
 			r := e.receive(late)
 			if r.err != nil {
 				t.Fatal(r.err)
 			}
-			defer e.release(r.lease)
+			defer e.Release(r.lease)
 		}
 	})
 }
@@ -105,7 +106,7 @@ func TestDoCancelsOnLeaseLoss(t *testing.T) {
 	b.Freeze(t)
 	e := newEnv(t, b)
 	const ttl = 300 * time.Millisecond
-	s := e.sem(e.client(fairlock.WithLeaseTTL(ttl)), "do", 1)
+	s := e.sem(e.Client(fairlock.WithLeaseTTL(ttl)), "do", 1)
 	started := make(chan struct{})
 	errc := make(chan error, 1)
 	go func() {
@@ -119,7 +120,7 @@ func TestDoCancelsOnLeaseLoss(t *testing.T) {
 	b.Advance(t, ttl)
 	select {
 	case err := <-errc:
-		isErr(t, "Do with a lost lease", err, fairlock.ErrLeaseLost)
+		fltest.IsErr(t, "Do with a lost lease", err, fairlock.ErrLeaseLost)
 	case <-time.After(10 * time.Second):
 		t.Fatal("Do did not return after its lease was lost")
 	}

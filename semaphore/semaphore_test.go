@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
 )
 
@@ -16,7 +17,7 @@ func TestFIFOOrder(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
 		ctx := context.Background()
-		s := e.sem(e.client(), "fifo", 1)
+		s := e.sem(e.Client(), "fifo", 1)
 		holder, err := s.Acquire(ctx, 1)
 		if err != nil {
 			t.Fatalf("Acquire: %v", err)
@@ -27,7 +28,7 @@ func TestFIFOOrder(t *testing.T) {
 		var mu sync.Mutex
 		done := make(chan error, n)
 		for i := range n {
-			si := e.sem(e.client(), "fifo", 1)
+			si := e.sem(e.Client(), "fifo", 1)
 			go func() {
 				l, err := si.Acquire(ctx, 1)
 				if err == nil {
@@ -40,7 +41,7 @@ func TestFIFOOrder(t *testing.T) {
 			}()
 			e.waitQueued("fifo", int64(i+1))
 		}
-		e.release(holder)
+		e.Release(holder)
 		for range n {
 			if err := <-done; err != nil {
 				t.Fatalf("waiter: %v", err)
@@ -59,21 +60,21 @@ func TestNoBarging(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
 		ctx := context.Background()
-		s := e.sem(e.client(), "nb", 4)
+		s := e.sem(e.Client(), "nb", 4)
 		held, err := s.Acquire(ctx, 3)
 		if err != nil {
 			t.Fatalf("Acquire(3): %v", err)
 		}
-		big := acquireAsync(ctx, e.sem(e.client(), "nb", 4), 2)
+		big := acquireAsync(ctx, e.sem(e.Client(), "nb", 4), 2)
 		e.waitQueued("nb", 1)
-		small := acquireAsync(ctx, e.sem(e.client(), "nb", 4), 1)
+		small := acquireAsync(ctx, e.sem(e.Client(), "nb", 4), 1)
 		e.waitQueued("nb", 2)
 		// One permit is free, but the head wants two: nobody may pass it.
 		if _, err := s.TryAcquire(ctx, 1); !errors.Is(err, fairlock.ErrNotAcquired) {
 			t.Fatalf("TryAcquire(1) with a queue = %v, want ErrNotAcquired", err)
 		}
 		e.notYet(small, "the smaller, later Acquire")
-		e.release(held)
+		e.Release(held)
 		rb, rs := e.receive(big), e.receive(small)
 		if rb.err != nil || rs.err != nil {
 			t.Fatalf("Acquire errors: %v, %v", rb.err, rs.err)
@@ -81,8 +82,8 @@ func TestNoBarging(t *testing.T) {
 		if rb.lease.Token() >= rs.lease.Token() {
 			t.Fatalf("tokens big=%d small=%d: the earlier request must be granted first", rb.lease.Token(), rs.lease.Token())
 		}
-		e.release(rb.lease)
-		e.release(rs.lease)
+		e.Release(rb.lease)
+		e.Release(rs.lease)
 	})
 }
 
@@ -91,10 +92,10 @@ func TestNoBarging(t *testing.T) {
 func TestTooLargeFailsAtOnce(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
-		s := e.sem(e.client(), "big", 3)
+		s := e.sem(e.Client(), "big", 3)
 		for _, n := range []int64{4, 0, -1} {
 			_, err := s.Acquire(context.Background(), n)
-			isErr(t, "Acquire", err, fairlock.ErrInvalidArgument)
+			fltest.IsErr(t, "Acquire", err, fairlock.ErrInvalidArgument)
 		}
 		if ks := e.keys(); len(ks) != 0 {
 			t.Fatalf("keys after rejected requests = %v, want none", ks)
@@ -112,7 +113,7 @@ func TestHandoffWithoutPolling(t *testing.T) {
 		}
 		e := newEnv(t, b)
 		ctx := context.Background()
-		s := e.sem(e.client(), "h", 1)
+		s := e.sem(e.Client(), "h", 1)
 		held, err := s.Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
@@ -120,10 +121,10 @@ func TestHandoffWithoutPolling(t *testing.T) {
 		cnt := newCounter()
 		wrdb := b.Client(t)
 		wrdb.AddHook(cnt)
-		waiter := e.sem(e.clientOn(wrdb, fairlock.WithWaiterTTL(time.Hour)), "h", 1)
+		waiter := e.sem(e.ClientOn(wrdb, fairlock.WithWaiterTTL(time.Hour)), "h", 1)
 		ch := acquireAsync(ctx, waiter, 1)
 		e.waitQueued("h", 1)
-		e.release(held)
+		e.Release(held)
 		r := e.receive(ch)
 		if r.err != nil {
 			t.Fatal(r.err)
@@ -131,7 +132,7 @@ func TestHandoffWithoutPolling(t *testing.T) {
 		if got := cnt.get("evalsha:refresh"); got != 0 {
 			t.Fatalf("waiter ran %d refreshes; the grant must come by wake-up alone", got)
 		}
-		e.release(r.lease)
+		e.Release(r.lease)
 	})
 }
 
@@ -141,7 +142,7 @@ func TestWaitingIsCheap(t *testing.T) {
 	b := redistest.RealBackend(t)
 	e := newEnv(t, b)
 	ctx := context.Background()
-	held, err := e.sem(e.client(), "cheap", 1).Acquire(ctx, 1)
+	held, err := e.sem(e.Client(), "cheap", 1).Acquire(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +150,7 @@ func TestWaitingIsCheap(t *testing.T) {
 	wrdb := b.Client(t)
 	wrdb.AddHook(cnt)
 	const waiterTTL = 150 * time.Millisecond
-	c := e.clientOn(wrdb, fairlock.WithWaiterTTL(waiterTTL))
+	c := e.ClientOn(wrdb, fairlock.WithWaiterTTL(waiterTTL))
 	const waiters = 20
 	ctxw, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -167,7 +168,7 @@ func TestWaitingIsCheap(t *testing.T) {
 	used := cnt.total() - before
 	cancel()
 	wg.Wait()
-	e.release(held)
+	e.Release(held)
 	// Refreshes run every third of the TTL; BLPOP cycles every second.
 	if limit := 4 * periods; used > limit {
 		t.Fatalf("%d waiters sent %d commands in %d liveness periods, want <= %d", waiters, used, periods, limit)
@@ -186,7 +187,7 @@ func TestOneBlockingConnection(t *testing.T) {
 		cnt := newCounter()
 		rdb := b.Client(t, func(o *redisOptions) { o.PoolSize = 4 })
 		rdb.AddHook(cnt)
-		s := e.sem(e.clientOn(rdb), "pool", 2)
+		s := e.sem(e.ClientOn(rdb), "pool", 2)
 		const n = 200
 		errs := make(chan error, n)
 		for range n {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
 )
 
@@ -26,7 +27,7 @@ func TestTokensIncrease(t *testing.T) {
 		last = l.Token()
 	}
 	// Grants within one frozen microsecond still increase.
-	s := e.sem(e.client(), "tok", 3)
+	s := e.sem(e.Client(), "tok", 3)
 	var held []*fairlock.Lease
 	for range 3 {
 		l, err := s.Acquire(ctx, 1)
@@ -39,11 +40,11 @@ func TestTokensIncrease(t *testing.T) {
 	// A release granting several waiters at once numbers them in order.
 	var chans []<-chan result
 	for i := range 3 {
-		chans = append(chans, acquireAsync(ctx, e.sem(e.client(), "tok", 3), 1))
+		chans = append(chans, acquireAsync(ctx, e.sem(e.Client(), "tok", 3), 1))
 		e.waitQueued("tok", int64(i+1))
 	}
 	for _, l := range held {
-		e.release(l)
+		e.Release(l)
 	}
 	for _, ch := range chans {
 		r := e.receive(ch)
@@ -51,7 +52,7 @@ func TestTokensIncrease(t *testing.T) {
 			t.Fatal(r.err)
 		}
 		check(r.lease)
-		e.release(r.lease)
+		e.Release(r.lease)
 	}
 	// Idle long enough for every key to expire: tokens still increase.
 	b.Advance(t, time.Hour)
@@ -63,7 +64,7 @@ func TestTokensIncrease(t *testing.T) {
 		t.Fatal(err)
 	}
 	check(l)
-	e.release(l)
+	e.Release(l)
 }
 
 // Semantics 8: the capacity is stored with the semaphore while in use.
@@ -71,21 +72,21 @@ func TestCapacityMismatch(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
 		ctx := context.Background()
-		l, err := e.sem(e.client(), "cap", 4).Acquire(ctx, 1)
+		l, err := e.sem(e.Client(), "cap", 4).Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = e.sem(e.client(), "cap", 5).Acquire(ctx, 1)
-		isErr(t, "Acquire with another capacity", err, fairlock.ErrCapacityMismatch)
-		_, err = e.sem(e.client(), "cap", 5).TryAcquire(ctx, 1)
-		isErr(t, "TryAcquire with another capacity", err, fairlock.ErrCapacityMismatch)
-		e.release(l)
+		_, err = e.sem(e.Client(), "cap", 5).Acquire(ctx, 1)
+		fltest.IsErr(t, "Acquire with another capacity", err, fairlock.ErrCapacityMismatch)
+		_, err = e.sem(e.Client(), "cap", 5).TryAcquire(ctx, 1)
+		fltest.IsErr(t, "TryAcquire with another capacity", err, fairlock.ErrCapacityMismatch)
+		e.Release(l)
 		// Idle now: a new capacity is accepted.
-		l, err = e.sem(e.client(), "cap", 5).Acquire(ctx, 5)
+		l, err = e.sem(e.Client(), "cap", 5).Acquire(ctx, 5)
 		if err != nil {
 			t.Fatalf("Acquire on the idle semaphore with a new capacity: %v", err)
 		}
-		e.release(l)
+		e.Release(l)
 	})
 }
 
@@ -106,13 +107,13 @@ func TestKeysShareSlotAndVanish(t *testing.T) {
 		ctx := context.Background()
 		for _, name := range []string{"plain", "{acct}:17", "a}b", "x{"} {
 			e := newEnv(t, b)
-			s := e.sem(e.client(), name, 2)
+			s := e.sem(e.Client(), name, 2)
 			held, err := s.Acquire(ctx, 2)
 			if err != nil {
 				t.Fatal(err)
 			}
-			ch := acquireAsync(ctx, e.sem(e.client(), name, 2), 1)
-			e.waitFor("a waiter on "+name, func() bool {
+			ch := acquireAsync(ctx, e.sem(e.Client(), name, 2), 1)
+			e.WaitFor("a waiter on "+name, func() bool {
 				for _, k := range e.keys() {
 					if strings.HasSuffix(k, ":q") {
 						return true
@@ -127,12 +128,12 @@ func TestKeysShareSlotAndVanish(t *testing.T) {
 			if len(tags) != 1 {
 				t.Fatalf("keys of %q hash as %v, want one tag", name, tags)
 			}
-			e.release(held)
+			e.Release(held)
 			r := e.receive(ch)
 			if r.err != nil {
 				t.Fatal(r.err)
 			}
-			e.release(r.lease)
+			e.Release(r.lease)
 			// Left: the state hash, for the token sequence, for about a
 			// second; wake lists until their TTL.
 			for _, k := range e.keys() {
@@ -163,12 +164,12 @@ func TestStatus(t *testing.T) {
 	b.Freeze(t)
 	e := newEnv(t, b)
 	ctx := context.Background()
-	alice := e.client(fairlock.WithOwner("alice"), fairlock.WithLeaseTTL(time.Minute))
+	alice := e.Client(fairlock.WithOwner("alice"), fairlock.WithLeaseTTL(time.Minute))
 	held, err := e.sem(alice, "st", 3).Acquire(ctx, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	bob := e.client(fairlock.WithOwner("bob"), fairlock.WithWaiterTTL(time.Second))
+	bob := e.Client(fairlock.WithOwner("bob"), fairlock.WithWaiterTTL(time.Second))
 	ch := acquireAsync(ctx, e.sem(bob, "st", 3), 2)
 	e.waitQueued("st", 1)
 
@@ -195,12 +196,12 @@ func TestStatus(t *testing.T) {
 	if err != nil || len(st.Waiters) != 0 {
 		t.Fatalf("Status after bob left = %+v, %v", st, err)
 	}
-	e.release(held)
+	e.Release(held)
 	if st, err = alice.Status(ctx, "st"); err != nil || st.Capacity != 0 || len(st.Holders) != 0 {
 		t.Fatalf("Status when idle = %+v, %v", st, err)
 	}
 	_, err = alice.Status(ctx, "")
-	isErr(t, "Status of an empty name", err, fairlock.ErrInvalidName)
+	fltest.IsErr(t, "Status of an empty name", err, fairlock.ErrInvalidName)
 	_, err = fairlock.New(e.rdb, fairlock.WithOwner("has space"))
-	isErr(t, "WithOwner with a space", err, fairlock.ErrInvalidArgument)
+	fltest.IsErr(t, "WithOwner with a space", err, fairlock.ErrInvalidArgument)
 }

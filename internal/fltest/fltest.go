@@ -1,0 +1,88 @@
+// Package fltest holds the helpers that the tests of fairlock's packages
+// built on the engine (semaphore, multilock) share.
+package fltest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// Env is one test's view of a backend: a raw client for inspection and a
+// key prefix of its own.
+type Env struct {
+	T      *testing.T
+	B      *redistest.Backend
+	RDB    *redis.Client
+	Prefix string
+}
+
+// New returns t's view of b.
+func New(t *testing.T, b *redistest.Backend) *Env {
+	return &Env{T: t, B: b, RDB: b.Client(t), Prefix: redistest.Prefix(t)}
+}
+
+// Client returns a fairlock client (one simulated process, with its own
+// connection pool) using e's prefix, closed when the test ends.
+func (e *Env) Client(opts ...fairlock.Option) *fairlock.Client {
+	e.T.Helper()
+	return e.ClientOn(e.B.Client(e.T), opts...)
+}
+
+// ClientOn is Client on a given go-redis client.
+func (e *Env) ClientOn(rdb fairlock.RedisClient, opts ...fairlock.Option) *fairlock.Client {
+	e.T.Helper()
+	c, err := fairlock.New(rdb, append([]fairlock.Option{fairlock.WithPrefix(e.Prefix)}, opts...)...)
+	if err != nil {
+		e.T.Fatalf("fairlock.New: %v", err)
+	}
+	e.T.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// FaultyClient returns a client whose connection the returned Faults can
+// break, as if its process died or stalled.
+func (e *Env) FaultyClient(opts ...fairlock.Option) (*fairlock.Client, *redistest.Faults) {
+	e.T.Helper()
+	f := &redistest.Faults{}
+	rdb := e.B.Client(e.T)
+	rdb.AddHook(f)
+	c := e.ClientOn(rdb, opts...)
+	// Cleanups run last-in first-out: let held BLPOPs go before Close.
+	e.T.Cleanup(f.Hear)
+	return c, f
+}
+
+// WaitFor waits until cond holds, failing the test after 10s. It waits
+// for a state, never asserts a duration.
+func (e *Env) WaitFor(what string, cond func() bool) {
+	e.T.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			e.T.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// Release releases l, failing the test on an error.
+func (e *Env) Release(l *fairlock.Lease) {
+	e.T.Helper()
+	if err := l.Release(context.Background()); err != nil {
+		e.T.Fatalf("Release: %v", err)
+	}
+}
+
+// IsErr fails the test unless errors.Is(err, want).
+func IsErr(t testing.TB, what string, err, want error) {
+	t.Helper()
+	if !errors.Is(err, want) {
+		t.Fatalf("%s = %v, want an error matching %v", what, err, want)
+	}
+}
