@@ -1,0 +1,148 @@
+package multilock_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/fltest"
+	"github.com/fairlock/fairlock/internal/redisserver"
+	"github.com/fairlock/fairlock/multilock"
+	"github.com/redis/go-redis/v9"
+)
+
+// On a three-master Redis Cluster: semaphores on names spread over every
+// node, hand-offs through wake lists, multi-locks on hash-tagged names
+// (whose scripts reach the keys of a multi-lock's other semaphores without
+// declaring them), and the clear error for names in different slots.
+func TestCluster(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI=true and no redis-server on PATH")
+		}
+		t.Skip("no redis-server on PATH")
+	}
+	cl, err := redisserver.StartCluster(3)
+	if err != nil {
+		t.Fatalf("starting the cluster: %v", err)
+	}
+	defer cl.Stop()
+	newClient := func() *fairlock.Client {
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+		t.Cleanup(func() { rdb.Close() })
+		c, err := fairlock.New(rdb, fairlock.WithPrefix("cl:"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	ctx := context.Background()
+
+	t.Run("names on every node", func(t *testing.T) {
+		a, b := newClient(), newClient()
+		nodes := map[string]bool{}
+		admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+		defer admin.Close()
+		var wg sync.WaitGroup
+		for i := range 30 {
+			name := fmt.Sprintf("job-%d", i)
+			held, err := a.Acquire(ctx, fairlock.Request{Name: name, Capacity: 1, Permits: 1})
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			node, err := admin.MasterForKey(ctx, "cl:{"+name+"}:s")
+			if err != nil {
+				t.Fatal(err)
+			}
+			nodes[node.Options().Addr] = true
+			// A waiter in another process is woken through its wake list,
+			// which lives in the semaphore's slot.
+			wg.Go(func() {
+				l, err := b.Acquire(ctx, fairlock.Request{Name: name, Capacity: 1, Permits: 1})
+				if err != nil {
+					t.Errorf("%s waiter: %v", name, err)
+					return
+				}
+				if l.Token() <= held.Token() {
+					t.Errorf("%s: token %d after %d", name, l.Token(), held.Token())
+				}
+				_ = l.Release(ctx)
+			})
+			waitWaiters(t, a, name, 1)
+			if err := held.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		wg.Wait()
+		if len(nodes) != 3 {
+			t.Fatalf("30 names landed on %d of 3 nodes", len(nodes))
+		}
+	})
+
+	t.Run("hash-tagged multi-lock", func(t *testing.T) {
+		a, b := newClient(), newClient()
+		held, err := a.Acquire(ctx, fairlock.Request{Name: "{acct}:1", Capacity: 1, Permits: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan *fairlock.Lease, 1)
+		go func() {
+			l, err := multilock.Lock(ctx, b, "{acct}:2", "{acct}:1")
+			if err != nil {
+				t.Errorf("multi-lock: %v", err)
+			}
+			got <- l
+		}()
+		waitWaiters(t, a, "{acct}:2", 1)
+		// This release runs a script on {acct}:1's keys that grants the
+		// multi-lock on {acct}:2 as well.
+		if err := held.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var l *fairlock.Lease
+		select {
+		case l = <-got:
+		case <-time.After(10 * time.Second):
+			t.Fatal("multi-lock not granted")
+		}
+		if l == nil {
+			return
+		}
+		_, err = a.TryAcquire(ctx, fairlock.Request{Name: "{acct}:2", Capacity: 1, Permits: 1})
+		fltest.IsErr(t, "TryAcquire of a part the multi-lock holds", err, fairlock.ErrNotAcquired)
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		both, err := multilock.TryAcquire(ctx, a, multilock.Mutex("{acct}:1"), multilock.Mutex("{acct}:2"))
+		if err != nil {
+			t.Fatalf("TryAcquire after the release: %v", err)
+		}
+		_ = both.Release(ctx)
+	})
+
+	t.Run("cross-slot multi-lock", func(t *testing.T) {
+		_, err := multilock.Lock(ctx, newClient(), "acct:1", "acct:2")
+		fltest.IsErr(t, "multi-lock across slots", err, fairlock.ErrCrossSlot)
+	})
+}
+
+func waitWaiters(t *testing.T, c *fairlock.Client, name string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := c.Status(context.Background(), name)
+		if err == nil && len(st.Waiters) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: waiters %v (%v), want %d", name, st.Waiters, err, n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
