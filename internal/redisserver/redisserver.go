@@ -101,6 +101,13 @@ func (s *Server) kill() {
 	}
 }
 
+// Kill kills the server (SIGKILL) and keeps its port and directory, so
+// Restart can bring it back where it was.
+func (s *Server) Kill() { s.kill() }
+
+// Restart starts the server again on the same port, after Kill.
+func (s *Server) Restart() error { return s.start() }
+
 // Stop kills the server and removes its directory.
 func (s *Server) Stop() {
 	s.kill()

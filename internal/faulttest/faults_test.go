@@ -1,0 +1,372 @@
+package faulttest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/redisserver"
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+func newSpec(t *testing.T, addr, name string, capacity int64) spec {
+	return spec{addr: addr, prefix: redistest.Prefix(t), name: name, capacity: capacity, permits: 1,
+		lease: time.Second, waiter: 500 * time.Millisecond, hold: 2 * time.Millisecond,
+		log: filepath.Join(t.TempDir(), "occupancy.log")}
+}
+
+func client(t *testing.T, s spec, opts ...fairlock.Option) *fairlock.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: s.addr})
+	t.Cleanup(func() { rdb.Close() })
+	c, err := fairlock.New(rdb, append([]fairlock.Option{fairlock.WithPrefix(s.prefix)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func (s spec) req() fairlock.Request {
+	return fairlock.Request{Name: s.name, Capacity: s.capacity, Permits: s.permits}
+}
+
+// waitWaiters waits until n requests wait for s's semaphore.
+func waitWaiters(t *testing.T, c *fairlock.Client, s spec, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := c.Status(context.Background(), s.name)
+		if err == nil && len(st.Waiters) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d waiters (%v), want %d", s.name, len(st.Waiters), err, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// occupancy reads a loop log: the acquisitions, the times the critical
+// section held more than capacity permits, and the entries (µs) after
+// since.
+type occupancy struct {
+	enters, violations, errors int
+	entersAt                   []int64
+}
+
+func readLog(t *testing.T, path string, capacity int64) occupancy {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var o occupancy
+	var inUse int64
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var at, pid, token, n int64
+		var what string
+		if _, err := fmt.Sscanf(sc.Text(), "%d %d %s %d %d", &at, &pid, &what, &token, &n); err != nil {
+			if strings.Contains(sc.Text(), " error ") {
+				o.errors++
+				continue
+			}
+			if strings.Contains(sc.Text(), " release ") {
+				continue
+			}
+			t.Fatalf("bad log line %q: %v", sc.Text(), err)
+		}
+		switch what {
+		case "enter":
+			inUse += n
+			o.enters++
+			o.entersAt = append(o.entersAt, at)
+			if inUse > capacity {
+				o.violations++
+			}
+		case "exit":
+			inUse -= n
+		}
+	}
+	return o
+}
+
+// 1. Mutual exclusion under churn: 8 processes on a mutex and 8 on a
+// semaphore of capacity 3, at once.
+func TestChurn(t *testing.T) {
+	b := redistest.RealBackend(t)
+	const procs = 8
+	mutex := newSpec(t, b.Addr, "mutex", 1)
+	sem := newSpec(t, b.Addr, "sem", 3)
+	sem.prefix = mutex.prefix
+	var ws []*worker
+	for range procs {
+		ws = append(ws, start(t, "loop", mutex), start(t, "loop", sem))
+	}
+	time.Sleep(4 * time.Second)
+	for _, w := range ws {
+		w.stop(10 * time.Second)
+	}
+	for _, s := range []spec{mutex, sem} {
+		o := readLog(t, s.log, s.capacity)
+		t.Logf("%s (capacity %d): %d processes, %d acquisitions, %d violations, %d errors", s.name, s.capacity, procs, o.enters, o.violations, o.errors)
+		if o.violations > 0 || o.errors > 0 || o.enters < procs {
+			t.Errorf("%s: %d acquisitions, %d violations, %d errors", s.name, o.enters, o.violations, o.errors)
+		}
+	}
+}
+
+// 2. A holder killed in its critical section: the next waiter is granted
+// within the lease TTL (plus a small margin) of the kill, every time.
+func TestHolderKilled(t *testing.T) {
+	b := redistest.RealBackend(t)
+	s := newSpec(t, b.Addr, "killed", 1)
+	c := client(t, s)
+	for i := range 3 {
+		holder := start(t, "hold", s)
+		holder.token(10 * time.Second)
+		waiter := start(t, "hold", s)
+		waitWaiters(t, c, s, 1)
+		killed := time.Now()
+		holder.signal(syscall.SIGKILL)
+		waiter.token(s.lease + 5*time.Second)
+		took := time.Since(killed)
+		t.Logf("round %d: waiter granted %v after the holder was killed (lease TTL %v)", i, took.Round(time.Millisecond), s.lease)
+		if took > s.lease+500*time.Millisecond {
+			t.Errorf("round %d: waiter granted %v after the kill; lease TTL is %v", i, took, s.lease)
+		}
+		waiter.stop(5 * time.Second)
+	}
+}
+
+// 3. Waiters killed while queued (several at once), then the whole
+// application restarted while its waiters were queued: survivors and
+// fresh processes are granted within one waiter TTL, not one per dead
+// waiter.
+func TestWaitersKilled(t *testing.T) {
+	b := redistest.RealBackend(t)
+	s := newSpec(t, b.Addr, "queue", 1)
+	c := client(t, s, fairlock.WithLeaseTTL(time.Minute))
+	margin := 500 * time.Millisecond
+
+	held, err := c.Acquire(context.Background(), s.req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dead []*worker
+	for i := range 5 {
+		dead = append(dead, start(t, "hold", s))
+		waitWaiters(t, c, s, i+1)
+	}
+	survivor := start(t, "hold", s)
+	waitWaiters(t, c, s, 6)
+	killed := time.Now()
+	for _, w := range dead {
+		w.signal(syscall.SIGKILL)
+	}
+	if err := held.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	survivor.token(10 * time.Second)
+	took := time.Since(killed)
+	t.Logf("5 waiters killed at once: the survivor was granted %v later (waiter TTL %v)", took.Round(time.Millisecond), s.waiter)
+	if took > s.waiter+margin {
+		t.Errorf("survivor granted %v after 5 waiters died; waiter TTL %v", took, s.waiter)
+	}
+	survivor.stop(5 * time.Second)
+
+	// The application restarts: every process queued dies, and fresh ones
+	// queue behind their ghosts.
+	held, err = c.Acquire(context.Background(), s.req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var old []*worker
+	for i := range 4 {
+		old = append(old, start(t, "hold", s))
+		waitWaiters(t, c, s, i+1)
+	}
+	killed = time.Now()
+	for _, w := range old {
+		w.signal(syscall.SIGKILL)
+	}
+	var fresh []*worker
+	for range 4 {
+		fresh = append(fresh, start(t, "hold", s))
+	}
+	if err := held.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// The fresh processes queued in whatever order they started in; each
+	// is granted in turn as the one before lets go.
+	granted := make(chan *worker, len(fresh))
+	for _, w := range fresh {
+		go func() {
+			if l, ok := <-w.lines; ok && strings.HasPrefix(l, "acquired ") {
+				granted <- w
+			}
+		}()
+	}
+	for i := range fresh {
+		select {
+		case w := <-granted:
+			took := time.Since(killed)
+			t.Logf("restart: fresh process %d granted %v after the old ones died", i, took.Round(time.Millisecond))
+			if i == 0 && took > s.waiter+margin {
+				t.Errorf("first fresh process granted %v after the restart; waiter TTL %v", took, s.waiter)
+			}
+			w.stop(5 * time.Second)
+		case <-time.After(10 * time.Second):
+			st, err := c.Status(context.Background(), s.name)
+			t.Fatalf("only %d of %d fresh processes granted; status %+v %v", i, len(fresh), st, err)
+		}
+	}
+}
+
+// 4. A holder paused past its lease learns it lost the lease when it
+// resumes, and its token is lower than the next holder's.
+func TestHolderPaused(t *testing.T) {
+	b := redistest.RealBackend(t)
+	s := newSpec(t, b.Addr, "paused", 1)
+	c := client(t, s)
+	holder := start(t, "hold", s)
+	mine := holder.token(10 * time.Second)
+	waiter := start(t, "hold", s)
+	waitWaiters(t, c, s, 1)
+	holder.signal(syscall.SIGSTOP)
+	next := waiter.token(s.lease + 5*time.Second)
+	holder.signal(syscall.SIGCONT)
+	cause := holder.expect("done ", 10*time.Second)
+	rel := holder.expect("release ", 5*time.Second)
+	t.Logf("paused holder: token %d, next holder's %d; Done: %s; Release: %s", mine, next, cause, rel)
+	if !strings.Contains(cause, "lease lost") || !strings.Contains(rel, "lease lost") {
+		t.Errorf("paused holder's Done cause %q, Release %q: want lease lost", cause, rel)
+	}
+	if mine >= next {
+		t.Errorf("paused holder's token %d is not below the next holder's %d", mine, next)
+	}
+	waiter.stop(5 * time.Second)
+	holder.stop(5 * time.Second)
+}
+
+// 5. Redis killed and started again on its port while processes loop:
+// they get errors, never hang, resume within a second of Redis being back,
+// and no permit is lost afterwards.
+func TestRedisRestart(t *testing.T) {
+	redistest.RealBackend(t) // skips, or fails under CI, without redis-server
+	srv, err := redisserver.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	s := newSpec(t, srv.Addr, "restart", 2)
+	var ws []*worker
+	for range 4 {
+		ws = append(ws, start(t, "loop", s))
+	}
+	time.Sleep(time.Second)
+	srv.Kill()
+	time.Sleep(time.Second)
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	time.Sleep(2 * time.Second)
+	for _, w := range ws {
+		w.stop(10 * time.Second) // a hung worker fails here
+	}
+	o := readLog(t, s.log, s.capacity)
+	var first int64
+	for _, at := range o.entersAt {
+		if at >= back.UnixMicro() {
+			first = at
+			break
+		}
+	}
+	if first == 0 {
+		t.Fatalf("no acquisition after Redis came back (%d before, %d errors)", o.enters, o.errors)
+	}
+	resumed := time.Duration(first-back.UnixMicro()) * time.Microsecond
+	t.Logf("Redis down 1 s: %d errors reported, work resumed %v after Redis was back, %d acquisitions in all", o.errors, resumed.Round(time.Millisecond), o.enters)
+	if o.errors == 0 {
+		t.Error("no caller saw an error while Redis was down")
+	}
+	if resumed > time.Second {
+		t.Errorf("work resumed %v after Redis was back", resumed)
+	}
+	// Everything was released: the whole capacity is free.
+	c := client(t, s)
+	l, err := c.TryAcquire(context.Background(), fairlock.Request{Name: s.name, Capacity: s.capacity, Permits: s.capacity})
+	if err != nil {
+		t.Fatalf("whole capacity after the restart: %v", err)
+	}
+	_ = l.Release(context.Background())
+}
+
+// 6. Hundreds of waiters cancelled at random moments leave no ghost: once
+// the holder releases, a fresh request is granted at once, and no key
+// remains when all is idle.
+func TestCancelledWaitersLeaveNoGhost(t *testing.T) {
+	b := redistest.RealBackend(t)
+	s := newSpec(t, b.Addr, "ghosts", 1)
+	ctx := context.Background()
+	held, err := client(t, s).Acquire(ctx, s.req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var wrong []error
+	for range 10 {
+		c := client(t, s)
+		for range 30 {
+			wg.Go(func() {
+				wctx, cancel := context.WithTimeout(ctx, time.Duration(1+rand.IntN(300))*time.Millisecond)
+				defer cancel()
+				if _, err := c.Acquire(wctx, s.req()); !errors.Is(err, context.DeadlineExceeded) {
+					mu.Lock()
+					wrong = append(wrong, err)
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if len(wrong) > 0 {
+		t.Fatalf("%d cancelled waiters returned something else, first: %v", len(wrong), wrong[0])
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, err := client(t, s).TryAcquire(ctx, s.req())
+	if err != nil {
+		t.Fatalf("fresh request after 300 cancelled waiters: %v", err)
+	}
+	_ = l.Release(ctx)
+	rdb := redis.NewClient(&redis.Options{Addr: s.addr})
+	defer rdb.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		keys, _ := rdb.Keys(ctx, s.prefix+"*").Result()
+		if len(keys) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("keys remain once idle: %v", keys)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
