@@ -81,7 +81,8 @@ func (s *Server) start() error {
 	defer c.Close()
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		if c.Ping(context.Background()).Err() == nil {
+		// A server with a password answers NOAUTH: it is up.
+		if err := c.Ping(context.Background()).Err(); err == nil || strings.HasPrefix(err.Error(), "NOAUTH") {
 			return nil
 		}
 		time.Sleep(10 * time.Millisecond)
