@@ -126,6 +126,67 @@ func TestCluster(t *testing.T) {
 		_ = both.Release(ctx)
 	})
 
+	t.Run("resharding", func(t *testing.T) {
+		// A semaphore with a holder and no waiters has its slot moved to
+		// another node; the holder keeps renewing, and the semaphore works on.
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+		defer rdb.Close()
+		a, err := fairlock.New(rdb, fairlock.WithPrefix("cl:"), fairlock.WithLeaseTTL(300*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		req := fairlock.Request{Name: "moved", Capacity: 1, Permits: 1}
+		held, err := a.Acquire(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slot, err := rdb.ClusterKeySlot(ctx, "cl:{moved}:s").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		from, err := cl.NodeOf(ctx, int(slot))
+		if err != nil {
+			t.Fatal(err)
+		}
+		to := (from + 1) % len(cl.Nodes)
+		if err := cl.MoveSlot(ctx, int(slot), to); err != nil {
+			t.Fatalf("moving slot %d: %v", slot, err)
+		}
+		if now, err := cl.NodeOf(ctx, int(slot)); err != nil || now != to {
+			t.Fatalf("slot %d on node %d after the move (%v), want %d", slot, now, err, to)
+		}
+		time.Sleep(time.Second) // several renewals, on the new node
+		if err := held.Err(); err != nil {
+			t.Fatalf("lease lost across the resharding: %v", err)
+		}
+		b := newClient()
+		got := make(chan *fairlock.Lease, 1)
+		go func() {
+			l, err := b.Acquire(ctx, req)
+			if err != nil {
+				t.Errorf("waiter after the move: %v", err)
+			}
+			got <- l
+		}()
+		waitWaiters(t, b, "moved", 1)
+		if err := held.Release(ctx); err != nil {
+			t.Fatalf("release after the move: %v", err)
+		}
+		select {
+		case l := <-got:
+			if l != nil {
+				if l.Token() <= held.Token() {
+					t.Errorf("token %d after %d", l.Token(), held.Token())
+				}
+				_ = l.Release(ctx)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("waiter not granted after the move")
+		}
+		t.Logf("slot %d moved from node %d to node %d under a live lease", slot, from, to)
+	})
+
 	t.Run("cross-slot multi-lock", func(t *testing.T) {
 		_, err := multilock.Lock(ctx, newClient(), "acct:1", "acct:2")
 		fltest.IsErr(t, "multi-lock across slots", err, fairlock.ErrCrossSlot)

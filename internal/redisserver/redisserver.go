@@ -218,3 +218,89 @@ func portFree(port int) bool {
 	l.Close()
 	return true
 }
+
+// MoveSlot migrates hash slot slot, with its keys, to the node at index
+// to, the way redis-cli --cluster reshard does: IMPORTING and MIGRATING,
+// MIGRATE of every key, then SETSLOT NODE on every master.
+func (c *Cluster) MoveSlot(ctx context.Context, slot, to int) error {
+	clients := make([]*redis.Client, len(c.Nodes))
+	ids := make([]string, len(c.Nodes))
+	for i, s := range c.Nodes {
+		clients[i] = redis.NewClient(&redis.Options{Addr: s.Addr})
+		defer clients[i].Close()
+		id, err := clients[i].Do(ctx, "CLUSTER", "MYID").Text()
+		if err != nil {
+			return err
+		}
+		ids[i] = id
+	}
+	slots, err := clients[0].ClusterSlots(ctx).Result()
+	if err != nil {
+		return err
+	}
+	from := -1
+	for _, r := range slots {
+		if slot >= int(r.Start) && slot <= int(r.End) && len(r.Nodes) > 0 {
+			for i, id := range ids {
+				if id == r.Nodes[0].ID {
+					from = i
+				}
+			}
+		}
+	}
+	switch {
+	case from < 0:
+		return fmt.Errorf("no node owns slot %d", slot)
+	case from == to:
+		return fmt.Errorf("slot %d is on node %d already", slot, to)
+	}
+	src, dst := clients[from], clients[to]
+	if err := dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[from]).Err(); err != nil {
+		return err
+	}
+	if err := src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[to]).Err(); err != nil {
+		return err
+	}
+	for {
+		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 100).Result()
+		if err != nil {
+			return err
+		}
+		if len(keys) == 0 {
+			break
+		}
+		args := []any{"MIGRATE", "127.0.0.1", c.Nodes[to].Port, "", 0, 5000, "KEYS"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		if err := src.Do(ctx, args...).Err(); err != nil {
+			return fmt.Errorf("MIGRATE: %w", err)
+		}
+	}
+	for _, cl := range clients {
+		if err := cl.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[to]).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// NodeOf returns the index of the node that owns slot.
+func (c *Cluster) NodeOf(ctx context.Context, slot int) (int, error) {
+	rdb := redis.NewClient(&redis.Options{Addr: c.Nodes[0].Addr})
+	defer rdb.Close()
+	slots, err := rdb.ClusterSlots(ctx).Result()
+	if err != nil {
+		return -1, err
+	}
+	for _, r := range slots {
+		if slot >= int(r.Start) && slot <= int(r.End) && len(r.Nodes) > 0 {
+			for i, s := range c.Nodes {
+				if r.Nodes[0].Addr == s.Addr {
+					return i, nil
+				}
+			}
+		}
+	}
+	return -1, fmt.Errorf("no node owns slot %d", slot)
+}
