@@ -31,7 +31,8 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease
 			return nil, wrap(err)
 		}
 		start := time.Now()
-		res, err := acquireScript.Run(ctx, c.rdb, p.keys, p.acquireArgs(mode, w.ticket, c)...).Slice()
+		cmd, ackErr := c.run(ctx, acquireScript, p.keys, p.acquireArgs(mode, w.ticket, c)...)
+		res, err := cmd.Slice()
 		var code, val int64
 		if err == nil {
 			code, err = reply(res).int(0)
@@ -55,12 +56,22 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease
 					return nil, wrap(err)
 				}
 			}
+			if ackErr != nil {
+				// Granted on the master only: give it back.
+				c.giveBack(ctx, p, w.ticket, tokens)
+				return nil, wrap(ackErr)
+			}
 			return c.newLease(ctx, p, w.ticket, tokens, start, false)
 		case 0:
 			c.unregister(r, w)
 			return nil, wrap(ErrNotAcquired)
 		}
 
+		if ackErr != nil {
+			c.unregister(r, w)
+			c.withdraw(ctx, p, w.ticket)
+			return nil, wrap(ackErr)
+		}
 		c.listen(r, w, time.Duration(val)*time.Millisecond)
 		select {
 		case wk := <-w.ch:
@@ -122,5 +133,12 @@ func (p plan) releaseArgs(op, ticket string, c *Client, unconfirmed bool, tokens
 func (c *Client) withdraw(ctx context.Context, p plan, ticket string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
 	defer cancel()
-	_ = releaseScript.Run(ctx, c.rdb, p.keys, p.releaseArgs("leave", ticket, c, true, nil)...).Err()
+	_, _ = c.run(ctx, releaseScript, p.keys, p.releaseArgs("leave", ticket, c, true, nil)...)
+}
+
+// giveBack releases a grant its caller will not use.
+func (c *Client) giveBack(ctx context.Context, p plan, ticket string, tokens []int64) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
+	defer cancel()
+	_, _ = c.run(ctx, releaseScript, p.keys, p.releaseArgs("release", ticket, c, false, tokens)...)
 }

@@ -69,6 +69,12 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.ackReplicas > 0 {
+		_, cluster := rdb.(*redis.ClusterClient)
+		if _, ok := rdb.(pipeliner); !ok || cluster {
+			return nil, fmt.Errorf("%w: WithReplicaAck needs a *redis.Client (single node or Sentinel failover), not %T", ErrInvalidArgument, rdb)
+		}
+	}
 	id := rand.Text()
 	if cfg.owner != "" {
 		id = cfg.owner + "/" + id

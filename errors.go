@@ -38,6 +38,11 @@ var (
 	// "{acct}:2") share a slot.
 	ErrCrossSlot = errors.New("fairlock: semaphores in different cluster slots")
 
+	// ErrNotReplicated is returned, with [ErrRedis], when a client made
+	// with [WithReplicaAck] did not see its write acknowledged by enough
+	// replicas in time.
+	ErrNotReplicated = errors.New("fairlock: not acknowledged by replicas")
+
 	// ErrClosed is returned by calls on a [Client] after Close.
 	ErrClosed = errors.New("fairlock: client closed")
 

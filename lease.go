@@ -63,8 +63,24 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	c.leases[l] = struct{}{}
 	c.mu.Unlock()
 	l.rmu.Lock()
-	l.timer = time.AfterFunc(first, l.renew)
+	if !announced || c.cfg.ackReplicas == 0 {
+		l.timer = time.AfterFunc(first, l.renew)
+		l.rmu.Unlock()
+		return l, nil
+	}
+	// With WithReplicaAck, an announced grant is confirmed, and the
+	// confirmation replicated, before the caller may rely on it.
+	l.timer = time.AfterFunc(time.Hour, l.renew)
+	l.timer.Stop()
 	l.rmu.Unlock()
+	l.renew()
+	l.rmu.Lock()
+	confirmed := !l.pending && !l.stopped
+	l.rmu.Unlock()
+	if !confirmed {
+		_ = l.Release(ctx)
+		return nil, fmt.Errorf("fairlock: acquire %s: %w: %w: the grant could not be confirmed on the replicas", labelOf(p.names), ErrRedis, ErrNotReplicated)
+	}
 	return l, nil
 }
 
@@ -133,7 +149,15 @@ func (l *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("fairlock: release %s: %w", labelOf(l.p.names), ErrNotHeld)
 	}
 	l.stopRenewal()
-	n, err := releaseScript.Run(ctx, l.c.rdb, l.p.keys, l.p.releaseArgs("release", l.ticket, l.c, l.pending, l.tokens)...).Int64()
+	cmd, ackErr := l.c.run(ctx, releaseScript, l.p.keys, l.p.releaseArgs("release", l.ticket, l.c, l.pending, l.tokens)...)
+	n, err := cmd.Int64()
+	if err == nil && ackErr != nil {
+		// Released on the master; a failover now could bring the lease
+		// back until its TTL runs out.
+		l.released = true
+		l.finish(ErrNotHeld)
+		return fmt.Errorf("fairlock: release %s: %w", labelOf(l.p.names), ackErr)
+	}
 	if err != nil {
 		l.finish(fmt.Errorf("%w: release failed, the lease is no longer renewed", ErrLeaseLost))
 		return fail(ctx, "release", l.p.names, err)
@@ -193,7 +217,11 @@ func (l *Lease) renew() {
 	ttl := l.c.cfg.leaseTTL
 	sent := time.Now()
 	ctx, cancel := context.WithDeadline(l.stopCtx, deadline)
-	n, err := releaseScript.Run(ctx, l.c.rdb, l.p.keys, l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens)...).Int64()
+	cmd, ackErr := l.c.run(ctx, releaseScript, l.p.keys, l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens)...)
+	n, err := cmd.Int64()
+	if err == nil && n == 1 && ackErr != nil {
+		err = ackErr // renewed on the master only: try again
+	}
 	cancel()
 
 	l.rmu.Lock()

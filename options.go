@@ -23,6 +23,9 @@ type config struct {
 	owner     string
 	leaseTTL  time.Duration
 	waiterTTL time.Duration
+
+	ackReplicas int // WithReplicaAck; 0 for none
+	ackTimeout  time.Duration
 }
 
 // maxOwnerLen bounds the label set with [WithOwner].
@@ -83,6 +86,8 @@ func newConfig(opts []Option) (config, error) {
 		return cfg, fmt.Errorf("%w: lease TTL %v is shorter than %v", ErrInvalidArgument, cfg.leaseTTL, minTTL)
 	case cfg.waiterTTL < minTTL:
 		return cfg, fmt.Errorf("%w: waiter TTL %v is shorter than %v", ErrInvalidArgument, cfg.waiterTTL, minTTL)
+	case cfg.ackReplicas < 0 || (cfg.ackReplicas > 0 && cfg.ackTimeout < time.Millisecond):
+		return cfg, fmt.Errorf("%w: WithReplicaAck(%d, %v): replicas must be >= 0 and the timeout at least 1ms", ErrInvalidArgument, cfg.ackReplicas, cfg.ackTimeout)
 	}
 	return cfg, nil
 }

@@ -262,7 +262,8 @@ func (r *room) refresh() (time.Duration, error) {
 	next := c.refreshEvery()
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 	defer cancel()
-	res, err := acquireScript.Run(ctx, c.rdb, r.k.list(), args...).Slice()
+	cmd, _ := c.run(ctx, acquireScript, r.k.list(), args...) // unreplicated refreshes are refreshed again
+	res, err := cmd.Slice()
 	if err == nil {
 		err = r.apply(res, &next)
 	}

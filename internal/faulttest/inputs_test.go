@@ -155,6 +155,25 @@ func TestBadInputAndFaults(t *testing.T) {
 			_, err := multilock.Lock(ctx, cc, "acct:1", "acct:2")
 			return err
 		}, fairlock.ErrCrossSlot},
+		{"WithReplicaAck on a Cluster client", func() error {
+			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr}})
+			defer rdb.Close()
+			_, err := fairlock.New(rdb, fairlock.WithReplicaAck(1, time.Second))
+			return err
+		}, fairlock.ErrInvalidArgument},
+		{"WithReplicaAck with negative replicas", func() error {
+			_, err := fairlock.New(admin, fairlock.WithReplicaAck(-1, time.Second))
+			return err
+		}, fairlock.ErrInvalidArgument},
+		{"WithReplicaAck with no replica", func() error {
+			ac, _ := newClient(fairlock.WithReplicaAck(1, 50*time.Millisecond))
+			_, err := ac.Acquire(ctx, mutex("noreplica"))
+			if !errors.Is(err, fairlock.ErrNotReplicated) {
+				return fmt.Errorf("want ErrNotReplicated: %w", err)
+			}
+			// The grant was given back.
+			return acquire(mutex("noreplica"))
+		}, nil},
 		{"empty multi-lock", func() error { _, err := multilock.Acquire(ctx, c); return err }, fairlock.ErrInvalidArgument},
 		{"duplicate names in a multi-lock", func() error { _, err := multilock.Lock(ctx, c, "d", "d"); return err }, fairlock.ErrInvalidArgument},
 	} {
