@@ -58,9 +58,9 @@ func waitWaiters(t *testing.T, c *fairlock.Client, s spec, n int) {
 	}
 }
 
-// occupancy reads a loop log: the acquisitions, the times the critical
-// section held more than capacity permits, and the entries (µs) after
-// since.
+// occupancy reads a loop log: the acquisitions (per semaphore), the times
+// a semaphore held more than its capacity, the errors callers saw, and
+// when (µs) each acquisition began.
 type occupancy struct {
 	enters, violations, errors int
 	entersAt                   []int64
@@ -74,12 +74,12 @@ func readLog(t *testing.T, path string, capacity int64) occupancy {
 	}
 	defer f.Close()
 	var o occupancy
-	var inUse int64
+	inUse := map[string]int64{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		var at, pid, token, n int64
-		var what string
-		if _, err := fmt.Sscanf(sc.Text(), "%d %d %s %d %d", &at, &pid, &what, &token, &n); err != nil {
+		var what, name string
+		if _, err := fmt.Sscanf(sc.Text(), "%d %d %s %d %d %s", &at, &pid, &what, &token, &n, &name); err != nil {
 			if strings.Contains(sc.Text(), " error ") {
 				o.errors++
 				continue
@@ -91,36 +91,45 @@ func readLog(t *testing.T, path string, capacity int64) occupancy {
 		}
 		switch what {
 		case "enter":
-			inUse += n
+			inUse[name] += n
 			o.enters++
 			o.entersAt = append(o.entersAt, at)
-			if inUse > capacity {
+			if inUse[name] > capacity {
 				o.violations++
 			}
 		case "exit":
-			inUse -= n
+			inUse[name] -= n
 		}
 	}
 	return o
 }
 
-// 1. Mutual exclusion under churn: 8 processes on a mutex and 8 on a
-// semaphore of capacity 3, at once.
+// 1. Mutual exclusion under churn: 8 processes on a mutex, 8 on a
+// semaphore of capacity 3, and 8 on two mutexes x and y: 4 of them lock
+// both at once (multi-lock), 4 lock x alone.
 func TestChurn(t *testing.T) {
 	b := redistest.RealBackend(t)
 	const procs = 8
 	mutex := newSpec(t, b.Addr, "mutex", 1)
 	sem := newSpec(t, b.Addr, "sem", 3)
-	sem.prefix = mutex.prefix
+	multi := newSpec(t, b.Addr, "{t}:x,{t}:y", 1)
+	single := multi
+	single.name, single.log = "{t}:x", multi.log
+	sem.prefix, multi.prefix, single.prefix = mutex.prefix, mutex.prefix, mutex.prefix
 	var ws []*worker
-	for range procs {
+	for i := range procs {
 		ws = append(ws, start(t, "loop", mutex), start(t, "loop", sem))
+		if i%2 == 0 {
+			ws = append(ws, start(t, "loop", multi))
+		} else {
+			ws = append(ws, start(t, "loop", single))
+		}
 	}
-	time.Sleep(4 * time.Second)
+	time.Sleep(6 * time.Second)
 	for _, w := range ws {
 		w.stop(10 * time.Second)
 	}
-	for _, s := range []spec{mutex, sem} {
+	for _, s := range []spec{mutex, sem, multi} {
 		o := readLog(t, s.log, s.capacity)
 		t.Logf("%s (capacity %d): %d processes, %d acquisitions, %d violations, %d errors", s.name, s.capacity, procs, o.enters, o.violations, o.errors)
 		if o.violations > 0 || o.errors > 0 || o.enters < procs {

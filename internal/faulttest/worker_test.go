@@ -56,8 +56,9 @@ func specFromEnv() spec {
 
 // work runs a worker process. It stops when its stdin closes.
 //
-//	loop: acquire, log "enter", hold, log "exit", release; on errors log
-//	      "error" and try again
+//	loop: acquire (all names at once, for a list), log "enter" for each,
+//	      hold, log "exit" for each, release; on errors log "error" and
+//	      try again
 //	hold: acquire once, print "acquired <token>", and hold until stdin
 //	      closes; if the lease ends first, print "done <cause>" and
 //	      "release <error>"
@@ -77,7 +78,13 @@ func work(mode string) int {
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		cancel()
 	}()
-	req := fairlock.Request{Name: s.name, Capacity: s.capacity, Permits: s.permits}
+	// A name list "a,b" asks for all of them at once (a multi-lock).
+	var reqs []fairlock.Request
+	names := strings.Split(s.name, ",")
+	for _, n := range names {
+		reqs = append(reqs, fairlock.Request{Name: n, Capacity: s.capacity, Permits: s.permits})
+	}
+	req := reqs[0]
 	switch mode {
 	case "loop":
 		f, err := os.OpenFile(s.log, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
@@ -93,7 +100,7 @@ func work(mode string) int {
 		}
 		for ctx.Err() == nil {
 			actx, acancel := context.WithTimeout(ctx, 5*time.Second)
-			l, err := c.Acquire(actx, req)
+			l, err := c.AcquireAll(actx, reqs...)
 			acancel()
 			if err != nil {
 				if ctx.Err() == nil {
@@ -102,9 +109,13 @@ func work(mode string) int {
 				}
 				continue
 			}
-			logf("enter %d %d", l.Token(), s.permits)
+			for _, p := range l.Parts() {
+				logf("enter %d %d %s", p.Token, p.Permits, p.Name)
+			}
 			time.Sleep(s.hold)
-			logf("exit %d %d", l.Token(), s.permits)
+			for _, p := range l.Parts() {
+				logf("exit %d %d %s", p.Token, p.Permits, p.Name)
+			}
 			if err := l.Release(context.Background()); err != nil {
 				logf("release %q", err.Error())
 			}
