@@ -133,8 +133,7 @@ func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 func (l *Lease) Err() error { return context.Cause(l.ctx) }
 
 // Release frees the lease's permits, of all its semaphores at once, and
-// hands them to the next waiters. It
-// stops renewal before it returns. It returns an error matching
+// hands them to the next waiters. It stops renewal before it returns. It returns an error matching
 // [ErrLeaseLost] if the lease had already expired or been dropped, so the
 // caller learns its critical section may have overlapped another holder's,
 // and [ErrNotHeld] if the lease was released before.
@@ -151,7 +150,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.stopRenewal()
 	cmd, ackErr := l.c.run(ctx, releaseScript, l.p.keys, l.p.releaseArgs("release", l.ticket, l.c, l.pending, l.tokens)...)
 	n, err := cmd.Int64()
-	if err == nil && ackErr != nil {
+	if err == nil && n == 1 && ackErr != nil {
 		// Released on the master; a failover now could bring the lease
 		// back until its TTL runs out.
 		l.released = true
