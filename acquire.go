@@ -47,7 +47,10 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease
 			return nil, fail(ctx, op, p.names, err)
 		}
 		switch code {
-		case 1:
+		case 1, 3:
+			// 3: a retry of this call (go-redis resends a command whose
+			// reply was lost) found the grant; it lasts only the waiter
+			// TTL until confirmed, like an announced one.
 			c.unregister(r, w)
 			tokens := make([]int64, len(p.parts))
 			for i := range tokens {
@@ -61,7 +64,7 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease
 				c.giveBack(ctx, p, w.ticket, tokens)
 				return nil, wrap(ackErr)
 			}
-			return c.newLease(ctx, p, w.ticket, tokens, start, false)
+			return c.newLease(ctx, p, w.ticket, tokens, start, code == 3)
 		case 0:
 			c.unregister(r, w)
 			return nil, wrap(ErrNotAcquired)

@@ -8,6 +8,10 @@
 --     returns {1, token...}       granted at once, a token per resource
 --             {0}                 "try" only: not granted, nothing queued
 --             {2, nextEventMs}    queued; the grant arrives on the wake list
+--             {3, token...}       granted already (this call is a retry of
+--                                 one whose reply was lost): confirm it
+--     The call is idempotent: go-redis resends a command whose reply it did
+--     not get, and the resent call finds what the first one did.
 --     error   "FAIRLOCK_CAPACITY <stored> <index>" when a capacity differs
 --             from the one stored with a resource in use
 --   "refresh"          KEYS: one resource's. ARGV: op, client, leaseMs,
@@ -83,6 +87,18 @@ end
 local ticket, client = ARGV[2], ARGV[3]
 local lease, wait, group = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local rs = declared()
+
+-- Every grant is recorded in I until released, so a retried call learns
+-- of one (whether this call's first run made it or a release announced
+-- it since) and a waiter that withdraws after a lost reply can find it.
+if redis.call('HGET', rs[1].I, ticket) then
+  local out = { 3 }
+  for i, r in ipairs(rs) do
+    out[i + 1] = tonumber(redis.call('HGET', r.I, ticket) or 0)
+  end
+  return out
+end
+
 local want = {}
 for i, r in ipairs(rs) do
   local n, capacity = tonumber(ARGV[5 + 2 * i]), tonumber(ARGV[6 + 2 * i])
@@ -119,7 +135,10 @@ end
 if free then
   local out = { 1 }
   for i, r in ipairs(rs) do
-    out[i + 1] = hold(r, ticket, want[i], client, lease)
+    local token = hold(r, ticket, want[i], client, lease)
+    redis.call('HSET', r.I, ticket, num(token))
+    r.wrote_i = true
+    out[i + 1] = token
   end
   finish()
   return out
@@ -131,10 +150,12 @@ end
 
 for i, r in ipairs(rs) do
   local m = waiter_member(ticket, want[i], client, lease, wait, group)
-  redis.call('ZADD', r.Q, next_seq(r), m)
+  -- NX: a retried call leaves the ticket where the first one put it.
+  if redis.call('ZADD', r.Q, 'NX', next_seq(r), m) == 1 then
+    r.nq = r.nq + 1
+  end
   redis.call('ZADD', r.D, now + wait, m)
   r.wrote_q = true
-  r.nq = r.nq + 1
   r.horizon = math.max(r.horizon, now + wait)
 end
 finish()

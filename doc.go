@@ -31,7 +31,7 @@
 //	:q  zset    waiters by arrival
 //	:d  zset    waiters by liveness deadline
 //	:h  zset    leases by expiry
-//	:i  hash    tokens of grants announced to a waiter, until confirmed
+//	:i  hash    tokens of live grants, for retried and withdrawn calls
 //	:w:<client> list of wake-ups for one client's waiters
 //
 // Every key expires once the deadlines it records have passed; an idle

@@ -12,10 +12,10 @@
 --   <b>:d  zset  the same waiters, scored by liveness deadline (ms)
 --   <b>:h  zset  holders "ticket permits client token", scored by lease
 --                expiry (ms)
---   <b>:i  hash  ticket -> token, for grants announced on a wake list and
---                not yet confirmed by their process (each record is needed
---                only until its grant's first, short deadline; the hash
---                expires with the keys)
+--   <b>:i  hash  ticket -> token of every live grant made at once, until
+--                released, and of every grant announced on a wake list,
+--                until its process confirms it: what a retried or
+--                withdrawn call finds (the hash expires with the keys)
 -- A waiter is "ticket permits client leaseMs waiterMs". A waiter that asks
 -- for several resources at once (a multi-request) is queued in each of
 -- them, its member followed by a tab and its group: "base\tpermits\tcap"

@@ -59,8 +59,8 @@ if result == 0 then
         drop_holder(p.r, p.hm)
       end
     end
-    -- A grant announced to this ticket is confirmed or over.
-    if unconfirmed == '1' then redis.call('HDEL', p.r.I, ticket) end
+    -- A grant announced to this ticket is confirmed, or the grant is over.
+    if unconfirmed == '1' or op ~= 'renew' then redis.call('HDEL', p.r.I, ticket) end
   end
   if live then
     result = 1
