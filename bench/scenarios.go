@@ -139,15 +139,6 @@ func perAcq(cmds, acqs int64) string {
 	return f2(float64(cmds) / float64(acqs))
 }
 
-func fairlockIndex(ims []impl) int {
-	for i, im := range ims {
-		if !im.peer {
-			return i
-		}
-	}
-	return -1
-}
-
 // 1. Uncontended acquire and release, against a PING in the same loop.
 func uncontended(e *env) ([]*Table, []Target, error) {
 	ctx := context.Background()
@@ -295,7 +286,6 @@ type loopStats struct {
 	holdSum  time.Duration
 	overlaps int64
 	elapsed  time.Duration
-	cmds     int64
 	server   int64 // INFO commandstats calls, -1 if unknown
 	err      error
 }

@@ -105,7 +105,6 @@ type counter struct {
 	byName   map[string]int
 	blocking int // BLPOPs in flight now
 	peak     int // most BLPOPs in flight at once
-	hold     chan struct{}
 }
 
 func newCounter() *counter { return &counter{byName: map[string]int{}} }

@@ -238,24 +238,11 @@ func (c *Cluster) MoveSlot(ctx context.Context, slot, to int) error {
 		}
 		ids[i] = id
 	}
-	slots, err := clients[0].ClusterSlots(ctx).Result()
+	from, err := c.NodeOf(ctx, slot)
 	if err != nil {
 		return err
 	}
-	from := -1
-	for _, r := range slots {
-		if slot >= int(r.Start) && slot <= int(r.End) && len(r.Nodes) > 0 {
-			for i, id := range ids {
-				if id == r.Nodes[0].ID {
-					from = i
-				}
-			}
-		}
-	}
-	switch {
-	case from < 0:
-		return fmt.Errorf("no node owns slot %d", slot)
-	case from == to:
+	if from == to {
 		return fmt.Errorf("slot %d is on node %d already", slot, to)
 	}
 	src, dst := clients[from], clients[to]
@@ -293,15 +280,20 @@ func (c *Cluster) MoveSlot(ctx context.Context, slot, to int) error {
 func (c *Cluster) NodeOf(ctx context.Context, slot int) (int, error) {
 	rdb := redis.NewClient(&redis.Options{Addr: c.Nodes[0].Addr})
 	defer rdb.Close()
-	slots, err := rdb.ClusterSlots(ctx).Result()
+	shards, err := rdb.ClusterShards(ctx).Result()
 	if err != nil {
 		return -1, err
 	}
-	for _, r := range slots {
-		if slot >= int(r.Start) && slot <= int(r.End) && len(r.Nodes) > 0 {
-			for i, s := range c.Nodes {
-				if r.Nodes[0].Addr == s.Addr {
-					return i, nil
+	for _, sh := range shards {
+		for _, r := range sh.Slots {
+			if int64(slot) < r.Start || int64(slot) > r.End {
+				continue
+			}
+			for _, n := range sh.Nodes {
+				for i, s := range c.Nodes {
+					if n.Role == "master" && int(n.Port) == s.Port {
+						return i, nil
+					}
 				}
 			}
 		}
