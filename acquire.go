@@ -134,14 +134,18 @@ func (p plan) releaseArgs(op, ticket string, c *Client, unconfirmed bool, tokens
 // be reached, the ticket dies on its own: a waiter at its liveness
 // deadline, a grant when its lease expires.
 func (c *Client) withdraw(ctx context.Context, p plan, ticket string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
-	defer cancel()
-	_, _ = c.run(ctx, releaseScript, p.keys, p.releaseArgs("leave", ticket, c, true, nil)...)
+	c.letGo(ctx, p.releaseArgs("leave", ticket, c, true, nil), p)
 }
 
 // giveBack releases a grant its caller will not use.
 func (c *Client) giveBack(ctx context.Context, p plan, ticket string, tokens []int64) {
+	c.letGo(ctx, p.releaseArgs("release", ticket, c, false, tokens), p)
+}
+
+// letGo runs release.lua with args on p's semaphores, best effort, with a
+// context that outlives the caller's by up to one waiter TTL.
+func (c *Client) letGo(ctx context.Context, args []any, p plan) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
 	defer cancel()
-	_, _ = c.run(ctx, releaseScript, p.keys, p.releaseArgs("release", ticket, c, false, tokens)...)
+	_, _ = c.run(ctx, releaseScript, p.keys, args...)
 }

@@ -74,7 +74,7 @@ func TestCluster(t *testing.T) {
 				}
 				_ = l.Release(ctx)
 			})
-			waitWaiters(t, a, name, 1)
+			fltest.WaitWaiters(t, a, name, 1)
 			if err := held.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -99,7 +99,7 @@ func TestCluster(t *testing.T) {
 			}
 			got <- l
 		}()
-		waitWaiters(t, a, "{acct}:2", 1)
+		fltest.WaitWaiters(t, a, "{acct}:2", 1)
 		// This release runs a script on {acct}:1's keys that grants the
 		// multi-lock on {acct}:2 as well.
 		if err := held.Release(ctx); err != nil {
@@ -169,7 +169,7 @@ func TestCluster(t *testing.T) {
 			}
 			got <- l
 		}()
-		waitWaiters(t, b, "moved", 1)
+		fltest.WaitWaiters(t, b, "moved", 1)
 		if err := held.Release(ctx); err != nil {
 			t.Fatalf("release after the move: %v", err)
 		}
@@ -191,19 +191,4 @@ func TestCluster(t *testing.T) {
 		_, err := multilock.Lock(ctx, newClient(), "acct:1", "acct:2")
 		fltest.IsErr(t, "multi-lock across slots", err, fairlock.ErrCrossSlot)
 	})
-}
-
-func waitWaiters(t *testing.T, c *fairlock.Client, name string, n int) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st, err := c.Status(context.Background(), name)
-		if err == nil && len(st.Waiters) == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: waiters %v (%v), want %d", name, st.Waiters, err, n)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }

@@ -42,7 +42,7 @@ func (e *env) hold(c *fairlock.Client, req fairlock.Request) *fairlock.Lease {
 // waitQueued waits until n requests wait for name.
 func (e *env) waitQueued(name string, n int) {
 	e.t.Helper()
-	e.WaitFor("queue of "+name, func() bool { return len(e.status(name).Waiters) == n })
+	fltest.WaitWaiters(e.t, e.Client(), name, n)
 }
 
 type result struct {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redisserver"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -45,17 +46,7 @@ func (s spec) req() fairlock.Request {
 // waitWaiters waits until n requests wait for s's semaphore.
 func waitWaiters(t *testing.T, c *fairlock.Client, s spec, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st, err := c.Status(context.Background(), s.name)
-		if err == nil && len(st.Waiters) == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %d waiters (%v), want %d", s.name, len(st.Waiters), err, n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	fltest.WaitWaiters(t, c, s.name, n)
 }
 
 // occupancy reads a loop log: the acquisitions (per semaphore), the times

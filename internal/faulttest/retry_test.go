@@ -3,7 +3,6 @@ package faulttest
 import (
 	"bytes"
 	"context"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -85,9 +84,6 @@ func (p *lossy) serve() {
 					}
 				}
 				if err != nil {
-					if err != io.EOF {
-						return
-					}
 					return
 				}
 			}

@@ -84,7 +84,6 @@ func work(mode string) int {
 	for _, n := range names {
 		reqs = append(reqs, fairlock.Request{Name: n, Capacity: s.capacity, Permits: s.permits})
 	}
-	req := reqs[0]
 	switch mode {
 	case "loop":
 		f, err := os.OpenFile(s.log, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
@@ -122,7 +121,7 @@ func work(mode string) int {
 		}
 		return 0
 	case "hold":
-		l, err := c.Acquire(ctx, req)
+		l, err := c.AcquireAll(ctx, reqs...)
 		if err != nil {
 			fmt.Println("error", err)
 			return 1

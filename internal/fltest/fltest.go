@@ -71,6 +71,23 @@ func (e *Env) WaitFor(what string, cond func() bool) {
 	}
 }
 
+// WaitWaiters waits until c's Status shows n live waiters for name,
+// failing the test after 10s.
+func WaitWaiters(t testing.TB, c *fairlock.Client, name string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := c.Status(context.Background(), name)
+		if err == nil && len(st.Waiters) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: waiters %v (%v), want %d", name, st.Waiters, err, n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
 // Release releases l, failing the test on an error.
 func (e *Env) Release(l *fairlock.Lease) {
 	e.T.Helper()
