@@ -54,6 +54,7 @@ func waitWaiters(t *testing.T, c *fairlock.Client, s spec, n int) {
 // when (µs) each acquisition began.
 type occupancy struct {
 	enters, violations, errors int
+	releaseErrors              int // Release returned an error
 	entersAt                   []int64
 }
 
@@ -76,6 +77,7 @@ func readLog(t *testing.T, path string, capacity int64) occupancy {
 				continue
 			}
 			if strings.Contains(sc.Text(), " release ") {
+				o.releaseErrors++
 				continue
 			}
 			t.Fatalf("bad log line %q: %v", sc.Text(), err)
@@ -122,9 +124,9 @@ func TestChurn(t *testing.T) {
 	}
 	for _, s := range []spec{mutex, sem, multi} {
 		o := readLog(t, s.log, s.capacity)
-		t.Logf("%s (capacity %d): %d processes, %d acquisitions, %d violations, %d errors", s.name, s.capacity, procs, o.enters, o.violations, o.errors)
-		if o.violations > 0 || o.errors > 0 || o.enters < procs {
-			t.Errorf("%s: %d acquisitions, %d violations, %d errors", s.name, o.enters, o.violations, o.errors)
+		t.Logf("%s (capacity %d): %d processes, %d acquisitions, %d violations, %d errors", s.name, s.capacity, procs, o.enters, o.violations, o.errors+o.releaseErrors)
+		if o.violations > 0 || o.errors+o.releaseErrors > 0 || o.enters < procs {
+			t.Errorf("%s: %d acquisitions, %d violations, %d acquire and %d release errors", s.name, o.enters, o.violations, o.errors, o.releaseErrors)
 		}
 	}
 }
@@ -300,8 +302,12 @@ func TestRedisRestart(t *testing.T) {
 		t.Fatalf("no acquisition after Redis came back (%d before, %d errors)", o.enters, o.errors)
 	}
 	resumed := time.Duration(first-back.UnixMicro()) * time.Microsecond
-	t.Logf("Redis down 1 s: %d errors reported, work resumed %v after Redis was back, %d acquisitions in all", o.errors, resumed.Round(time.Millisecond), o.enters)
-	if o.errors == 0 {
+	t.Logf("Redis down 1 s: %d acquire and %d release errors reported, work resumed %v after Redis was back, %d acquisitions in all",
+		o.errors, o.releaseErrors, resumed.Round(time.Millisecond), o.enters)
+	// go-redis's own retries may carry a waiting Acquire across the
+	// outage; the holders' releases cannot succeed (the restarted Redis
+	// has no record of their leases).
+	if o.errors+o.releaseErrors == 0 {
 		t.Error("no caller saw an error while Redis was down")
 	}
 	if resumed > time.Second {
