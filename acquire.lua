@@ -6,6 +6,7 @@
 --                      group ("" for one resource), then permits, capacity
 --                      for each resource.
 --     returns {1, token...}       granted at once, a token per resource
+--                                 (tokens are decimal strings)
 --             {0}                 "try" only: not granted, nothing queued
 --             {2, nextEventMs}    queued; the grant arrives on the wake list
 --             {3, token...}       granted already (this call is a retry of
@@ -67,8 +68,9 @@ if op == 'refresh' then
       local tokens = {}
       for j, p in ipairs(parts) do
         local r = load(p.base)
-        local token = redis.call('HGET', r.I, ticket)
-        local at = token and redis.call('ZSCORE', r.H, holder_member(ticket, p.n, client, tonumber(token)))
+        local token = r.grants[ticket]
+        if token == nil then token = redis.call('HGET', r.S, ticket) end
+        local at = token and redis.call('ZSCORE', r.H, holder_member(ticket, num(p.n), client, token))
         if not (at and tonumber(at) > now) then
           tokens = nil
           break
@@ -86,15 +88,15 @@ end
 
 local ticket, client = ARGV[2], ARGV[3]
 local lease, wait, group = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
-local rs = declared()
+local rs = declared(ticket)
 
--- Every grant is recorded in I until released, so a retried call learns
+-- Every grant is recorded in S until released, so a retried call learns
 -- of one (whether this call's first run made it or a release announced
 -- it since) and a waiter that withdraws after a lost reply can find it.
-if redis.call('HGET', rs[1].I, ticket) then
+if rs[1].grant then
   local out = { 3 }
   for i, r in ipairs(rs) do
-    out[i + 1] = tonumber(redis.call('HGET', r.I, ticket) or 0)
+    out[i + 1] = r.grant or '0'
   end
   return out
 end
@@ -135,10 +137,7 @@ end
 if free then
   local out = { 1 }
   for i, r in ipairs(rs) do
-    local token = hold(r, ticket, want[i], client, lease)
-    redis.call('HSET', r.I, ticket, num(token))
-    r.wrote_i = true
-    out[i + 1] = token
+    out[i + 1] = hold(r, ticket, want[i], num(want[i]), client, lease)
   end
   finish()
   return out

@@ -27,11 +27,11 @@
 // prefix+"{N}" (or prefix+N when N already carries a hash tag such as
 // "{acct}:17"), so all its keys share a Cluster slot:
 //
-//	:s  hash    capacity, permits in use, counts, token sequence, key expiry
+//	:s  hash    capacity, permits in use, counts, token sequence, key expiry;
+//	            and the tokens of live grants, for retried and withdrawn calls
 //	:q  zset    waiters by arrival
 //	:d  zset    waiters by liveness deadline
 //	:h  zset    leases by expiry
-//	:i  hash    tokens of live grants, for retried and withdrawn calls
 //	:w:<client> list of wake-ups for one client's waiters
 //
 // Every key expires once the deadlines it records have passed; an idle

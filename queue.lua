@@ -3,19 +3,20 @@
 -- fairlock prepends this file to acquire.lua and release.lua, so every state
 -- change runs as one script that sees the same model and the same grant rule.
 --
--- A script serves one or more semaphores ("resources"); KEYS holds five
+-- A script serves one or more semaphores ("resources"); KEYS holds four
 -- keys for each, in this order (one resource's keys share one hash tag, so
 -- one Cluster slot; a multi-resource request needs all in one slot):
 --   <b>:s  hash  cap, used (permits held), nh (holders), nq (waiters),
---                seq (last sequence number), exp (when keys expire, ms)
+--                seq (last sequence number), exp (when keys expire, ms);
+--                and ticket -> token of every live grant made at once,
+--                until released, and of every grant announced on a wake
+--                list, until its process confirms it: what a retried or
+--                withdrawn call finds. Tickets are upper-case base32 text,
+--                so they never clash with the lower-case state fields.
 --   <b>:q  zset  waiters, scored by arrival sequence
 --   <b>:d  zset  the same waiters, scored by liveness deadline (ms)
 --   <b>:h  zset  holders "ticket permits client token", scored by lease
 --                expiry (ms)
---   <b>:i  hash  ticket -> token of every live grant made at once, until
---                released, and of every grant announced on a wake list,
---                until its process confirms it: what a retried or
---                withdrawn call finds (the hash expires with the keys)
 -- A waiter is "ticket permits client leaseMs waiterMs". A waiter that asks
 -- for several resources at once (a multi-request) is queued in each of
 -- them, its member followed by a tab and its group: "base\tpermits\tcap"
@@ -31,9 +32,11 @@
 --
 -- All times come from Redis's TIME, never from a client. A lease or a waiter
 -- whose time has come (expiry <= now) is gone, whether or not anyone said so.
--- Every redis.call costs about a microsecond, so the common paths make few:
--- each state hash is read once and written once, expired leases are purged
--- only when their permits are needed, and key TTLs move in large steps.
+-- A script's cost is mostly redis.call and conversions between numbers and
+-- strings, so the common paths make few of either: each state hash is read
+-- once and written once (only the fields that changed), numbers are
+-- formatted once, expired leases are purged only when their permits are
+-- needed, and key TTLs move in large steps.
 
 local clock = redis.call('TIME')
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
@@ -42,7 +45,7 @@ local now = math.floor(now_us / 1000)
 -- num formats an integer-valued number (or numeric string) without
 -- exponent notation.
 local function num(x)
-  return string.format('%.0f', tonumber(x))
+  return string.format('%d', x)
 end
 
 local function waiter_member(ticket, n, client, lease, wait, group)
@@ -51,8 +54,9 @@ local function waiter_member(ticket, n, client, lease, wait, group)
   return m
 end
 
-local function holder_member(ticket, n, client, token)
-  return ticket .. ' ' .. num(n) .. ' ' .. client .. ' ' .. num(token)
+-- holder_member takes permits and token already formatted.
+local function holder_member(ticket, ns, client, ts)
+  return ticket .. ' ' .. ns .. ' ' .. client .. ' ' .. ts
 end
 
 -- parse_group reads a multi-request's group into its parts {base, n, cap}.
@@ -66,14 +70,15 @@ local function parse_group(group)
 end
 
 local function parse_waiter(m)
-  local head, group = string.match(m, '^([^\t]*)\t(.*)$')
-  head = head or m
+  local tab = string.find(m, '\t', 1, true)
+  local head = m
+  if tab then head = string.sub(m, 1, tab - 1) end
   local ticket, n, client, lease, wait = string.match(head, '^(%S+) (%d+) (%S+) (%d+) (%d+)$')
   if not ticket then return nil end
-  local w = { ticket = ticket, n = tonumber(n), client = client, lease = tonumber(lease), wait = tonumber(wait) }
-  if group then
-    w.group = group
-    w.parts = parse_group(group)
+  local w = { ticket = ticket, n = tonumber(n), ns = n, client = client, lease = tonumber(lease), wait = tonumber(wait) }
+  if tab then
+    w.group = string.sub(m, tab + 1)
+    w.parts = parse_group(w.group)
   end
   return w
 end
@@ -95,35 +100,63 @@ local function rebuild(r)
   r.wrote_h, r.wrote_q = true, r.nq > 0
 end
 
-local function load(base)
+-- load returns the resource with key base base, reading its state on first
+-- use. k is the index in KEYS of its first key, if it was declared; ticket,
+-- if given, is looked up in its grants (r.grant).
+local function load(base, k, ticket)
   local r = by_base[base]
   if r then return r end
-  r = { base = base, S = base .. ':s', Q = base .. ':q', D = base .. ':d', H = base .. ':h', I = base .. ':i' }
-  local st = redis.call('HMGET', r.S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp')
-  r.cap = tonumber(st[1])
-  r.used = tonumber(st[2]) or 0
-  r.nh = tonumber(st[3]) or 0
-  r.nq = tonumber(st[4]) or 0
-  r.seq = tonumber(st[5]) or 0
-  r.exp = tonumber(st[6]) or 0
-  r.nh0, r.nq0, r.used0, r.seq0 = r.nh, r.nq, r.used, r.seq
-  r.horizon = 0 -- latest deadline written by this script
-  -- Keys this script added members to, which may have been created (or
-  -- emptied and created again) here and so have no TTL yet.
-  r.wrote_h, r.wrote_q, r.wrote_i = false, false, false
+  local S, Q, D, H
+  if k then
+    S, Q, D, H = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+  else
+    S, Q, D, H = base .. ':s', base .. ':q', base .. ':d', base .. ':h'
+  end
+  local st, grant
+  if ticket then
+    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', ticket)
+    grant = st[7]
+  else
+    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp')
+  end
+  local used, nh, nq, seq = tonumber(st[2]) or 0, tonumber(st[3]) or 0, tonumber(st[4]) or 0, tonumber(st[5]) or 0
+  -- One constructor with every field: growing a table field by field
+  -- costs more than the rest of this function.
+  r = {
+    base = base, S = S, Q = Q, D = D, H = H, grant = grant,
+    cap = tonumber(st[1]), used = used, nh = nh, nq = nq, seq = seq, exp = tonumber(st[6]) or 0,
+    -- as read, to write back only what changed
+    used0 = used, nh0 = nh, nq0 = nq, seq0 = seq,
+    horizon = 0, -- latest deadline written by this script
+    -- Keys this script added members to, which may have been created (or
+    -- emptied and created again) here and so have no TTL yet.
+    wrote_h = false, wrote_q = false,
+    hpurged = false, wpurged = false, newcap = false,
+    -- Grants to record (ticket -> token) or forget (ticket -> false) in S,
+    -- and their order.
+    grants = {}, gorder = {},
+  }
   rebuild(r)
   by_base[base] = r
   loaded[#loaded + 1] = r
   return r
 end
 
--- declared returns the resources whose keys the caller passed in KEYS.
-local function declared()
+-- declared returns the resources whose keys the caller passed in KEYS,
+-- looking ticket up in each.
+local function declared(ticket)
   local rs = {}
-  for i = 1, #KEYS, 5 do
-    rs[#rs + 1] = load(string.sub(KEYS[i], 1, -3))
+  for i = 1, #KEYS, 4 do
+    rs[#rs + 1] = load(string.sub(KEYS[i], 1, -3), i, ticket)
   end
   return rs
+end
+
+-- record notes a grant's token (a string) under its ticket, or forgets
+-- the ticket (ts false); finish writes it.
+local function record(r, ticket, ts)
+  if r.grants[ticket] == nil then r.gorder[#r.gorder + 1] = ticket end
+  r.grants[ticket] = ts
 end
 
 -- next_seq hands out the next number of a resource's one sequence, used
@@ -135,13 +168,15 @@ local function next_seq(r)
   return r.seq
 end
 
--- drop_holder forgets a lease and frees its permits.
-local function drop_holder(r, m)
+-- drop_holder forgets a lease of n permits (n is read from the member
+-- when not given) and frees its permits.
+local function drop_holder(r, m, n)
   redis.call('ZREM', r.H, m)
-  local ticket, n = string.match(m, '^(%S+) (%d+)')
-  r.used = r.used - (tonumber(n) or 0)
+  local ticket = string.match(m, '^%S+')
+  if not n then n = tonumber(string.match(m, '^%S+ (%d+)')) or 0 end
+  r.used = r.used - n
   r.nh = r.nh - 1
-  return ticket
+  record(r, ticket, false)
 end
 
 -- purge_holders drops leases whose expiry has passed. Time stands still
@@ -150,7 +185,7 @@ local function purge_holders(r)
   if r.nh <= 0 or r.hpurged then return end
   r.hpurged = true
   for _, m in ipairs(redis.call('ZRANGEBYSCORE', r.H, '-inf', now)) do
-    redis.call('HDEL', r.I, drop_holder(r, m))
+    drop_holder(r, m)
   end
 end
 
@@ -185,16 +220,17 @@ local function purge_waiters(r)
   end
 end
 
--- hold records a lease of n permits of r for ticket, lasting ttl ms, and
--- returns its token.
-local function hold(r, ticket, n, client, ttl)
-  local token = next_seq(r)
-  redis.call('ZADD', r.H, now + ttl, holder_member(ticket, n, client, token))
+-- hold records a lease of n permits (ns, formatted) of r for ticket,
+-- lasting ttl ms, and returns its token, formatted.
+local function hold(r, ticket, n, ns, client, ttl)
+  local ts = num(next_seq(r))
+  redis.call('ZADD', r.H, num(now + ttl), holder_member(ticket, ns, client, ts))
+  record(r, ticket, ts)
   r.wrote_h = true
   r.used = r.used + n
   r.nh = r.nh + 1
   r.horizon = math.max(r.horizon, now + ttl)
-  return token
+  return ts
 end
 
 -- fits reports whether n more permits of r fit now, purging expired leases
@@ -242,15 +278,11 @@ local function announce(w, parts)
   local ttl = math.min(w.lease, w.wait)
   local tokens = {}
   for i, p in ipairs(parts) do
-    local r = load(p.base)
-    local token = num(hold(r, w.ticket, p.n, w.client, ttl))
-    redis.call('HSET', r.I, w.ticket, token)
-    r.wrote_i = true
-    tokens[i] = token
+    tokens[i] = hold(load(p.base), w.ticket, p.n, p.ns or num(p.n), w.client, ttl)
   end
   local list = parts[1].base .. ':w:' .. w.client
   redis.call('RPUSH', list, w.ticket .. ' ' .. table.concat(tokens, ' '))
-  redis.call('PEXPIRE', list, ttl)
+  redis.call('PEXPIRE', list, num(ttl))
 end
 
 -- pump grants r's waiting tickets strictly in arrival order while the head
@@ -281,7 +313,7 @@ local function pump(r)
     else
       if not fits(r, w.n) then break end
       unqueue(r, m)
-      announce(w, { { base = r.base, n = w.n } })
+      announce(w, { { base = r.base, n = w.n, ns = w.ns } })
     end
   end
   return touched
@@ -299,47 +331,83 @@ local function run_queues(rs)
   end
 end
 
--- finish_one writes a resource's state back and keeps its keys alive until
--- the last deadline they hold. A semaphore with no holders and no waiters
--- keeps only its state hash, for the sequence, and only for a second past
--- it.
+-- finish_one writes what changed of a resource's state back, and keeps its
+-- keys alive until the last deadline they hold. A semaphore with no holders
+-- and no waiters keeps only its state hash, for the sequence, and only for
+-- a second past it.
 local function finish_one(r)
-  local changed = r.used ~= r.used0 or r.nh ~= r.nh0 or r.nq ~= r.nq0 or r.seq ~= r.seq0
-  if not (changed or r.wrote_h or r.wrote_q or r.wrote_i or r.horizon > r.exp or r.newcap) then
-    return
+  local f, del = {}, {}
+  for _, t in ipairs(r.gorder) do
+    local ts = r.grants[t]
+    if ts then
+      f[#f + 1] = t
+      f[#f + 1] = ts
+    else
+      del[#del + 1] = t
+    end
+  end
+  if r.newcap then
+    f[#f + 1] = 'cap'
+    f[#f + 1] = num(r.cap or 0)
+  end
+  if r.used ~= r.used0 then
+    f[#f + 1] = 'used'
+    f[#f + 1] = num(r.used)
+  end
+  if r.nh ~= r.nh0 then
+    f[#f + 1] = 'nh'
+    f[#f + 1] = num(r.nh)
+  end
+  if r.nq ~= r.nq0 then
+    f[#f + 1] = 'nq'
+    f[#f + 1] = num(r.nq)
+  end
+  if r.seq ~= r.seq0 then
+    f[#f + 1] = 'seq'
+    f[#f + 1] = num(r.seq)
   end
   local keep = math.floor(r.seq / 1000) + 1000
-  if r.nh <= 0 and r.nq <= 0 then
+  local idle = r.nh <= 0 and r.nq <= 0
+  local exp = r.exp
+  if idle then
     -- The sorted sets are empty, so Redis has deleted them already.
-    redis.call('HSET', r.S, 'cap', r.cap or 0, 'used', 0, 'nh', 0, 'nq', 0, 'seq', num(r.seq), 'exp', keep)
-    redis.call('PEXPIREAT', r.S, keep)
+    if #f > 0 then exp = keep end
+  else
+    local need = math.max(r.horizon, keep)
+    if need > r.exp then
+      -- Move the horizon well past what is needed, so that renewals seldom
+      -- have to move it again.
+      exp = math.max(r.exp, need + math.max(need - now, 1000))
+    end
+  end
+  local moved = exp ~= r.exp
+  if #f == 0 and #del == 0 and not (moved or r.wrote_h or r.wrote_q) then return end
+  if #del > 0 then redis.call('HDEL', r.S, unpack(del)) end
+  local at = num(exp)
+  if moved then
+    f[#f + 1] = 'exp'
+    f[#f + 1] = at
+  end
+  if #f > 0 then redis.call('HSET', r.S, unpack(f)) end
+  if idle then
+    if moved then redis.call('PEXPIREAT', r.S, at) end
     return
   end
-  local need = math.max(r.horizon, keep)
-  if need > r.exp or r.newcap then
-    -- Move the horizon well past what is needed, so that renewals seldom
-    -- have to move it again.
-    local exp = math.max(r.exp, need + math.max(need - now, 1000))
+  if moved then
     r.exp = exp
-    redis.call('HSET', r.S, 'cap', r.cap, 'used', r.used, 'nh', r.nh, 'nq', r.nq, 'seq', num(r.seq), 'exp', exp)
-    redis.call('PEXPIREAT', r.S, exp)
-    redis.call('PEXPIREAT', r.H, exp)
-    if r.wrote_i then redis.call('PEXPIREAT', r.I, exp) end
+    redis.call('PEXPIREAT', r.S, at)
+    if r.nh > 0 then redis.call('PEXPIREAT', r.H, at) end
     if r.nq > 0 then
-      redis.call('PEXPIREAT', r.Q, exp)
-      redis.call('PEXPIREAT', r.D, exp)
+      redis.call('PEXPIREAT', r.Q, at)
+      redis.call('PEXPIREAT', r.D, at)
     end
     return
   end
-  if changed then
-    redis.call('HSET', r.S, 'used', r.used, 'nh', r.nh, 'nq', r.nq, 'seq', num(r.seq))
-  end
-  if r.wrote_h then redis.call('PEXPIREAT', r.H, r.exp) end
+  if r.wrote_h then redis.call('PEXPIREAT', r.H, at) end
   if r.wrote_q then
-    redis.call('PEXPIREAT', r.Q, r.exp)
-    redis.call('PEXPIREAT', r.D, r.exp)
+    redis.call('PEXPIREAT', r.Q, at)
+    redis.call('PEXPIREAT', r.D, at)
   end
-  if r.wrote_i then redis.call('PEXPIREAT', r.I, r.exp) end
 end
 
 local function finish()

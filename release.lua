@@ -18,19 +18,21 @@
 
 local op, ticket, client, unconfirmed = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local lease, wait, group = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
-local rs = declared()
+local rs = declared(op == 'leave' and ticket or nil)
 local parts = {}
 for i, r in ipairs(rs) do
-  parts[i] = { r = r, n = tonumber(ARGV[6 + 2 * i]), token = tonumber(ARGV[7 + 2 * i]) }
+  -- The client formats numbers as the scripts do, so its strings serve
+  -- in members as they are.
+  parts[i] = { r = r, n = tonumber(ARGV[6 + 2 * i]), ns = ARGV[6 + 2 * i], ts = ARGV[7 + 2 * i] }
 end
 local result = 0
 
 if op == 'leave' then
-  -- A grant this waiter has not heard of was announced, so I has its
+  -- A grant this waiter has not heard of was announced, so S has its
   -- tokens.
   unconfirmed = '1'
   for _, p in ipairs(parts) do
-    p.token = tonumber(redis.call('HGET', p.r.I, ticket) or 0)
+    p.ts = p.r.grant or '0'
     local m = waiter_member(ticket, p.n, client, lease, wait, group)
     if redis.call('ZREM', p.r.Q, m) == 1 then
       redis.call('ZREM', p.r.D, m)
@@ -44,8 +46,8 @@ if result == 0 then
   -- Find the lease on every resource; it is live only if live on all.
   local live = true
   for _, p in ipairs(parts) do
-    if p.token > 0 then
-      p.hm = holder_member(ticket, p.n, client, p.token)
+    if p.ts ~= '0' then
+      p.hm = holder_member(ticket, p.ns, client, p.ts)
       p.at = tonumber(redis.call('ZSCORE', p.r.H, p.hm))
     end
     if not (p.at and p.at > now) then live = false end
@@ -53,14 +55,14 @@ if result == 0 then
   for _, p in ipairs(parts) do
     if p.at then
       if op == 'renew' and live then
-        redis.call('ZADD', p.r.H, now + lease, p.hm)
+        redis.call('ZADD', p.r.H, num(now + lease), p.hm)
         p.r.horizon = now + lease
       else
-        drop_holder(p.r, p.hm)
+        drop_holder(p.r, p.hm, p.n)
       end
     end
     -- A grant announced to this ticket is confirmed, or the grant is over.
-    if unconfirmed == '1' or op ~= 'renew' then redis.call('HDEL', p.r.I, ticket) end
+    if unconfirmed == '1' or op ~= 'renew' then record(p.r, ticket, false) end
   end
   if live then
     result = 1
