@@ -90,6 +90,65 @@ func TestCapacityMismatch(t *testing.T) {
 	})
 }
 
+// The state hash records each grant's token (for retried and withdrawn
+// calls) only until the grant is released or confirmed. On a semaphore that
+// never goes idle, so that its hash never expires, the records must not
+// pile up: after many grants made at once and handed over through the
+// queue, only the live ones remain.
+func TestGrantRecordsDoNotPile(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		s := e.sem(e.Client(), "busy", 2)
+		other := e.sem(e.Client(), "busy", 2)
+		pinned, err := s.Acquire(ctx, 1) // keeps the semaphore busy throughout
+		if err != nil {
+			t.Fatal(err)
+		}
+		// records counts the hash's fields that are not state fields.
+		records := func() int {
+			t.Helper()
+			ks, err := e.rdb.HKeys(ctx, e.key("busy", "s")).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for _, k := range ks {
+				switch k {
+				case "cap", "used", "nh", "nq", "seq", "exp":
+				default:
+					n++
+				}
+			}
+			return n
+		}
+		if n := records(); n != 1 {
+			t.Fatalf("%d grant records with one lease held", n)
+		}
+		for range 20 {
+			// A grant made at once, released.
+			l, err := s.Acquire(ctx, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A grant handed over through the queue, confirmed, released.
+			ch := acquireAsync(ctx, other, 1)
+			e.waitQueued("busy", 1)
+			e.Release(l)
+			r := e.receive(ch)
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			e.WaitFor("the handed-over grant confirmed", func() bool { return records() == 1 })
+			e.Release(r.lease)
+		}
+		if n := records(); n != 1 {
+			t.Fatalf("%d grant records after 40 grants came and went, with one lease held", n)
+		}
+		e.Release(pinned)
+	})
+}
+
 // hashTag is Redis Cluster's rule for the part of a key that is hashed.
 func hashTag(key string) string {
 	if i := strings.IndexByte(key, '{'); i >= 0 {
