@@ -331,6 +331,14 @@ local function run_queues(rs)
   end
 end
 
+-- put adds field = v to the field list f when v differs from v0.
+local function put(f, field, v, v0)
+  if v ~= v0 then
+    f[#f + 1] = field
+    f[#f + 1] = num(v)
+  end
+end
+
 -- finish_one writes what changed of a resource's state back, and keeps its
 -- keys alive until the last deadline they hold. A semaphore with no holders
 -- and no waiters keeps only its state hash, for the sequence, and only for
@@ -346,26 +354,11 @@ local function finish_one(r)
       del[#del + 1] = t
     end
   end
-  if r.newcap then
-    f[#f + 1] = 'cap'
-    f[#f + 1] = num(r.cap or 0)
-  end
-  if r.used ~= r.used0 then
-    f[#f + 1] = 'used'
-    f[#f + 1] = num(r.used)
-  end
-  if r.nh ~= r.nh0 then
-    f[#f + 1] = 'nh'
-    f[#f + 1] = num(r.nh)
-  end
-  if r.nq ~= r.nq0 then
-    f[#f + 1] = 'nq'
-    f[#f + 1] = num(r.nq)
-  end
-  if r.seq ~= r.seq0 then
-    f[#f + 1] = 'seq'
-    f[#f + 1] = num(r.seq)
-  end
+  if r.newcap then put(f, 'cap', r.cap or 0, nil) end
+  put(f, 'used', r.used, r.used0)
+  put(f, 'nh', r.nh, r.nh0)
+  put(f, 'nq', r.nq, r.nq0)
+  put(f, 'seq', r.seq, r.seq0)
   local keep = math.floor(r.seq / 1000) + 1000
   local idle = r.nh <= 0 and r.nq <= 0
   local exp = r.exp
