@@ -290,6 +290,7 @@ type machine struct {
 	actors  []*actor
 	byCID   map[string]*actor
 	clients []*Client
+	calls   sync.WaitGroup // Acquire calls running in goroutines
 }
 
 func (m *machine) nowMs() int64 { return m.now.UnixMilli() }
@@ -321,6 +322,9 @@ func runMachine(rt *rapid.T, b *redistest.Backend, frozen bool, wait time.Durati
 			wg.Go(func() { c.Close() })
 		}
 		wg.Wait()
+		// Closed clients end every Acquire; wait for them, so that none
+		// still runs a script when the next test swaps the scripts.
+		m.calls.Wait()
 		for _, a := range m.actors {
 			a.rdb.Close()
 		}
@@ -501,10 +505,10 @@ func (m *machine) acquire(t *rapid.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	a.state, a.cancel, a.res = waiting, cancel, make(chan acqResult, 1)
-	go func() {
+	m.calls.Go(func() {
 		l, err := a.c.AcquireAll(ctx, requests(parts)...)
 		a.res <- acqResult{l, err}
-	}()
+	})
 	if grant {
 		m.expectGrant(t, a)
 		for _, e := range m.entries(a, a.ticket, m.nowMs()+ms(m.leaseTTL())) {
