@@ -31,7 +31,7 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease
 			return nil, wrap(err)
 		}
 		start := time.Now()
-		cmd, ackErr := c.run(ctx, acquireScript, p.keys, p.acquireArgs(mode, w.ticket, c)...)
+		cmd, ackErr := c.run(ctx, c.scripts.acquire, p.keys, p.acquireArgs(mode, w.ticket, c)...)
 		res, err := cmd.Slice()
 		var code, val int64
 		if err == nil {
@@ -147,5 +147,5 @@ func (c *Client) giveBack(ctx context.Context, p plan, ticket string, tokens []i
 func (c *Client) letGo(ctx context.Context, args []any, p plan) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
 	defer cancel()
-	_, _ = c.run(ctx, releaseScript, p.keys, args...)
+	_, _ = c.run(ctx, c.scripts.release, p.keys, args...)
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fairlock/fairlock/internal/scripthook"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -45,10 +46,11 @@ type Request struct {
 // A Client is safe for concurrent use. It holds no per-acquisition state;
 // each grant is a [Lease].
 type Client struct {
-	rdb  RedisClient
-	cfg  config
-	id   string        // identifies this client's wake lists; unguessable
-	done chan struct{} // closed by Close
+	rdb     RedisClient
+	cfg     config
+	scripts *scripts
+	id      string        // identifies this client's wake lists; unguessable
+	done    chan struct{} // closed by Close
 
 	mu     sync.Mutex
 	closed bool
@@ -79,13 +81,18 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 	if cfg.owner != "" {
 		id = cfg.owner + "/" + id
 	}
+	sc := defaultScripts
+	if t := scripthook.Get(); t != nil {
+		sc = newScripts(t)
+	}
 	return &Client{
-		rdb:    rdb,
-		cfg:    cfg,
-		id:     id,
-		done:   make(chan struct{}),
-		rooms:  make(map[string]*room),
-		leases: make(map[*Lease]struct{}),
+		rdb:     rdb,
+		cfg:     cfg,
+		scripts: sc,
+		id:      id,
+		done:    make(chan struct{}),
+		rooms:   make(map[string]*room),
+		leases:  make(map[*Lease]struct{}),
 	}, nil
 }
 

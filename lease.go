@@ -148,7 +148,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("fairlock: release %s: %w", labelOf(l.p.names), ErrNotHeld)
 	}
 	l.stopRenewal()
-	cmd, ackErr := l.c.run(ctx, releaseScript, l.p.keys, l.p.releaseArgs("release", l.ticket, l.c, l.pending, l.tokens)...)
+	cmd, ackErr := l.c.run(ctx, l.c.scripts.release, l.p.keys, l.p.releaseArgs("release", l.ticket, l.c, l.pending, l.tokens)...)
 	n, err := cmd.Int64()
 	if err == nil && n == 1 && ackErr != nil {
 		// Released on the master; a failover now could bring the lease
@@ -216,7 +216,7 @@ func (l *Lease) renew() {
 	ttl := l.c.cfg.leaseTTL
 	sent := time.Now()
 	ctx, cancel := context.WithDeadline(l.stopCtx, deadline)
-	cmd, ackErr := l.c.run(ctx, releaseScript, l.p.keys, l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens)...)
+	cmd, ackErr := l.c.run(ctx, l.c.scripts.release, l.p.keys, l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens)...)
 	n, err := cmd.Int64()
 	if err == nil && n == 1 && ackErr != nil {
 		err = ackErr // renewed on the master only: try again

@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/scripthook"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )
@@ -117,20 +118,17 @@ func setFlag(t *testing.T, name, value string) {
 	t.Cleanup(func() { _ = flag.Set(name, old) })
 }
 
-// breakScript swaps a mutated copy of one script in for the test's
-// duration.
+// breakScript makes clients created until the returned function is called
+// run a mutated copy of one script file.
 func breakScript(t *testing.T, file, old, new string) func() {
 	t.Helper()
-	sources := map[string]*string{"queue.lua": &queueLua, "acquire.lua": &acquireLua, "release.lua": &releaseLua}
+	sources := map[string]string{"queue.lua": queueLua, "acquire.lua": acquireLua, "release.lua": releaseLua}
 	src := sources[file]
-	if !strings.Contains(*src, old) {
+	if !strings.Contains(src, old) {
 		t.Fatalf("%s no longer contains %q", file, old)
 	}
-	saved, savedA, savedR := *src, acquireScript, releaseScript
-	*src = strings.Replace(*src, old, new, 1)
-	acquireScript = redis.NewScript(queueLua + "\n" + acquireLua)
-	releaseScript = redis.NewScript(queueLua + "\n" + releaseLua)
-	return func() { *src, acquireScript, releaseScript = saved, savedA, savedR }
+	broken := strings.Replace(src, old, new, 1)
+	return scripthook.Set(func(s string) string { return strings.Replace(s, src, broken, 1) })
 }
 
 // recorder is a rapid.TB that records a failure instead of failing.
@@ -726,7 +724,7 @@ func ready(e *mentry) bool {
 
 func (m *machine) settle(t *rapid.T) {
 	for _, s := range m.sems {
-		if err := acquireScript.Run(context.Background(), m.rdb, s.k.list(), "refresh", m.obs.id,
+		if err := m.obs.scripts.acquire.Run(context.Background(), m.rdb, s.k.list(), "refresh", m.obs.id,
 			ms(m.leaseTTL()), ms(m.waiterTTL())).Err(); err != nil {
 			t.Fatalf("observer's refresh: %v", err)
 		}

@@ -262,7 +262,7 @@ func (r *room) refresh() (time.Duration, error) {
 	next := c.refreshEvery()
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 	defer cancel()
-	cmd, _ := c.run(ctx, acquireScript, r.k.list(), args...) // unreplicated refreshes are refreshed again
+	cmd, _ := c.run(ctx, c.scripts.acquire, r.k.list(), args...) // unreplicated refreshes are refreshed again
 	res, err := cmd.Slice()
 	if err == nil {
 		err = r.apply(res, &next)

@@ -20,13 +20,31 @@ var (
 	releaseLua string
 )
 
-// Both scripts start with queue.lua, the shared model and grant rule. They
-// run through Script.Run: EVALSHA, falling back to EVAL after SCRIPT FLUSH or
-// on a Redis that has not seen them yet.
-var (
-	acquireScript = redis.NewScript(queueLua + "\n" + acquireLua)
-	releaseScript = redis.NewScript(queueLua + "\n" + releaseLua)
-)
+// scripts are the engine's two scripts as one client runs them. Both start
+// with queue.lua, the shared model and grant rule. They run through
+// Script.Run: EVALSHA, falling back to EVAL after SCRIPT FLUSH or on a Redis
+// that has not seen them yet.
+type scripts struct {
+	acquire, release *redis.Script
+}
+
+// newScripts builds the scripts, passing each source through transform
+// when it is not nil (tests only; see internal/scripthook).
+func newScripts(transform func(string) string) *scripts {
+	build := func(src string) *redis.Script {
+		if transform != nil {
+			src = transform(src)
+		}
+		return redis.NewScript(src)
+	}
+	return &scripts{
+		acquire: build(queueLua + "\n" + acquireLua),
+		release: build(queueLua + "\n" + releaseLua),
+	}
+}
+
+// defaultScripts serve every client made while no test hook is set.
+var defaultScripts = newScripts(nil)
 
 // nudgeScript pushes an empty wake-up onto a wake list, to end a blocked
 // BLPOP at once when a client closes. It changes no semaphore state.

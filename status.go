@@ -41,7 +41,7 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
-	res, err := acquireScript.Run(ctx, c.rdb, k.list(), "status").Slice()
+	res, err := c.scripts.acquire.Run(ctx, c.rdb, k.list(), "status").Slice()
 	if err != nil {
 		return Status{}, fail(ctx, "status", []string{name}, err)
 	}
