@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // acquire runs Acquire (wait) and TryAcquire (!wait) for one or more
@@ -30,15 +32,12 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease
 		if err != nil {
 			return nil, wrap(err)
 		}
-		start := time.Now()
+		sent := time.Now()
 		cmd, ackErr := c.run(ctx, c.scripts.acquire, p.keys, p.acquireArgs(mode, w.ticket, c)...)
 		res, err := cmd.Slice()
-		var code, val int64
+		var code int64
 		if err == nil {
 			code, err = reply(res).int(0)
-		}
-		if err == nil && code != 0 {
-			val, err = reply(res).int(1)
 		}
 		if err != nil {
 			c.unregister(r, w)
@@ -47,35 +46,55 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease
 			return nil, fail(ctx, op, p.names, err)
 		}
 		switch code {
-		case 1, 3:
-			// 3: a retry of this call (go-redis resends a command whose
-			// reply was lost) found the grant; it lasts only the waiter
-			// TTL until confirmed, like an announced one.
+		case acqGranted, acqGrantedBefore:
 			c.unregister(r, w)
-			tokens := make([]int64, len(p.parts))
-			for i := range tokens {
-				if tokens[i], err = reply(res).int(i + 1); err != nil {
-					c.withdraw(ctx, p, w.ticket)
-					return nil, wrap(err)
-				}
+			now, g, err := parseGrantReply(res, len(p.parts))
+			if err != nil {
+				c.withdraw(ctx, p, w.ticket)
+				return nil, wrap(err)
+			}
+			if g.expiry <= now {
+				// Granted by a run whose reply was lost, and expired
+				// since: ask again.
+				c.withdraw(ctx, p, w.ticket)
+				continue
 			}
 			if ackErr != nil {
 				// Granted on the master only: give it back.
-				c.giveBack(ctx, p, w.ticket, tokens)
+				c.giveBack(ctx, p, w.ticket, g.tokens)
 				return nil, wrap(ackErr)
 			}
-			return c.newLease(ctx, p, w.ticket, tokens, start, code == 3)
-		case 0:
+			// A grant found by a resend lasts only the waiter TTL until
+			// confirmed, like an announced one.
+			deadline := clockSample{sent: sent, redis: now}.localDeadline(g.expiry)
+			return c.newLease(ctx, p, w.ticket, g.tokens, deadline, code == acqGrantedBefore)
+		case acqNotGranted:
 			c.unregister(r, w)
 			return nil, wrap(ErrNotAcquired)
-		}
-
-		if ackErr != nil {
+		case acqEnded:
+			// A resend found this request's grant over: ask again.
+			c.unregister(r, w)
+			continue
+		case acqQueued:
+		default:
 			c.unregister(r, w)
 			c.withdraw(ctx, p, w.ticket)
-			return nil, wrap(ackErr)
+			return nil, wrap(fmt.Errorf("%w: unknown reply %v from the acquire script", ErrRedis, res))
 		}
-		c.listen(r, w, time.Duration(val)*time.Millisecond)
+		now, err := reply(res).int(1)
+		var next int64
+		if err == nil {
+			next, err = reply(res).int(2)
+		}
+		if err != nil || ackErr != nil {
+			c.unregister(r, w)
+			c.withdraw(ctx, p, w.ticket)
+			if err == nil {
+				err = ackErr
+			}
+			return nil, wrap(err)
+		}
+		c.listen(r, w, time.Duration(next)*time.Millisecond, clockSample{sent: sent, redis: now})
 		select {
 		case wk := <-w.ch:
 			switch {
@@ -86,11 +105,21 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease
 				// The ticket was dropped while this process could not
 				// refresh it (paused, or Redis lost it); queue again.
 				continue
-			case len(wk.tokens) != len(p.parts):
+			case len(wk.grant.tokens) != len(p.parts):
 				c.withdraw(ctx, p, w.ticket)
-				return nil, wrap(fmt.Errorf("%w: a grant with %d tokens for %d semaphores", ErrRedis, len(wk.tokens), len(p.parts)))
+				return nil, wrap(fmt.Errorf("%w: a grant with %d tokens for %d semaphores", ErrRedis, len(wk.grant.tokens), len(p.parts)))
 			}
-			return c.newLease(ctx, p, w.ticket, wk.tokens, wk.at, true)
+			// The lease counts from Redis's grant, not from when this
+			// process heard of it.
+			deadline := wk.sample.localDeadline(wk.grant.expiry)
+			if !time.Now().Before(deadline) {
+				// This process stalled past the grant: Redis may have
+				// expired it and handed it on. Give it back if it has not,
+				// and ask again.
+				c.withdraw(ctx, p, w.ticket)
+				continue
+			}
+			return c.newLease(ctx, p, w.ticket, wk.grant.tokens, deadline, true)
 		case <-ctx.Done():
 		case <-c.done:
 		}
@@ -102,6 +131,31 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease
 		}
 		return nil, wrap(ErrClosed)
 	}
+}
+
+// The acquire script's reply codes (acquire.lua).
+const (
+	acqNotGranted    = 0 // "try": not free now
+	acqGranted       = 1 // granted at once
+	acqQueued        = 2 // queued; the grant comes on the wake list
+	acqGrantedBefore = 3 // granted already, by a run whose reply was lost or by the queue
+	acqEnded         = 4 // this request's grant ended before this call ran
+)
+
+// parseGrantReply reads {code, nowMs, expiryMs, token...}.
+func parseGrantReply(res []any, parts int) (now int64, g grant, err error) {
+	if len(res) != 3+parts {
+		return 0, grant{}, fmt.Errorf("%w: grant reply %v for %d semaphores", ErrRedis, res, parts)
+	}
+	f := make([]string, 0, 1+parts)
+	for _, v := range res[2:] {
+		f = append(f, fmt.Sprint(v))
+	}
+	now, err = reply(res).int(1)
+	if err == nil {
+		g, err = parseGrant(f)
+	}
+	return now, g, err
 }
 
 // acquireArgs renders the arguments of acquire.lua's "acquire" and "try".
@@ -147,5 +201,72 @@ func (c *Client) giveBack(ctx context.Context, p plan, ticket string, tokens []i
 func (c *Client) letGo(ctx context.Context, args []any, p plan) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
 	defer cancel()
-	_, _ = c.run(ctx, c.scripts.release, p.keys, args...)
+	cmd, _ := c.run(ctx, c.scripts.release, p.keys, args...)
+	_, _ = c.released(p, cmd)
+}
+
+// released reads release.lua's reply {result, more}; when the script left
+// work for later (a long queue to grant, many leases to purge), it has the
+// rest done in the background.
+func (c *Client) released(p plan, cmd *redis.Cmd) (int64, error) {
+	res, err := cmd.Slice()
+	var n, more int64
+	if err == nil {
+		n, err = reply(res).int(0)
+	}
+	if err == nil {
+		more, err = reply(res).int(1)
+	}
+	if err == nil && more == 1 {
+		c.pumpLater(p)
+	}
+	return n, err
+}
+
+// maxPumps bounds the scripts one background pump runs for one semaphore;
+// whatever is left then is done by the waiters' own refreshes.
+const maxPumps = 10000
+
+// pumpLater finishes, in the background, the work a script left on p's
+// semaphores: each "pump" script does a bounded part of it. One pump runs
+// per semaphore at a time; Close waits for it.
+func (c *Client) pumpLater(p plan) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	for _, pt := range p.parts {
+		k := pt.k
+		if c.pumping[k.base] {
+			continue
+		}
+		c.pumping[k.base] = true
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			defer func() {
+				c.mu.Lock()
+				delete(c.pumping, k.base)
+				c.mu.Unlock()
+			}()
+			for range maxPumps {
+				select {
+				case <-c.done:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
+				res, err := c.scripts.acquire.Run(ctx, c.rdb, k.list(), "pump").Slice()
+				cancel()
+				var more int64
+				if err == nil {
+					more, err = reply(res).int(0)
+				}
+				if err != nil || more != 1 {
+					return
+				}
+			}
+		}()
+	}
 }

@@ -1,42 +1,57 @@
--- acquire.lua: the waiter's side. Runs after queue.lua.
+-- acquire.lua: the waiter's side. Runs after queue.lua, whose rule it
+-- obeys: every check and error reply comes before finish().
 --
 -- ARGV[1] op:
 --   "acquire" | "try"  KEYS: the keys of each resource asked for, in name
 --                      order. ARGV: op, ticket, client, leaseMs, waiterMs,
 --                      group ("" for one resource), then permits, capacity
 --                      for each resource.
---     returns {1, token...}       granted at once, a token per resource
---                                 (tokens are decimal strings)
+--     returns {1, nowMs, expiryMs, token...}  granted at once, a token per
+--                                 resource (tokens are decimal strings)
 --             {0}                 "try" only: not granted, nothing queued
---             {2, nextEventMs}    queued; the grant arrives on the wake list
---             {3, token...}       granted already (this call is a retry of
---                                 one whose reply was lost): confirm it
+--             {2, nowMs, nextEventMs}  queued; the grant arrives on the
+--                                 wake list
+--             {3, nowMs, expiryMs, token...}  granted already (this call
+--                                 is a resend of one whose reply was lost,
+--                                 or the queue moved while it ran):
+--                                 confirm it; expiryMs 0: it has expired
+--             {4}                 this request ended before this call ran
+--                                 (a resend after its grant ended): ask
+--                                 again under a new ticket
 --     The call is idempotent: go-redis resends a command whose reply it did
 --     not get, and the resent call finds what the first one did.
 --     error   "FAIRLOCK_CAPACITY <stored> <index>" when a capacity differs
---             from the one stored with a resource in use
+--             from the one stored with a resource in use (by live leases or
+--             live waiters: expired ones are looked past)
 --   "refresh"          KEYS: one resource's. ARGV: op, client, leaseMs,
 --                      waiterMs, then ticket, permits, group for each of
---                      one process's waiters whose first resource it is:
---     keeps them alive and reports those that no longer wait:
---     {nextEventMs, {ticket, tokens-or-0, ...}}; tokens ("t1 t2 ...", one
---     per resource) mean granted (in case the wake-up was lost), 0 means
+--                      (some of) one process's waiters whose first
+--                      resource it is: keeps them alive and reports those
+--                      that no longer wait:
+--     {nextEventMs, {ticket, "expiryMs token..." or "0", ...}, nowMs};
+--     tokens mean granted (in case the wake-up was lost), "0" means
 --     dropped.
+--   "pump"             KEYS: one resource's. ARGV: op. Goes on with work an
+--                      earlier script left (grants, purges): {more,
+--                      nextEventMs}, more 1 when work is left still.
 --   "status"           KEYS: one resource's. ARGV: op; changes nothing.
 --     Returns {nowMs, capacity, {holder, expiryMs, ...}, {waiter,
---     sequence, ...}} for live entries.
+--     sequence, ...}, holders, waiters} for live entries, at most
+--     STATUS_MAX of each, and the counts (which include entries that have
+--     expired but were not yet dropped).
 
 local op = ARGV[1]
+local STATUS_MAX = 1000
 
 if op == 'status' then
   local r = declared()[1]
   local holders, waiters = {}, {}
-  local h = redis.call('ZRANGEBYSCORE', r.H, '(' .. num(now), '+inf', 'WITHSCORES')
+  local h = redis.call('ZRANGEBYSCORE', r.H, '(' .. num(now), '+inf', 'WITHSCORES', 'LIMIT', 0, STATUS_MAX)
   for i = 1, #h, 2 do
     holders[#holders + 1] = h[i]
     holders[#holders + 1] = h[i + 1]
   end
-  local q = redis.call('ZRANGE', r.Q, 0, -1, 'WITHSCORES')
+  local q = redis.call('ZRANGE', r.Q, 0, STATUS_MAX - 1, 'WITHSCORES')
   for i = 1, #q, 2 do
     local at = redis.call('ZSCORE', r.D, q[i])
     if at and tonumber(at) > now then
@@ -44,75 +59,142 @@ if op == 'status' then
       waiters[#waiters + 1] = q[i + 1]
     end
   end
-  return { now, r.cap or 0, holders, waiters }
+  return { now, r.cap or 0, holders, waiters, r.nh, r.nq }
+end
+
+if op == 'pump' then
+  run_queues(declared())
+  finish()
+  return { more_flag(), next_event() }
 end
 
 if op == 'refresh' then
   local first = declared()[1]
   local client, lease, wait = ARGV[2], ARGV[3], tonumber(ARGV[4])
-  purge_holders(first)
+  local fresh = {}
   local out = {}
   for i = 5, #ARGV, 3 do
     local ticket, n, group = ARGV[i], ARGV[i + 1], ARGV[i + 2]
     local parts = { { base = first.base, n = n } }
     if group ~= '' then parts = parse_group(group) end
-    if redis.call('ZSCORE', first.Q, waiter_member(ticket, n, client, lease, wait, group)) then
+    if first.nq > 0 and redis.call('ZSCORE', first.Q, waiter_member(ticket, n, client, lease, wait, group)) then
       for _, p in ipairs(parts) do
         local r = load(p.base)
-        redis.call('ZADD', r.D, now + wait, waiter_member(ticket, p.n, client, lease, wait, group))
-        r.horizon = math.max(r.horizon, now + wait)
+        if not r.off then
+          local m = waiter_member(ticket, p.n, client, lease, wait, group)
+          write('ZADD', r.D, num(now + wait), m)
+          -- purge_waiters reads the deadlines as they were.
+          r.fresh = r.fresh or {}
+          r.fresh[m] = true
+          r.horizon = math.max(r.horizon, now + wait)
+        end
       end
     else
       -- Granted, if every part holds a live lease under the token its
       -- announcement recorded.
-      local tokens = {}
+      local tokens, exp = {}, nil
       for j, p in ipairs(parts) do
         local r = load(p.base)
         local token = r.grants[ticket]
-        if token == nil then token = redis.call('HGET', r.S, ticket) end
-        local at = token and redis.call('ZSCORE', r.H, holder_member(ticket, num(p.n), client, token))
+        if token == nil and not r.off then token = redis.call('HGET', r.S, ticket) end
+        local at = nil
+        if token and token ~= 'r' and token ~= 'x' then
+          at = redis.call('ZSCORE', r.H, holder_member(ticket, num(p.n), client, token))
+        end
         if not (at and tonumber(at) > now) then
           tokens = nil
           break
         end
         tokens[j] = token
+        if exp == nil or tonumber(at) < exp then exp = tonumber(at) end
       end
       out[#out + 1] = ticket
-      out[#out + 1] = tokens and table.concat(tokens, ' ') or '0'
+      out[#out + 1] = tokens and (num(exp) .. ' ' .. table.concat(tokens, ' ')) or '0'
     end
   end
   run_queues(loaded)
   finish()
-  return { next_event(), out }
+  return { next_event(), out, now }
 end
 
 local ticket, client = ARGV[2], ARGV[3]
 local lease, wait, group = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local rs = declared(ticket)
 
--- Every grant is recorded in S until released, so a retried call learns
--- of one (whether this call's first run made it or a release announced
--- it since) and a waiter that withdraws after a lost reply can find it.
-if rs[1].grant then
-  local out = { 3 }
+-- granted returns the reply for a ticket granted on every resource: its
+-- tokens and the earliest expiry of its parts (0 if any has expired).
+local function granted(code)
+  local out, exp = { code, now, 0 }, nil
   for i, r in ipairs(rs) do
-    out[i + 1] = r.grant or '0'
+    local ts, at = r.grants[ticket], nil
+    if ts then
+      -- Granted by this script: the lease is in the buffer.
+      at = now + math.min(lease, wait)
+    else
+      ts = r.grant
+      at = ts and tonumber(redis.call('ZSCORE', r.H, holder_member(ticket, ARGV[5 + 2 * i], client, ts)))
+    end
+    if not at or at <= now then
+      exp = 0
+    elseif exp == nil or at < exp then
+      exp = at
+    end
+    out[i + 3] = ts or '0'
   end
+  out[3] = exp or 0
   return out
 end
+
+-- A resent call finds what the first one did: a grant (recorded in S until
+-- released or confirmed), a tombstone (the grant has ended), or its place
+-- in the queue.
+local g = rs[1].grant
+if g == 'r' or g == 'x' then return { 4 } end
+if g then return granted(3) end
 
 local want = {}
 for i, r in ipairs(rs) do
   local n, capacity = tonumber(ARGV[5 + 2 * i]), tonumber(ARGV[6 + 2 * i])
   want[i] = n
+  if r.cap and r.cap ~= capacity and (r.nh > 0 or r.nq > 0) then
+    -- The users of the stored capacity may all be gone: leases expired,
+    -- waiters dead. Look before refusing.
+    purge_holders(r)
+    purge_waiters(r)
+  end
   if not r.cap or (r.nh <= 0 and r.nq <= 0) then
     -- Idle (whatever capacity was stored belonged to users who are all
     -- gone), or the state hash was lost and rebuilt: take the caller's.
     if r.cap ~= capacity then r.newcap = true end
     r.cap = capacity
   elseif r.cap ~= capacity then
+    -- Nothing has been written: the buffer is dropped.
     return redis.error_reply('FAIRLOCK_CAPACITY ' .. num(r.cap) .. ' ' .. i)
   end
+end
+
+local members = {}
+for i in ipairs(rs) do
+  members[i] = waiter_member(ticket, want[i], client, lease, wait, group)
+end
+local queued = rs[1].nq > 0 and redis.call('ZSCORE', rs[1].Q, members[1]) ~= false
+
+if queued then
+  -- A resend of a call that queued the ticket: keep it where it is.
+  for i, r in ipairs(rs) do
+    write('ZADD', r.D, num(now + wait), members[i])
+    r.fresh = r.fresh or {}
+    r.fresh[members[i]] = true
+    r.horizon = math.max(r.horizon, now + wait)
+  end
+  run_queues(rs)
+  if rs[1].grants[ticket] then
+    local out = granted(3)
+    finish()
+    return out
+  end
+  finish()
+  return { 2, now, next_event() }
 end
 
 -- Expired leases and dead waiters may have made room for the queues.
@@ -135,9 +217,9 @@ for i, r in ipairs(rs) do
   end
 end
 if free then
-  local out = { 1 }
+  local out = { 1, now, now + lease }
   for i, r in ipairs(rs) do
-    out[i + 1] = hold(r, ticket, want[i], num(want[i]), client, lease)
+    out[i + 3] = hold(r, ticket, want[i], num(want[i]), client, lease)
   end
   finish()
   return out
@@ -148,14 +230,12 @@ if op == 'try' then
 end
 
 for i, r in ipairs(rs) do
-  local m = waiter_member(ticket, want[i], client, lease, wait, group)
-  -- NX: a retried call leaves the ticket where the first one put it.
-  if redis.call('ZADD', r.Q, 'NX', next_seq(r), m) == 1 then
-    r.nq = r.nq + 1
-  end
-  redis.call('ZADD', r.D, now + wait, m)
+  local m = members[i]
+  write('ZADD', r.Q, num(next_seq(r)), m)
+  write('ZADD', r.D, num(now + wait), m)
+  r.nq = r.nq + 1
   r.wrote_q = true
   r.horizon = math.max(r.horizon, now + wait)
 end
 finish()
-return { 2, next_event() }
+return { 2, now, next_event() }

@@ -52,10 +52,11 @@ type Client struct {
 	id      string        // identifies this client's wake lists; unguessable
 	done    chan struct{} // closed by Close
 
-	mu     sync.Mutex
-	closed bool
-	rooms  map[string]*room // by keys.base
-	leases map[*Lease]struct{}
+	mu      sync.Mutex
+	closed  bool
+	rooms   map[string]*room // by keys.base
+	leases  map[*Lease]struct{}
+	pumping map[string]bool // keys.base of semaphores a background pump serves
 
 	wg sync.WaitGroup // goroutines the client starts (renewal timers are
 	// stopped through each lease instead)
@@ -93,6 +94,7 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 		done:    make(chan struct{}),
 		rooms:   make(map[string]*room),
 		leases:  make(map[*Lease]struct{}),
+		pumping: make(map[string]bool),
 	}, nil
 }
 

@@ -60,7 +60,7 @@ func (c *Client) keys(name string) (keys, error) {
 	if hashTag(name) != "" {
 		base = c.cfg.prefix + name
 	}
-	return keys{name: name, base: base, all: []string{base + ":s", base + ":q", base + ":d", base + ":h"}}, nil
+	return keys{name: name, base: base, all: []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}}, nil
 }
 
 // list returns the keys every script takes, in the order queue.lua's

@@ -34,20 +34,20 @@ type Lease struct {
 	released bool
 }
 
-// newLease wraps a grant and starts its renewal. granted is the local time
-// at which the grant was requested or received; renewals count from it.
-// A grant announced through a wake list (announced) lasts only the waiter
-// TTL until confirmed, so it is renewed at once.
-func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []int64, granted time.Time, announced bool) (*Lease, error) {
+// newLease wraps a grant and starts its renewal. deadline is the local
+// time by which Redis may have expired the grant, derived from Redis's own
+// expiry of it (see clockSample). A grant announced through a wake list
+// (announced) lasts only the waiter TTL until confirmed, so it is renewed
+// at once.
+func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []int64, deadline time.Time, announced bool) (*Lease, error) {
 	l := &Lease{c: c, p: p, ticket: ticket, tokens: tokens}
 	l.ctx, l.end = context.WithCancelCause(context.Background())
 	l.stopCtx, l.halt = context.WithCancel(context.Background())
 	l.idle = sync.NewCond(&l.rmu)
-	ttl := c.cfg.leaseTTL
-	l.deadline = granted.Add(ttl)
-	first := ttl / 3
+	l.deadline = deadline
+	first := c.cfg.leaseTTL / 3
 	if announced {
-		l.deadline, first, l.pending = granted.Add(min(ttl, c.cfg.waiterTTL)), 0, true
+		first, l.pending = 0, true
 	}
 
 	c.mu.Lock()
@@ -149,7 +149,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.stopRenewal()
 	cmd, ackErr := l.c.run(ctx, l.c.scripts.release, l.p.keys, l.p.releaseArgs("release", l.ticket, l.c, l.pending, l.tokens)...)
-	n, err := cmd.Int64()
+	n, err := l.c.released(l.p, cmd)
 	if err == nil && n == 1 && ackErr != nil {
 		// Released on the master; a failover now could bring the lease
 		// back until its TTL runs out.
@@ -217,7 +217,7 @@ func (l *Lease) renew() {
 	sent := time.Now()
 	ctx, cancel := context.WithDeadline(l.stopCtx, deadline)
 	cmd, ackErr := l.c.run(ctx, l.c.scripts.release, l.p.keys, l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens)...)
-	n, err := cmd.Int64()
+	n, err := l.c.released(l.p, cmd)
 	if err == nil && n == 1 && ackErr != nil {
 		err = ackErr // renewed on the master only: try again
 	}

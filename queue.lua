@@ -3,20 +3,25 @@
 -- fairlock prepends this file to acquire.lua and release.lua, so every state
 -- change runs as one script that sees the same model and the same grant rule.
 --
--- A script serves one or more semaphores ("resources"); KEYS holds four
+-- A script serves one or more semaphores ("resources"); KEYS holds five
 -- keys for each, in this order (one resource's keys share one hash tag, so
 -- one Cluster slot; a multi-resource request needs all in one slot):
 --   <b>:s  hash  cap, used (permits held), nh (holders), nq (waiters),
---                seq (last sequence number), exp (when keys expire, ms);
---                and ticket -> token of every live grant made at once,
---                until released, and of every grant announced on a wake
---                list, until its process confirms it: what a retried or
---                withdrawn call finds. Tickets are upper-case base32 text,
---                so they never clash with the lower-case state fields.
+--                seq (last sequence number), exp (when keys expire, ms),
+--                tnext (when the oldest tombstone may be trimmed, ms);
+--                ticket -> token of every live grant made at once, until
+--                released, and of every grant announced on a wake list,
+--                until its process confirms it: what a retried or
+--                withdrawn call finds; and ticket -> "r" (released) or
+--                "x" (ended otherwise) for a while after a lease ends
+--                (tombstones), so that a resent call does not act twice.
+--                Tickets are upper-case base32 text, so they never clash
+--                with the lower-case state fields.
 --   <b>:q  zset  waiters, scored by arrival sequence
 --   <b>:d  zset  the same waiters, scored by liveness deadline (ms)
 --   <b>:h  zset  holders "ticket permits client token", scored by lease
 --                expiry (ms)
+--   <b>:t  zset  tombstoned tickets, scored by when they may be forgotten
 -- A waiter is "ticket permits client leaseMs waiterMs". A waiter that asks
 -- for several resources at once (a multi-request) is queued in each of
 -- them, its member followed by a tab and its group: "base\tpermits\tcap"
@@ -24,7 +29,7 @@
 -- contain no control characters, so the tabs are unambiguous.
 --
 -- Wake lists <b>:w:<client> (one per waiting process) receive "ticket
--- token..." when a grant reaches one of that process's tickets; a
+-- expiryMs token..." when a grant reaches one of that process's tickets; a
 -- multi-request's grant carries one token per resource, on the list of the
 -- first. Wake lists, and a multi-request's other resources reached from a
 -- queue, are named by the data, so they cannot be declared in KEYS; they
@@ -32,20 +37,103 @@
 --
 -- All times come from Redis's TIME, never from a client. A lease or a waiter
 -- whose time has come (expiry <= now) is gone, whether or not anyone said so.
--- A script's cost is mostly redis.call and conversions between numbers and
--- strings, so the common paths make few of either: each state hash is read
--- once and written once (only the fields that changed), numbers are
--- formatted once, expired leases are purged only when their permits are
--- needed, and key TTLs move in large steps.
+--
+-- THE RULE EVERY SCRIPT OBEYS. Redis does not roll a script back: a script
+-- that fails after its first write keeps the half. So:
+--   1. A script only reads until it has decided everything. Every change
+--      goes into a write buffer (write, expire_at); every check that can
+--      fail, every error reply, happens while nothing has been written.
+--   2. apply writes the buffer at the end, in calls of at most CHUNK
+--      arguments (Redis's Lua refuses unpack of about 8,000 values), adds
+--      before removals on each key, with commands that cannot fail for data
+--      reasons on keys the script has read or declared.
+--   3. A write that may still be refused goes through redis.pcall and is
+--      safe to lose: a wake-up (the waiter's refresh finds its grant), a
+--      key's TTL (set again by the next script). Undeclared resources (a
+--      multi-request's others) are probed before use; one that cannot be
+--      reached (its slot is migrating) is left alone, and the request
+--      waits. Reads after apply use redis.pcall.
+--   4. Work is bounded: one script makes at most BUDGET grants, purges and
+--      drops. Work left over is reported (more = true) and finished by
+--      further scripts; between them the invariants hold (nobody barges a
+--      queue that has waiters; permits of leases not yet purged count as
+--      used).
+-- internal/halfrun's test transform checks rule 1-3 on a real server: a
+-- call that fails after a write fails the test.
 
 local clock = redis.call('TIME')
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local now = math.floor(now_us / 1000)
 
+local BUDGET = 400     -- grants, purges and drops one script may make
+local CHUNK = 256      -- arguments of one write call (even: pairs stay whole)
+local PAGE = 64        -- queue members read at once after the first
+local TOMB_MS = 20000  -- a tombstone lives between half this and this
+
+local budget = BUDGET
+local more = false     -- work was left for the next script
+
 -- num formats an integer-valued number (or numeric string) without
 -- exponent notation.
 local function num(x)
   return string.format('%d', x)
+end
+
+-- The write buffer: writes in order, consecutive ones of one command to one
+-- key merged; key TTLs apart, last one wins.
+local writes, wlast = {}, {}
+local expires, expire_of = {}, {}
+
+local function write(cmd, key, a, b)
+  local e = wlast[key]
+  if not e or e.cmd ~= cmd then
+    e = { cmd = cmd, key = key, args = {}, add = (cmd == 'ZADD' or cmd == 'HSET' or cmd == 'RPUSH') }
+    writes[#writes + 1] = e
+    wlast[key] = e
+  end
+  local args = e.args
+  args[#args + 1] = a
+  if b ~= nil then args[#args + 1] = b end
+end
+
+local function expire_at(key, at, rel)
+  if not expire_of[key] then expires[#expires + 1] = key end
+  expire_of[key] = { at = at, rel = rel }
+end
+
+local function call_chunks(e)
+  local a, n = e.args, #e.args
+  for i = 1, n, CHUNK do
+    local j = math.min(i + CHUNK - 1, n)
+    if e.cmd == 'RPUSH' then
+      -- A wake list is undeclared: losing a wake-up is safe.
+      redis.pcall(e.cmd, e.key, unpack(a, i, j))
+    else
+      redis.call(e.cmd, e.key, unpack(a, i, j))
+    end
+  end
+end
+
+-- apply performs the buffered writes: on each key its additions first (they
+-- never touch a member that a removal in the same script names), so no key
+-- is deleted and created again by one script, then the removals, then TTLs.
+local function apply()
+  for _, e in ipairs(writes) do
+    if e.add then call_chunks(e) end
+  end
+  for _, e in ipairs(writes) do
+    if not e.add then call_chunks(e) end
+  end
+  for _, key in ipairs(expires) do
+    local x = expire_of[key]
+    -- A key emptied by this script no longer exists; in a migrating slot
+    -- touching it fails, harmlessly.
+    if x.rel then
+      redis.pcall('PEXPIRE', key, x.at)
+    else
+      redis.pcall('PEXPIREAT', key, x.at)
+    end
+  end
 end
 
 local function waiter_member(ticket, n, client, lease, wait, group)
@@ -84,12 +172,12 @@ local function parse_waiter(m)
 end
 
 -- Resources are loaded once per script, into tables that hold their state
--- until finish writes it back.
+-- until finish buffers it for writing.
 local loaded, by_base = {}, {}
 
 -- rebuild recounts a resource's state from its sorted sets, should its state
 -- hash be missing while they are not (it is never evicted alone under
--- noeviction).
+-- noeviction). It reads every holder: a recovery path, not a common one.
 local function rebuild(r)
   if r.cap or redis.call('EXISTS', r.H, r.Q) == 0 then return end
   r.nh, r.nq, r.used = redis.call('ZCARD', r.H), redis.call('ZCARD', r.Q), 0
@@ -102,39 +190,53 @@ end
 
 -- load returns the resource with key base base, reading its state on first
 -- use. k is the index in KEYS of its first key, if it was declared; ticket,
--- if given, is looked up in its grants (r.grant).
+-- if given, is looked up in its grants (r.grant). An undeclared resource
+-- whose keys this node cannot serve now (its slot is migrating) comes back
+-- with r.off set and no state: nothing may be granted on it or written to
+-- it in this script.
 local function load(base, k, ticket)
   local r = by_base[base]
   if r then return r end
-  local S, Q, D, H
+  local S, Q, D, H, T
   if k then
-    S, Q, D, H = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+    S, Q, D, H, T = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
   else
-    S, Q, D, H = base .. ':s', base .. ':q', base .. ':d', base .. ':h'
+    S, Q, D, H, T = base .. ':s', base .. ':q', base .. ':d', base .. ':h', base .. ':t'
+    local probe = redis.pcall('EXISTS', S, Q, D, H, T)
+    if type(probe) == 'table' and probe.err then
+      r = { base = base, off = true, nq = 0, nh = 0, used = 0 }
+      by_base[base] = r
+      return r
+    end
   end
   local st, grant
   if ticket then
-    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', ticket)
-    grant = st[7]
+    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', ticket)
+    grant = st[8]
   else
-    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp')
+    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext')
   end
   local used, nh, nq, seq = tonumber(st[2]) or 0, tonumber(st[3]) or 0, tonumber(st[4]) or 0, tonumber(st[5]) or 0
   -- One constructor with every field: growing a table field by field
   -- costs more than the rest of this function.
   r = {
-    base = base, S = S, Q = Q, D = D, H = H, grant = grant,
+    base = base, S = S, Q = Q, D = D, H = H, T = T, grant = grant,
     cap = tonumber(st[1]), used = used, nh = nh, nq = nq, seq = seq, exp = tonumber(st[6]) or 0,
+    tnext = tonumber(st[7]),
     -- as read, to write back only what changed
     used0 = used, nh0 = nh, nq0 = nq, seq0 = seq,
     horizon = 0, -- latest deadline written by this script
     -- Keys this script added members to, which may have been created (or
     -- emptied and created again) here and so have no TTL yet.
-    wrote_h = false, wrote_q = false,
+    wrote_h = false, wrote_q = false, wrote_t = false,
     hpurged = false, wpurged = false, newcap = false,
-    -- Grants to record (ticket -> token) or forget (ticket -> false) in S,
-    -- and their order.
+    -- Grants to record (ticket -> token), tombstone (ticket -> 'r' or
+    -- 'x') or forget (ticket -> false) in S, and their order.
     grants = {}, gorder = {},
+    -- Members this script removed (buffered), which reads still return.
+    hgone = {}, qgone = {},
+    -- The queue as read so far: page, position in it, members read.
+    page = nil, pos = 1, qread = 0,
   }
   rebuild(r)
   by_base[base] = r
@@ -146,17 +248,17 @@ end
 -- looking ticket up in each.
 local function declared(ticket)
   local rs = {}
-  for i = 1, #KEYS, 4 do
+  for i = 1, #KEYS, 5 do
     rs[#rs + 1] = load(string.sub(KEYS[i], 1, -3), i, ticket)
   end
   return rs
 end
 
--- record notes a grant's token (a string) under its ticket, or forgets
--- the ticket (ts false); finish writes it.
-local function record(r, ticket, ts)
+-- record notes a grant's token (a string), a tombstone ('r' released, 'x'
+-- ended otherwise) or forgets the ticket (false); finish buffers it.
+local function record(r, ticket, v)
   if r.grants[ticket] == nil then r.gorder[#r.gorder + 1] = ticket end
-  r.grants[ticket] = ts
+  r.grants[ticket] = v
 end
 
 -- next_seq hands out the next number of a resource's one sequence, used
@@ -169,53 +271,86 @@ local function next_seq(r)
 end
 
 -- drop_holder forgets a lease of n permits (n is read from the member
--- when not given) and frees its permits.
-local function drop_holder(r, m, n)
-  redis.call('ZREM', r.H, m)
+-- when not given), frees its permits and leaves a tombstone (tomb: 'r'
+-- when its holder released it, 'x' otherwise).
+local function drop_holder(r, m, n, tomb)
+  if r.hgone[m] then return end
+  r.hgone[m] = true
+  write('ZREM', r.H, m)
   local ticket = string.match(m, '^%S+')
   if not n then n = tonumber(string.match(m, '^%S+ (%d+)')) or 0 end
   r.used = r.used - n
   r.nh = r.nh - 1
-  record(r, ticket, false)
+  record(r, ticket, tomb or 'x')
 end
 
--- purge_holders drops leases whose expiry has passed. Time stands still
--- while a script runs, so once per script is enough.
+-- purge_holders drops leases whose expiry has passed, at most the budget
+-- left. Time stands still while a script runs, so once per script is
+-- enough, unless the budget ran out.
 local function purge_holders(r)
-  if r.nh <= 0 or r.hpurged then return end
+  if r.nh <= 0 or r.hpurged or r.off then return end
   r.hpurged = true
-  for _, m in ipairs(redis.call('ZRANGEBYSCORE', r.H, '-inf', now)) do
-    drop_holder(r, m)
+  if budget <= 0 then
+    more = true
+    return
+  end
+  local due = redis.call('ZRANGEBYSCORE', r.H, '-inf', now, 'LIMIT', 0, budget)
+  if #due >= budget then more = true end
+  for _, m in ipairs(due) do
+    if not r.hgone[m] then
+      budget = budget - 1
+      drop_holder(r, m)
+    end
   end
 end
 
--- unqueue takes a waiter out of one resource's queue.
-local function unqueue(r, m)
-  if redis.call('ZREM', r.Q, m) == 1 then
-    r.nq = r.nq - 1
-  end
-  redis.call('ZREM', r.D, m)
+-- unqueue takes waiter m out of one resource's queue. known says m was read
+-- from that queue; otherwise it is looked up first.
+local function unqueue(r, m, known)
+  if r.qgone[m] or r.off then return end
+  if not known and not redis.call('ZSCORE', r.Q, m) then return end
+  r.qgone[m] = true
+  write('ZREM', r.Q, m)
+  write('ZREM', r.D, m)
+  r.nq = r.nq - 1
 end
 
--- drop_waiter takes waiter w out of every queue it is in.
-local function drop_waiter(w)
+-- drop_waiter takes waiter w out of every queue it is in (r, where it was
+-- read, and its group's others).
+local function drop_waiter(r, m, w)
+  unqueue(r, m, true)
   for _, p in ipairs(w.parts) do
-    unqueue(load(p.base), waiter_member(w.ticket, p.n, w.client, w.lease, w.wait, w.group))
+    if p.base ~= r.base then
+      unqueue(load(p.base), waiter_member(w.ticket, p.n, w.client, w.lease, w.wait, w.group), false)
+    end
   end
 end
 
--- purge_waiters drops waiters whose process stopped refreshing. Each
--- deadline is absolute and its own: a dead waiter never pushes anybody
--- else's deadline later, so any number of dead waiters cost one TTL.
+-- purge_waiters drops waiters whose process stopped refreshing, at most the
+-- budget left. Each deadline is absolute and its own: a dead waiter never
+-- pushes anybody else's deadline later, so any number of dead waiters cost
+-- one TTL.
 local function purge_waiters(r)
-  if r.nq <= 0 or r.wpurged then return end
+  if r.nq <= 0 or r.wpurged or r.off then return end
   r.wpurged = true
-  for _, m in ipairs(redis.call('ZRANGEBYSCORE', r.D, '-inf', now)) do
-    local w = parse_waiter(m)
-    if w and w.parts then
-      drop_waiter(w)
-    else
-      unqueue(r, m)
+  if budget <= 0 then
+    more = true
+    return
+  end
+  local due = redis.call('ZRANGEBYSCORE', r.D, '-inf', now, 'LIMIT', 0, budget)
+  if #due >= budget then more = true end
+  local fresh = r.fresh or {}
+  for _, m in ipairs(due) do
+    -- A waiter refreshed by this script is not due (its new deadline is
+    -- still in the buffer).
+    if not r.qgone[m] and not fresh[m] then
+      budget = budget - 1
+      local w = parse_waiter(m)
+      if w and w.parts then
+        drop_waiter(r, m, w)
+      else
+        unqueue(r, m, true)
+      end
     end
   end
 end
@@ -224,7 +359,7 @@ end
 -- lasting ttl ms, and returns its token, formatted.
 local function hold(r, ticket, n, ns, client, ttl)
   local ts = num(next_seq(r))
-  redis.call('ZADD', r.H, num(now + ttl), holder_member(ticket, ns, client, ts))
+  write('ZADD', r.H, num(now + ttl), holder_member(ticket, ns, client, ts))
   record(r, ticket, ts)
   r.wrote_h = true
   r.used = r.used + n
@@ -236,21 +371,39 @@ end
 -- fits reports whether n more permits of r fit now, purging expired leases
 -- if that is what it takes.
 local function fits(r, n)
-  if not r.cap then return false end
+  if not r.cap or r.off then return false end
   if r.used + n > r.cap then purge_holders(r) end
   return r.used + n <= r.cap
 end
 
--- head returns the first live waiter of r's queue and its member.
+-- head returns the first live waiter of r's queue and its member. The queue
+-- is read in pages; members this script removed are skipped.
 local function head(r)
   purge_waiters(r)
-  if r.nq <= 0 then return nil end
-  local m = redis.call('ZRANGE', r.Q, 0, 0)[1]
-  if not m then
-    r.nq = 0
-    return nil
+  if r.nq <= 0 or r.off then return nil end
+  while true do
+    local page = r.page
+    if page then
+      while r.pos <= #page do
+        local m = page[r.pos]
+        if not r.qgone[m] then return m, parse_waiter(m) end
+        r.pos = r.pos + 1
+      end
+      if #page < r.want then
+        -- The queue ended: the counter had drifted.
+        r.nq = 0
+        return nil
+      end
+    end
+    -- The first read takes the head alone (the common case); later ones
+    -- take a page.
+    local size = 1
+    if page then size = PAGE end
+    r.want = size
+    r.page = redis.call('ZRANGE', r.Q, r.qread, r.qread + size - 1)
+    r.qread = r.qread + #r.page
+    r.pos = 1
   end
-  return m, parse_waiter(m)
 end
 
 -- ready reports whether multi-request w, at the head of one of its
@@ -258,6 +411,7 @@ end
 local function ready(w)
   for _, p in ipairs(w.parts) do
     local r = load(p.base)
+    if r.off then return false end
     -- A resource whose state was lost takes the capacity the group
     -- records.
     if not r.cap and r.nq > 0 then r.cap, r.newcap = p.cap, true end
@@ -268,6 +422,9 @@ local function ready(w)
   end
   return true
 end
+
+-- Wake-ups to push, by wake list, in order.
+local wakes, wake_lists = {}, {}
 
 -- announce grants waiter w (already out of its queues) everything it asked
 -- for, and tells its process on the wake list of its first resource. An
@@ -281,8 +438,12 @@ local function announce(w, parts)
     tokens[i] = hold(load(p.base), w.ticket, p.n, p.ns or num(p.n), w.client, ttl)
   end
   local list = parts[1].base .. ':w:' .. w.client
-  redis.call('RPUSH', list, w.ticket .. ' ' .. table.concat(tokens, ' '))
-  redis.call('PEXPIRE', list, num(ttl))
+  if not wakes[list] then
+    wakes[list] = ttl
+    wake_lists[#wake_lists + 1] = list
+  end
+  wakes[list] = math.max(wakes[list], ttl)
+  write('RPUSH', list, w.ticket .. ' ' .. num(now + ttl) .. ' ' .. table.concat(tokens, ' '))
 end
 
 -- pump grants r's waiting tickets strictly in arrival order while the head
@@ -297,30 +458,35 @@ end
 -- changed, whose queues may move now.
 local function pump(r)
   local touched = {}
-  if not r.cap then return touched end
+  if not r.cap or r.off then return touched end
   while true do
     local m, w = head(r)
     if not m then break end
+    if budget <= 0 then
+      more = true
+      break
+    end
     if not w then
-      unqueue(r, m) -- not a waiter fairlock wrote
+      unqueue(r, m, true) -- not a waiter fairlock wrote
     elseif w.parts then
       if not ready(w) then break end
-      drop_waiter(w)
+      drop_waiter(r, m, w)
       announce(w, w.parts)
       for _, p in ipairs(w.parts) do
         if p.base ~= r.base then touched[#touched + 1] = load(p.base) end
       end
     else
       if not fits(r, w.n) then break end
-      unqueue(r, m)
+      unqueue(r, m, true)
       announce(w, { { base = r.base, n = w.n, ns = w.ns } })
     end
+    budget = budget - 1
   end
   return touched
 end
 
 -- run_queues pumps the given resources, and every resource a grant on them
--- changed, until no queue can move.
+-- changed, until no queue can move or the budget is spent.
 local function run_queues(rs)
   local todo = {}
   for i, r in ipairs(rs) do todo[i] = r end
@@ -331,6 +497,31 @@ local function run_queues(rs)
   end
 end
 
+-- trim_tombstones forgets tombstones whose time has come, when the oldest
+-- one's has (tnext); each trim takes those due within half a lifetime, so
+-- trims are rare.
+local function trim_tombstones(r)
+  if r.off or not r.tnext or r.tnext == 0 or r.tnext > now or budget <= 0 then return end
+  local limit = budget
+  local due = redis.call('ZRANGEBYSCORE', r.T, '-inf', now + TOMB_MS / 2, 'LIMIT', 0, limit)
+  for _, t in ipairs(due) do
+    budget = budget - 1
+    -- A ticket this script changes again keeps its entry.
+    if r.grants[t] == nil then
+      write('ZREM', r.T, t)
+      record(r, t, false)
+    end
+  end
+  if #due >= limit then
+    r.tnext = now -- more are due: the next script goes on
+    more = true
+  else
+    local nxt = redis.call('ZRANGE', r.T, #due, #due, 'WITHSCORES')
+    r.tnext = tonumber(nxt[2])
+  end
+  r.tnext_set = true
+end
+
 -- put adds field = v to the field list f when v differs from v0.
 local function put(f, field, v, v0)
   if v ~= v0 then
@@ -339,85 +530,101 @@ local function put(f, field, v, v0)
   end
 end
 
--- finish_one writes what changed of a resource's state back, and keeps its
+-- finish_one buffers what changed of a resource's state, and keeps its
 -- keys alive until the last deadline they hold. A semaphore with no holders
--- and no waiters keeps only its state hash, for the sequence, and only for
--- a second past it.
+-- and no waiters keeps only its state hash (for the sequence, and its
+-- tombstones) and only for a second past the sequence.
 local function finish_one(r)
-  local f, del = {}, {}
+  if r.off then return end
+  trim_tombstones(r)
+  local changed = false
   for _, t in ipairs(r.gorder) do
-    local ts = r.grants[t]
-    if ts then
-      f[#f + 1] = t
-      f[#f + 1] = ts
+    local v = r.grants[t]
+    if v == 'r' or v == 'x' then
+      -- A tombstone: forgotten with the index's entry.
+      write('HSET', r.S, t, v)
+      write('ZADD', r.T, num(now + TOMB_MS), t)
+      r.wrote_t = true
+      r.horizon = math.max(r.horizon, now + TOMB_MS)
+      if not r.tnext or r.tnext == 0 or r.tnext > now + TOMB_MS then r.tnext, r.tnext_set = now + TOMB_MS, true end
+    elseif v then
+      write('HSET', r.S, t, v)
     else
-      del[#del + 1] = t
+      write('HDEL', r.S, t)
     end
+    changed = true
   end
+  local f = {}
   if r.newcap then put(f, 'cap', r.cap or 0, nil) end
   put(f, 'used', r.used, r.used0)
   put(f, 'nh', r.nh, r.nh0)
   put(f, 'nq', r.nq, r.nq0)
   put(f, 'seq', r.seq, r.seq0)
+  if r.tnext_set then put(f, 'tnext', r.tnext or 0, nil) end
   local keep = math.floor(r.seq / 1000) + 1000
   local idle = r.nh <= 0 and r.nq <= 0
   local exp = r.exp
+  local need = math.max(r.horizon, keep)
   if idle then
-    -- The sorted sets are empty, so Redis has deleted them already.
-    if #f > 0 then exp = keep end
-  else
-    local need = math.max(r.horizon, keep)
-    if need > r.exp then
-      -- Move the horizon well past what is needed, so that renewals seldom
-      -- have to move it again.
-      exp = math.max(r.exp, need + math.max(need - now, 1000))
-    end
+    -- The queue and holders are empty, so Redis has deleted those keys
+    -- (or will, when the buffer is applied). The state hash stays for the
+    -- sequence and the tombstones, no longer.
+    if #f > 0 or changed then exp = need end
+  elseif need > r.exp then
+    -- Move the horizon well past what is needed, so that renewals seldom
+    -- have to move it again.
+    exp = math.max(r.exp, need + math.max(need - now, 1000))
   end
   local moved = exp ~= r.exp
-  if #f == 0 and #del == 0 and not (moved or r.wrote_h or r.wrote_q) then return end
-  if #del > 0 then redis.call('HDEL', r.S, unpack(del)) end
+  if #f == 0 and not changed and not (moved or r.wrote_h or r.wrote_q or r.wrote_t) then return end
   local at = num(exp)
   if moved then
     f[#f + 1] = 'exp'
     f[#f + 1] = at
   end
-  if #f > 0 then redis.call('HSET', r.S, unpack(f)) end
-  if idle then
-    if moved then redis.call('PEXPIREAT', r.S, at) end
-    return
-  end
-  if moved then
-    r.exp = exp
-    redis.call('PEXPIREAT', r.S, at)
-    if r.nh > 0 then redis.call('PEXPIREAT', r.H, at) end
-    if r.nq > 0 then
-      redis.call('PEXPIREAT', r.Q, at)
-      redis.call('PEXPIREAT', r.D, at)
-    end
-    return
-  end
-  if r.wrote_h then redis.call('PEXPIREAT', r.H, at) end
-  if r.wrote_q then
-    redis.call('PEXPIREAT', r.Q, at)
-    redis.call('PEXPIREAT', r.D, at)
+  for i = 1, #f, 2 do write('HSET', r.S, f[i], f[i + 1]) end
+  if moved then expire_at(r.S, at) end
+  if moved or r.wrote_t then expire_at(r.T, at) end
+  if idle then return end
+  if moved or r.wrote_h then expire_at(r.H, at) end
+  if moved or r.wrote_q then
+    expire_at(r.Q, at)
+    expire_at(r.D, at)
   end
 end
 
+-- finish buffers every loaded resource's state and the wake-ups, then
+-- applies the buffer. Nothing may fail after it.
 local function finish()
   for _, r in ipairs(loaded) do finish_one(r) end
+  for _, list in ipairs(wake_lists) do expire_at(list, num(wakes[list]), true) end
+  apply()
 end
 
 -- next_event returns the milliseconds until the earliest lease expiry or
 -- waiter deadline of the resources this script loaded, when a queue may
--- move without anybody releasing, or -1.
+-- move without anybody releasing, or -1; 0 when work was left over. It runs
+-- after finish, so its reads may not fail: a key it cannot read tells
+-- nothing.
 local function next_event()
+  if more then return 0 end
   local at = nil
+  local function first(key)
+    local x = redis.pcall('ZRANGE', key, 0, 0, 'WITHSCORES')
+    if type(x) == 'table' and x[2] and (at == nil or tonumber(x[2]) < at) then at = tonumber(x[2]) end
+  end
   for _, r in ipairs(loaded) do
-    local h = redis.call('ZRANGE', r.H, 0, 0, 'WITHSCORES')
-    if h[2] and (at == nil or tonumber(h[2]) < at) then at = tonumber(h[2]) end
-    local d = redis.call('ZRANGE', r.D, 0, 0, 'WITHSCORES')
-    if d[2] and (at == nil or tonumber(d[2]) < at) then at = tonumber(d[2]) end
+    if not r.off then
+      first(r.H)
+      first(r.D)
+    end
   end
   if at == nil then return -1 end
-  return at - now
+  return math.max(at - now, 0)
+end
+
+-- more_flag reports, for replies, whether work was left for later scripts.
+local function more_flag()
+  if more then return 1 end
+  return 0
 end

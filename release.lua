@@ -1,14 +1,18 @@
--- release.lua: the holder's side. Runs after queue.lua.
+-- release.lua: the holder's side. Runs after queue.lua, whose rule it
+-- obeys: every check comes before finish().
 --
 -- KEYS: the keys of each resource of one request, in name order.
 -- ARGV: op, ticket, client, unconfirmed ("1" if the grant was announced
 -- and not yet confirmed), leaseMs, waiterMs, group ("" for one resource),
--- then permits, token for each resource. Per op:
+-- then permits, token for each resource. Every op returns {result, more}:
+-- more is 1 when the queues have work left for later scripts ("pump").
 --   "release"  frees the lease's permits on every resource and grants them
---              on; returns 1, or 0 when the lease had already expired or
+--              on; result 1, or 0 when the lease had already expired or
 --              been dropped on some resource (its permits were not held).
+--              A resent release (its first run's reply was lost) finds the
+--              tombstone the first run left and answers 1 again.
 --   "renew"    extends a live lease to now + leaseMs on every resource;
---              returns 1, or 0 when it has expired or is gone on any of
+--              result 1, or 0 when it has expired or is gone on any of
 --              them, and then frees what is left of it. An expired lease
 --              is never brought back.
 --   "leave"    withdraws a ticket whatever its state, for a waiter whose
@@ -18,7 +22,7 @@
 
 local op, ticket, client, unconfirmed = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local lease, wait, group = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
-local rs = declared(op == 'leave' and ticket or nil)
+local rs = declared(ticket)
 local parts = {}
 for i, r in ipairs(rs) do
   -- The client formats numbers as the scripts do, so its strings serve
@@ -27,16 +31,20 @@ for i, r in ipairs(rs) do
 end
 local result = 0
 
+-- is_token tells a grant record from a tombstone or nothing.
+local function is_token(g)
+  return g and g ~= 'r' and g ~= 'x'
+end
+
 if op == 'leave' then
   -- A grant this waiter has not heard of was announced, so S has its
   -- tokens.
   unconfirmed = '1'
   for _, p in ipairs(parts) do
-    p.ts = p.r.grant or '0'
+    p.ts = is_token(p.r.grant) and p.r.grant or '0'
     local m = waiter_member(ticket, p.n, client, lease, wait, group)
-    if redis.call('ZREM', p.r.Q, m) == 1 then
-      redis.call('ZREM', p.r.D, m)
-      p.r.nq = p.r.nq - 1
+    if p.r.nq > 0 and redis.call('ZSCORE', p.r.Q, m) then
+      unqueue(p.r, m, true)
       result = 1
     end
   end
@@ -55,20 +63,32 @@ if result == 0 then
   for _, p in ipairs(parts) do
     if p.at then
       if op == 'renew' and live then
-        redis.call('ZADD', p.r.H, num(now + lease), p.hm)
-        p.r.horizon = now + lease
+        write('ZADD', p.r.H, num(now + lease), p.hm)
+        p.r.horizon = math.max(p.r.horizon, now + lease)
+        -- A grant announced to this ticket is confirmed.
+        if unconfirmed == '1' then record(p.r, ticket, false) end
+      elseif op == 'release' and live then
+        drop_holder(p.r, p.hm, p.n, 'r')
       else
-        drop_holder(p.r, p.hm, p.n)
+        drop_holder(p.r, p.hm, p.n, 'x')
       end
+    elseif op ~= 'renew' and is_token(p.r.grant) then
+      -- A record whose lease is gone: the grant is over.
+      record(p.r, ticket, 'x')
     end
-    -- A grant announced to this ticket is confirmed, or the grant is over.
-    if unconfirmed == '1' or op ~= 'renew' then record(p.r, ticket, false) end
   end
   if live then
     result = 1
     if op == 'leave' then result = 2 end
+  elseif op == 'release' then
+    -- A resent release: its first run released every part.
+    local again = true
+    for _, p in ipairs(parts) do
+      if p.at or p.r.grant ~= 'r' then again = false end
+    end
+    if again then result = 1 end
   end
 end
 run_queues(rs)
 finish()
-return result
+return { result, more_flag() }

@@ -30,6 +30,7 @@ type room struct {
 	running bool
 	due     time.Time     // when maintain runs next
 	stop    chan struct{} // closed when the goroutines must end
+	clock   clockSample   // the latest reading of the semaphore's Redis clock
 }
 
 type waiter struct {
@@ -47,8 +48,8 @@ type waiter struct {
 // from the queue (requeue), or cut off from Redis for longer than its
 // liveness (err).
 type wakeup struct {
-	tokens  []int64
-	at      time.Time
+	grant   grant
+	sample  clockSample // relates grant.expiry to the local clock
 	requeue bool
 	err     error
 }
@@ -89,11 +90,13 @@ func (c *Client) unregister(r *room, w *waiter) {
 
 // listen records that w is queued, makes sure r's goroutines run, and that
 // maintain runs no later than after the given time (the queue's next
-// event, or < 0 for none).
-func (c *Client) listen(r *room, w *waiter, next time.Duration) {
+// event, or < 0 for none). clock is the reading of Redis's clock the
+// acquire script reported.
+func (c *Client) listen(r *room, w *waiter, next time.Duration, clock clockSample) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	w.queued = true
+	r.noteClockLocked(clock)
 	if c.closed {
 		return
 	}
@@ -109,6 +112,13 @@ func (c *Client) listen(r *room, w *waiter, next time.Duration) {
 }
 
 func (c *Client) refreshEvery() time.Duration { return c.cfg.waiterTTL / 3 }
+
+// noteClockLocked keeps the latest reading of Redis's clock.
+func (r *room) noteClockLocked(s clockSample) {
+	if s.sent.After(r.clock.sent) {
+		r.clock = s
+	}
+}
 
 // scheduleLocked moves maintain's next run earlier, to next from now.
 func (r *room) scheduleLocked(next time.Duration) {
@@ -175,9 +185,12 @@ func (r *room) listen(stop chan struct{}) {
 }
 
 func (r *room) deliverGrant(payload string) {
-	ticket, tokens, ok := parseWake(payload)
+	ticket, g, ok := parseWake(payload)
 	if ok {
-		r.deliver(ticket, wakeup{tokens: tokens, at: time.Now()})
+		r.c.mu.Lock()
+		clock := r.clock
+		r.c.mu.Unlock()
+		r.deliver(ticket, wakeup{grant: g, sample: clock})
 	}
 }
 
@@ -245,44 +258,75 @@ func (r *room) maintain(stop chan struct{}) {
 	}
 }
 
+// refreshBatch is the most tickets one refresh script takes, so that a
+// room of any size refreshes in scripts of bounded length.
+const refreshBatch = 256
+
 // refresh keeps r's waiters alive in Redis, runs the queue (dropping dead
 // waiters and expired leases, granting what fits), hands on what it learns
 // about r's tickets, and returns when it should run next.
 func (r *room) refresh() (time.Duration, error) {
 	c := r.c
 	c.mu.Lock()
-	args := make([]any, 0, 4+3*len(r.waiters))
-	args = append(args, "refresh", c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL))
+	var batches [][]any
+	var args []any
 	for t, w := range r.waiters {
-		if w.queued {
-			args = append(args, t, w.permits, w.group)
+		if !w.queued {
+			continue
 		}
+		if args == nil {
+			args = make([]any, 0, 4+3*min(len(r.waiters), refreshBatch))
+			args = append(args, "refresh", c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL))
+		}
+		args = append(args, t, w.permits, w.group)
+		if len(args) >= 4+3*refreshBatch {
+			batches = append(batches, args)
+			args = nil
+		}
+	}
+	if args != nil || len(batches) == 0 {
+		if args == nil {
+			args = []any{"refresh", c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL)}
+		}
+		batches = append(batches, args)
 	}
 	c.mu.Unlock()
 	next := c.refreshEvery()
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
-	defer cancel()
-	cmd, _ := c.run(ctx, c.scripts.acquire, r.k.list(), args...) // unreplicated refreshes are refreshed again
-	res, err := cmd.Slice()
-	if err == nil {
-		err = r.apply(res, &next)
+	for _, args := range batches {
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
+		sent := time.Now()
+		cmd, _ := c.run(ctx, c.scripts.acquire, r.k.list(), args...) // unreplicated refreshes are refreshed again
+		cancel()
+		res, err := cmd.Slice()
+		if err == nil {
+			err = r.apply(res, sent, &next)
+		}
+		if err != nil {
+			return next, err
+		}
 	}
-	return next, err
+	return next, nil
 }
 
-// apply reads a refresh reply: the queue's next event and the tickets that
-// stopped waiting (granted, or dropped).
-func (r *room) apply(res []any, next *time.Duration) error {
+// apply reads a refresh reply {nextEventMs, {ticket, grant or "0", ...},
+// nowMs}: the queue's next event and the tickets that stopped waiting
+// (granted, or dropped).
+func (r *room) apply(res []any, sent time.Time, next *time.Duration) error {
 	ev, err := reply(res).int(0)
+	var now int64
+	if err == nil {
+		now, err = reply(res).int(2)
+	}
 	if err != nil {
 		return err
 	}
 	if ev >= 0 {
 		*next = min(*next, time.Duration(ev)*time.Millisecond)
 	}
-	if len(res) < 2 {
-		return nil
-	}
+	clock := clockSample{sent: sent, redis: now}
+	r.c.mu.Lock()
+	r.noteClockLocked(clock)
+	r.c.mu.Unlock()
 	gone, _ := res[1].([]any)
 	for i := 0; i+1 < len(gone); i += 2 {
 		ticket, _ := gone[i].(string)
@@ -291,11 +335,11 @@ func (r *room) apply(res []any, next *time.Duration) error {
 			r.deliver(ticket, wakeup{requeue: true})
 			continue
 		}
-		tokens, err := parseTokens(strings.Fields(granted))
+		g, err := parseGrant(strings.Fields(granted))
 		if err != nil {
 			return err
 		}
-		r.deliver(ticket, wakeup{tokens: tokens, at: time.Now()})
+		r.deliver(ticket, wakeup{grant: g, sample: clock})
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -108,15 +109,51 @@ func (r reply) int(i int) (int64, error) {
 	return 0, fmt.Errorf("fairlock: unexpected script reply %v", []any(r))
 }
 
-// parseWake splits a wake-up "ticket token..." pushed by queue.lua: one
-// token per semaphore of the ticket's request.
-func parseWake(s string) (ticket string, tokens []int64, ok bool) {
+// parseWake splits a wake-up "ticket expiryMs token..." pushed by
+// queue.lua: the grant's expiry by Redis's clock, then one token per
+// semaphore of the ticket's request.
+func parseWake(s string) (ticket string, g grant, ok bool) {
 	f := strings.Fields(s)
+	if len(f) < 3 {
+		return "", grant{}, false
+	}
+	g, err := parseGrant(f[1:])
+	return f[0], g, err == nil
+}
+
+// grant is a grant as a script reports it: its expiry by Redis's clock and
+// a token per semaphore.
+type grant struct {
+	expiry int64 // ms, Redis's clock
+	tokens []int64
+}
+
+// parseGrant reads "expiryMs token..." fields.
+func parseGrant(f []string) (grant, error) {
 	if len(f) < 2 {
-		return "", nil, false
+		return grant{}, fmt.Errorf("fairlock: bad grant %q", f)
+	}
+	exp, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return grant{}, fmt.Errorf("fairlock: bad grant expiry %q", f[0])
 	}
 	tokens, err := parseTokens(f[1:])
-	return f[0], tokens, err == nil
+	return grant{expiry: exp, tokens: tokens}, err
+}
+
+// clockSample relates Redis's clock to the local one: a script that
+// reported Redis's time redis was sent at local time sent, so Redis's
+// moment redis came no earlier than sent.
+type clockSample struct {
+	sent  time.Time
+	redis int64 // ms
+}
+
+// localDeadline returns a local time no later than the moment Redis's
+// clock reaches at (ms), by s: so a lease counted to it ends, locally,
+// before Redis can have expired it.
+func (s clockSample) localDeadline(at int64) time.Time {
+	return s.sent.Add(time.Duration(at-s.redis) * time.Millisecond)
 }
 
 func parseTokens(f []string) ([]int64, error) {

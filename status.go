@@ -15,7 +15,17 @@ type Status struct {
 	InUse    int64    `json:"in_use"`   // permits held by live leases
 	Holders  []Holder `json:"holders"`
 	Waiters  []Waiter `json:"waiters"` // in queue order
+	// Queued counts the requests in the queue, and Held the leases
+	// recorded, including ones that have expired or whose process died
+	// but that no script has dropped yet: at most [StatusMax] of each are
+	// listed in Holders and Waiters.
+	Queued int64 `json:"queued"`
+	Held   int64 `json:"held"`
 }
+
+// StatusMax is the most holders, and the most waiters, one [Status] lists:
+// a snapshot of a queue of any length costs Redis a bounded time.
+const StatusMax = 1000
 
 // Holder is a live lease in a [Status].
 type Holder struct {
@@ -50,7 +60,13 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	if err == nil {
 		st.Capacity, err = reply(res).int(1)
 	}
-	if err != nil || len(res) < 4 {
+	if err == nil {
+		st.Held, err = reply(res).int(4)
+	}
+	if err == nil {
+		st.Queued, err = reply(res).int(5)
+	}
+	if err != nil || len(res) < 6 {
 		return Status{}, fmt.Errorf("fairlock: status %q: bad reply %v: %v", name, res, err)
 	}
 	hs, _ := res[2].([]any)
@@ -82,6 +98,7 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	if len(st.Holders)+len(st.Waiters) == 0 {
 		st.Capacity = 0
 	}
+	st.Held, st.Queued = max(st.Held, int64(len(st.Holders))), max(st.Queued, int64(len(st.Waiters)))
 	return st, nil
 }
 
