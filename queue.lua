@@ -1,3 +1,4 @@
+--!df flags=allow-undeclared-keys
 -- queue.lua: the ticket queue that every fairlock script shares.
 --
 -- fairlock prepends this file to acquire.lua and release.lua, so every state

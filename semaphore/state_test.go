@@ -268,3 +268,55 @@ func TestStatus(t *testing.T) {
 	_, err = fairlock.New(e.rdb, fairlock.WithOwner("has space"))
 	fltest.IsErr(t, "WithOwner with a space", err, fairlock.ErrInvalidArgument)
 }
+
+// Tombstones (what a resent call finds of a lease that ended) do not pile
+// up on a semaphore that never goes idle: each lives 10 to 20 s by Redis's
+// clock and is trimmed by a later script.
+func TestTombstonesAreTrimmed(t *testing.T) {
+	b := redistest.Mini(t)
+	b.Freeze(t)
+	e := newEnv(t, b)
+	ctx := context.Background()
+	s := e.sem(e.Client(fairlock.WithLeaseTTL(time.Hour)), "busy", 2)
+	pinned, err := s.Acquire(ctx, 1) // keeps the semaphore busy throughout
+	if err != nil {
+		t.Fatal(err)
+	}
+	tombs := func() int64 {
+		t.Helper()
+		n, err := e.rdb.ZCard(ctx, e.key("busy", "t")).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		kv, _ := e.rdb.HGetAll(ctx, e.key("busy", "s")).Result()
+		var fields int64
+		for _, v := range kv {
+			if v == "r" || v == "x" {
+				fields++
+			}
+		}
+		if fields != n {
+			t.Fatalf("%d tombstones in the state hash, %d in their index", fields, n)
+		}
+		return n
+	}
+	cycle := func(k int) {
+		for range k {
+			l, err := s.Acquire(ctx, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.Release(l)
+		}
+	}
+	cycle(30)
+	if n := tombs(); n != 30 {
+		t.Fatalf("%d tombstones after 30 releases, want 30", n)
+	}
+	b.Advance(t, 21*time.Second)
+	cycle(1)
+	if n := tombs(); n != 1 {
+		t.Fatalf("%d tombstones 21 s later and one more release, want 1", n)
+	}
+	e.Release(pinned)
+}
