@@ -86,7 +86,7 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 			// order; one machine in a few hundred draws them.
 			2000},
 		{"multi-request partly granted", "queue.lua",
-			"      if not ready(w) then break end", "      if not fits(r, w.n) then break end", 0},
+			"      local ok, broken = ready(w)\n", "      local ok, broken = fits(r, w.n), false\n", 0},
 		{"token not monotonic", "queue.lua",
 			"r.seq = math.max(r.seq + 1, now_us)", "r.seq = now_us", 0},
 	} {

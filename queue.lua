@@ -408,7 +408,10 @@ local function head(r)
 end
 
 -- ready reports whether multi-request w, at the head of one of its
--- queues, is at the head of all of them and fits in all of them.
+-- queues, is at the head of all of them and fits in all of them. A
+-- request missing from one of its queues (dropped there as dead while its
+-- refresh could not reach that queue) can never be granted: ready reports
+-- it broken, and it is dropped; its process queues it again.
 local function ready(w)
   for _, p in ipairs(w.parts) do
     local r = load(p.base)
@@ -417,9 +420,12 @@ local function ready(w)
     -- records.
     if not r.cap and r.nq > 0 then r.cap, r.newcap = p.cap, true end
     local m = head(r)
-    if m ~= waiter_member(w.ticket, p.n, w.client, w.lease, w.wait, w.group) or not fits(r, p.n) then
+    local want = waiter_member(w.ticket, p.n, w.client, w.lease, w.wait, w.group)
+    if m ~= want then
+      if r.qgone[want] or not redis.call('ZSCORE', r.Q, want) then return false, true end
       return false
     end
+    if not fits(r, p.n) then return false end
   end
   return true
 end
@@ -470,11 +476,16 @@ local function pump(r)
     if not w then
       unqueue(r, m, true) -- not a waiter fairlock wrote
     elseif w.parts then
-      if not ready(w) then break end
-      drop_waiter(r, m, w)
-      announce(w, w.parts)
-      for _, p in ipairs(w.parts) do
-        if p.base ~= r.base then touched[#touched + 1] = load(p.base) end
+      local ok, broken = ready(w)
+      if broken then
+        drop_waiter(r, m, w)
+      else
+        if not ok then break end
+        drop_waiter(r, m, w)
+        announce(w, w.parts)
+        for _, p in ipairs(w.parts) do
+          if p.base ~= r.base then touched[#touched + 1] = load(p.base) end
+        end
       end
     else
       if not fits(r, w.n) then break end
