@@ -11,12 +11,16 @@ import (
 )
 
 // Faults is a go-redis hook that cuts a client off from Redis, as if its
-// process had died or been partitioned (Down), or holds its BLPOPs back, as
-// if the process had stalled before reading its wake-ups (Deafen).
+// process had died or been partitioned (Down), holds its BLPOPs back, as
+// if the process had stalled before reading its wake-ups (Deafen), or holds
+// back the replies of commands Redis has run, as if the process had
+// stalled after sending them (Stall).
 type Faults struct {
-	Down atomic.Bool
-	mu   sync.Mutex
-	deaf chan struct{} // while non-nil, BLPOPs wait for it to close
+	Down  atomic.Bool
+	mu    sync.Mutex
+	deaf  chan struct{} // while non-nil, BLPOPs wait for it to close
+	stall chan struct{} // while non-nil, replies wait for it to close
+	held  []string      // the replies Stall held back, as cmd.String()
 }
 
 // ErrCutOff is the error every command of a client whose Faults is Down
@@ -41,8 +45,48 @@ func (f *Faults) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			cmd.SetErr(ErrCutOff)
 			return ErrCutOff
 		}
-		return next(ctx, cmd)
+		err := next(ctx, cmd)
+		f.mu.Lock()
+		stall := f.stall
+		if stall != nil {
+			f.held = append(f.held, cmd.String())
+		}
+		f.mu.Unlock()
+		if stall != nil {
+			<-stall
+		}
+		return err
 	}
+}
+
+// Stall holds back the reply of every command that completes from now on
+// until the returned function is called (also called when the test ends):
+// Redis has run the command, and the client learns its reply only then.
+// It ignores contexts, as a paused process would.
+func (f *Faults) Stall(t testing.TB) (resume func()) {
+	ch := make(chan struct{})
+	f.mu.Lock()
+	f.stall = ch
+	f.mu.Unlock()
+	var once sync.Once
+	resume = func() {
+		once.Do(func() {
+			f.mu.Lock()
+			f.stall = nil
+			f.mu.Unlock()
+			close(ch)
+		})
+	}
+	t.Cleanup(resume)
+	return resume
+}
+
+// Held returns the replies Stall has held back so far, each as its
+// command's String (the command and its reply).
+func (f *Faults) Held() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.held...)
 }
 
 // Deafen holds BLPOPs back until the returned function is called (also
