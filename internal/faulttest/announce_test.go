@@ -15,10 +15,10 @@ import (
 
 // Issue 12, item 9. A grant the queue announces to a waiter lasts, in
 // Redis, one waiter TTL from when Redis made it. Here the waiter's process
-// stalls just as the grant is announced: the wake-up its BLPOP popped, and
-// the replies of its liveness refreshes, reach it only after the grant has
-// expired and another caller holds the permits; later BLPOPs are held back
-// too. When it resumes, Acquire must not return a lease that Redis no
+// stalls just as the grant reaches it: the reply that carries the grant
+// (the wake-up its BLPOP popped, or a liveness refresh reporting it) and
+// every reply after it reach it only after the grant has expired and
+// another caller holds the permits; its next BLPOPs are held back too. When it resumes, Acquire must not return a lease that Redis no
 // longer holds under its token: it may return an error, or wait and be
 // granted later, but a lease it returns is live in Redis when it returns.
 func TestLateWakeUpIsNotALease(t *testing.T) {
@@ -60,8 +60,16 @@ func TestLateWakeUpIsNotALease(t *testing.T) {
 			got <- r
 		}()
 		fltest.WaitWaiters(t, direct, name, 1)
+		q, err := e.RDB.ZRange(ctx, e.Prefix+"{"+name+"}:q", 0, -1).Result()
+		if err != nil || len(q) != 1 {
+			t.Fatalf("queue %q (%v); want the waiter's ticket", q, err)
+		}
+		ticket := strings.Fields(q[0])[0]
 
-		resume := f.Stall(t)
+		// The process stalls at the first reply that tells it about its
+		// ticket (the wake-up its BLPOP pops, or a refresh that reports
+		// the grant), and its next BLPOPs are held back too.
+		resume := f.Stall(t, func(reply string) bool { return strings.Contains(reply, ticket) })
 		hear := f.Deafen(t)
 		e.Release(held) // announces the grant to the stalled waiter
 		var tok int64

@@ -3,6 +3,7 @@ package redistest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,11 +17,13 @@ import (
 // back the replies of commands Redis has run, as if the process had
 // stalled after sending them (Stall).
 type Faults struct {
-	Down  atomic.Bool
-	mu    sync.Mutex
-	deaf  chan struct{} // while non-nil, BLPOPs wait for it to close
-	stall chan struct{} // while non-nil, replies wait for it to close
-	held  []string      // the replies Stall held back, as cmd.String()
+	Down    atomic.Bool
+	mu      sync.Mutex
+	deaf    chan struct{}           // while non-nil, BLPOPs wait for it to close
+	stall   chan struct{}           // set by Stall: held replies wait for it to close
+	match   func(reply string) bool // the reply that starts the stall
+	stalled bool                    // a reply matched: hold every reply
+	held    []string                // the replies Stall held back, as cmd.String()
 }
 
 // ErrCutOff is the error every command of a client whose Faults is Down
@@ -48,6 +51,12 @@ func (f *Faults) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		err := next(ctx, cmd)
 		f.mu.Lock()
 		stall := f.stall
+		if stall != nil && !f.stalled && (f.match == nil || f.match(replyOf(cmd))) {
+			f.stalled = true
+		}
+		if !f.stalled {
+			stall = nil
+		}
 		if stall != nil {
 			f.held = append(f.held, cmd.String())
 		}
@@ -59,20 +68,35 @@ func (f *Faults) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// Stall holds back the reply of every command that completes from now on
-// until the returned function is called (also called when the test ends):
-// Redis has run the command, and the client learns its reply only then.
-// It ignores contexts, as a paused process would.
-func (f *Faults) Stall(t testing.TB) (resume func()) {
+// replyOf renders the reply of a script or a BLPOP (the commands fairlock
+// sends), or "" for other commands.
+func replyOf(cmd redis.Cmder) string {
+	switch c := cmd.(type) {
+	case *redis.Cmd:
+		return fmt.Sprint(c.Val())
+	case *redis.StringSliceCmd:
+		return fmt.Sprint(c.Val())
+	}
+	return ""
+}
+
+// Stall makes the client stall, as a paused process would, at the first
+// reply from now on for which match returns true (any reply when match is
+// nil; a script's or a BLPOP's reply is passed as fmt.Sprint renders its
+// value): that reply and every one after it are held back until the
+// returned function is called (also called when the test ends). Redis has
+// run those commands; the client learns their replies only then. Contexts
+// do not end the stall.
+func (f *Faults) Stall(t testing.TB, match func(reply string) bool) (resume func()) {
 	ch := make(chan struct{})
 	f.mu.Lock()
-	f.stall = ch
+	f.stall, f.match, f.stalled = ch, match, false
 	f.mu.Unlock()
 	var once sync.Once
 	resume = func() {
 		once.Do(func() {
 			f.mu.Lock()
-			f.stall = nil
+			f.stall, f.match, f.stalled = nil, nil, false
 			f.mu.Unlock()
 			close(ch)
 		})
