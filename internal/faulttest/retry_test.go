@@ -3,13 +3,18 @@ package faulttest
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -17,14 +22,19 @@ import (
 // lossy is a TCP proxy in front of Redis that, when armed, lets the next
 // EVALSHA through and cuts the connection instead of passing its reply
 // back: the script ran, and the client does not know. go-redis then sends
-// the command again on a new connection.
+// the command again on a new connection. With cutAndHold, that resent
+// command is also held back until the test lets it go, as if it had been
+// delayed in the network.
 type lossy struct {
-	addr   string
-	armed  atomic.Bool
-	cut    atomic.Int64 // replies cut so far
-	l      net.Listener
-	wg     sync.WaitGroup
-	target string
+	addr    string
+	armed   atomic.Bool
+	cut     atomic.Int64 // replies cut so far
+	hold    atomic.Pointer[chan struct{}]
+	holding atomic.Int64 // commands held back so far
+	quit    chan struct{}
+	l       net.Listener
+	wg      sync.WaitGroup
+	target  string
 }
 
 func newLossy(t *testing.T, target string) *lossy {
@@ -32,10 +42,36 @@ func newLossy(t *testing.T, target string) *lossy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &lossy{addr: l.Addr().String(), l: l, target: target}
+	p := &lossy{addr: l.Addr().String(), l: l, target: target, quit: make(chan struct{})}
 	p.wg.Go(p.serve)
-	t.Cleanup(func() { l.Close(); p.wg.Wait() })
+	t.Cleanup(func() { close(p.quit); l.Close(); p.wg.Wait() })
 	return p
+}
+
+// cutAndHold arms p to cut the reply of the next EVALSHA and to hold back
+// the EVALSHA after it (go-redis's resend) until resume is called (also
+// called when the test ends).
+func (p *lossy) cutAndHold(t *testing.T) (resume func()) {
+	ch := make(chan struct{})
+	p.hold.Store(&ch)
+	p.armed.Store(true)
+	var once sync.Once
+	resume = func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(resume)
+	return resume
+}
+
+// waitHeld waits until a reply was cut since before and the resent
+// command is held back.
+func (p *lossy) waitHeld(t *testing.T, before int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for p.cut.Load() == before || p.holding.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d replies cut, %d resends held: the test proves nothing", p.cut.Load()-before, p.holding.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 func (p *lossy) serve() {
@@ -57,8 +93,17 @@ func (p *lossy) serve() {
 			for {
 				n, err := c.Read(buf)
 				if n > 0 {
-					if bytes.Contains(bytes.ToLower(buf[:n]), []byte("evalsha")) && p.armed.CompareAndSwap(true, false) {
-						drop.Store(true)
+					if bytes.Contains(bytes.ToLower(buf[:n]), []byte("evalsha")) {
+						if p.armed.CompareAndSwap(true, false) {
+							drop.Store(true)
+						} else if h := p.hold.Swap(nil); h != nil {
+							p.holding.Add(1)
+							select {
+							case <-*h:
+							case <-p.quit:
+								return
+							}
+						}
 					}
 					if _, werr := s.Write(buf[:n]); werr != nil {
 						return
@@ -193,5 +238,233 @@ func TestAcquireReplyLost(t *testing.T) {
 			t.Fatalf("after all released: %v", err)
 		}
 		_ = free.Release(ctx)
+	})
+}
+
+// grant is one member of a semaphore's holder set, as queue.lua writes it
+// ("ticket permits client token", scored by expiry).
+type grant struct {
+	ticket string
+	token  int64
+}
+
+// grantsIn reads the holder set of name, live or not yet dropped.
+func grantsIn(t *testing.T, e *fltest.Env, name string) []grant {
+	t.Helper()
+	ms, err := e.RDB.ZRange(context.Background(), e.Prefix+"{"+name+"}:h", 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gs []grant
+	for _, m := range ms {
+		f := strings.Fields(m)
+		if len(f) != 4 {
+			t.Fatalf("holder member %q: not ticket, permits, client, token", m)
+		}
+		tok, err := strconv.ParseInt(f[3], 10, 64)
+		if err != nil {
+			t.Fatalf("holder member %q: %v", m, err)
+		}
+		gs = append(gs, grant{ticket: f[0], token: tok})
+	}
+	return gs
+}
+
+// proxied returns a fairlock client that reaches b through p, with a read
+// timeout long enough for the commands p holds back.
+func proxied(e *fltest.Env, p *lossy, opts ...fairlock.Option) *fairlock.Client {
+	e.T.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: p.addr, ReadTimeout: 20 * time.Second})
+	e.T.Cleanup(func() { rdb.Close() })
+	return e.ClientOn(rdb, opts...)
+}
+
+// warm loads the scripts through c, so that the next cut reply is a
+// script's, not a NOSCRIPT error (after which nothing ran).
+func warm(t *testing.T, c *fairlock.Client, req fairlock.Request) {
+	t.Helper()
+	l, err := c.Acquire(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Issue 12, item 8a. A queued acquire whose reply is lost is resent by
+// go-redis; here the resend arrives late, after the grant the queue
+// announced to its ticket has expired, and (in "taken meanwhile") after
+// another caller has taken the permits, dropping the expired grant, and
+// given them back. The resent call must not grant the ticket a second
+// time: a request gets exactly one grant, and a lease Acquire returns is
+// one Redis holds when it returns (an error is allowed).
+func TestAcquireResentAfterGrantExpired(t *testing.T) {
+	t.Run("taken meanwhile", func(t *testing.T) { acquireResentLate(t, true) })
+	t.Run("untouched", func(t *testing.T) { acquireResentLate(t, false) })
+}
+
+func acquireResentLate(t *testing.T, taken bool) {
+	const wait = 200 * time.Millisecond
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		if !b.Real() {
+			b.Freeze(t)
+		}
+		ctx := context.Background()
+		const name = "resent"
+		mutex := fairlock.Request{Name: name, Capacity: 1, Permits: 1}
+		p := newLossy(t, b.Addr)
+		viaProxy := proxied(e, p, fairlock.WithWaiterTTL(wait), fairlock.WithLeaseTTL(time.Minute))
+		direct := e.Client()
+		warm(t, viaProxy, mutex)
+
+		held, err := direct.Acquire(ctx, mutex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := p.cut.Load()
+		resume := p.cutAndHold(t)
+		type result struct {
+			lease   *fairlock.Lease
+			err     error
+			holders []grant // Redis's holder set when Acquire returned
+			live    []int64 // tokens of the live leases then
+		}
+		got := make(chan result, 1)
+		go func() {
+			actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			var r result
+			r.lease, r.err = viaProxy.Acquire(actx, mutex)
+			if r.err == nil {
+				r.holders = grantsIn(t, e, name)
+				st, err := direct.Status(ctx, name)
+				if err != nil {
+					r.err = fmt.Errorf("status: %w", err)
+				}
+				for _, h := range st.Holders {
+					r.live = append(r.live, h.Token)
+				}
+			}
+			got <- r
+		}()
+		p.waitHeld(t, before)
+		// The first run queued the ticket.
+		q, err := e.RDB.ZRange(ctx, e.Prefix+"{"+name+"}:q", 0, -1).Result()
+		if err != nil || len(q) != 1 {
+			t.Fatalf("queue %q (%v); want the one ticket whose reply was cut", q, err)
+		}
+		ticket := strings.Fields(q[0])[0]
+
+		// The queue grants it; its process never hears (the call is still
+		// out), so the announced grant expires.
+		e.Release(held)
+		var first int64
+		for _, g := range grantsIn(t, e, name) {
+			if g.ticket == ticket {
+				first = g.token
+			}
+		}
+		if first == 0 {
+			t.Fatal("the queued ticket was not granted through the queue: the test proves nothing")
+		}
+		pass(e, wait+time.Millisecond, "the announced grant to expire", idle(direct, name))
+		if taken {
+			// Another caller takes the permits, which drops the expired
+			// grant, and gives them back.
+			other, err := direct.Acquire(ctx, mutex)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.Release(other)
+		}
+
+		resume() // the resent acquire runs now
+		var r result
+		select {
+		case r = <-got:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the resent Acquire did not return")
+		}
+		if r.err != nil {
+			t.Logf("Acquire after the late resend: %v (allowed)", r.err)
+			return
+		}
+		defer r.lease.Release(ctx)
+		tok := r.lease.Token()
+		for _, g := range r.holders {
+			if g.token == tok && g.ticket == ticket && tok != first {
+				t.Fatalf("ticket %s granted twice: token %d through the queue, then token %d by its resent acquire", ticket, first, tok)
+			}
+		}
+		if !slices.Contains(r.live, tok) {
+			t.Fatalf("Acquire returned token %d, which Redis does not hold (live holders %v, first grant %d)", tok, r.live, first)
+		}
+	})
+}
+
+// Issue 12, item 8b. A release whose reply is lost is resent by go-redis;
+// the resent call finds the lease gone, because the first run released it.
+// Release must return nil, not ErrLeaseLost, and the permits must be freed
+// exactly once: a lease granted in between keeps its permits.
+func TestReleaseReplyLost(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		const name = "unsaid"
+		sem := fairlock.Request{Name: name, Capacity: 2, Permits: 1}
+		p := newLossy(t, b.Addr)
+		viaProxy := proxied(e, p, fairlock.WithLeaseTTL(time.Minute))
+		direct := e.Client()
+		warm(t, viaProxy, sem)
+
+		l, err := viaProxy.Acquire(ctx, sem)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, err := direct.Acquire(ctx, sem)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := p.cut.Load()
+		resume := p.cutAndHold(t)
+		released := make(chan error, 1)
+		go func() { released <- l.Release(ctx) }()
+		p.waitHeld(t, before)
+		// The first run freed the permit: another caller takes it before
+		// the resend lands.
+		x, err := direct.TryAcquire(ctx, sem)
+		if err != nil {
+			t.Fatalf("the permit after a release whose reply was cut: %v", err)
+		}
+		resume()
+		select {
+		case err = <-released:
+		case <-time.After(20 * time.Second):
+			t.Fatal("Release did not return")
+		}
+		if err != nil {
+			t.Errorf("Release whose reply was lost and resent = %v, want nil", err)
+		}
+		// Freed once: the two other leases hold the whole capacity.
+		st, err := direct.Status(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var toks []int64
+		for _, h := range st.Holders {
+			toks = append(toks, h.Token)
+		}
+		slices.Sort(toks)
+		want := []int64{o.Token(), x.Token()}
+		slices.Sort(want)
+		if !slices.Equal(toks, want) || st.InUse != 2 {
+			t.Fatalf("holders %v, %d permits in use; want %v and 2", toks, st.InUse, want)
+		}
+		_, err = direct.TryAcquire(ctx, sem)
+		fltest.IsErr(t, "TryAcquire with the capacity held", err, fairlock.ErrNotAcquired)
+		e.Release(o)
+		e.Release(x)
 	})
 }
