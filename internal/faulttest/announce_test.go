@@ -24,10 +24,15 @@ import (
 func TestLateWakeUpIsNotALease(t *testing.T) {
 	const wait = 300 * time.Millisecond
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		e := fltest.New(t, b)
 		if !b.Real() {
-			b.Freeze(t)
+			// The client counts an announced grant's lease from Redis's
+			// expiry of it, mapped to its own clock through the replies'
+			// readings of Redis's clock. A frozen miniredis clock that the
+			// test moves by hand jumps ahead of every local clock, which
+			// no real Redis does: the real server covers this case.
+			t.Skip("needs Redis's clock to move with time")
 		}
+		e := fltest.New(t, b)
 		ctx := context.Background()
 		const name = "late"
 		mutex := fairlock.Request{Name: name, Capacity: 1, Permits: 1}
