@@ -28,14 +28,17 @@
 // "{acct}:17"), so all its keys share a Cluster slot:
 //
 //	:s  hash    capacity, permits in use, counts, token sequence, key expiry;
-//	            and the tokens of live grants, for retried and withdrawn calls
+//	            the tokens of live grants, for retried and withdrawn calls;
+//	            tombstones of ended leases, for resent calls (10-20 s)
 //	:q  zset    waiters by arrival
 //	:d  zset    waiters by liveness deadline
 //	:h  zset    leases by expiry
+//	:t  zset    tombstoned tickets by when they may be forgotten
 //	:w:<client> list of wake-ups for one client's waiters
 //
 // Every key expires once the deadlines it records have passed; an idle
-// semaphore keeps only :s, for about a second. fairlock needs Redis 6.2 or
+// semaphore keeps only :s and :t, for the tombstones' lifetime (at most
+// 20 s). fairlock needs Redis 6.2 or
 // later, run with maxmemory-policy noeviction: a volatile-* policy evicts
 // keys with a TTL first.
 package fairlock

@@ -45,7 +45,10 @@ type Waiter struct {
 // Status reads who holds and who waits for the semaphore name, in one
 // atomic, read-only step. It leaves out leases that have expired and
 // waiters whose process stopped refreshing, even where Redis has not yet
-// dropped them.
+// dropped them. It lists at most [StatusMax] holders (the first to expire)
+// and the first StatusMax waiters in queue order, so that its cost to Redis
+// is bounded however long the queue; Held and Queued count them all. A
+// Redis that cannot be reached gives an error matching [ErrRedis].
 func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	k, err := c.keys(name)
 	if err != nil {
