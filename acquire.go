@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -10,7 +11,7 @@ import (
 
 // acquire runs Acquire (wait) and TryAcquire (!wait) for one or more
 // semaphores.
-func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease, error) {
+func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (lease *Lease, err error) {
 	op, mode := "acquire", "acquire"
 	if !wait {
 		op, mode = "try acquire", "try"
@@ -18,6 +19,10 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease
 	p, err := c.plan(reqs)
 	if err != nil {
 		return nil, err
+	}
+	var queued time.Time // when the request first joined a queue
+	if c.cfg.observer != nil {
+		defer func() { c.observeAcquire(p, queued, lease, err) }()
 	}
 	wrap := func(err error) error { return fmt.Errorf("fairlock: %s %s: %w", op, labelOf(p.names), err) }
 	// A done context wins over permits that happen to be free, as in
@@ -94,6 +99,10 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease
 			}
 			return nil, wrap(err)
 		}
+		if queued.IsZero() {
+			queued = sent
+			c.observe(Event{Kind: WaitStarted, Names: p.names, Permits: p.permits()})
+		}
 		c.listen(r, w, time.Duration(next)*time.Millisecond, clockSample{sent: sent, redis: now})
 		select {
 		case wk := <-w.ch:
@@ -130,6 +139,21 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease
 			return nil, wrap(err)
 		}
 		return nil, wrap(ErrClosed)
+	}
+}
+
+// observeAcquire reports how an acquisition ended: granted, or, if it had
+// queued, abandoned.
+func (c *Client) observeAcquire(p plan, queued time.Time, lease *Lease, err error) {
+	var wait time.Duration
+	if !queued.IsZero() {
+		wait = time.Since(queued)
+	}
+	switch {
+	case lease != nil:
+		c.observe(Event{Kind: Granted, Names: p.names, Permits: p.permits(), Wait: wait})
+	case !queued.IsZero():
+		c.observe(Event{Kind: WaitAbandoned, Names: p.names, Permits: p.permits(), Wait: wait, Err: err})
 	}
 }
 
@@ -202,7 +226,10 @@ func (c *Client) letGo(ctx context.Context, args []any, p plan) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
 	defer cancel()
 	cmd, _ := c.run(ctx, c.scripts.release, p.keys, args...)
-	_, _ = c.released(p, cmd)
+	if _, err := c.released(p, cmd); err != nil {
+		c.logf(slog.LevelWarn, "fairlock: clean-up failed; Redis drops the ticket at its deadline", p.names, "",
+			slog.String("op", fmt.Sprint(args[0])), slog.Any("error", err))
+	}
 }
 
 // released reads release.lua's reply {result, more}; when the script left

@@ -2,8 +2,12 @@ package fairlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -32,6 +36,9 @@ type Lease struct {
 
 	mu       sync.Mutex // serialises Release
 	released bool
+
+	granted time.Time   // local time the lease was handed to its caller
+	ended   atomic.Bool // set by the first finish
 }
 
 // newLease wraps a grant and starts its renewal. deadline is the local
@@ -40,7 +47,7 @@ type Lease struct {
 // (announced) lasts only the waiter TTL until confirmed, so it is renewed
 // at once.
 func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []int64, deadline time.Time, announced bool) (*Lease, error) {
-	l := &Lease{c: c, p: p, ticket: ticket, tokens: tokens}
+	l := &Lease{c: c, p: p, ticket: ticket, tokens: tokens, granted: time.Now()}
 	l.ctx, l.end = context.WithCancelCause(context.Background())
 	l.stopCtx, l.halt = context.WithCancel(context.Background())
 	l.idle = sync.NewCond(&l.rmu)
@@ -188,6 +195,20 @@ func (l *Lease) stopRenewal() {
 // finish ends the lease with cause (the first cause given sticks) and
 // forgets it in its client.
 func (l *Lease) finish(cause error) {
+	if !l.ended.CompareAndSwap(false, true) {
+		return
+	}
+	// Reported before Done closes, so whoever waits on Done sees it said.
+	held := time.Since(l.granted)
+	if errors.Is(cause, ErrNotHeld) {
+		l.c.observe(Event{Kind: LeaseReleased, Names: l.p.names, Permits: l.p.permits(), Held: held})
+	} else {
+		l.c.observe(Event{Kind: LeaseLost, Names: l.p.names, Permits: l.p.permits(), Held: held, Err: cause})
+		if !errors.Is(cause, ErrClosed) {
+			l.c.logf(slog.LevelWarn, "fairlock: lease lost", l.p.names, strconv.FormatInt(l.tokens[0], 10),
+				slog.Duration("held", held), slog.Any("cause", cause))
+		}
+	}
 	l.end(cause)
 	l.c.mu.Lock()
 	delete(l.c.leases, l)
@@ -232,6 +253,7 @@ func (l *Lease) renew() {
 	case err == nil && n == 1:
 		l.deadline, l.pending = sent.Add(ttl), false
 		l.timer.Reset(ttl / 3)
+		l.c.observe(Event{Kind: LeaseRenewed, Names: l.p.names, Permits: l.p.permits(), Held: time.Since(l.granted)})
 	case err == nil:
 		lost = fmt.Errorf("fairlock: renew %s: %w: expired", labelOf(l.p.names), ErrLeaseLost)
 	case !time.Now().Before(deadline):
@@ -239,6 +261,8 @@ func (l *Lease) renew() {
 	default:
 		// Retry soon, but never past the deadline.
 		l.timer.Reset(min(ttl/10, time.Until(deadline)))
+		l.c.logf(slog.LevelWarn, "fairlock: renewal failed; retrying until the lease's deadline", l.p.names,
+			strconv.FormatInt(l.tokens[0], 10), slog.Time("deadline", deadline), slog.Any("error", err))
 	}
 	if lost != nil {
 		l.stopped = true

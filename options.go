@@ -2,6 +2,7 @@ package fairlock
 
 import (
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 	"unicode"
@@ -26,6 +27,9 @@ type config struct {
 
 	ackReplicas int // WithReplicaAck; 0 for none
 	ackTimeout  time.Duration
+
+	observer Observer     // WithObserver; nil for none
+	logger   *slog.Logger // WithLogger; nil for none
 }
 
 // maxOwnerLen bounds the label set with [WithOwner].

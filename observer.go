@@ -1,0 +1,115 @@
+package fairlock
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// EventKind says what happened in an [Event].
+type EventKind int
+
+// The events a [Client] reports to its [Observer].
+const (
+	// WaitStarted: a request joined a queue (it was not granted at once).
+	WaitStarted EventKind = iota + 1
+	// Granted: a request was granted, at once (Wait is 0) or after
+	// waiting (Wait is how long).
+	Granted
+	// WaitAbandoned: a queued request gave up (Err says why: the caller's
+	// context, Close, or Redis); Wait is how long it waited.
+	WaitAbandoned
+	// LeaseRenewed: a renewal extended a lease; Held is its age.
+	LeaseRenewed
+	// LeaseReleased: the holder released a lease; Held is how long it was
+	// held.
+	LeaseReleased
+	// LeaseLost: a lease ended without a release (Err says why: expired,
+	// not renewed in time, dropped, or the client closed); Held is how long
+	// it was held.
+	LeaseLost
+)
+
+var kindNames = [...]string{"", "wait_started", "granted", "wait_abandoned", "lease_renewed", "lease_released", "lease_lost"}
+
+func (k EventKind) String() string {
+	if k > 0 && int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return "unknown"
+}
+
+// An Event is one thing a [Client] reports to its [Observer].
+type Event struct {
+	Kind EventKind
+	// Names are the semaphores of the request, in name order (one for a
+	// single semaphore).
+	Names []string
+	// Permits are the permits asked or held, of each semaphore in Names.
+	Permits []int64
+	// Wait is how long the request waited (Granted, WaitAbandoned).
+	Wait time.Duration
+	// Held is how long the lease has been held (LeaseRenewed,
+	// LeaseReleased, LeaseLost).
+	Held time.Duration
+	// Err says why a wait or a lease ended (WaitAbandoned, LeaseLost).
+	Err error
+}
+
+// An Observer receives a [Client]'s events, for metrics and tracing (see
+// the module github.com/fairlock/fairlock/fairlockotel). Observe is called
+// synchronously on the path that caused the event, from many goroutines at
+// once: it must be safe for concurrent use, return quickly and not call
+// back into the Client. An Observer that panics crashes the program, as a
+// panicking callback would.
+type Observer interface {
+	Observe(Event)
+}
+
+// WithObserver has the client report its events to o. The default is none.
+func WithObserver(o Observer) Option {
+	return func(c *config) { c.observer = o }
+}
+
+// WithLogger has the client log what a caller must know and cannot see
+// from return values: a lease lost and why, renewals failing, a listener's
+// connection errors and recoveries, clean-up after a cancel that could not
+// reach Redis. Nothing on the hot path is logged at Info or below. Records
+// carry the semaphore names, the owner label ([WithOwner]) and the token.
+// The default is no logging.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger = l }
+}
+
+// observe reports an event, if the client has an observer.
+func (c *Client) observe(e Event) {
+	if c.cfg.observer != nil {
+		c.cfg.observer.Observe(e)
+	}
+}
+
+// permits lists a plan's permits in name order.
+func (p plan) permits() []int64 {
+	out := make([]int64, len(p.parts))
+	for i, pt := range p.parts {
+		out[i] = pt.req.Permits
+	}
+	return out
+}
+
+// logf logs msg at level with the semaphore names, the client's owner label
+// and, if not "", the ticket's token, when the client has a logger.
+func (c *Client) logf(level slog.Level, msg string, names []string, token string, attrs ...slog.Attr) {
+	l := c.cfg.logger
+	if l == nil || !l.Enabled(context.Background(), level) {
+		return
+	}
+	attrs = append(attrs, slog.Any("semaphores", names))
+	if c.cfg.owner != "" {
+		attrs = append(attrs, slog.String("owner", c.cfg.owner))
+	}
+	if token != "" {
+		attrs = append(attrs, slog.String("token", token))
+	}
+	l.LogAttrs(context.Background(), level, msg, attrs...)
+}

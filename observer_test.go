@@ -1,0 +1,201 @@
+package fairlock
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock/internal/redistest"
+)
+
+// eventLog is an Observer that keeps every event.
+type eventLog struct {
+	mu     sync.Mutex
+	events []Event
+}
+
+func (r *eventLog) Observe(e Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+// take returns the events so far, in order, and forgets them.
+func (r *eventLog) take() []Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.events
+	r.events = nil
+	return out
+}
+
+func kinds(es []Event) []EventKind {
+	out := make([]EventKind, len(es))
+	for i, e := range es {
+		out[i] = e.Kind
+	}
+	return out
+}
+
+// The observer sees each wait and each lease from start to end, with the
+// durations and the reasons.
+func TestObserverEvents(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		rec := &eventLog{}
+		prefix := WithPrefix(redistest.Prefix(t))
+		c, err := New(b.Client(t), prefix, WithObserver(rec), WithLeaseTTL(300*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		other, err := New(b.Client(t), prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Close()
+		req := Request{Name: "obs", Capacity: 1, Permits: 1}
+
+		l, err := c.Acquire(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(150 * time.Millisecond) // one renewal at a third of the TTL
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		es := rec.take()
+		if ks := kinds(es); ks[0] != Granted || ks[len(ks)-1] != LeaseReleased || !slices.Contains(ks, LeaseRenewed) {
+			t.Fatalf("acquire, hold, release: events %v", ks)
+		}
+		if es[0].Wait != 0 || !slices.Equal(es[0].Names, []string{"obs"}) || !slices.Equal(es[0].Permits, []int64{1}) {
+			t.Fatalf("immediate grant: %+v", es[0])
+		}
+		if h := es[len(es)-1].Held; h < 150*time.Millisecond {
+			t.Fatalf("released after >= 150ms, Held = %v", h)
+		}
+
+		// A wait that is granted.
+		held, err := other.Acquire(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan *Lease)
+		go func() {
+			l, err := c.Acquire(ctx, req)
+			if err != nil {
+				t.Error(err)
+			}
+			done <- l
+		}()
+		waitFor(t, func() bool { return slices.Contains(kinds(rec.snapshot()), WaitStarted) })
+		time.Sleep(50 * time.Millisecond)
+		_ = held.Release(ctx)
+		l = <-done
+		// The grant was announced: its first renewal confirms it.
+		es = slices.DeleteFunc(rec.take(), func(e Event) bool { return e.Kind == LeaseRenewed })
+		if ks := kinds(es); !slices.Equal(ks, []EventKind{WaitStarted, Granted}) || es[1].Wait < 50*time.Millisecond {
+			t.Fatalf("a wait granted: %v, %+v", ks, es)
+		}
+
+		// A wait that gives up (l, held meanwhile, renews on).
+		cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		_, err = c.Acquire(cctx, req)
+		cancel()
+		es = slices.DeleteFunc(rec.take(), func(e Event) bool { return e.Kind == LeaseRenewed })
+		if ks := kinds(es); !slices.Equal(ks, []EventKind{WaitStarted, WaitAbandoned}) || !errors.Is(es[1].Err, context.DeadlineExceeded) {
+			t.Fatalf("a wait abandoned (%v): %v, %+v", err, ks, es)
+		}
+
+		// A lease lost: its client stops renewing it.
+		_ = c.Close()
+		es = slices.DeleteFunc(rec.take(), func(e Event) bool { return e.Kind == LeaseRenewed })
+		if len(es) != 1 || es[0].Kind != LeaseLost || !errors.Is(es[0].Err, ErrClosed) {
+			t.Fatalf("lease abandoned by Close: %+v", es)
+		}
+		_ = l.Release(ctx)
+		if es := rec.take(); len(es) != 0 {
+			t.Fatalf("events after the lease ended: %+v", es)
+		}
+	})
+}
+
+func (r *eventLog) snapshot() []Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.events)
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A lost lease is logged once, at Warn, with its semaphore, owner and
+// token; a quiet life logs nothing.
+func TestLoggerReportsLostLease(t *testing.T) {
+	b := redistest.Mini(t)
+	b.Freeze(t)
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.Write(p)
+	}), nil))
+	c, err := New(b.Client(t), WithPrefix(redistest.Prefix(t)), WithLogger(log), WithOwner("host:1"), WithLeaseTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.Acquire(ctx, Request{Name: "logged", Capacity: 1, Permits: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, err = c.Acquire(ctx, Request{Name: "logged", Capacity: 1, Permits: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	quiet := buf.String()
+	mu.Unlock()
+	if quiet != "" {
+		t.Fatalf("logged on the hot path: %s", quiet)
+	}
+	b.Advance(t, 2*time.Second) // the lease expires by Redis's clock
+	<-l.Done()
+	mu.Lock()
+	out := buf.String()
+	mu.Unlock()
+	for _, want := range []string{"level=WARN", "lease lost", "semaphores=[logged]", "owner=host:1", "token=" + strconvI(l.Token())} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("log %q lacks %q", out, want)
+		}
+	}
+	if strings.Count(out, `msg="fairlock: lease lost"`) != 1 {
+		t.Fatalf("lost lease logged more than once: %s", out)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+func strconvI(v int64) string { return strconv.FormatInt(v, 10) }
