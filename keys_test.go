@@ -27,9 +27,9 @@ func TestKeyLayout(t *testing.T) {
 		{"jobs", "p:{jobs}", "jobs"},
 		{"{acct}:17", "p:{acct}:17", "acct"},
 		{"{acct}:18", "p:{acct}:18", "acct"},
-		{"a}b", "p:{a}b}", "a"},
 		{"x{", "p:{x{}", "x{"},
-		{"{}x", "p:{{}x}", "{"},
+		{"{a}b}", "p:{a}b}", "a"},
+		{"{{}x}", "p:{{}x}", "{"},
 	} {
 		k, err := c.keys(tc.name)
 		if err != nil {
@@ -44,9 +44,13 @@ func TestKeyLayout(t *testing.T) {
 			}
 		}
 	}
-	// "{acct}" alone would collide with "acct".
-	if _, err := c.keys("{acct}"); !errors.Is(err, ErrInvalidName) {
-		t.Errorf("keys(%q) = %v, want ErrInvalidName", "{acct}", err)
+	// "{acct}" alone would collide with "acct"; an untagged name with a
+	// '}' would collide with a tagged one ("a}b" with "{a}b}"), or have keys
+	// with no usable hash tag ("}b" would give "p:{}b}:s").
+	for _, name := range []string{"{acct}", "a}b", "{}x", "}b", "}", "{}", "{}x}", "ab}{"} {
+		if _, err := c.keys(name); !errors.Is(err, ErrInvalidName) {
+			t.Errorf("keys(%q) = %v, want ErrInvalidName", name, err)
+		}
 	}
 }
 
