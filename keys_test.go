@@ -178,3 +178,28 @@ func TestCollidingNamesMultiLock(t *testing.T) {
 		}
 	})
 }
+
+// The plan's duplicate check compares key bases as well as names: were the
+// mapping ever to give two names one base again, a request naming both
+// would be refused rather than take one semaphore's permits twice.
+func TestDistinctBases(t *testing.T) {
+	mk := func(name, base string) part {
+		return part{k: keys{name: name, base: base}, req: Request{Name: name, Capacity: 1, Permits: 1}}
+	}
+	for _, tc := range []struct {
+		parts []part
+		ok    bool
+	}{
+		{[]part{mk("a", "p:{a}"), mk("b", "p:{b}")}, true},
+		{[]part{mk("a", "p:{a}"), mk("a", "p:{a}")}, false},
+		{[]part{mk("a}b", "p:{a}b}"), mk("x", "p:{x}"), mk("{a}b}", "p:{a}b}")}, false},
+	} {
+		err := distinct(tc.parts)
+		if tc.ok && err != nil {
+			t.Errorf("distinct(%v): %v", tc.parts, err)
+		}
+		if !tc.ok && !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("distinct(%v) = %v, want ErrInvalidArgument", tc.parts, err)
+		}
+	}
+}
