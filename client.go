@@ -63,7 +63,10 @@ type Client struct {
 }
 
 // New returns a Client that keeps its semaphores in rdb. It starts no
-// goroutine and sends nothing to Redis until first used.
+// goroutine and sends nothing to Redis until first used. It fails with
+// [ErrInvalidArgument] for a nil rdb, an invalid option, or
+// [WithReplicaAck] on a client other than a *redis.Client (a
+// *redis.ClusterClient or *redis.Ring is refused).
 func New(rdb RedisClient, opts ...Option) (*Client, error) {
 	if rdb == nil || isNilPointer(rdb) {
 		return nil, fmt.Errorf("%w: nil redis client", ErrInvalidArgument)
@@ -73,8 +76,11 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 		return nil, err
 	}
 	if cfg.ackReplicas > 0 {
+		// A Cluster or Ring pipeline spreads its commands over several
+		// connections, so a WAIT in it would not follow the script's writes.
 		_, cluster := rdb.(*redis.ClusterClient)
-		if _, ok := rdb.(pipeliner); !ok || cluster {
+		_, ring := rdb.(*redis.Ring)
+		if _, ok := rdb.(pipeliner); !ok || cluster || ring {
 			return nil, fmt.Errorf("%w: WithReplicaAck needs a *redis.Client (single node or Sentinel failover), not %T", ErrInvalidArgument, rdb)
 		}
 	}
@@ -173,9 +179,13 @@ func (c *Client) TryAcquire(ctx context.Context, req Request) (*Lease, error) {
 // shares each semaphore's first-in first-out order with them.
 //
 // On Redis Cluster the semaphores of one request must share a hash slot:
-// give their names one hash tag ("{acct}:1", "{acct}:2"). Otherwise
-// AcquireAll fails with [ErrCrossSlot]. Context and errors are as for
-// [Client.Acquire]. Package multilock offers the same call.
+// give their names one hash tag ("{acct}:1", "{acct}:2"). On a *redis.Ring,
+// which places keys on shards by hash tag, their names must carry one hash
+// tag (two tags are refused even when they land on one shard today).
+// Otherwise AcquireAll fails with [ErrCrossSlot] before anything is sent.
+// A wrapper around a ClusterClient or Ring is not recognised, and gets no
+// such check. Context and errors are as for [Client.Acquire]. Package
+// multilock offers the same call.
 func (c *Client) AcquireAll(ctx context.Context, reqs ...Request) (*Lease, error) {
 	return c.acquire(ctx, reqs, true)
 }

@@ -24,7 +24,11 @@ var (
 
 	// ErrInvalidName is returned for a semaphore name fairlock cannot use:
 	// empty, longer than [MaxNameLen], not UTF-8, holding control
-	// characters, or consisting of one hash tag alone.
+	// characters, consisting of one hash tag alone ("{acct}", which would
+	// share its keys with "acct"), or holding a '}' without carrying a
+	// hash tag ("a}b", "}x", "{}x": the first would share its keys with
+	// "{a}b}", the others would have keys in different Cluster slots).
+	// Distinct valid names never share a Redis key.
 	ErrInvalidName = errors.New("fairlock: invalid name")
 
 	// ErrInvalidArgument is returned for an argument out of range: permits
@@ -33,9 +37,10 @@ var (
 	ErrInvalidArgument = errors.New("fairlock: invalid argument")
 
 	// ErrCrossSlot is returned for a request over several semaphores whose
-	// keys live in different Redis Cluster hash slots: one script cannot
-	// change them atomically. Names that share a hash tag ("{acct}:1",
-	// "{acct}:2") share a slot.
+	// keys live in different Redis Cluster hash slots, or, on a go-redis
+	// Ring, carry different hash tags: one script cannot change them
+	// atomically. Names that share a hash tag ("{acct}:1", "{acct}:2")
+	// share a slot and a Ring shard.
 	ErrCrossSlot = errors.New("fairlock: semaphores in different cluster slots")
 
 	// ErrNotReplicated is returned, with [ErrRedis], when a client made

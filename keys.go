@@ -36,14 +36,23 @@ func hashTag(s string) string {
 	return s[open+1 : open+1+end]
 }
 
-// checkName validates a semaphore name and returns the semaphore's keys.
+// keys validates a semaphore name and returns the semaphore's keys.
 //
 // A name that carries its own hash tag ("{acct}:17") is used as is, so names
-// that share a tag share a Cluster slot (which multi-resource locks need).
-// Any other name is wrapped in braces and is its own tag. A name that is
-// entirely one tag ("{acct}") is refused: it would share its keys with the
-// plain name "acct".
+// that share a tag share a Cluster slot and a Ring shard (which multi-locks
+// need). Any other name is wrapped in braces and is its own tag. Two
+// kinds of name are refused, so that distinct names never share keys and
+// every key of one semaphore has one non-empty hash tag:
+//   - a name that is entirely one tag ("{acct}"): it would share its keys
+//     with the plain name "acct";
+//   - a name with no hash tag that contains '}' ("a}b", "}x", "{}x"): its
+//     wrapped form "{a}b}" would be the tagged name "{a}b}", and "}x" would
+//     wrap to "{}x}", whose keys have no usable tag and so land in
+//     different Cluster slots.
+//
+// The prefix cannot hold braces (newConfig), so it never changes the tag.
 func (c *Client) keys(name string) (keys, error) {
+	tag := hashTag(name)
 	switch {
 	case name == "":
 		return keys{}, fmt.Errorf("%w: empty", ErrInvalidName)
@@ -53,11 +62,13 @@ func (c *Client) keys(name string) (keys, error) {
 		return keys{}, fmt.Errorf("%w: %q is not valid UTF-8", ErrInvalidName, name)
 	case strings.IndexFunc(name, unicode.IsControl) >= 0:
 		return keys{}, fmt.Errorf("%w: %q contains a control character", ErrInvalidName, name)
-	case strings.HasPrefix(name, "{") && strings.HasSuffix(name, "}") && hashTag(name) == name[1:len(name)-1]:
-		return keys{}, fmt.Errorf("%w: %q is only a hash tag; use %q, which lands in the same slot", ErrInvalidName, name, name[1:len(name)-1])
+	case tag != "" && name == "{"+tag+"}":
+		return keys{}, fmt.Errorf("%w: %q is only a hash tag; use %q, which lands in the same slot", ErrInvalidName, name, tag)
+	case tag == "" && strings.IndexByte(name, '}') >= 0:
+		return keys{}, fmt.Errorf("%w: %q contains '}' but no hash tag (a non-empty {tag}); remove the '}' or give the name a tag, such as \"{x}:a}b\"", ErrInvalidName, name)
 	}
 	base := c.cfg.prefix + "{" + name + "}"
-	if hashTag(name) != "" {
+	if tag != "" {
 		base = c.cfg.prefix + name
 	}
 	return keys{name: name, base: base, all: []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}}, nil

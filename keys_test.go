@@ -1,8 +1,12 @@
 package fairlock
 
 import (
+	"context"
 	"errors"
+	"strings"
 	"testing"
+
+	"github.com/fairlock/fairlock/internal/redistest"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -23,9 +27,9 @@ func TestKeyLayout(t *testing.T) {
 		{"jobs", "p:{jobs}", "jobs"},
 		{"{acct}:17", "p:{acct}:17", "acct"},
 		{"{acct}:18", "p:{acct}:18", "acct"},
-		{"a}b", "p:{a}b}", "a"},
 		{"x{", "p:{x{}", "x{"},
-		{"{}x", "p:{{}x}", "{"},
+		{"{a}b}", "p:{a}b}", "a"},
+		{"{{}x}", "p:{{}x}", "{"},
 	} {
 		k, err := c.keys(tc.name)
 		if err != nil {
@@ -40,8 +44,162 @@ func TestKeyLayout(t *testing.T) {
 			}
 		}
 	}
-	// "{acct}" alone would collide with "acct".
-	if _, err := c.keys("{acct}"); !errors.Is(err, ErrInvalidName) {
-		t.Errorf("keys(%q) = %v, want ErrInvalidName", "{acct}", err)
+	// "{acct}" alone would collide with "acct"; an untagged name with a
+	// '}' would collide with a tagged one ("a}b" with "{a}b}"), or have keys
+	// with no usable hash tag ("}b" would give "p:{}b}:s").
+	for _, name := range []string{"{acct}", "a}b", "{}x", "}b", "}", "{}", "{}x}", "ab}{"} {
+		if _, err := c.keys(name); !errors.Is(err, ErrInvalidName) {
+			t.Errorf("keys(%q) = %v, want ErrInvalidName", name, err)
+		}
+	}
+}
+
+// fuzzClientIDs are client ids whose wake lists FuzzKeys checks: a bare
+// id as New makes them (rand.Text), ids with owner labels as WithOwner
+// makes them, and a short one.
+var fuzzClientIDs = []string{"C", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "host:1/ABC", "host:1/ABCDEFGHIJKLMNOPQRSTUVWXYZ", "w:s/ABC"}
+
+// keySet returns every key of k that FuzzKeys compares: the keys scripts
+// declare and the wake lists of fuzzClientIDs.
+func keySet(k keys) []string {
+	ks := append([]string(nil), k.list()...)
+	for _, id := range fuzzClientIDs {
+		ks = append(ks, k.wake(id))
+	}
+	return ks
+}
+
+// FuzzKeys checks the name -> keys mapping with one prefix and two names:
+// distinct accepted names never share a key, and every key of one
+// semaphore has the same non-empty hash tag (which *redis.Ring routes by),
+// hence one Cluster slot, the slot plan's cross-slot check computes from
+// the base.
+func FuzzKeys(f *testing.F) {
+	for _, seed := range [][3]string{
+		{"p:", "a}b", "{a}b}"},   // the known collision
+		{"p:", "{}x}", "{{}x}}"}, // the same with an empty first tag
+		{"", "}", "{}}"},
+		{"p:", "}b", "b"}, // no usable hash tag: keys in different slots
+		{"p:", "{}x", "{{}x}"},
+		{"p:", "acct", "{acct}"},
+		{"p:", "x{", "{x{}"},
+		{"p:", "{", "{{}"},
+		{"fairlock:", "{acct}:17", "{acct}:18"},
+		{"fairlock:", "{acct}:17", "acct:17"},
+		{"", "{a}x", "{a}x:w:host:1/ABC"},
+		{"", "{a}x:w:C", "{a}x"},
+		{"", "{a}b:s", "{a}b"},
+		{"", "a{b}c", "{a{b}c}"},
+		{"", "{{a}}", "{a}"},
+		{"p:", "ünï}cøde", "{ünï}cøde}"},
+		{"p:", "with space", "{with space}"},
+		{"p{", "a", "{a}"}, // a prefix with a brace is refused
+	} {
+		f.Add(seed[0], seed[1], seed[2])
+	}
+	f.Fuzz(func(t *testing.T, prefix, a, b string) {
+		cfg, err := newConfig([]Option{WithPrefix(prefix)})
+		if err != nil {
+			return
+		}
+		c := &Client{cfg: cfg}
+		ka, errA := c.keys(a)
+		kb, errB := c.keys(b)
+		for _, r := range []struct {
+			name string
+			k    keys
+			err  error
+		}{{a, ka, errA}, {b, kb, errB}} {
+			if r.err != nil {
+				if !errors.Is(r.err, ErrInvalidName) {
+					t.Fatalf("keys(%q): %v, not ErrInvalidName", r.name, r.err)
+				}
+				continue
+			}
+			tag := hashTag(r.k.base)
+			if tag == "" {
+				t.Fatalf("name %q: base %q has no hash tag", r.name, r.k.base)
+			}
+			if want := hashTag(r.name); want != "" && tag != want {
+				t.Fatalf("name %q carries tag %q but its keys have tag %q", r.name, want, tag)
+			}
+			slot := keySlot(r.k.base)
+			for _, key := range keySet(r.k) {
+				if !strings.HasPrefix(key, prefix) {
+					t.Fatalf("name %q: key %q lacks prefix %q", r.name, key, prefix)
+				}
+				if got := hashTag(key); got != tag {
+					t.Fatalf("name %q: key %q has hash tag %q, base %q has %q", r.name, key, got, r.k.base, tag)
+				}
+				if s := keySlot(key); s != slot {
+					t.Fatalf("name %q: key %q is in slot %d, base %q in slot %d", r.name, key, s, r.k.base, slot)
+				}
+			}
+		}
+		if errA != nil || errB != nil || a == b {
+			return
+		}
+		if ka.base == kb.base {
+			t.Fatalf("names %q and %q share the key base %q", a, b, ka.base)
+		}
+		of := map[string]bool{}
+		for _, key := range keySet(ka) {
+			of[key] = true
+		}
+		for _, key := range keySet(kb) {
+			if of[key] {
+				t.Fatalf("names %q and %q share the key %q", a, b, key)
+			}
+		}
+	})
+}
+
+// Two names that today map to the same keys, locked together as mutexes
+// (capacity 1): the request must be refused, not granted two permits of
+// one mutex.
+func TestCollidingNamesMultiLock(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		c, err := New(b.Client(t), WithPrefix(redistest.Prefix(t)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		for _, pair := range [][2]string{{"a}b", "{a}b}"}, {"{}x}", "{{}x}}"}} {
+			l, err := c.TryAcquireAll(ctx, Request{Name: pair[0], Capacity: 1, Permits: 1}, Request{Name: pair[1], Capacity: 1, Permits: 1})
+			if err == nil {
+				st, serr := c.Status(ctx, pair[0])
+				_ = l.Release(ctx)
+				t.Fatalf("multi-lock of %q and %q granted: %d permits of capacity %d in use (status error %v)", pair[0], pair[1], st.InUse, st.Capacity, serr)
+			}
+			if !errors.Is(err, ErrInvalidName) && !errors.Is(err, ErrInvalidArgument) {
+				t.Fatalf("multi-lock of %q and %q: %v, want ErrInvalidName or ErrInvalidArgument", pair[0], pair[1], err)
+			}
+		}
+	})
+}
+
+// The plan's duplicate check compares key bases as well as names: were the
+// mapping ever to give two names one base again, a request naming both
+// would be refused rather than take one semaphore's permits twice.
+func TestDistinctBases(t *testing.T) {
+	mk := func(name, base string) part {
+		return part{k: keys{name: name, base: base}, req: Request{Name: name, Capacity: 1, Permits: 1}}
+	}
+	for _, tc := range []struct {
+		parts []part
+		ok    bool
+	}{
+		{[]part{mk("a", "p:{a}"), mk("b", "p:{b}")}, true},
+		{[]part{mk("a", "p:{a}"), mk("a", "p:{a}")}, false},
+		{[]part{mk("a}b", "p:{a}b}"), mk("x", "p:{x}"), mk("{a}b}", "p:{a}b}")}, false},
+	} {
+		err := distinct(tc.parts)
+		if tc.ok && err != nil {
+			t.Errorf("distinct(%v): %v", tc.parts, err)
+		}
+		if !tc.ok && !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("distinct(%v) = %v, want ErrInvalidArgument", tc.parts, err)
+		}
 	}
 }

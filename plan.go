@@ -28,8 +28,9 @@ type plan struct {
 	names []string
 }
 
-// plan validates reqs and orders them. On a Cluster client, the semaphores
-// of one request must share a hash slot.
+// plan validates reqs and orders them. Each semaphore may appear once. On a
+// Cluster client, the semaphores of one request must share a hash slot; on
+// a Ring, a hash tag.
 func (c *Client) plan(reqs []Request) (plan, error) {
 	switch {
 	case len(reqs) == 0:
@@ -46,20 +47,25 @@ func (c *Client) plan(reqs []Request) (plan, error) {
 		p.parts[i] = part{k: k, req: req}
 	}
 	slices.SortFunc(p.parts, func(a, b part) int { return strings.Compare(a.req.Name, b.req.Name) })
+	if err := distinct(p.parts); err != nil {
+		return plan{}, err
+	}
 	names := make([]string, len(p.parts))
 	for i, pt := range p.parts {
 		names[i] = pt.req.Name
-		if i > 0 && names[i] == names[i-1] {
-			return plan{}, fmt.Errorf("%w: %q requested twice", ErrInvalidArgument, names[i])
-		}
 		p.keys = append(p.keys, pt.k.list()...)
 	}
 	p.names = names
 	if len(p.parts) == 1 {
 		return p, nil
 	}
-	if _, ok := c.rdb.(*redis.ClusterClient); ok {
+	switch c.rdb.(type) {
+	case *redis.ClusterClient:
 		if err := sameSlot(p.parts); err != nil {
+			return plan{}, err
+		}
+	case *redis.Ring:
+		if err := sameTag(p.parts); err != nil {
 			return plan{}, err
 		}
 	}
@@ -73,6 +79,41 @@ func (c *Client) plan(reqs []Request) (plan, error) {
 
 // first is the part whose room, wake list and refresh serve the request.
 func (p plan) first() part { return p.parts[0] }
+
+// distinct reports an error, matching [ErrInvalidArgument], if two parts
+// name one semaphore: the same name, or names whose keys are the same. The
+// name -> keys mapping is meant to be injective (keys), so the second
+// check is a guard: a request that counted one semaphore twice would take
+// its permits twice.
+func distinct(parts []part) error {
+	seen := make(map[string]string, len(parts)) // base -> name
+	for _, pt := range parts {
+		if other, ok := seen[pt.k.base]; ok {
+			if other == pt.req.Name {
+				return fmt.Errorf("%w: %q requested twice", ErrInvalidArgument, other)
+			}
+			return fmt.Errorf("%w: %q and %q name the same keys (%s)", ErrInvalidArgument, other, pt.req.Name, pt.k.base)
+		}
+		seen[pt.k.base] = pt.req.Name
+	}
+	return nil
+}
+
+// sameTag reports an error matching [ErrCrossSlot] unless all parts' keys
+// carry one hash tag. A go-redis Ring places a key on a shard by its hash
+// tag and runs a script on the shard of its first key, so only parts
+// sharing a tag are sure to share a shard (now and after the Ring's shards
+// change); two tags that happen to share a shard are refused too.
+func sameTag(parts []part) error {
+	tag := hashTag(parts[0].k.base)
+	for _, pt := range parts[1:] {
+		if t := hashTag(pt.k.base); t != tag {
+			return fmt.Errorf("%w: on a *redis.Ring, %q has hash tag %q and %q has %q; a Ring places keys by hash tag, so give the names one hash tag, such as \"{acct}:1\" and \"{acct}:2\"",
+				ErrCrossSlot, parts[0].req.Name, tag, pt.req.Name, t)
+		}
+	}
+	return nil
+}
 
 // sameSlot reports an error unless all parts live in one Cluster slot.
 func sameSlot(parts []part) error {

@@ -20,8 +20,10 @@
 // their keys must live in one hash slot. Give names that are locked
 // together one hash tag: "{acct}:17" and "{acct}:42" share a slot, "acct:17"
 // and "acct:42" do not. A request whose names span slots fails with
-// [fairlock.ErrCrossSlot] before anything reaches Redis. On a single Redis
-// server or a Sentinel-managed one, any names may be combined.
+// [fairlock.ErrCrossSlot] before anything reaches Redis. On a go-redis
+// Ring, which places keys on shards by hash tag, the names must carry one
+// hash tag (else ErrCrossSlot, even for two tags on one shard). On a single
+// Redis server or a Sentinel-managed one, any names may be combined.
 package multilock
 
 import (

@@ -38,6 +38,7 @@ func TestBadArguments(t *testing.T) {
 		{"name with newline", second(semaphore.New(c, "a\nb", 1)), fairlock.ErrInvalidName},
 		{"name not UTF-8", second(semaphore.New(c, "a\xffb", 1)), fairlock.ErrInvalidName},
 		{"name that is only a tag", second(semaphore.New(c, "{x}", 1)), fairlock.ErrInvalidName},
+		{"untagged name with a closing brace", second(semaphore.New(c, "a}b", 1)), fairlock.ErrInvalidName},
 		{"capacity 0", second(semaphore.New(c, "x", 0)), fairlock.ErrInvalidArgument},
 		{"capacity -1", second(semaphore.New(c, "x", -1)), fairlock.ErrInvalidArgument},
 		{"capacity too large", second(semaphore.New(c, "x", fairlock.MaxCapacity+1)), fairlock.ErrInvalidArgument},
@@ -47,7 +48,7 @@ func TestBadArguments(t *testing.T) {
 		fltest.IsErr(t, tc.what, tc.err, tc.want)
 	}
 	// Names that are odd but valid work.
-	for _, name := range []string{"ünïcode ✓", "with space", "{tag}:x", "a}b", strings.Repeat("n", fairlock.MaxNameLen)} {
+	for _, name := range []string{"ünïcode ✓", "with space", "{tag}:x", "{a}b}", "x{", strings.Repeat("n", fairlock.MaxNameLen)} {
 		l, err := e.sem(c, name, 1).Acquire(context.Background(), 1)
 		if err != nil {
 			t.Fatalf("Acquire on %q: %v", name, err)

@@ -167,7 +167,7 @@ func hashTag(key string) string {
 func TestKeysShareSlotAndVanish(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		for _, name := range []string{"plain", "{acct}:17", "a}b", "x{"} {
+		for _, name := range []string{"plain", "{acct}:17", "{a}b}", "x{"} {
 			e := newEnv(t, b)
 			s := e.sem(e.Client(), name, 2)
 			held, err := s.Acquire(ctx, 2)

@@ -59,6 +59,7 @@ func TestBadInputAndFaults(t *testing.T) {
 		{"name with a newline", func() error { return acquire(mutex("a\nb")) }, fairlock.ErrInvalidName},
 		{"name not UTF-8", func() error { return acquire(mutex("a\xffb")) }, fairlock.ErrInvalidName},
 		{"name that is only a hash tag", func() error { return acquire(mutex("{x}")) }, fairlock.ErrInvalidName},
+		{"untagged name with a closing brace", func() error { return acquire(mutex("a}b")) }, fairlock.ErrInvalidName},
 		{"odd but valid name", func() error { return acquire(mutex("ünï cödé {tag} : * ? [x]")) }, nil},
 		{"capacity 0", func() error { return acquire(fairlock.Request{Name: "a", Capacity: 0, Permits: 1}) }, fairlock.ErrInvalidArgument},
 		{"capacity above MaxCapacity", func() error {
@@ -155,6 +156,12 @@ func TestBadInputAndFaults(t *testing.T) {
 			_, err := multilock.Lock(ctx, cc, "acct:1", "acct:2")
 			return err
 		}, fairlock.ErrCrossSlot},
+		{"WithReplicaAck on a Ring", func() error {
+			rdb := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": srv.Addr}})
+			defer rdb.Close()
+			_, err := fairlock.New(rdb, fairlock.WithReplicaAck(1, time.Second))
+			return err
+		}, fairlock.ErrInvalidArgument},
 		{"WithReplicaAck on a Cluster client", func() error {
 			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr}})
 			defer rdb.Close()
