@@ -103,11 +103,11 @@ type env struct {
 	backend string // "miniredis", "redis-server (started)", "redis-server at ADDR"
 	// serverPath is the redis-server program -redis auto ran; "" otherwise.
 	serverPath string
-	real    bool
-	admin   *redis.Client // for INFO; not counted
-	run     string        // key prefix of this run
-	impls   []impl
-	stderr  io.Writer
+	real       bool
+	admin      *redis.Client // for INFO; not counted
+	run        string        // key prefix of this run
+	impls      []impl
+	stderr     io.Writer
 }
 
 // Report is what a run measured.
