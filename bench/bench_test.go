@@ -4,12 +4,13 @@ import (
 	"encoding/json"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fairlock/fairlock/internal/redisserver"
 )
 
 func TestQuantile(t *testing.T) {
@@ -102,16 +103,25 @@ func TestSmokeEveryScenario(t *testing.T) {
 
 // -redis auto starts a redis-server from PATH (CI must have one).
 func TestAutoBackend(t *testing.T) {
-	if _, err := exec.LookPath("redis-server"); err != nil {
+	if _, err := redisserver.Binary("redis-server"); err != nil {
 		if os.Getenv("CI") == "true" {
-			t.Fatal("CI=true and no redis-server on PATH")
+			t.Fatalf("CI=true and no redis-server: %v", err)
 		}
-		t.Skip("no redis-server on PATH")
+		t.Skip(err)
 	}
 	rep := runJSON(t, "-redis", "auto", "-duration", "60ms", "-scenarios", "uncontended,fifo,drain", "-impls", "fairlock,setnx")
 	if !strings.HasPrefix(rep.Meta["backend"], "redis-server started on 127.0.0.1:") || rep.Meta["redis_version"] == "" {
 		t.Errorf("meta %v", rep.Meta)
 	}
+	// The header names the server that ran, as its program names itself.
+	want, err := redisserver.Which()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Meta["server"] != want.String() {
+		t.Errorf("header names server %q, want %q", rep.Meta["server"], want)
+	}
+	t.Logf("server: %s", rep.Meta["server"])
 	for _, s := range rep.Scenarios {
 		if s.Name == "drain" {
 			for _, d := range s.Data {

@@ -8,6 +8,7 @@
 //
 //	go run .                       # embedded miniredis: functional figures only
 //	go run . -redis auto           # a redis-server from PATH on a free loopback port
+//	                               # (or from $FAIRLOCK_REDIS_SERVER_DIR when set)
 //	go run . -redis 127.0.0.1:6380 # an existing server (keys under "bench:<run>:")
 //
 // Flags -scenarios and -duration choose what runs and for how long; -json
@@ -56,7 +57,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.SetOutput(stderr)
 	var cfg config
 	var scen, only string
-	fs.StringVar(&cfg.redis, "redis", "", `Redis to measure: "" for the embedded miniredis, "auto" to start redis-server from PATH, or host:port`)
+	fs.StringVar(&cfg.redis, "redis", "", `Redis to measure: "" for the embedded miniredis, "auto" to start redis-server from $FAIRLOCK_REDIS_SERVER_DIR or PATH, or host:port`)
 	fs.StringVar(&scen, "scenarios", "all", "comma-separated scenarios: "+strings.Join(allScenarios, ", ")+", or all")
 	fs.DurationVar(&cfg.duration, "duration", time.Second, "time each implementation gets in each measurement")
 	fs.StringVar(&cfg.jsonFile, "json", "", "also write the results as JSON to this file")
@@ -100,11 +101,13 @@ type env struct {
 	cfg     config
 	addr    string
 	backend string // "miniredis", "redis-server (started)", "redis-server at ADDR"
-	real    bool
-	admin   *redis.Client // for INFO; not counted
-	run     string        // key prefix of this run
-	impls   []impl
-	stderr  io.Writer
+	// serverPath is the redis-server program -redis auto ran; "" otherwise.
+	serverPath string
+	real       bool
+	admin      *redis.Client // for INFO; not counted
+	run        string        // key prefix of this run
+	impls      []impl
+	stderr     io.Writer
 }
 
 // Report is what a run measured.
@@ -192,6 +195,7 @@ func (e *env) start() (func(), error) {
 			return nil, fmt.Errorf("-redis auto: %w", err)
 		}
 		e.addr, e.backend, e.real = s.Addr, "redis-server started on "+s.Addr, true
+		e.serverPath, _ = redisserver.Binary("redis-server")
 		stop = s.Stop
 	default:
 		e.addr, e.backend, e.real = e.cfg.redis, "redis-server at "+e.cfg.redis, true
@@ -227,6 +231,12 @@ func (e *env) meta() map[string]string {
 	if info, err := e.admin.Info(context.Background(), "server").Result(); err == nil {
 		if v := infoField(info, "redis_version"); v != "" {
 			m["redis_version"] = v
+		}
+		// Valkey's redis_version is the Redis release it matches; the
+		// server line names the server itself.
+		if b, ok := redisserver.FromInfo(info); ok && e.real {
+			b.Path = e.serverPath
+			m["server"] = b.String()
 		}
 	}
 	if bi, ok := debug.ReadBuildInfo(); ok {
@@ -267,6 +277,9 @@ func infoField(info, field string) string {
 
 func writeMarkdown(w io.Writer, rep *Report, e *env) {
 	fmt.Fprintf(w, "# fairlock bench\n\n")
+	if s := rep.Meta["server"]; s != "" {
+		fmt.Fprintf(w, "Server: %s\n\n", s)
+	}
 	keys := make([]string, 0, len(rep.Meta))
 	for k := range rep.Meta {
 		keys = append(keys, k)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redisserver"
+	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/multilock"
 	"github.com/redis/go-redis/v9"
 )
@@ -21,11 +21,11 @@ import (
 // (whose scripts reach the keys of a multi-lock's other semaphores without
 // declaring them), and the clear error for names in different slots.
 func TestCluster(t *testing.T) {
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI=true and no redis-server on PATH")
+	if _, err := redisserver.Binary("redis-server"); err != nil {
+		if os.Getenv("CI") == "true" || redistest.RealOnly() {
+			t.Fatalf("CI=true or %s=1 and no redis-server: %v", redistest.EnvRealOnly, err)
 		}
-		t.Skip("no redis-server on PATH")
+		t.Skip(err)
 	}
 	cl, err := redisserver.StartCluster(3)
 	if err != nil {

@@ -1,5 +1,10 @@
 // Package redisserver starts and stops redis-server processes on free
 // loopback ports, for fairlock's tests and benchmark harness.
+//
+// The programs (redis-server, redis-cli) come from the folder named by the
+// environment variable FAIRLOCK_REDIS_SERVER_DIR when it is set, and from
+// PATH otherwise; Which names the server that runs (Redis or Valkey, and
+// its version).
 package redisserver
 
 import (
@@ -9,6 +14,8 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -25,10 +32,97 @@ type Server struct {
 	conf string // a sentinel's configuration file; "" for a plain server
 }
 
-// Start runs redis-server on a free loopback port (never 6379) with
-// persistence off, plus any extra arguments, and waits until it answers.
+// EnvDir is the environment variable naming the folder that holds the
+// redis-server and redis-cli to run (Redis's or Valkey's); when it is
+// unset or empty they come from PATH.
+const EnvDir = "FAIRLOCK_REDIS_SERVER_DIR"
+
+// Binary returns the path of program name (redis-server, redis-cli): the
+// file of that name in $FAIRLOCK_REDIS_SERVER_DIR when the variable is
+// set, else the one on PATH. It fails when the program is not there or is
+// not executable; a set variable never falls back to PATH, so a run meant
+// for one server never silently tests another.
+func Binary(name string) (string, error) {
+	dir := os.Getenv(EnvDir)
+	if dir == "" {
+		return exec.LookPath(name)
+	}
+	path, err := exec.LookPath(filepath.Join(dir, name))
+	if err != nil {
+		return "", fmt.Errorf("%s=%s: %w", EnvDir, dir, err)
+	}
+	return filepath.Abs(path)
+}
+
+// Build names a server program: Name is "Redis" or "Valkey", Version its
+// release ("7.4.1"), Path the program run ("" when read from a running
+// server's INFO).
+type Build struct {
+	Name, Version, Path string
+}
+
+// String returns "Valkey 8.0.1", followed by the path in parentheses when
+// known.
+func (b Build) String() string {
+	s := b.Name + " " + b.Version
+	if b.Path != "" {
+		s += " (" + b.Path + ")"
+	}
+	return s
+}
+
+// versionLine matches the first line of `redis-server --version`:
+// "Redis server v=7.4.1 sha=..." or "Valkey server v=8.0.1 sha=...".
+var versionLine = regexp.MustCompile(`^(\S+) server v=(\S+)`)
+
+// Which returns the redis-server that Start runs, named by its own
+// --version output. It fails when there is none (see Binary), when it does
+// not run, or when its output is not the one Redis and Valkey print.
+func Which() (Build, error) {
+	path, err := Binary("redis-server")
+	if err != nil {
+		return Build{}, err
+	}
+	out, err := exec.Command(path, "--version").Output()
+	if err != nil {
+		return Build{}, fmt.Errorf("%s --version: %w", path, err)
+	}
+	m := versionLine.FindStringSubmatch(string(out))
+	if m == nil {
+		return Build{}, fmt.Errorf("%s --version: unrecognised output %q", path, out)
+	}
+	return Build{Name: m[1], Version: m[2], Path: path}, nil
+}
+
+// FromInfo names a running server from its INFO server section: Valkey
+// reports server_name:valkey and valkey_version (its redis_version is the
+// Redis release it is compatible with); Redis reports only redis_version.
+// ok is false when the reply has neither.
+func FromInfo(info string) (b Build, ok bool) {
+	field := func(name string) string {
+		for _, l := range strings.Split(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(l), name+":"); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	if v := field("valkey_version"); v != "" || field("server_name") == "valkey" {
+		return Build{Name: "Valkey", Version: v}, v != ""
+	}
+	if v := field("redis_version"); v != "" {
+		return Build{Name: "Redis", Version: v}, true
+	}
+	return Build{}, false
+}
+
+// Start runs redis-server (see Binary) on a free loopback port (never
+// 6379) with persistence off, plus any extra arguments, and waits up to 5
+// seconds until it answers. It fails, leaving no process behind, when
+// there is no redis-server or it does not start after 5 tries on fresh
+// ports; the error then carries the server's log.
 func Start(args ...string) (*Server, error) {
-	if _, err := exec.LookPath("redis-server"); err != nil {
+	if _, err := Binary("redis-server"); err != nil {
 		return nil, err
 	}
 	var last error
@@ -60,7 +154,11 @@ func (s *Server) start() error {
 	if s.conf != "" {
 		args = []string{s.conf, "--sentinel"}
 	}
-	cmd := exec.Command("redis-server", args...)
+	bin, err := Binary("redis-server")
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(bin, args...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return err
@@ -160,7 +258,8 @@ func (c *Cluster) Stop() {
 // free port whose bus port, 10000 higher, is free too), joins them with
 // redis-cli --cluster create, and waits until the cluster is ok.
 func StartCluster(n int) (*Cluster, error) {
-	if _, err := exec.LookPath("redis-cli"); err != nil {
+	cli, err := Binary("redis-cli")
+	if err != nil {
 		return nil, err
 	}
 	c := &Cluster{}
@@ -190,7 +289,7 @@ func StartCluster(n int) (*Cluster, error) {
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
 		c.Stop()
 		return nil, fmt.Errorf("redis-cli --cluster create: %v\n%s", err, out)
 	}

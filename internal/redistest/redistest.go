@@ -3,6 +3,13 @@
 //
 // With CI=true in the environment a missing redis-server fails the run;
 // elsewhere the real-server half of each test is skipped with a message.
+//
+// The real server is the redis-server that internal/redisserver finds:
+// from the folder in FAIRLOCK_REDIS_SERVER_DIR, else PATH. Main prints its
+// name and version once per test binary. With FAIRLOCK_REAL_ONLY=1 the
+// miniredis half is skipped (Each's miniredis subtests and every test that
+// calls Mini), for runs that check another server build, and a missing
+// real server fails the run as under CI=true.
 package redistest
 
 import (
@@ -68,20 +75,49 @@ func (b *Backend) Advance(t testing.TB, d time.Duration) {
 	b.Mini.SetTime(b.now)
 }
 
+// EnvRealOnly is the environment variable that, set to 1, skips the
+// miniredis half of the tests.
+const EnvRealOnly = "FAIRLOCK_REAL_ONLY"
+
+// RealOnly reports whether FAIRLOCK_REAL_ONLY=1: tests run on the real
+// server only.
+func RealOnly() bool { return os.Getenv(EnvRealOnly) == "1" }
+
+// skipMini skips t when only the real server is to be tested.
+func skipMini(t testing.TB) {
+	t.Helper()
+	if RealOnly() {
+		t.Skip(EnvRealOnly + "=1: miniredis not tested")
+	}
+}
+
 // Mini starts an embedded server for one test, with TTLs that follow its
-// clock (the wall clock until frozen).
+// clock (the wall clock until frozen). It skips the test when
+// FAIRLOCK_REAL_ONLY=1.
 func Mini(t testing.TB) *Backend {
+	t.Helper()
+	skipMini(t)
 	m := miniredis.RunT(t)
 	m.ClockTTL(true)
 	return &Backend{Name: "miniredis", Addr: m.Addr(), Mini: m}
 }
 
-// shared is the package's real redis-server, started by Main.
-var shared *redisserver.Server
+// shared is the package's real redis-server, started by Main, and
+// sharedBuild what it is.
+var (
+	shared      *redisserver.Server
+	sharedBuild redisserver.Build
+)
 
-// Main runs a test binary: it starts the shared redis-server, runs the
-// tests, stops the server and fails the run if a fairlock goroutine
-// outlived the tests.
+// Server returns the name, version and program path of the shared real
+// server, and false when there is none.
+func Server() (redisserver.Build, bool) { return sharedBuild, shared != nil }
+
+// Main runs a test binary: it starts the shared redis-server and prints
+// its name and version to stderr, runs the tests, stops the server and
+// fails the run if a fairlock goroutine outlived the tests. Without a
+// server it exits with status 1 under CI=true or FAIRLOCK_REAL_ONLY=1;
+// otherwise it prints why the real-server tests will be skipped.
 func Main(m *testing.M) { MainWith(m, nil) }
 
 // MainWith is Main, calling after (if not nil) once the tests have run.
@@ -89,11 +125,18 @@ func MainWith(m *testing.M, after func()) {
 	// Tests break connections on purpose; go-redis would log every redial.
 	redis.SetLogger(quiet{})
 	srv, err := redisserver.Start()
+	if err == nil {
+		sharedBuild, err = describe(srv)
+		if err != nil {
+			srv.Stop()
+		}
+	}
 	switch {
 	case err == nil:
 		shared = srv
-	case os.Getenv("CI") == "true":
-		fmt.Fprintf(os.Stderr, "redistest: CI=true and no redis-server could be started: %v\n", err)
+		fmt.Fprintf(os.Stderr, "redistest: real server %s\n", sharedBuild)
+	case os.Getenv("CI") == "true" || RealOnly():
+		fmt.Fprintf(os.Stderr, "redistest: CI=true or %s=1 and no redis-server could be started: %v\n", EnvRealOnly, err)
 		os.Exit(1)
 	default:
 		fmt.Fprintf(os.Stderr, "redistest: real-Redis tests skipped: %v\n", err)
@@ -114,8 +157,28 @@ func MainWith(m *testing.M, after func()) {
 	os.Exit(code)
 }
 
-// Each runs f as a subtest on a fresh miniredis and on the shared real
-// server (skipped when there is none and CI is not set).
+// describe names a started server from its INFO reply and the program
+// that runs it.
+func describe(srv *redisserver.Server) (redisserver.Build, error) {
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return redisserver.Build{}, fmt.Errorf("INFO server on %s: %w", srv.Addr, err)
+	}
+	b, ok := redisserver.FromInfo(info)
+	if !ok {
+		return b, fmt.Errorf("INFO server on %s names no server version", srv.Addr)
+	}
+	b.Path, err = redisserver.Binary("redis-server")
+	return b, err
+}
+
+// Each runs f as a subtest on a fresh miniredis (skipped when
+// FAIRLOCK_REAL_ONLY=1) and on the shared real server (skipped when there
+// is none and CI is not set).
 func Each(t *testing.T, f func(t *testing.T, b *Backend)) {
 	t.Helper()
 	t.Run("miniredis", func(t *testing.T) {
@@ -133,7 +196,7 @@ func RealBackend(t testing.TB) *Backend {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("CI=true and no redis-server")
 		}
-		t.Skip("no redis-server on PATH")
+		t.Skip("no redis-server (" + redisserver.EnvDir + " or PATH)")
 	}
 	return &Backend{Name: "redis", Addr: shared.Addr}
 }
