@@ -62,6 +62,9 @@
 -- internal/halfrun's test transform checks rule 1-3 on a real server: a
 -- call that fails after a write fails the test.
 
+-- Lua 5.1 (Redis, Valkey) has unpack; Lua 5.4 (Dragonfly) has table.unpack.
+local unpack = unpack or table.unpack
+
 local clock = redis.call('TIME')
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local now = math.floor(now_us / 1000)
