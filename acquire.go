@@ -2,8 +2,10 @@ package fairlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -140,6 +142,14 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (lease 
 		}
 		return nil, wrap(ErrClosed)
 	}
+}
+
+// slow reports whether err says Redis or the connection pool answered too
+// slowly, rather than that Redis could not be reached.
+func slow(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout) ||
+		(errors.As(err, &ne) && ne.Timeout())
 }
 
 // observeAcquire reports how an acquisition ended: granted, or, if it had

@@ -244,8 +244,15 @@ func (r *room) maintain(stop chan struct{}) {
 		now := time.Now()
 		if err != nil {
 			// The waiters' tickets die at their deadlines if this lasts;
-			// their Acquire calls must not wait on in ignorance.
-			if now.Sub(lastOK) >= c.cfg.waiterTTL {
+			// their Acquire calls must not wait on in ignorance. A Redis
+			// (or pool) that answers too slowly is given longer than one
+			// that cannot be reached: it is busy, and the next refresh
+			// that lands reports the tickets it dropped, which queue again.
+			limit := c.cfg.waiterTTL
+			if slow(err) {
+				limit = 3 * c.cfg.waiterTTL
+			}
+			if now.Sub(lastOK) >= limit {
 				r.failAll(fmt.Errorf("%w: waiters could not be kept alive for %v: %w", ErrRedis, c.cfg.waiterTTL, err))
 			}
 			next = min(next, c.cfg.waiterTTL/10)
@@ -292,6 +299,7 @@ func (r *room) refresh() (time.Duration, error) {
 	}
 	c.mu.Unlock()
 	next := c.refreshEvery()
+	var first error
 	for _, args := range batches {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 		sent := time.Now()
@@ -301,11 +309,11 @@ func (r *room) refresh() (time.Duration, error) {
 		if err == nil {
 			err = r.apply(res, sent, &next)
 		}
-		if err != nil {
-			return next, err
+		if err != nil && first == nil {
+			first = err
 		}
 	}
-	return next, nil
+	return next, first
 }
 
 // apply reads a refresh reply {nextEventMs, {ticket, grant or "0", ...},
