@@ -56,7 +56,7 @@ import (
 // Flags for longer scale runs: go test -run PropertyRealRedisScale
 // -prop.scale.checks=50 -prop.scale.crowd=8000.
 var (
-	scaleChecks = flag.Int("prop.scale.checks", 6, "state machines TestPropertyRealRedisScale runs")
+	scaleChecks = flag.Int("prop.scale.checks", 4, "state machines TestPropertyRealRedisScale runs")
 	scaleCrowd  = flag.Int("prop.scale.crowd", 5000, "largest crowd TestPropertyRealRedisScale draws")
 )
 
@@ -74,7 +74,8 @@ func TestPropertyRealRedisScale(t *testing.T) {
 		t.Skip("-short")
 	}
 	setFlag(t, "rapid.checks", strconv.Itoa(*scaleChecks))
-	setFlag(t, "rapid.steps", "25")
+	setFlag(t, "rapid.steps", "20")
+	setFlag(t, "rapid.shrinktime", "20s")
 	st := &propStats{perRun: true}
 	rapid.Check(t, func(rt *rapid.T) {
 		runMachine(rt, b, mconfig{wait: pWait, maxCap: 8, scale: true, crowd: *scaleCrowd, doom: true, stats: st})
@@ -125,7 +126,7 @@ func (m *machine) crowdSize(t *rapid.T, most int) int {
 	}
 	gen := rapid.IntRange(1, min(most, 20))
 	if most > 20 {
-		gen = rapid.OneOf(gen, rapid.IntRange(max(most/4, 1), most), rapid.Just(most))
+		gen = rapid.OneOf(gen, rapid.IntRange(max(most/4, 1), most), rapid.Just(most), rapid.Just(most))
 	}
 	k := gen.Draw(t, "crowd size")
 	m.seen.crowd = max(m.seen.crowd, k)

@@ -58,7 +58,7 @@ func TestPropertyFairSafe(t *testing.T) {
 	b := redistest.Mini(t)
 	st := &propStats{}
 	rapid.Check(t, func(rt *rapid.T) {
-		runMachine(rt, b, mconfig{frozen: true, wait: pWait, maxCap: 8, crowd: 12, stats: st})
+		runMachine(rt, b, mconfig{frozen: true, wait: pWait, maxCap: 8, crowd: 0, stats: st})
 	})
 	st.log(t)
 }
@@ -71,7 +71,7 @@ func TestPropertyRealRedis(t *testing.T) {
 	n, _ := strconv.Atoi(flag.Lookup("rapid.checks").Value.String())
 	setFlag(t, "rapid.checks", strconv.Itoa(max(n/10, 10)))
 	st := &propStats{}
-	rapid.Check(t, func(rt *rapid.T) { runMachine(rt, b, mconfig{wait: pWait, maxCap: 8, crowd: 12, stats: st}) })
+	rapid.Check(t, func(rt *rapid.T) { runMachine(rt, b, mconfig{wait: pWait, maxCap: 8, crowd: 6, stats: st}) })
 	st.log(t)
 }
 
@@ -371,7 +371,10 @@ func runMachine(rt *rapid.T, b *redistest.Backend, cfg mconfig) {
 	for i := range rapid.IntRange(1, 2).Draw(rt, "semaphores") {
 		capGen := rapid.Int64Range(1, cfg.maxCap)
 		if cfg.scale {
-			capGen = rapid.OneOf(capGen, rapid.Int64Range(1, 10000), rapid.SampledFrom([]int64{4000, 5000, 7999, 8000, 10000}))
+			// Most runs get a capacity where bulk sizes cross Lua's
+			// unpack limit (8,000 values: 4,000 grants, 8,000 expiries).
+			capGen = rapid.OneOf(capGen, rapid.Int64Range(1, 10000),
+				rapid.SampledFrom([]int64{4000, 5000, 8000, 9000, 10000}), rapid.SampledFrom([]int64{8000, 10000}))
 		}
 		capacity := capGen.Draw(rt, fmt.Sprintf("capacity%d", i))
 		m.seen.cap = max(m.seen.cap, capacity)
