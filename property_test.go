@@ -61,7 +61,11 @@ const (
 
 func TestPropertyFairSafe(t *testing.T) {
 	b := redistest.Mini(t)
-	rapid.Check(t, func(rt *rapid.T) { runMachine(rt, b, true, pWait, 8) })
+	st := &propStats{}
+	rapid.Check(t, func(rt *rapid.T) {
+		runMachine(rt, b, mconfig{frozen: true, wait: pWait, maxCap: 8, crowd: 0, stats: st})
+	})
+	st.log(t)
 }
 
 // The same machine on a real redis-server, in real time: no clock moves and
@@ -72,7 +76,9 @@ func TestPropertyRealRedis(t *testing.T) {
 	halfrun.Check(t, b.Client(t), "*")
 	n, _ := strconv.Atoi(flag.Lookup("rapid.checks").Value.String())
 	setFlag(t, "rapid.checks", strconv.Itoa(max(n/10, 10)))
-	rapid.Check(t, func(rt *rapid.T) { runMachine(rt, b, false, pWait, 8) })
+	st := &propStats{}
+	rapid.Check(t, func(rt *rapid.T) { runMachine(rt, b, mconfig{wait: pWait, maxCap: 8, crowd: 6, stats: st}) })
+	st.log(t)
 }
 
 // Show that the checker bites: each deliberately broken rule is caught,
@@ -108,7 +114,9 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 			// A grant the model expects and the broken rule withholds is
 			// given up on sooner, so shrinking stays quick. Small
 			// capacities make the queues contended, where rules matter.
-			rapid.Check(rec, func(rt *rapid.T) { runMachine(rt, b, true, 300*time.Millisecond, 3) })
+			rapid.Check(rec, func(rt *rapid.T) {
+				runMachine(rt, b, mconfig{frozen: true, wait: 300 * time.Millisecond, maxCap: 3})
+			})
 			if !rec.failed {
 				t.Fatalf("the checker did not catch %s", tc.name)
 			}
@@ -249,6 +257,19 @@ type actor struct {
 	res    chan acqResult
 	lease  *Lease
 	ticket string
+	crowd  *crowd // the crowd it belongs to, or nil for a process of its own
+}
+
+// A crowd is one process (one Client) with many requests at once, each of
+// the same size on one semaphore: the way to reach hundreds or thousands of
+// waiters, bulk grants and mass expiry. Its members are actors that share
+// the Client; the solo actions never pick them.
+type crowd struct {
+	id      int
+	c       *Client
+	cut     *cut
+	members []*actor
+	crashed bool
 }
 
 type acqResult struct {
@@ -281,11 +302,30 @@ type msem struct {
 	token   int64 // last token seen
 }
 
+// mconfig sets what one machine draws.
+type mconfig struct {
+	frozen bool          // clock and crashes under the test's control (miniredis)
+	wait   time.Duration // for an expected asynchronous grant
+	maxCap int64         // capacities are drawn up to maxCap
+	// scale draws capacities up to 10,000 (with the sizes around Lua's
+	// unpack limit of ~8,000 often) and permits biased to 1 and to the
+	// whole capacity.
+	scale bool
+	crowd int // largest crowd; 0 for none
+	// doom adds an action that fills a semaphore with a crowd's leases,
+	// crashes it and waits in real time for them to expire together.
+	doom  bool
+	stats *propStats // sizes reached; may be nil
+}
+
 type machine struct {
 	t       *rapid.T
+	cfg     mconfig
 	wait    time.Duration // for an expected asynchronous grant
 	b       *redistest.Backend
 	frozen  bool // clock and crashes under the test's control
+	crowds  []*crowd
+	seen    runStats
 	now     time.Time
 	prefix  string
 	obs     *Client
@@ -293,6 +333,7 @@ type machine struct {
 	sems    []*msem
 	actors  []*actor
 	byCID   map[string]*actor
+	known   map[string]bool // tickets the model has learned
 	clients []*Client
 	calls   sync.WaitGroup // Acquire calls running in goroutines
 }
@@ -301,10 +342,9 @@ func (m *machine) nowMs() int64 { return m.now.UnixMilli() }
 
 func (m *machine) logf(format string, args ...any) { m.t.Logf(format, args...) }
 
-// runMachine runs one state machine; semaphores get capacities up to
-// maxCap.
-func runMachine(rt *rapid.T, b *redistest.Backend, frozen bool, wait time.Duration, maxCap int64) {
-	m := &machine{t: rt, b: b, frozen: frozen, wait: wait, byCID: map[string]*actor{}}
+// runMachine runs one state machine.
+func runMachine(rt *rapid.T, b *redistest.Backend, cfg mconfig) {
+	m := &machine{t: rt, b: b, cfg: cfg, frozen: cfg.frozen, wait: cfg.wait, byCID: map[string]*actor{}, known: map[string]bool{}}
 	if b.Mini != nil {
 		// Each run starts on an empty server and a clock on a whole ms.
 		b.Mini.FlushAll()
@@ -332,9 +372,18 @@ func runMachine(rt *rapid.T, b *redistest.Backend, frozen bool, wait time.Durati
 		for _, a := range m.actors {
 			a.rdb.Close()
 		}
+		cfg.stats.add(m.seen)
 	}()
 	for i := range rapid.IntRange(1, 2).Draw(rt, "semaphores") {
-		capacity := rapid.Int64Range(1, maxCap).Draw(rt, fmt.Sprintf("capacity%d", i))
+		capGen := rapid.Int64Range(1, cfg.maxCap)
+		if cfg.scale {
+			// Most runs get a capacity where bulk sizes cross Lua's
+			// unpack limit (8,000 values: 4,000 grants, 8,000 expiries).
+			capGen = rapid.OneOf(capGen, rapid.Int64Range(1, 10000),
+				rapid.SampledFrom([]int64{4000, 5000, 8000, 9000, 10000}), rapid.SampledFrom([]int64{8000, 10000}))
+		}
+		capacity := capGen.Draw(rt, fmt.Sprintf("capacity%d", i))
+		m.seen.cap = max(m.seen.cap, capacity)
 		name := fmt.Sprintf("s%d", i)
 		k, _ := m.obs.keys(name)
 		m.sems = append(m.sems, &msem{name: name, cap: capacity, k: k})
@@ -352,22 +401,34 @@ func runMachine(rt *rapid.T, b *redistest.Backend, frozen bool, wait time.Durati
 		"flush":   m.flush,
 		"":        m.check,
 	}
-	if frozen {
+	if m.frozen {
 		actions["crash"] = m.crash
 		actions["advance"] = m.advance
+	}
+	if cfg.crowd > 0 {
+		actions["crowd"] = m.crowdAcquire
+		actions["crowd release"] = m.crowdRelease
+		actions["crowd cancel"] = m.crowdCancel
+	}
+	if cfg.doom {
+		actions["doom"] = m.doom
 	}
 	rt.Repeat(actions)
 	m.finish()
 }
 
 func (m *machine) newClient(hook redis.Hook) *Client {
-	rdb := redis.NewClient(&redis.Options{Addr: m.b.Addr})
-	if hook != nil {
-		rdb.AddHook(hook)
-	}
 	ttl, wttl := pLease, pWaiter
 	if !m.frozen {
 		ttl, wttl = time.Hour, time.Hour
+	}
+	return m.newClientTTL(hook, ttl, wttl)
+}
+
+func (m *machine) newClientTTL(hook redis.Hook, ttl, wttl time.Duration) *Client {
+	rdb := redis.NewClient(&redis.Options{Addr: m.b.Addr})
+	if hook != nil {
+		rdb.AddHook(hook)
 	}
 	c, err := New(rdb, WithPrefix(m.prefix), WithLeaseTTL(ttl), WithWaiterTTL(wttl))
 	if err != nil {
@@ -378,7 +439,7 @@ func (m *machine) newClient(hook redis.Hook) *Client {
 }
 
 func (m *machine) spawn() {
-	if len(m.live(idle, waiting, holding)) >= 6 {
+	if len(m.solo(idle, waiting, holding)) >= 6 {
 		return
 	}
 	cu := &cut{}
@@ -387,6 +448,25 @@ func (m *machine) spawn() {
 	m.actors = append(m.actors, a)
 	m.byCID[c.id] = a
 	m.logf("process %d starts", a.id)
+}
+
+// solo returns the actors in one of the given states that are processes of
+// their own, not crowd members.
+func (m *machine) solo(states ...mstate) []*actor {
+	return slices.DeleteFunc(m.live(states...), func(a *actor) bool { return a.crowd != nil })
+}
+
+// who names the process of a client id, for failure messages.
+func (m *machine) who(cid string) string {
+	if a := m.byCID[cid]; a != nil {
+		return fmt.Sprintf("process %d", a.id)
+	}
+	for _, c := range m.crowds {
+		if c.c.id == cid {
+			return fmt.Sprintf("crowd %d", c.id)
+		}
+	}
+	return "client " + cid
 }
 
 // live returns the actors in one of the given states.
@@ -448,7 +528,7 @@ func (m *machine) dump(s *msem) string {
 // permits of each for the operation op, and reports whether the model
 // would grant them now.
 func (m *machine) request(t *rapid.T, op string) (*actor, []mpart, bool) {
-	as := m.live(idle)
+	as := m.solo(idle)
 	if len(as) == 0 {
 		t.Skip("no idle process")
 	}
@@ -460,7 +540,12 @@ func (m *machine) request(t *rapid.T, op string) (*actor, []mpart, bool) {
 	var parts []mpart
 	var desc []string
 	for _, s := range sems {
-		n := rapid.Int64Range(1, s.cap).Draw(t, "permits")
+		gen := rapid.Int64Range(1, s.cap)
+		if m.cfg.scale {
+			gen = rapid.OneOf(gen, rapid.Just(s.cap), rapid.Int64Range(s.cap-s.cap/10, s.cap))
+		}
+		n := gen.Draw(t, "permits")
+		m.seen.weight = max(m.seen.weight, n)
 		parts = append(parts, mpart{s, n})
 		desc = append(desc, fmt.Sprintf("%d of %s (capacity %d)", n, s.name, s.cap))
 	}
@@ -506,7 +591,16 @@ func requests(parts []mpart) []Request {
 
 func (m *machine) acquire(t *rapid.T) {
 	a, parts, grant := m.request(t, "Acquire")
+	m.begin(t, a, parts, grant)
+	m.settle(t)
+}
 
+// begin starts a's Acquire of parts in a goroutine. If the model grants it
+// at once (grant), begin waits for the lease; otherwise it waits until the
+// ticket is queued, in Redis and in its client (which refreshes only
+// tickets it knows are queued; this test moves Redis's clock faster than
+// real time could between the two), and learns the ticket.
+func (m *machine) begin(t *rapid.T, a *actor, parts []mpart, grant bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	a.state, a.cancel, a.res = waiting, cancel, make(chan acqResult, 1)
 	m.calls.Go(func() {
@@ -518,25 +612,23 @@ func (m *machine) acquire(t *rapid.T) {
 		for _, e := range m.entries(a, a.ticket, m.nowMs()+ms(m.leaseTTL())) {
 			e.s.holders = append(e.s.holders, e)
 		}
-		m.settle(t)
 		return
 	}
-	// Wait until the ticket is queued, in Redis and in its client (which
-	// refreshes only tickets it knows are queued; this test moves Redis's
-	// clock faster than real time could between the two), then learn it.
 	es := m.entries(a, "", m.nowMs()+ms(m.waiterTTL()))
 	for _, e := range es {
 		e.s.queue = append(e.s.queue, e)
 	}
 	m.waitFor(t, fmt.Sprintf("process %d queued", a.id), func() bool {
-		for _, q := range m.redisQueue(a.sem) {
-			if q.client == a.c.id && m.queuedInClient(a, q.ticket) {
-				for _, e := range es {
-					e.ticket = q.ticket
-				}
-				a.ticket = q.ticket
-				return true
+		// The client marks a ticket queued once the script's reply says
+		// Redis queued it. Requests start one at a time, so a client's
+		// one queued ticket not yet known is a's.
+		if tk := m.newQueued(a); tk != "" {
+			for _, e := range es {
+				e.ticket = tk
 			}
+			a.ticket = tk
+			m.known[tk] = true
+			return true
 		}
 		select {
 		case r := <-a.res:
@@ -546,15 +638,21 @@ func (m *machine) acquire(t *rapid.T) {
 		}
 		return false
 	})
-	m.settle(t)
 }
 
-// queuedInClient reports whether a's client knows its ticket is queued.
-func (m *machine) queuedInClient(a *actor, ticket string) bool {
+// newQueued returns a ticket that a's client knows is queued on a's first
+// semaphore and that the model does not know yet, or "".
+func (m *machine) newQueued(a *actor) string {
 	a.c.mu.Lock()
 	defer a.c.mu.Unlock()
-	r := a.c.rooms[a.sem.k.base]
-	return r != nil && r.waiters[ticket] != nil && r.waiters[ticket].queued
+	if r := a.c.rooms[a.sem.k.base]; r != nil {
+		for tk, w := range r.waiters {
+			if w.queued && !m.known[tk] {
+				return tk
+			}
+		}
+	}
+	return ""
 }
 
 func (m *machine) try(t *rapid.T) {
@@ -593,12 +691,18 @@ func (m *machine) holding(t *rapid.T, a *actor) []*mentry {
 }
 
 func (m *machine) release(t *rapid.T) {
-	as := m.live(holding)
+	as := m.solo(holding)
 	if len(as) == 0 {
 		t.Skip("no holder")
 	}
 	a := pick(t, as)
 	m.logf("process %d: Release", a.id)
+	m.releaseOne(t, a)
+}
+
+// releaseOne releases a's lease, checks the answer against the model and
+// settles whatever the release lets through.
+func (m *machine) releaseOne(t *rapid.T, a *actor) {
 	m.modelRun()
 	held := m.holding(t, a)
 	err := a.lease.Release(context.Background())
@@ -616,12 +720,18 @@ func (m *machine) release(t *rapid.T) {
 }
 
 func (m *machine) cancelWait(t *rapid.T) {
-	as := m.live(waiting)
+	as := m.solo(waiting)
 	if len(as) == 0 {
 		t.Skip("no waiter")
 	}
 	a := pick(t, as)
 	m.logf("process %d: cancels its wait", a.id)
+	m.cancelOne(t, a)
+}
+
+// cancelOne cancels a's Acquire, which must return context.Canceled, and
+// settles whatever its leaving lets through.
+func (m *machine) cancelOne(t *rapid.T, a *actor) {
 	a.cancel()
 	r := m.receive(t, a)
 	if !errors.Is(r.err, context.Canceled) {
@@ -635,7 +745,14 @@ func (m *machine) cancelWait(t *rapid.T) {
 }
 
 func (m *machine) crash(t *rapid.T) {
-	as := m.live(idle, waiting, holding)
+	if cs := m.liveCrowds(func(*actor) bool { return true }); len(cs) > 0 && rapid.Bool().Draw(t, "crash a crowd") {
+		c := cs[rapid.IntRange(0, len(cs)-1).Draw(t, "crowd")]
+		m.logf("crowd %d crashes", c.id)
+		m.crashCrowd(c)
+		m.settle(t)
+		return
+	}
+	as := m.solo(idle, waiting, holding)
 	if len(as) == 0 {
 		t.Skip("nobody to crash")
 	}
@@ -690,10 +807,15 @@ func (s *msem) used() int64 {
 // returns the first part of each request it granted.
 func (m *machine) modelRun() (granted []*mentry) {
 	now := m.nowMs()
+	gone := 0
 	for _, s := range m.sems {
+		n := len(s.holders) + len(s.queue)
 		s.holders = slices.DeleteFunc(s.holders, func(e *mentry) bool { return e.at <= now })
 		s.queue = slices.DeleteFunc(s.queue, func(e *mentry) bool { return e.at <= now })
+		gone += n - len(s.holders) - len(s.queue)
 	}
+	m.seen.expired = max(m.seen.expired, gone)
+	defer func() { m.seen.bulk = max(m.seen.bulk, len(granted)) }()
 	for moved := true; moved; {
 		moved = false
 		for _, s := range m.sems {
@@ -748,6 +870,7 @@ func (m *machine) settle(t *rapid.T) {
 // heartbeat makes every live process renew its leases and refresh its
 // waiters now, as its timers do at a third of each TTL.
 func (m *machine) heartbeat(t *rapid.T) {
+	refreshed := map[*room]bool{} // crowd members share their rooms
 	for _, a := range m.live(waiting, holding) {
 		switch a.state {
 		case holding:
@@ -759,9 +882,10 @@ func (m *machine) heartbeat(t *rapid.T) {
 			a.c.mu.Lock()
 			r := a.c.rooms[a.sem.k.base]
 			a.c.mu.Unlock()
-			if r == nil {
-				continue // granted by an earlier heartbeat; settle checks it
+			if r == nil || refreshed[r] {
+				continue // granted by an earlier heartbeat (settle checks it), or refreshed
 			}
+			refreshed[r] = true
 			if _, err := r.refresh(); err != nil {
 				t.Fatalf("process %d's refresh: %v", a.id, err)
 			}
@@ -850,17 +974,26 @@ type rentry struct {
 // keeping only entries whose time has not passed.
 func (m *machine) redisQueue(s *msem) []rentry {
 	ctx := context.Background()
+	// Two reads, not one per member: queues grow to thousands.
 	members, err := m.rdb.ZRange(ctx, s.k.list()[1], 0, -1).Result()
 	if err != nil {
 		m.t.Fatal(err)
+	}
+	deadlines, err := m.rdb.ZRangeWithScores(ctx, s.k.list()[2], 0, -1).Result()
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	due := make(map[string]float64, len(deadlines))
+	for _, z := range deadlines {
+		due[z.Member.(string)] = z.Score
 	}
 	var out []rentry
 	for _, mem := range members {
 		head, _, _ := strings.Cut(mem, "\t") // a multi-request's group follows a tab
 		f := strings.Fields(head)
-		at, err := m.rdb.ZScore(ctx, s.k.list()[2], mem).Result()
-		if err != nil || len(f) != 5 {
-			m.t.Fatalf("queue member %q has no deadline or a bad form (%v)", mem, err)
+		at, ok := due[mem]
+		if !ok || len(f) != 5 {
+			m.t.Fatalf("queue member %q has no deadline or a bad form", mem)
 		}
 		n, _ := strconv.ParseInt(f[1], 10, 64)
 		if int64(at) > m.nowMs() || !m.frozen {
@@ -908,7 +1041,7 @@ func (m *machine) check(t *rapid.T) {
 		if len(got) != len(want) {
 			var who []string
 			for _, h := range hs {
-				who = append(who, fmt.Sprintf("process %d (ticket %s, until %d)", m.byCID[h.client].id, h.ticket, h.at))
+				who = append(who, fmt.Sprintf("%s (ticket %s, until %d)", m.who(h.client), h.ticket, h.at))
 			}
 			t.Fatalf("%s: Redis has %d live leases %v, the model %d %v\nRedis's holders: %v\n%s",
 				s.name, len(got), got, len(want), want, who, m.dump(s))
@@ -920,17 +1053,18 @@ func (m *machine) check(t *rapid.T) {
 		}
 		// FIFO: the live waiters in Redis are the model's, in its order.
 		qs := m.redisQueue(s)
+		m.seen.queue = max(m.seen.queue, len(qs))
 		if len(qs) != len(s.queue) {
 			t.Fatalf("%s: Redis queues %d, the model %d", s.name, len(qs), len(s.queue))
 		}
 		for i, q := range qs {
 			e := s.queue[i]
-			if m.byCID[q.client] == e.a && e.ticket != "" && q.ticket != e.ticket {
-				t.Fatalf("%s: process %d waits with ticket %s, not %s: it was queued again", s.name, e.a.id, q.ticket, e.ticket)
+			if q.client == e.a.c.id && e.ticket != "" && q.ticket != e.ticket {
+				t.Fatalf("%s: %s waits with ticket %s, not %s: it was queued again", s.name, m.who(q.client), q.ticket, e.ticket)
 			}
-			if m.byCID[q.client] != e.a || q.n != e.n {
-				t.Fatalf("%s: queue position %d is process %v for %d in Redis, process %d for %d in the model",
-					s.name, i, m.byCID[q.client].id, q.n, e.a.id, e.n)
+			if q.client != e.a.c.id || q.n != e.n {
+				t.Fatalf("%s: queue position %d is %s for %d in Redis, %s for %d in the model",
+					s.name, i, m.who(q.client), q.n, m.who(e.a.c.id), e.n)
 			}
 		}
 		// Liveness: the model grants whatever is ready, so its head never is.
