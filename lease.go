@@ -2,6 +2,7 @@ package fairlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -141,6 +142,14 @@ func (l *Lease) Err() error { return context.Cause(l.ctx) }
 // If Redis cannot be reached, Release returns an error matching [ErrRedis],
 // the lease is no longer renewed (Done closes) and its permits return when
 // its TTL runs out; calling Release again may free them earlier.
+//
+// Release returns by ctx's end whatever state Redis is in. If ctx ends
+// first, it returns an error for which errors.Is(err, ctx.Err()) holds,
+// the lease counts as released (Done closes, with [ErrNotHeld] as cause,
+// and a later Release returns ErrNotHeld), and the release goes on in the
+// background, sent again once if it failed, for up to one waiter TTL (see
+// [Client.Close]); if that fails too, the permits return when the lease's
+// TTL runs out.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -148,7 +157,21 @@ func (l *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("fairlock: release %s: %w", labelOf(l.p.names), ErrNotHeld)
 	}
 	l.stopRenewal()
-	cmd, ackErr := l.c.run(ctx, l.c.scripts.release, l.p.keys, l.p.releaseArgs("release", l.ticket, l.c, l.pending, l.tokens)...)
+	args := l.p.releaseArgs("release", l.ticket, l.c, l.pending, l.tokens)
+	o, ok := l.c.call(ctx, l.c.runner(l.c.scripts.release, l.p.keys, args), func(o outcome) {
+		if o.cmd.Err() != nil {
+			// The release may not have reached Redis: send it again.
+			l.c.cleanUp(ctx, args, l.p)
+		}
+	})
+	if !ok {
+		// The release goes on in the background; the lease counts as
+		// released.
+		l.released = true
+		l.finish(ErrNotHeld)
+		return fmt.Errorf("fairlock: release %s: %w", labelOf(l.p.names), ctx.Err())
+	}
+	cmd, ackErr := o.cmd, o.ackErr
 	n, err := cmd.Int64()
 	if err == nil && n == 1 && ackErr != nil {
 		// Released on the master; a failover now could bring the lease
@@ -203,6 +226,11 @@ func (l *Lease) abandon(cause error) {
 // renew extends the lease; it runs on the lease's timer, at a third of the
 // TTL. It counts the TTL from when each renewal was sent, never from its
 // answer, so the holder gives the lease up before Redis can have expired it.
+// It waits for a renewal's answer no later than the lease's deadline (nor
+// after stopRenewal), even from a Redis that does not answer: the lease is
+// then lost at its deadline. A renewal whose answer comes after renew gave
+// up on it changes nothing here; if it renewed a lease already declared
+// lost, the lease is released, so its permits need not wait for its TTL.
 func (l *Lease) renew() {
 	l.rmu.Lock()
 	if l.stopped {
@@ -216,7 +244,8 @@ func (l *Lease) renew() {
 	ttl := l.c.cfg.leaseTTL
 	sent := time.Now()
 	ctx, cancel := context.WithDeadline(l.stopCtx, deadline)
-	cmd, ackErr := l.c.run(ctx, l.c.scripts.release, l.p.keys, l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens)...)
+	o, _ := l.c.call(ctx, l.c.runner(l.c.scripts.release, l.p.keys, l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens)), l.lateRenewal)
+	cmd, ackErr := o.cmd, o.ackErr
 	n, err := cmd.Int64()
 	if err == nil && n == 1 && ackErr != nil {
 		err = ackErr // renewed on the master only: try again
@@ -246,6 +275,27 @@ func (l *Lease) renew() {
 	l.rmu.Unlock()
 	if lost != nil {
 		l.finish(lost)
+	}
+}
+
+// lateRenewal handles the answer of a renewal that renew stopped waiting
+// for: if it renewed a lease that was declared lost meanwhile, nobody
+// holds that lease, so it is released (best effort, bounded).
+func (l *Lease) lateRenewal(o outcome) {
+	if n, err := o.cmd.Int64(); err != nil || n != 1 {
+		return
+	}
+	// renew decides the lease's fate as it lets the call go; wait for it,
+	// bounded.
+	t := time.NewTimer(l.c.cfg.waiterTTL)
+	defer t.Stop()
+	select {
+	case <-l.ctx.Done():
+	case <-t.C:
+		return
+	}
+	if errors.Is(context.Cause(l.ctx), ErrLeaseLost) {
+		l.c.cleanUp(l.ctx, l.p.releaseArgs("release", l.ticket, l.c, false, l.tokens), l.p)
 	}
 }
 
