@@ -65,8 +65,14 @@ func (c *Client) runner(s *redis.Script, keys []string, args []any) func(context
 	}
 }
 
+// grace is how long a call whose context ended still waits for an answer
+// already on its way, so that with a healthy Redis a cancelled Acquire has
+// left its queue when it returns. A call waits at most two graces (its
+// script's, then its clean-up's) past its context's end.
+const grace = 30 * time.Millisecond
+
 // call runs do(ctx) and returns its outcome, but returns no later than
-// ctx's end, even when go-redis would not notice it: unless the go-redis
+// ctx's end (plus grace), even when go-redis would not notice it: unless the go-redis
 // client sets Options.ContextTimeoutEnabled, a command sent to a Redis
 // that does not answer waits for go-redis's ReadTimeout (3 s by default),
 // and go-redis retries a connection it cannot open for over a second.
@@ -95,8 +101,17 @@ func (c *Client) call(ctx context.Context, do func(context.Context) outcome, lat
 	case o := <-ch:
 		return o, true
 	case <-ctx.Done():
+	}
+	// A Redis that answers does so within the grace; the caller then
+	// acts on the outcome itself, as if ctx had ended a moment later.
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case o := <-ch:
+		return o, true
+	case <-t.C:
 		if !state.CompareAndSwap(0, 2) {
-			return <-ch, true // the outcome came as ctx ended: use it
+			return <-ch, true // the outcome came as the grace ended: use it
 		}
 		cmd := redis.NewCmd(ctx)
 		cmd.SetErr(ctx.Err())

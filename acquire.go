@@ -154,10 +154,10 @@ func (c *Client) giveBack(ctx context.Context, p plan, ticket string, tokens []i
 }
 
 // letGo runs release.lua with args on p's semaphores, best effort, and
-// waits for it while ctx lasts. The script runs on a goroutine of the
+// waits for it while ctx lasts, and a grace beyond. The script runs on a goroutine of the
 // client's (Close waits for it) under a context of its own that outlives
 // the caller's by up to one waiter TTL; once ctx ends (or if it already
-// has), letGo returns and the call finishes in the background. A command
+// has) and the grace passes, letGo returns and the call finishes in the background. A command
 // already sent to a Redis that does not answer can hold that goroutine up
 // to go-redis's ReadTimeout, which go-redis applies whatever the context.
 func (c *Client) letGo(ctx context.Context, args []any, p plan) {
@@ -172,7 +172,14 @@ func (c *Client) letGo(ctx context.Context, args []any, p plan) {
 	})
 	select {
 	case <-done:
+		return
 	case <-ctx.Done():
+	}
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
 	}
 }
 

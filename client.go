@@ -180,7 +180,8 @@ func (c *Client) Close() error {
 
 // Acquire waits in first-in first-out order for req.Permits permits of the
 // semaphore req.Name and returns the lease that holds them. When ctx ends
-// first, Acquire returns within a few milliseconds, whatever state Redis
+// first, Acquire returns within 60 ms (it waits up to 30 ms for an answer
+// already on its way, then as long again for its withdrawal), whatever state Redis
 // is in (unreachable, stalled, restarting), with an error for which
 // errors.Is(err, ctx.Err()) holds; leaving the queue (handing on a grant
 // that raced the cancellation) goes on in the background for up to one
