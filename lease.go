@@ -2,7 +2,6 @@ package fairlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -229,8 +228,9 @@ func (l *Lease) abandon(cause error) {
 // It waits for a renewal's answer no later than the lease's deadline (nor
 // after stopRenewal), even from a Redis that does not answer: the lease is
 // then lost at its deadline. A renewal whose answer comes after renew gave
-// up on it changes nothing here; if it renewed a lease already declared
-// lost, the lease is released, so its permits need not wait for its TTL.
+// up on it is ignored: if it did renew the lease in Redis, the lease
+// expires there a TTL after it was sent, as any lost lease does (it is
+// not released early, in case its holder has not yet seen Done).
 func (l *Lease) renew() {
 	l.rmu.Lock()
 	if l.stopped {
@@ -244,7 +244,7 @@ func (l *Lease) renew() {
 	ttl := l.c.cfg.leaseTTL
 	sent := time.Now()
 	ctx, cancel := context.WithDeadline(l.stopCtx, deadline)
-	o, _ := l.c.call(ctx, l.c.runner(l.c.scripts.release, l.p.keys, l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens)), l.lateRenewal)
+	o, _ := l.c.call(ctx, l.c.runner(l.c.scripts.release, l.p.keys, l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens)), nil)
 	cmd, ackErr := o.cmd, o.ackErr
 	n, err := cmd.Int64()
 	if err == nil && n == 1 && ackErr != nil {
@@ -275,27 +275,6 @@ func (l *Lease) renew() {
 	l.rmu.Unlock()
 	if lost != nil {
 		l.finish(lost)
-	}
-}
-
-// lateRenewal handles the answer of a renewal that renew stopped waiting
-// for: if it renewed a lease that was declared lost meanwhile, nobody
-// holds that lease, so it is released (best effort, bounded).
-func (l *Lease) lateRenewal(o outcome) {
-	if n, err := o.cmd.Int64(); err != nil || n != 1 {
-		return
-	}
-	// renew decides the lease's fate as it lets the call go; wait for it,
-	// bounded.
-	t := time.NewTimer(l.c.cfg.waiterTTL)
-	defer t.Stop()
-	select {
-	case <-l.ctx.Done():
-	case <-t.C:
-		return
-	}
-	if errors.Is(context.Cause(l.ctx), ErrLeaseLost) {
-		l.c.cleanUp(l.ctx, l.p.releaseArgs("release", l.ticket, l.c, false, l.tokens), l.p)
 	}
 }
 
