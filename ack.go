@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -48,6 +49,74 @@ func (c *Client) run(ctx context.Context, s *redis.Script, keys []string, args .
 		return cmd, fmt.Errorf("%w: %w: %d of %d replicas acknowledged within %v", ErrRedis, ErrNotReplicated, acked, c.cfg.ackReplicas, c.cfg.ackTimeout)
 	}
 	return cmd, nil
+}
+
+// outcome is what run returned.
+type outcome struct {
+	cmd    *redis.Cmd
+	ackErr error
+}
+
+// runner returns a call of run with script s on keys and args, for call.
+func (c *Client) runner(s *redis.Script, keys []string, args []any) func(context.Context) outcome {
+	return func(ctx context.Context) outcome {
+		cmd, ackErr := c.run(ctx, s, keys, args...)
+		return outcome{cmd, ackErr}
+	}
+}
+
+// grace is how long a call whose context ended still waits for an answer
+// already on its way, so that with a healthy Redis a cancelled Acquire has
+// left its queue when it returns. A call waits at most two graces (its
+// script's, then its clean-up's) past its context's end.
+const grace = 30 * time.Millisecond
+
+// call runs do(ctx) and returns its outcome, but returns no later than
+// ctx's end (plus grace), even when go-redis would not notice it: unless the go-redis
+// client sets Options.ContextTimeoutEnabled, a command sent to a Redis
+// that does not answer waits for go-redis's ReadTimeout (3 s by default),
+// and go-redis retries a connection it cannot open for over a second.
+//
+// When ctx can end, do runs on a goroutine of the client's (see spawn).
+// If ctx ends first, call returns ok false and an outcome holding ctx's
+// error; the goroutine then hands do's outcome, when it arrives, to late
+// (if not nil), which cleans up after it: withdraws a ticket the script
+// queued or granted, or sends again a release that failed. late is given
+// the caller's context, ended; it must bound what it does itself.
+func (c *Client) call(ctx context.Context, do func(context.Context) outcome, late func(outcome)) (o outcome, ok bool) {
+	if ctx.Done() == nil {
+		return do(ctx), true
+	}
+	var state atomic.Int32 // 0 running, 1 handed to the caller, 2 abandoned by it
+	ch := make(chan outcome, 1)
+	c.spawn(func() {
+		o := do(ctx)
+		if state.CompareAndSwap(0, 1) {
+			ch <- o
+		} else if late != nil {
+			late(o)
+		}
+	})
+	select {
+	case o := <-ch:
+		return o, true
+	case <-ctx.Done():
+	}
+	// A Redis that answers does so within the grace; the caller then
+	// acts on the outcome itself, as if ctx had ended a moment later.
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case o := <-ch:
+		return o, true
+	case <-t.C:
+		if !state.CompareAndSwap(0, 2) {
+			return <-ch, true // the outcome came as the grace ended: use it
+		}
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(ctx.Err())
+		return outcome{cmd: cmd}, false
+	}
 }
 
 // WithReplicaAck makes every change the client writes wait, before the

@@ -40,7 +40,17 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (lease 
 			return nil, wrap(err)
 		}
 		sent := time.Now()
-		cmd, ackErr := c.run(ctx, c.scripts.acquire, p.keys, p.acquireArgs(mode, w.ticket, c)...)
+		ticket := w.ticket
+		o, ok := c.call(ctx, c.runner(c.scripts.acquire, p.keys, p.acquireArgs(mode, ticket, c)), func(outcome) {
+			// The script may have queued or granted the ticket after the
+			// caller left, or before its reply was lost.
+			c.cleanUp(ctx, p.releaseArgs("leave", ticket, c, true, nil), p)
+		})
+		if !ok {
+			c.unregister(r, w)
+			return nil, wrap(ctx.Err())
+		}
+		cmd, ackErr := o.cmd, o.ackErr
 		res, err := cmd.Slice()
 		var code int64
 		if err == nil {
@@ -218,21 +228,53 @@ func (p plan) releaseArgs(op, ticket string, c *Client, unconfirmed bool, tokens
 }
 
 // withdraw takes ticket out of p's semaphores, whether it waits or has just
-// been granted, using a context that outlives the caller's. If Redis cannot
-// be reached, the ticket dies on its own: a waiter at its liveness
+// been granted. It returns by ctx's end; the withdrawal goes on in the
+// background for up to one waiter TTL (see letGo). If Redis cannot be
+// reached meanwhile, the ticket dies on its own: a waiter at its liveness
 // deadline, a grant when its lease expires.
 func (c *Client) withdraw(ctx context.Context, p plan, ticket string) {
 	c.letGo(ctx, p.releaseArgs("leave", ticket, c, true, nil), p)
 }
 
-// giveBack releases a grant its caller will not use.
+// giveBack releases a grant its caller will not use, like withdraw.
 func (c *Client) giveBack(ctx context.Context, p plan, ticket string, tokens []int64) {
 	c.letGo(ctx, p.releaseArgs("release", ticket, c, false, tokens), p)
 }
 
-// letGo runs release.lua with args on p's semaphores, best effort, with a
-// context that outlives the caller's by up to one waiter TTL.
+// letGo runs release.lua with args on p's semaphores, best effort, and
+// waits for it while ctx lasts, and a grace beyond. The script runs on a goroutine of the
+// client's (Close waits for it) under a context of its own that outlives
+// the caller's by up to one waiter TTL; once ctx ends (or if it already
+// has) and the grace passes, letGo returns and the call finishes in the background. A command
+// already sent to a Redis that does not answer can hold that goroutine up
+// to go-redis's ReadTimeout, which go-redis applies whatever the context.
 func (c *Client) letGo(ctx context.Context, args []any, p plan) {
+	if ctx.Done() == nil {
+		c.cleanUp(ctx, args, p)
+		return
+	}
+	done := make(chan struct{})
+	c.spawn(func() {
+		defer close(done)
+		c.cleanUp(ctx, args, p)
+	})
+	select {
+	case <-done:
+		return
+	case <-ctx.Done():
+	}
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+}
+
+// cleanUp runs release.lua with args on p's semaphores, best effort, under
+// a context that outlives ctx by up to one waiter TTL. It blocks; callers
+// that must not, run it through letGo or as a late outcome of call.
+func (c *Client) cleanUp(ctx context.Context, args []any, p plan) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
 	defer cancel()
 	cmd, _ := c.run(ctx, c.scripts.release, p.keys, args...)

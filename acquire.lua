@@ -71,6 +71,8 @@ end
 if op == 'refresh' then
   local first = declared()[1]
   local client, lease, wait = ARGV[2], ARGV[3], tonumber(ARGV[4])
+  -- Expired leases go, whether or not their permits are needed now.
+  purge_holders(first)
   local fresh = {}
   local out = {}
   for i = 5, #ARGV, 3 do

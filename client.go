@@ -60,6 +60,31 @@ type Client struct {
 
 	wg sync.WaitGroup // goroutines the client starts (renewal timers are
 	// stopped through each lease instead)
+
+	// Guarded by mu: goroutines started by spawn that have not ended, and
+	// the signal that their count fell to zero.
+	tasks     int
+	tasksDone *sync.Cond
+}
+
+// spawn runs f on a goroutine that Close waits for. Unlike wg, it may be
+// used after Close (by Release, or by an acquisition that raced Close);
+// such a goroutine is bounded like every other (see letGo) but Close,
+// having returned, no longer waits for it.
+func (c *Client) spawn(f func()) {
+	c.mu.Lock()
+	c.tasks++
+	c.mu.Unlock()
+	go func() {
+		defer func() {
+			c.mu.Lock()
+			if c.tasks--; c.tasks == 0 {
+				c.tasksDone.Broadcast()
+			}
+			c.mu.Unlock()
+		}()
+		f()
+	}()
 }
 
 // New returns a Client that keeps its semaphores in rdb. It starts no
@@ -92,7 +117,7 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 	if t := scripthook.Get(); t != nil {
 		sc = newScripts(t)
 	}
-	return &Client{
+	c := &Client{
 		rdb:     rdb,
 		cfg:     cfg,
 		scripts: sc,
@@ -101,7 +126,9 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 		rooms:   make(map[string]*room),
 		leases:  make(map[*Lease]struct{}),
 		pumping: make(map[string]bool),
-	}, nil
+	}
+	c.tasksDone = sync.NewCond(&c.mu)
+	return c, nil
 }
 
 func isNilPointer(v any) bool {
@@ -116,6 +143,10 @@ func isNilPointer(v any) bool {
 // their Done channels close (with [ErrClosed] as cause) and Redis drops them
 // when their TTL runs out; Release still frees one at once, as before.
 // Close waits for every goroutine the client started, and is idempotent.
+// That includes the clean-up that calls whose context ended left running
+// (withdrawing a ticket, finishing a release): each is bounded by one
+// waiter TTL, plus, for a command already sent to a Redis that does not
+// answer, go-redis's ReadTimeout. Close itself takes no context.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -147,14 +178,24 @@ func (c *Client) Close() error {
 		cancel()
 	}
 	c.wg.Wait()
+	c.mu.Lock()
+	for c.tasks > 0 {
+		c.tasksDone.Wait()
+	}
+	c.mu.Unlock()
 	return nil
 }
 
 // Acquire waits in first-in first-out order for req.Permits permits of the
-// semaphore req.Name and returns the lease that holds them. ctx governs the
-// wait only: when ctx ends first, Acquire leaves the queue (handing on a
-// grant that raced the cancellation) and returns an error for which
-// errors.Is(err, ctx.Err()) holds. A request that can never be granted
+// semaphore req.Name and returns the lease that holds them. When ctx ends
+// first, Acquire returns within 60 ms (it waits up to 30 ms for an answer
+// already on its way, then as long again for its withdrawal), whatever state Redis
+// is in (unreachable, stalled, restarting), with an error for which
+// errors.Is(err, ctx.Err()) holds; leaving the queue (handing on a grant
+// that raced the cancellation) goes on in the background for up to one
+// waiter TTL (see [Client.Close]). A Redis that cannot be reached is
+// reported, as soon as go-redis gives up on it, with an error matching
+// [ErrRedis]. A request that can never be granted
 // (permits above the capacity) fails at once with [ErrInvalidArgument].
 //
 // Most programs use the semaphore package instead.

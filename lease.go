@@ -148,6 +148,14 @@ func (l *Lease) Err() error { return context.Cause(l.ctx) }
 // If Redis cannot be reached, Release returns an error matching [ErrRedis],
 // the lease is no longer renewed (Done closes) and its permits return when
 // its TTL runs out; calling Release again may free them earlier.
+//
+// Release returns by ctx's end whatever state Redis is in. If ctx ends
+// first, it returns an error for which errors.Is(err, ctx.Err()) holds,
+// the lease counts as released (Done closes, with [ErrNotHeld] as cause,
+// and a later Release returns ErrNotHeld), and the release goes on in the
+// background, sent again once if it failed, for up to one waiter TTL (see
+// [Client.Close]); if that fails too, the permits return when the lease's
+// TTL runs out.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -155,7 +163,23 @@ func (l *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("fairlock: release %s: %w", labelOf(l.p.names), ErrNotHeld)
 	}
 	l.stopRenewal()
-	cmd, ackErr := l.c.run(ctx, l.c.scripts.release, l.p.keys, l.p.releaseArgs("release", l.ticket, l.c, l.pending, l.tokens)...)
+	args := l.p.releaseArgs("release", l.ticket, l.c, l.pending, l.tokens)
+	o, ok := l.c.call(ctx, l.c.runner(l.c.scripts.release, l.p.keys, args), func(o outcome) {
+		if o.cmd.Err() != nil {
+			// The release may not have reached Redis: send it again.
+			l.c.cleanUp(ctx, args, l.p)
+			return
+		}
+		_, _ = l.c.released(l.p, o.cmd) // hands on work the script left
+	})
+	if !ok {
+		// The release goes on in the background; the lease counts as
+		// released.
+		l.released = true
+		l.finish(ErrNotHeld)
+		return fmt.Errorf("fairlock: release %s: %w", labelOf(l.p.names), ctx.Err())
+	}
+	cmd, ackErr := o.cmd, o.ackErr
 	n, err := l.c.released(l.p, cmd)
 	if err == nil && n == 1 && ackErr != nil {
 		// Released on the master; a failover now could bring the lease
@@ -224,6 +248,12 @@ func (l *Lease) abandon(cause error) {
 // renew extends the lease; it runs on the lease's timer, at a third of the
 // TTL. It counts the TTL from when each renewal was sent, never from its
 // answer, so the holder gives the lease up before Redis can have expired it.
+// It waits for a renewal's answer no later than the lease's deadline (nor
+// after stopRenewal), even from a Redis that does not answer: the lease is
+// then lost at its deadline. A renewal whose answer comes after renew gave
+// up on it is ignored: if it did renew the lease in Redis, the lease
+// expires there a TTL after it was sent, as any lost lease does (it is
+// not released early, in case its holder has not yet seen Done).
 func (l *Lease) renew() {
 	l.rmu.Lock()
 	if l.stopped {
@@ -237,7 +267,8 @@ func (l *Lease) renew() {
 	ttl := l.c.cfg.leaseTTL
 	sent := time.Now()
 	ctx, cancel := context.WithDeadline(l.stopCtx, deadline)
-	cmd, ackErr := l.c.run(ctx, l.c.scripts.release, l.p.keys, l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens)...)
+	o, _ := l.c.call(ctx, l.c.runner(l.c.scripts.release, l.p.keys, l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens)), nil)
+	cmd, ackErr := o.cmd, o.ackErr
 	n, err := l.c.released(l.p, cmd)
 	if err == nil && n == 1 && ackErr != nil {
 		err = ackErr // renewed on the master only: try again

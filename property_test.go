@@ -198,16 +198,28 @@ func (r *recorder) report() string {
 // crash waits for the commands in flight, so none lands after it, as none
 // can from a dead process. (BLPOPs only take wake-ups, and may block.)
 type cut struct {
-	mu   sync.RWMutex
-	down bool
+	mu       sync.Mutex
+	drained  *sync.Cond // signalled when inflight falls to 0
+	down     bool
+	inflight int // commands under way, which crash waits for
 }
 
 var errCut = errors.New("property test: process crashed")
 
+// crash cuts the process off: no command starts after it returns, and
+// every command under way has ended. A command that opens a connection
+// runs nested commands (HELLO) through the hook; they count as under way
+// too, so no lock is held across a command and nothing waits in a cycle.
 func (c *cut) crash() {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.down = true
-	c.mu.Unlock()
+	for c.inflight > 0 {
+		if c.drained == nil {
+			c.drained = sync.NewCond(&c.mu)
+		}
+		c.drained.Wait()
+	}
 }
 
 func (c *cut) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -216,17 +228,28 @@ func (c *cut) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessP
 }
 func (c *cut) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.mu.RLock()
-		down := c.down
-		if cmd.Name() == "blpop" || down {
-			c.mu.RUnlock()
-		} else {
-			defer c.mu.RUnlock()
-		}
-		if down {
+		c.mu.Lock()
+		if c.down {
+			c.mu.Unlock()
 			cmd.SetErr(errCut)
 			return errCut
 		}
+		if cmd.Name() == "blpop" {
+			// A blocked read may outlast the crash; its wake-up, if
+			// any, goes unheard as a dead process's would.
+			c.mu.Unlock()
+			return next(ctx, cmd)
+		}
+		c.inflight++
+		c.mu.Unlock()
+		defer func() {
+			c.mu.Lock()
+			c.inflight--
+			if c.inflight == 0 && c.drained != nil {
+				c.drained.Broadcast()
+			}
+			c.mu.Unlock()
+		}()
 		return next(ctx, cmd)
 	}
 }

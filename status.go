@@ -47,14 +47,21 @@ type Waiter struct {
 // waiters whose process stopped refreshing, even where Redis has not yet
 // dropped them. It lists at most [StatusMax] holders (the first to expire)
 // and the first StatusMax waiters in queue order, so that its cost to Redis
-// is bounded however long the queue; Held and Queued count them all. A
-// Redis that cannot be reached gives an error matching [ErrRedis].
+// is bounded however long the queue; Held and Queued count them all.
+//
+// Status returns by ctx's end whatever state Redis is in, with an error
+// for which errors.Is(err, ctx.Err()) holds; it reports a Redis that
+// cannot be reached with an error matching [ErrRedis] as soon as go-redis
+// gives up on it.
 func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	k, err := c.keys(name)
 	if err != nil {
 		return Status{}, err
 	}
-	res, err := c.scripts.acquire.Run(ctx, c.rdb, k.list(), "status").Slice()
+	o, _ := c.call(ctx, func(ctx context.Context) outcome {
+		return outcome{cmd: c.scripts.acquire.Run(ctx, c.rdb, k.list(), "status")}
+	}, nil)
+	res, err := o.cmd.Slice()
 	if err != nil {
 		return Status{}, fail(ctx, "status", []string{name}, err)
 	}

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -207,6 +208,21 @@ func (s *Server) kill() {
 // Kill kills the server (SIGKILL) and keeps its port and directory, so
 // Restart can bring it back where it was.
 func (s *Server) Kill() { s.kill() }
+
+// Pause stops the server's process (SIGSTOP): it keeps its port and its
+// connections, and the kernel still accepts new ones, but it answers
+// nothing until Resume.
+func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) error {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return fmt.Errorf("redis-server on %s is not running", s.Addr)
+	}
+	return s.cmd.Process.Signal(sig)
+}
 
 // Restart starts the server again on the same port, after Kill.
 func (s *Server) Restart() error { return s.start() }
