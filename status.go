@@ -38,13 +38,13 @@ type Holder struct {
 	Permits   int64         `json:"permits"`
 	Token     int64         `json:"token"`
 	ExpiresIn time.Duration `json:"expires_in_ns"` // by Redis's clock; renewed while held
-	// HeldFor is the lease's age by Redis's clock, read from its token
+	// HeldFor is the lease's age by Redis's clock, derived from its token
 	// (Redis's clock in microseconds at the grant, raised by one where
-	// grants came faster): an approximation bounded below by 0 that never
-	// exceeds the true age by more than Time's millisecond resolution, and
-	// falls short of it by the microseconds the token was raised. After
-	// Redis's clock stepped back (a failover to a server behind), it reads
-	// low, at worst 0.
+	// grants came faster) and Time. It is an approximation bounded below
+	// by 0 that does not exceed the true age: it falls short of it by under
+	// a millisecond (Time's resolution) plus the microseconds the token was
+	// raised. After Redis's clock stepped back (a failover to a server
+	// behind), it reads low, at worst 0. Renewals do not reset it.
 	HeldFor time.Duration `json:"held_for_ns"`
 }
 
