@@ -24,6 +24,7 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (lease 
 	}
 	var queued time.Time // when the request first joined a queue
 	if c.cfg.observer != nil {
+		p.id = eventIDs.Add(1)
 		defer func() { c.observeAcquire(p, queued, lease, err) }()
 	}
 	wrap := func(err error) error { return fmt.Errorf("fairlock: %s %s: %w", op, labelOf(p.names), err) }
@@ -113,7 +114,7 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (lease 
 		}
 		if queued.IsZero() {
 			queued = sent
-			c.observe(Event{Kind: WaitStarted, Names: p.names, Permits: p.permits()})
+			c.observe(Event{Kind: WaitStarted, Names: p.names, Permits: p.permits(), ID: p.id})
 		}
 		c.listen(r, w, time.Duration(next)*time.Millisecond, clockSample{sent: sent, redis: now})
 		select {
@@ -171,9 +172,9 @@ func (c *Client) observeAcquire(p plan, queued time.Time, lease *Lease, err erro
 	}
 	switch {
 	case lease != nil:
-		c.observe(Event{Kind: Granted, Names: p.names, Permits: p.permits(), Wait: wait})
+		c.observe(Event{Kind: Granted, Names: p.names, Permits: p.permits(), Wait: wait, ID: p.id})
 	case !queued.IsZero():
-		c.observe(Event{Kind: WaitAbandoned, Names: p.names, Permits: p.permits(), Wait: wait, Err: err})
+		c.observe(Event{Kind: WaitAbandoned, Names: p.names, Permits: p.permits(), Wait: wait, Err: err, ID: p.id})
 	}
 }
 

@@ -189,8 +189,9 @@ func (l *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("fairlock: release %s: %w", labelOf(l.p.names), ackErr)
 	}
 	if err != nil {
-		l.finish(fmt.Errorf("%w: release failed, the lease is no longer renewed", ErrLeaseLost))
-		return fail(ctx, "release", l.p.names, err)
+		err = fail(ctx, "release", l.p.names, err)
+		l.finish(fmt.Errorf("%w: release failed, the lease is no longer renewed: %w", ErrLeaseLost, err))
+		return err
 	}
 	l.released = true
 	if n != 1 {
@@ -225,9 +226,9 @@ func (l *Lease) finish(cause error) {
 	// Reported before Done closes, so whoever waits on Done sees it said.
 	held := time.Since(l.granted)
 	if errors.Is(cause, ErrNotHeld) {
-		l.c.observe(Event{Kind: LeaseReleased, Names: l.p.names, Permits: l.p.permits(), Held: held})
+		l.c.observe(Event{Kind: LeaseReleased, Names: l.p.names, Permits: l.p.permits(), Held: held, ID: l.p.id})
 	} else {
-		l.c.observe(Event{Kind: LeaseLost, Names: l.p.names, Permits: l.p.permits(), Held: held, Err: cause})
+		l.c.observe(Event{Kind: LeaseLost, Names: l.p.names, Permits: l.p.permits(), Held: held, Err: cause, ID: l.p.id})
 		if !errors.Is(cause, ErrClosed) {
 			l.c.logf(slog.LevelWarn, "fairlock: lease lost", l.p.names, strconv.FormatInt(l.tokens[0], 10),
 				slog.Duration("held", held), slog.Any("cause", cause))
@@ -284,7 +285,7 @@ func (l *Lease) renew() {
 	case err == nil && n == 1:
 		l.deadline, l.pending = sent.Add(ttl), false
 		l.timer.Reset(ttl / 3)
-		l.c.observe(Event{Kind: LeaseRenewed, Names: l.p.names, Permits: l.p.permits(), Held: time.Since(l.granted)})
+		l.c.observe(Event{Kind: LeaseRenewed, Names: l.p.names, Permits: l.p.permits(), Held: time.Since(l.granted), ID: l.p.id})
 	case err == nil:
 		lost = fmt.Errorf("fairlock: renew %s: %w: expired", labelOf(l.p.names), ErrLeaseLost)
 	case !time.Now().Before(deadline):

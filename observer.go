@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 )
 
@@ -54,6 +55,11 @@ type Event struct {
 	Held time.Duration
 	// Err says why a wait or a lease ended (WaitAbandoned, LeaseLost).
 	Err error
+	// ID tells one acquisition's events from another's, concurrent ones on
+	// the same semaphores included: it is set once per call of Acquire or
+	// TryAcquire, unique in this process (never 0), and carried by the
+	// events of the lease that call returned.
+	ID uint64
 }
 
 // An Observer receives a [Client]'s events, for metrics and tracing (see
@@ -80,6 +86,10 @@ func WithObserver(o Observer) Option {
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger = l }
 }
+
+// eventIDs hands out Event.ID, process-wide so that clients sharing an
+// observer never repeat one.
+var eventIDs atomic.Uint64
 
 // observe reports an event, if the client has an observer.
 func (c *Client) observe(e Event) {

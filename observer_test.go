@@ -199,3 +199,69 @@ type writerFunc func([]byte) (int, error)
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 func strconvI(v int64) string { return strconv.FormatInt(v, 10) }
+
+// Each acquisition's events carry one ID of their own, distinct from a
+// concurrent wait's on the same semaphore, and its lease's events carry it
+// too, so an observer can pair starts with ends.
+func TestObserverEventIDs(t *testing.T) {
+	b := redistest.Mini(t)
+	ctx := context.Background()
+	rec := &eventLog{}
+	c, err := New(b.Client(t), WithPrefix(redistest.Prefix(t)), WithObserver(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req := Request{Name: "ids", Capacity: 1, Permits: 1}
+	held, err := c.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 3
+	got := make(chan *Lease, n)
+	for range n {
+		go func() {
+			l, err := c.Acquire(ctx, req)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- l
+		}()
+	}
+	waitFor(t, func() bool {
+		return len(slices.DeleteFunc(kinds(rec.snapshot()), func(k EventKind) bool { return k != WaitStarted })) == n
+	})
+	_ = held.Release(ctx)
+	for range n {
+		l := <-got
+		if l != nil {
+			_ = l.Release(ctx)
+		}
+	}
+	// Per ID: the kinds in order, renewals left out.
+	byID := map[uint64][]EventKind{}
+	for _, e := range rec.take() {
+		if e.ID == 0 {
+			t.Fatalf("event without an ID: %+v", e)
+		}
+		if e.Kind != LeaseRenewed {
+			byID[e.ID] = append(byID[e.ID], e.Kind)
+		}
+	}
+	if len(byID) != n+1 {
+		t.Fatalf("%d IDs for %d acquisitions: %v", len(byID), n+1, byID)
+	}
+	waited := 0
+	for id, ks := range byID {
+		switch {
+		case slices.Equal(ks, []EventKind{Granted, LeaseReleased}):
+		case slices.Equal(ks, []EventKind{WaitStarted, Granted, LeaseReleased}):
+			waited++
+		default:
+			t.Fatalf("ID %d: events %v", id, ks)
+		}
+	}
+	if waited != n {
+		t.Fatalf("%d of %d waits paired by ID: %v", waited, n, byID)
+	}
+}

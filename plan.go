@@ -26,6 +26,7 @@ type plan struct {
 	keys  []string
 	group string // "" for one semaphore
 	names []string
+	id    uint64 // Event.ID of this acquisition, when observed
 }
 
 // plan validates reqs and orders them. Each semaphore may appear once. On a

@@ -21,6 +21,11 @@ type Status struct {
 	// listed in Holders and Waiters.
 	Queued int64 `json:"queued"`
 	Held   int64 `json:"held"`
+	// Time is Redis's clock when the snapshot was read, in milliseconds.
+	Time time.Time `json:"time"`
+	// OldestWait is how long the first waiter in the queue has waited, by
+	// Redis's clock (Time less its Since); 0 with no waiter.
+	OldestWait time.Duration `json:"oldest_wait_ns"`
 }
 
 // StatusMax is the most holders, and the most waiters, one [Status] lists:
@@ -33,6 +38,14 @@ type Holder struct {
 	Permits   int64         `json:"permits"`
 	Token     int64         `json:"token"`
 	ExpiresIn time.Duration `json:"expires_in_ns"` // by Redis's clock; renewed while held
+	// HeldFor is the lease's age by Redis's clock, derived from its token
+	// (Redis's clock in microseconds at the grant, raised by one where
+	// grants came faster) and Time. It is an approximation bounded below
+	// by 0 that does not exceed the true age: it falls short of it by under
+	// a millisecond (Time's resolution) plus the microseconds the token was
+	// raised. After Redis's clock stepped back (a failover to a server
+	// behind), it reads low, at worst 0. Renewals do not reset it.
+	HeldFor time.Duration `json:"held_for_ns"`
 }
 
 // Waiter is a queued request in a [Status].
@@ -90,7 +103,8 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 		tok, _ := strconv.ParseInt(f[3], 10, 64)
 		st.InUse += n
 		st.Holders = append(st.Holders, Holder{Owner: owner(f[2]), Permits: n, Token: tok,
-			ExpiresIn: time.Duration(int64(at)-now) * time.Millisecond})
+			ExpiresIn: time.Duration(int64(at)-now) * time.Millisecond,
+			HeldFor:   max(time.Duration(now*1000-tok)*time.Microsecond, 0)})
 	}
 	ws, _ := res[3].([]any)
 	for i := 0; i+1 < len(ws); i += 2 {
@@ -107,6 +121,10 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	}
 	if len(st.Holders)+len(st.Waiters) == 0 {
 		st.Capacity = 0
+	}
+	st.Time = time.UnixMilli(now).UTC()
+	if len(st.Waiters) > 0 {
+		st.OldestWait = max(st.Time.Sub(st.Waiters[0].Since), 0)
 	}
 	st.Held, st.Queued = max(st.Held, int64(len(st.Holders))), max(st.Queued, int64(len(st.Waiters)))
 	return st, nil

@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -46,8 +47,13 @@ lease's fencing token, keeps the lease alive while COMMAND runs, forwards
 SIGINT, SIGTERM, SIGHUP and SIGQUIT to it, releases when it exits, and exits
 with its status. It prints nothing but COMMAND's own output.
 
-status shows who holds NAME (owner, permits, token, time left) and who waits
-(position, owner, permits, waiting for).
+status shows who holds NAME (owner, permits, token, held for, time left),
+how many wait and for how long the oldest has, and who waits (position,
+owner, permits, waiting since).
+
+On a failure fairlock prints one line to stderr; -v also logs fairlock's
+diagnostics there (lost leases, failing renewals, go-redis's connection
+errors).
 
 Redis is -redis URL, else $FAIRLOCK_REDIS_URL, else $REDIS_URL, else
 redis://127.0.0.1:6379 (rediss:// for TLS; redis://user:password@host for ACL).
@@ -90,13 +96,42 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 // common holds the flags both commands take.
 type common struct {
-	url    string
-	prefix string
+	url     string
+	prefix  string
+	verbose bool
+	stderr  io.Writer
 }
 
-func (c *common) register(fs *flag.FlagSet) {
+func (c *common) register(fs *flag.FlagSet, stderr io.Writer) {
+	c.stderr = stderr
 	fs.StringVar(&c.url, "redis", "", "Redis URL (default $FAIRLOCK_REDIS_URL, $REDIS_URL, redis://127.0.0.1:6379)")
 	fs.StringVar(&c.prefix, "prefix", fairlock.DefaultPrefix, "key prefix shared by every user of the lock")
+	fs.BoolVar(&c.verbose, "v", false, "log fairlock's diagnostics (and go-redis's) to stderr")
+}
+
+// redisLog receives go-redis's internal logs (pool dial failures and the
+// like): dropped, or with -v logged at Debug. Without it go-redis prints
+// them to stderr, once per retry, besides fairlock's own one line.
+type redisLog struct{ l *slog.Logger }
+
+func (r redisLog) Printf(ctx context.Context, format string, v ...any) {
+	if r.l != nil {
+		r.l.Log(ctx, slog.LevelDebug, strings.TrimSpace(fmt.Sprintf(format, v...)), slog.String("source", "go-redis"))
+	}
+}
+
+// logger returns the -v logger, or nil.
+func (c *common) logger() *slog.Logger {
+	if !c.verbose {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// errLine renders err as fairlock's one line about it: "fairlock: " once,
+// though the error's layers each start with it.
+func errLine(err error) string {
+	return "fairlock: " + strings.ReplaceAll(err.Error(), "fairlock: ", "")
 }
 
 // connect opens Redis and a fairlock client labelled with this host and pid.
@@ -113,6 +148,11 @@ func (c *common) connect(opts ...fairlock.Option) (*redis.Client, *fairlock.Clie
 	o, err := redis.ParseURL(url)
 	if err != nil {
 		return nil, nil, fmt.Errorf("bad Redis URL: %w", err)
+	}
+	log := c.logger()
+	redis.SetLogger(redisLog{log})
+	if log != nil {
+		opts = append(opts, fairlock.WithLogger(log))
 	}
 	rdb := redis.NewClient(o)
 	host, _ := os.Hostname()
@@ -144,7 +184,7 @@ func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
 func runCmd(args []string, stderr io.Writer) int {
 	fs := newFlagSet("run", stderr)
 	var c common
-	c.register(fs)
+	c.register(fs, stderr)
 	capacity := fs.Int64("capacity", 1, "how many permits NAME has; 1 makes it a mutex")
 	permits := fs.Int64("permits", 1, "how many permits COMMAND takes")
 	wait := fs.Duration("w", 0, "give up waiting after this long (exit 75); 0 waits forever")
@@ -163,14 +203,14 @@ func runCmd(args []string, stderr io.Writer) int {
 
 	rdb, fc, err := c.connect(fairlock.WithLeaseTTL(*ttl))
 	if err != nil {
-		fmt.Fprintf(stderr, "fairlock: %v\n", err)
+		fmt.Fprintln(stderr, errLine(err))
 		return exitUsage
 	}
 	defer rdb.Close()
 	defer fc.Close()
 	req := fairlock.Request{Name: name, Capacity: *capacity, Permits: *permits}
 	if err := fc.Validate(req); err != nil {
-		fmt.Fprintf(stderr, "fairlock: %v\n", err)
+		fmt.Fprintln(stderr, errLine(err))
 		return exitUsage
 	}
 
@@ -210,7 +250,7 @@ func runCmd(args []string, stderr io.Writer) int {
 	case errors.Is(err, context.Canceled) && interrupted != nil:
 		return 128 + int(interrupted.(syscall.Signal))
 	default:
-		fmt.Fprintf(stderr, "fairlock: %v\n", err)
+		fmt.Fprintln(stderr, errLine(err))
 		return exitError
 	}
 
@@ -219,10 +259,10 @@ func runCmd(args []string, stderr io.Writer) int {
 	defer rcancel()
 	if err := lease.Release(rctx); err != nil && status != exitLeaseLost {
 		if errors.Is(err, fairlock.ErrLeaseLost) {
-			fmt.Fprintf(stderr, "fairlock: %v\n", err)
+			fmt.Fprintln(stderr, errLine(err))
 			return exitLeaseLost
 		}
-		fmt.Fprintf(stderr, "fairlock: %v\n", err)
+		fmt.Fprintln(stderr, errLine(err))
 	}
 	return status
 }
@@ -235,7 +275,7 @@ func runUnder(lease *fairlock.Lease, command []string, sigs <-chan os.Signal, gr
 		fmt.Sprintf("FAIRLOCK_TOKEN=%d", lease.Token()),
 		"FAIRLOCK_NAME="+lease.Name())
 	if err := cmd.Start(); err != nil {
-		fmt.Fprintf(stderr, "fairlock: %v\n", err)
+		fmt.Fprintln(stderr, errLine(err))
 		return exitNoCommand
 	}
 	exited := make(chan error, 1)
@@ -257,7 +297,7 @@ func runUnder(lease *fairlock.Lease, command []string, sigs <-chan os.Signal, gr
 				continue
 			}
 			lost = true
-			fmt.Fprintf(stderr, "fairlock: %v; stopping %s\n", lease.Err(), command[0])
+			fmt.Fprintf(stderr, "%s; stopping %s\n", errLine(lease.Err()), command[0])
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 			kill = time.After(grace)
 		case <-kill:
@@ -282,7 +322,7 @@ func exitStatus(cmd *exec.Cmd, err error) int {
 func statusCmd(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("status", stderr)
 	var c common
-	c.register(fs)
+	c.register(fs, stderr)
 	asJSON := fs.Bool("json", false, "print JSON: one object per NAME, in an array")
 	watch := fs.Duration("watch", 0, "refresh at this interval until interrupted (0: print once)")
 	if err := fs.Parse(args); err != nil {
@@ -295,7 +335,7 @@ func statusCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	rdb, fc, err := c.connect()
 	if err != nil {
-		fmt.Fprintf(stderr, "fairlock: %v\n", err)
+		fmt.Fprintln(stderr, errLine(err))
 		return exitUsage
 	}
 	defer rdb.Close()
@@ -310,7 +350,7 @@ func statusCmd(args []string, stdout, stderr io.Writer) int {
 				if ctx.Err() != nil {
 					return 0
 				}
-				fmt.Fprintf(stderr, "fairlock: %v\n", err)
+				fmt.Fprintln(stderr, errLine(err))
 				return exitError
 			}
 			all = append(all, st)
@@ -321,7 +361,7 @@ func statusCmd(args []string, stdout, stderr io.Writer) int {
 		if *asJSON {
 			enc := json.NewEncoder(stdout)
 			if err := enc.Encode(all); err != nil {
-				fmt.Fprintf(stderr, "fairlock: %v\n", err)
+				fmt.Fprintln(stderr, errLine(err))
 				return exitError
 			}
 		} else {
@@ -348,11 +388,15 @@ func printTable(w io.Writer, all []fairlock.Status) {
 			fmt.Fprintf(tw, "%s: idle\n", st.Name)
 			continue
 		}
-		fmt.Fprintf(tw, "%s: %d of %d permits held, %d waiting\n", st.Name, st.InUse, st.Capacity, len(st.Waiters))
+		fmt.Fprintf(tw, "%s: %d of %d permits held, %d waiting", st.Name, st.InUse, st.Capacity, st.Queued)
+		if st.Queued > 0 {
+			fmt.Fprintf(tw, ", the oldest for %v", st.OldestWait.Round(time.Millisecond))
+		}
+		fmt.Fprintln(tw)
 		if len(st.Holders) > 0 {
-			fmt.Fprintln(tw, "  HOLDER\tPERMITS\tTOKEN\tEXPIRES IN\t")
+			fmt.Fprintln(tw, "  HOLDER\tPERMITS\tTOKEN\tHELD FOR\tEXPIRES IN\t")
 			for _, h := range st.Holders {
-				fmt.Fprintf(tw, "  %s\t%d\t%d\t%v\t\n", h.Owner, h.Permits, h.Token, h.ExpiresIn)
+				fmt.Fprintf(tw, "  %s\t%d\t%d\t%v\t%v\t\n", h.Owner, h.Permits, h.Token, h.HeldFor.Round(time.Millisecond), h.ExpiresIn)
 			}
 		}
 		if len(st.Waiters) > 0 {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -231,6 +232,7 @@ func TestRunLeaseLost(t *testing.T) {
 func TestStatusMatchesLibrary(t *testing.T) {
 	c := newCLI(t)
 	ctx := context.Background()
+	before := time.Now()
 	held, err := c.lib.Acquire(ctx, fairlock.Request{Name: "st", Capacity: 3, Permits: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -265,6 +267,15 @@ func TestStatusMatchesLibrary(t *testing.T) {
 	if g.Waiters[0] != want.Waiters[0] || g.Waiters[0].Owner != "waiter" {
 		t.Fatalf("waiter %+v, library %+v", g.Waiters[0], want.Waiters[0])
 	}
+	// The ages, by Redis's clock (the same host's): the holder's and the
+	// oldest waiter's, each no older than this test's wait began.
+	if h := g.Holders[0].HeldFor; h <= 0 || h > time.Since(before)+time.Millisecond {
+		t.Fatalf("holder held for %v, acquired %v ago", h, time.Since(before))
+	}
+	if g.Queued != 1 || g.OldestWait <= 0 || g.OldestWait > g.Holders[0].HeldFor+time.Millisecond || g.Time.IsZero() {
+		t.Fatalf("queued %d, oldest wait %v (holder's %v), time %v", g.Queued, g.OldestWait, g.Holders[0].HeldFor, g.Time)
+	}
+	t.Logf("status -json: held for %v, oldest wait %v", g.Holders[0].HeldFor, g.OldestWait)
 
 	out.Reset()
 	cmd = c.cmd("status", "st")
@@ -272,9 +283,100 @@ func TestStatusMatchesLibrary(t *testing.T) {
 	if got := exit(t, cmd); got != 0 {
 		t.Fatalf("status exited %d", got)
 	}
-	for _, s := range []string{"st: 2 of 3 permits held, 1 waiting", "HOLDER", "lib", "WAITER", "waiter"} {
+	for _, s := range []string{"st: 2 of 3 permits held, 1 waiting, the oldest for ", "HOLDER", "HELD FOR", "lib", "WAITER", "waiter"} {
 		if !strings.Contains(out.String(), s) {
 			t.Fatalf("status table lacks %q:\n%s", s, out.String())
 		}
 	}
+}
+
+// With Redis down, each command prints one line of its own to stderr, and
+// none of go-redis's pool logs; -v shows those as fairlock's debug logs.
+func TestRedisDownOneLine(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := "redis://" + ln.Addr().String()
+	ln.Close() // nothing listens there now
+	for _, args := range [][]string{
+		{"status", "-redis", down, "x"},
+		{"run", "-redis", down, "x", "--", "true"},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			t.Parallel()
+			redisDown(t, args)
+		})
+	}
+}
+
+// redisDown runs args (a command and its flags, Redis down) without and
+// with -v.
+func redisDown(t *testing.T, args []string) {
+	{
+		var stderr bytes.Buffer
+		cmd := exec.Command(bin, args...)
+		cmd.Stderr = &stderr
+		if got := exit(t, cmd); got != exitError {
+			t.Fatalf("%s with Redis down exited %d, want %d", args[0], got, exitError)
+		}
+		lines := strings.Split(strings.TrimRight(stderr.String(), "\n"), "\n")
+		if len(lines) != 1 || !strings.HasPrefix(lines[0], "fairlock: ") || strings.Count(lines[0], "fairlock: ") != 1 || strings.Contains(lines[0], "pool") {
+			t.Fatalf("%s with Redis down printed %d lines, want one of fairlock's own:\n%s", args[0], len(lines), stderr.String())
+		}
+		t.Logf("%s: %s", args[0], lines[0])
+
+		stderr.Reset()
+		cmd = exec.Command(bin, append([]string{args[0], "-v"}, args[1:]...)...)
+		cmd.Stderr = &stderr
+		if got := exit(t, cmd); got != exitError {
+			t.Fatalf("%s -v with Redis down exited %d", args[0], got)
+		}
+		out := stderr.String()
+		if !strings.Contains(out, "level=DEBUG") || !strings.Contains(out, "source=go-redis") || !strings.HasSuffix(out, lines[0]+"\n") {
+			t.Fatalf("%s -v with Redis down printed:\n%s", args[0], out)
+		}
+	}
+}
+
+// -v shows fairlock's own logs: a lost lease, at Warn.
+func TestVerboseLostLease(t *testing.T) {
+	c := newCLI(t)
+	var stderr bytes.Buffer
+	cmd := c.cmd("run", "-v", "-ttl", "300ms", "-grace", "1s", "vlost", "--", "sleep", "30")
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("the run to hold", func() bool { return len(c.status("vlost").Holders) == 1 })
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	next, err := c.lib.Acquire(ctx, fairlock.Request{Name: "vlost", Capacity: 1, Permits: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Release(context.Background())
+	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if got := exitOf(cmd.Wait()); got != exitLeaseLost {
+		t.Fatalf("exit %d, want %d; stderr:\n%s", got, exitLeaseLost, stderr.String())
+	}
+	if out := stderr.String(); !strings.Contains(out, "level=WARN") || !strings.Contains(out, "lease lost") || !strings.Contains(out, "semaphores=[vlost]") {
+		t.Fatalf("-v stderr lacks the lost lease's log:\n%s", out)
+	}
+}
+
+func exitOf(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
 }
