@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock"
@@ -35,4 +39,85 @@ func ExampleClient_Acquire() {
 	// Output:
 	// reports 2 true
 	// <nil> fairlock: lease not held
+}
+
+// countingObserver counts a client's events by kind.
+type countingObserver struct {
+	mu sync.Mutex
+	n  map[fairlock.EventKind]int
+}
+
+func (o *countingObserver) Observe(e fairlock.Event) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.n[e.Kind]++
+}
+
+// An Observer sees every wait and lease; fairlockotel turns these events
+// into OpenTelemetry metrics and spans.
+func ExampleWithObserver() {
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+
+	obs := &countingObserver{n: map[fairlock.EventKind]int{}}
+	c, err := fairlock.New(rdb, fairlock.WithObserver(obs))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	for range 3 {
+		lease, err := c.Acquire(ctx, fairlock.Request{Name: "jobs", Capacity: 1, Permits: 1})
+		if err != nil {
+			log.Fatal(err)
+		}
+		_ = lease.Release(ctx)
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	fmt.Println(fairlock.Granted, obs.n[fairlock.Granted], fairlock.LeaseReleased, obs.n[fairlock.LeaseReleased])
+	// Output:
+	// granted 3 lease_released 3
+}
+
+// WithLogger reports what return values cannot: here, a lease that Redis
+// expired before its holder renewed it.
+func ExampleWithLogger() {
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+
+	// A handler that prints the level, the message and the semaphores.
+	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			switch a.Key {
+			case slog.LevelKey, slog.MessageKey, "semaphores":
+				return a
+			}
+			return slog.Attr{}
+		},
+	}))
+	c, err := fairlock.New(rdb, fairlock.WithLogger(logger), fairlock.WithLeaseTTL(300*time.Millisecond))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	lease, err := c.Acquire(ctx, fairlock.Request{Name: "nightly", Capacity: 1, Permits: 1})
+	if err != nil {
+		log.Fatal(err)
+	}
+	mr.SetTime(time.Now().Add(time.Hour)) // Redis's clock jumps past the lease
+	<-lease.Done()
+	// Output:
+	// level=WARN msg="fairlock: lease lost" semaphores=[nightly]
 }
