@@ -30,6 +30,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/internal/listenhook"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/scripthook"
 	"github.com/redis/go-redis/v9"
@@ -289,6 +290,7 @@ type machine struct {
 	byCID   map[string]*actor
 	clients []*Client
 	calls   sync.WaitGroup // Acquire calls running in goroutines
+	unhook  []func()       // forget the hooks of the processes' blocking clients
 }
 
 func (m *machine) nowMs() int64 { return m.now.UnixMilli() }
@@ -326,6 +328,9 @@ func runMachine(rt *rapid.T, b *redistest.Backend, frozen bool, wait time.Durati
 		for _, a := range m.actors {
 			a.rdb.Close()
 		}
+		for _, f := range m.unhook {
+			f()
+		}
 	}()
 	for i := range rapid.IntRange(1, 2).Draw(rt, "semaphores") {
 		capacity := rapid.Int64Range(1, maxCap).Draw(rt, fmt.Sprintf("capacity%d", i))
@@ -357,7 +362,10 @@ func runMachine(rt *rapid.T, b *redistest.Backend, frozen bool, wait time.Durati
 func (m *machine) newClient(hook redis.Hook) *Client {
 	rdb := redis.NewClient(&redis.Options{Addr: m.b.Addr})
 	if hook != nil {
+		// The hook reaches the client's BLPOPs too, which run on a
+		// go-redis client of their own.
 		rdb.AddHook(hook)
+		m.unhook = append(m.unhook, listenhook.Add(rdb, hook))
 	}
 	ttl, wttl := pLease, pWaiter
 	if !m.frozen {
