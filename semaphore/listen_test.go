@@ -2,8 +2,10 @@ package semaphore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -142,5 +144,77 @@ func TestWaitingDoesNotStarveRenewals(t *testing.T) {
 		for _, l := range leases {
 			e.Release(l)
 		}
+	})
+}
+
+// blpops is a go-redis hook that counts BLPOPs in flight and those that
+// timed out.
+type blpops struct {
+	inFlight, timedOut atomic.Int64
+}
+
+func (h *blpops) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *blpops) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *blpops) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() != "blpop" {
+			return next(ctx, cmd)
+		}
+		h.inFlight.Add(1)
+		err := next(ctx, cmd)
+		h.inFlight.Add(-1)
+		if errors.Is(err, redis.Nil) {
+			h.timedOut.Add(1)
+		}
+		return err
+	}
+}
+
+// Semantics 3: a process that already blocks on one semaphore's wake list
+// and starts waiting on another hears the new one's grant at once, not
+// after its blocking read times out: the read is nudged when its keys
+// change. Waiter TTLs of an hour leave the wake-up as the only way the
+// grant can arrive.
+func TestNewWaitJoinsBlockedRead(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		holder := e.Client(fairlock.WithLeaseTTL(time.Hour))
+		la, err := e.sem(holder, "a", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lb, err := e.sem(holder, "b", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := &blpops{}
+		rdb := b.Client(t)
+		redistest.AddHook(t, rdb, h)
+		c := e.ClientOn(rdb, fairlock.WithWaiterTTL(time.Hour))
+		wa := acquireAsync(ctx, e.sem(c, "a", 1), 1)
+		e.waitQueued("a", 1)
+		e.WaitFor("a blocking read", func() bool { return h.inFlight.Load() > 0 })
+		before := h.timedOut.Load()
+
+		wb := acquireAsync(ctx, e.sem(c, "b", 1), 1)
+		e.waitQueued("b", 1)
+		e.Release(lb)
+		r := e.receive(wb)
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if n := h.timedOut.Load() - before; n != 0 {
+			t.Fatalf("the grant of b was heard after %d blocking reads timed out; a new wait must join the blocked read at once", n)
+		}
+		e.Release(r.lease)
+		e.Release(la)
+		r = e.receive(wa)
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		e.Release(r.lease)
 	})
 }
