@@ -147,10 +147,10 @@ func TestWaitingDoesNotStarveRenewals(t *testing.T) {
 	})
 }
 
-// blpops is a go-redis hook that counts BLPOPs in flight and those that
-// timed out.
+// blpops is a go-redis hook that counts BLPOPs: all, in flight, and timed
+// out.
 type blpops struct {
-	inFlight, timedOut atomic.Int64
+	seen, inFlight, timedOut atomic.Int64
 }
 
 func (h *blpops) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -162,6 +162,7 @@ func (h *blpops) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if cmd.Name() != "blpop" {
 			return next(ctx, cmd)
 		}
+		h.seen.Add(1)
 		h.inFlight.Add(1)
 		err := next(ctx, cmd)
 		h.inFlight.Add(-1)
@@ -216,5 +217,58 @@ func TestNewWaitJoinsBlockedRead(t *testing.T) {
 			t.Fatal(r.err)
 		}
 		e.Release(r.lease)
+	})
+}
+
+// Semantics 3: a process's blocking reads never run on the go-redis client
+// it gave fairlock, and one read covers many semaphores: waiting on 100
+// semaphores on one node takes one blocking connection, outside the
+// caller's pool.
+func TestBlockingReadsOffTheCallersPool(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		const n = 100
+		e := newEnv(t, b)
+		ctx := context.Background()
+		holder := e.Client(fairlock.WithLeaseTTL(time.Hour))
+		var held []*fairlock.Lease
+		for i := range n {
+			l, err := e.sem(holder, fmt.Sprintf("s%d", i), 1).Acquire(ctx, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, l)
+		}
+		caller, all := &blpops{}, newCounter()
+		rdb := b.Client(t)
+		rdb.AddHook(caller)            // the caller's client only
+		redistest.AddHook(t, rdb, all) // and fairlock's blocking client
+		c := e.ClientOn(rdb)
+		var chs []<-chan result
+		for i := range n {
+			chs = append(chs, acquireAsync(ctx, e.sem(c, fmt.Sprintf("s%d", i), 1), 1))
+		}
+		for i := range n {
+			e.waitQueued(fmt.Sprintf("s%d", i), 1)
+		}
+		for _, l := range held {
+			e.Release(l)
+		}
+		for _, ch := range chs {
+			r := e.receive(ch)
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			e.Release(r.lease)
+		}
+		all.mu.Lock()
+		peak, total := all.peak, all.byName["blpop"]
+		all.mu.Unlock()
+		t.Logf("%s: %d BLPOPs for %d waiters, at most %d at once", b.Name, total, n, peak)
+		if got := caller.seen.Load(); got != 0 {
+			t.Fatalf("%d BLPOPs ran on the caller's client", got)
+		}
+		if peak != 1 {
+			t.Fatalf("%d BLPOPs in flight at once for %d semaphores on one node, want 1", peak, n)
+		}
 	})
 }
