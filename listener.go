@@ -9,6 +9,7 @@ import (
 
 	"github.com/fairlock/fairlock/internal/listenhook"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 const (
@@ -70,7 +71,8 @@ func (c *Client) listenGroup(wakeKey string) string {
 // first use: a go-redis client of the caller's kind made from the caller's
 // options, with a pool of its own, so blocked reads never hold the caller's
 // connections. It carries none of the caller's hooks (tests add theirs
-// through internal/listenhook). Any other RedisClient is used as it is, and
+// through internal/listenhook), push notification processor or
+// maintenance notification settings (off). Any other RedisClient is used as it is, and
 // its blocked reads do hold its connections. c.mu is held.
 func (c *Client) blockingLocked() RedisClient {
 	if c.blk != nil {
@@ -81,6 +83,7 @@ func (c *Client) blockingLocked() RedisClient {
 	case *redis.Client:
 		o := *r.Options()
 		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = listenPoolSize, 0, 0, 0
+		o.MaintNotificationsConfig, o.PushNotificationProcessor = noMaint(), nil
 		b := redis.NewClient(&o)
 		for _, h := range hooks {
 			b.AddHook(h)
@@ -89,6 +92,7 @@ func (c *Client) blockingLocked() RedisClient {
 	case *redis.ClusterClient:
 		o := *r.Options()
 		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = listenPoolSize, 0, 0, 0
+		o.MaintNotificationsConfig, o.PushNotificationProcessor = noMaint(), nil
 		b := redis.NewClusterClient(&o)
 		for _, h := range hooks {
 			b.AddHook(h)
@@ -106,6 +110,14 @@ func (c *Client) blockingLocked() RedisClient {
 		c.blk = c.rdb
 	}
 	return c.blk
+}
+
+// noMaint turns go-redis's maintenance notifications off for the blocking
+// client. The caller's client may rewrite its own setting while it
+// connects (so copying it would race), and a blocked read has nothing to
+// learn from them: a connection that breaks is dialed again.
+func noMaint() *maintnotifications.Config {
+	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 }
 
 // attachLocked gives the running room r to a listener of its group,
