@@ -205,7 +205,10 @@ func (c *cut) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		c.mu.RLock()
 		down := c.down
-		if cmd.Name() == "blpop" || down {
+		// HELLO runs inside a command that dials a new connection, under
+		// its read lock already: a second RLock with crash waiting for the
+		// lock would deadlock. (BLPOPs only take wake-ups, and may block.)
+		if name := cmd.Name(); name == "blpop" || name == "hello" || down {
 			c.mu.RUnlock()
 		} else {
 			defer c.mu.RUnlock()
