@@ -203,12 +203,15 @@ func (c *cut) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessP
 }
 func (c *cut) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "hello" {
+			// go-redis sends HELLO through the hooks inside the command
+			// that dials a connection, which holds the read lock already:
+			// a second RLock while crash waits for the lock would deadlock.
+			return next(ctx, cmd)
+		}
 		c.mu.RLock()
 		down := c.down
-		// HELLO runs inside a command that dials a new connection, under
-		// its read lock already: a second RLock with crash waiting for the
-		// lock would deadlock. (BLPOPs only take wake-ups, and may block.)
-		if name := cmd.Name(); name == "blpop" || name == "hello" || down {
+		if cmd.Name() == "blpop" || down {
 			c.mu.RUnlock()
 		} else {
 			defer c.mu.RUnlock()
