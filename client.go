@@ -41,7 +41,23 @@ type Request struct {
 
 // Client grants fair, first-in first-out permits of semaphores stored in
 // Redis. One Client stands for one process in the queues: its waiters on
-// one semaphore share one blocking connection and one liveness refresh.
+// one semaphore share one liveness refresh, and its waiters on all
+// semaphores share a few blocking reads.
+//
+// Connections: scripts (acquire, renew, release, refresh) run on the
+// go-redis client given to [New], one short command at a time. Blocking
+// reads (BLPOP on the wake lists where grants arrive) never do, so waiting
+// on any number of semaphores cannot starve renewals or releases of that
+// client's pool: they run on a second go-redis client of the same kind that
+// the Client builds from the caller's options on its first wait and closes
+// in [Client.Close]. One BLPOP covers up to 512 semaphores: on a single
+// node or Sentinel a Client blocks on one connection per 512 semaphores it
+// waits on; on Cluster on one per hash slot in which it waits (per 512);
+// on a Ring on one per hash tag. That client has its own pool (up to 4,096
+// connections per node, dialed as needed) and none of the caller's hooks.
+// For a RedisClient other than *redis.Client, *redis.ClusterClient and
+// *redis.Ring, blocking reads use the given client itself, one BLPOP per
+// semaphore waited on, each holding one of its connections.
 //
 // A Client is safe for concurrent use. It holds no per-acquisition state;
 // each grant is a [Lease].
@@ -52,11 +68,15 @@ type Client struct {
 	id      string        // identifies this client's wake lists; unguessable
 	done    chan struct{} // closed by Close
 
-	mu      sync.Mutex
-	closed  bool
-	rooms   map[string]*room // by keys.base
-	leases  map[*Lease]struct{}
-	pumping map[string]bool // keys.base of semaphores a background pump serves
+	mu          sync.Mutex
+	closed      bool
+	rooms       map[string]*room // by keys.base
+	leases      map[*Lease]struct{}
+	pumping     map[string]bool        // keys.base of semaphores a background pump serves
+	listeners   map[string][]*listener // by listenGroup
+	listenerSeq uint64                 // names listeners' control lists
+	blk         RedisClient            // where listeners block; see blockingLocked
+	closeBlk    func() error           // closes blk if the Client built it
 
 	wg sync.WaitGroup // goroutines the client starts (renewal timers are
 	// stopped through each lease instead)
@@ -88,7 +108,10 @@ func (c *Client) spawn(f func()) {
 }
 
 // New returns a Client that keeps its semaphores in rdb. It starts no
-// goroutine and sends nothing to Redis until first used. It fails with
+// goroutine, opens no connection and sends nothing to Redis until first
+// used. Its first wait builds a second go-redis client from rdb's options
+// for its blocking reads (see [Client] for the connections it uses); rdb
+// itself stays the caller's to close, after the Client. New fails with
 // [ErrInvalidArgument] for a nil rdb, an invalid option, or
 // [WithReplicaAck] on a client other than a *redis.Client (a
 // *redis.ClusterClient or *redis.Ring is refused).
@@ -118,14 +141,15 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 		sc = newScripts(t)
 	}
 	c := &Client{
-		rdb:     rdb,
-		cfg:     cfg,
-		scripts: sc,
-		id:      id,
-		done:    make(chan struct{}),
-		rooms:   make(map[string]*room),
-		leases:  make(map[*Lease]struct{}),
-		pumping: make(map[string]bool),
+		rdb:       rdb,
+		cfg:       cfg,
+		scripts:   sc,
+		id:        id,
+		done:      make(chan struct{}),
+		rooms:     make(map[string]*room),
+		leases:    make(map[*Lease]struct{}),
+		pumping:   make(map[string]bool),
+		listeners: make(map[string][]*listener),
 	}
 	c.tasksDone = sync.NewCond(&c.mu)
 	return c, nil
@@ -142,11 +166,16 @@ func isNilPointer(v any) bool {
 // Close does not release leases still held. It stops renewing them, so
 // their Done channels close (with [ErrClosed] as cause) and Redis drops them
 // when their TTL runs out; Release still frees one at once, as before.
-// Close waits for every goroutine the client started, and is idempotent.
-// That includes the clean-up that calls whose context ended left running
-// (withdrawing a ticket, finishing a release): each is bounded by one
-// waiter TTL, plus, for a command already sent to a Redis that does not
-// answer, go-redis's ReadTimeout. Close itself takes no context.
+// Close closes the go-redis client it built for its blocking reads, which
+// ends them at once; on another RedisClient it pushes an empty entry to
+// each blocked read's control list instead (if Redis cannot be reached,
+// such a read ends at its one-second timeout). Close waits for every
+// goroutine the client started, and is idempotent. It never closes the
+// client given to [New]. That includes the clean-up that calls whose
+// context ended left running (withdrawing a ticket, finishing a release):
+// each is bounded by one waiter TTL, plus, for a command already sent to a
+// Redis that does not answer, go-redis's ReadTimeout. Close itself takes
+// no context.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -155,12 +184,11 @@ func (c *Client) Close() error {
 	}
 	c.closed = true
 	close(c.done)
-	var listening []*room
-	for _, r := range c.rooms {
-		if r.running {
-			listening = append(listening, r)
-		}
+	var listening []*listener
+	for _, ls := range c.listeners {
+		listening = append(listening, ls...)
 	}
+	closeBlk := c.closeBlk
 	leases := make([]*Lease, 0, len(c.leases))
 	for l := range c.leases {
 		leases = append(leases, l)
@@ -170,12 +198,17 @@ func (c *Client) Close() error {
 	for _, l := range leases {
 		l.abandon(ErrClosed)
 	}
-	// A listener blocked in BLPOP would otherwise stay blocked until its
-	// timeout; a wake-up with no ticket ends it now.
-	for _, r := range listening {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = nudgeScript.Run(ctx, c.rdb, []string{r.wakeKey}, ms(c.cfg.waiterTTL)).Err()
-		cancel()
+	if closeBlk != nil {
+		// Closing its connections ends every BLPOP in flight.
+		_ = closeBlk()
+	} else {
+		// A listener blocked in BLPOP would otherwise stay blocked until
+		// its timeout; an entry on its control list ends it now.
+		for _, l := range listening {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = nudgeScript.Run(ctx, c.rdb, []string{l.ctl}, ms(c.cfg.waiterTTL)).Err()
+			cancel()
+		}
 	}
 	c.wg.Wait()
 	c.mu.Lock()

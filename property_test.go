@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/internal/halfrun"
+	"github.com/fairlock/fairlock/internal/listenhook"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/scripthook"
 	"github.com/redis/go-redis/v9"
@@ -359,6 +360,7 @@ type machine struct {
 	known   map[string]bool // tickets the model has learned
 	clients []*Client
 	calls   sync.WaitGroup // Acquire calls running in goroutines
+	unhook  []func()       // forget the hooks of the processes' blocking clients
 }
 
 func (m *machine) nowMs() int64 { return m.now.UnixMilli() }
@@ -396,6 +398,9 @@ func runMachine(rt *rapid.T, b *redistest.Backend, cfg mconfig) {
 			a.rdb.Close()
 		}
 		cfg.stats.add(m.seen)
+		for _, f := range m.unhook {
+			f()
+		}
 	}()
 	for i := range rapid.IntRange(1, 2).Draw(rt, "semaphores") {
 		capGen := rapid.Int64Range(1, cfg.maxCap)
@@ -451,7 +456,10 @@ func (m *machine) newClient(hook redis.Hook) *Client {
 func (m *machine) newClientTTL(hook redis.Hook, ttl, wttl time.Duration) *Client {
 	rdb := redis.NewClient(&redis.Options{Addr: m.b.Addr})
 	if hook != nil {
+		// The hook reaches the client's BLPOPs too, which run on a
+		// go-redis client of their own.
 		rdb.AddHook(hook)
+		m.unhook = append(m.unhook, listenhook.Add(rdb, hook))
 	}
 	c, err := New(rdb, WithPrefix(m.prefix), WithLeaseTTL(ttl), WithWaiterTTL(wttl))
 	if err != nil {

@@ -2,23 +2,21 @@ package fairlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // listenTimeout is how long one BLPOP blocks. It only bounds how long an
-// idle listener lingers after its last waiter left; wake-ups end the block
-// at once. go-redis rounds shorter timeouts up to a second anyway.
+// idle listener lingers after its last waiter left; wake-ups and nudges end
+// the block at once. go-redis rounds shorter timeouts up to a second anyway.
 const listenTimeout = time.Second
 
 // A room gathers one client's waiters on one semaphore. While it has
-// waiters it runs two goroutines: listen, the one blocking BLPOP connection
-// that receives every grant to them, and maintain, which refreshes their
-// liveness and runs the queue when a lease or a waiter deadline passes.
+// waiters it belongs to one of the client's listeners (listener.go), whose
+// blocking read receives every grant to them, and it runs maintain, which
+// refreshes their liveness and runs the queue when a lease or a waiter
+// deadline passes.
 type room struct {
 	c       *Client
 	k       keys
@@ -26,11 +24,12 @@ type room struct {
 	kick    chan struct{} // wakes maintain to look at due again
 
 	// Guarded by c.mu.
-	waiters map[string]*waiter
-	running bool
-	due     time.Time     // when maintain runs next
-	stop    chan struct{} // closed when the goroutines must end
-	clock   clockSample   // the latest reading of the semaphore's Redis clock
+	waiters   map[string]*waiter
+	running   bool          // maintain runs and a listener hears wakeKey
+	due       time.Time     // when maintain runs next
+	stop      chan struct{} // closed when maintain must end
+	idleSince time.Time     // when its listener first saw it without waiters
+	clock     clockSample   // the latest reading of the semaphore's Redis clock
 }
 
 type waiter struct {
@@ -88,10 +87,11 @@ func (c *Client) unregister(r *room, w *waiter) {
 	}
 }
 
-// listen records that w is queued, makes sure r's goroutines run, and that
-// maintain runs no later than after the given time (the queue's next
-// event, or < 0 for none). clock is the reading of Redis's clock the
-// acquire script reported.
+// listen records that w is queued, makes sure r runs (maintain, and a
+// listener that hears its wake list), and that maintain runs no later than
+// after the given time (the queue's next event, or < 0 for none). A room
+// that starts running may nudge its listener, in the background. clock is
+// the reading of Redis's clock the acquire script reported.
 func (c *Client) listen(r *room, w *waiter, next time.Duration, clock clockSample) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -104,9 +104,12 @@ func (c *Client) listen(r *room, w *waiter, next time.Duration, clock clockSampl
 		r.running = true
 		r.stop = make(chan struct{})
 		r.due = time.Now().Add(c.refreshEvery())
-		c.wg.Add(2)
-		go r.listen(r.stop)
+		c.wg.Add(1)
 		go r.maintain(r.stop)
+		if l := c.attachLocked(r); l != nil {
+			c.wg.Add(1)
+			go c.nudge(l, c.blk)
+		}
 	}
 	r.scheduleLocked(next)
 }
@@ -134,56 +137,22 @@ func (r *room) scheduleLocked(next time.Duration) {
 	}
 }
 
-// active reports whether r still has waiters. When it has none, r stops:
-// both goroutines end and the room is forgotten, so a later waiter starts
-// afresh.
-func (r *room) active() bool {
-	c := r.c
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(r.waiters) > 0 && !c.closed {
-		return true
+// stopRoomLocked ends r's maintain and, once r has no waiters, forgets r,
+// so a later waiter starts afresh. r's listener has let it go. c.mu is
+// held.
+func (c *Client) stopRoomLocked(r *room) {
+	if !r.running {
+		return
 	}
 	r.running = false
 	close(r.stop)
 	if len(r.waiters) == 0 && c.rooms[r.k.base] == r {
 		delete(c.rooms, r.k.base)
 	}
-	return false
 }
 
-// listen receives grants on the room's wake list and hands each to its
-// waiter. It is the room's only blocking connection.
-func (r *room) listen(stop chan struct{}) {
-	defer r.c.wg.Done()
-	backoff := time.NewTimer(0)
-	defer backoff.Stop()
-	delay := time.Duration(0)
-	for r.active() {
-		res, err := r.c.rdb.BLPop(context.Background(), listenTimeout, r.wakeKey).Result()
-		switch {
-		case err == nil:
-			delay = 0
-			if len(res) == 2 {
-				r.deliverGrant(res[1])
-			}
-		case errors.Is(err, redis.Nil): // timed out
-			delay = 0
-		default:
-			// Redis unreachable: reconnect with backoff. Waiters learn of
-			// the outage from maintain, which fails them after one
-			// liveness period.
-			delay = min(max(2*delay, 10*time.Millisecond), time.Second)
-			backoff.Reset(delay)
-			select {
-			case <-backoff.C:
-			case <-stop:
-			case <-r.c.done:
-			}
-		}
-	}
-}
-
+// deliverGrant hands a wake-up payload popped from r's wake list to its
+// waiter; it is the one place payloads reach waiters.
 func (r *room) deliverGrant(payload string) {
 	ticket, g, ok := parseWake(payload)
 	if ok {

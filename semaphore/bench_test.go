@@ -140,7 +140,7 @@ func BenchmarkDrain1000(b *testing.B) {
 	prefix := redistest.Prefix(b)
 	cnt := newCounter()
 	rdb := be.Client(b)
-	rdb.AddHook(cnt)
+	redistest.AddHook(b, rdb, cnt)
 	inspect := be.Client(b)
 	hold := benchSem(b, benchClient(b, be.Client(b), prefix), "d", 1)
 	s := benchSem(b, benchClient(b, rdb, prefix), "d", 1)

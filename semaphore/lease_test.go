@@ -81,7 +81,7 @@ func TestNoRenewalAfterRelease(t *testing.T) {
 		e := newEnv(t, b)
 		cnt := newCounter()
 		rdb := b.Client(t)
-		rdb.AddHook(cnt)
+		redistest.AddHook(t, rdb, cnt)
 		const ttl = 30 * time.Millisecond
 		l, err := e.sem(e.ClientOn(rdb, fairlock.WithLeaseTTL(ttl)), "stop", 1).Acquire(context.Background(), 1)
 		if err != nil {
@@ -283,8 +283,8 @@ func TestRefreshIgnoresTicketsNotYetQueued(t *testing.T) {
 		}
 		cnt, slow := newCounter(), &slowAcquire{}
 		rdb := b.Client(t)
-		rdb.AddHook(cnt)
-		rdb.AddHook(slow)
+		redistest.AddHook(t, rdb, cnt)
+		redistest.AddHook(t, rdb, slow)
 		const wttl = 150 * time.Millisecond // refreshes every 50ms
 		s := e.sem(e.ClientOn(rdb, fairlock.WithWaiterTTL(wttl)), "ghost", 1)
 		first := acquireAsync(ctx, s, 1)

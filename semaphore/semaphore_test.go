@@ -120,7 +120,7 @@ func TestHandoffWithoutPolling(t *testing.T) {
 		}
 		cnt := newCounter()
 		wrdb := b.Client(t)
-		wrdb.AddHook(cnt)
+		redistest.AddHook(t, wrdb, cnt)
 		waiter := e.sem(e.ClientOn(wrdb, fairlock.WithWaiterTTL(time.Hour)), "h", 1)
 		ch := acquireAsync(ctx, waiter, 1)
 		e.waitQueued("h", 1)
@@ -148,7 +148,7 @@ func TestWaitingIsCheap(t *testing.T) {
 	}
 	cnt := newCounter()
 	wrdb := b.Client(t)
-	wrdb.AddHook(cnt)
+	redistest.AddHook(t, wrdb, cnt)
 	const waiterTTL = 150 * time.Millisecond
 	c := e.ClientOn(wrdb, fairlock.WithWaiterTTL(waiterTTL))
 	const waiters = 20
@@ -186,7 +186,7 @@ func TestOneBlockingConnection(t *testing.T) {
 		ctx := context.Background()
 		cnt := newCounter()
 		rdb := b.Client(t, func(o *redisOptions) { o.PoolSize = 4 })
-		rdb.AddHook(cnt)
+		redistest.AddHook(t, rdb, cnt)
 		s := e.sem(e.ClientOn(rdb), "pool", 2)
 		const n = 200
 		errs := make(chan error, n)

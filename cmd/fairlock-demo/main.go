@@ -26,6 +26,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/listenhook"
 	"github.com/fairlock/fairlock/semaphore"
 	"github.com/redis/go-redis/v9"
 )
@@ -222,6 +223,9 @@ func (d *demo) drain(n int) error {
 	defer stop()
 	cnt := &counter{}
 	rdb.AddHook(cnt)
+	// fairlock's BLPOPs run on a go-redis client of its own, built from
+	// rdb's options on the first wait; count them there too.
+	defer listenhook.Add(rdb, cnt)()
 	hm, _ := semaphore.NewMutex(hc, "jobs")
 	m, _ := semaphore.NewMutex(c, "jobs")
 	held, err := hm.Lock(ctx)

@@ -31,7 +31,7 @@ func TestBadInputAndFaults(t *testing.T) {
 	newClient := func(opts ...fairlock.Option) (*fairlock.Client, *redistest.Faults) {
 		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: "secret"})
 		f := &redistest.Faults{}
-		rdb.AddHook(f)
+		redistest.AddHook(t, rdb, f)
 		c, err := fairlock.New(rdb, append([]fairlock.Option{fairlock.WithPrefix("bad:")}, opts...)...)
 		if err != nil {
 			t.Fatal(err)

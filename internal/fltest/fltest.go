@@ -51,7 +51,7 @@ func (e *Env) FaultyClient(opts ...fairlock.Option) (*fairlock.Client, *redistes
 	e.T.Helper()
 	f := &redistest.Faults{}
 	rdb := e.B.Client(e.T)
-	rdb.AddHook(f)
+	redistest.AddHook(e.T, rdb, f)
 	c := e.ClientOn(rdb, opts...)
 	// Cleanups run last-in first-out: let held BLPOPs go before Close.
 	e.T.Cleanup(f.Hear)

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/fairlock/fairlock/internal/listenhook"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -146,4 +147,12 @@ func (f *Faults) Hear() {
 			close(ch)
 		}
 	}
+}
+
+// AddHook adds h to rdb and to the blocking clients fairlock builds for rdb
+// (see internal/listenhook), for the rest of the test. Tests use it instead
+// of rdb.AddHook so that faults and counters also reach fairlock's BLPOPs.
+func AddHook(t testing.TB, rdb interface{ AddHook(redis.Hook) }, h redis.Hook) {
+	rdb.AddHook(h)
+	t.Cleanup(listenhook.Add(rdb, h))
 }

@@ -1,0 +1,271 @@
+package fairlock
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fairlock/fairlock/internal/listenhook"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+)
+
+const (
+	// maxListenKeys caps the wake lists one BLPOP waits on. A full
+	// listener leaves new rooms to another listener of its group.
+	maxListenKeys = 512
+	// listenPoolSize caps the connections of the blocking client fairlock
+	// builds (per node on Cluster and per shard on Ring). Each listener
+	// holds one while it blocks; nudges take one for a moment. go-redis
+	// dials them only when needed.
+	listenPoolSize = 4096
+)
+
+// A listener receives the grants of up to maxListenKeys rooms of one
+// client with one BLPOP at a time, on one connection of the client's
+// blocking client (see [Client.blockingLocked]), never on the caller's
+// pool, so waiting on any number of semaphores cannot delay renewals or
+// releases. The rooms of one listener share a group: the keys one BLPOP may
+// take together (any on a single node, one hash slot on Cluster, one hash
+// tag on Ring).
+//
+// Besides the rooms' wake lists the BLPOP takes the listener's control
+// list, ctl. A room that joins while the BLPOP blocks pushes an empty entry
+// there (a nudge), so the listener starts again with the new key at once
+// rather than at the BLPOP's timeout. Only a change of the key set costs a
+// nudge; a room keeps its place for listenTimeout after its last waiter
+// leaves, so a semaphore waited on again and again costs none.
+type listener struct {
+	group string
+	ctl   string
+
+	// Guarded by c.mu.
+	rooms   map[string]*room // by wake key
+	keys    []string         // ctl, then the rooms' wake keys; nil: rebuild
+	blocked bool             // a BLPOP without the rooms added since may run
+	nudged  bool             // a nudge went out since that BLPOP started
+	swept   time.Time        // when idle rooms were last looked for
+}
+
+// listenGroup returns the group of a wake list: the keys of one group may
+// share a BLPOP. For a RedisClient other than the three go-redis clients,
+// whose routing fairlock cannot know, every wake list is a group of its
+// own: one BLPOP per semaphore, as the client routes single-key commands.
+func (c *Client) listenGroup(wakeKey string) string {
+	switch c.rdb.(type) {
+	case *redis.Client:
+		return ""
+	case *redis.ClusterClient:
+		return strconv.Itoa(keySlot(wakeKey))
+	case *redis.Ring:
+		// Ring routes a command by its first key's hash tag; every wake
+		// list has one (its semaphore's).
+		return "{" + hashTag(wakeKey) + "}"
+	}
+	return wakeKey
+}
+
+// blockingLocked returns the client the listeners block on, building it on
+// first use: a go-redis client of the caller's kind made from the caller's
+// options, with a pool of its own, so blocked reads never hold the caller's
+// connections. It carries none of the caller's hooks (tests add theirs
+// through internal/listenhook), push notification processor or
+// maintenance notification settings (off). Any other RedisClient is used as it is, and
+// its blocked reads do hold its connections. c.mu is held.
+func (c *Client) blockingLocked() RedisClient {
+	if c.blk != nil {
+		return c.blk
+	}
+	hooks := listenhook.For(c.rdb)
+	switch r := c.rdb.(type) {
+	case *redis.Client:
+		o := *r.Options()
+		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = listenPoolSize, 0, 0, 0
+		o.MaintNotificationsConfig, o.PushNotificationProcessor = noMaint(), nil
+		b := redis.NewClient(&o)
+		for _, h := range hooks {
+			b.AddHook(h)
+		}
+		c.blk, c.closeBlk = b, b.Close
+	case *redis.ClusterClient:
+		o := *r.Options()
+		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = listenPoolSize, 0, 0, 0
+		o.MaintNotificationsConfig, o.PushNotificationProcessor = noMaint(), nil
+		b := redis.NewClusterClient(&o)
+		for _, h := range hooks {
+			b.AddHook(h)
+		}
+		c.blk, c.closeBlk = b, b.Close
+	case *redis.Ring:
+		o := *r.Options()
+		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = listenPoolSize, 0, 0, 0
+		b := redis.NewRing(&o)
+		for _, h := range hooks {
+			b.AddHook(h)
+		}
+		c.blk, c.closeBlk = b, b.Close
+	default:
+		c.blk = c.rdb
+	}
+	return c.blk
+}
+
+// noMaint turns go-redis's maintenance notifications off for the blocking
+// client. The caller's client may rewrite its own setting while it
+// connects (so copying it would race), and a blocked read has nothing to
+// learn from them: a connection that breaks is dialed again.
+func noMaint() *maintnotifications.Config {
+	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+}
+
+// attachLocked gives the running room r to a listener of its group,
+// starting one if none has space. It returns the listener to nudge, if
+// its BLPOP may be blocked without r's wake list. c.mu is held and c is
+// not closed.
+func (c *Client) attachLocked(r *room) (nudge *listener) {
+	g := c.listenGroup(r.wakeKey)
+	var l *listener
+	for _, x := range c.listeners[g] {
+		if len(x.rooms) < maxListenKeys {
+			l = x
+			break
+		}
+	}
+	if l == nil {
+		c.listenerSeq++
+		l = &listener{
+			group: g,
+			// In the slot and under the hash tag of the room's keys.
+			ctl:   c.cfg.prefix + "{" + hashTag(r.wakeKey) + "}:l:" + c.id + ":" + strconv.FormatUint(c.listenerSeq, 10),
+			rooms: make(map[string]*room),
+			swept: time.Now(),
+		}
+		c.listeners[g] = append(c.listeners[g], l)
+		blk := c.blockingLocked()
+		c.wg.Add(1)
+		go c.runListener(l, blk)
+	}
+	l.rooms[r.wakeKey] = r
+	l.keys = nil
+	r.idleSince = time.Time{}
+	if l.blocked && !l.nudged {
+		l.nudged = true
+		return l
+	}
+	return nil
+}
+
+// nudge ends l's BLPOP so that it starts again with its new keys. If it
+// fails, the new rooms are heard when the BLPOP times out (listenTimeout),
+// and their grants are found by their refresh in any case.
+func (c *Client) nudge(l *listener, via RedisClient) {
+	defer c.wg.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
+	defer cancel()
+	_ = nudgeScript.Run(ctx, via, []string{l.ctl}, ms(c.cfg.waiterTTL)).Err()
+}
+
+// runListener is l's goroutine: it BLPOPs on l's keys and hands each grant
+// to its room, until l has no room left or c closes.
+func (c *Client) runListener(l *listener, blk RedisClient) {
+	defer c.wg.Done()
+	backoff := time.NewTimer(0)
+	defer backoff.Stop()
+	delay := time.Duration(0)
+	for {
+		c.mu.Lock()
+		c.sweepLocked(l)
+		if c.closed || len(l.rooms) == 0 {
+			c.dropListenerLocked(l)
+			c.mu.Unlock()
+			return
+		}
+		if l.keys == nil {
+			l.keys = make([]string, 0, 1+len(l.rooms))
+			l.keys = append(l.keys, l.ctl)
+			for k := range l.rooms {
+				l.keys = append(l.keys, k)
+			}
+		}
+		keys := l.keys
+		l.blocked, l.nudged = true, false
+		c.mu.Unlock()
+
+		res, err := blk.BLPop(context.Background(), listenTimeout, keys...).Result()
+
+		var r *room
+		c.mu.Lock()
+		l.blocked = false
+		if err == nil && len(res) == 2 && res[0] != l.ctl {
+			if r = l.rooms[res[0]]; r == nil {
+				// Left l since the BLPOP began; a waiter may have come back.
+				r = c.rooms[strings.TrimSuffix(res[0], ":w:"+c.id)]
+			}
+		}
+		c.mu.Unlock()
+		switch {
+		case err == nil:
+			delay = 0
+			if r != nil {
+				r.deliverGrant(res[1])
+			}
+		case errors.Is(err, redis.Nil): // timed out
+			delay = 0
+		default:
+			// Redis unreachable (or c closed its blocking client): reconnect
+			// with backoff. Waiters learn of an outage from their rooms'
+			// maintain, which fails them after one liveness period.
+			delay = min(max(2*delay, 10*time.Millisecond), time.Second)
+			backoff.Reset(delay)
+			select {
+			case <-backoff.C:
+			case <-c.done:
+			}
+		}
+	}
+}
+
+// sweepLocked stops the rooms of l that have had no waiter for
+// listenTimeout, looking at most four times per listenTimeout. c.mu is
+// held.
+func (c *Client) sweepLocked(l *listener) {
+	now := time.Now()
+	if now.Sub(l.swept) < listenTimeout/4 {
+		return
+	}
+	l.swept = now
+	for key, r := range l.rooms {
+		switch {
+		case len(r.waiters) > 0:
+			r.idleSince = time.Time{}
+		case r.idleSince.IsZero():
+			r.idleSince = now
+		case now.Sub(r.idleSince) >= listenTimeout:
+			delete(l.rooms, key)
+			l.keys = nil
+			c.stopRoomLocked(r)
+		}
+	}
+}
+
+// dropListenerLocked stops l's remaining rooms and forgets l. c.mu is held.
+func (c *Client) dropListenerLocked(l *listener) {
+	for _, r := range l.rooms {
+		c.stopRoomLocked(r)
+	}
+	l.rooms = nil
+	ls := c.listeners[l.group]
+	for i, x := range ls {
+		if x == l {
+			ls = append(ls[:i:i], ls[i+1:]...)
+			break
+		}
+	}
+	if len(ls) == 0 {
+		delete(c.listeners, l.group)
+	} else {
+		c.listeners[l.group] = ls
+	}
+}

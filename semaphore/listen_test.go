@@ -1,0 +1,353 @@
+package semaphore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// Semantics 3 (issue 12, item 5): waiting never delays renewals or
+// releases. One process waits on 1,000 semaphores, held by another,
+// through a go-redis pool of 10 connections, and then takes a few leases
+// with a 300 ms TTL: every lease must stay alive for several TTLs, and
+// every waiter must be granted (and release its grant) once the other
+// process lets go. A blocking read per semaphore on the caller's pool would
+// take all ten connections and starve the renewals.
+//
+// miniredis sorts all its keys on every command, also inside scripts, so
+// with 1,000 semaphores (5,000 keys) one script takes it 15-25 ms and the
+// server, not the client, misses the renewals' deadlines (profiled). On
+// miniredis the process therefore waits on 100 semaphores: still ten times
+// the pool. The test also spares both servers load that plays no part in
+// the rule: the other process's leases last an hour, the waiters' TTL is
+// 30 s (one refresh per room per 10 s), each waiter releases its grant at
+// once, and the short-TTL leases are taken once the burst of acquire
+// scripts has been served.
+func TestWaitingDoesNotStarveRenewals(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		const (
+			held     = 3
+			leaseTTL = 300 * time.Millisecond
+		)
+		waiting := 1000
+		if b.Mini != nil {
+			waiting = 100
+		}
+		e := newEnv(t, b)
+		ctx := context.Background()
+		name := func(i int) string { return fmt.Sprintf("busy%d", i) }
+
+		other := e.Client(fairlock.WithLeaseTTL(time.Hour))
+		start := time.Now()
+		blockers := make([]*fairlock.Lease, waiting)
+		for i := range blockers {
+			l, err := e.sem(other, name(i), 1).Acquire(ctx, 1)
+			if err != nil {
+				t.Fatalf("other process, %s: %v", name(i), err)
+			}
+			blockers[i] = l
+		}
+		t.Logf("%s: the other process took %d semaphores in %v", b.Name, waiting, time.Since(start))
+
+		rdb := b.Client(t, func(o *redis.Options) { o.PoolSize = 10 })
+		c := e.ClientOn(rdb, fairlock.WithLeaseTTL(leaseTTL), fairlock.WithWaiterTTL(30*time.Second))
+
+		start = time.Now()
+		wctx, cancel := context.WithCancel(ctx)
+		results := make(chan error, waiting)
+		var wg sync.WaitGroup
+		defer func() { cancel(); wg.Wait() }() // on failure, end the waits
+		for i := range waiting {
+			s := e.sem(c, name(i), 1)
+			wg.Go(func() {
+				l, err := s.Acquire(wctx, 1)
+				if err == nil {
+					err = l.Release(ctx)
+				}
+				results <- err
+			})
+		}
+		// One KEYS counts the queues: a command per semaphore would cost
+		// miniredis a sort of all its keys each. A queue exists while it
+		// has a waiter.
+		queued := func() (int, error) {
+			ks, err := e.rdb.Keys(ctx, e.prefix+"{busy*}:q").Result()
+			return len(ks), err
+		}
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			n, err := queued()
+			if err == nil && n == waiting {
+				break
+			}
+			select {
+			case err := <-results:
+				t.Fatalf("a waiter returned before any release: %v", err)
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d waiters queued within 30s (%v)", n, waiting, err)
+			}
+		}
+		t.Logf("%s: %d waiters queued in %v", b.Name, waiting, time.Since(start))
+
+		leases := make([]*fairlock.Lease, held)
+		for i := range leases {
+			l, err := e.sem(c, fmt.Sprintf("mine%d", i), 1).Acquire(ctx, 1)
+			if err != nil {
+				t.Fatalf("held lease %d, taken while %d waiters wait: %v", i, waiting, err)
+			}
+			leases[i] = l
+		}
+		alive := func(when string) {
+			t.Helper()
+			for i, l := range leases {
+				select {
+				case <-l.Done():
+					t.Fatalf("%s: held lease %d ended: %v", when, i, l.Err())
+				default:
+				}
+			}
+		}
+		// Several lease TTLs with every waiter blocked.
+		for range 5 {
+			time.Sleep(leaseTTL)
+			alive(fmt.Sprintf("while %d waiters wait", waiting))
+		}
+
+		start = time.Now()
+		for i, l := range blockers {
+			if err := l.Release(ctx); err != nil {
+				t.Fatalf("other process, release %s: %v", name(i), err)
+			}
+		}
+		timeout := time.After(60 * time.Second)
+		for done := 0; done < waiting; done++ {
+			select {
+			case err := <-results:
+				if err != nil {
+					t.Fatalf("waiter %d: %v", done, err)
+				}
+			case <-timeout:
+				t.Fatalf("%d of %d waiters granted and released within 60s of the release", done, waiting)
+			}
+		}
+		t.Logf("%s: %d waiters granted and released in %v after the other process began to release", b.Name, waiting, time.Since(start))
+		alive("once every waiter is granted")
+		for _, l := range leases {
+			e.Release(l)
+		}
+	})
+}
+
+// blpops is a go-redis hook that counts BLPOPs: all, in flight, and timed
+// out.
+type blpops struct {
+	seen, inFlight, timedOut atomic.Int64
+}
+
+func (h *blpops) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *blpops) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *blpops) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() != "blpop" {
+			return next(ctx, cmd)
+		}
+		h.seen.Add(1)
+		h.inFlight.Add(1)
+		err := next(ctx, cmd)
+		h.inFlight.Add(-1)
+		if errors.Is(err, redis.Nil) {
+			h.timedOut.Add(1)
+		}
+		return err
+	}
+}
+
+// Semantics 3: a process that already blocks on one semaphore's wake list
+// and starts waiting on another hears the new one's grant at once, not
+// after its blocking read times out: the read is nudged when its keys
+// change. Waiter TTLs of an hour leave the wake-up as the only way the
+// grant can arrive.
+func TestNewWaitJoinsBlockedRead(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		holder := e.Client(fairlock.WithLeaseTTL(time.Hour))
+		la, err := e.sem(holder, "a", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lb, err := e.sem(holder, "b", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := &blpops{}
+		rdb := b.Client(t)
+		redistest.AddHook(t, rdb, h)
+		c := e.ClientOn(rdb, fairlock.WithWaiterTTL(time.Hour))
+		wa := acquireAsync(ctx, e.sem(c, "a", 1), 1)
+		e.waitQueued("a", 1)
+		e.WaitFor("a blocking read", func() bool { return h.inFlight.Load() > 0 })
+		before := h.timedOut.Load()
+
+		wb := acquireAsync(ctx, e.sem(c, "b", 1), 1)
+		e.waitQueued("b", 1)
+		e.Release(lb)
+		r := e.receive(wb)
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if n := h.timedOut.Load() - before; n != 0 {
+			t.Fatalf("the grant of b was heard after %d blocking reads timed out; a new wait must join the blocked read at once", n)
+		}
+		e.Release(r.lease)
+		e.Release(la)
+		r = e.receive(wa)
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		e.Release(r.lease)
+	})
+}
+
+// Semantics 3: a process's blocking reads never run on the go-redis client
+// it gave fairlock, and one read covers many semaphores: waiting on 100
+// semaphores on one node takes one blocking connection, outside the
+// caller's pool.
+func TestBlockingReadsOffTheCallersPool(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		const n = 100
+		e := newEnv(t, b)
+		ctx := context.Background()
+		holder := e.Client(fairlock.WithLeaseTTL(time.Hour))
+		var held []*fairlock.Lease
+		for i := range n {
+			l, err := e.sem(holder, fmt.Sprintf("s%d", i), 1).Acquire(ctx, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, l)
+		}
+		caller, all := &blpops{}, newCounter()
+		rdb := b.Client(t)
+		rdb.AddHook(caller)            // the caller's client only
+		redistest.AddHook(t, rdb, all) // and fairlock's blocking client
+		c := e.ClientOn(rdb)
+		var chs []<-chan result
+		for i := range n {
+			chs = append(chs, acquireAsync(ctx, e.sem(c, fmt.Sprintf("s%d", i), 1), 1))
+		}
+		for i := range n {
+			e.waitQueued(fmt.Sprintf("s%d", i), 1)
+		}
+		for _, l := range held {
+			e.Release(l)
+		}
+		for _, ch := range chs {
+			r := e.receive(ch)
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			e.Release(r.lease)
+		}
+		all.mu.Lock()
+		peak, total := all.peak, all.byName["blpop"]
+		all.mu.Unlock()
+		t.Logf("%s: %d BLPOPs for %d waiters, at most %d at once", b.Name, total, n, peak)
+		if got := caller.seen.Load(); got != 0 {
+			t.Fatalf("%d BLPOPs ran on the caller's client", got)
+		}
+		if peak != 1 {
+			t.Fatalf("%d BLPOPs in flight at once for %d semaphores on one node, want 1", peak, n)
+		}
+	})
+}
+
+// On a Ring, blocking reads are grouped by hash tag, the key Ring routes
+// by: waiters on semaphores spread over two shards all hear their grants.
+func TestRingWaitersHearGrants(t *testing.T) {
+	const n = 20
+	a, b := redistest.Mini(t), redistest.Mini(t)
+	newRing := func() *redis.Ring {
+		r := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr, "b": b.Addr}})
+		t.Cleanup(func() { _ = r.Close() })
+		return r
+	}
+	prefix := redistest.Prefix(t)
+	newClient := func(opts ...fairlock.Option) *fairlock.Client {
+		c, err := fairlock.New(newRing(), append([]fairlock.Option{fairlock.WithPrefix(prefix)}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	ctx := context.Background()
+	holder, waiter := newClient(fairlock.WithLeaseTTL(time.Hour)), newClient(fairlock.WithWaiterTTL(time.Hour))
+	var held []*fairlock.Lease
+	var chs []<-chan result
+	for i := range n {
+		req := fairlock.Request{Name: fmt.Sprintf("r%d", i), Capacity: 1, Permits: 1}
+		l, err := holder.Acquire(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, l)
+		ch := make(chan result, 1)
+		go func() {
+			l, err := waiter.Acquire(ctx, req)
+			ch <- result{l, err}
+		}()
+		chs = append(chs, ch)
+	}
+	for i := range n {
+		name := fmt.Sprintf("r%d", i)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			st, err := holder.Status(ctx, name)
+			if err == nil && len(st.Waiters) == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				select {
+				case r := <-chs[i]:
+					t.Fatalf("%s: waiter returned: lease=%v err=%v", name, r.lease != nil, r.err)
+				default:
+				}
+				t.Fatalf("%s: waiters %v (%v), want 1", name, st.Waiters, err)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	if len(a.Mini.Keys()) == 0 || len(b.Mini.Keys()) == 0 {
+		t.Fatalf("keys on shard a: %d, on shard b: %d; want both used", len(a.Mini.Keys()), len(b.Mini.Keys()))
+	}
+	for _, l := range held {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, ch := range chs {
+		select {
+		case r := <-ch:
+			if r.err != nil {
+				t.Fatalf("r%d: %v", i, r.err)
+			}
+			if err := r.lease.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("r%d: not granted within 10s; the waiter's refresh is an hour away", i)
+		}
+	}
+}
