@@ -236,7 +236,7 @@ func (r *room) maintain(stop chan struct{}) {
 
 // refreshBatch is the most tickets one refresh script takes, so that a
 // room of any size refreshes in scripts of bounded length.
-const refreshBatch = 256
+const refreshBatch = 128
 
 // refresh keeps r's waiters alive in Redis, runs the queue (dropping dead
 // waiters and expired leases, granting what fits), hands on what it learns

@@ -412,7 +412,16 @@ func readersAfterWriter(t *testing.T, b *redistest.Backend, n int, measure bool)
 		t.Fatalf("Lock: %v", err)
 	}
 	readers := make([]*semaphore.RWMutex, 8)
-	for i, c := range e.clients(len(readers)) {
+	// A grant pushed to a waiter lasts one waiter TTL until its process
+	// confirms it with a renewal. 40,000 confirmations through 8 pools
+	// take about as long as the default 3 s (each is a script), so the
+	// largest run gives its waiters 10 s; batching confirmations is
+	// left to the cost issue.
+	wttl := fairlock.DefaultWaiterTTL
+	if n > 10000 {
+		wttl = 10 * time.Second
+	}
+	for i, c := range e.clients(len(readers), fairlock.WithWaiterTTL(wttl)) {
 		readers[i], _ = semaphore.NewRWMutex(c, name)
 	}
 	start := time.Now()
