@@ -19,7 +19,9 @@ var (
 
 	// ErrCapacityMismatch is returned when a semaphore is used with a
 	// capacity other than the one stored with it in Redis. The stored
-	// capacity holds until the semaphore is idle (no holders, no waiters).
+	// capacity holds until the semaphore is idle: no live holders and no
+	// live waiters (leases that expired and waiters whose process died are
+	// looked past).
 	ErrCapacityMismatch = errors.New("fairlock: capacity mismatch")
 
 	// ErrInvalidName is returned for a semaphore name fairlock cannot use:
