@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -205,6 +206,9 @@ func (c *Client) runListener(l *listener, blk RedisClient) {
 			}
 		}
 		c.mu.Unlock()
+		if delay > 0 && (err == nil || errors.Is(err, redis.Nil)) {
+			c.logf(slog.LevelInfo, "fairlock: blocking read recovered", nil, "", slog.Int("semaphores", len(keys)-1))
+		}
 		switch {
 		case err == nil:
 			delay = 0
@@ -217,6 +221,10 @@ func (c *Client) runListener(l *listener, blk RedisClient) {
 			// Redis unreachable (or c closed its blocking client): reconnect
 			// with backoff. Waiters learn of an outage from their rooms'
 			// maintain, which fails them after one liveness period.
+			if delay == 0 && !c.isClosed() {
+				c.logf(slog.LevelWarn, "fairlock: blocking read failed; retrying with backoff", nil, "",
+					slog.Int("semaphores", len(keys)-1), slog.Any("error", err))
+			}
 			delay = min(max(2*delay, 10*time.Millisecond), time.Second)
 			backoff.Reset(delay)
 			select {
@@ -268,4 +276,11 @@ func (c *Client) dropListenerLocked(l *listener) {
 	} else {
 		c.listeners[l.group] = ls
 	}
+}
+
+// isClosed reports whether Close has begun.
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
 }

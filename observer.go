@@ -114,7 +114,9 @@ func (c *Client) logf(level slog.Level, msg string, names []string, token string
 	if l == nil || !l.Enabled(context.Background(), level) {
 		return
 	}
-	attrs = append(attrs, slog.Any("semaphores", names))
+	if names != nil {
+		attrs = append(attrs, slog.Any("semaphores", names))
+	}
 	if c.cfg.owner != "" {
 		attrs = append(attrs, slog.String("owner", c.cfg.owner))
 	}

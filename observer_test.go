@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/internal/redisserver"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // eventLog is an Observer that keeps every event.
@@ -263,5 +265,68 @@ func TestObserverEventIDs(t *testing.T) {
 	}
 	if waited != n {
 		t.Fatalf("%d of %d waits paired by ID: %v", waited, n, byID)
+	}
+}
+
+// A waiting client's blocking read that loses Redis logs once at Warn,
+// and once at Info when it is back.
+func TestLoggerReportsListenerOutage(t *testing.T) {
+	redistest.RealBackend(t) // skips, or fails under CI, without redis-server
+	srv, err := redisserver.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.Write(p)
+	}), nil))
+	rdb := func() *redis.Client {
+		r := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { _ = r.Close() })
+		return r
+	}
+	holder, err := New(rdb())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	c, err := New(rdb(), WithLogger(log), WithWaiterTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	req := Request{Name: "outage", Capacity: 1, Permits: 1}
+	if _, err := holder.Acquire(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(wctx, req)
+		done <- err
+	}()
+	waitFor(t, func() bool { st, _ := holder.Status(ctx, "outage"); return st.Queued == 1 })
+	logged := func(s string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(buf.String(), s)
+	}
+	srv.Kill()
+	waitFor(t, func() bool { return logged(`level=WARN msg="fairlock: blocking read failed`) })
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return logged(`level=INFO msg="fairlock: blocking read recovered"`) })
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	if n := strings.Count(buf.String(), "blocking read failed"); n != 1 {
+		t.Fatalf("outage logged %d times, want once:\n%s", n, buf.String())
 	}
 }
