@@ -883,9 +883,21 @@ func ready(e *mentry) bool {
 
 func (m *machine) settle(t *rapid.T) {
 	for _, s := range m.sems {
-		if err := m.obs.scripts.acquire.Run(context.Background(), m.rdb, s.k.list(), "refresh", m.obs.id,
-			ms(m.leaseTTL()), ms(m.waiterTTL())).Err(); err != nil {
-			t.Fatalf("observer's refresh: %v", err)
+		// One script does a bounded part of the work (grants, purges);
+		// its reply's next event is 0 while work is left, and a waiting
+		// process refreshes again at once, as this does.
+		for i := 0; ; i++ {
+			res, err := m.obs.scripts.acquire.Run(context.Background(), m.rdb, s.k.list(), "refresh", m.obs.id,
+				ms(m.leaseTTL()), ms(m.waiterTTL())).Slice()
+			if err != nil {
+				t.Fatalf("observer's refresh: %v", err)
+			}
+			if next, err := reply(res).int(0); err != nil || next != 0 {
+				break
+			}
+			if i == 1000 {
+				t.Fatalf("observer's refresh: work left after 1,000 scripts")
+			}
 		}
 	}
 	for _, e := range m.modelRun() {
