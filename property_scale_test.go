@@ -232,9 +232,7 @@ func (m *machine) doom(t *rapid.T) {
 		}
 		a.state, a.lease, a.ticket = holding, l, l.ticket
 		m.sawTokens(t, a, l)
-		for _, e := range m.entries(a, l.ticket, m.nowMs()+ms(m.leaseTTL())) {
-			s.holders = append(s.holders, e)
-		}
+		s.holders = append(s.holders, m.entries(a, l.ticket, m.nowMs()+ms(m.leaseTTL()))...)
 	}
 	m.crashCrowd(cr)
 	// Wait until Redis's clock passes the latest expiry of the crowd's

@@ -104,7 +104,7 @@ func (e *scaleEnv) held(name string) (int64, []holder) {
 	}
 	ms := strconv.FormatInt(now.UnixMilli(), 10)
 	ms0 := "(" + ms
-	members, err := e.rdb.ZRangeByScore(ctx, e.key(name, "h"), &redis.ZRangeBy{Min: ms0, Max: "+inf"}).Result()
+	members, err := e.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{Key: e.key(name, "h"), Start: ms0, Stop: "+inf", ByScore: true}).Result()
 	if err != nil {
 		e.t.Fatalf("ZRANGEBYSCORE: %v", err)
 	}
