@@ -127,6 +127,23 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// observedWaiting waits until the observer counts n waiters in all: the
+// event follows the acquire script's reply, which Status may overtake.
+func (r *rig) observedWaiting(t *testing.T, n int64) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d waiters observed", n), func() bool {
+		s, ok := r.metrics()["fairlock.waiters"].(metricdata.Sum[int64])
+		if !ok {
+			return false
+		}
+		var sum int64
+		for _, dp := range s.DataPoints {
+			sum += dp.Value
+		}
+		return sum == n
+	})
+}
+
 func waiting(t *testing.T, c *fairlock.Client, name string, n int) {
 	t.Helper()
 	waitFor(t, fmt.Sprintf("%d waiting for %s", n, name), func() bool {
@@ -168,6 +185,7 @@ func TestMetricsAndSpans(t *testing.T) {
 		got <- l
 	}()
 	waiting(t, c, "m", 1)
+	r.observedWaiting(t, 1)
 	// While it waits: one waiter and one holder on "m".
 	m := r.metrics()
 	if w, h := sums(t, m["fairlock.waiters"]), sums(t, m["fairlock.holders"]); w["fairlock.semaphore=m"] != 1 || h["fairlock.semaphore=m"] != 1 {
@@ -186,6 +204,7 @@ func TestMetricsAndSpans(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	go func() {
 		waiting(t, c, "m", 1)
+		r.observedWaiting(t, 1)
 		cancel()
 	}()
 	if _, err := c.Acquire(cctx, mu); !errors.Is(err, context.Canceled) {
@@ -217,6 +236,7 @@ func TestMetricsAndSpans(t *testing.T) {
 		closedWait <- err
 	}()
 	waiting(t, c, "m", 1)
+	r.observedWaiting(t, 1)
 	_ = c2.Close()
 	if err := <-closedWait; !errors.Is(err, fairlock.ErrClosed) {
 		t.Fatalf("wait ended by Close: %v", err)
