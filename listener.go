@@ -214,6 +214,7 @@ func (c *Client) runListener(l *listener, blk RedisClient) {
 			delay = 0
 			if r != nil {
 				r.deliverGrant(res[1])
+				c.drain(blk, res[0], r)
 			}
 		case errors.Is(err, redis.Nil): // timed out
 			delay = 0
@@ -283,4 +284,38 @@ func (c *Client) isClosed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.closed
+}
+
+// drainBatch is the most wake-ups drain takes in one command.
+const drainBatch = 128
+
+// lpopCounter is the part of a go-redis client that pops several list
+// entries at once (LPOP with a count, Redis 6.2 or later).
+type lpopCounter interface {
+	LPopCount(ctx context.Context, key string, count int) *redis.StringSliceCmd
+}
+
+// drain hands r every wake-up already waiting on its wake list key, many
+// per command: after a release granted thousands of one process's waiters,
+// their wake-ups arrive together, and one BLPOP each would cost a round
+// trip each. A failure leaves them to the next BLPOP.
+func (c *Client) drain(blk RedisClient, key string, r *room) {
+	lp, ok := blk.(lpopCounter)
+	if !ok {
+		return
+	}
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
+		got, err := lp.LPopCount(ctx, key, drainBatch).Result()
+		cancel()
+		if err != nil {
+			return
+		}
+		for _, p := range got {
+			r.deliverGrant(p)
+		}
+		if len(got) < drainBatch {
+			return
+		}
+	}
 }
