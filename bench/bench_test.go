@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -55,6 +56,7 @@ func TestFlags(t *testing.T) {
 		{"-scenarios", "nope"},
 		{"-duration", "-1s"},
 		{"-impls", "zookeeper"},
+		{"-max-queue", "9"},
 		{"extra"},
 	} {
 		if err := run(args, io.Discard, io.Discard); err == nil {
@@ -66,7 +68,7 @@ func TestFlags(t *testing.T) {
 // The smoke run: every scenario, every implementation, briefly, on the
 // embedded Redis, checked through the JSON report.
 func TestSmokeEveryScenario(t *testing.T) {
-	rep := runJSON(t, "-duration", "60ms")
+	rep := runJSON(t, "-duration", "60ms", "-max-queue", "100")
 	var names []string
 	for _, s := range rep.Scenarios {
 		names = append(names, s.Name)
@@ -88,7 +90,24 @@ func TestSmokeEveryScenario(t *testing.T) {
 			if s.Name == "drain" && d["drained"].(float64) <= 0 {
 				t.Errorf("nothing drained: %v", d)
 			}
+			// miniredis has no INFO cpu: no CPU figure may be made up.
+			if _, ok := d["redis_cpu_us_per_cycle"]; ok {
+				t.Errorf("scenario %s: a Redis CPU figure on miniredis: %v", s.Name, d)
+			}
+			if strings.HasPrefix(s.Name, "contended") && (d["starved"] == nil || d["jain"] == nil) {
+				t.Errorf("scenario %s without starved or Jain: %v", s.Name, d)
+			}
+			// The queue was as long as the row says, by fairlock's Status.
+			if s.Name == "queue" && d["queued"] != d["waiters"] {
+				t.Errorf("queue row for %v waiters saw %v queued", d["waiters"], d["queued"])
+			}
 		}
+	}
+	if got := tableOf(rep, "queue"); got == nil || len(got.Rows) != 2 {
+		t.Errorf("queue scenario with -max-queue 100: want sizes 10 and 100, got %v", got)
+	}
+	if u := tableOf(rep, "uncontended"); u == nil || !strings.Contains(strings.Join(u.Rows[0], "|"), "n/a (embedded)") {
+		t.Errorf("uncontended on miniredis does not say n/a (embedded): %v", u)
 	}
 	if !slices.Equal(names, allScenarios) {
 		t.Errorf("scenarios %v, want %v", names, allScenarios)
@@ -109,7 +128,7 @@ func TestAutoBackend(t *testing.T) {
 		}
 		t.Skip(err)
 	}
-	rep := runJSON(t, "-redis", "auto", "-duration", "60ms", "-scenarios", "uncontended,fifo,drain", "-impls", "fairlock,setnx")
+	rep := runJSON(t, "-redis", "auto", "-duration", "60ms", "-scenarios", "uncontended,fifo,drain,queue", "-impls", "fairlock,setnx", "-max-queue", "100")
 	if !strings.HasPrefix(rep.Meta["backend"], "redis-server started on 127.0.0.1:") || rep.Meta["redis_version"] == "" {
 		t.Errorf("meta %v", rep.Meta)
 	}
@@ -123,6 +142,17 @@ func TestAutoBackend(t *testing.T) {
 	}
 	t.Logf("server: %s", rep.Meta["server"])
 	for _, s := range rep.Scenarios {
+		if s.Name == "uncontended" {
+			for _, d := range s.Data {
+				// A real server reports its CPU; SET NX's is the unit.
+				cpu, _ := d["redis_cpu_us_per_cycle"].(float64)
+				calls, _ := d["server_cmds_per_cycle"].(float64)
+				if cpu <= 0 || calls < 2 || d["redis_cpu_per_setnx"] == nil {
+					t.Errorf("uncontended without Redis CPU figures: %v", d)
+				}
+				t.Logf("%v: %.1f µs of Redis CPU and %.2f server commands per acquire+release", d["impl"], cpu, calls)
+			}
+		}
 		if s.Name == "drain" {
 			for _, d := range s.Data {
 				// A real server reports its connections and commands.
@@ -130,6 +160,40 @@ func TestAutoBackend(t *testing.T) {
 					t.Errorf("drain without server figures: %v", d)
 				}
 			}
+		}
+	}
+}
+
+func tableOf(rep Report, name string) *Table {
+	for _, s := range rep.Scenarios {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// INFO cpu: the main thread's figures where the server has them, the
+// process's otherwise, nothing from a reply without either.
+func TestParseCPU(t *testing.T) {
+	redis7 := "# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:2.250000\r\nused_cpu_sys_children:0.000000\r\n" +
+		"used_cpu_user_children:0.000000\r\nused_cpu_sys_main_thread:0.750000\r\nused_cpu_user_main_thread:1.125000\r\n"
+	redis6 := "# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:2.250000\r\nused_cpu_sys_children:0.010000\r\nused_cpu_user_children:0.020000\r\n"
+	for _, tc := range []struct {
+		name, info string
+		want       cpuTime
+		ok         bool
+	}{
+		{"main thread", redis7, cpuTime{seconds: 1.875, mainThread: true}, true},
+		{"process", redis6, cpuTime{seconds: 3.75}, true},
+		{"one main-thread field", redis6 + "used_cpu_user_main_thread:1.0\r\n", cpuTime{seconds: 3.75}, true},
+		{"embedded", "# Clients\r\nconnected_clients:3\r\n", cpuTime{}, false},
+		{"not a number", "used_cpu_sys:x\r\nused_cpu_user:1\r\n", cpuTime{}, false},
+		{"empty", "", cpuTime{}, false},
+	} {
+		got, ok := parseCPU(tc.info)
+		if ok != tc.ok || got.mainThread != tc.want.mainThread || math.Abs(got.seconds-tc.want.seconds) > 1e-9 {
+			t.Errorf("%s: parseCPU = %+v, %v; want %+v, %v", tc.name, got, ok, tc.want, tc.ok)
 		}
 	}
 }

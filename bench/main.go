@@ -48,9 +48,10 @@ type config struct {
 	duration  time.Duration
 	jsonFile  string
 	only      []string // implementations
+	maxQueue  int      // the queue scenario's largest queue
 }
 
-var allScenarios = []string{"uncontended", "handoff", "contended", "fifo", "drain", "semaphore", "dining"}
+var allScenarios = []string{"uncontended", "handoff", "contended", "contended-100us", "fifo", "drain", "semaphore", "dining", "queue"}
 
 func parse(args []string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -62,6 +63,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.duration, "duration", time.Second, "time each implementation gets in each measurement")
 	fs.StringVar(&cfg.jsonFile, "json", "", "also write the results as JSON to this file")
 	fs.StringVar(&only, "impls", "all", "comma-separated implementations: fairlock, redsync, redislock, setnx, or all")
+	fs.IntVar(&cfg.maxQueue, "max-queue", 0, "the queue scenario's largest queue: sizes 10, 100, ... 100000 up to this one; 0 for 10000 on a real server, 1000 on the embedded miniredis")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -70,6 +72,15 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	}
 	if cfg.duration <= 0 {
 		return cfg, fmt.Errorf("-duration must be positive")
+	}
+	if cfg.maxQueue == 0 {
+		cfg.maxQueue = 10000
+		if cfg.redis == "" {
+			cfg.maxQueue = 1000 // miniredis queues 10,000 in about 35 s
+		}
+	}
+	if cfg.maxQueue < queueSizes[0] {
+		return cfg, fmt.Errorf("-max-queue must be at least %d", queueSizes[0])
 	}
 	cfg.scenarios = allScenarios
 	if scen != "all" {

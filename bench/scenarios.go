@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,13 +17,15 @@ import (
 )
 
 var scenarios = map[string]func(*env) ([]*Table, []Target, error){
-	"uncontended": uncontended,
-	"handoff":     handoff,
-	"contended":   contended,
-	"fifo":        fifo,
-	"drain":       drain,
-	"semaphore":   countingSemaphore,
-	"dining":      dining,
+	"uncontended":     uncontended,
+	"handoff":         handoff,
+	"contended":       contended,
+	"contended-100us": contended100us,
+	"queue":           queueScaling,
+	"fifo":            fifo,
+	"drain":           drain,
+	"semaphore":       countingSemaphore,
+	"dining":          dining,
 }
 
 // counter is a go-redis hook counting the commands one process sends.
@@ -183,21 +188,152 @@ func uncontended(e *env) ([]*Table, []Target, error) {
 		}
 	}
 	pingP50 := quantile(pings, 0.5)
+	cpu, err := e.uncontendedCPU(ps)
+	if err != nil {
+		return nil, nil, err
+	}
+	source := "Redis CPU: n/a (embedded)."
+	if cpu.measured {
+		source = "Redis CPU is the main thread's (INFO cpu used_cpu_user_main_thread + used_cpu_sys_main_thread)"
+		if !cpu.mainThread {
+			source = "Redis CPU is the whole process's (INFO cpu used_cpu_user + used_cpu_sys: this server has no main-thread figures)"
+		}
+		source += fmt.Sprintf(", read before and after slices of %d cycles per implementation, interleaved, minus an empty slice's (the INFO calls'); server commands from INFO commandstats, scripts' inner commands included.", cpuBatch)
+	}
 	t := &Table{Name: "uncontended", Title: "1. Uncontended acquire + release",
-		Note:    fmt.Sprintf("One process per implementation, one lock, nobody else. PING p50 %s, p99 %s, measured in the same loop (%d samples).", us(pingP50), us(quantile(pings, 0.99)), len(pings)),
-		Columns: []string{"implementation", "acquire p50", "acquire p99", "release p50", "acquire p50 / PING p50", "commands per acquire+release", "samples"}}
+		Note: fmt.Sprintf("One process per implementation, one lock, nobody else. PING p50 %s, p99 %s, measured in the same loop (%d samples). ", us(pingP50), us(quantile(pings, 0.99)), len(pings)) + source,
+		Columns: []string{"implementation", "acquire p50", "acquire p99", "release p50", "acquire p50 / PING p50", "commands per acquire+release",
+			"Redis CPU per acquire+release", "÷ setnx's", "server commands per acquire+release", "samples"}}
 	var targets []Target
+	ref := -1.0
+	for i, im := range e.impls {
+		if im.name == "setnx" && cpu.measured {
+			ref = cpu.perCycle[i]
+		}
+	}
 	for i, im := range e.impls {
 		r := ratio(quantile(acq[i], 0.5), pingP50)
+		cpuS, cpuR, calls := "n/a (embedded)", "n/a (embedded)", "n/a (embedded)"
+		var cpuRatio float64 = math.NaN()
+		if cpu.measured {
+			cpuS = fmt.Sprintf("%.1f µs", cpu.perCycle[i])
+			cpuR = "n/a (no setnx)"
+			if ref > 0 {
+				cpuRatio = cpu.perCycle[i] / ref
+				cpuR = f2(cpuRatio)
+			}
+			calls = "n/a"
+			if cpu.calls[i] >= 0 {
+				calls = f2(cpu.calls[i])
+			}
+		}
 		t.Rows = append(t.Rows, []string{im.name, us(quantile(acq[i], 0.5)), us(quantile(acq[i], 0.99)), us(quantile(rel[i], 0.5)), f2(r),
-			perAcq(cnt[i].n.Load(), int64(len(acq[i])+1)), strconv.Itoa(len(acq[i]))})
-		t.Data = append(t.Data, map[string]any{"impl": im.name, "acquire_p50_us": micros(quantile(acq[i], 0.5)), "acquire_p99_us": micros(quantile(acq[i], 0.99)),
-			"release_p50_us": micros(quantile(rel[i], 0.5)), "ping_p50_us": micros(pingP50), "acquire_per_ping": r, "samples": len(acq[i])})
+			perAcq(cnt[i].n.Load(), int64(len(acq[i])+1+cpu.cycles[i])), cpuS, cpuR, calls, strconv.Itoa(len(acq[i]))})
+		d := map[string]any{"impl": im.name, "acquire_p50_us": micros(quantile(acq[i], 0.5)), "acquire_p99_us": micros(quantile(acq[i], 0.99)),
+			"release_p50_us": micros(quantile(rel[i], 0.5)), "ping_p50_us": micros(pingP50), "acquire_per_ping": r, "samples": len(acq[i])}
+		if cpu.measured {
+			d["redis_cpu_us_per_cycle"] = cpu.perCycle[i]
+			d["redis_cpu_main_thread"] = cpu.mainThread
+			d["cpu_cycles"] = cpu.cycles[i]
+			if !math.IsNaN(cpuRatio) {
+				d["redis_cpu_per_setnx"] = cpuRatio
+			}
+			if cpu.calls[i] >= 0 {
+				d["server_cmds_per_cycle"] = cpu.calls[i]
+			}
+		}
+		t.Data = append(t.Data, d)
 		if !im.peer {
 			targets = append(targets, Target{"uncontended", "acquire p50 ≤ 1.3 × PING p50", f2(r) + " ×", r <= 1.3})
+			if e.real {
+				targets = append(targets, Target{"uncontended", "Redis CPU per acquire+release ≤ 1.3 × SET NX lock's", cpuR + " ×", cpuRatio <= 1.3})
+			}
 		}
 	}
 	return []*Table{t}, targets, nil
+}
+
+// cpuBatch is how many acquire+release cycles one CPU slice runs.
+const cpuBatch = 200
+
+// cpuFigures is Redis's cost of uncontended acquire+release cycles, per
+// implementation (indexed as e.impls).
+type cpuFigures struct {
+	measured   bool      // false where INFO cpu says nothing (miniredis)
+	mainThread bool      // see cpuTime
+	perCycle   []float64 // µs of Redis CPU per acquire+release
+	calls      []float64 // server commands per acquire+release; -1 unknown
+	cycles     []int
+}
+
+// uncontendedCPU runs slices of cpuBatch acquire+release cycles on ps (one
+// process per implementation), the implementations in turn as the latency
+// loop interleaves them, with an empty slice among them that measures what
+// the INFO calls themselves cost. Each implementation gets about half of
+// -duration and at least three slices. It returns the first error of a
+// lock or release. On miniredis it runs one round only, to check the
+// path, and measured is false.
+func (e *env) uncontendedCPU(ps []*proc) (cpuFigures, error) {
+	ctx := context.Background()
+	n := len(ps)
+	f := cpuFigures{perCycle: make([]float64, n), calls: make([]float64, n), cycles: make([]int, n)}
+	cpuSum := make([]float64, n+1) // index n: the empty slice
+	callSum := make([]int64, n+1)
+	slicesRun := make([]int, n+1)
+	measured, mainThread, callsKnown := true, true, true
+	budget := time.Duration(n) * e.cfg.duration / 2
+	start := time.Now()
+	for round := 0; round < 3 || (e.real && time.Since(start) < budget); round++ {
+		order := append(rotate(e.impls, round), n)
+		if round%2 == 1 {
+			slices.Reverse(order) // the empty slice runs first and last in turn
+		}
+		for _, i := range order {
+			calls0 := e.serverCalls()
+			c0, ok0 := e.serverCPU()
+			if i < n {
+				for range cpuBatch {
+					unlock, err := ps[i].lock(ctx, "u")
+					if err != nil {
+						return f, fmt.Errorf("%s: %w", e.impls[i].name, err)
+					}
+					if err := unlock(ctx); err != nil {
+						return f, fmt.Errorf("%s release: %w", e.impls[i].name, err)
+					}
+				}
+				f.cycles[i] += cpuBatch
+			}
+			c1, ok1 := e.serverCPU()
+			calls1 := e.serverCalls()
+			if !ok0 || !ok1 {
+				measured = false
+			} else {
+				mainThread = mainThread && c0.mainThread && c1.mainThread
+				cpuSum[i] += c1.seconds - c0.seconds
+			}
+			if calls0 < 0 || calls1 < 0 {
+				callsKnown = false
+			} else {
+				callSum[i] += calls1 - calls0
+			}
+			slicesRun[i]++
+		}
+		if !e.real {
+			break
+		}
+	}
+	f.measured, f.mainThread = measured && e.real, mainThread
+	emptyCPU := cpuSum[n] / float64(slicesRun[n])
+	emptyCalls := float64(callSum[n]) / float64(slicesRun[n])
+	for i := range n {
+		s := float64(slicesRun[i])
+		f.perCycle[i] = max(0, (cpuSum[i]-s*emptyCPU)*1e6/float64(f.cycles[i]))
+		f.calls[i] = -1
+		if callsKnown {
+			f.calls[i] = (float64(callSum[i]) - s*emptyCalls) / float64(f.cycles[i])
+		}
+	}
+	return f, nil
 }
 
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
@@ -272,7 +408,7 @@ func handoff(e *env) ([]*Table, []Target, error) {
 		t.Data = append(t.Data, map[string]any{"impl": im.name, "handoff_p50_us": micros(quantile(hand[i], 0.5)), "handoff_p99_us": micros(quantile(hand[i], 0.99)),
 			"handoff_max_us": micros(maxOf(hand[i])), "idle_ping_p50_us": micros(ping), "handoff_per_idle_ping": r, "samples": len(hand[i])})
 		if !im.peer {
-			targets = append(targets, Target{"handoff", "handoff p50 ≤ 2 × idle-PING p50", f2(r) + " ×", r <= 2})
+			targets = append(targets, Target{"handoff", "handoff p50 ≤ 1.5 × idle-PING p50", f2(r) + " ×", r <= 1.5})
 		}
 	}
 	return []*Table{t}, targets, nil
@@ -336,7 +472,16 @@ func loop(ps []*proc, d, hold time.Duration, limit int64, st *loopStats,
 				if inUse.Add(n) > limit {
 					atomic.AddInt64(&st.overlaps, 1)
 				}
-				time.Sleep(hold)
+				if hold < time.Millisecond {
+					// time.Sleep rounds short sleeps up to about 1 ms in a
+					// process that is otherwise idle (the peers'); a spin
+					// holds every implementation alike.
+					for time.Since(h0) < hold {
+						runtime.Gosched()
+					}
+				} else {
+					time.Sleep(hold)
+				}
 				inUse.Add(-n)
 				err = release(context.Background())
 				mu.Lock()
@@ -362,16 +507,28 @@ func asFloats(xs []int64) []float64 {
 	return out
 }
 
-// 3. Contended: N processes loop on one lock.
+// 3. Contended: N processes loop on one lock, 1 ms critical section.
 func contended(e *env) ([]*Table, []Target, error) {
-	const hold = time.Millisecond
-	const slices = 3
-	t := &Table{Name: "contended", Title: "3. Contended: N processes loop acquire / 1 ms critical section / release",
-		Note: fmt.Sprintf("Each implementation runs %v per N, in %d slices interleaved with the others. Longest wait includes waits cut off by the end of a slice. "+
-			"Server commands come from INFO commandstats and include the commands scripts run.", e.cfg.duration, slices),
-		Columns: []string{"N", "implementation", "acquisitions/s", "Jain", "longest wait", "longest wait / (N × mean hold)", "client commands / acq", "server commands / acq", "overlaps"}}
+	return contendedWith(e, "contended", "3. Contended: N processes loop acquire / 1 ms critical section / release", time.Millisecond, []int{4, 16, 64})
+}
+
+// 3b. The same with a 100 µs critical section, where the lock's own cost
+// shows more.
+func contended100us(e *env) ([]*Table, []Target, error) {
+	return contendedWith(e, "contended-100us", "3b. Contended: N processes loop acquire / 100 µs critical section / release", 100*time.Microsecond, []int{16, 64})
+}
+
+// contendedWith runs N processes per implementation looping acquire / hold
+// / release on one lock, for each N of ns, and reports throughput,
+// fairness, starvation and commands per acquisition.
+func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]*Table, []Target, error) {
+	const parts = 3
+	t := &Table{Name: name, Title: title,
+		Note: fmt.Sprintf("Each implementation runs %v per N, in %d slices interleaved with the others. Longest wait includes waits cut off by the end of a slice; starved counts processes with no acquisition at all. "+
+			"Server commands come from INFO commandstats and include the commands scripts run; Lua-internal is server minus client commands. A hold under 1 ms is a spin: time.Sleep rounds it up to about 1 ms in an otherwise idle process.", e.cfg.duration, parts),
+		Columns: []string{"N", "implementation", "acquisitions/s", "÷ best peer", "Jain", "starved", "longest wait", "longest wait / (N × mean hold)", "client commands / acq", "server commands / acq", "Lua-internal / acq", "overlaps"}}
 	var targets []Target
-	for _, N := range []int{4, 16, 64} {
+	for _, N := range ns {
 		n := len(e.impls)
 		ps := make([][]*proc, n)
 		cnt := make([]*counter, n)
@@ -385,14 +542,14 @@ func contended(e *env) ([]*Table, []Target, error) {
 			defer closeAll()
 			ps[i], sts[i] = p, &loopStats{}
 		}
-		for s := range slices {
+		for s := range parts {
 			for _, i := range rotate(e.impls, s) {
 				before := e.serverCalls()
-				loop(ps[i], e.cfg.duration/slices, hold, 1, sts[i], func(ctx context.Context, _ int, p *proc) (int64, func(context.Context) error, error) {
-					u, err := p.lock(ctx, fmt.Sprintf("c%d", N))
+				loop(ps[i], e.cfg.duration/parts, hold, 1, sts[i], func(ctx context.Context, _ int, p *proc) (int64, func(context.Context) error, error) {
+					u, err := p.lock(ctx, fmt.Sprintf("%s%d", name, N))
 					return 1, u, err
 				})
-				if after := e.serverCalls(); before >= 0 && after >= 0 {
+				if after := e.serverCalls(); before >= 0 && after >= 0 && sts[i].server >= 0 {
 					sts[i].server += after - before
 				} else {
 					sts[i].server = -1
@@ -402,36 +559,67 @@ func contended(e *env) ([]*Table, []Target, error) {
 				}
 			}
 		}
-		best, mine := 0.0, -1.0
+		best := 0.0
+		rates := make([]float64, n)
+		for i, im := range e.impls {
+			rates[i] = float64(sts[i].total()) / sts[i].elapsed.Seconds()
+			if im.peer {
+				best = max(best, rates[i])
+			}
+		}
 		for i, im := range e.impls {
 			st := sts[i]
 			acqs := st.total()
-			rate := float64(acqs) / st.elapsed.Seconds()
+			rate := rates[i]
 			j := jain(asFloats(st.counts))
+			starved := 0
+			for _, c := range st.counts {
+				if c == 0 {
+					starved++
+				}
+			}
 			meanHold := time.Duration(0)
 			if acqs > 0 {
 				meanHold = st.holdSum / time.Duration(acqs)
 			}
 			waitRatio := ratio(st.maxWait, time.Duration(N)*meanHold)
-			t.Rows = append(t.Rows, []string{strconv.Itoa(N), im.name, fmt.Sprintf("%.0f", rate), fmt.Sprintf("%.3f", j), us(st.maxWait), f2(waitRatio),
-				perAcq(cnt[i].n.Load(), acqs), perAcq(st.server, acqs), strconv.FormatInt(st.overlaps, 10)})
-			t.Data = append(t.Data, map[string]any{"n": N, "impl": im.name, "acquisitions_per_s": rate, "jain": j, "max_wait_us": micros(st.maxWait),
-				"mean_hold_us": micros(meanHold), "max_wait_per_n_hold": waitRatio, "client_cmds": cnt[i].n.Load(), "server_cmds": st.server,
-				"acquisitions": acqs, "overlaps": st.overlaps, "per_process": st.counts})
-			if im.peer {
-				best = max(best, rate)
-			} else {
-				mine = rate
-				if N == 64 {
-					targets = append(targets,
-						Target{"contended", "N=64: Jain ≥ 0.99", fmt.Sprintf("%.3f", j), j >= 0.99},
-						Target{"contended", "N=64: longest wait ≤ 3 × N × mean hold", f2(waitRatio) + " × N × mean hold", waitRatio <= 3},
-						Target{"contended", "no overlap", strconv.FormatInt(st.overlaps, 10), st.overlaps == 0})
-				}
+			vsBest, vsBestS := math.NaN(), "n/a"
+			if best > 0 {
+				vsBest = rate / best
+				vsBestS = f2(vsBest)
 			}
-		}
-		if N == 64 && mine >= 0 && best > 0 {
-			targets = append(targets, Target{"contended", "N=64: acquisitions/s ≥ 1.5 × best peer", f2(mine/best) + " ×", mine >= 1.5*best})
+			client := cnt[i].n.Load()
+			internal := int64(-1)
+			if st.server >= 0 {
+				internal = max(st.server-client, 0)
+			}
+			t.Rows = append(t.Rows, []string{strconv.Itoa(N), im.name, fmt.Sprintf("%.0f", rate), vsBestS, fmt.Sprintf("%.3f", j), strconv.Itoa(starved), us(st.maxWait), f2(waitRatio),
+				perAcq(client, acqs), perAcq(st.server, acqs), perAcq(internal, acqs), strconv.FormatInt(st.overlaps, 10)})
+			d := map[string]any{"n": N, "impl": im.name, "hold_us": micros(hold), "acquisitions_per_s": rate, "jain": j, "starved": starved, "max_wait_us": micros(st.maxWait),
+				"mean_hold_us": micros(meanHold), "max_wait_per_n_hold": waitRatio, "client_cmds": client, "server_cmds": st.server,
+				"acquisitions": acqs, "overlaps": st.overlaps, "per_process": st.counts}
+			if !math.IsNaN(vsBest) {
+				d["per_best_peer"] = vsBest
+			}
+			t.Data = append(t.Data, d)
+			if im.peer || N != 64 {
+				continue
+			}
+			targets = append(targets,
+				Target{name, "N=64: longest wait ≤ 3 × N × mean hold", f2(waitRatio) + " × N × mean hold", waitRatio <= 3},
+				Target{name, "no overlap", strconv.FormatInt(st.overlaps, 10), st.overlaps == 0})
+			if best > 0 {
+				targets = append(targets, Target{name, "N=64: acquisitions/s ≥ 1.0 × best peer, Jain ≥ 0.99, 0 starved",
+					fmt.Sprintf("%s ×, Jain %.3f, %d starved", vsBestS, j, starved), vsBest >= 1 && j >= 0.99 && starved == 0})
+			} else {
+				targets = append(targets, Target{name, "N=64: Jain ≥ 0.99, 0 starved", fmt.Sprintf("Jain %.3f, %d starved", j, starved), j >= 0.99 && starved == 0})
+			}
+			cpa := float64(client) / float64(max(acqs, 1))
+			targets = append(targets, Target{name, "N=64: requests per acquisition ≤ 2.2", f2(cpa), acqs > 0 && cpa <= 2.2})
+			if e.real && internal >= 0 {
+				ipa := float64(internal) / float64(max(acqs, 1))
+				targets = append(targets, Target{name, "N=64: Lua-internal commands per acquisition ≤ 12", f2(ipa), acqs > 0 && ipa <= 12})
+			}
 		}
 	}
 	return []*Table{t}, targets, nil
