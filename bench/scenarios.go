@@ -703,6 +703,13 @@ func fifoRound(ps []*proc, waiters int, gap time.Duration) (int, error) {
 			errs <- u(ctx)
 		}()
 		time.Sleep(gap)
+		// Arrival is when a request reaches Redis. Where the harness can
+		// see the queue (fairlock), it waits until this waiter is in it
+		// before starting the next, so scheduling delays of a loaded
+		// machine cannot reorder the arrivals themselves.
+		for deadline := time.Now().Add(time.Second); queueLen(ps[0], "f") >= 0 && queueLen(ps[0], "f") < j+1 && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
 	}
 	time.Sleep(5 * gap)
 	if err := unlock(ctx); err != nil {
