@@ -618,7 +618,8 @@ end
 
 -- next_event returns the milliseconds until the earliest lease expiry or
 -- waiter deadline of the resources this script loaded, when a queue may
--- move without anybody releasing, or -1; 0 when work was left over. It runs
+-- move without anybody releasing, or -1 for none or overdue; 0 when work
+-- was left over. It runs
 -- after finish, so its reads may not fail: a key it cannot read tells
 -- nothing.
 local function next_event()
@@ -635,7 +636,11 @@ local function next_event()
     end
   end
   if at == nil then return -1 end
-  return math.max(at - now, 0)
+  -- Overdue (< 0): a lease or waiter this script could not drop (on
+  -- another resource); the caller's periodic refresh sees to it. Only work
+  -- left over asks for the next script at once (0).
+  if at <= now then return -1 end
+  return at - now
 end
 
 -- more_flag reports, for replies, whether work was left for later scripts.

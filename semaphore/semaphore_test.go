@@ -204,8 +204,11 @@ func TestOneBlockingConnection(t *testing.T) {
 				t.Fatalf("waiter: %v", err)
 			}
 		}
-		if cnt.peak > 1 {
-			t.Fatalf("%d BLPOPs in flight at once, want at most 1", cnt.peak)
+		cnt.mu.Lock()
+		peak := cnt.peak
+		cnt.mu.Unlock()
+		if peak > 1 {
+			t.Fatalf("%d BLPOPs in flight at once, want at most 1", peak)
 		}
 	})
 }
