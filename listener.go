@@ -79,37 +79,36 @@ func (c *Client) blockingLocked() RedisClient {
 	if c.blk != nil {
 		return c.blk
 	}
-	hooks := listenhook.For(c.rdb)
+	// blocking is what the built client offers besides RedisClient.
+	type blocking interface {
+		RedisClient
+		AddHook(redis.Hook)
+		Close() error
+	}
+	var b blocking
 	switch r := c.rdb.(type) {
 	case *redis.Client:
 		o := *r.Options()
 		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = listenPoolSize, 0, 0, 0
 		o.MaintNotificationsConfig, o.PushNotificationProcessor = noMaint(), nil
-		b := redis.NewClient(&o)
-		for _, h := range hooks {
-			b.AddHook(h)
-		}
-		c.blk, c.closeBlk = b, b.Close
+		b = redis.NewClient(&o)
 	case *redis.ClusterClient:
 		o := *r.Options()
 		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = listenPoolSize, 0, 0, 0
 		o.MaintNotificationsConfig, o.PushNotificationProcessor = noMaint(), nil
-		b := redis.NewClusterClient(&o)
-		for _, h := range hooks {
-			b.AddHook(h)
-		}
-		c.blk, c.closeBlk = b, b.Close
+		b = redis.NewClusterClient(&o)
 	case *redis.Ring:
 		o := *r.Options()
 		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = listenPoolSize, 0, 0, 0
-		b := redis.NewRing(&o)
-		for _, h := range hooks {
-			b.AddHook(h)
-		}
-		c.blk, c.closeBlk = b, b.Close
+		b = redis.NewRing(&o)
 	default:
 		c.blk = c.rdb
+		return c.blk
 	}
+	for _, h := range listenhook.For(c.rdb) {
+		b.AddHook(h)
+	}
+	c.blk, c.closeBlk = b, b.Close
 	return c.blk
 }
 

@@ -106,23 +106,25 @@ func distinct(parts []part) error {
 // sharing a tag are sure to share a shard (now and after the Ring's shards
 // change); two tags that happen to share a shard are refused too.
 func sameTag(parts []part) error {
-	tag := hashTag(parts[0].k.base)
-	for _, pt := range parts[1:] {
-		if t := hashTag(pt.k.base); t != tag {
-			return fmt.Errorf("%w: on a *redis.Ring, %q has hash tag %q and %q has %q; a Ring places keys by hash tag, so give the names one hash tag, such as \"{acct}:1\" and \"{acct}:2\"",
-				ErrCrossSlot, parts[0].req.Name, tag, pt.req.Name, t)
-		}
-	}
-	return nil
+	return samePlace(parts, func(base string) string { return strconv.Quote(hashTag(base)) },
+		"on a *redis.Ring, %q has hash tag %s and %q has %s; a Ring places keys by hash tag")
 }
 
 // sameSlot reports an error unless all parts live in one Cluster slot.
 func sameSlot(parts []part) error {
-	slot := keySlot(parts[0].k.base)
+	return samePlace(parts, func(base string) string { return strconv.Itoa(keySlot(base)) },
+		"%q is in slot %s and %q in slot %s")
+}
+
+// samePlace reports an error matching [ErrCrossSlot] unless place gives
+// every part's key base the same answer; what explains the first
+// difference, with the two names and places.
+func samePlace(parts []part, place func(base string) string, what string) error {
+	first := place(parts[0].k.base)
 	for _, pt := range parts[1:] {
-		if s := keySlot(pt.k.base); s != slot {
-			return fmt.Errorf("%w: %q is in slot %d and %q in slot %d; give the names one hash tag, such as \"{acct}:1\" and \"{acct}:2\"",
-				ErrCrossSlot, parts[0].req.Name, slot, pt.req.Name, s)
+		if at := place(pt.k.base); at != first {
+			return fmt.Errorf("%w: "+what+"; give the names one hash tag, such as \"{acct}:1\" and \"{acct}:2\"",
+				ErrCrossSlot, parts[0].req.Name, first, pt.req.Name, at)
 		}
 	}
 	return nil
