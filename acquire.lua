@@ -40,6 +40,8 @@
 --     STATUS_MAX of each, and the counts (which include entries that have
 --     expired but were not yet dropped).
 
+begin(KEYS)
+
 local op = ARGV[1]
 local STATUS_MAX = 1000
 

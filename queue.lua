@@ -65,17 +65,33 @@
 -- Lua 5.1 (Redis, Valkey) has unpack; Lua 5.4 (Dragonfly) has table.unpack.
 local unpack = unpack or table.unpack
 
-local clock = redis.call('TIME')
-local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-local now = math.floor(now_us / 1000)
-
 local BUDGET = 400     -- grants, purges and drops one script may make
 local CHUNK = 256      -- arguments of one write call (even: pairs stay whole)
 local PAGE = 64        -- queue members read at once after the first
 local TOMB_MS = 20000  -- a tombstone lives between half this and this
 
-local budget = BUDGET
-local more = false     -- work was left for the next script
+-- The state of one call, set by begin. The definitions below are made once
+-- (when Redis loads them as a function library) or once per script (EVAL),
+-- so nothing else may carry over from one call to the next.
+local keys          -- the call's KEYS
+local now_us, now   -- Redis's time, in microseconds and in milliseconds
+local budget        -- grants, purges and drops left
+local more          -- work was left for the next script
+local writes, wlast, expires, expire_of -- the write buffer
+local loaded, by_base                   -- resources read (see load)
+local wakes, wake_lists                 -- wake-ups to push, by list
+
+-- begin starts a call: every script's first statement.
+local function begin(call_keys)
+  keys = call_keys
+  local clock = redis.call('TIME')
+  now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  now = math.floor(now_us / 1000)
+  budget, more = BUDGET, false
+  writes, wlast, expires, expire_of = {}, {}, {}, {}
+  loaded, by_base = {}, {}
+  wakes, wake_lists = {}, {}
+end
 
 -- num formats an integer-valued number (or numeric string) without
 -- exponent notation.
@@ -85,8 +101,6 @@ end
 
 -- The write buffer: writes in order, consecutive ones of one command to one
 -- key merged; key TTLs apart, last one wins.
-local writes, wlast = {}, {}
-local expires, expire_of = {}, {}
 
 local function write(cmd, key, a, b)
   local e = wlast[key]
@@ -176,8 +190,7 @@ local function parse_waiter(m)
 end
 
 -- Resources are loaded once per script, into tables that hold their state
--- until finish buffers it for writing.
-local loaded, by_base = {}, {}
+-- until finish buffers it for writing (loaded, by_base).
 
 -- rebuild recounts a resource's state from its sorted sets, should its state
 -- hash be missing while they are not (it is never evicted alone under
@@ -203,7 +216,7 @@ local function load(base, k, ticket)
   if r then return r end
   local S, Q, D, H, T
   if k then
-    S, Q, D, H, T = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
+    S, Q, D, H, T = keys[k], keys[k + 1], keys[k + 2], keys[k + 3], keys[k + 4]
   else
     S, Q, D, H, T = base .. ':s', base .. ':q', base .. ':d', base .. ':h', base .. ':t'
     local probe = redis.pcall('EXISTS', S, Q, D, H, T)
@@ -252,8 +265,8 @@ end
 -- looking ticket up in each.
 local function declared(ticket)
   local rs = {}
-  for i = 1, #KEYS, 5 do
-    rs[#rs + 1] = load(string.sub(KEYS[i], 1, -3), i, ticket)
+  for i = 1, #keys, 5 do
+    rs[#rs + 1] = load(string.sub(keys[i], 1, -3), i, ticket)
   end
   return rs
 end
@@ -432,9 +445,6 @@ local function ready(w)
   end
   return true
 end
-
--- Wake-ups to push, by wake list, in order.
-local wakes, wake_lists = {}, {}
 
 -- announce grants waiter w (already out of its queues) everything it asked
 -- for, and tells its process on the wake list of its first resource. An

@@ -20,6 +20,8 @@
 --              had just been granted (the grant, announced to it, is handed
 --              on), 0 it was already gone.
 
+begin(KEYS)
+
 local op, ticket, client, unconfirmed = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local lease, wait, group = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local rs = declared(ticket)
