@@ -44,17 +44,19 @@ type Lease struct {
 // newLease wraps a grant and starts its renewal. deadline is the local
 // time by which Redis may have expired the grant, derived from Redis's own
 // expiry of it (see clockSample). A grant announced through a wake list
-// (announced) lasts only the waiter TTL until confirmed, so it is renewed
-// at once.
+// (announced) lasts only the waiter TTL until its first renewal confirms
+// it; that renewal comes at a third of the time left, as every renewal
+// does, not at once: most short holds release before, and the handoff
+// costs no extra script.
 func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []int64, deadline time.Time, announced bool) (*Lease, error) {
 	l := &Lease{c: c, p: p, ticket: ticket, tokens: tokens, granted: time.Now()}
 	l.ctx, l.end = context.WithCancelCause(context.Background())
 	l.stopCtx, l.halt = context.WithCancel(context.Background())
 	l.idle = sync.NewCond(&l.rmu)
 	l.deadline = deadline
-	first := c.cfg.leaseTTL / 3
+	first := c.cfg.leaseTTL / renewFraction
 	if announced {
-		first, l.pending = 0, true
+		first, l.pending = max(time.Until(deadline)/renewFraction, 0), true
 	}
 
 	c.mu.Lock()
@@ -246,6 +248,14 @@ func (l *Lease) abandon(cause error) {
 	l.finish(cause)
 }
 
+// Renewal cadence: a lease is renewed at 1/renewFraction of its TTL, and a
+// failed renewal is retried at 1/retryFraction of it, never past the
+// lease's deadline.
+const (
+	renewFraction = 3
+	retryFraction = 10
+)
+
 // renew extends the lease; it runs on the lease's timer, at a third of the
 // TTL. It counts the TTL from when each renewal was sent, never from its
 // answer, so the holder gives the lease up before Redis can have expired it.
@@ -284,7 +294,7 @@ func (l *Lease) renew() {
 	case l.stopped:
 	case err == nil && n == 1:
 		l.deadline, l.pending = sent.Add(ttl), false
-		l.timer.Reset(ttl / 3)
+		l.timer.Reset(ttl / renewFraction)
 		l.c.observe(Event{Kind: LeaseRenewed, Names: l.p.names, Permits: l.p.permits(), Held: time.Since(l.granted), ID: l.p.id})
 	case err == nil:
 		lost = fmt.Errorf("fairlock: renew %s: %w: expired", labelOf(l.p.names), ErrLeaseLost)
@@ -292,7 +302,7 @@ func (l *Lease) renew() {
 		lost = fmt.Errorf("fairlock: renew %s: %w: not renewed in time: %w: %w", labelOf(l.p.names), ErrLeaseLost, ErrRedis, err)
 	default:
 		// Retry soon, but never past the deadline.
-		l.timer.Reset(min(ttl/10, time.Until(deadline)))
+		l.timer.Reset(min(ttl/retryFraction, time.Until(deadline)))
 		l.c.logf(slog.LevelWarn, "fairlock: renewal failed; retrying until the lease's deadline", l.p.names,
 			strconv.FormatInt(l.tokens[0], 10), slog.Time("deadline", deadline), slog.Any("error", err))
 	}

@@ -92,7 +92,12 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 		{"barging", "acquire.lua",
 			"if r.nq > 0 or r.used + want[i] > r.cap then\n    free = false", "if r.used + want[i] > r.cap then\n    free = false", 0},
 		{"permit lost on cancel", "release.lua",
-			"      unqueue(p.r, m, true)\n", "      unqueue(p.r, m, true)\n      p.r.used = p.r.used + 1\n", 0},
+			"      unqueue(p.r, waiter_member(ticket, p.n, client, lease, wait, group), true)\n",
+			"      unqueue(p.r, waiter_member(ticket, p.n, client, lease, wait, group), true)\n      p.r.used = p.r.used + 1\n", 0},
+		{"lease bound not lowered", "queue.lua",
+			// A grant announced to a process that then dies expires before
+			// the leases around it; a machine in a few hundred has one.
+			"  if r.hmin and at < r.hmin then r.hmin = at end\n", "", 3000},
 		{"multi-request barging", "queue.lua",
 			"    if m ~= want then\n", "    if false then\n",
 			// It takes three requests with the right sizes in the right
