@@ -15,9 +15,21 @@ const (
 	DefaultWaiterTTL = 3 * time.Second
 )
 
-// minTTL is the shortest lease or waiter TTL accepted: renewals run at a
-// third of it, and shorter periods would keep Redis busy for nothing.
-const minTTL = 10 * time.Millisecond
+// A client's timers run at fractions of its TTLs.
+const (
+	// renewDivisor: a held lease is renewed, and a queued waiter
+	// refreshed, every TTL/renewDivisor, which leaves two thirds of the
+	// TTL to retry a renewal that failed.
+	renewDivisor = 3
+	// retryDivisor: a renewal or refresh that failed is tried again
+	// TTL/retryDivisor later (a renewal never past its lease's deadline).
+	retryDivisor = 10
+)
+
+// minTTL is the shortest lease or waiter TTL accepted. It keeps the
+// shortest timer, a retry at TTL/retryDivisor, at a millisecond or more:
+// shorter periods would keep Redis busy for nothing.
+const minTTL = retryDivisor * time.Millisecond
 
 type config struct {
 	prefix    string
