@@ -14,7 +14,7 @@ import (
 
 func TestMutex(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		e := newEnv(t, b)
+		e := fltest.New(t, b)
 		ctx := context.Background()
 		m1, err := semaphore.NewMutex(e.Client(), "mu")
 		if err != nil {
@@ -47,7 +47,7 @@ func TestMutex(t *testing.T) {
 // queued behind a writer enter together.
 func TestRWMutexFair(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		e := newEnv(t, b)
+		e := fltest.New(t, b)
 		ctx := context.Background()
 		rw := func() *semaphore.RWMutex {
 			m, err := semaphore.NewRWMutex(e.Client(), "rw")
@@ -68,33 +68,33 @@ func TestRWMutexFair(t *testing.T) {
 			t.Fatalf("TryLock with readers = %v, want ErrNotAcquired", err)
 		}
 		w := rw()
-		wch := make(chan result, 1)
-		go func() { l, err := w.Lock(ctx); wch <- result{l, err} }()
-		e.waitQueued("rw", 1)
+		wch := make(chan fltest.Result, 1)
+		go func() { l, err := w.Lock(ctx); wch <- fltest.Result{Lease: l, Err: err} }()
+		e.WaitQueued("rw", 1)
 		if _, err := rw().TryRLock(ctx); !errors.Is(err, fairlock.ErrNotAcquired) {
 			t.Fatalf("TryRLock behind a waiting writer = %v, want ErrNotAcquired", err)
 		}
-		late := make(chan result, 2)
+		late := make(chan fltest.Result, 2)
 		for i := range 2 {
 			m := rw()
-			go func() { l, err := m.RLock(ctx); late <- result{l, err} }()
-			e.waitQueued("rw", int64(i+2))
+			go func() { l, err := m.RLock(ctx); late <- fltest.Result{Lease: l, Err: err} }()
+			e.WaitQueued("rw", int64(i+2))
 		}
 		e.Release(r1)
-		e.notYet(wch, "the writer, with a reader inside")
+		e.NotYet(wch, "the writer, with a reader inside")
 		e.Release(r2)
-		wr := e.receive(wch)
-		if wr.err != nil {
-			t.Fatal(wr.err)
+		wr := e.Receive(wch)
+		if wr.Err != nil {
+			t.Fatal(wr.Err)
 		}
-		e.notYet(late, "a reader, with the writer inside")
-		e.Release(wr.lease)
+		e.NotYet(late, "a reader, with the writer inside")
+		e.Release(wr.Lease)
 		for range 2 {
-			r := e.receive(late)
-			if r.err != nil {
-				t.Fatal(r.err)
+			r := e.Receive(late)
+			if r.Err != nil {
+				t.Fatal(r.Err)
 			}
-			defer e.Release(r.lease)
+			defer e.Release(r.Lease)
 		}
 	})
 }
@@ -104,9 +104,9 @@ func TestRWMutexFair(t *testing.T) {
 func TestDoCancelsOnLeaseLoss(t *testing.T) {
 	b := redistest.Mini(t)
 	b.Freeze(t)
-	e := newEnv(t, b)
+	e := fltest.New(t, b)
 	const ttl = 300 * time.Millisecond
-	s := e.sem(e.Client(fairlock.WithLeaseTTL(ttl)), "do", 1)
+	s := newSem(t, e.Client(fairlock.WithLeaseTTL(ttl)), "do", 1)
 	started := make(chan struct{})
 	errc := make(chan error, 1)
 	go func() {
