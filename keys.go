@@ -7,7 +7,8 @@ import (
 	"unicode/utf8"
 )
 
-// MaxNameLen is the longest semaphore name, in bytes, that fairlock accepts.
+// MaxNameLen is the longest semaphore name, in bytes, that fairlock accepts;
+// a longer one fails with [ErrInvalidName].
 const MaxNameLen = 512
 
 // maxPrefixLen bounds the key prefix set with [WithPrefix].

@@ -176,3 +176,36 @@ func ExampleRWMutex() {
 	// writer while reading: true
 	// writer alone: true
 }
+
+// Do and RDo run a function under the write or a read lock and unlock
+// afterwards, whatever the function returns.
+func ExampleRWMutex_Do() {
+	rdb, stop := redistest.Embedded() // a program connects to its own Redis
+	defer stop()
+	ctx := context.Background()
+	c, err := fairlock.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	rw, err := semaphore.NewRWMutex(c, "config")
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	config := map[string]string{}
+	err = rw.Do(ctx, func(ctx context.Context) error {
+		config["mode"] = "fast" // stands for a write to a shared store
+		return nil
+	})
+	fmt.Println("write:", err)
+	err = rw.RDo(ctx, func(ctx context.Context) error {
+		fmt.Println("read:", config["mode"])
+		return nil
+	})
+	fmt.Println("read done:", err)
+	// Output:
+	// write: <nil>
+	// read: fast
+	// read done: <nil>
+}

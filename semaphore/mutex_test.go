@@ -3,6 +3,7 @@ package semaphore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -124,4 +125,47 @@ func TestDoCancelsOnLeaseLoss(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Do did not return after its lease was lost")
 	}
+}
+
+// RWMutex.Do holds the write lock while f runs, and RDo a read lock: a
+// reader fits beside RDo's f but not beside Do's; both unlock afterwards.
+func TestRWMutexDo(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		rw, err := semaphore.NewRWMutex(e.Client(), "rwdo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		other, err := semaphore.NewRWMutex(e.Client(), "rwdo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		boom := errors.New("boom")
+		err = rw.Do(ctx, func(context.Context) error {
+			_, err := other.TryRLock(ctx)
+			fltest.IsErr(t, "TryRLock inside Do", err, fairlock.ErrNotAcquired)
+			return boom
+		})
+		fltest.IsErr(t, "Do", err, boom)
+		err = rw.RDo(ctx, func(context.Context) error {
+			l, err := other.TryRLock(ctx)
+			if err != nil {
+				return fmt.Errorf("TryRLock inside RDo: %w", err)
+			}
+			e.Release(l)
+			_, err = other.TryLock(ctx)
+			fltest.IsErr(t, "TryLock inside RDo", err, fairlock.ErrNotAcquired)
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("RDo: %v", err)
+		}
+		// Both unlocked: the write lock is free.
+		l, err := other.TryLock(ctx)
+		if err != nil {
+			t.Fatalf("TryLock after Do and RDo: %v", err)
+		}
+		e.Release(l)
+	})
 }
