@@ -1,4 +1,4 @@
-package semaphore_test
+package fairlock_test
 
 import (
 	"context"
@@ -14,28 +14,18 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// waitDone waits for a lease's Done channel.
-func (e *env) waitDone(l *fairlock.Lease) {
-	e.t.Helper()
-	select {
-	case <-l.Done():
-	case <-time.After(10 * time.Second):
-		e.t.Fatal("lease Done not closed within 10s")
-	}
-}
-
 // Semantics 4: a held lease is renewed past its TTL.
 func TestLeaseRenewedWhileHeld(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		e := newEnv(t, b)
+		e := fltest.New(t, b)
 		ctx := context.Background()
 		const ttl = 150 * time.Millisecond
-		l, err := e.sem(e.Client(fairlock.WithLeaseTTL(ttl)), "renew", 1).Acquire(ctx, 1)
+		l, err := newSem(e.Client(fairlock.WithLeaseTTL(ttl)), "renew", 1).Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(5 * ttl)
-		if _, err := e.sem(e.Client(), "renew", 1).TryAcquire(ctx, 1); !errors.Is(err, fairlock.ErrNotAcquired) {
+		if _, err := newSem(e.Client(), "renew", 1).TryAcquire(ctx, 1); !errors.Is(err, fairlock.ErrNotAcquired) {
 			t.Fatalf("TryAcquire while renewed = %v, want ErrNotAcquired", err)
 		}
 		if err := l.Err(); err != nil {
@@ -51,19 +41,19 @@ func TestLeaseRenewedWhileHeld(t *testing.T) {
 func TestLeaseExpiredIsLost(t *testing.T) {
 	b := redistest.Mini(t)
 	b.Freeze(t)
-	e := newEnv(t, b)
+	e := fltest.New(t, b)
 	ctx := context.Background()
 	const ttl = 300 * time.Millisecond
-	a := e.sem(e.Client(fairlock.WithLeaseTTL(ttl)), "lost", 1)
+	a := newSem(e.Client(fairlock.WithLeaseTTL(ttl)), "lost", 1)
 	l, err := a.Acquire(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b.Advance(t, ttl) // expiry <= now: gone
-	e.waitDone(l)
+	e.WaitDone(l)
 	fltest.IsErr(t, "Err() after expiry", l.Err(), fairlock.ErrLeaseLost)
 	// Nobody holds it now, and the old holder's renewals did not revive it.
-	next, err := e.sem(e.Client(), "lost", 1).TryAcquire(ctx, 1)
+	next, err := newSem(e.Client(), "lost", 1).TryAcquire(ctx, 1)
 	if err != nil {
 		t.Fatalf("TryAcquire after expiry: %v", err)
 	}
@@ -78,20 +68,20 @@ func TestLeaseExpiredIsLost(t *testing.T) {
 // Semantics 4: renewal stops before Release returns.
 func TestNoRenewalAfterRelease(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		e := newEnv(t, b)
-		cnt := newCounter()
+		e := fltest.New(t, b)
+		cnt := fltest.NewCounter()
 		rdb := b.Client(t)
 		redistest.AddHook(t, rdb, cnt)
 		const ttl = 30 * time.Millisecond
-		l, err := e.sem(e.ClientOn(rdb, fairlock.WithLeaseTTL(ttl)), "stop", 1).Acquire(context.Background(), 1)
+		l, err := newSem(e.ClientOn(rdb, fairlock.WithLeaseTTL(ttl)), "stop", 1).Acquire(context.Background(), 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.WaitFor("two renewals", func() bool { return cnt.get("evalsha:renew") >= 2 })
+		e.WaitFor("two renewals", func() bool { return cnt.Get("evalsha:renew") >= 2 })
 		e.Release(l)
-		after := cnt.get("evalsha:renew")
+		after := cnt.Get("evalsha:renew")
 		time.Sleep(5 * ttl)
-		if got := cnt.get("evalsha:renew"); got != after {
+		if got := cnt.Get("evalsha:renew"); got != after {
 			t.Fatalf("%d renewals after Release returned", got-after)
 		}
 	})
@@ -102,52 +92,52 @@ func TestNoRenewalAfterRelease(t *testing.T) {
 // liveness refresh is an hour away).
 func TestHolderCrash(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		e := newEnv(t, b)
+		e := fltest.New(t, b)
 		ctx := context.Background()
 		const ttl = 200 * time.Millisecond
 		holder, f := e.FaultyClient(fairlock.WithLeaseTTL(ttl))
-		l, err := e.sem(holder, "crash", 1).Acquire(ctx, 1)
+		l, err := newSem(holder, "crash", 1).Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ch := acquireAsync(ctx, e.sem(e.Client(fairlock.WithWaiterTTL(time.Hour)), "crash", 1), 1)
-		e.waitQueued("crash", 1)
+		ch := acquireAsync(ctx, newSem(e.Client(fairlock.WithWaiterTTL(time.Hour)), "crash", 1), 1)
+		e.WaitQueued("crash", 1)
 		f.Down.Store(true) // the holder's process dies
-		r := e.receive(ch)
-		if r.err != nil {
-			t.Fatalf("waiter after holder crash: %v", r.err)
+		r := e.Receive(ch)
+		if r.Err != nil {
+			t.Fatalf("waiter after holder crash: %v", r.Err)
 		}
-		if r.lease.Token() <= l.Token() {
-			t.Fatalf("new token %d <= crashed holder's %d", r.lease.Token(), l.Token())
+		if r.Lease.Token() <= l.Token() {
+			t.Fatalf("new token %d <= crashed holder's %d", r.Lease.Token(), l.Token())
 		}
-		e.Release(r.lease)
+		e.Release(r.Lease)
 	})
 }
 
 // Semantics 6: a waiter whose context ends leaves the queue at once.
 func TestCancelLeavesQueue(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		e := newEnv(t, b)
+		e := fltest.New(t, b)
 		ctx := context.Background()
-		held, err := e.sem(e.Client(), "cancel", 1).Acquire(ctx, 1)
+		held, err := newSem(e.Client(), "cancel", 1).Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := e.sem(e.Client(), "cancel", 1)
+		s := newSem(e.Client(), "cancel", 1)
 		cctx, cancel := context.WithCancel(ctx)
 		ch := acquireAsync(cctx, s, 1)
-		e.waitQueued("cancel", 1)
+		e.WaitQueued("cancel", 1)
 		cancel()
-		r := e.receive(ch)
-		fltest.IsErr(t, "Acquire after cancel", r.err, context.Canceled)
-		if n, _ := e.rdb.ZCard(ctx, e.key("cancel", "q")).Result(); n != 0 {
+		r := e.Receive(ch)
+		fltest.IsErr(t, "Acquire after cancel", r.Err, context.Canceled)
+		if n, _ := e.RDB.ZCard(ctx, e.Key("cancel", "q")).Result(); n != 0 {
 			t.Fatalf("queue length after cancel = %d, want 0", n)
 		}
 		dctx, dcancel := context.WithTimeout(ctx, 50*time.Millisecond)
 		defer dcancel()
 		_, err = s.Acquire(dctx, 1)
 		fltest.IsErr(t, "Acquire past its deadline", err, context.DeadlineExceeded)
-		if n, _ := e.rdb.ZCard(ctx, e.key("cancel", "q")).Result(); n != 0 {
+		if n, _ := e.RDB.ZCard(ctx, e.Key("cancel", "q")).Result(); n != 0 {
 			t.Fatalf("queue length after deadline = %d, want 0", n)
 		}
 		// A done context fails even where permits are free.
@@ -162,9 +152,9 @@ func TestCancelLeavesQueue(t *testing.T) {
 // so the grant lands while it still waits; then its context ends.
 func TestCancelRacingGrantHandsOn(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		e := newEnv(t, b)
+		e := fltest.New(t, b)
 		ctx := context.Background()
-		held, err := e.sem(e.Client(), "race", 1).Acquire(ctx, 1)
+		held, err := newSem(e.Client(), "race", 1).Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -172,21 +162,21 @@ func TestCancelRacingGrantHandsOn(t *testing.T) {
 		c1, f := e.FaultyClient(fairlock.WithWaiterTTL(time.Hour), fairlock.WithLeaseTTL(time.Hour))
 		undo := f.Deafen(t)
 		cctx, cancel := context.WithCancel(ctx)
-		first := acquireAsync(cctx, e.sem(c1, "race", 1), 1)
-		e.waitQueued("race", 1)
-		second := acquireAsync(ctx, e.sem(e.Client(), "race", 1), 1)
-		e.waitQueued("race", 2)
+		first := acquireAsync(cctx, newSem(c1, "race", 1), 1)
+		e.WaitQueued("race", 1)
+		second := acquireAsync(ctx, newSem(e.Client(), "race", 1), 1)
+		e.WaitQueued("race", 2)
 		e.Release(held)
-		e.waitQueued("race", 1) // granted to the first, which has not heard
+		e.WaitQueued("race", 1) // granted to the first, which has not heard
 		cancel()
-		r1 := e.receive(first)
-		fltest.IsErr(t, "cancelled Acquire", r1.err, context.Canceled)
-		r2 := e.receive(second)
-		if r2.err != nil {
-			t.Fatalf("second waiter: %v", r2.err)
+		r1 := e.Receive(first)
+		fltest.IsErr(t, "cancelled Acquire", r1.Err, context.Canceled)
+		r2 := e.Receive(second)
+		if r2.Err != nil {
+			t.Fatalf("second waiter: %v", r2.Err)
 		}
 		undo()
-		e.Release(r2.lease)
+		e.Release(r2.Lease)
 	})
 }
 
@@ -197,9 +187,9 @@ func TestCancelRacingGrantHandsOn(t *testing.T) {
 func TestDeadWaitersCostOneTTL(t *testing.T) {
 	b := redistest.Mini(t)
 	b.Freeze(t)
-	e := newEnv(t, b)
+	e := fltest.New(t, b)
 	ctx := context.Background()
-	held, err := e.sem(e.Client(), "dead", 1).Acquire(ctx, 1)
+	held, err := newSem(e.Client(), "dead", 1).Acquire(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,46 +199,46 @@ func TestDeadWaitersCostOneTTL(t *testing.T) {
 	for i := range dead {
 		c, f := e.FaultyClient(fairlock.WithWaiterTTL(wttl), fairlock.WithLeaseTTL(time.Hour))
 		cut = append(cut, f)
-		_ = acquireAsync(ctx, e.sem(c, "dead", 1), 1)
-		e.waitQueued("dead", int64(i+1))
+		_ = acquireAsync(ctx, newSem(c, "dead", 1), 1)
+		e.WaitQueued("dead", int64(i+1))
 	}
-	live := acquireAsync(ctx, e.sem(e.Client(fairlock.WithWaiterTTL(time.Hour)), "dead", 1), 1)
-	e.waitQueued("dead", dead+1)
+	live := acquireAsync(ctx, newSem(e.Client(fairlock.WithWaiterTTL(time.Hour)), "dead", 1), 1)
+	e.WaitQueued("dead", dead+1)
 	for _, f := range cut {
 		f.Down.Store(true)
 	}
 	e.Release(held) // hands the permit to the first dead waiter
-	e.notYet(live, "the live waiter, behind dead ones")
+	e.NotYet(live, "the live waiter, behind dead ones")
 	b.Advance(t, wttl)
-	r := e.receive(live)
-	if r.err != nil {
-		t.Fatalf("live waiter: %v", r.err)
+	r := e.Receive(live)
+	if r.Err != nil {
+		t.Fatalf("live waiter: %v", r.Err)
 	}
-	e.Release(r.lease)
+	e.Release(r.Lease)
 }
 
 // Semantics 6: a dead process's announced grant expires after one waiter
 // TTL, with real time and no clock moves.
 func TestGrantToDeadWaiterExpires(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		e := newEnv(t, b)
+		e := fltest.New(t, b)
 		ctx := context.Background()
-		held, err := e.sem(e.Client(), "gd", 1).Acquire(ctx, 1)
+		held, err := newSem(e.Client(), "gd", 1).Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
 		c, f := e.FaultyClient(fairlock.WithWaiterTTL(200*time.Millisecond), fairlock.WithLeaseTTL(time.Hour))
-		_ = acquireAsync(ctx, e.sem(c, "gd", 1), 1)
-		e.waitQueued("gd", 1)
-		live := acquireAsync(ctx, e.sem(e.Client(fairlock.WithWaiterTTL(time.Hour)), "gd", 1), 1)
-		e.waitQueued("gd", 2)
+		_ = acquireAsync(ctx, newSem(c, "gd", 1), 1)
+		e.WaitQueued("gd", 1)
+		live := acquireAsync(ctx, newSem(e.Client(fairlock.WithWaiterTTL(time.Hour)), "gd", 1), 1)
+		e.WaitQueued("gd", 2)
 		f.Down.Store(true)
 		e.Release(held)
-		r := e.receive(live)
-		if r.err != nil {
-			t.Fatalf("live waiter: %v", r.err)
+		r := e.Receive(live)
+		if r.Err != nil {
+			t.Fatalf("live waiter: %v", r.Err)
 		}
-		e.Release(r.lease)
+		e.Release(r.Lease)
 	})
 }
 
@@ -275,38 +265,38 @@ func (s *slowAcquire) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // and hold the permits for a waiter TTL while nobody used them.
 func TestRefreshIgnoresTicketsNotYetQueued(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		e := newEnv(t, b)
+		e := fltest.New(t, b)
 		ctx := context.Background()
-		held, err := e.sem(e.Client(), "ghost", 1).Acquire(ctx, 1)
+		held, err := newSem(e.Client(), "ghost", 1).Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		cnt, slow := newCounter(), &slowAcquire{}
+		cnt, slow := fltest.NewCounter(), &slowAcquire{}
 		rdb := b.Client(t)
 		redistest.AddHook(t, rdb, cnt)
 		redistest.AddHook(t, rdb, slow)
 		const wttl = 150 * time.Millisecond // refreshes every 50ms
-		s := e.sem(e.ClientOn(rdb, fairlock.WithWaiterTTL(wttl)), "ghost", 1)
+		s := newSem(e.ClientOn(rdb, fairlock.WithWaiterTTL(wttl)), "ghost", 1)
 		first := acquireAsync(ctx, s, 1)
-		e.waitQueued("ghost", 1) // the room now refreshes on its own
+		e.WaitQueued("ghost", 1) // the room now refreshes on its own
 		slow.delay.Store(int64(wttl))
 		second := acquireAsync(ctx, s, 1)
-		e.waitQueued("ghost", 2)
+		e.WaitQueued("ghost", 2)
 		slow.delay.Store(0)
 		time.Sleep(wttl) // room for more refreshes, and for a re-queue
-		if got := cnt.get("evalsha:acquire") + cnt.get("eval:acquire"); got != 2 {
+		if got := cnt.Get("evalsha:acquire") + cnt.Get("eval:acquire"); got != 2 {
 			t.Fatalf("two waiters ran %d acquire scripts: one was queued again", got)
 		}
-		if n, _ := e.rdb.ZCard(ctx, e.key("ghost", "q")).Result(); n != 2 {
+		if n, _ := e.RDB.ZCard(ctx, e.Key("ghost", "q")).Result(); n != 2 {
 			t.Fatalf("queue length %d, want 2", n)
 		}
 		e.Release(held)
-		for _, ch := range []<-chan result{first, second} {
-			r := e.receive(ch)
-			if r.err != nil {
-				t.Fatal(r.err)
+		for _, ch := range []<-chan fltest.Result{first, second} {
+			r := e.Receive(ch)
+			if r.Err != nil {
+				t.Fatal(r.Err)
 			}
-			e.Release(r.lease)
+			e.Release(r.Lease)
 		}
 	})
 }
