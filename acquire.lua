@@ -127,6 +127,9 @@ if op == 'refresh' then
       out[#out + 1] = tokens and (num(exp) .. ' ' .. table.concat(tokens, ' ')) or '0'
     end
   end
+  -- Waiters whose process stopped refreshing go (this script's own are
+  -- fresh), whether or not the queue can move now.
+  purge_waiters(first)
   run_queues(loaded)
   finish()
   return { next_event(), out, now }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fairlock/fairlock/internal/scripthook"
@@ -77,6 +78,7 @@ type Client struct {
 	listenerSeq uint64                 // names listeners' control lists
 	blk         RedisClient            // where listeners block; see blockingLocked
 	closeBlk    func() error           // closes blk if the Client built it
+	noBLMPop    atomic.Bool            // blk's server lacks BLMPOP: listeners use BLPOP
 
 	wg sync.WaitGroup // goroutines the client starts (renewal timers are
 	// stopped through each lease instead)

@@ -54,9 +54,9 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	l.stopCtx, l.halt = context.WithCancel(context.Background())
 	l.idle = sync.NewCond(&l.rmu)
 	l.deadline = deadline
-	first := c.cfg.leaseTTL / renewFraction
+	first := c.cfg.leaseTTL / renewDivisor
 	if announced {
-		first, l.pending = max(time.Until(deadline)/renewFraction, 0), true
+		first, l.pending = max(time.Until(deadline)/renewDivisor, 0), true
 	}
 
 	c.mu.Lock()
@@ -79,8 +79,8 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	}
 	// With WithReplicaAck, an announced grant is confirmed, and the
 	// confirmation replicated, before the caller may rely on it.
-	l.timer = time.AfterFunc(time.Hour, l.renew)
-	l.timer.Stop()
+	l.timer = time.AfterFunc(never, l.renew) // reset by renew
+
 	l.rmu.Unlock()
 	l.renew()
 	l.rmu.Lock()
@@ -248,14 +248,6 @@ func (l *Lease) abandon(cause error) {
 	l.finish(cause)
 }
 
-// Renewal cadence: a lease is renewed at 1/renewFraction of its TTL, and a
-// failed renewal is retried at 1/retryFraction of it, never past the
-// lease's deadline.
-const (
-	renewFraction = 3
-	retryFraction = 10
-)
-
 // renew extends the lease; it runs on the lease's timer, at a third of the
 // TTL. It counts the TTL from when each renewal was sent, never from its
 // answer, so the holder gives the lease up before Redis can have expired it.
@@ -294,7 +286,7 @@ func (l *Lease) renew() {
 	case l.stopped:
 	case err == nil && n == 1:
 		l.deadline, l.pending = sent.Add(ttl), false
-		l.timer.Reset(ttl / renewFraction)
+		l.timer.Reset(ttl / renewDivisor)
 		l.c.observe(Event{Kind: LeaseRenewed, Names: l.p.names, Permits: l.p.permits(), Held: time.Since(l.granted), ID: l.p.id})
 	case err == nil:
 		lost = fmt.Errorf("fairlock: renew %s: %w: expired", labelOf(l.p.names), ErrLeaseLost)
@@ -302,7 +294,7 @@ func (l *Lease) renew() {
 		lost = fmt.Errorf("fairlock: renew %s: %w: not renewed in time: %w: %w", labelOf(l.p.names), ErrLeaseLost, ErrRedis, err)
 	default:
 		// Retry soon, but never past the deadline.
-		l.timer.Reset(min(ttl/retryFraction, time.Until(deadline)))
+		l.timer.Reset(min(ttl/retryDivisor, time.Until(deadline)))
 		l.c.logf(slog.LevelWarn, "fairlock: renewal failed; retrying until the lease's deadline", l.p.names,
 			strconv.FormatInt(l.tokens[0], 10), slog.Time("deadline", deadline), slog.Any("error", err))
 	}

@@ -155,7 +155,7 @@ func TestWaitingDoesNotStarveRenewals(t *testing.T) {
 	})
 }
 
-// blpops is a go-redis hook that counts BLPOPs: all, in flight, and timed
+// blpops is a go-redis hook that counts blocking reads (BLPOP, BLMPOP): all, in flight, and timed
 // out.
 type blpops struct {
 	seen, inFlight, timedOut atomic.Int64
@@ -167,7 +167,7 @@ func (h *blpops) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 }
 func (h *blpops) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() != "blpop" {
+		if cmd.Name() != "blpop" && cmd.Name() != "blmpop" {
 			return next(ctx, cmd)
 		}
 		h.seen.Add(1)

@@ -3,6 +3,7 @@ package fairlock
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 	"unicode"
@@ -24,6 +25,9 @@ const (
 	// retryDivisor: a renewal or refresh that failed is tried again
 	// TTL/retryDivisor later (a renewal never past its lease's deadline).
 	retryDivisor = 10
+	// never is a timer's duration for "not planned": whatever is planned
+	// comes earlier.
+	never = time.Duration(math.MaxInt64)
 )
 
 // minTTL is the shortest lease or waiter TTL accepted. It keeps the

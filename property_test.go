@@ -240,7 +240,7 @@ func (c *cut) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			cmd.SetErr(errCut)
 			return errCut
 		}
-		if cmd.Name() == "blpop" {
+		if cmd.Name() == "blpop" || cmd.Name() == "blmpop" {
 			// A blocked read may outlast the crash; its wake-up, if
 			// any, goes unheard as a dead process's would.
 			c.mu.Unlock()

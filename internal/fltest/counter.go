@@ -37,6 +37,9 @@ func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 				}
 			}
 		}
+		if name == "blmpop" {
+			name = "blpop" // counted as one kind: the blocking read
+		}
 		c.mu.Lock()
 		c.byName[name]++
 		if name == "blpop" {
