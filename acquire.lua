@@ -31,6 +31,11 @@
 --     {nextEventMs, {ticket, "expiryMs token..." or "0", ...}, nowMs};
 --     tokens mean granted (in case the wake-up was lost), "0" means
 --     dropped.
+--   "renew_batch"      KEYS: one resource's. ARGV: op, client, then
+--                      ticket, permits, token, unconfirmed ("1" or "0"),
+--                      leaseMs for each of one process's leases on it:
+--                      renews each as release.lua's "renew" does.
+--     {{1 renewed or 0 gone, ...}, more}
 --   "pump"             KEYS: one resource's. ARGV: op. Goes on with work an
 --                      earlier script left (grants, purges): {more,
 --                      nextEventMs}, more 1 when work is left still.
@@ -68,6 +73,38 @@ if op == 'pump' then
   run_queues(declared())
   finish()
   return { more_flag(), next_event() }
+end
+
+if op == 'renew_batch' then
+  -- Renews leases of one process on one resource, each as release.lua's
+  -- "renew" does one: a live lease is extended to now + its leaseMs (and
+  -- its grant record, if it was announced, forgotten: confirmed); one that
+  -- has expired is dropped, never brought back.
+  local r = declared()[1]
+  local client = ARGV[2]
+  local members = {}
+  for i = 3, #ARGV, 5 do
+    members[#members + 1] = holder_member(ARGV[i], ARGV[i + 1], client, ARGV[i + 2])
+  end
+  local at = {}
+  if #members > 0 and not r.off then at = redis.call('ZMSCORE', r.H, unpack(members)) end
+  local out, dropped = {}, false
+  for j, m in ipairs(members) do
+    local i = 3 + (j - 1) * 5
+    local a = tonumber(at[j])
+    out[j] = 0
+    if a and a > now then
+      hold_at(r, now + tonumber(ARGV[i + 4]), m)
+      if ARGV[i + 3] == '1' then record(r, ARGV[i], false) end
+      out[j] = 1
+    elseif a then
+      drop_holder(r, m, tonumber(ARGV[i + 1]), 'x')
+      dropped = true
+    end
+  end
+  if dropped then run_queues({ r }) end
+  finish()
+  return { out, more_flag() }
 end
 
 if op == 'refresh' then

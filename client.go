@@ -74,6 +74,7 @@ type Client struct {
 	rooms       map[string]*room // by keys.base
 	leases      map[*Lease]struct{}
 	pumping     map[string]bool        // keys.base of semaphores a background pump serves
+	renewals    map[string]*renewQueue // by keys.base: renewals waiting for a batch
 	listeners   map[string][]*listener // by listenGroup
 	listenerSeq uint64                 // names listeners' control lists
 	blk         RedisClient            // where listeners block; see blockingLocked
@@ -151,6 +152,7 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 		rooms:     make(map[string]*room),
 		leases:    make(map[*Lease]struct{}),
 		pumping:   make(map[string]bool),
+		renewals:  make(map[string]*renewQueue),
 		listeners: make(map[string][]*listener),
 	}
 	c.tasksDone = sync.NewCond(&c.mu)

@@ -270,11 +270,16 @@ func (l *Lease) renew() {
 	ttl := l.c.cfg.leaseTTL
 	sent := time.Now()
 	ctx, cancel := context.WithDeadline(l.stopCtx, deadline)
-	o, _ := l.c.call(ctx, l.c.runner(l.c.scripts.release, l.p.keys, l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens)), nil)
-	cmd, ackErr := o.cmd, o.ackErr
-	n, err := l.c.released(l.p, cmd)
-	if err == nil && n == 1 && ackErr != nil {
-		err = ackErr // renewed on the master only: try again
+	var n int64
+	var err error
+	if l.batchable() {
+		n, err = l.c.renewBatched(ctx, l, pending)
+	} else {
+		o, _ := l.c.call(ctx, l.c.runner(l.c.scripts.release, l.p.keys, l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens)), nil)
+		n, err = l.c.released(l.p, o.cmd)
+		if err == nil && n == 1 && o.ackErr != nil {
+			err = o.ackErr // renewed on the master only: try again
+		}
 	}
 	cancel()
 

@@ -300,3 +300,66 @@ func TestRefreshIgnoresTicketsNotYetQueued(t *testing.T) {
 		}
 	})
 }
+
+// slowRenewals is a go-redis hook that holds every batched renewal script
+// for a while, so that renewals falling due meanwhile queue behind it.
+type slowRenewals struct {
+	scripts, leases atomic.Int64
+	hold            time.Duration
+}
+
+func (h *slowRenewals) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *slowRenewals) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *slowRenewals) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		for _, a := range cmd.Args() {
+			if a == "renew_batch" {
+				h.scripts.Add(1)
+				h.leases.Add(int64((len(cmd.Args()) - 6 - 2) / 5)) // evalsha sha 5 keys; op client; 5 per lease
+				time.Sleep(h.hold)
+				break
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// Cost: the renewals of one process's leases on one semaphore that fall
+// due while a renewal script is in flight go together in the next one, so
+// a burst of leases (thousands granted by one release) does not cost a
+// script each, and every lease stays held.
+func TestRenewalsGoInBatches(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		const n, ttl = 60, 600 * time.Millisecond
+		h := &slowRenewals{hold: 40 * time.Millisecond}
+		rdb := b.Client(t)
+		rdb.AddHook(h)
+		s := newSem(e.ClientOn(rdb, fairlock.WithLeaseTTL(ttl)), "batch", n)
+		ls := make([]*fairlock.Lease, n)
+		for i := range ls {
+			l, err := s.Acquire(ctx, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ls[i] = l
+		}
+		time.Sleep(2 * ttl) // every lease renews at least three times
+		for i, l := range ls {
+			if err := l.Err(); err != nil {
+				t.Fatalf("lease %d ended: %v", i, err)
+			}
+		}
+		scripts, leases := h.scripts.Load(), h.leases.Load()
+		t.Logf("%s: %d renewals of %d leases in %d scripts", b.Name, leases, n, scripts)
+		if leases < 2*n || scripts*4 > leases {
+			t.Fatalf("%d renewals in %d scripts: want at least %d renewals, four or more per script", leases, scripts, 2*n)
+		}
+		for _, l := range ls {
+			e.Release(l)
+		}
+	})
+}
