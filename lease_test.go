@@ -363,3 +363,50 @@ func TestRenewalsGoInBatches(t *testing.T) {
 		}
 	})
 }
+
+// Cost rule: a semaphore's state keeps a bound on its earliest waiter
+// deadline, and scripts skip looking for dead waiters until it passes. A
+// waiter with a shorter TTL than those queued before it lowers the bound,
+// so when it dies it is dropped at its own deadline, not at theirs: the
+// live waiter behind it is granted at once when the permits come free.
+func TestShortLivedDeadWaiterDroppedOnTime(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		const short = 1500 * time.Millisecond
+		long := fairlock.WithWaiterTTL(time.Hour)
+		holder, err := newSem(e.Client(), "short", 2).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Wants both permits: waits, and heads the queue (long TTL).
+		first := acquireAsync(ctx, newSem(e.Client(long), "short", 2), 2)
+		e.WaitQueued("short", 1)
+		// Short TTL, both permits; its process dies while it waits.
+		dying, f := e.FaultyClient(fairlock.WithWaiterTTL(short))
+		_ = acquireAsync(ctx, newSem(dying, "short", 2), 2)
+		e.WaitQueued("short", 2)
+		last := acquireAsync(ctx, newSem(e.Client(long), "short", 2), 1)
+		e.WaitQueued("short", 3)
+		f.Down.Store(true)
+		time.Sleep(short + 200*time.Millisecond)
+
+		e.Release(holder)
+		r := e.Receive(first)
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		e.Release(r.Lease)
+		// The dead waiter is gone: the permits go to the last waiter now,
+		// not after the dead one's grant would have expired.
+		select {
+		case r := <-last:
+			if r.Err != nil {
+				t.Fatal(r.Err)
+			}
+			e.Release(r.Lease)
+		case <-time.After(short / 2):
+			t.Fatalf("the live waiter behind a waiter dead for %v was not granted within %v of the release", 200*time.Millisecond, short/2)
+		}
+	})
+}
