@@ -51,9 +51,9 @@ type Election struct {
 	rdb     fairlock.RedisClient
 	sub     subscriber
 	name    string
-	record  string // the leader record's key
-	channel string // where changes are published
-	ttl     time.Duration
+	record  string        // the leader record's key
+	channel string        // where changes are published
+	ttl     time.Duration // the lease TTL; the record lasts twice as long
 }
 
 // Info is a leader as [Election.Leader] and [Election.Observe] report it.
@@ -138,7 +138,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 // whether the record holds term now.
 func (e *Election) set(ctx context.Context, term int64, value string) (bool, error) {
 	res, err := recordScript.Run(ctx, e.rdb, []string{e.record}, "set", term, value,
-		max(e.ttl.Milliseconds(), 1), e.channel).Int64Slice()
+		max(2*e.ttl.Milliseconds(), 1), e.channel).Int64Slice()
 	if err != nil {
 		return false, e.fail(ctx, "record leader", err)
 	}
