@@ -109,7 +109,7 @@ func (e *Election) mutex() fairlock.Request {
 // it then queues again, at the back.
 func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
 	if value == "" || len(value) > MaxValueLen {
-		return nil, fmt.Errorf("%w: election %q: value of %d bytes, want 1 to %d", fairlock.ErrInvalidArgument, e.name, len(value), MaxValueLen)
+		return nil, fmt.Errorf("election: campaign %q: %w: value of %d bytes, want 1 to %d", e.name, fairlock.ErrInvalidArgument, len(value), MaxValueLen)
 	}
 	for {
 		lease, err := e.c.Acquire(ctx, e.mutex())
@@ -118,11 +118,9 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 		}
 		ok, err := e.set(ctx, lease.Token(), value)
 		if err != nil || !ok {
-			// Not recorded: give the mutex back (in the background if ctx
-			// has ended) so the next candidate is not kept waiting.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.ttl)
-			_ = lease.Release(rctx)
-			cancel()
+			// Not recorded: give the mutex back so the next candidate is
+			// not kept waiting (in the background if ctx has ended).
+			_ = lease.Release(ctx)
 		}
 		if err != nil {
 			return nil, err
@@ -143,7 +141,7 @@ func (e *Election) set(ctx context.Context, term int64, value string) (bool, err
 		return false, e.fail(ctx, "record leader", err)
 	}
 	if len(res) != 2 {
-		return false, fmt.Errorf("election %q: record leader: bad reply %v", e.name, res)
+		return false, fmt.Errorf("election: record leader of %q: bad reply %v", e.name, res)
 	}
 	return res[0] == 1, nil
 }
@@ -153,9 +151,9 @@ func (e *Election) set(ctx context.Context, term int64, value string) (bool, err
 // fairlock.ErrRedis.
 func (e *Election) fail(ctx context.Context, op string, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
-		return fmt.Errorf("election %q: %s: %w", e.name, op, cerr)
+		return fmt.Errorf("election: %s of %q: %w", op, e.name, cerr)
 	}
-	return fmt.Errorf("election %q: %s: %w: %w", e.name, op, fairlock.ErrRedis, err)
+	return fmt.Errorf("election: %s of %q: %w: %w", op, e.name, fairlock.ErrRedis, err)
 }
 
 // Leader returns the current leader's value and term, or an error matching
@@ -175,7 +173,7 @@ func (e *Election) Leader(ctx context.Context) (Info, error) {
 			return Info{}, err
 		}
 		if len(st.Holders) == 0 {
-			return Info{}, fmt.Errorf("election %q: %w", e.name, ErrNoLeader)
+			return Info{}, fmt.Errorf("election: leader of %q: %w", e.name, ErrNoLeader)
 		}
 		holder := st.Holders[0].Token
 		switch {
@@ -188,7 +186,7 @@ func (e *Election) Leader(ctx context.Context) (Info, error) {
 		// The holder has not recorded its value yet (its Campaign has not
 		// returned), or the record was read before it did: read again.
 	}
-	return Info{}, fmt.Errorf("election %q: %w", e.name, ErrNoLeader)
+	return Info{}, fmt.Errorf("election: leader of %q: %w", e.name, ErrNoLeader)
 }
 
 // get reads the leader record, live or not; Term 0 when there is none.
@@ -202,7 +200,7 @@ func (e *Election) get(ctx context.Context) (Info, error) {
 	}
 	term, err := strconv.ParseInt(fmt.Sprint(res[1]), 10, 64)
 	if err != nil {
-		return Info{}, fmt.Errorf("election %q: read leader: bad term %v", e.name, res[1])
+		return Info{}, fmt.Errorf("election: read leader of %q: bad term %v", e.name, res[1])
 	}
 	return Info{Value: fmt.Sprint(res[0]), Term: term}, nil
 }

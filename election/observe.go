@@ -19,8 +19,9 @@ const healthEvery = 30 * time.Second
 // Observe returns a channel that delivers every change of leader until ctx
 // ends, and is then closed. It first delivers the current leader, if any.
 // Each later change arrives as Redis pushes it, without polling: an Info
-// for each new leader (in increasing term order) and the zero Info when a
-// leader resigns and nobody succeeds it at once. The channel is
+// for each new leader (in increasing term order) and the zero Info when
+// nobody leads: a leader resigned, and its successor, if any, has not yet
+// taken office (it may follow a moment later). The channel is
 // unbuffered; a slow reader delays later changes, and when Redis drops a
 // subscriber that fell too far behind, the observer resubscribes and
 // resynchronises as below.

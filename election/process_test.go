@@ -40,7 +40,7 @@ func candidate() int {
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("FL_ADDR")})
 	defer rdb.Close()
 	c, err := fairlock.New(rdb, fairlock.WithPrefix(os.Getenv("FL_PREFIX")), fairlock.WithLeaseTTL(lease),
-		fairlock.WithWaiterTTL(500*time.Millisecond))
+		fairlock.WithWaiterTTL(time.Second))
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
@@ -148,7 +148,8 @@ func (p *proc) signal(sig syscall.Signal) {
 func TestLeaderKilled(t *testing.T) {
 	b := redistest.RealBackend(t)
 	e := newEnv(t, b)
-	const lease = time.Second
+	// Long enough that a loaded machine does not lose leases by itself.
+	const lease = 2 * time.Second
 	obs := e.election(e.Client(), "killed")
 	for round := range 3 {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -187,7 +188,7 @@ func TestLeaderKilled(t *testing.T) {
 func TestLeaderPaused(t *testing.T) {
 	b := redistest.RealBackend(t)
 	e := newEnv(t, b)
-	const lease = time.Second
+	const lease = 2 * time.Second
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	obs := e.election(e.Client(), "paused")

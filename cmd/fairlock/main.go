@@ -56,9 +56,9 @@ to its term; like run, it forwards signals, exits with COMMAND's status, and
 resigns when COMMAND exits, so the next candidate leads at once. If leadership
 is lost, COMMAND gets SIGTERM, then SIGKILL after -grace, and elect exits 76.
 
-status shows the leader of NAME if NAME is an election, who holds NAME (owner, permits, token, held for, time left),
-how many wait and for how long the oldest has, and who waits (position,
-owner, permits, waiting since).
+status shows who holds NAME (owner, permits, token, held for, time left),
+how many wait and for how long the oldest has, who waits (position, owner,
+permits, waiting since), and, if NAME is an election, its leader.
 
 On a failure fairlock prints one line to stderr; -v also logs fairlock's
 diagnostics there (lost leases, failing renewals, go-redis's connection
