@@ -125,7 +125,7 @@ func TestPausedLeaderLearnsItLost(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
 		ctx := context.Background()
-		ttl := 500 * time.Millisecond
+		ttl := time.Second
 		paused, faults := e.FaultyClient(fairlock.WithLeaseTTL(ttl))
 		la, err := e.election(paused, "pause").Campaign(ctx, "a")
 		if err != nil {
