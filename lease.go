@@ -312,11 +312,14 @@ func (l *Lease) renew() {
 	}
 }
 
-// WithLease returns a copy of parent that is also cancelled when lease
+// LeaseContext returns a copy of parent that is also cancelled when lease
 // ends, with the lease's [Lease.Err] as cause (see [context.Cause]), so work
 // done under the lease can stop once the lease no longer protects it. Call
-// cancel when the work is done to free the resources it holds.
-func WithLease(parent context.Context, lease *Lease) (ctx context.Context, cancel context.CancelFunc) {
+// cancel when the work is done to free the resources it holds. It fails in
+// no way: a lease that has already ended gives a context cancelled at once.
+// (It is not an [Option]; the options that set TTLs are WithLeaseTTL and
+// WithWaiterTTL.)
+func LeaseContext(parent context.Context, lease *Lease) (ctx context.Context, cancel context.CancelFunc) {
 	ctx, cancelCause := context.WithCancelCause(parent)
 	stop := context.AfterFunc(lease.ctx, func() { cancelCause(lease.Err()) })
 	return ctx, func() {

@@ -98,7 +98,7 @@ func Do(ctx context.Context, c *fairlock.Client, reqs []Request, f func(ctx cont
 	if err != nil {
 		return err
 	}
-	fctx, cancel := fairlock.WithLease(ctx, lease)
+	fctx, cancel := fairlock.LeaseContext(ctx, lease)
 	ferr := f(fctx)
 	cancel()
 	rerr := lease.Release(context.WithoutCancel(ctx))

@@ -76,7 +76,7 @@ func (s *Semaphore) Do(ctx context.Context, n int64, f func(ctx context.Context)
 
 // run calls f under lease and releases it afterwards.
 func run(ctx context.Context, lease *fairlock.Lease, f func(ctx context.Context) error) error {
-	fctx, cancel := fairlock.WithLease(ctx, lease)
+	fctx, cancel := fairlock.LeaseContext(ctx, lease)
 	ferr := f(fctx)
 	cancel()
 	rerr := lease.Release(context.WithoutCancel(ctx))
