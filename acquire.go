@@ -20,14 +20,18 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (lease 
 	}
 	p, err := c.plan(reqs)
 	if err != nil {
-		return nil, err
+		names := make([]string, len(reqs))
+		for i, r := range reqs {
+			names[i] = r.Name
+		}
+		return nil, opError(op, names, err)
 	}
 	var queued time.Time // when the request first joined a queue
 	if c.cfg.observer != nil {
 		p.id = eventIDs.Add(1)
 		defer func() { c.observeAcquire(p, queued, lease, err) }()
 	}
-	wrap := func(err error) error { return fmt.Errorf("fairlock: %s %s: %w", op, labelOf(p.names), err) }
+	wrap := func(err error) error { return opError(op, p.names, err) }
 	// A done context wins over permits that happen to be free, as in
 	// golang.org/x/sync/semaphore.
 	if err := ctx.Err(); err != nil {

@@ -120,11 +120,11 @@ func (c *Client) spawn(f func()) {
 // *redis.ClusterClient or *redis.Ring is refused).
 func New(rdb RedisClient, opts ...Option) (*Client, error) {
 	if rdb == nil || isNilPointer(rdb) {
-		return nil, fmt.Errorf("%w: nil redis client", ErrInvalidArgument)
+		return nil, opError("new", nil, fmt.Errorf("%w: nil redis client", ErrInvalidArgument))
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {
-		return nil, err
+		return nil, opError("new", nil, err)
 	}
 	if cfg.ackReplicas > 0 {
 		// A Cluster or Ring pipeline spreads its commands over several
@@ -132,7 +132,7 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 		_, cluster := rdb.(*redis.ClusterClient)
 		_, ring := rdb.(*redis.Ring)
 		if _, ok := rdb.(pipeliner); !ok || cluster || ring {
-			return nil, fmt.Errorf("%w: WithReplicaAck needs a *redis.Client (single node or Sentinel failover), not %T", ErrInvalidArgument, rdb)
+			return nil, opError("new", nil, fmt.Errorf("%w: WithReplicaAck needs a *redis.Client (single node or Sentinel failover), not %T", ErrInvalidArgument, rdb))
 		}
 	}
 	id := rand.Text()

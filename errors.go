@@ -1,6 +1,9 @@
 package fairlock
 
-import "errors"
+import (
+	"errors"
+	"strings"
+)
 
 var (
 	// ErrNotAcquired is returned by TryAcquire when the permits are not
@@ -59,3 +62,33 @@ var (
 	// errors.As still reaches it.
 	ErrRedis = errors.New("fairlock: redis error")
 )
+
+// Error is the error fairlock's calls return: the operation, the
+// semaphores it was on, and why it failed. Err is what errors.Is and
+// errors.As look through: one of the sentinels above (ErrLeaseLost,
+// ErrRedis, ...), the caller's context error, and, with ErrRedis, the
+// error go-redis reported.
+type Error struct {
+	Op    string   // "acquire", "try acquire", "release", "renew", "status", "new"
+	Names []string // the semaphores, in name order; none for "new"
+	Err   error
+}
+
+// Error reads "fairlock: <op> <names>: <why>", naming fairlock once.
+func (e *Error) Error() string {
+	why := "<nil>"
+	if e.Err != nil {
+		why = strings.ReplaceAll(e.Err.Error(), "fairlock: ", "")
+	}
+	if len(e.Names) == 0 {
+		return "fairlock: " + e.Op + ": " + why
+	}
+	return "fairlock: " + e.Op + " " + labelOf(e.Names) + ": " + why
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// opError returns err as an *Error of op on names.
+func opError(op string, names []string, err error) error {
+	return &Error{Op: op, Names: names, Err: err}
+}

@@ -67,7 +67,7 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 		l.end(ErrClosed)
 		// Nobody would renew it; free the permits now rather than at expiry.
 		c.withdraw(ctx, p, ticket)
-		return nil, fmt.Errorf("fairlock: acquire %s: %w", labelOf(p.names), ErrClosed)
+		return nil, opError("acquire", p.names, ErrClosed)
 	}
 	c.leases[l] = struct{}{}
 	c.mu.Unlock()
@@ -88,7 +88,7 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	l.rmu.Unlock()
 	if !confirmed {
 		_ = l.Release(ctx)
-		return nil, fmt.Errorf("fairlock: acquire %s: %w: %w: the grant could not be confirmed on the replicas", labelOf(p.names), ErrRedis, ErrNotReplicated)
+		return nil, opError("acquire", p.names, fmt.Errorf("%w: %w: the grant could not be confirmed on the replicas", ErrRedis, ErrNotReplicated))
 	}
 	return l, nil
 }
@@ -162,7 +162,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.released {
-		return fmt.Errorf("fairlock: release %s: %w", labelOf(l.p.names), ErrNotHeld)
+		return opError("release", l.p.names, ErrNotHeld)
 	}
 	l.stopRenewal()
 	args := l.p.releaseArgs("release", l.ticket, l.c, l.pending, l.tokens)
@@ -179,7 +179,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		// released.
 		l.released = true
 		l.finish(ErrNotHeld)
-		return fmt.Errorf("fairlock: release %s: %w", labelOf(l.p.names), ctx.Err())
+		return opError("release", l.p.names, ctx.Err())
 	}
 	cmd, ackErr := o.cmd, o.ackErr
 	n, err := l.c.released(l.p, cmd)
@@ -188,7 +188,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		// back until its TTL runs out.
 		l.released = true
 		l.finish(ErrNotHeld)
-		return fmt.Errorf("fairlock: release %s: %w", labelOf(l.p.names), ackErr)
+		return opError("release", l.p.names, ackErr)
 	}
 	if err != nil {
 		err = fail(ctx, "release", l.p.names, err)
@@ -198,7 +198,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.released = true
 	if n != 1 {
 		l.finish(ErrLeaseLost)
-		return fmt.Errorf("fairlock: release %s: %w", labelOf(l.p.names), ErrLeaseLost)
+		return opError("release", l.p.names, ErrLeaseLost)
 	}
 	l.finish(ErrNotHeld)
 	return nil
@@ -294,9 +294,9 @@ func (l *Lease) renew() {
 		l.timer.Reset(ttl / renewDivisor)
 		l.c.observe(Event{Kind: LeaseRenewed, Names: l.p.names, Permits: l.p.permits(), Held: time.Since(l.granted), ID: l.p.id})
 	case err == nil:
-		lost = fmt.Errorf("fairlock: renew %s: %w: expired", labelOf(l.p.names), ErrLeaseLost)
+		lost = opError("renew", l.p.names, fmt.Errorf("%w: expired", ErrLeaseLost))
 	case !time.Now().Before(deadline):
-		lost = fmt.Errorf("fairlock: renew %s: %w: not renewed in time: %w: %w", labelOf(l.p.names), ErrLeaseLost, ErrRedis, err)
+		lost = opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: %w: %w", ErrLeaseLost, ErrRedis, err))
 	default:
 		// Retry soon, but never past the deadline.
 		l.timer.Reset(min(ttl/retryDivisor, time.Until(deadline)))

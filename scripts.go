@@ -59,14 +59,13 @@ const capacityErrPrefix = "FAIRLOCK_CAPACITY "
 // for op on the semaphores names (in the order the script took them). It is
 // the one place where Redis errors are mapped.
 func fail(ctx context.Context, op string, names []string, err error) error {
-	label := labelOf(names)
 	// Only the caller's context makes a context error the caller's; an
 	// internal timeout means Redis did not answer in time.
 	if ctxErr := ctx.Err(); ctxErr != nil {
-		return fmt.Errorf("fairlock: %s %s: %w", op, label, ctxErr)
+		return opError(op, names, ctxErr)
 	}
 	if errors.Is(err, ErrRedis) {
-		return fmt.Errorf("fairlock: %s %s: %w", op, label, err)
+		return opError(op, names, err)
 	}
 	msg := err.Error()
 	if rest, ok := strings.CutPrefix(msg, capacityErrPrefix); ok {
@@ -75,14 +74,14 @@ func fail(ctx context.Context, op string, names []string, err error) error {
 		stored, idx, _ := strings.Cut(rest, " ")
 		i, _ := strconv.Atoi(idx)
 		if len(names) > 1 && i >= 1 && i <= len(names) {
-			return fmt.Errorf("fairlock: %s %s: %w: stored capacity of %q is %s", op, label, ErrCapacityMismatch, names[i-1], stored)
+			return opError(op, names, fmt.Errorf("%w: stored capacity of %q is %s", ErrCapacityMismatch, names[i-1], stored))
 		}
-		return fmt.Errorf("fairlock: %s %s: %w: stored capacity is %s", op, label, ErrCapacityMismatch, stored)
+		return opError(op, names, fmt.Errorf("%w: stored capacity is %s", ErrCapacityMismatch, stored))
 	}
 	if strings.HasPrefix(msg, "CROSSSLOT") {
-		return fmt.Errorf("fairlock: %s %s: %w: %w", op, label, ErrCrossSlot, err)
+		return opError(op, names, fmt.Errorf("%w: %w", ErrCrossSlot, err))
 	}
-	return fmt.Errorf("fairlock: %s %s: %w: %w", op, label, ErrRedis, err)
+	return opError(op, names, fmt.Errorf("%w: %w", ErrRedis, err))
 }
 
 // labelOf names one semaphore ("a") or several (["a" "b"]) in messages.
@@ -98,7 +97,7 @@ type reply []any
 
 func (r reply) int(i int) (int64, error) {
 	if i >= len(r) {
-		return 0, fmt.Errorf("fairlock: short script reply %v", []any(r))
+		return 0, fmt.Errorf("short script reply %v", []any(r))
 	}
 	switch v := r[i].(type) {
 	case int64:
@@ -106,7 +105,7 @@ func (r reply) int(i int) (int64, error) {
 	case string:
 		return strconv.ParseInt(v, 10, 64)
 	}
-	return 0, fmt.Errorf("fairlock: unexpected script reply %v", []any(r))
+	return 0, fmt.Errorf("unexpected script reply %v", []any(r))
 }
 
 // parseWake splits a wake-up "ticket expiryMs token..." pushed by
@@ -131,11 +130,11 @@ type grant struct {
 // parseGrant reads "expiryMs token..." fields.
 func parseGrant(f []string) (grant, error) {
 	if len(f) < 2 {
-		return grant{}, fmt.Errorf("fairlock: bad grant %q", f)
+		return grant{}, fmt.Errorf("bad grant %q", f)
 	}
 	exp, err := strconv.ParseInt(f[0], 10, 64)
 	if err != nil {
-		return grant{}, fmt.Errorf("fairlock: bad grant expiry %q", f[0])
+		return grant{}, fmt.Errorf("bad grant expiry %q", f[0])
 	}
 	tokens, err := parseTokens(f[1:])
 	return grant{expiry: exp, tokens: tokens}, err
@@ -161,7 +160,7 @@ func parseTokens(f []string) ([]int64, error) {
 	for i, s := range f {
 		t, err := strconv.ParseInt(s, 10, 64)
 		if err != nil || t <= 0 {
-			return nil, fmt.Errorf("fairlock: bad token %q", s)
+			return nil, fmt.Errorf("bad token %q", s)
 		}
 		tokens[i] = t
 	}

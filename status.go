@@ -73,7 +73,7 @@ type Waiter struct {
 func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	k, err := c.keys(name)
 	if err != nil {
-		return Status{}, err
+		return Status{}, opError("status", []string{name}, err)
 	}
 	o, _ := c.call(ctx, func(ctx context.Context) outcome {
 		return outcome{cmd: c.scripts.acquire.Run(ctx, c.rdb, k.list(), "status")}
@@ -94,12 +94,12 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 		st.Queued, err = reply(res).int(5)
 	}
 	if err != nil || len(res) < 6 {
-		return Status{}, fmt.Errorf("fairlock: status %q: %w: bad reply %v: %w", name, ErrRedis, res, err)
+		return Status{}, opError("status", []string{name}, fmt.Errorf("%w: bad reply %v: %w", ErrRedis, res, err))
 	}
 	// A member fairlock did not write (its key space changed by hand, or
 	// by another version) fails the call rather than be left out.
 	bad := func(what string, v any, err error) (Status, error) {
-		return Status{}, fmt.Errorf("fairlock: status %q: %w: bad %s %q in reply: %w", name, ErrRedis, what, fmt.Sprint(v), err)
+		return Status{}, opError("status", []string{name}, fmt.Errorf("%w: bad %s %q in reply: %w", ErrRedis, what, fmt.Sprint(v), err))
 	}
 	hs, _ := res[2].([]any)
 	for i := 0; i+1 < len(hs); i += 2 {
