@@ -331,25 +331,35 @@ local function drop_holder(r, m, n, tomb)
   record(r, ticket, tomb or 'x')
 end
 
+-- read_due returns the members of zset key whose time (score) has come,
+-- at most the budget left, and a new bound on its earliest score, given
+-- bound (no later than its earliest score; nil unknown) and buf (the
+-- earliest score this script adds to it). Nothing is read while the bound
+-- has not passed.
+local function read_due(key, bound, buf)
+  if bound and bound > now then return {}, bound end
+  if budget <= 0 then
+    more = true
+    return {}, bound
+  end
+  local due = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, budget)
+  if #due >= budget then
+    more = true
+    return due, bound
+  end
+  -- The first member not due bounds the rest.
+  local nxt = redis.call('ZRANGE', key, #due, #due, 'WITHSCORES')
+  return due, math.min(tonumber(nxt[2]) or math.huge, buf)
+end
+
 -- purge_holders drops leases whose expiry has passed, at most the budget
 -- left. Time stands still while a script runs, so once per script is
 -- enough, unless the budget ran out.
 local function purge_holders(r)
   if r.nh <= 0 or r.hpurged or r.off then return end
   r.hpurged = true
-  if r.hmin and r.hmin > now then return end
-  if budget <= 0 then
-    more = true
-    return
-  end
-  local due = redis.call('ZRANGEBYSCORE', r.H, '-inf', now, 'LIMIT', 0, budget)
-  if #due >= budget then
-    more = true
-  else
-    -- The first lease not due bounds the rest.
-    local nxt = redis.call('ZRANGE', r.H, #due, #due, 'WITHSCORES')
-    r.hmin = math.min(tonumber(nxt[2]) or math.huge, r.hbuf)
-  end
+  local due
+  due, r.hmin = read_due(r.H, r.hmin, r.hbuf)
   for _, m in ipairs(due) do
     if not r.hgone[m] then
       budget = budget - 1
@@ -388,18 +398,8 @@ end
 local function purge_waiters(r)
   if r.nq <= 0 or r.wpurged or r.off then return end
   r.wpurged = true
-  if r.dmin and r.dmin > now then return end
-  if budget <= 0 then
-    more = true
-    return
-  end
-  local due = redis.call('ZRANGEBYSCORE', r.D, '-inf', now, 'LIMIT', 0, budget)
-  if #due >= budget then
-    more = true
-  else
-    local nxt = redis.call('ZRANGE', r.D, #due, #due, 'WITHSCORES')
-    r.dmin = math.min(tonumber(nxt[2]) or math.huge, r.dbuf)
-  end
+  local due
+  due, r.dmin = read_due(r.D, r.dmin, r.dbuf)
   local fresh = r.fresh or {}
   for _, m in ipairs(due) do
     -- A waiter refreshed by this script is not due (its new deadline is
