@@ -18,9 +18,10 @@ const MaxReaders = 1 << 30
 // leaves.
 type RWMutex struct{ s *Semaphore }
 
-// NewRWMutex returns the read-write mutex name kept in Redis by c.
-func NewRWMutex(c *fairlock.Client, name string) (*RWMutex, error) {
-	s, err := New(c, name, MaxReaders)
+// NewRWMutex returns the read-write mutex name kept in Redis by c. It
+// takes the options of [New].
+func NewRWMutex(c *fairlock.Client, name string, opts ...Option) (*RWMutex, error) {
+	s, err := New(c, name, MaxReaders, opts...)
 	if err != nil {
 		return nil, err
 	}
