@@ -1,0 +1,225 @@
+package fairlock_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/fltest"
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// capDone waits for l's Done, failing the test after within, and returns
+// how long after start it closed.
+func capDone(t *testing.T, l *fairlock.Lease, start time.Time, within time.Duration) time.Duration {
+	t.Helper()
+	select {
+	case <-l.Done():
+		return time.Since(start)
+	case <-time.After(within):
+		t.Fatalf("Done not closed within %v (Err %v)", within, l.Err())
+		return 0
+	}
+}
+
+// expiryMs returns Redis's expiry (ms, Redis's clock) of the only lease of
+// the semaphore name, read from its holders zset.
+func expiryMs(t *testing.T, e *fltest.Env, name string) int64 {
+	t.Helper()
+	zs, err := e.RDB.ZRangeWithScores(context.Background(), e.Prefix+"{"+name+"}:h", 0, -1).Result()
+	if err != nil || len(zs) != 1 {
+		t.Fatalf("holders of %s = %v, %v; want one", name, zs, err)
+	}
+	return int64(zs[0].Score)
+}
+
+// Issue 14.3: a lease with a cap is renewed past its TTL up to the cap and
+// no further: Done closes, not before the cap, with a cause matching
+// ErrMaxHold and ErrLeaseLost; Release then says ErrMaxHold.
+func TestMaxHoldEndsLease(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		const ttl, d = 150 * time.Millisecond, 500 * time.Millisecond
+		c := e.Client(fairlock.WithLeaseTTL(ttl), fairlock.WithMaxHold(d))
+		req := fairlock.Request{Name: "cap", Capacity: 1, Permits: 1}
+		start := time.Now()
+		l, err := c.Acquire(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Bounded below by d only: Done must not close before the cap.
+		if held := capDone(t, l, start, 10*time.Second); held < d {
+			t.Fatalf("Done closed %v after Acquire was called, before the cap %v", held, d)
+		}
+		fltest.IsErr(t, "Err() at the cap", l.Err(), fairlock.ErrMaxHold)
+		fltest.IsErr(t, "Err() at the cap", l.Err(), fairlock.ErrLeaseLost)
+		fltest.IsErr(t, "Release after the cap", l.Release(ctx), fairlock.ErrMaxHold)
+		fltest.IsErr(t, "second Release", l.Release(ctx), fairlock.ErrNotHeld)
+		next, err := e.Client().TryAcquire(ctx, req)
+		if err != nil {
+			t.Fatalf("TryAcquire after the capped lease's Release: %v", err)
+		}
+		e.Release(next)
+	})
+}
+
+// Issue 14.3: a cap shorter than the lease TTL shortens the grant in Redis
+// at once, so Redis frees the permits at the cap, by its own clock, while
+// the holder never releases (stuck). The clock is frozen: exact.
+func TestMaxHoldShorterThanTTLFreesInRedis(t *testing.T) {
+	b := redistest.Mini(t)
+	b.Freeze(t)
+	e := fltest.New(t, b)
+	ctx := context.Background()
+	const d = 300 * time.Millisecond
+	c := e.Client(fairlock.WithLeaseTTL(time.Hour), fairlock.WithMaxHold(d))
+	req := fairlock.Request{Name: "short", Capacity: 1, Permits: 1}
+	l, err := c.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	capDone(t, l, time.Now(), 10*time.Second)
+	fltest.IsErr(t, "Err() at the cap", l.Err(), fairlock.ErrMaxHold)
+	grantMs := l.Token() / 1000 // the token is Redis's clock (µs) at the grant
+	if got := expiryMs(t, e, "short"); got > grantMs+d.Milliseconds() {
+		t.Fatalf("Redis's expiry %d ms after the grant, past the cap %v", got-grantMs, d)
+	}
+	other := e.Client()
+	if _, err := other.TryAcquire(ctx, req); !errors.Is(err, fairlock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire before Redis's clock reaches the cap = %v, want ErrNotAcquired", err)
+	}
+	b.Advance(t, d)
+	next, err := other.TryAcquire(ctx, req)
+	if err != nil {
+		t.Fatalf("TryAcquire once Redis's clock reached the cap: %v", err)
+	}
+	e.Release(next)
+}
+
+// Issue 14.3: the renewals of a lease whose cap is longer than its TTL stop
+// extending it at the cap: Redis's expiry is the cap, give or take the last
+// renewal's trip, not a TTL after the last renewal (at least 2/3 TTL past
+// the cap). The margin allowed for that trip is ttl/3.
+func TestMaxHoldLastRenewalLandsAtCap(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		const ttl, d = 900 * time.Millisecond, 1200 * time.Millisecond
+		c := e.Client(fairlock.WithLeaseTTL(ttl), fairlock.WithMaxHold(d))
+		l, err := c.Acquire(ctx, fairlock.Request{Name: "last", Capacity: 1, Permits: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		capDone(t, l, time.Now(), 10*time.Second)
+		fltest.IsErr(t, "Err() at the cap", l.Err(), fairlock.ErrMaxHold)
+		grantMs := l.Token() / 1000
+		if got := expiryMs(t, e, "last"); got > grantMs+(d+ttl/3).Milliseconds() {
+			t.Fatalf("Redis's expiry %d ms after the grant; the cap is %v", got-grantMs, d)
+		}
+	})
+}
+
+// Issue 14.3: Request.MaxHold replaces the client's cap, shorter or
+// longer, and a lease over several semaphores ends at the earliest cap of
+// its parts, a part without one taking the client's.
+func TestMaxHoldPerRequest(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		const d = 200 * time.Millisecond
+		for _, tc := range []struct {
+			name   string
+			client time.Duration
+			reqs   []fairlock.Request
+		}{
+			{"shorter than the client's", time.Hour, []fairlock.Request{{Name: "a", Capacity: 1, Permits: 1, MaxHold: d}}},
+			{"no client cap", 0, []fairlock.Request{{Name: "b", Capacity: 1, Permits: 1, MaxHold: d}}},
+			{"one part's", 0, []fairlock.Request{
+				{Name: "{m}:1", Capacity: 1, Permits: 1}, {Name: "{m}:2", Capacity: 2, Permits: 1, MaxHold: d}}},
+			{"the client's for a part without", d, []fairlock.Request{
+				{Name: "{n}:1", Capacity: 1, Permits: 1, MaxHold: time.Hour}, {Name: "{n}:2", Capacity: 1, Permits: 1}}},
+		} {
+			c := e.Client(fairlock.WithMaxHold(tc.client))
+			start := time.Now()
+			l, err := c.AcquireAll(ctx, tc.reqs...)
+			if err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			if held := capDone(t, l, start, 10*time.Second); held < d {
+				t.Fatalf("%s: Done closed after %v, before the cap %v", tc.name, held, d)
+			}
+			fltest.IsErr(t, tc.name+": Err()", l.Err(), fairlock.ErrMaxHold)
+			fltest.IsErr(t, tc.name+": Release", l.Release(ctx), fairlock.ErrMaxHold)
+		}
+	})
+}
+
+// renewFails fails every renew script a client sends.
+type renewFails struct{}
+
+func (renewFails) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (renewFails) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (renewFails) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if slices.Contains(cmd.Args(), any("renew")) {
+			cmd.SetErr(redistest.ErrCutOff)
+			return redistest.ErrCutOff
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// Issue 14.3: when Redis cannot be reached to shorten a grant that lasts
+// past the cap, Done still closes at the cap, with ErrMaxHold, not at the
+// grant's deadline an hour on.
+func TestMaxHoldWhileRenewalsFail(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		const d = 300 * time.Millisecond
+		rdb := b.Client(t)
+		redistest.AddHook(t, rdb, renewFails{})
+		c := e.ClientOn(rdb, fairlock.WithLeaseTTL(time.Hour), fairlock.WithMaxHold(d))
+		start := time.Now()
+		l, err := c.Acquire(ctx, fairlock.Request{Name: "down", Capacity: 1, Permits: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held := capDone(t, l, start, 10*time.Second); held < d {
+			t.Fatalf("Done closed after %v, before the cap %v", held, d)
+		}
+		fltest.IsErr(t, "Err() at the cap", l.Err(), fairlock.ErrMaxHold)
+		fltest.IsErr(t, "Release after the cap", l.Release(ctx), fairlock.ErrMaxHold)
+	})
+}
+
+// Issue 14.3: a negative cap is refused, in the option, the request and
+// Validate; ErrMaxHold is a case of ErrLeaseLost, not the other way round.
+func TestMaxHoldInputs(t *testing.T) {
+	b := redistest.Mini(t)
+	e := fltest.New(t, b)
+	ctx := context.Background()
+	if _, err := fairlock.New(b.Client(t), fairlock.WithMaxHold(-time.Second)); !errors.Is(err, fairlock.ErrInvalidArgument) {
+		t.Fatalf("New(WithMaxHold(-1s)) = %v, want ErrInvalidArgument", err)
+	}
+	c := e.Client()
+	bad := fairlock.Request{Name: "neg", Capacity: 1, Permits: 1, MaxHold: -1}
+	fltest.IsErr(t, "Validate(MaxHold -1)", c.Validate(bad), fairlock.ErrInvalidArgument)
+	_, err := c.Acquire(ctx, bad)
+	fltest.IsErr(t, "Acquire(MaxHold -1)", err, fairlock.ErrInvalidArgument)
+	_, err = c.TryAcquireAll(ctx, fairlock.Request{Name: "{x}:1", Capacity: 1, Permits: 1}, fairlock.Request{Name: "{x}:2", Capacity: 1, Permits: 1, MaxHold: -1})
+	fltest.IsErr(t, "TryAcquireAll(MaxHold -1)", err, fairlock.ErrInvalidArgument)
+	if !errors.Is(fairlock.ErrMaxHold, fairlock.ErrLeaseLost) {
+		t.Fatal("errors.Is(ErrMaxHold, ErrLeaseLost) = false, want true")
+	}
+	if errors.Is(fairlock.ErrLeaseLost, fairlock.ErrMaxHold) {
+		t.Fatal("errors.Is(ErrLeaseLost, ErrMaxHold) = true, want false")
+	}
+}
