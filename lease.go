@@ -276,8 +276,9 @@ func (l *Lease) renew() {
 	}
 	if l.holdOver(time.Now()) {
 		l.stopped = true
+		pending := l.pending
 		l.rmu.Unlock()
-		l.finish(l.maxHoldErr())
+		l.endAtCap(pending)
 		return
 	}
 	l.renewing = true
@@ -301,6 +302,7 @@ func (l *Lease) renew() {
 	l.renewing = false
 	l.idle.Broadcast()
 	var lost error
+	atCap := false
 	switch {
 	case l.stopped:
 	case err == nil && n == 1:
@@ -315,7 +317,7 @@ func (l *Lease) renew() {
 	case !time.Now().Before(deadline):
 		lost = fmt.Errorf("fairlock: renew %s: %w: not renewed in time: %w: %w", labelOf(l.p.names), ErrLeaseLost, ErrRedis, err)
 	case l.pastCap(time.Now()):
-		lost = l.maxHoldErr()
+		atCap, l.stopped = true, true
 	default:
 		// Retry soon, but never past the deadline (nor the cap).
 		l.timer.Reset(l.untilCap(min(ttl/10, time.Until(deadline))))
@@ -328,6 +330,9 @@ func (l *Lease) renew() {
 	l.rmu.Unlock()
 	if lost != nil {
 		l.finish(lost)
+	}
+	if atCap {
+		l.endAtCap(pending)
 	}
 }
 

@@ -1,6 +1,7 @@
 package fairlock
 
 import (
+	"context"
 	"fmt"
 	"time"
 )
@@ -110,6 +111,19 @@ func (l *Lease) untilCap(d time.Duration) time.Duration {
 		return d
 	}
 	return min(d, time.Until(l.holdEnd))
+}
+
+// endAtCap ends the lease at its cap: Done closes with ErrMaxHold, then
+// the lease is released in the background (for up to one waiter TTL, as
+// any clean-up). Redis expires it about now anyway (its last renewal asked
+// for no more), so releasing changes no one's safety; it wakes the next
+// waiter now, whose timer may be set for the later expiry the lease had
+// before its last renewal shortened it, and frees a grant that outlasts
+// the cap because the renewal meant to shorten it failed.
+func (l *Lease) endAtCap(pending bool) {
+	l.finish(l.maxHoldErr())
+	args := l.p.releaseArgs("release", l.ticket, l.c, pending, l.tokens)
+	l.c.spawn(func() { l.c.cleanUp(context.Background(), args, l.p) })
 }
 
 // maxHoldErr is the cause a lease ends with at its cap.

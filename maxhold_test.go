@@ -13,6 +13,40 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// opHook is a go-redis hook on the scripts of one fairlock op ("renew",
+// "release"): it fails them (fail) or holds them back until gate closes.
+type opHook struct {
+	op   string
+	fail bool
+	gate chan struct{}
+}
+
+func (h *opHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *opHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *opHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if slices.Contains(cmd.Args(), any(h.op)) {
+			if h.gate != nil {
+				<-h.gate
+			}
+			if h.fail {
+				cmd.SetErr(redistest.ErrCutOff)
+				return redistest.ErrCutOff
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// clientWith returns a fairlock client whose go-redis client has hook h.
+func clientWith(t *testing.T, e *fltest.Env, h redis.Hook, opts ...fairlock.Option) *fairlock.Client {
+	rdb := e.B.Client(t)
+	redistest.AddHook(t, rdb, h)
+	return e.ClientOn(rdb, opts...)
+}
+
 // capDone waits for l's Done, failing the test after within, and returns
 // how long after start it closed.
 func capDone(t *testing.T, l *fairlock.Lease, start time.Time, within time.Duration) time.Duration {
@@ -69,15 +103,16 @@ func TestMaxHoldEndsLease(t *testing.T) {
 }
 
 // Issue 14.3: a cap shorter than the lease TTL shortens the grant in Redis
-// at once, so Redis frees the permits at the cap, by its own clock, while
-// the holder never releases (stuck). The clock is frozen: exact.
+// at once, so Redis frees the permits at the cap, by its own clock, though
+// the holder never releases (its releases fail, as if it were cut off
+// after its last renewal). The clock is frozen: exact.
 func TestMaxHoldShorterThanTTLFreesInRedis(t *testing.T) {
 	b := redistest.Mini(t)
 	b.Freeze(t)
 	e := fltest.New(t, b)
 	ctx := context.Background()
 	const d = 300 * time.Millisecond
-	c := e.Client(fairlock.WithLeaseTTL(time.Hour), fairlock.WithMaxHold(d))
+	c := clientWith(t, e, &opHook{op: "release", fail: true}, fairlock.WithLeaseTTL(time.Hour), fairlock.WithMaxHold(d))
 	req := fairlock.Request{Name: "short", Capacity: 1, Permits: 1}
 	l, err := c.Acquire(ctx, req)
 	if err != nil {
@@ -104,13 +139,14 @@ func TestMaxHoldShorterThanTTLFreesInRedis(t *testing.T) {
 // Issue 14.3: the renewals of a lease whose cap is longer than its TTL stop
 // extending it at the cap: Redis's expiry is the cap, give or take the last
 // renewal's trip, not a TTL after the last renewal (at least 2/3 TTL past
-// the cap). The margin allowed for that trip is ttl/3.
+// the cap). The margin allowed for that trip is ttl/3. The holder's
+// releases fail, so that Redis's expiry stays to be read.
 func TestMaxHoldLastRenewalLandsAtCap(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := fltest.New(t, b)
 		ctx := context.Background()
 		const ttl, d = 900 * time.Millisecond, 1200 * time.Millisecond
-		c := e.Client(fairlock.WithLeaseTTL(ttl), fairlock.WithMaxHold(d))
+		c := clientWith(t, e, &opHook{op: "release", fail: true}, fairlock.WithLeaseTTL(ttl), fairlock.WithMaxHold(d))
 		l, err := c.Acquire(ctx, fairlock.Request{Name: "last", Capacity: 1, Permits: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -118,9 +154,11 @@ func TestMaxHoldLastRenewalLandsAtCap(t *testing.T) {
 		capDone(t, l, time.Now(), 10*time.Second)
 		fltest.IsErr(t, "Err() at the cap", l.Err(), fairlock.ErrMaxHold)
 		grantMs := l.Token() / 1000
-		if got := expiryMs(t, e, "last"); got > grantMs+(d+ttl/3).Milliseconds() {
+		got := expiryMs(t, e, "last")
+		if got > grantMs+(d+ttl/3).Milliseconds() {
 			t.Fatalf("Redis's expiry %d ms after the grant; the cap is %v", got-grantMs, d)
 		}
+		t.Logf("Redis's expiry: %d ms after the grant, cap %v", got-grantMs, d)
 	})
 }
 
@@ -159,36 +197,18 @@ func TestMaxHoldPerRequest(t *testing.T) {
 	})
 }
 
-// renewFails fails every renew script a client sends.
-type renewFails struct{}
-
-func (renewFails) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (renewFails) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (renewFails) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if slices.Contains(cmd.Args(), any("renew")) {
-			cmd.SetErr(redistest.ErrCutOff)
-			return redistest.ErrCutOff
-		}
-		return next(ctx, cmd)
-	}
-}
-
-// Issue 14.3: when Redis cannot be reached to shorten a grant that lasts
-// past the cap, Done still closes at the cap, with ErrMaxHold, not at the
-// grant's deadline an hour on.
+// Issue 14.3: when the renewal meant to shorten a grant that lasts past the
+// cap fails, Done still closes at the cap, with ErrMaxHold, not at the
+// grant's deadline an hour on, and the holder's client releases the grant.
 func TestMaxHoldWhileRenewalsFail(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := fltest.New(t, b)
 		ctx := context.Background()
 		const d = 300 * time.Millisecond
-		rdb := b.Client(t)
-		redistest.AddHook(t, rdb, renewFails{})
-		c := e.ClientOn(rdb, fairlock.WithLeaseTTL(time.Hour), fairlock.WithMaxHold(d))
+		c := clientWith(t, e, &opHook{op: "renew", fail: true}, fairlock.WithLeaseTTL(time.Hour), fairlock.WithMaxHold(d))
+		req := fairlock.Request{Name: "down", Capacity: 1, Permits: 1}
 		start := time.Now()
-		l, err := c.Acquire(ctx, fairlock.Request{Name: "down", Capacity: 1, Permits: 1})
+		l, err := c.Acquire(ctx, req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -196,7 +216,54 @@ func TestMaxHoldWhileRenewalsFail(t *testing.T) {
 			t.Fatalf("Done closed after %v, before the cap %v", held, d)
 		}
 		fltest.IsErr(t, "Err() at the cap", l.Err(), fairlock.ErrMaxHold)
+		other := e.Client()
+		e.WaitFor("the grant released at the cap", func() bool {
+			next, err := other.TryAcquire(ctx, req)
+			if err == nil {
+				e.Release(next)
+			}
+			return err == nil
+		})
 		fltest.IsErr(t, "Release after the cap", l.Release(ctx), fairlock.ErrMaxHold)
+	})
+}
+
+// Issue 14.3: at the cap the next waiter is granted at once, though it
+// queued while the grant still lasted an hour (its wake-up timer is set
+// for then, and its liveness refresh is 20 minutes away): the holder's
+// client releases the lease as it ends it.
+func TestMaxHoldHandsOnAtCap(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		const d = 500 * time.Millisecond
+		gate := &opHook{op: "renew", gate: make(chan struct{})}
+		c := clientWith(t, e, gate, fairlock.WithLeaseTTL(time.Hour), fairlock.WithMaxHold(d))
+		req := fairlock.Request{Name: "handoff", Capacity: 1, Permits: 1}
+		l, err := c.Acquire(ctx, req) // its renewal to the cap waits at the gate
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiter := e.Client(fairlock.WithWaiterTTL(time.Hour))
+		got := make(chan error, 1)
+		go func() {
+			next, err := waiter.Acquire(ctx, req)
+			if err == nil {
+				err = next.Release(ctx)
+			}
+			got <- err
+		}()
+		fltest.WaitWaiters(t, waiter, "handoff", 1)
+		close(gate.gate)
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatalf("waiter: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("waiter not granted within 10s of the cap (lease Err %v)", l.Err())
+		}
+		fltest.IsErr(t, "Err() at the cap", l.Err(), fairlock.ErrMaxHold)
 	})
 }
 
