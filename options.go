@@ -74,15 +74,18 @@ func WithWaiterTTL(d time.Duration) Option {
 // is not renewed past d from its grant, so it ends then even if its holder
 // is stuck and never releases. Its Done channel closes at the cap (counted
 // on the local clock from the earliest moment the grant can have
-// happened, so never later than Redis's), with [Lease.Err] matching
-// [ErrMaxHold] (and [ErrLeaseLost]). Its last renewal asks Redis only for
-// the time left to the cap, so Redis frees the permits at the cap too,
-// give or take that renewal's trip to Redis, whether or not the holder's
-// process is still running; a cap shorter than the lease TTL is applied
-// by a renewal sent at once on the grant. If Redis cannot be reached for
-// that renewal, the permits return when the grant's TTL runs out, as for
-// any lost lease. A request may set its own cap with [Request.MaxHold].
-// The default, 0, is no cap; d must not be negative.
+// happened, so never after Redis's), with [Lease.Err] matching
+// [ErrMaxHold], which also matches [ErrLeaseLost]; [Lease.Release] then
+// returns an error matching ErrMaxHold. The client releases the lease at
+// the cap, in the background, so the next waiter is granted at once. Its
+// last renewal asked Redis only for the time left to the cap, so Redis
+// frees the permits at the cap on its own too (give or take that
+// renewal's trip to Redis) if the holder's process stalls or is cut off
+// after that renewal. A cap shorter than the lease TTL is applied by a
+// renewal sent at once on the grant; if that renewal and the release at
+// the cap both fail to reach Redis, the permits return when the grant's
+// TTL runs out, as a lost lease's do. A request may set its own cap with
+// [Request.MaxHold]. The default, 0, is no cap; d must not be negative.
 func WithMaxHold(d time.Duration) Option {
 	return func(c *config) { c.maxHold = d }
 }

@@ -7,6 +7,7 @@ import (
 	"log"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock"
@@ -187,4 +188,28 @@ func ExampleRWMutex() {
 	// two readers: true
 	// writer while reading: true
 	// writer alone: true
+}
+
+// WithMaxHold caps how long a job may hold its permits: the context Do
+// gives the job ends at the cap, and Do reports it.
+func ExampleWithMaxHold() {
+	rdb, stop := startRedis()
+	defer stop()
+	ctx := context.Background()
+	c, err := fairlock.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	sem, err := semaphore.New(c, "exports", 2, semaphore.WithMaxHold(100*time.Millisecond))
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = sem.Do(ctx, 1, func(ctx context.Context) error {
+		<-ctx.Done() // a job that would overrun; it stops when told
+		return context.Cause(ctx)
+	})
+	fmt.Println(errors.Is(err, fairlock.ErrMaxHold), errors.Is(err, fairlock.ErrLeaseLost))
+	// Output: true true
 }
