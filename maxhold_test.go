@@ -228,6 +228,29 @@ func TestMaxHoldWhileRenewalsFail(t *testing.T) {
 	})
 }
 
+// Issue 14.3: a renewal meant to shorten a grant that lasts past the cap,
+// sent to a Redis that does not answer, is given up at the cap: Done
+// closes then, with ErrMaxHold, not at the grant's deadline an hour on.
+func TestMaxHoldWhileRenewalHangs(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		const d = 300 * time.Millisecond
+		hang := &opHook{op: "renew", gate: make(chan struct{})}
+		c := clientWith(t, e, hang, fairlock.WithLeaseTTL(time.Hour), fairlock.WithMaxHold(d))
+		t.Cleanup(func() { close(hang.gate) }) // before c closes
+		start := time.Now()
+		l, err := c.Acquire(ctx, fairlock.Request{Name: "hang", Capacity: 1, Permits: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held := capDone(t, l, start, 10*time.Second); held < d {
+			t.Fatalf("Done closed after %v, before the cap %v", held, d)
+		}
+		fltest.IsErr(t, "Err() at the cap", l.Err(), fairlock.ErrMaxHold)
+	})
+}
+
 // Issue 14.3: at the cap the next waiter is granted at once, though it
 // queued while the grant still lasted an hour (its wake-up timer is set
 // for then, and its liveness refresh is 20 minutes away): the holder's
