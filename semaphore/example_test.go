@@ -207,8 +207,12 @@ func ExampleWithMaxHold() {
 		log.Fatal(err)
 	}
 	err = sem.Do(ctx, 1, func(ctx context.Context) error {
-		<-ctx.Done() // a job that would overrun; it stops when told
-		return context.Cause(ctx)
+		select { // a job that would overrun; it stops when told
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(time.Minute):
+			return errors.New("overran the cap")
+		}
 	})
 	fmt.Println(errors.Is(err, fairlock.ErrMaxHold), errors.Is(err, fairlock.ErrLeaseLost))
 	// Output: true true
