@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -78,7 +79,7 @@ func TestMaxHoldEndsLease(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := fltest.New(t, b)
 		ctx := context.Background()
-		const ttl, d = 150 * time.Millisecond, 500 * time.Millisecond
+		const ttl, d = time.Second, 1500 * time.Millisecond
 		c := e.Client(fairlock.WithLeaseTTL(ttl), fairlock.WithMaxHold(d))
 		req := fairlock.Request{Name: "cap", Capacity: 1, Permits: 1}
 		start := time.Now()
@@ -136,31 +137,79 @@ func TestMaxHoldShorterThanTTLFreesInRedis(t *testing.T) {
 	e.Release(next)
 }
 
+// renewals records the lease TTL (ms) that each renew script a client
+// sends asks for.
+type renewals struct {
+	mu  sync.Mutex
+	ttl []int64
+}
+
+func (h *renewals) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *renewals) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *renewals) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		// release.lua's ARGV: op, ticket, client, unconfirmed, leaseMs, ...
+		if i := slices.Index(args, any("renew")); i >= 0 && i+4 < len(args) {
+			if ms, ok := args[i+4].(int64); ok {
+				h.mu.Lock()
+				h.ttl = append(h.ttl, ms)
+				h.mu.Unlock()
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
 // Issue 14.3: the renewals of a lease whose cap is longer than its TTL stop
-// extending it at the cap: Redis's expiry is the cap, give or take the last
-// renewal's trip. The cap is a little over the TTL, so the first renewal
-// (at ttl/3) has ttl - (d - ttl/3) = 450 ms less than a TTL to go: one that
-// asked for the whole TTL would leave Redis's expiry 450 ms past the cap.
-// The margin allowed for the trip is 200 ms. The holder's releases fail,
-// so that Redis's expiry stays to be read.
+// extending it at the cap: each asks for no more than the time left to the
+// cap, so Redis's expiry lands at the cap, not a TTL after the last
+// renewal. The cap is a little over the TTL: the first renewal, sent at
+// least ttl/3 after Acquire was called, has at most d - ttl/3 (+ the time
+// Acquire took) to go, 450 ms less than a TTL. On miniredis, whose clock is
+// frozen, Redis's expiry is read back exactly (the holder's releases fail,
+// so that it stays to be read). No bound here depends on the machine's
+// speed.
 func TestMaxHoldLastRenewalLandsAtCap(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		if !b.Real() {
+			b.Freeze(t)
+		}
 		e := fltest.New(t, b)
 		ctx := context.Background()
-		const ttl, d, margin = 1500 * time.Millisecond, 1550 * time.Millisecond, 200 * time.Millisecond
-		c := clientWith(t, e, &opHook{op: "release", fail: true}, fairlock.WithLeaseTTL(ttl), fairlock.WithMaxHold(d))
+		const ttl, d = 1500 * time.Millisecond, 1550 * time.Millisecond
+		rdb := b.Client(t)
+		rec := &renewals{}
+		redistest.AddHook(t, rdb, rec)
+		redistest.AddHook(t, rdb, &opHook{op: "release", fail: true})
+		c := e.ClientOn(rdb, fairlock.WithLeaseTTL(ttl), fairlock.WithMaxHold(d))
+		start := time.Now()
 		l, err := c.Acquire(ctx, fairlock.Request{Name: "last", Capacity: 1, Permits: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
-		capDone(t, l, time.Now(), 10*time.Second)
+		most := (d - ttl/3 + time.Since(start)).Milliseconds()
+		capDone(t, l, start, 10*time.Second)
 		fltest.IsErr(t, "Err() at the cap", l.Err(), fairlock.ErrMaxHold)
-		grantMs := l.Token() / 1000
-		got := expiryMs(t, e, "last")
-		if got > grantMs+(d+margin).Milliseconds() {
-			t.Fatalf("Redis's expiry %d ms after the grant; the cap is %v", got-grantMs, d)
+		rec.mu.Lock()
+		asked := slices.Clone(rec.ttl)
+		rec.mu.Unlock()
+		if len(asked) == 0 {
+			t.Fatal("no renewal sent before the cap")
 		}
-		t.Logf("Redis's expiry: %d ms after the grant, cap %v", got-grantMs, d)
+		for i, ms := range asked {
+			if ms > most {
+				t.Fatalf("renewal %d of %v asked for %d ms; at most %d ms were left to the cap %v", i+1, asked, ms, most, d)
+			}
+		}
+		grantMs := l.Token() / 1000 // the token is Redis's clock (µs) at the grant
+		got := expiryMs(t, e, "last")
+		if !b.Real() && got-grantMs > most {
+			t.Fatalf("Redis's expiry %d ms after the grant (frozen clock); at most %d ms were left to the cap %v", got-grantMs, most, d)
+		}
+		t.Logf("renewals asked for %v ms; Redis's expiry %d ms after the grant, cap %v", asked, got-grantMs, d)
 	})
 }
 
