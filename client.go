@@ -38,6 +38,14 @@ type Request struct {
 	Name     string
 	Capacity int64
 	Permits  int64
+
+	// MaxHold caps how long the lease may hold these permits, as
+	// [WithMaxHold] does for every lease of a client: at MaxHold from the
+	// grant the lease ends with [ErrMaxHold]. 0 takes the client's cap
+	// (none by default); a positive MaxHold replaces it, shorter or
+	// longer. A lease over several semaphores ends at the earliest cap of
+	// its parts. A negative MaxHold fails with [ErrInvalidArgument].
+	MaxHold time.Duration
 }
 
 // Client grants fair, first-in first-out permits of semaphores stored in
@@ -287,6 +295,8 @@ func (c *Client) check(req Request) (keys, error) {
 		return k, fmt.Errorf("%w: %d permits of %q", ErrInvalidArgument, req.Permits, req.Name)
 	case req.Permits > req.Capacity:
 		return k, fmt.Errorf("%w: %d permits of %q exceed its capacity %d", ErrInvalidArgument, req.Permits, req.Name, req.Capacity)
+	case req.MaxHold < 0:
+		return k, fmt.Errorf("%w: max hold %v of %q is negative", ErrInvalidArgument, req.MaxHold, req.Name)
 	}
 	return k, nil
 }
@@ -302,8 +312,8 @@ func ms(d time.Duration) int64 {
 }
 
 // Validate reports whether req is a request c can serve: a valid name, a
-// capacity in [1, MaxCapacity] and permits in [1, capacity]. It contacts no
-// server.
+// capacity in [1, MaxCapacity], permits in [1, capacity] and a MaxHold
+// that is not negative. It contacts no server.
 func (c *Client) Validate(req Request) error {
 	_, err := c.check(req)
 	return err

@@ -16,6 +16,15 @@ var (
 	// fencing token is how a resource protects itself from that.
 	ErrLeaseLost = errors.New("fairlock: lease lost")
 
+	// ErrMaxHold reports that a lease reached its cap on holding (see
+	// [WithMaxHold] and [Request.MaxHold]): it was not renewed past the
+	// cap, so it ended there though its holder had not released it. It
+	// matches [ErrLeaseLost] too (errors.Is(ErrMaxHold, ErrLeaseLost)
+	// holds): for the holder the outcome is the same as a lost lease, its
+	// critical section is no longer protected, and code that checks
+	// ErrLeaseLost learns so without knowing of the cap.
+	ErrMaxHold error = &subError{"fairlock: maximum hold reached", ErrLeaseLost}
+
 	// ErrNotHeld is returned by Release on a lease that was already
 	// released, and is the cause reported by [Lease.Err] after a release.
 	ErrNotHeld = errors.New("fairlock: lease not held")
@@ -92,3 +101,13 @@ func (e *Error) Unwrap() error { return e.Err }
 func opError(op string, names []string, err error) error {
 	return &Error{Op: op, Names: names, Err: err}
 }
+
+// subError is a sentinel that is a special case of another: errors.Is
+// matches it to its parent as well as to itself.
+type subError struct {
+	msg    string
+	parent error
+}
+
+func (e *subError) Error() string { return e.msg }
+func (e *subError) Unwrap() error { return e.parent }

@@ -2,6 +2,7 @@ package fairlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"log/slog"
@@ -111,4 +112,48 @@ func ExampleWithLogger() {
 	<-lease.Done()
 	// Output:
 	// level=WARN msg="fairlock: lease lost" semaphores=[nightly]
+}
+
+// WithMaxHold caps holding: a holder stuck without releasing loses its
+// lease at the cap, and Redis hands the permits to the next waiter then,
+// with nobody releasing.
+func ExampleWithMaxHold() {
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+
+	stuck, err := fairlock.New(rdb, fairlock.WithMaxHold(200*time.Millisecond))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer stuck.Close()
+	other, err := fairlock.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer other.Close()
+
+	req := fairlock.Request{Name: "ledger", Capacity: 1, Permits: 1}
+	lease, err := stuck.Acquire(ctx, req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// The holder never releases; the next waiter gets the lock at the cap.
+	next, err := other.Acquire(ctx, req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	<-lease.Done()
+	fmt.Println(errors.Is(lease.Err(), fairlock.ErrMaxHold), errors.Is(lease.Err(), fairlock.ErrLeaseLost))
+	fmt.Println(next.Token() > lease.Token())
+	fmt.Println(errors.Is(lease.Release(ctx), fairlock.ErrMaxHold), next.Release(ctx))
+	// Output:
+	// true true
+	// true
+	// true <nil>
 }

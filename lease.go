@@ -27,12 +27,14 @@ type Lease struct {
 	stopCtx  context.Context // cancelled when renewal stops
 	halt     context.CancelFunc
 	rmu      sync.Mutex
-	idle     *sync.Cond  // signalled when a renewal in flight ends
-	timer    *time.Timer // guarded by rmu
-	deadline time.Time   // guarded by rmu: when the lease may have expired
-	stopped  bool        // guarded by rmu
-	renewing bool        // guarded by rmu
-	pending  bool        // guarded by rmu: announced, not yet confirmed
+	idle     *sync.Cond    // signalled when a renewal in flight ends
+	timer    *time.Timer   // guarded by rmu
+	deadline time.Time     // guarded by rmu: when the lease may have expired
+	stopped  bool          // guarded by rmu
+	renewing bool          // guarded by rmu
+	pending  bool          // guarded by rmu: announced, not yet confirmed
+	maxHold  time.Duration // the cap on holding (see maxhold.go); 0 for none
+	holdEnd  time.Time     // when the cap ends the lease, locally; zero for none
 
 	mu       sync.Mutex // serialises Release
 	released bool
@@ -58,6 +60,7 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	if announced {
 		first, l.pending = max(time.Until(deadline)/renewDivisor, 0), true
 	}
+	first = l.capHold(first, announced)
 
 	c.mu.Lock()
 	if c.closed {
@@ -133,19 +136,24 @@ func (l *Lease) Parts() []Part {
 }
 
 // Done returns a channel that is closed when the lease ends: released,
-// expired, not renewed in time, or abandoned by [Client.Close].
+// expired, not renewed in time, at its cap on holding ([WithMaxHold]), or
+// abandoned by [Client.Close].
 func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err returns nil while the lease is held, and afterwards why it ended:
 // [ErrNotHeld] once released, an error matching [ErrLeaseLost] if it was
-// lost, or [ErrClosed] if its client was closed.
+// lost (also matching [ErrMaxHold] if it reached its cap on holding), or
+// [ErrClosed] if its client was closed.
 func (l *Lease) Err() error { return context.Cause(l.ctx) }
 
 // Release frees the lease's permits, of all its semaphores at once, and
 // hands them to the next waiters. It stops renewal before it returns. It returns an error matching
 // [ErrLeaseLost] if the lease had already expired or been dropped, so the
 // caller learns its critical section may have overlapped another holder's,
-// and [ErrNotHeld] if the lease was released before.
+// and [ErrNotHeld] if the lease was released before. If the lease had
+// reached its cap on holding ([WithMaxHold]) before Release, Release frees
+// whatever Redis still holds of it and returns an error matching
+// [ErrMaxHold] (and so ErrLeaseLost).
 //
 // If Redis cannot be reached, Release returns an error matching [ErrRedis],
 // the lease is no longer renewed (Done closes) and its permits return when
@@ -196,6 +204,9 @@ func (l *Lease) Release(ctx context.Context) error {
 		return err
 	}
 	l.released = true
+	if errors.Is(l.Err(), ErrMaxHold) {
+		return opError("release", l.p.names, ErrMaxHold)
+	}
 	if n != 1 {
 		l.finish(ErrLeaseLost)
 		return opError("release", l.p.names, ErrLeaseLost)
@@ -256,11 +267,20 @@ func (l *Lease) abandon(cause error) {
 // then lost at its deadline. A renewal whose answer comes after renew gave
 // up on it is ignored: if it did renew the lease in Redis, the lease
 // expires there a TTL after it was sent, as any lost lease does (it is
-// not released early, in case its holder has not yet seen Done).
+// not released early, in case its holder has not yet seen Done). A lease
+// with a cap on holding is renewed only up to the cap, and ends there by
+// this timer (see maxhold.go).
 func (l *Lease) renew() {
 	l.rmu.Lock()
 	if l.stopped {
 		l.rmu.Unlock()
+		return
+	}
+	if l.holdOver(time.Now()) {
+		l.stopped = true
+		pending := l.pending
+		l.rmu.Unlock()
+		l.endAtCap(pending)
 		return
 	}
 	l.renewing = true
@@ -269,13 +289,15 @@ func (l *Lease) renew() {
 
 	ttl := l.c.cfg.leaseTTL
 	sent := time.Now()
-	ctx, cancel := context.WithDeadline(l.stopCtx, deadline)
+	lease, capped := l.renewalTTL(ttl, sent)
+	ctx, cancel := context.WithDeadline(l.stopCtx, l.answerBy(deadline, sent))
 	var n int64
 	var err error
-	if l.batchable() {
-		n, err = l.c.renewBatched(ctx, l, pending)
+	if l.batchable() && !capped {
+		n, err = l.c.renewBatched(ctx, l, pending, lease)
 	} else {
-		o, _ := l.c.call(ctx, l.c.runner(l.c.scripts.release, l.p.keys, l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens)), nil)
+		args := withLeaseArg(l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens), lease)
+		o, _ := l.c.call(ctx, l.c.runner(l.c.scripts.release, l.p.keys, args), nil)
 		n, err = l.c.released(l.p, o.cmd)
 		if err == nil && n == 1 && o.ackErr != nil {
 			err = o.ackErr // renewed on the master only: try again
@@ -287,19 +309,25 @@ func (l *Lease) renew() {
 	l.renewing = false
 	l.idle.Broadcast()
 	var lost error
+	atCap := false
 	switch {
 	case l.stopped:
 	case err == nil && n == 1:
 		l.deadline, l.pending = sent.Add(ttl), false
 		l.timer.Reset(ttl / renewDivisor)
+		if capped {
+			l.cappedRenewal(sent, lease)
+		}
 		l.c.observe(Event{Kind: LeaseRenewed, Names: l.p.names, Permits: l.p.permits(), Held: time.Since(l.granted), ID: l.p.id})
 	case err == nil:
 		lost = opError("renew", l.p.names, fmt.Errorf("%w: expired", ErrLeaseLost))
 	case !time.Now().Before(deadline):
 		lost = opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: %w: %w", ErrLeaseLost, ErrRedis, err))
+	case l.pastCap(time.Now()):
+		atCap, l.stopped = true, true
 	default:
-		// Retry soon, but never past the deadline.
-		l.timer.Reset(min(ttl/retryDivisor, time.Until(deadline)))
+		// Retry soon, but never past the deadline (nor the cap).
+		l.timer.Reset(l.untilCap(min(ttl/retryDivisor, time.Until(deadline))))
 		l.c.logf(slog.LevelWarn, "fairlock: renewal failed; retrying until the lease's deadline", l.p.names,
 			strconv.FormatInt(l.tokens[0], 10), slog.Time("deadline", deadline), slog.Any("error", err))
 	}
@@ -309,6 +337,9 @@ func (l *Lease) renew() {
 	l.rmu.Unlock()
 	if lost != nil {
 		l.finish(lost)
+	}
+	if atCap {
+		l.endAtCap(pending)
 	}
 }
 

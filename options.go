@@ -40,6 +40,7 @@ type config struct {
 	owner     string
 	leaseTTL  time.Duration
 	waiterTTL time.Duration
+	maxHold   time.Duration // WithMaxHold; 0 for no cap
 
 	ackReplicas int // WithReplicaAck; 0 for none
 	ackTimeout  time.Duration
@@ -91,6 +92,26 @@ func WithWaiterTTL(d time.Duration) Option {
 	return func(c *config) { c.waiterTTL = d }
 }
 
+// WithMaxHold caps how long any lease of the client may be held: a lease
+// is not renewed past d from its grant, so it ends then even if its holder
+// is stuck and never releases. Its Done channel closes at the cap (counted
+// on the local clock from the earliest moment the grant can have
+// happened, so never after Redis's), with [Lease.Err] matching
+// [ErrMaxHold], which also matches [ErrLeaseLost]; [Lease.Release] then
+// returns an error matching ErrMaxHold. The client releases the lease at
+// the cap, in the background, so the next waiter is granted at once. Its
+// last renewal asked Redis only for the time left to the cap, so Redis
+// frees the permits at the cap on its own too (give or take that
+// renewal's trip to Redis) if the holder's process stalls or is cut off
+// after that renewal. A cap shorter than the lease TTL is applied by a
+// renewal sent at once on the grant; if that renewal and the release at
+// the cap both fail to reach Redis, the permits return when the grant's
+// TTL runs out, as a lost lease's do. A request may set its own cap with
+// [Request.MaxHold]. The default, 0, is no cap; d must not be negative.
+func WithMaxHold(d time.Duration) Option {
+	return func(c *config) { c.maxHold = d }
+}
+
 func newConfig(opts []Option) (config, error) {
 	cfg := config{prefix: DefaultPrefix, leaseTTL: DefaultLeaseTTL, waiterTTL: DefaultWaiterTTL}
 	for _, o := range opts {
@@ -112,6 +133,8 @@ func newConfig(opts []Option) (config, error) {
 		return cfg, fmt.Errorf("%w: lease TTL %v is shorter than %v", ErrInvalidArgument, cfg.leaseTTL, minTTL)
 	case cfg.waiterTTL < minTTL:
 		return cfg, fmt.Errorf("%w: waiter TTL %v is shorter than %v", ErrInvalidArgument, cfg.waiterTTL, minTTL)
+	case cfg.maxHold < 0:
+		return cfg, fmt.Errorf("%w: max hold %v is negative", ErrInvalidArgument, cfg.maxHold)
 	case cfg.ackReplicas < 0 || (cfg.ackReplicas > 0 && cfg.ackTimeout < time.Millisecond):
 		return cfg, fmt.Errorf("%w: WithReplicaAck(%d, %v): replicas must be >= 0 and the timeout at least 1ms", ErrInvalidArgument, cfg.ackReplicas, cfg.ackTimeout)
 	}

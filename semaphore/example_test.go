@@ -7,6 +7,7 @@ import (
 	"log"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/redistest"
@@ -208,4 +209,32 @@ func ExampleRWMutex_Do() {
 	// write: <nil>
 	// read: fast
 	// read done: <nil>
+}
+
+// WithMaxHold caps how long a job may hold its permits: the context Do
+// gives the job ends at the cap, and Do reports it.
+func ExampleWithMaxHold() {
+	rdb, stop := redistest.Embedded() // a program connects to its own Redis
+	defer stop()
+	ctx := context.Background()
+	c, err := fairlock.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	sem, err := semaphore.New(c, "exports", 2, semaphore.WithMaxHold(100*time.Millisecond))
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = sem.Do(ctx, 1, func(ctx context.Context) error {
+		select { // a job that would overrun; it stops when told
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(time.Minute):
+			return errors.New("overran the cap")
+		}
+	})
+	fmt.Println(errors.Is(err, fairlock.ErrMaxHold), errors.Is(err, fairlock.ErrLeaseLost))
+	// Output: true true
 }

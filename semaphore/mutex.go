@@ -12,10 +12,10 @@ import (
 type Mutex struct{ s *Semaphore }
 
 // NewMutex returns the mutex name kept in Redis by c. It shares its state
-// with a semaphore of the same name and capacity 1. It contacts no server
-// and fails as [New] does.
-func NewMutex(c *fairlock.Client, name string) (*Mutex, error) {
-	s, err := New(c, name, 1)
+// with a semaphore of the same name and capacity 1. It takes the options
+// of [New], contacts no server and fails as [New] does.
+func NewMutex(c *fairlock.Client, name string, opts ...Option) (*Mutex, error) {
+	s, err := New(c, name, 1, opts...)
 	if err != nil {
 		return nil, err
 	}

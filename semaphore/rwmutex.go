@@ -21,9 +21,10 @@ type RWMutex struct{ s *Semaphore }
 
 // NewRWMutex returns the read-write mutex name kept in Redis by c. It
 // shares its state with a semaphore of the same name and capacity
-// [MaxReaders]. It contacts no server and fails as [New] does.
-func NewRWMutex(c *fairlock.Client, name string) (*RWMutex, error) {
-	s, err := New(c, name, MaxReaders)
+// [MaxReaders]. It takes the options of [New], contacts no server and fails
+// as [New] does.
+func NewRWMutex(c *fairlock.Client, name string, opts ...Option) (*RWMutex, error) {
+	s, err := New(c, name, MaxReaders, opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/fairlock/fairlock"
 )
@@ -14,6 +15,22 @@ type Semaphore struct {
 	c        *fairlock.Client
 	name     string
 	capacity int64
+	maxHold  time.Duration // WithMaxHold; 0 for the client's
+}
+
+// An Option configures a [Semaphore], [Mutex] or [RWMutex].
+type Option func(*Semaphore)
+
+// WithMaxHold caps how long each lease taken through this handle may be
+// held, in place of the client's cap ([fairlock.WithMaxHold]): at d from
+// its grant the lease ends, its Done closes with an error matching
+// [fairlock.ErrMaxHold] (and [fairlock.ErrLeaseLost]), and Redis frees
+// its permits. It sets [fairlock.Request.MaxHold] on every request; other
+// handles of the same name are not affected. The default, 0, takes the
+// client's cap. A negative d makes the constructor fail with
+// [fairlock.ErrInvalidArgument].
+func WithMaxHold(d time.Duration) Option {
+	return func(s *Semaphore) { s.maxHold = d }
 }
 
 // New returns the semaphore name with the given capacity, kept in Redis by
@@ -22,16 +39,27 @@ type Semaphore struct {
 // fairlock cannot use with [fairlock.ErrInvalidName]. Every user of one
 // name must give the same capacity while it is in use; otherwise Acquire
 // fails with [fairlock.ErrCapacityMismatch].
-func New(c *fairlock.Client, name string, capacity int64) (*Semaphore, error) {
+func New(c *fairlock.Client, name string, capacity int64, opts ...Option) (*Semaphore, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument)
 	}
-	// A request for one permit checks the name and capacity the way every
-	// later call will.
-	if err := c.Validate(fairlock.Request{Name: name, Capacity: capacity, Permits: 1}); err != nil {
+	s := &Semaphore{c: c, name: name, capacity: capacity}
+	for _, o := range opts {
+		if o != nil {
+			o(s)
+		}
+	}
+	// A request for one permit checks the name, capacity and options the
+	// way every later call will.
+	if err := c.Validate(s.request(1)); err != nil {
 		return nil, err
 	}
-	return &Semaphore{c: c, name: name, capacity: capacity}, nil
+	return s, nil
+}
+
+// request is the engine's request for n permits.
+func (s *Semaphore) request(n int64) fairlock.Request {
+	return fairlock.Request{Name: s.name, Capacity: s.capacity, Permits: n, MaxHold: s.maxHold}
 }
 
 // Name returns the semaphore's name. It cannot fail.
@@ -50,7 +78,7 @@ func (s *Semaphore) Capacity() int64 { return s.capacity }
 // [fairlock.ErrClosed]; a failed Acquire holds nothing (see
 // [fairlock.Client.Acquire]).
 func (s *Semaphore) Acquire(ctx context.Context, n int64) (*fairlock.Lease, error) {
-	return s.c.Acquire(ctx, fairlock.Request{Name: s.name, Capacity: s.capacity, Permits: n})
+	return s.c.Acquire(ctx, s.request(n))
 }
 
 // TryAcquire takes n permits if they are free and nobody waits for the
@@ -58,14 +86,15 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (*fairlock.Lease, erro
 // [fairlock.ErrNotAcquired] and changes nothing. Its other errors are
 // Acquire's.
 func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (*fairlock.Lease, error) {
-	return s.c.TryAcquire(ctx, fairlock.Request{Name: s.name, Capacity: s.capacity, Permits: n})
+	return s.c.TryAcquire(ctx, s.request(n))
 }
 
 // Do acquires n permits, runs f and releases them. The context given to f
-// is cancelled, with cause [fairlock.ErrLeaseLost], if the lease is lost
-// while f runs, so f can stop work it no longer protects. Do returns f's
-// error joined with any error from the release (ErrLeaseLost if the lease
-// was lost); if Acquire fails, f does not run and Do returns its error.
+// is cancelled, with a cause matching [fairlock.ErrLeaseLost], if the lease
+// is lost (or reaches its cap, [WithMaxHold]) while f runs, so f can stop
+// work it no longer protects. Do returns f's error joined with any error
+// from the release (one matching ErrLeaseLost if the lease was lost); if
+// Acquire fails, f does not run and Do returns its error.
 func (s *Semaphore) Do(ctx context.Context, n int64, f func(ctx context.Context) error) error {
 	lease, err := s.Acquire(ctx, n)
 	if err != nil {

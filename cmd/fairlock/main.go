@@ -69,7 +69,8 @@ redis://127.0.0.1:6379 (rediss:// for TLS; redis://user:password@host for ACL).
 
 Exit statuses of run and elect, besides COMMAND's own:
   64  bad usage            70  Redis or other error     75  not acquired (-n busy, -w timed out)
-  76  lease lost while COMMAND ran (COMMAND got SIGTERM, then SIGKILL after -grace)
+  76  lease lost, or -max-hold reached, while COMMAND ran (COMMAND got SIGTERM,
+      then SIGKILL after -grace)
   127 COMMAND could not be started
 
 Examples:
@@ -77,6 +78,7 @@ Examples:
   fairlock run -capacity 4 encoders -- ffmpeg -i in.mp4 out.webm
   fairlock run -n deploy -- ./deploy.sh || echo "a deploy is running"
   fairlock run -w 30s -ttl 1m backup -- pg_dump mydb -f dump.sql
+  fairlock run -max-hold 2h nightly-report -- ./report.sh   # a stuck report frees the lock after 2h
   fairlock elect -value "$(hostname):8080" scheduler -- ./scheduler
   fairlock status -json nightly-report encoders
   fairlock status -watch 1s encoders
@@ -203,6 +205,7 @@ func runCmd(args []string, stderr io.Writer) int {
 	nowait := fs.Bool("n", false, "do not wait: exit 75 at once if NAME is busy")
 	ttl := fs.Duration("ttl", fairlock.DefaultLeaseTTL, "lease TTL: how long a crashed fairlock keeps the lock")
 	grace := fs.Duration("grace", 10*time.Second, "after a lost lease, how long COMMAND has between SIGTERM and SIGKILL")
+	maxHold := fs.Duration("max-hold", 0, "end the lease this long after the grant even if COMMAND still runs (SIGTERM, exit 76); 0: no cap")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -213,7 +216,7 @@ func runCmd(args []string, stderr io.Writer) int {
 	}
 	name, command := rest[0], rest[2:]
 
-	rdb, fc, err := c.connect(fairlock.WithLeaseTTL(*ttl))
+	rdb, fc, err := c.connect(fairlock.WithLeaseTTL(*ttl), fairlock.WithMaxHold(*maxHold))
 	if err != nil {
 		fmt.Fprintln(stderr, errLine(err))
 		return exitUsage

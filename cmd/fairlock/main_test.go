@@ -380,3 +380,26 @@ func exitOf(err error) int {
 	}
 	return 0
 }
+
+// -max-hold ends the lease at the cap though the command still runs: the
+// command is stopped, run exits 76 saying why, and the lock is free.
+func TestRunMaxHold(t *testing.T) {
+	c := newCLI(t)
+	var stderr bytes.Buffer
+	cmd := c.cmd("run", "-max-hold", "300ms", "-grace", "1s", "capped", "--", "sleep", "30")
+	cmd.Stderr = &stderr
+	if got := exit(t, cmd); got != exitLeaseLost {
+		t.Fatalf("run -max-hold 300ms -- sleep 30 exited %d, want %d; stderr: %s", got, exitLeaseLost, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "maximum hold reached") {
+		t.Fatalf("stderr does not say the cap was reached:\n%s", stderr.String())
+	}
+	next, err := c.lib.TryAcquire(context.Background(), fairlock.Request{Name: "capped", Capacity: 1, Permits: 1})
+	if err != nil {
+		t.Fatalf("TryAcquire after the capped run: %v", err)
+	}
+	_ = next.Release(context.Background())
+	if got := exit(t, c.cmd("run", "-max-hold", "-1s", "capped", "--", "true")); got != exitUsage {
+		t.Fatalf("run -max-hold -1s exited %d, want %d", got, exitUsage)
+	}
+}
