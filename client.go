@@ -136,14 +136,10 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 	if cfg.owner != "" {
 		id = cfg.owner + "/" + id
 	}
-	sc := defaultScripts
-	if t := scripthook.Get(); t != nil {
-		sc = newScripts(t)
-	}
 	c := &Client{
 		rdb:       rdb,
 		cfg:       cfg,
-		scripts:   sc,
+		scripts:   newScripts(scripthook.Get()),
 		id:        id,
 		done:      make(chan struct{}),
 		rooms:     make(map[string]*room),

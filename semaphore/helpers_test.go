@@ -116,12 +116,13 @@ func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		name := cmd.Name()
-		if (name == "evalsha" || name == "eval") && len(cmd.Args()) > 3 {
-			// Count script calls by op: the first ARGV after the keys.
+		if (name == "evalsha" || name == "eval" || name == "fcall") && len(cmd.Args()) > 3 {
+			// Count script calls by op (the first ARGV after the keys) as
+			// "script:<op>", whether they ran as EVALSHA, EVAL or FCALL.
 			nkeys, _ := cmd.Args()[2].(int)
 			if i := 3 + nkeys; i < len(cmd.Args()) {
 				if op, ok := cmd.Args()[i].(string); ok {
-					name += ":" + op
+					name = "script:" + op
 				}
 			}
 		}

@@ -87,11 +87,11 @@ func TestNoRenewalAfterRelease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.WaitFor("two renewals", func() bool { return cnt.get("evalsha:renew") >= 2 })
+		e.WaitFor("two renewals", func() bool { return cnt.get("script:renew") >= 2 })
 		e.Release(l)
-		after := cnt.get("evalsha:renew")
+		after := cnt.get("script:renew")
 		time.Sleep(5 * ttl)
-		if got := cnt.get("evalsha:renew"); got != after {
+		if got := cnt.get("script:renew"); got != after {
 			t.Fatalf("%d renewals after Release returned", got-after)
 		}
 	})
@@ -294,7 +294,7 @@ func TestRefreshIgnoresTicketsNotYetQueued(t *testing.T) {
 		e.waitQueued("ghost", 2)
 		slow.delay.Store(0)
 		time.Sleep(wttl) // room for more refreshes, and for a re-queue
-		if got := cnt.get("evalsha:acquire") + cnt.get("eval:acquire"); got != 2 {
+		if got := cnt.get("script:acquire"); got != 2 {
 			t.Fatalf("two waiters ran %d acquire scripts: one was queued again", got)
 		}
 		if n, _ := e.rdb.ZCard(ctx, e.key("ghost", "q")).Result(); n != 2 {

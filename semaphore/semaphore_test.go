@@ -129,7 +129,7 @@ func TestHandoffWithoutPolling(t *testing.T) {
 		if r.err != nil {
 			t.Fatal(r.err)
 		}
-		if got := cnt.get("evalsha:refresh"); got != 0 {
+		if got := cnt.get("script:refresh"); got != 0 {
 			t.Fatalf("waiter ran %d refreshes; the grant must come by wake-up alone", got)
 		}
 		e.Release(r.lease)
