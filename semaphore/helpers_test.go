@@ -3,6 +3,7 @@ package semaphore_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -126,8 +127,11 @@ func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 				}
 			}
 		}
+		script := strings.HasPrefix(name, "script:")
 		c.mu.Lock()
-		c.byName[name]++
+		if !script {
+			c.byName[name]++
+		}
 		if name == "blpop" {
 			c.blocking++
 			c.peak = max(c.peak, c.blocking)
@@ -137,6 +141,20 @@ func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if name == "blpop" {
 			c.mu.Lock()
 			c.blocking--
+			c.mu.Unlock()
+		}
+		if script {
+			// A call that found no script or function (NOSCRIPT, FCALL
+			// on a server without it) ran nothing; it is sent again.
+			e := cmd.Err()
+			ran := e == nil || !(redis.HasErrorPrefix(e, "NOSCRIPT") ||
+				strings.Contains(e.Error(), "Function not found") || strings.Contains(e.Error(), "unknown command"))
+			c.mu.Lock()
+			if ran {
+				c.byName[name]++
+			} else {
+				c.byName[cmd.Name()]++
+			}
 			c.mu.Unlock()
 		}
 		return err
