@@ -146,7 +146,10 @@ func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if script {
 			// A call that found no script or function (NOSCRIPT, FCALL
 			// on a server without it) ran nothing; it is sent again.
-			e := cmd.Err()
+			e := err
+			if e == nil {
+				e = cmd.Err()
+			}
 			ran := e == nil || !(redis.HasErrorPrefix(e, "NOSCRIPT") ||
 				strings.Contains(e.Error(), "Function not found") || strings.Contains(e.Error(), "unknown command"))
 			c.mu.Lock()
