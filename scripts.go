@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -35,6 +36,25 @@ type scripts struct {
 	// evalOnly is set for good once the Redis showed it cannot run the
 	// library (no FCALL, or the library does not load there).
 	evalOnly atomic.Bool
+	loadMu   sync.Mutex    // one load at a time
+	loads    atomic.Uint64 // loads done
+}
+
+// load loads the library where rdb may need it (see library.load). Calls
+// that find it missing together load it once: a call that waited for
+// another's load takes that one as its own.
+func (set *scripts) load(ctx context.Context, rdb RedisClient) loadResult {
+	seen := set.loads.Load()
+	set.loadMu.Lock()
+	defer set.loadMu.Unlock()
+	if set.loads.Load() != seen {
+		return loadOK
+	}
+	r := set.lib.load(ctx, rdb)
+	if r == loadOK {
+		set.loads.Add(1)
+	}
+	return r
 }
 
 // script is one of a client's scripts: its EVAL form and the name of its
@@ -112,7 +132,7 @@ func (s *script) run(ctx context.Context, rdb RedisClient, exec func(func(redis.
 		case fnRan:
 			return cmd
 		case fnMissing:
-			switch set.lib.load(ctx, rdb) {
+			switch set.load(ctx, rdb) {
 			case loadOK:
 				if cmd = exec(fcall); fcallFailure(cmd.Err()) != fnMissing {
 					return cmd
