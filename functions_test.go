@@ -42,6 +42,12 @@ func (s *sent) add(pipe bool, cmds ...redis.Cmder) {
 		if name == "function" {
 			name += " " + strings.ToLower(fmt.Sprint(c.Args()[1]))
 		}
+		if a := c.Args(); name == "fcall" || name == "evalsha" || name == "eval" {
+			// And by op, the first ARGV, as "script:<op>".
+			if nkeys, ok := a[2].(int); ok && 3+nkeys < len(a) {
+				s.n[fmt.Sprint("script:", a[3+nkeys])]++
+			}
+		}
 		s.n[name]++
 		if pipe {
 			s.n["pipe "+name]++
@@ -143,16 +149,22 @@ func coreScenarios(t *testing.T, c *Client) {
 	}
 }
 
-// renewOnce holds a lease until it has been renewed at least once (by
-// its own script call: the lease outlives three of its TTLs).
-func renewOnce(t *testing.T, c *Client) {
+// renewOnce holds a lease until it has been renewed at least once, as s
+// (c's client's commands) shows.
+func renewOnce(t *testing.T, c *Client, s *sent) {
 	t.Helper()
 	ctx := context.Background()
 	l, err := c.Acquire(ctx, Request{Name: "renewed", Capacity: 1, Permits: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * c.cfg.leaseTTL)
+	deadline := time.Now().Add(10 * time.Second)
+	for s.get("script:renew") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no renewal within 10s: %v", s.n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	if err := l.Err(); err != nil {
 		t.Fatalf("lease lost while renewed: %v", err)
 	}
@@ -201,10 +213,10 @@ func TestScriptPaths(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rdb := b.Client(t)
 			s := countSent(t, rdb)
-			c := fnClient(t, rdb, tc.evalOnly, WithLeaseTTL(150*time.Millisecond))
+			c := fnClient(t, rdb, tc.evalOnly, WithLeaseTTL(time.Second))
 			before := commandCalls(t, admin)
 			coreScenarios(t, c)
-			renewOnce(t, c)
+			renewOnce(t, c, s)
 			after := commandCalls(t, admin)
 			if s.get(tc.used) == 0 {
 				t.Fatalf("client sent no %s: %v", tc.used, s.n)
