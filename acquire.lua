@@ -31,6 +31,11 @@
 --     {nextEventMs, {ticket, "expiryMs token..." or "0", ...}, nowMs};
 --     tokens mean granted (in case the wake-up was lost), "0" means
 --     dropped.
+--   "renew_batch"      KEYS: one resource's. ARGV: op, client, then
+--                      ticket, permits, token, unconfirmed ("1" or "0"),
+--                      leaseMs for each of one process's leases on it:
+--                      renews each as release.lua's "renew" does.
+--     {{1 renewed or 0 gone, ...}, more}
 --   "pump"             KEYS: one resource's. ARGV: op. Goes on with work an
 --                      earlier script left (grants, purges): {more,
 --                      nextEventMs}, more 1 when work is left still.
@@ -70,27 +75,64 @@ if op == 'pump' then
   return { more_flag(), next_event() }
 end
 
+if op == 'renew_batch' then
+  -- Renews leases of one process on one resource, each as release.lua's
+  -- "renew" does one: a live lease is extended to now + its leaseMs (and
+  -- its grant record, if it was announced, forgotten: confirmed); one that
+  -- has expired is dropped, never brought back.
+  local r = declared()[1]
+  local client = ARGV[2]
+  local members = {}
+  for i = 3, #ARGV, 5 do
+    members[#members + 1] = holder_member(ARGV[i], ARGV[i + 1], client, ARGV[i + 2])
+  end
+  local at = {}
+  if #members > 0 and not r.off then at = redis.call('ZMSCORE', r.H, unpack(members)) end
+  local out, dropped = {}, false
+  for j, m in ipairs(members) do
+    local i = 3 + (j - 1) * 5
+    local a = tonumber(at[j])
+    out[j] = 0
+    if a and a > now then
+      hold_at(r, now + tonumber(ARGV[i + 4]), m)
+      if ARGV[i + 3] == '1' then record(r, ARGV[i], false) end
+      out[j] = 1
+    elseif a then
+      drop_holder(r, m, tonumber(ARGV[i + 1]), 'x')
+      dropped = true
+    end
+  end
+  if dropped then run_queues({ r }) end
+  finish()
+  return { out, more_flag() }
+end
+
 if op == 'refresh' then
   local first = declared()[1]
   local client, lease, wait = ARGV[2], ARGV[3], tonumber(ARGV[4])
   -- Expired leases go, whether or not their permits are needed now.
   purge_holders(first)
-  local fresh = {}
   local out = {}
+  -- What the first resource's state says of each ticket: "q" queued, a
+  -- token granted, else gone.
+  local tickets = {}
+  for i = 5, #ARGV, 3 do tickets[#tickets + 1] = ARGV[i] end
+  local said = {}
+  if #tickets > 0 then said = redis.call('HMGET', first.S, unpack(tickets)) end
   for i = 5, #ARGV, 3 do
     local ticket, n, group = ARGV[i], ARGV[i + 1], ARGV[i + 2]
     local parts = { { base = first.base, n = n } }
     if group ~= '' then parts = parse_group(group) end
-    if first.nq > 0 and redis.call('ZSCORE', first.Q, waiter_member(ticket, n, client, lease, wait, group)) then
+    local state = said[(i - 5) / 3 + 1]
+    if state == 'q' then
       for _, p in ipairs(parts) do
         local r = load(p.base)
         if not r.off then
           local m = waiter_member(ticket, p.n, client, lease, wait, group)
-          write('ZADD', r.D, num(now + wait), m)
+          wait_at(r, now + wait, m)
           -- purge_waiters reads the deadlines as they were.
           r.fresh = r.fresh or {}
           r.fresh[m] = true
-          r.horizon = math.max(r.horizon, now + wait)
         end
       end
     else
@@ -100,9 +142,15 @@ if op == 'refresh' then
       for j, p in ipairs(parts) do
         local r = load(p.base)
         local token = r.grants[ticket]
-        if token == nil and not r.off then token = redis.call('HGET', r.S, ticket) end
+        if token == nil then
+          if j == 1 then
+            token = state
+          elseif not r.off then
+            token = redis.call('HGET', r.S, ticket)
+          end
+        end
         local at = nil
-        if token and token ~= 'r' and token ~= 'x' then
+        if token and token ~= 'r' and token ~= 'x' and token ~= 'q' then
           at = redis.call('ZSCORE', r.H, holder_member(ticket, num(p.n), client, token))
         end
         if not (at and tonumber(at) > now) then
@@ -116,6 +164,9 @@ if op == 'refresh' then
       out[#out + 1] = tokens and (num(exp) .. ' ' .. table.concat(tokens, ' ')) or '0'
     end
   end
+  -- Waiters whose process stopped refreshing go (this script's own are
+  -- fresh), whether or not the queue can move now.
+  purge_waiters(first)
   run_queues(loaded)
   finish()
   return { next_event(), out, now }
@@ -154,7 +205,7 @@ end
 -- in the queue.
 local g = rs[1].grant
 if g == 'r' or g == 'x' then return { 4 } end
-if g then return granted(3) end
+if g and g ~= 'q' then return granted(3) end
 
 local want = {}
 for i, r in ipairs(rs) do
@@ -181,15 +232,12 @@ local members = {}
 for i in ipairs(rs) do
   members[i] = waiter_member(ticket, want[i], client, lease, wait, group)
 end
-local queued = rs[1].nq > 0 and redis.call('ZSCORE', rs[1].Q, members[1]) ~= false
-
-if queued then
+if g == 'q' then
   -- A resend of a call that queued the ticket: keep it where it is.
   for i, r in ipairs(rs) do
-    write('ZADD', r.D, num(now + wait), members[i])
+    wait_at(r, now + wait, members[i])
     r.fresh = r.fresh or {}
     r.fresh[members[i]] = true
-    r.horizon = math.max(r.horizon, now + wait)
   end
   run_queues(rs)
   if rs[1].grants[ticket] then
@@ -236,10 +284,12 @@ end
 for i, r in ipairs(rs) do
   local m = members[i]
   write('ZADD', r.Q, num(next_seq(r)), m)
-  write('ZADD', r.D, num(now + wait), m)
+  wait_at(r, now + wait, m)
+  record(r, ticket, 'q')
+  -- A queue that had waiters keeps them through this script (adds go
+  -- first), and so its TTL.
+  if r.nq0 <= 0 then r.wrote_q = true end
   r.nq = r.nq + 1
-  r.wrote_q = true
-  r.horizon = math.max(r.horizon, now + wait)
 end
 finish()
 return { 2, now, next_event() }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fairlock/fairlock/internal/scripthook"
@@ -78,10 +79,12 @@ type Client struct {
 	rooms       map[string]*room // by keys.base
 	leases      map[*Lease]struct{}
 	pumping     map[string]bool        // keys.base of semaphores a background pump serves
+	renewals    map[string]*renewQueue // by keys.base: renewals waiting for a batch
 	listeners   map[string][]*listener // by listenGroup
 	listenerSeq uint64                 // names listeners' control lists
 	blk         RedisClient            // where listeners block; see blockingLocked
 	closeBlk    func() error           // closes blk if the Client built it
+	noBLMPop    atomic.Bool            // blk's server lacks BLMPOP: listeners use BLPOP
 
 	wg sync.WaitGroup // goroutines the client starts (renewal timers are
 	// stopped through each lease instead)
@@ -150,6 +153,7 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 		rooms:     make(map[string]*room),
 		leases:    make(map[*Lease]struct{}),
 		pumping:   make(map[string]bool),
+		renewals:  make(map[string]*renewQueue),
 		listeners: make(map[string][]*listener),
 	}
 	c.tasksDone = sync.NewCond(&c.mu)

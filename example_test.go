@@ -11,18 +11,14 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
 // The engine's own API takes a Request; package semaphore wraps it.
 func ExampleClient_Acquire() {
-	mr, err := miniredis.Run()
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer mr.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	defer rdb.Close()
+	rdb, stop := redistest.Embedded() // a program connects to its own Redis
+	defer stop()
 	ctx := context.Background()
 
 	c, err := fairlock.New(rdb)
@@ -56,13 +52,8 @@ func (o *countingObserver) Observe(e fairlock.Event) {
 // An Observer sees every wait and lease; fairlockotel turns these events
 // into OpenTelemetry metrics and spans.
 func ExampleWithObserver() {
-	mr, err := miniredis.Run()
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer mr.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	defer rdb.Close()
+	rdb, stop := redistest.Embedded() // a program connects to its own Redis
+	defer stop()
 	ctx := context.Background()
 
 	obs := &countingObserver{n: map[fairlock.EventKind]int{}}
@@ -88,7 +79,7 @@ func ExampleWithObserver() {
 // WithLogger reports what return values cannot: here, a lease that Redis
 // expired before its holder renewed it.
 func ExampleWithLogger() {
-	mr, err := miniredis.Run()
+	mr, err := miniredis.Run() // a program connects to its own Redis
 	if err != nil {
 		log.Fatal(err)
 	}

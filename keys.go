@@ -7,7 +7,8 @@ import (
 	"unicode/utf8"
 )
 
-// MaxNameLen is the longest semaphore name, in bytes, that fairlock accepts.
+// MaxNameLen is the longest semaphore name, in bytes, that fairlock accepts;
+// a longer one fails with [ErrInvalidName].
 const MaxNameLen = 512
 
 // maxPrefixLen bounds the key prefix set with [WithPrefix].
@@ -16,7 +17,6 @@ const maxPrefixLen = 256
 // keys names the Redis keys of one semaphore. Every key shares one hash tag,
 // so a script that touches them all is valid on Redis Cluster.
 type keys struct {
-	name string
 	base string   // prefix plus hash-tagged name; every key starts with it
 	all  []string // the keys every script takes
 }
@@ -71,8 +71,18 @@ func (c *Client) keys(name string) (keys, error) {
 	if tag != "" {
 		base = c.cfg.prefix + name
 	}
-	return keys{name: name, base: base, all: []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}}, nil
+	return keys{base: base, all: []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}}, nil
 }
+
+// The position of each key in [keys.list], the order queue.lua's header
+// gives.
+const (
+	keyState     = iota // :s hash: capacity, counts, token sequence, records
+	keyQueue            // :q waiters by arrival
+	keyDeadlines        // :d waiters by liveness deadline
+	keyHolders          // :h leases by expiry
+	keyTombs            // :t tombstoned tickets
+)
 
 // list returns the keys every script takes, in the order queue.lua's
 // header gives.

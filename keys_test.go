@@ -184,7 +184,7 @@ func TestCollidingNamesMultiLock(t *testing.T) {
 // would be refused rather than take one semaphore's permits twice.
 func TestDistinctBases(t *testing.T) {
 	mk := func(name, base string) part {
-		return part{k: keys{name: name, base: base}, req: Request{Name: name, Capacity: 1, Permits: 1}}
+		return part{k: keys{base: base}, req: Request{Name: name, Capacity: 1, Permits: 1}}
 	}
 	for _, tc := range []struct {
 		parts []part

@@ -44,17 +44,19 @@ type Lease struct {
 // newLease wraps a grant and starts its renewal. deadline is the local
 // time by which Redis may have expired the grant, derived from Redis's own
 // expiry of it (see clockSample). A grant announced through a wake list
-// (announced) lasts only the waiter TTL until confirmed, so it is renewed
-// at once.
+// (announced) lasts only the waiter TTL until its first renewal confirms
+// it; that renewal comes at a third of the time left, as every renewal
+// does, not at once: most short holds release before, and the handoff
+// costs no extra script.
 func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []int64, deadline time.Time, announced bool) (*Lease, error) {
 	l := &Lease{c: c, p: p, ticket: ticket, tokens: tokens, granted: time.Now()}
 	l.ctx, l.end = context.WithCancelCause(context.Background())
 	l.stopCtx, l.halt = context.WithCancel(context.Background())
 	l.idle = sync.NewCond(&l.rmu)
 	l.deadline = deadline
-	first := c.cfg.leaseTTL / 3
+	first := c.cfg.leaseTTL / renewDivisor
 	if announced {
-		first, l.pending = 0, true
+		first, l.pending = max(time.Until(deadline)/renewDivisor, 0), true
 	}
 
 	c.mu.Lock()
@@ -77,8 +79,8 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	}
 	// With WithReplicaAck, an announced grant is confirmed, and the
 	// confirmation replicated, before the caller may rely on it.
-	l.timer = time.AfterFunc(time.Hour, l.renew)
-	l.timer.Stop()
+	l.timer = time.AfterFunc(never, l.renew) // reset by renew
+
 	l.rmu.Unlock()
 	l.renew()
 	l.rmu.Lock()
@@ -268,11 +270,16 @@ func (l *Lease) renew() {
 	ttl := l.c.cfg.leaseTTL
 	sent := time.Now()
 	ctx, cancel := context.WithDeadline(l.stopCtx, deadline)
-	o, _ := l.c.call(ctx, l.c.runner(l.c.scripts.release, l.p.keys, l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens)), nil)
-	cmd, ackErr := o.cmd, o.ackErr
-	n, err := l.c.released(l.p, cmd)
-	if err == nil && n == 1 && ackErr != nil {
-		err = ackErr // renewed on the master only: try again
+	var n int64
+	var err error
+	if l.batchable() {
+		n, err = l.c.renewBatched(ctx, l, pending)
+	} else {
+		o, _ := l.c.call(ctx, l.c.runner(l.c.scripts.release, l.p.keys, l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens)), nil)
+		n, err = l.c.released(l.p, o.cmd)
+		if err == nil && n == 1 && o.ackErr != nil {
+			err = o.ackErr // renewed on the master only: try again
+		}
 	}
 	cancel()
 
@@ -284,7 +291,7 @@ func (l *Lease) renew() {
 	case l.stopped:
 	case err == nil && n == 1:
 		l.deadline, l.pending = sent.Add(ttl), false
-		l.timer.Reset(ttl / 3)
+		l.timer.Reset(ttl / renewDivisor)
 		l.c.observe(Event{Kind: LeaseRenewed, Names: l.p.names, Permits: l.p.permits(), Held: time.Since(l.granted), ID: l.p.id})
 	case err == nil:
 		lost = fmt.Errorf("fairlock: renew %s: %w: expired", labelOf(l.p.names), ErrLeaseLost)
@@ -292,7 +299,7 @@ func (l *Lease) renew() {
 		lost = fmt.Errorf("fairlock: renew %s: %w: not renewed in time: %w: %w", labelOf(l.p.names), ErrLeaseLost, ErrRedis, err)
 	default:
 		// Retry soon, but never past the deadline.
-		l.timer.Reset(min(ttl/10, time.Until(deadline)))
+		l.timer.Reset(min(ttl/retryDivisor, time.Until(deadline)))
 		l.c.logf(slog.LevelWarn, "fairlock: renewal failed; retrying until the lease's deadline", l.p.names,
 			strconv.FormatInt(l.tokens[0], 10), slog.Time("deadline", deadline), slog.Any("error", err))
 	}
@@ -305,11 +312,14 @@ func (l *Lease) renew() {
 	}
 }
 
-// WithLease returns a copy of parent that is also cancelled when lease
+// LeaseContext returns a copy of parent that is also cancelled when lease
 // ends, with the lease's [Lease.Err] as cause (see [context.Cause]), so work
 // done under the lease can stop once the lease no longer protects it. Call
-// cancel when the work is done to free the resources it holds.
-func WithLease(parent context.Context, lease *Lease) (ctx context.Context, cancel context.CancelFunc) {
+// cancel when the work is done to free the resources it holds. It fails in
+// no way: a lease that has already ended gives a context cancelled at once.
+// (It is not an [Option]; the options that set TTLs are WithLeaseTTL and
+// WithWaiterTTL.)
+func LeaseContext(parent context.Context, lease *Lease) (ctx context.Context, cancel context.CancelFunc) {
 	ctx, cancelCause := context.WithCancelCause(parent)
 	stop := context.AfterFunc(lease.ctx, func() { cancelCause(lease.Err()) })
 	return ctx, func() {

@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -193,15 +194,15 @@ func (c *Client) runListener(l *listener, blk RedisClient) {
 		l.blocked, l.nudged = true, false
 		c.mu.Unlock()
 
-		res, err := blk.BLPop(context.Background(), listenTimeout, keys...).Result()
+		key, vals, many, err := c.blockingPop(blk, keys)
 
 		var r *room
 		c.mu.Lock()
 		l.blocked = false
-		if err == nil && len(res) == 2 && res[0] != l.ctl {
-			if r = l.rooms[res[0]]; r == nil {
-				// Left l since the BLPOP began; a waiter may have come back.
-				r = c.rooms[strings.TrimSuffix(res[0], ":w:"+c.id)]
+		if err == nil && key != l.ctl {
+			if r = l.rooms[key]; r == nil {
+				// Left l since the read began; a waiter may have come back.
+				r = c.rooms[strings.TrimSuffix(key, ":w:"+c.id)]
 			}
 		}
 		c.mu.Unlock()
@@ -212,8 +213,12 @@ func (c *Client) runListener(l *listener, blk RedisClient) {
 		case err == nil:
 			delay = 0
 			if r != nil {
-				r.deliverGrant(res[1])
-				c.drain(blk, res[0], r)
+				for _, v := range vals {
+					r.deliverGrant(v)
+				}
+				if !many {
+					c.drain(blk, key, r)
+				}
 			}
 		case errors.Is(err, redis.Nil): // timed out
 			delay = 0
@@ -285,8 +290,45 @@ func (c *Client) isClosed() bool {
 	return c.closed
 }
 
-// drainBatch is the most wake-ups drain takes in one command.
+// drainBatch is the most wake-ups one read takes (BLMPOP's count, drain's
+// LPOP count).
 const drainBatch = 128
+
+// blmpopper is the part of a go-redis client that pops many entries of the
+// first non-empty of several lists, blocking (BLMPOP, Redis 7.0 or later).
+type blmpopper interface {
+	BLMPop(ctx context.Context, timeout time.Duration, direction string, count int64, keys ...string) *redis.KeyValuesCmd
+}
+
+// blockingPop waits up to listenTimeout for entries on the first non-empty
+// list of keys and returns them. Where the server has BLMPOP, one command
+// takes up to drainBatch entries (many is true: there is nothing to drain);
+// where it does not (Redis 6.2, miniredis), the client falls back to BLPOP
+// for good, one entry, which drain follows. A timeout is redis.Nil.
+func (c *Client) blockingPop(blk RedisClient, keys []string) (key string, vals []string, many bool, err error) {
+	if mp, ok := blk.(blmpopper); ok && !c.noBLMPop.Load() {
+		key, vals, err = mp.BLMPop(context.Background(), listenTimeout, "left", drainBatch, keys...).Result()
+		if err == nil || !unknownCommand(err) {
+			return key, vals, true, err
+		}
+		c.noBLMPop.Store(true)
+	}
+	res, err := blk.BLPop(context.Background(), listenTimeout, keys...).Result()
+	if err == nil && len(res) != 2 {
+		err = fmt.Errorf("%w: BLPOP replied %q", ErrRedis, res)
+	}
+	if err != nil {
+		return "", nil, false, err
+	}
+	return res[0], res[1:], false, nil
+}
+
+// unknownCommand reports whether err is Redis's (or miniredis's) refusal
+// of a command it does not have.
+func unknownCommand(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.Contains(strings.ToLower(re.Error()), "unknown command")
+}
 
 // lpopCounter is the part of a go-redis client that pops several list
 // entries at once (LPOP with a count, Redis 6.2 or later).

@@ -33,6 +33,8 @@ const (
 
 var kindNames = [...]string{"", "wait_started", "granted", "wait_abandoned", "lease_renewed", "lease_released", "lease_lost"}
 
+// String returns the kind's name in snake case ("lease_lost"), or
+// "unknown" for a value that is not one of the kinds.
 func (k EventKind) String() string {
 	if k > 0 && int(k) < len(kindNames) {
 		return kindNames[k]
@@ -72,7 +74,8 @@ type Observer interface {
 	Observe(Event)
 }
 
-// WithObserver has the client report its events to o. The default is none.
+// WithObserver has the client report its events to o. The default is
+// none; a nil o means none.
 func WithObserver(o Observer) Option {
 	return func(c *config) { c.observer = o }
 }
@@ -82,7 +85,7 @@ func WithObserver(o Observer) Option {
 // connection errors and recoveries, clean-up after a cancel that could not
 // reach Redis. Nothing on the hot path is logged at Info or below. Records
 // carry the semaphore names, the owner label ([WithOwner]) and the token.
-// The default is no logging.
+// The default is no logging; a nil l means none.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger = l }
 }

@@ -53,7 +53,8 @@ func TestObserverEvents(t *testing.T) {
 		ctx := context.Background()
 		rec := &eventLog{}
 		prefix := WithPrefix(redistest.Prefix(t))
-		c, err := New(b.Client(t), prefix, WithObserver(rec), WithLeaseTTL(300*time.Millisecond))
+		const ttl = 300 * time.Millisecond
+		c, err := New(b.Client(t), prefix, WithObserver(rec), WithLeaseTTL(ttl))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +70,7 @@ func TestObserverEvents(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(150 * time.Millisecond) // one renewal at a third of the TTL
+		time.Sleep(ttl/renewDivisor + 50*time.Millisecond) // past the first renewal
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}

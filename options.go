@@ -3,6 +3,7 @@ package fairlock
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 	"unicode"
@@ -15,9 +16,24 @@ const (
 	DefaultWaiterTTL = 3 * time.Second
 )
 
-// minTTL is the shortest lease or waiter TTL accepted: renewals run at a
-// third of it, and shorter periods would keep Redis busy for nothing.
-const minTTL = 10 * time.Millisecond
+// A client's timers run at fractions of its TTLs.
+const (
+	// renewDivisor: a held lease is renewed, and a queued waiter
+	// refreshed, every TTL/renewDivisor, which leaves two thirds of the
+	// TTL to retry a renewal that failed.
+	renewDivisor = 3
+	// retryDivisor: a renewal or refresh that failed is tried again
+	// TTL/retryDivisor later (a renewal never past its lease's deadline).
+	retryDivisor = 10
+	// never is a timer's duration for "not planned": whatever is planned
+	// comes earlier.
+	never = time.Duration(math.MaxInt64)
+)
+
+// minTTL is the shortest lease or waiter TTL accepted. It keeps the
+// shortest timer, a retry at TTL/retryDivisor, at a millisecond or more:
+// shorter periods would keep Redis busy for nothing.
+const minTTL = retryDivisor * time.Millisecond
 
 type config struct {
 	prefix    string
@@ -35,28 +51,33 @@ type config struct {
 // maxOwnerLen bounds the label set with [WithOwner].
 const maxOwnerLen = 64
 
-// Option configures a [Client].
+// Option configures a [Client]. Options are applied in order, a later one
+// overriding an earlier; a nil Option is ignored. [New] checks the result
+// and fails with [ErrInvalidArgument] if a value is out of range.
 type Option func(*config)
 
 // WithPrefix sets the prefix of every Redis key the client writes, so that
 // several applications can share one Redis. The default is "fairlock:". A
 // prefix may not contain '{' or '}', which would change the hash tag, nor
-// control characters.
+// control characters, and is at most 256 bytes; [New] refuses any other
+// with [ErrInvalidArgument].
 func WithPrefix(prefix string) Option {
 	return func(c *config) { c.prefix = prefix }
 }
 
 // WithOwner labels the client's leases and waiters in Redis, for people
 // reading [Client.Status] (the fairlock command uses "host:pid"). The label
-// is at most 64 printable characters without spaces or braces. It is not a
-// secret and grants nothing. The default is no label.
+// is at most 64 printable characters without spaces, braces or '/'; [New]
+// refuses any other with [ErrInvalidArgument]. It is not a secret and
+// grants nothing. The default is no label.
 func WithOwner(label string) Option {
 	return func(c *config) { c.owner = label }
 }
 
 // WithLeaseTTL sets how long a grant lasts without renewal. Leases are
 // renewed automatically at a third of the TTL while held, so the TTL bounds
-// how long a crashed holder keeps its permits. The default is 10s.
+// how long a crashed holder keeps its permits. The default is 10s; [New]
+// refuses a TTL under 10ms with [ErrInvalidArgument].
 func WithLeaseTTL(d time.Duration) Option {
 	return func(c *config) { c.leaseTTL = d }
 }
@@ -64,7 +85,8 @@ func WithLeaseTTL(d time.Duration) Option {
 // WithWaiterTTL sets how long a queued waiter stays in the queue after its
 // process stops refreshing it (crashed, partitioned or paused). Live
 // processes refresh their waiters at a third of it. It bounds how long a
-// dead waiter can delay the ones behind it. The default is 3s.
+// dead waiter can delay the ones behind it. The default is 3s; [New]
+// refuses a TTL under 10ms with [ErrInvalidArgument].
 func WithWaiterTTL(d time.Duration) Option {
 	return func(c *config) { c.waiterTTL = d }
 }

@@ -92,7 +92,12 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 		{"barging", "acquire.lua",
 			"if r.nq > 0 or r.used + want[i] > r.cap then\n    free = false", "if r.used + want[i] > r.cap then\n    free = false", 0},
 		{"permit lost on cancel", "release.lua",
-			"      unqueue(p.r, m, true)\n", "      unqueue(p.r, m, true)\n      p.r.used = p.r.used + 1\n", 0},
+			"      unqueue(p.r, waiter_member(ticket, p.n, client, lease, wait, group), true)\n",
+			"      unqueue(p.r, waiter_member(ticket, p.n, client, lease, wait, group), true)\n      p.r.used = p.r.used + 1\n", 0},
+		{"lease bound not lowered", "queue.lua",
+			// A grant announced to a process that then dies expires before
+			// the leases around it; a machine in a few hundred has one.
+			"  if r.hmin and at < r.hmin then r.hmin = at end\n", "", 3000},
 		{"multi-request barging", "queue.lua",
 			"    if m ~= want then\n", "    if false then\n",
 			// It takes three requests with the right sizes in the right
@@ -235,7 +240,7 @@ func (c *cut) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			cmd.SetErr(errCut)
 			return errCut
 		}
-		if cmd.Name() == "blpop" {
+		if cmd.Name() == "blpop" || cmd.Name() == "blmpop" {
 			// A blocked read may outlast the crash; its wake-up, if
 			// any, goes unheard as a dead process's would.
 			c.mu.Unlock()
@@ -535,7 +540,6 @@ func (m *machine) diagnose(a *actor) string {
 	wake := a.sem.k.wake(a.c.id)
 	list, _ := m.rdb.LRange(ctx, wake, 0, -1).Result()
 	ttl, _ := m.rdb.PTTL(ctx, wake).Result()
-	pending, _ := m.rdb.HGetAll(ctx, a.sem.k.list()[4]).Result()
 	a.c.mu.Lock()
 	r := a.c.rooms[a.sem.k.base]
 	room := "no room"
@@ -543,16 +547,17 @@ func (m *machine) diagnose(a *actor) string {
 		room = fmt.Sprintf("room running=%v waiters=%d", r.running, len(r.waiters))
 	}
 	a.c.mu.Unlock()
-	return fmt.Sprintf("%s\nwake list %v (TTL %v), announced %v, %s", m.dump(a.sem), list, ttl, pending, room)
+	return fmt.Sprintf("%s\nwake list %v (TTL %v), %s", m.dump(a.sem), list, ttl, room)
 }
 
 // dump renders a semaphore's Redis state for failure messages.
 func (m *machine) dump(s *msem) string {
 	ctx := context.Background()
-	st, _ := m.rdb.HGetAll(ctx, s.k.list()[0]).Result()
-	q, _ := m.rdb.ZRangeWithScores(ctx, s.k.list()[1], 0, -1).Result()
-	h, _ := m.rdb.ZRangeWithScores(ctx, s.k.list()[3], 0, -1).Result()
-	return fmt.Sprintf("now=%d state=%v queue=%v holders=%v", m.nowMs(), st, q, h)
+	st, _ := m.rdb.HGetAll(ctx, s.k.list()[keyState]).Result()
+	q, _ := m.rdb.ZRangeWithScores(ctx, s.k.list()[keyQueue], 0, -1).Result()
+	h, _ := m.rdb.ZRangeWithScores(ctx, s.k.list()[keyHolders], 0, -1).Result()
+	t, _ := m.rdb.ZRangeWithScores(ctx, s.k.list()[keyTombs], 0, -1).Result()
+	return fmt.Sprintf("now=%d state=%v queue=%v holders=%v tombstones=%v", m.nowMs(), st, q, h, t)
 }
 
 // request draws an idle process, one or both semaphores and a number of
@@ -1018,11 +1023,11 @@ type rentry struct {
 func (m *machine) redisQueue(s *msem) []rentry {
 	ctx := context.Background()
 	// Two reads, not one per member: queues grow to thousands.
-	members, err := m.rdb.ZRange(ctx, s.k.list()[1], 0, -1).Result()
+	members, err := m.rdb.ZRange(ctx, s.k.list()[keyQueue], 0, -1).Result()
 	if err != nil {
 		m.t.Fatal(err)
 	}
-	deadlines, err := m.rdb.ZRangeWithScores(ctx, s.k.list()[2], 0, -1).Result()
+	deadlines, err := m.rdb.ZRangeWithScores(ctx, s.k.list()[keyDeadlines], 0, -1).Result()
 	if err != nil {
 		m.t.Fatal(err)
 	}
@@ -1047,7 +1052,7 @@ func (m *machine) redisQueue(s *msem) []rentry {
 }
 
 func (m *machine) redisHolders(s *msem) []rentry {
-	zs, err := m.rdb.ZRangeWithScores(context.Background(), s.k.list()[3], 0, -1).Result()
+	zs, err := m.rdb.ZRangeWithScores(context.Background(), s.k.list()[keyHolders], 0, -1).Result()
 	if err != nil {
 		m.t.Fatal(err)
 	}

@@ -9,7 +9,12 @@
 -- one Cluster slot; a multi-resource request needs all in one slot):
 --   <b>:s  hash  cap, used (permits held), nh (holders), nq (waiters),
 --                seq (last sequence number), exp (when keys expire, ms),
---                tnext (when the oldest tombstone may be trimmed, ms);
+--                tnext (when the oldest tombstone may be trimmed, ms),
+--                hmin, dmin (no later than the earliest lease expiry in
+--                :h and the earliest waiter deadline in :d, ms: until
+--                then nothing there is due, and no script reads them);
+--                ticket -> "q" for every ticket in :q (what a resent
+--                acquire and a refresh find);
 --                ticket -> token of every live grant made at once, until
 --                released, and of every grant announced on a wake list,
 --                until its process confirms it: what a retried or
@@ -202,6 +207,7 @@ local function rebuild(r)
     r.used = r.used + (tonumber(string.match(m, '^%S+ (%d+)')) or 0)
   end
   r.nh0, r.nq0, r.used0 = 0, 0, 0
+  r.hmin, r.dmin = nil, nil
   r.wrote_h, r.wrote_q = true, r.nq > 0
 end
 
@@ -228,20 +234,28 @@ local function load(base, k, ticket)
   end
   local st, grant
   if ticket then
-    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', ticket)
-    grant = st[8]
+    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', ticket)
+    grant = st[10]
   else
-    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext')
+    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin')
   end
   local used, nh, nq, seq = tonumber(st[2]) or 0, tonumber(st[3]) or 0, tonumber(st[4]) or 0, tonumber(st[5]) or 0
+  -- A bound read with nobody behind it is stale: nothing is due there.
+  local hmin0, dmin0 = tonumber(st[8]), tonumber(st[9])
+  local hmin, dmin = hmin0, dmin0
+  if nh <= 0 then hmin = math.huge end
+  if nq <= 0 then dmin = math.huge end
   -- One constructor with every field: growing a table field by field
   -- costs more than the rest of this function.
   r = {
     base = base, S = S, Q = Q, D = D, H = H, T = T, grant = grant,
     cap = tonumber(st[1]), used = used, nh = nh, nq = nq, seq = seq, exp = tonumber(st[6]) or 0,
-    tnext = tonumber(st[7]),
+    tnext = tonumber(st[7]), had_t = (tonumber(st[7]) or 0) > 0,
+    -- Bounds (see hmin, dmin above): nil unknown, math.huge nothing there.
+    -- hbuf, dbuf: the earliest score this script adds (buffered).
+    hmin = hmin, dmin = dmin, hbuf = math.huge, dbuf = math.huge,
     -- as read, to write back only what changed
-    used0 = used, nh0 = nh, nq0 = nq, seq0 = seq,
+    used0 = used, nh0 = nh, nq0 = nq, seq0 = seq, hmin0 = hmin0, dmin0 = dmin0,
     horizon = 0, -- latest deadline written by this script
     -- Keys this script added members to, which may have been created (or
     -- emptied and created again) here and so have no TTL yet.
@@ -278,6 +292,22 @@ local function record(r, ticket, v)
   r.grants[ticket] = v
 end
 
+-- hold_at and wait_at buffer a holder's expiry and a waiter's deadline,
+-- keeping the bounds no later than the earliest.
+local function hold_at(r, at, m)
+  write('ZADD', r.H, num(at), m)
+  if at < r.hbuf then r.hbuf = at end
+  if r.hmin and at < r.hmin then r.hmin = at end
+  r.horizon = math.max(r.horizon, at)
+end
+
+local function wait_at(r, at, m)
+  write('ZADD', r.D, num(at), m)
+  if at < r.dbuf then r.dbuf = at end
+  if r.dmin and at < r.dmin then r.dmin = at end
+  r.horizon = math.max(r.horizon, at)
+end
+
 -- next_seq hands out the next number of a resource's one sequence, used
 -- both as arrival order and as fencing token. It is at least the current
 -- time in microseconds, so it keeps increasing after the state hash is gone:
@@ -307,12 +337,19 @@ end
 local function purge_holders(r)
   if r.nh <= 0 or r.hpurged or r.off then return end
   r.hpurged = true
+  if r.hmin and r.hmin > now then return end
   if budget <= 0 then
     more = true
     return
   end
   local due = redis.call('ZRANGEBYSCORE', r.H, '-inf', now, 'LIMIT', 0, budget)
-  if #due >= budget then more = true end
+  if #due >= budget then
+    more = true
+  else
+    -- The first lease not due bounds the rest.
+    local nxt = redis.call('ZRANGE', r.H, #due, #due, 'WITHSCORES')
+    r.hmin = math.min(tonumber(nxt[2]) or math.huge, r.hbuf)
+  end
   for _, m in ipairs(due) do
     if not r.hgone[m] then
       budget = budget - 1
@@ -330,6 +367,7 @@ local function unqueue(r, m, known)
   write('ZREM', r.Q, m)
   write('ZREM', r.D, m)
   r.nq = r.nq - 1
+  record(r, string.match(m, '^%S+'), false)
 end
 
 -- drop_waiter takes waiter w out of every queue it is in (r, where it was
@@ -350,12 +388,18 @@ end
 local function purge_waiters(r)
   if r.nq <= 0 or r.wpurged or r.off then return end
   r.wpurged = true
+  if r.dmin and r.dmin > now then return end
   if budget <= 0 then
     more = true
     return
   end
   local due = redis.call('ZRANGEBYSCORE', r.D, '-inf', now, 'LIMIT', 0, budget)
-  if #due >= budget then more = true end
+  if #due >= budget then
+    more = true
+  else
+    local nxt = redis.call('ZRANGE', r.D, #due, #due, 'WITHSCORES')
+    r.dmin = math.min(tonumber(nxt[2]) or math.huge, r.dbuf)
+  end
   local fresh = r.fresh or {}
   for _, m in ipairs(due) do
     -- A waiter refreshed by this script is not due (its new deadline is
@@ -376,12 +420,13 @@ end
 -- lasting ttl ms, and returns its token, formatted.
 local function hold(r, ticket, n, ns, client, ttl)
   local ts = num(next_seq(r))
-  write('ZADD', r.H, num(now + ttl), holder_member(ticket, ns, client, ts))
+  hold_at(r, now + ttl, holder_member(ticket, ns, client, ts))
   record(r, ticket, ts)
-  r.wrote_h = true
+  -- Holders added to a key that held some are never all removed by one
+  -- script (adds go first), so the key keeps its TTL.
+  if r.nh0 <= 0 then r.wrote_h = true end
   r.used = r.used + n
   r.nh = r.nh + 1
-  r.horizon = math.max(r.horizon, now + ttl)
   return ts
 end
 
@@ -480,6 +525,11 @@ local function pump(r)
   local touched = {}
   if not r.cap or r.off then return touched end
   while true do
+    -- Full: no waiter can be granted, so none is read.
+    if r.used >= r.cap then
+      purge_holders(r)
+      if r.used >= r.cap then break end
+    end
     local m, w = head(r)
     if not m then break end
     if budget <= 0 then
@@ -569,7 +619,7 @@ local function finish_one(r)
       -- A tombstone: forgotten with the index's entry.
       write('HSET', r.S, t, v)
       write('ZADD', r.T, num(now + TOMB_MS), t)
-      r.wrote_t = true
+      if not r.had_t then r.wrote_t = true end
       r.horizon = math.max(r.horizon, now + TOMB_MS)
       if not r.tnext or r.tnext == 0 or r.tnext > now + TOMB_MS then r.tnext, r.tnext_set = now + TOMB_MS, true end
     elseif v then
@@ -586,6 +636,8 @@ local function finish_one(r)
   put(f, 'nq', r.nq, r.nq0)
   put(f, 'seq', r.seq, r.seq0)
   if r.tnext_set then put(f, 'tnext', r.tnext or 0, nil) end
+  if r.nh > 0 and r.hmin and r.hmin < math.huge then put(f, 'hmin', r.hmin, r.hmin0) end
+  if r.nq > 0 and r.dmin and r.dmin < math.huge then put(f, 'dmin', r.dmin, r.dmin0) end
   local keep = math.floor(r.seq / 1000) + 1000
   local idle = r.nh <= 0 and r.nq <= 0
   local exp = r.exp
@@ -635,14 +687,19 @@ end
 local function next_event()
   if more then return 0 end
   local at = nil
-  local function first(key)
-    local x = redis.pcall('ZRANGE', key, 0, 0, 'WITHSCORES')
-    if type(x) == 'table' and x[2] and (at == nil or tonumber(x[2]) < at) then at = tonumber(x[2]) end
+  -- A bound that is unknown, or passed (stale: what it bounded may have
+  -- moved on), is read; reads after apply may not fail.
+  local function first(bound, key)
+    if not bound or bound <= now then
+      local x = redis.pcall('ZRANGE', key, 0, 0, 'WITHSCORES')
+      bound = type(x) == 'table' and tonumber(x[2])
+    end
+    if bound and bound < math.huge and (at == nil or bound < at) then at = bound end
   end
   for _, r in ipairs(loaded) do
     if not r.off then
-      first(r.H)
-      first(r.D)
+      if r.nh > 0 then first(r.hmin, r.H) end
+      if r.nq > 0 then first(r.dmin, r.D) end
     end
   end
   if at == nil then return -1 end

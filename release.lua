@@ -35,7 +35,7 @@ local result = 0
 
 -- is_token tells a grant record from a tombstone or nothing.
 local function is_token(g)
-  return g and g ~= 'r' and g ~= 'x'
+  return g and g ~= 'r' and g ~= 'x' and g ~= 'q'
 end
 
 if op == 'leave' then
@@ -44,9 +44,8 @@ if op == 'leave' then
   unconfirmed = '1'
   for _, p in ipairs(parts) do
     p.ts = is_token(p.r.grant) and p.r.grant or '0'
-    local m = waiter_member(ticket, p.n, client, lease, wait, group)
-    if p.r.nq > 0 and redis.call('ZSCORE', p.r.Q, m) then
-      unqueue(p.r, m, true)
+    if p.r.grant == 'q' then
+      unqueue(p.r, waiter_member(ticket, p.n, client, lease, wait, group), true)
       result = 1
     end
   end
@@ -65,8 +64,7 @@ if result == 0 then
   for _, p in ipairs(parts) do
     if p.at then
       if op == 'renew' and live then
-        write('ZADD', p.r.H, num(now + lease), p.hm)
-        p.r.horizon = math.max(p.r.horizon, now + lease)
+        hold_at(p.r, now + lease, p.hm)
         -- A grant announced to this ticket is confirmed.
         if unconfirmed == '1' then record(p.r, ticket, false) end
       elseif op == 'release' and live then
@@ -91,6 +89,7 @@ if result == 0 then
     if again then result = 1 end
   end
 end
-run_queues(rs)
+-- A renewal frees nothing, unless it found its lease gone.
+if op ~= 'renew' or result ~= 1 then run_queues(rs) end
 finish()
 return { result, more_flag() }

@@ -114,7 +114,7 @@ func (c *Client) listen(r *room, w *waiter, next time.Duration, clock clockSampl
 	r.scheduleLocked(next)
 }
 
-func (c *Client) refreshEvery() time.Duration { return c.cfg.waiterTTL / 3 }
+func (c *Client) refreshEvery() time.Duration { return c.cfg.waiterTTL / renewDivisor }
 
 // noteClockLocked keeps the latest reading of Redis's clock.
 func (r *room) noteClockLocked(s clockSample) {
@@ -184,7 +184,7 @@ func (r *room) deliver(ticket string, wk wakeup) {
 func (r *room) maintain(stop chan struct{}) {
 	c := r.c
 	defer c.wg.Done()
-	timer := time.NewTimer(time.Hour)
+	timer := time.NewTimer(never) // reset below
 	defer timer.Stop()
 	lastOK := time.Now()
 	for {
@@ -206,7 +206,7 @@ func (r *room) maintain(stop chan struct{}) {
 			c.mu.Unlock()
 			continue
 		}
-		r.due = time.Now().Add(time.Hour) // lowered by the result below or by schedule
+		r.due = time.Now().Add(never) // lowered by the result below or by schedule
 		c.mu.Unlock()
 
 		next, err := r.refresh()
@@ -224,7 +224,7 @@ func (r *room) maintain(stop chan struct{}) {
 			if now.Sub(lastOK) >= limit {
 				r.failAll(fmt.Errorf("%w: waiters could not be kept alive for %v: %w", ErrRedis, c.cfg.waiterTTL, err))
 			}
-			next = min(next, c.cfg.waiterTTL/10)
+			next = min(next, c.cfg.waiterTTL/retryDivisor)
 		} else {
 			lastOK = now
 		}

@@ -2,6 +2,7 @@ package fairlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -65,7 +66,10 @@ type Waiter struct {
 // Status returns by ctx's end whatever state Redis is in, with an error
 // for which errors.Is(err, ctx.Err()) holds; it reports a Redis that
 // cannot be reached with an error matching [ErrRedis] as soon as go-redis
-// gives up on it.
+// gives up on it. A reply it cannot read (keys under the prefix that
+// something other than fairlock wrote) also gives an error matching
+// ErrRedis. An invalid name fails at once with [ErrInvalidName]. Status
+// changes nothing in Redis.
 func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	k, err := c.keys(name)
 	if err != nil {
@@ -90,17 +94,31 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 		st.Queued, err = reply(res).int(5)
 	}
 	if err != nil || len(res) < 6 {
-		return Status{}, fmt.Errorf("fairlock: status %q: bad reply %v: %v", name, res, err)
+		return Status{}, fmt.Errorf("fairlock: status %q: %w: bad reply %v: %w", name, ErrRedis, res, err)
+	}
+	// A member fairlock did not write (its key space changed by hand, or
+	// by another version) fails the call rather than be left out.
+	bad := func(what string, v any, err error) (Status, error) {
+		return Status{}, fmt.Errorf("fairlock: status %q: %w: bad %s %q in reply: %w", name, ErrRedis, what, fmt.Sprint(v), err)
 	}
 	hs, _ := res[2].([]any)
 	for i := 0; i+1 < len(hs); i += 2 {
 		f := strings.Fields(fmt.Sprint(hs[i])) // ticket permits client token
-		at, _ := strconv.ParseFloat(fmt.Sprint(hs[i+1]), 64)
 		if len(f) != 4 {
-			continue
+			return bad("holder", hs[i], errors.New("not 4 fields"))
 		}
-		n, _ := strconv.ParseInt(f[1], 10, 64)
-		tok, _ := strconv.ParseInt(f[3], 10, 64)
+		at, err := strconv.ParseFloat(fmt.Sprint(hs[i+1]), 64)
+		if err != nil {
+			return bad("holder expiry", hs[i+1], err)
+		}
+		n, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			return bad("holder", hs[i], err)
+		}
+		tok, err := strconv.ParseInt(f[3], 10, 64)
+		if err != nil {
+			return bad("holder", hs[i], err)
+		}
 		st.InUse += n
 		st.Holders = append(st.Holders, Holder{Owner: owner(f[2]), Permits: n, Token: tok,
 			ExpiresIn: time.Duration(int64(at)-now) * time.Millisecond,
@@ -111,11 +129,17 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 		// ticket permits client lease wait, then a multi-request's group
 		head, _, _ := strings.Cut(fmt.Sprint(ws[i]), "\t")
 		f := strings.Fields(head)
-		seq, _ := strconv.ParseFloat(fmt.Sprint(ws[i+1]), 64)
 		if len(f) != 5 {
-			continue
+			return bad("waiter", ws[i], errors.New("not 5 fields"))
 		}
-		n, _ := strconv.ParseInt(f[1], 10, 64)
+		seq, err := strconv.ParseFloat(fmt.Sprint(ws[i+1]), 64)
+		if err != nil {
+			return bad("waiter arrival", ws[i+1], err)
+		}
+		n, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			return bad("waiter", ws[i], err)
+		}
 		st.Waiters = append(st.Waiters, Waiter{Owner: owner(f[2]), Permits: n,
 			Since: time.UnixMicro(int64(seq)).UTC()})
 	}

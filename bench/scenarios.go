@@ -35,6 +35,9 @@ func (c *counter) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		c.n.Add(1)
+		if opStats != nil {
+			opStats.note(cmd)
+		}
 		return next(ctx, cmd)
 	}
 }
@@ -422,8 +425,12 @@ type loopStats struct {
 	holdSum  time.Duration
 	overlaps int64
 	elapsed  time.Duration
-	server   int64 // INFO commandstats calls, -1 if unknown
 	err      error
+
+	// Counted in the steady part of each run (see loop's probe): from a
+	// fifth of the run to just before its end, so that neither the
+	// processes' first requests nor the waits cut off at the end count.
+	win struct{ acqs, client, server int64 }
 }
 
 func (s *loopStats) total() (n int64) {
@@ -438,6 +445,14 @@ func (s *loopStats) total() (n int64) {
 // occupancy is checked against limit with a counter of fairlock's own.
 func loop(ps []*proc, d, hold time.Duration, limit int64, st *loopStats,
 	take func(ctx context.Context, i int, p *proc) (int64, func(context.Context) error, error)) {
+	loopProbed(ps, d, hold, limit, st, nil, take)
+}
+
+// loopProbed is loop with a probe of the commands sent so far (client,
+// and server, -1 if unknown), read at a fifth of the run and again 5% before
+// its end: st.win counts what happened between.
+func loopProbed(ps []*proc, d, hold time.Duration, limit int64, st *loopStats, probe func() (client, server int64),
+	take func(ctx context.Context, i int, p *proc) (int64, func(context.Context) error, error)) {
 	if st.counts == nil {
 		st.counts = make([]int64, len(ps))
 		st.permits = make([]int64, len(ps))
@@ -448,6 +463,28 @@ func loop(ps []*proc, d, hold time.Duration, limit int64, st *loopStats,
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	start := time.Now()
+	if probe != nil {
+		wg.Go(func() {
+			read := func() (acqs, client, server int64) {
+				mu.Lock()
+				acqs = st.total()
+				mu.Unlock()
+				client, server = probe()
+				return
+			}
+			time.Sleep(d / 5)
+			a0, c0, s0 := read()
+			time.Sleep(time.Until(start.Add(d * 95 / 100)))
+			a1, c1, s1 := read()
+			st.win.acqs += a1 - a0
+			st.win.client += c1 - c0
+			if s0 < 0 || s1 < 0 || st.win.server < 0 {
+				st.win.server = -1
+			} else {
+				st.win.server += s1 - s0
+			}
+		})
+	}
 	for i, p := range ps {
 		wg.Go(func() {
 			for ctx.Err() == nil {
@@ -525,7 +562,7 @@ func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]
 	const parts = 3
 	t := &Table{Name: name, Title: title,
 		Note: fmt.Sprintf("Each implementation runs %v per N, in %d slices interleaved with the others. Longest wait includes waits cut off by the end of a slice; starved counts processes with no acquisition at all. "+
-			"Server commands come from INFO commandstats and include the commands scripts run; Lua-internal is server minus client commands. A hold under 1 ms is a spin: time.Sleep rounds it up to about 1 ms in an otherwise idle process.", e.cfg.duration, parts),
+			"Commands per acquisition are counted in the steady part of each slice (from a fifth of it to 5%% before its end), so that the processes' first requests and the waits cut off at its end do not count; server commands come from INFO commandstats and include the commands scripts run; Lua-internal is server minus client commands. A hold under 1 ms is a spin: time.Sleep rounds it up to about 1 ms in an otherwise idle process.", e.cfg.duration, parts),
 		Columns: []string{"N", "implementation", "acquisitions/s", "÷ best peer", "Jain", "starved", "longest wait", "longest wait / (N × mean hold)", "client commands / acq", "server commands / acq", "Lua-internal / acq", "overlaps"}}
 	var targets []Target
 	for _, N := range ns {
@@ -544,16 +581,11 @@ func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]
 		}
 		for s := range parts {
 			for _, i := range rotate(e.impls, s) {
-				before := e.serverCalls()
-				loop(ps[i], e.cfg.duration/parts, hold, 1, sts[i], func(ctx context.Context, _ int, p *proc) (int64, func(context.Context) error, error) {
+				probe := func() (int64, int64) { return cnt[i].n.Load(), e.serverCalls() }
+				loopProbed(ps[i], e.cfg.duration/parts, hold, 1, sts[i], probe, func(ctx context.Context, _ int, p *proc) (int64, func(context.Context) error, error) {
 					u, err := p.lock(ctx, fmt.Sprintf("%s%d", name, N))
 					return 1, u, err
 				})
-				if after := e.serverCalls(); before >= 0 && after >= 0 && sts[i].server >= 0 {
-					sts[i].server += after - before
-				} else {
-					sts[i].server = -1
-				}
 				if sts[i].err != nil {
 					return nil, nil, fmt.Errorf("%s, N=%d: %w", e.impls[i].name, N, sts[i].err)
 				}
@@ -588,16 +620,17 @@ func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]
 				vsBest = rate / best
 				vsBestS = f2(vsBest)
 			}
-			client := cnt[i].n.Load()
+			// Commands per acquisition count the steady part of the runs.
+			wacqs, client := st.win.acqs, st.win.client
 			internal := int64(-1)
-			if st.server >= 0 {
-				internal = max(st.server-client, 0)
+			if st.win.server >= 0 {
+				internal = max(st.win.server-client, 0)
 			}
 			t.Rows = append(t.Rows, []string{strconv.Itoa(N), im.name, fmt.Sprintf("%.0f", rate), vsBestS, fmt.Sprintf("%.3f", j), strconv.Itoa(starved), us(st.maxWait), f2(waitRatio),
-				perAcq(client, acqs), perAcq(st.server, acqs), perAcq(internal, acqs), strconv.FormatInt(st.overlaps, 10)})
+				perAcq(client, wacqs), perAcq(st.win.server, wacqs), perAcq(internal, wacqs), strconv.FormatInt(st.overlaps, 10)})
 			d := map[string]any{"n": N, "impl": im.name, "hold_us": micros(hold), "acquisitions_per_s": rate, "jain": j, "starved": starved, "max_wait_us": micros(st.maxWait),
-				"mean_hold_us": micros(meanHold), "max_wait_per_n_hold": waitRatio, "client_cmds": client, "server_cmds": st.server,
-				"acquisitions": acqs, "overlaps": st.overlaps, "per_process": st.counts}
+				"mean_hold_us": micros(meanHold), "max_wait_per_n_hold": waitRatio, "client_cmds": client, "server_cmds": st.win.server,
+				"steady_acquisitions": wacqs, "acquisitions": acqs, "overlaps": st.overlaps, "per_process": st.counts}
 			if !math.IsNaN(vsBest) {
 				d["per_best_peer"] = vsBest
 			}
@@ -614,11 +647,11 @@ func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]
 			} else {
 				targets = append(targets, Target{name, "N=64: Jain ≥ 0.99, 0 starved", fmt.Sprintf("Jain %.3f, %d starved", j, starved), j >= 0.99 && starved == 0})
 			}
-			cpa := float64(client) / float64(max(acqs, 1))
-			targets = append(targets, Target{name, "N=64: requests per acquisition ≤ 2.2", f2(cpa), acqs > 0 && cpa <= 2.2})
+			cpa := float64(client) / float64(max(wacqs, 1))
+			targets = append(targets, Target{name, "N=64: requests per acquisition ≤ 2.2", f2(cpa), wacqs > 0 && cpa <= 2.2})
 			if e.real && internal >= 0 {
-				ipa := float64(internal) / float64(max(acqs, 1))
-				targets = append(targets, Target{name, "N=64: Lua-internal commands per acquisition ≤ 12", f2(ipa), acqs > 0 && ipa <= 12})
+				ipa := float64(internal) / float64(max(wacqs, 1))
+				targets = append(targets, Target{name, "N=64: Lua-internal commands per acquisition ≤ 12", f2(ipa), wacqs > 0 && ipa <= 12})
 			}
 		}
 	}

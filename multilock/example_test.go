@@ -6,27 +6,15 @@ import (
 	"fmt"
 	"log"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/multilock"
-	"github.com/redis/go-redis/v9"
 )
-
-// startRedis starts an embedded Redis for the examples; a program would
-// connect to its real Redis instead.
-func startRedis() (*redis.Client, func()) {
-	mr, err := miniredis.Run()
-	if err != nil {
-		log.Fatal(err)
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	return rdb, func() { rdb.Close(); mr.Close() }
-}
 
 // A transfer locks both accounts at once. The names share the hash tag
 // {acct}, so on Redis Cluster they live in one slot.
 func Example() {
-	rdb, stop := startRedis()
+	rdb, stop := redistest.Embedded() // a program connects to its own Redis
 	defer stop()
 	ctx := context.Background()
 	c, err := fairlock.New(rdb)
@@ -51,7 +39,7 @@ func Example() {
 // A job needs one of 2 GPUs and 4 of a database's 10 connections; it
 // never holds a GPU while it waits for connections.
 func ExampleAcquire() {
-	rdb, stop := startRedis()
+	rdb, stop := redistest.Embedded() // a program connects to its own Redis
 	defer stop()
 	ctx := context.Background()
 	c, err := fairlock.New(rdb)

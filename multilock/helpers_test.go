@@ -3,7 +3,6 @@ package multilock_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/fltest"
@@ -43,45 +42,6 @@ func (e *env) hold(c *fairlock.Client, req fairlock.Request) *fairlock.Lease {
 func (e *env) waitQueued(name string, n int) {
 	e.t.Helper()
 	fltest.WaitWaiters(e.t, e.Client(), name, n)
-}
-
-type result struct {
-	lease *fairlock.Lease
-	err   error
-}
-
-// async runs acquire in a goroutine and returns where its result arrives.
-func async(acquire func() (*fairlock.Lease, error)) <-chan result {
-	ch := make(chan result, 1)
-	go func() {
-		l, err := acquire()
-		ch <- result{l, err}
-	}()
-	return ch
-}
-
-func (e *env) receive(ch <-chan result) *fairlock.Lease {
-	e.t.Helper()
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			e.t.Fatalf("Acquire: %v", r.err)
-		}
-		return r.lease
-	case <-time.After(10 * time.Second):
-		e.t.Fatal("Acquire did not return within 10s")
-		return nil
-	}
-}
-
-// notYet fails if ch already has a result.
-func (e *env) notYet(ch <-chan result, what string) {
-	e.t.Helper()
-	select {
-	case r := <-ch:
-		e.t.Fatalf("%s returned early: lease=%v err=%v", what, r.lease != nil, r.err)
-	default:
-	}
 }
 
 func one(name string) fairlock.Request { return fairlock.Request{Name: name, Capacity: 1, Permits: 1} }

@@ -12,7 +12,9 @@
 // The result is one [fairlock.Lease] over all the semaphores: renewed as
 // one, with a fencing token per semaphore ([fairlock.Lease.Parts]), ended
 // (Done closed) when any part is lost, and released in one atomic step
-// that hands every semaphore on to its next waiter.
+// that hands every semaphore on to its next waiter. On such a lease,
+// [fairlock.Lease.Token], Permits and Name answer for the first semaphore
+// in name order only: use Parts for the token of each.
 //
 // # Redis Cluster
 //
@@ -40,7 +42,8 @@ import (
 type Request = fairlock.Request
 
 // Mutex returns the request for the mutex name: the one permit of a
-// semaphore of capacity 1, as [semaphore.NewMutex] uses.
+// semaphore of capacity 1, as [semaphore.NewMutex] uses. It validates
+// nothing; Acquire does.
 //
 // [semaphore.NewMutex]: https://pkg.go.dev/github.com/fairlock/fairlock/semaphore#NewMutex
 func Mutex(name string) Request { return Request{Name: name, Capacity: 1, Permits: 1} }
@@ -49,7 +52,15 @@ func Mutex(name string) Request { return Request{Name: name, Capacity: 1, Permit
 // first-out order on each semaphore, and returns the lease that holds them
 // all. At most [fairlock.MaxResources] semaphores may be locked together,
 // each named once. When ctx ends first, Acquire leaves every queue and
-// returns an error matching ctx.Err().
+// returns an error matching ctx.Err(). Bad requests fail at once, before
+// anything is queued: a nil client, too many or repeated names or permits
+// out of range with [fairlock.ErrInvalidArgument], a bad name with
+// [fairlock.ErrInvalidName], names in different Cluster slots (or Ring
+// hash tags) with [fairlock.ErrCrossSlot]. A capacity other than a stored
+// one fails with [fairlock.ErrCapacityMismatch], Redis failing with
+// [fairlock.ErrRedis], a closed client with [fairlock.ErrClosed]. A failed
+// Acquire holds nothing. The lease's Token, Permits and Name are the first
+// semaphore's (in name order); [fairlock.Lease.Parts] lists each.
 func Acquire(ctx context.Context, c *fairlock.Client, reqs ...Request) (*fairlock.Lease, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument)
@@ -59,7 +70,7 @@ func Acquire(ctx context.Context, c *fairlock.Client, reqs ...Request) (*fairloc
 
 // TryAcquire takes every request at once if all are free now and nobody
 // waits for any of them; otherwise it takes nothing and returns an error
-// matching [fairlock.ErrNotAcquired].
+// matching [fairlock.ErrNotAcquired]. Its other errors are Acquire's.
 func TryAcquire(ctx context.Context, c *fairlock.Client, reqs ...Request) (*fairlock.Lease, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument)
@@ -67,7 +78,8 @@ func TryAcquire(ctx context.Context, c *fairlock.Client, reqs ...Request) (*fair
 	return c.TryAcquireAll(ctx, reqs...)
 }
 
-// Lock locks the mutexes names at once; see [Mutex] and [Acquire].
+// Lock locks the mutexes names at once; see [Mutex] and [Acquire], whose
+// errors it returns.
 func Lock(ctx context.Context, c *fairlock.Client, names ...string) (*fairlock.Lease, error) {
 	reqs := make([]Request, len(names))
 	for i, n := range names {
@@ -79,13 +91,14 @@ func Lock(ctx context.Context, c *fairlock.Client, names ...string) (*fairlock.L
 // Do acquires reqs, runs f and releases them all. The context given to f
 // is cancelled, with the lease's error as cause, if any part of the lease
 // is lost while f runs. Do returns f's error joined with any error from
-// the release.
+// the release (ErrLeaseLost if the lease was lost); if Acquire fails, f
+// does not run and Do returns its error.
 func Do(ctx context.Context, c *fairlock.Client, reqs []Request, f func(ctx context.Context) error) error {
 	lease, err := Acquire(ctx, c, reqs...)
 	if err != nil {
 		return err
 	}
-	fctx, cancel := fairlock.WithLease(ctx, lease)
+	fctx, cancel := fairlock.LeaseContext(ctx, lease)
 	ferr := f(fctx)
 	cancel()
 	rerr := lease.Release(context.WithoutCancel(ctx))

@@ -25,10 +25,10 @@ func TestAllOrNothing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ch := async(func() (*fairlock.Lease, error) { return multilock.Lock(ctx, e.Client(), "b", "a") })
+		ch := fltest.Async(func() (*fairlock.Lease, error) { return multilock.Lock(ctx, e.Client(), "b", "a") })
 		e.waitQueued("b", 1)
 		e.waitQueued("a", 1)
-		e.notYet(ch, "multi-lock of a held semaphore")
+		e.NotYet(ch, "multi-lock of a held semaphore")
 		if st := e.status("b"); st.InUse != 0 {
 			t.Fatalf("b has %d permits in use while the multi-lock waits for a", st.InUse)
 		}
@@ -37,7 +37,7 @@ func TestAllOrNothing(t *testing.T) {
 		fltest.IsErr(t, "TryAcquire of b behind a waiting multi-lock", err, fairlock.ErrNotAcquired)
 
 		e.Release(held)
-		l := e.receive(ch)
+		l := e.Granted(ch)
 		parts := l.Parts()
 		if len(parts) != 2 || parts[0].Name != "a" || parts[1].Name != "b" {
 			t.Fatalf("Parts() = %+v, want a and b in name order", parts)
@@ -68,28 +68,28 @@ func TestMixedFIFO(t *testing.T) {
 		ctx := context.Background()
 		holdA := e.hold(e.Client(), one("a"))
 		holdB := e.hold(e.Client(), one("b"))
-		w1 := async(func() (*fairlock.Lease, error) { return e.Client().Acquire(ctx, one("a")) })
+		w1 := fltest.Async(func() (*fairlock.Lease, error) { return e.Client().Acquire(ctx, one("a")) })
 		e.waitQueued("a", 1)
-		w2 := async(func() (*fairlock.Lease, error) { return multilock.Lock(ctx, e.Client(), "a", "b") })
+		w2 := fltest.Async(func() (*fairlock.Lease, error) { return multilock.Lock(ctx, e.Client(), "a", "b") })
 		e.waitQueued("a", 2)
-		w3 := async(func() (*fairlock.Lease, error) { return e.Client().Acquire(ctx, one("b")) })
+		w3 := fltest.Async(func() (*fairlock.Lease, error) { return e.Client().Acquire(ctx, one("b")) })
 		e.waitQueued("b", 2)
-		w4 := async(func() (*fairlock.Lease, error) { return e.Client().Acquire(ctx, one("a")) })
+		w4 := fltest.Async(func() (*fairlock.Lease, error) { return e.Client().Acquire(ctx, one("a")) })
 		e.waitQueued("a", 3)
 
 		e.Release(holdA)
-		l1 := e.receive(w1)
+		l1 := e.Granted(w1)
 		e.Release(holdB)
 		// b is free, but its head (w2) still waits for a; w3 must not pass.
 		e.WaitFor("b's holder gone", func() bool { return e.status("b").InUse == 0 })
-		e.notYet(w3, "single b behind the multi-lock")
-		e.notYet(w2, "multi-lock while a is held")
+		e.NotYet(w3, "single b behind the multi-lock")
+		e.NotYet(w2, "multi-lock while a is held")
 		e.Release(l1)
-		l2 := e.receive(w2)
-		e.notYet(w3, "single b while the multi-lock holds b")
-		e.notYet(w4, "single a while the multi-lock holds a")
+		l2 := e.Granted(w2)
+		e.NotYet(w3, "single b while the multi-lock holds b")
+		e.NotYet(w4, "single a while the multi-lock holds a")
 		e.Release(l2)
-		l3, l4 := e.receive(w3), e.receive(w4)
+		l3, l4 := e.Granted(w3), e.Granted(w4)
 		if l3.Token() <= l2.Parts()[1].Token || l4.Token() <= l2.Parts()[0].Token {
 			t.Fatalf("tokens did not increase: multi %+v, then b %d and a %d", l2.Parts(), l3.Token(), l4.Token())
 		}
@@ -105,15 +105,10 @@ func TestCancelLeavesAllQueues(t *testing.T) {
 		ctx := context.Background()
 		held := e.hold(e.Client(), one("a"))
 		wctx, cancel := context.WithCancel(ctx)
-		ch := async(func() (*fairlock.Lease, error) { return multilock.Lock(wctx, e.Client(), "a", "b") })
+		ch := fltest.Async(func() (*fairlock.Lease, error) { return multilock.Lock(wctx, e.Client(), "a", "b") })
 		e.waitQueued("b", 1)
 		cancel()
-		select {
-		case r := <-ch:
-			fltest.IsErr(t, "cancelled multi-lock", r.err, context.Canceled)
-		case <-time.After(10 * time.Second):
-			t.Fatal("cancelled multi-lock did not return")
-		}
+		fltest.IsErr(t, "cancelled multi-lock", e.Receive(ch).Err, context.Canceled)
 		for _, name := range []string{"a", "b"} {
 			if st := e.status(name); len(st.Waiters) != 0 {
 				t.Fatalf("%s still has waiters after the cancel: %+v", name, st.Waiters)
@@ -139,10 +134,10 @@ func TestCancelRacingGrantHandsOn(t *testing.T) {
 		c, f := e.FaultyClient(long...)
 		undo := f.Deafen(t) // grants are announced, but not heard
 		wctx, cancel := context.WithCancel(ctx)
-		ch := async(func() (*fairlock.Lease, error) { return multilock.Lock(wctx, c, "a", "b") })
+		ch := fltest.Async(func() (*fairlock.Lease, error) { return multilock.Lock(wctx, c, "a", "b") })
 		e.waitQueued("a", 1)
-		nextA := async(func() (*fairlock.Lease, error) { return e.Client(long...).Acquire(ctx, one("a")) })
-		nextB := async(func() (*fairlock.Lease, error) { return e.Client(long...).Acquire(ctx, one("b")) })
+		nextA := fltest.Async(func() (*fairlock.Lease, error) { return e.Client(long...).Acquire(ctx, one("a")) })
+		nextB := fltest.Async(func() (*fairlock.Lease, error) { return e.Client(long...).Acquire(ctx, one("b")) })
 		e.waitQueued("a", 2)
 		e.waitQueued("b", 2)
 		e.Release(held)
@@ -151,10 +146,10 @@ func TestCancelRacingGrantHandsOn(t *testing.T) {
 		})
 		cancel()
 		r := <-ch
-		fltest.IsErr(t, "multi-lock cancelled as it was granted", r.err, context.Canceled)
+		fltest.IsErr(t, "multi-lock cancelled as it was granted", r.Err, context.Canceled)
 		undo()
-		e.Release(e.receive(nextA))
-		e.Release(e.receive(nextB))
+		e.Release(e.Granted(nextA))
+		e.Release(e.Granted(nextB))
 	})
 }
 
@@ -169,12 +164,12 @@ func TestHolderCrash(t *testing.T) {
 			t.Fatal(err)
 		}
 		slow := fairlock.WithWaiterTTL(time.Hour)
-		wa := async(func() (*fairlock.Lease, error) { return e.Client(slow).Acquire(ctx, one("a")) })
-		wb := async(func() (*fairlock.Lease, error) { return e.Client(slow).Acquire(ctx, one("b")) })
+		wa := fltest.Async(func() (*fairlock.Lease, error) { return e.Client(slow).Acquire(ctx, one("a")) })
+		wb := fltest.Async(func() (*fairlock.Lease, error) { return e.Client(slow).Acquire(ctx, one("b")) })
 		e.waitQueued("a", 1)
 		e.waitQueued("b", 1)
 		f.Down.Store(true)
-		la, lb := e.receive(wa), e.receive(wb)
+		la, lb := e.Granted(wa), e.Granted(wb)
 		if la.Token() <= l.Parts()[0].Token || lb.Token() <= l.Parts()[1].Token {
 			t.Fatalf("tokens after the crash %d, %d; crashed holder's %+v", la.Token(), lb.Token(), l.Parts())
 		}
@@ -196,19 +191,19 @@ func TestWaiterCrash(t *testing.T) {
 		ctx := context.Background()
 		held := e.hold(e.Client(), one("a"))
 		c, f := e.FaultyClient(fairlock.WithWaiterTTL(200 * time.Millisecond))
-		dead := async(func() (*fairlock.Lease, error) { return multilock.Lock(ctx, c, "a", "b") })
+		dead := fltest.Async(func() (*fairlock.Lease, error) { return multilock.Lock(ctx, c, "a", "b") })
 		e.waitQueued("b", 1)
-		wb := async(func() (*fairlock.Lease, error) { return e.Client().Acquire(ctx, one("b")) })
+		wb := fltest.Async(func() (*fairlock.Lease, error) { return e.Client().Acquire(ctx, one("b")) })
 		e.waitQueued("b", 2)
 		f.Down.Store(true)
-		e.Release(e.receive(wb)) // b is free, so its waiter is granted once the dead one is gone
+		e.Release(e.Granted(wb)) // b is free, so its waiter is granted once the dead one is gone
 		if st := e.status("a"); len(st.Waiters) != 0 {
 			t.Fatalf("a still queues the dead multi waiter: %+v", st.Waiters)
 		}
 		e.Release(held)
 		select {
 		case r := <-dead:
-			if r.err == nil {
+			if r.Err == nil {
 				t.Fatal("a multi-lock cut off from Redis was granted")
 			}
 		case <-time.After(10 * time.Second):
@@ -300,17 +295,17 @@ func TestNoBarging(t *testing.T) {
 		b2 := func(n int64) fairlock.Request { return fairlock.Request{Name: "b", Capacity: 2, Permits: n} }
 		holdA := e.hold(e.Client(), one("a"))
 		holdB := e.hold(e.Client(), b2(1))
-		big := async(func() (*fairlock.Lease, error) { return e.Client().Acquire(ctx, b2(2)) })
+		big := fltest.Async(func() (*fairlock.Lease, error) { return e.Client().Acquire(ctx, b2(2)) })
 		e.waitQueued("b", 1)
-		multi := async(func() (*fairlock.Lease, error) { return multilock.Acquire(ctx, e.Client(), one("a"), b2(1)) })
+		multi := fltest.Async(func() (*fairlock.Lease, error) { return multilock.Acquire(ctx, e.Client(), one("a"), b2(1)) })
 		e.waitQueued("b", 2)
 		e.Release(holdA) // the multi-lock now fits in a and in b, but b's head is big
 		e.WaitFor("a's holder gone", func() bool { return e.status("a").InUse == 0 })
-		e.notYet(multi, "multi-lock behind a larger request for b")
+		e.NotYet(multi, "multi-lock behind a larger request for b")
 		e.Release(holdB)
-		l := e.receive(big)
-		e.notYet(multi, "multi-lock while b is full")
+		l := e.Granted(big)
+		e.NotYet(multi, "multi-lock while b is full")
 		e.Release(l)
-		e.Release(e.receive(multi))
+		e.Release(e.Granted(multi))
 	})
 }

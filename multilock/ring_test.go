@@ -161,17 +161,17 @@ func TestRing(t *testing.T) {
 			t.Errorf("a multi-lock of one tag has keys on %d shards, want 1", shards)
 		}
 		// A single waiter is handed the part on the multi-lock's release.
-		got := async(func() (*fairlock.Lease, error) { return b.Acquire(ctx, multilock.Mutex(names[1])) })
+		got := fltest.Async(func() (*fairlock.Lease, error) { return b.Acquire(ctx, multilock.Mutex(names[1])) })
 		fltest.WaitWaiters(t, b, names[1], 1)
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 		select {
 		case r := <-got:
-			if r.err != nil {
-				t.Fatalf("single waiter: %v", r.err)
+			if r.Err != nil {
+				t.Fatalf("single waiter: %v", r.Err)
 			}
-			_ = r.lease.Release(ctx)
+			_ = r.Lease.Release(ctx)
 		case <-time.After(10 * time.Second):
 			t.Fatal("single waiter not granted after the multi-lock's release")
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/semaphore"
 )
@@ -138,7 +139,7 @@ func BenchmarkHandoff(b *testing.B) {
 func BenchmarkDrain1000(b *testing.B) {
 	be := redistest.RealBackend(b)
 	prefix := redistest.Prefix(b)
-	cnt := newCounter()
+	cnt := fltest.NewCounter()
 	rdb := be.Client(b)
 	redistest.AddHook(b, rdb, cnt)
 	inspect := be.Client(b)
@@ -153,7 +154,7 @@ func BenchmarkDrain1000(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		before := cnt.total()
+		before := cnt.Total()
 		var wg sync.WaitGroup
 		errs := make(chan error, n)
 		for range n {
@@ -186,7 +187,7 @@ func BenchmarkDrain1000(b *testing.B) {
 		for err := range errs {
 			b.Fatal(err)
 		}
-		cmds = append(cmds, float64(cnt.total()-before)/n)
+		cmds = append(cmds, float64(cnt.Total()-before)/n)
 	}
 	b.ReportMetric(float64(p50(drain).Milliseconds()), "drain-ms")
 	b.ReportMetric(slices.Max(cmds), "cmds/acquire")

@@ -8,25 +8,13 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/semaphore"
-	"github.com/redis/go-redis/v9"
 )
 
-// startRedis starts an embedded Redis for the examples; a program would
-// connect to its real Redis instead.
-func startRedis() (*redis.Client, func()) {
-	mr, err := miniredis.Run()
-	if err != nil {
-		log.Fatal(err)
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	return rdb, func() { rdb.Close(); mr.Close() }
-}
-
 func Example() {
-	rdb, stop := startRedis()
+	rdb, stop := redistest.Embedded() // a program connects to its own Redis
 	defer stop()
 	ctx := context.Background()
 
@@ -52,7 +40,7 @@ func Example() {
 
 // Eight jobs across a pool of workers, at most three encoding at once.
 func ExampleNew_workerPool() {
-	rdb, stop := startRedis()
+	rdb, stop := redistest.Embedded() // a program connects to its own Redis
 	defer stop()
 	ctx := context.Background()
 	c, err := fairlock.New(rdb)
@@ -89,7 +77,7 @@ func ExampleNew_workerPool() {
 }
 
 func ExampleSemaphore_TryAcquire() {
-	rdb, stop := startRedis()
+	rdb, stop := redistest.Embedded() // a program connects to its own Redis
 	defer stop()
 	ctx := context.Background()
 	c, err := fairlock.New(rdb)
@@ -120,7 +108,7 @@ func ExampleSemaphore_TryAcquire() {
 // A fencing token lets the protected resource refuse a holder whose lease
 // ended (say, it was paused past its TTL) once a later holder has written.
 func ExampleMutex() {
-	rdb, stop := startRedis()
+	rdb, stop := redistest.Embedded() // a program connects to its own Redis
 	defer stop()
 	ctx := context.Background()
 	c, err := fairlock.New(rdb)
@@ -160,7 +148,7 @@ func ExampleMutex() {
 }
 
 func ExampleRWMutex() {
-	rdb, stop := startRedis()
+	rdb, stop := redistest.Embedded() // a program connects to its own Redis
 	defer stop()
 	ctx := context.Background()
 	c, err := fairlock.New(rdb)
@@ -187,4 +175,37 @@ func ExampleRWMutex() {
 	// two readers: true
 	// writer while reading: true
 	// writer alone: true
+}
+
+// Do and RDo run a function under the write or a read lock and unlock
+// afterwards, whatever the function returns.
+func ExampleRWMutex_Do() {
+	rdb, stop := redistest.Embedded() // a program connects to its own Redis
+	defer stop()
+	ctx := context.Background()
+	c, err := fairlock.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	rw, err := semaphore.NewRWMutex(c, "config")
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	config := map[string]string{}
+	err = rw.Do(ctx, func(ctx context.Context) error {
+		config["mode"] = "fast" // stands for a write to a shared store
+		return nil
+	})
+	fmt.Println("write:", err)
+	err = rw.RDo(ctx, func(ctx context.Context) error {
+		fmt.Println("read:", config["mode"])
+		return nil
+	})
+	fmt.Println("read done:", err)
+	// Output:
+	// write: <nil>
+	// read: fast
+	// read done: <nil>
 }

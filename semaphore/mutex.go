@@ -7,11 +7,13 @@ import (
 )
 
 // Mutex is a fair mutual-exclusion lock named in Redis: a semaphore of
-// capacity 1. Lockers are served in arrival order.
+// capacity 1. Lockers are served in arrival order. It holds no
+// per-acquisition state and is safe for concurrent use.
 type Mutex struct{ s *Semaphore }
 
 // NewMutex returns the mutex name kept in Redis by c. It shares its state
-// with a semaphore of the same name and capacity 1.
+// with a semaphore of the same name and capacity 1. It contacts no server
+// and fails as [New] does.
 func NewMutex(c *fairlock.Client, name string) (*Mutex, error) {
 	s, err := New(c, name, 1)
 	if err != nil {
@@ -21,16 +23,20 @@ func NewMutex(c *fairlock.Client, name string) (*Mutex, error) {
 }
 
 // Lock waits, in arrival order, until the mutex is free and returns the
-// lease that holds it, or an error matching ctx.Err() when ctx ends first.
+// lease that holds it, or an error matching ctx.Err() when ctx ends first
+// (having left the queue). Its other errors are [Semaphore.Acquire]'s.
 func (m *Mutex) Lock(ctx context.Context) (*fairlock.Lease, error) { return m.s.Acquire(ctx, 1) }
 
 // TryLock locks the mutex if it is free and nobody waits for it; otherwise
-// it returns an error matching [fairlock.ErrNotAcquired].
+// it returns an error matching [fairlock.ErrNotAcquired] and changes
+// nothing. Its other errors are [Semaphore.Acquire]'s.
 func (m *Mutex) TryLock(ctx context.Context) (*fairlock.Lease, error) {
 	return m.s.TryAcquire(ctx, 1)
 }
 
-// Do locks the mutex, runs f and unlocks it, as [Semaphore.Do].
+// Do locks the mutex, runs f and unlocks it, as [Semaphore.Do]: f's
+// context ends if the lease is lost, and Do returns f's error joined with
+// the release's; if Lock fails, f does not run.
 func (m *Mutex) Do(ctx context.Context, f func(ctx context.Context) error) error {
 	return m.s.Do(ctx, 1, f)
 }

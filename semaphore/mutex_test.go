@@ -3,6 +3,7 @@ package semaphore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 
 func TestMutex(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		e := newEnv(t, b)
+		e := fltest.New(t, b)
 		ctx := context.Background()
 		m1, err := semaphore.NewMutex(e.Client(), "mu")
 		if err != nil {
@@ -47,7 +48,7 @@ func TestMutex(t *testing.T) {
 // queued behind a writer enter together.
 func TestRWMutexFair(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		e := newEnv(t, b)
+		e := fltest.New(t, b)
 		ctx := context.Background()
 		rw := func() *semaphore.RWMutex {
 			m, err := semaphore.NewRWMutex(e.Client(), "rw")
@@ -68,33 +69,33 @@ func TestRWMutexFair(t *testing.T) {
 			t.Fatalf("TryLock with readers = %v, want ErrNotAcquired", err)
 		}
 		w := rw()
-		wch := make(chan result, 1)
-		go func() { l, err := w.Lock(ctx); wch <- result{l, err} }()
-		e.waitQueued("rw", 1)
+		wch := make(chan fltest.Result, 1)
+		go func() { l, err := w.Lock(ctx); wch <- fltest.Result{Lease: l, Err: err} }()
+		e.WaitQueued("rw", 1)
 		if _, err := rw().TryRLock(ctx); !errors.Is(err, fairlock.ErrNotAcquired) {
 			t.Fatalf("TryRLock behind a waiting writer = %v, want ErrNotAcquired", err)
 		}
-		late := make(chan result, 2)
+		late := make(chan fltest.Result, 2)
 		for i := range 2 {
 			m := rw()
-			go func() { l, err := m.RLock(ctx); late <- result{l, err} }()
-			e.waitQueued("rw", int64(i+2))
+			go func() { l, err := m.RLock(ctx); late <- fltest.Result{Lease: l, Err: err} }()
+			e.WaitQueued("rw", int64(i+2))
 		}
 		e.Release(r1)
-		e.notYet(wch, "the writer, with a reader inside")
+		e.NotYet(wch, "the writer, with a reader inside")
 		e.Release(r2)
-		wr := e.receive(wch)
-		if wr.err != nil {
-			t.Fatal(wr.err)
+		wr := e.Receive(wch)
+		if wr.Err != nil {
+			t.Fatal(wr.Err)
 		}
-		e.notYet(late, "a reader, with the writer inside")
-		e.Release(wr.lease)
+		e.NotYet(late, "a reader, with the writer inside")
+		e.Release(wr.Lease)
 		for range 2 {
-			r := e.receive(late)
-			if r.err != nil {
-				t.Fatal(r.err)
+			r := e.Receive(late)
+			if r.Err != nil {
+				t.Fatal(r.Err)
 			}
-			defer e.Release(r.lease)
+			defer e.Release(r.Lease)
 		}
 	})
 }
@@ -104,9 +105,9 @@ func TestRWMutexFair(t *testing.T) {
 func TestDoCancelsOnLeaseLoss(t *testing.T) {
 	b := redistest.Mini(t)
 	b.Freeze(t)
-	e := newEnv(t, b)
+	e := fltest.New(t, b)
 	const ttl = 300 * time.Millisecond
-	s := e.sem(e.Client(fairlock.WithLeaseTTL(ttl)), "do", 1)
+	s := newSem(t, e.Client(fairlock.WithLeaseTTL(ttl)), "do", 1)
 	started := make(chan struct{})
 	errc := make(chan error, 1)
 	go func() {
@@ -124,4 +125,47 @@ func TestDoCancelsOnLeaseLoss(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Do did not return after its lease was lost")
 	}
+}
+
+// RWMutex.Do holds the write lock while f runs, and RDo a read lock: a
+// reader fits beside RDo's f but not beside Do's; both unlock afterwards.
+func TestRWMutexDo(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		rw, err := semaphore.NewRWMutex(e.Client(), "rwdo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		other, err := semaphore.NewRWMutex(e.Client(), "rwdo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		boom := errors.New("boom")
+		err = rw.Do(ctx, func(context.Context) error {
+			_, err := other.TryRLock(ctx)
+			fltest.IsErr(t, "TryRLock inside Do", err, fairlock.ErrNotAcquired)
+			return boom
+		})
+		fltest.IsErr(t, "Do", err, boom)
+		err = rw.RDo(ctx, func(context.Context) error {
+			l, err := other.TryRLock(ctx)
+			if err != nil {
+				return fmt.Errorf("TryRLock inside RDo: %w", err)
+			}
+			e.Release(l)
+			_, err = other.TryLock(ctx)
+			fltest.IsErr(t, "TryLock inside RDo", err, fairlock.ErrNotAcquired)
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("RDo: %v", err)
+		}
+		// Both unlocked: the write lock is free.
+		l, err := other.TryLock(ctx)
+		if err != nil {
+			t.Fatalf("TryLock after Do and RDo: %v", err)
+		}
+		e.Release(l)
+	})
 }

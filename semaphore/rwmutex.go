@@ -15,10 +15,13 @@ const MaxReaders = 1 << 30
 // a writer holds it alone. Requests are served in arrival order: readers
 // that arrive after a waiting writer wait behind it, so writers are not
 // starved, and readers queued behind a writer enter together when it
-// leaves.
+// leaves. It holds no per-acquisition state and is safe for concurrent
+// use.
 type RWMutex struct{ s *Semaphore }
 
-// NewRWMutex returns the read-write mutex name kept in Redis by c.
+// NewRWMutex returns the read-write mutex name kept in Redis by c. It
+// shares its state with a semaphore of the same name and capacity
+// [MaxReaders]. It contacts no server and fails as [New] does.
 func NewRWMutex(c *fairlock.Client, name string) (*RWMutex, error) {
 	s, err := New(c, name, MaxReaders)
 	if err != nil {
@@ -27,22 +30,46 @@ func NewRWMutex(c *fairlock.Client, name string) (*RWMutex, error) {
 	return &RWMutex{s}, nil
 }
 
-// RLock waits for a shared (read) lock.
+// RLock waits, in arrival order, for a shared (read) lock and returns the
+// lease that holds it, or an error matching ctx.Err() when ctx ends first
+// (having left the queue). Its other errors are [Semaphore.Acquire]'s.
 func (rw *RWMutex) RLock(ctx context.Context) (*fairlock.Lease, error) {
 	return rw.s.Acquire(ctx, 1)
 }
 
-// TryRLock takes a read lock if that needs no waiting.
+// TryRLock takes a read lock if that needs no waiting: no writer holds
+// the mutex and nobody waits for it. Otherwise it returns an error matching
+// [fairlock.ErrNotAcquired] and changes nothing. Its other errors are
+// [Semaphore.Acquire]'s.
 func (rw *RWMutex) TryRLock(ctx context.Context) (*fairlock.Lease, error) {
 	return rw.s.TryAcquire(ctx, 1)
 }
 
-// Lock waits for the exclusive (write) lock.
+// Lock waits, in arrival order, for the exclusive (write) lock and returns
+// the lease that holds it, or an error matching ctx.Err() when ctx ends
+// first (having left the queue). Its other errors are
+// [Semaphore.Acquire]'s.
 func (rw *RWMutex) Lock(ctx context.Context) (*fairlock.Lease, error) {
 	return rw.s.Acquire(ctx, MaxReaders)
 }
 
-// TryLock takes the write lock if that needs no waiting.
+// TryLock takes the write lock if that needs no waiting: nobody holds the
+// mutex or waits for it. Otherwise it returns an error matching
+// [fairlock.ErrNotAcquired] and changes nothing. Its other errors are
+// [Semaphore.Acquire]'s.
 func (rw *RWMutex) TryLock(ctx context.Context) (*fairlock.Lease, error) {
 	return rw.s.TryAcquire(ctx, MaxReaders)
+}
+
+// Do takes the write lock, runs f and unlocks, as [Mutex.Do]: f's context
+// ends if the lease is lost, and Do returns f's error joined with the
+// release's; if Lock fails, f does not run and Do returns its error.
+func (rw *RWMutex) Do(ctx context.Context, f func(ctx context.Context) error) error {
+	return rw.s.Do(ctx, MaxReaders, f)
+}
+
+// RDo takes a read lock, runs f and unlocks, as Do does with the write
+// lock.
+func (rw *RWMutex) RDo(ctx context.Context, f func(ctx context.Context) error) error {
+	return rw.s.Do(ctx, 1, f)
 }

@@ -8,7 +8,8 @@ import (
 	"github.com/fairlock/fairlock"
 )
 
-// Semaphore is a weighted counting semaphore named in Redis.
+// Semaphore is a weighted counting semaphore named in Redis. It holds no
+// per-acquisition state and is safe for concurrent use.
 type Semaphore struct {
 	c        *fairlock.Client
 	name     string
@@ -16,7 +17,9 @@ type Semaphore struct {
 }
 
 // New returns the semaphore name with the given capacity, kept in Redis by
-// c. It validates its arguments and contacts no server. Every user of one
+// c. It validates its arguments and contacts no server: a nil client or a
+// capacity out of range fails with [fairlock.ErrInvalidArgument], a name
+// fairlock cannot use with [fairlock.ErrInvalidName]. Every user of one
 // name must give the same capacity while it is in use; otherwise Acquire
 // fails with [fairlock.ErrCapacityMismatch].
 func New(c *fairlock.Client, name string, capacity int64) (*Semaphore, error) {
@@ -31,24 +34,29 @@ func New(c *fairlock.Client, name string, capacity int64) (*Semaphore, error) {
 	return &Semaphore{c: c, name: name, capacity: capacity}, nil
 }
 
-// Name returns the semaphore's name.
+// Name returns the semaphore's name. It cannot fail.
 func (s *Semaphore) Name() string { return s.name }
 
-// Capacity returns the semaphore's capacity.
+// Capacity returns the semaphore's capacity. It cannot fail.
 func (s *Semaphore) Capacity() int64 { return s.capacity }
 
 // Acquire waits for n permits, first-in first-out, and returns the lease
 // that holds them. It blocks until the permits are granted or ctx ends;
 // then it leaves the queue and returns an error matching ctx.Err(). n must
 // be in [1, Capacity]: other values fail at once with
-// [fairlock.ErrInvalidArgument], and nothing is queued.
+// [fairlock.ErrInvalidArgument], and nothing is queued. A capacity other
+// than the stored one fails with [fairlock.ErrCapacityMismatch], Redis
+// failing with [fairlock.ErrRedis], a closed client with
+// [fairlock.ErrClosed]; a failed Acquire holds nothing (see
+// [fairlock.Client.Acquire]).
 func (s *Semaphore) Acquire(ctx context.Context, n int64) (*fairlock.Lease, error) {
 	return s.c.Acquire(ctx, fairlock.Request{Name: s.name, Capacity: s.capacity, Permits: n})
 }
 
 // TryAcquire takes n permits if they are free and nobody waits for the
 // semaphore, without waiting. Otherwise it returns an error matching
-// [fairlock.ErrNotAcquired].
+// [fairlock.ErrNotAcquired] and changes nothing. Its other errors are
+// Acquire's.
 func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (*fairlock.Lease, error) {
 	return s.c.TryAcquire(ctx, fairlock.Request{Name: s.name, Capacity: s.capacity, Permits: n})
 }
@@ -56,7 +64,8 @@ func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (*fairlock.Lease, e
 // Do acquires n permits, runs f and releases them. The context given to f
 // is cancelled, with cause [fairlock.ErrLeaseLost], if the lease is lost
 // while f runs, so f can stop work it no longer protects. Do returns f's
-// error joined with any error from the release.
+// error joined with any error from the release (ErrLeaseLost if the lease
+// was lost); if Acquire fails, f does not run and Do returns its error.
 func (s *Semaphore) Do(ctx context.Context, n int64, f func(ctx context.Context) error) error {
 	lease, err := s.Acquire(ctx, n)
 	if err != nil {
@@ -67,7 +76,7 @@ func (s *Semaphore) Do(ctx context.Context, n int64, f func(ctx context.Context)
 
 // run calls f under lease and releases it afterwards.
 func run(ctx context.Context, lease *fairlock.Lease, f func(ctx context.Context) error) error {
-	fctx, cancel := fairlock.WithLease(ctx, lease)
+	fctx, cancel := fairlock.LeaseContext(ctx, lease)
 	ferr := f(fctx)
 	cancel()
 	rerr := lease.Release(context.WithoutCancel(ctx))

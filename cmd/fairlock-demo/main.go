@@ -269,7 +269,7 @@ func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		c.total.Add(1)
-		if cmd.Name() != "blpop" {
+		if cmd.Name() != "blpop" && cmd.Name() != "blmpop" {
 			return next(ctx, cmd)
 		}
 		if b := c.blocking.Add(1); b > c.peak.Load() {

@@ -2,6 +2,7 @@
 // kept in Redis, and shows who holds and who waits for a lock.
 //
 //	fairlock run [flags] NAME -- COMMAND [ARGS...]
+//	fairlock elect [flags] NAME -- COMMAND [ARGS...]
 //	fairlock status [flags] NAME...
 //
 // Run "fairlock -h" for the flags, exit statuses and examples.
@@ -24,6 +25,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/election"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -39,6 +41,7 @@ const (
 
 const usage = `usage:
   fairlock run [flags] NAME -- COMMAND [ARGS...]
+  fairlock elect [flags] NAME -- COMMAND [ARGS...]
   fairlock status [flags] NAME...
 
 run waits its turn for NAME (first-in first-out across every process and
@@ -47,9 +50,15 @@ lease's fencing token, keeps the lease alive while COMMAND runs, forwards
 SIGINT, SIGTERM, SIGHUP and SIGQUIT to it, releases when it exits, and exits
 with its status. It prints nothing but COMMAND's own output.
 
+elect campaigns in the leader election NAME (candidates are served first-in
+first-out) and runs COMMAND while this process leads, with FAIRLOCK_TOKEN set
+to its term; like run, it forwards signals, exits with COMMAND's status, and
+resigns when COMMAND exits, so the next candidate leads at once. If leadership
+is lost, COMMAND gets SIGTERM, then SIGKILL after -grace, and elect exits 76.
+
 status shows who holds NAME (owner, permits, token, held for, time left),
-how many wait and for how long the oldest has, and who waits (position,
-owner, permits, waiting since).
+how many wait and for how long the oldest has, who waits (position, owner,
+permits, waiting since), and, if NAME is an election, its leader.
 
 On a failure fairlock prints one line to stderr; -v also logs fairlock's
 diagnostics there (lost leases, failing renewals, go-redis's connection
@@ -58,7 +67,7 @@ errors).
 Redis is -redis URL, else $FAIRLOCK_REDIS_URL, else $REDIS_URL, else
 redis://127.0.0.1:6379 (rediss:// for TLS; redis://user:password@host for ACL).
 
-Exit statuses of run, besides COMMAND's own:
+Exit statuses of run and elect, besides COMMAND's own:
   64  bad usage            70  Redis or other error     75  not acquired (-n busy, -w timed out)
   76  lease lost while COMMAND ran (COMMAND got SIGTERM, then SIGKILL after -grace)
   127 COMMAND could not be started
@@ -68,6 +77,7 @@ Examples:
   fairlock run -capacity 4 encoders -- ffmpeg -i in.mp4 out.webm
   fairlock run -n deploy -- ./deploy.sh || echo "a deploy is running"
   fairlock run -w 30s -ttl 1m backup -- pg_dump mydb -f dump.sql
+  fairlock elect -value "$(hostname):8080" scheduler -- ./scheduler
   fairlock status -json nightly-report encoders
   fairlock status -watch 1s encoders
 `
@@ -84,6 +94,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "run":
 		return runCmd(args[1:], stderr)
+	case "elect":
+		return electCmd(args[1:], stderr)
 	case "status":
 		return statusCmd(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
@@ -343,9 +355,9 @@ func statusCmd(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	for {
-		var all []fairlock.Status
+		var all []status
 		for _, name := range names {
-			st, err := fc.Status(ctx, name)
+			st, err := readStatus(ctx, fc, name)
 			if err != nil {
 				if ctx.Err() != nil {
 					return 0
@@ -378,7 +390,33 @@ func statusCmd(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
-func printTable(w io.Writer, all []fairlock.Status) {
+// status is what status prints of one NAME: the semaphore's Status and,
+// if NAME is an election with a leader, the leader.
+type status struct {
+	fairlock.Status
+	Leader *election.Info `json:"leader,omitempty"`
+}
+
+func readStatus(ctx context.Context, fc *fairlock.Client, name string) (status, error) {
+	st, err := fc.Status(ctx, name)
+	if err != nil || len(st.Holders) != 1 {
+		return status{Status: st}, err
+	}
+	e, err := election.New(fc, name)
+	if err != nil {
+		return status{Status: st}, err
+	}
+	info, err := e.Leader(ctx)
+	switch {
+	case errors.Is(err, election.ErrNoLeader):
+		return status{Status: st}, nil
+	case err != nil:
+		return status{Status: st}, err
+	}
+	return status{Status: st, Leader: &info}, nil
+}
+
+func printTable(w io.Writer, all []status) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for i, st := range all {
 		if i > 0 {
@@ -393,6 +431,9 @@ func printTable(w io.Writer, all []fairlock.Status) {
 			fmt.Fprintf(tw, ", the oldest for %v", st.OldestWait.Round(time.Millisecond))
 		}
 		fmt.Fprintln(tw)
+		if st.Leader != nil {
+			fmt.Fprintf(tw, "  leader %s, term %d\n", st.Leader.Value, st.Leader.Term)
+		}
 		if len(st.Holders) > 0 {
 			fmt.Fprintln(tw, "  HOLDER\tPERMITS\tTOKEN\tHELD FOR\tEXPIRES IN\t")
 			for _, h := range st.Holders {
@@ -407,4 +448,90 @@ func printTable(w io.Writer, all []fairlock.Status) {
 		}
 	}
 	tw.Flush()
+}
+
+func electCmd(args []string, stderr io.Writer) int {
+	fs := newFlagSet("elect", stderr)
+	var c common
+	c.register(fs, stderr)
+	value := fs.String("value", "", "the value this candidate leads with, shown by status (default host:pid)")
+	wait := fs.Duration("w", 0, "give up campaigning after this long (exit 75); 0 waits forever")
+	ttl := fs.Duration("ttl", fairlock.DefaultLeaseTTL, "lease TTL: how long a crashed leader keeps leading")
+	grace := fs.Duration("grace", 10*time.Second, "after leadership is lost, how long COMMAND has between SIGTERM and SIGKILL")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	rest := fs.Args()
+	if len(rest) < 3 || rest[1] != "--" {
+		fmt.Fprintln(stderr, "fairlock elect: want NAME -- COMMAND [ARGS...]")
+		return exitUsage
+	}
+	name, command := rest[0], rest[2:]
+	rdb, fc, err := c.connect(fairlock.WithLeaseTTL(*ttl))
+	if err != nil {
+		fmt.Fprintln(stderr, errLine(err))
+		return exitUsage
+	}
+	defer rdb.Close()
+	defer fc.Close()
+	e, err := election.New(fc, name)
+	if err != nil {
+		fmt.Fprintln(stderr, errLine(err))
+		return exitUsage
+	}
+	if *value == "" {
+		host, _ := os.Hostname()
+		*value = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+
+	// While campaigning, SIGINT and SIGTERM end the wait (leaving the queue).
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	defer signal.Stop(sigs)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if *wait > 0 {
+		ctx, cancel = context.WithTimeout(ctx, *wait)
+		defer cancel()
+	}
+	var interrupted os.Signal
+	stopWatch, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case s := <-sigs:
+			interrupted = s
+			cancel()
+		case <-stopWatch:
+		}
+	}()
+	l, err := e.Campaign(ctx, *value)
+	close(stopWatch)
+	<-watched
+	switch {
+	case err == nil:
+	case errors.Is(err, fairlock.ErrInvalidArgument):
+		fmt.Fprintln(stderr, errLine(err))
+		return exitUsage
+	case errors.Is(err, context.DeadlineExceeded):
+		return exitNotGot
+	case errors.Is(err, context.Canceled) && interrupted != nil:
+		return 128 + int(interrupted.(syscall.Signal))
+	default:
+		fmt.Fprintln(stderr, errLine(err))
+		return exitError
+	}
+
+	// The command runs while the election's lease is held; FAIRLOCK_TOKEN
+	// is the lease's token, which is the term.
+	status := runUnder(l.Lease(), command, sigs, *grace, stderr)
+	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer rcancel()
+	if err := l.Resign(rctx); err != nil && status != exitLeaseLost {
+		fmt.Fprintln(stderr, errLine(err))
+		if errors.Is(err, fairlock.ErrLeaseLost) {
+			return exitLeaseLost
+		}
+	}
+	return status
 }

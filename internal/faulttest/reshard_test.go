@@ -362,7 +362,7 @@ func (r *redirects) note(addr string, cmd redis.Cmder, err error) {
 	switch {
 	case strings.HasPrefix(msg, "ASK "):
 		r.ask.Add(1)
-		if name == "blpop" && onSource {
+		if (name == "blpop" || name == "blmpop") && onSource {
 			r.blpopAsk.Add(1)
 		}
 		return

@@ -1,10 +1,12 @@
-// Package fltest holds the helpers that the tests of fairlock's packages
-// built on the engine (semaphore, multilock) share.
+// Package fltest holds the helpers that fairlock's tests share: those of
+// the engine (the root package's external tests) and of the packages built
+// on it (semaphore, multilock, the fault tests).
 package fltest
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -101,5 +103,89 @@ func IsErr(t testing.TB, what string, err, want error) {
 	t.Helper()
 	if !errors.Is(err, want) {
 		t.Fatalf("%s = %v, want an error matching %v", what, err, want)
+	}
+}
+
+// Key returns the Redis key of one part ("s", "q", "h"...) of the
+// semaphore name, which must carry no hash tag of its own (see fairlock's
+// package doc).
+func (e *Env) Key(name, part string) string { return e.Prefix + "{" + name + "}:" + part }
+
+// Keys lists the keys under e's prefix.
+func (e *Env) Keys() []string {
+	e.T.Helper()
+	ks, err := e.RDB.Keys(context.Background(), e.Prefix+"*").Result()
+	if err != nil {
+		e.T.Fatalf("KEYS: %v", err)
+	}
+	return ks
+}
+
+// WaitQueued waits until n tickets, live or dead, wait in the queue of the
+// semaphore name (untagged, as for Key). [WaitWaiters] counts live
+// waiters only.
+func (e *Env) WaitQueued(name string, n int64) {
+	e.T.Helper()
+	e.WaitFor(fmt.Sprintf("%d queued on %s", n, name), func() bool {
+		got, err := e.RDB.ZCard(context.Background(), e.Key(name, "q")).Result()
+		return err == nil && got == n
+	})
+}
+
+// WaitDone waits for l's Done channel, failing the test after 10s.
+func (e *Env) WaitDone(l *fairlock.Lease) {
+	e.T.Helper()
+	select {
+	case <-l.Done():
+	case <-time.After(10 * time.Second):
+		e.T.Fatal("lease Done not closed within 10s")
+	}
+}
+
+// Result is what an acquire run by [Async] returned.
+type Result struct {
+	Lease *fairlock.Lease
+	Err   error
+}
+
+// Async runs acquire in a goroutine and returns where its result arrives.
+func Async(acquire func() (*fairlock.Lease, error)) <-chan Result {
+	ch := make(chan Result, 1)
+	go func() {
+		l, err := acquire()
+		ch <- Result{l, err}
+	}()
+	return ch
+}
+
+// Receive waits for ch's result, failing the test after 10s.
+func (e *Env) Receive(ch <-chan Result) Result {
+	e.T.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(10 * time.Second):
+		e.T.Fatal("Acquire did not return within 10s")
+		return Result{}
+	}
+}
+
+// Granted is Receive, failing the test unless the acquire succeeded.
+func (e *Env) Granted(ch <-chan Result) *fairlock.Lease {
+	e.T.Helper()
+	r := e.Receive(ch)
+	if r.Err != nil {
+		e.T.Fatalf("Acquire: %v", r.Err)
+	}
+	return r.Lease
+}
+
+// NotYet fails the test if ch already has a result.
+func (e *Env) NotYet(ch <-chan Result, what string) {
+	e.T.Helper()
+	select {
+	case r := <-ch:
+		e.T.Fatalf("%s returned early: lease=%v err=%v", what, r.Lease != nil, r.Err)
+	default:
 	}
 }

@@ -37,7 +37,7 @@ func (f *Faults) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 }
 func (f *Faults) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "blpop" {
+		if cmd.Name() == "blpop" || cmd.Name() == "blmpop" {
 			f.mu.Lock()
 			deaf := f.deaf
 			f.mu.Unlock()

@@ -1,7 +1,8 @@
-package semaphore_test
+package fairlock_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // Semantics 7: fencing tokens strictly increase over all grants of a
@@ -16,7 +18,7 @@ import (
 func TestTokensIncrease(t *testing.T) {
 	b := redistest.Mini(t)
 	b.Freeze(t)
-	e := newEnv(t, b)
+	e := fltest.New(t, b)
 	ctx := context.Background()
 	var last int64
 	check := func(l *fairlock.Lease) {
@@ -27,7 +29,7 @@ func TestTokensIncrease(t *testing.T) {
 		last = l.Token()
 	}
 	// Grants within one frozen microsecond still increase.
-	s := e.sem(e.Client(), "tok", 3)
+	s := newSem(e.Client(), "tok", 3)
 	var held []*fairlock.Lease
 	for range 3 {
 		l, err := s.Acquire(ctx, 1)
@@ -38,25 +40,25 @@ func TestTokensIncrease(t *testing.T) {
 		held = append(held, l)
 	}
 	// A release granting several waiters at once numbers them in order.
-	var chans []<-chan result
+	var chans []<-chan fltest.Result
 	for i := range 3 {
-		chans = append(chans, acquireAsync(ctx, e.sem(e.Client(), "tok", 3), 1))
-		e.waitQueued("tok", int64(i+1))
+		chans = append(chans, acquireAsync(ctx, newSem(e.Client(), "tok", 3), 1))
+		e.WaitQueued("tok", int64(i+1))
 	}
 	for _, l := range held {
 		e.Release(l)
 	}
 	for _, ch := range chans {
-		r := e.receive(ch)
-		if r.err != nil {
-			t.Fatal(r.err)
+		r := e.Receive(ch)
+		if r.Err != nil {
+			t.Fatal(r.Err)
 		}
-		check(r.lease)
-		e.Release(r.lease)
+		check(r.Lease)
+		e.Release(r.Lease)
 	}
 	// Idle long enough for every key to expire: tokens still increase.
 	b.Advance(t, time.Hour)
-	if ks := e.keys(); len(ks) != 0 {
+	if ks := e.Keys(); len(ks) != 0 {
 		t.Fatalf("keys after an idle hour: %v", ks)
 	}
 	l, err := s.Acquire(ctx, 2)
@@ -70,19 +72,19 @@ func TestTokensIncrease(t *testing.T) {
 // Semantics 8: the capacity is stored with the semaphore while in use.
 func TestCapacityMismatch(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		e := newEnv(t, b)
+		e := fltest.New(t, b)
 		ctx := context.Background()
-		l, err := e.sem(e.Client(), "cap", 4).Acquire(ctx, 1)
+		l, err := newSem(e.Client(), "cap", 4).Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = e.sem(e.Client(), "cap", 5).Acquire(ctx, 1)
+		_, err = newSem(e.Client(), "cap", 5).Acquire(ctx, 1)
 		fltest.IsErr(t, "Acquire with another capacity", err, fairlock.ErrCapacityMismatch)
-		_, err = e.sem(e.Client(), "cap", 5).TryAcquire(ctx, 1)
+		_, err = newSem(e.Client(), "cap", 5).TryAcquire(ctx, 1)
 		fltest.IsErr(t, "TryAcquire with another capacity", err, fairlock.ErrCapacityMismatch)
 		e.Release(l)
 		// Idle now: a new capacity is accepted.
-		l, err = e.sem(e.Client(), "cap", 5).Acquire(ctx, 5)
+		l, err = newSem(e.Client(), "cap", 5).Acquire(ctx, 5)
 		if err != nil {
 			t.Fatalf("Acquire on the idle semaphore with a new capacity: %v", err)
 		}
@@ -97,10 +99,12 @@ func TestCapacityMismatch(t *testing.T) {
 // queue, only the live ones remain.
 func TestGrantRecordsDoNotPile(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		e := newEnv(t, b)
+		e := fltest.New(t, b)
 		ctx := context.Background()
-		s := e.sem(e.Client(), "busy", 2)
-		other := e.sem(e.Client(), "busy", 2)
+		s := newSem(e.Client(), "busy", 2)
+		// A grant handed over is confirmed by its first renewal, at a
+		// third of the waiter TTL: a short one keeps the test short.
+		other := newSem(e.Client(fairlock.WithWaiterTTL(600*time.Millisecond)), "busy", 2)
 		pinned, err := s.Acquire(ctx, 1) // keeps the semaphore busy throughout
 		if err != nil {
 			t.Fatal(err)
@@ -110,15 +114,15 @@ func TestGrantRecordsDoNotPile(t *testing.T) {
 		// "x", which the scripts trim after a while).
 		records := func() int {
 			t.Helper()
-			kv, err := e.rdb.HGetAll(ctx, e.key("busy", "s")).Result()
+			kv, err := e.RDB.HGetAll(ctx, e.Key("busy", "s")).Result()
 			if err != nil {
 				t.Fatal(err)
 			}
 			n := 0
 			for k, v := range kv {
 				switch {
-				case k == "cap" || k == "used" || k == "nh" || k == "nq" || k == "seq" || k == "exp" || k == "tnext":
-				case v == "r" || v == "x":
+				case k == "cap" || k == "used" || k == "nh" || k == "nq" || k == "seq" || k == "exp" || k == "tnext" || k == "hmin" || k == "dmin":
+				case v == "r" || v == "x" || v == "q": // tombstones, queued tickets
 				default:
 					n++
 				}
@@ -136,14 +140,14 @@ func TestGrantRecordsDoNotPile(t *testing.T) {
 			}
 			// A grant handed over through the queue, confirmed, released.
 			ch := acquireAsync(ctx, other, 1)
-			e.waitQueued("busy", 1)
+			e.WaitQueued("busy", 1)
 			e.Release(l)
-			r := e.receive(ch)
-			if r.err != nil {
-				t.Fatal(r.err)
+			r := e.Receive(ch)
+			if r.Err != nil {
+				t.Fatal(r.Err)
 			}
 			e.WaitFor("the handed-over grant confirmed", func() bool { return records() == 1 })
-			e.Release(r.lease)
+			e.Release(r.Lease)
 		}
 		if n := records(); n != 1 {
 			t.Fatalf("%d grant records after 40 grants came and went, with one lease held", n)
@@ -168,15 +172,15 @@ func TestKeysShareSlotAndVanish(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		for _, name := range []string{"plain", "{acct}:17", "{a}b}", "x{"} {
-			e := newEnv(t, b)
-			s := e.sem(e.Client(), name, 2)
+			e := fltest.New(t, b)
+			s := newSem(e.Client(), name, 2)
 			held, err := s.Acquire(ctx, 2)
 			if err != nil {
 				t.Fatal(err)
 			}
-			ch := acquireAsync(ctx, e.sem(e.Client(), name, 2), 1)
+			ch := acquireAsync(ctx, newSem(e.Client(), name, 2), 1)
 			e.WaitFor("a waiter on "+name, func() bool {
-				for _, k := range e.keys() {
+				for _, k := range e.Keys() {
 					if strings.HasSuffix(k, ":q") {
 						return true
 					}
@@ -184,23 +188,23 @@ func TestKeysShareSlotAndVanish(t *testing.T) {
 				return false
 			})
 			tags := map[string]bool{}
-			for _, k := range e.keys() {
+			for _, k := range e.Keys() {
 				tags[hashTag(k)] = true
 			}
 			if len(tags) != 1 {
 				t.Fatalf("keys of %q hash as %v, want one tag", name, tags)
 			}
 			e.Release(held)
-			r := e.receive(ch)
-			if r.err != nil {
-				t.Fatal(r.err)
+			r := e.Receive(ch)
+			if r.Err != nil {
+				t.Fatal(r.Err)
 			}
-			e.Release(r.lease)
+			e.Release(r.Lease)
 			// Left: the state hash, for the token sequence and the
 			// tombstones of released leases, and the tombstones' index,
 			// for their lifetime (20 s); wake lists until their TTL.
-			for _, k := range e.keys() {
-				ttl, err := e.rdb.PTTL(ctx, k).Result()
+			for _, k := range e.Keys() {
+				ttl, err := e.RDB.PTTL(ctx, k).Result()
 				if err != nil || ttl <= 0 {
 					t.Fatalf("idle %q left key %s with TTL %v (%v)", name, k, ttl, err)
 				}
@@ -213,7 +217,7 @@ func TestKeysShareSlotAndVanish(t *testing.T) {
 			}
 			if b.Mini != nil {
 				b.Mini.FastForward(time.Hour)
-				if ks := e.keys(); len(ks) != 0 {
+				if ks := e.Keys(); len(ks) != 0 {
 					t.Fatalf("keys of %q once their TTLs ran out: %v", name, ks)
 				}
 			}
@@ -225,16 +229,16 @@ func TestKeysShareSlotAndVanish(t *testing.T) {
 func TestStatus(t *testing.T) {
 	b := redistest.Mini(t)
 	b.Freeze(t)
-	e := newEnv(t, b)
+	e := fltest.New(t, b)
 	ctx := context.Background()
 	alice := e.Client(fairlock.WithOwner("alice"), fairlock.WithLeaseTTL(time.Minute))
-	held, err := e.sem(alice, "st", 3).Acquire(ctx, 2)
+	held, err := newSem(alice, "st", 3).Acquire(ctx, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	bob := e.Client(fairlock.WithOwner("bob"), fairlock.WithWaiterTTL(time.Second))
-	ch := acquireAsync(ctx, e.sem(bob, "st", 3), 2)
-	e.waitQueued("st", 1)
+	ch := acquireAsync(ctx, newSem(bob, "st", 3), 2)
+	e.WaitQueued("st", 1)
 
 	st, err := alice.Status(ctx, "st")
 	if err != nil {
@@ -250,11 +254,11 @@ func TestStatus(t *testing.T) {
 		t.Fatalf("waiter = %+v, want bob waiting for 2", w)
 	}
 	// Bob's process shuts down; Close takes him out of the queue.
-	e.notYet(ch, "bob")
+	e.NotYet(ch, "bob")
 	if err := bob.Close(); err != nil {
 		t.Fatal(err)
 	}
-	e.receive(ch)
+	e.Receive(ch)
 	st, err = alice.Status(ctx, "st")
 	if err != nil || len(st.Waiters) != 0 {
 		t.Fatalf("Status after bob left = %+v, %v", st, err)
@@ -265,8 +269,35 @@ func TestStatus(t *testing.T) {
 	}
 	_, err = alice.Status(ctx, "")
 	fltest.IsErr(t, "Status of an empty name", err, fairlock.ErrInvalidName)
-	_, err = fairlock.New(e.rdb, fairlock.WithOwner("has space"))
+	_, err = fairlock.New(e.RDB, fairlock.WithOwner("has space"))
 	fltest.IsErr(t, "WithOwner with a space", err, fairlock.ErrInvalidArgument)
+}
+
+// Status reports a holder or waiter it cannot read with ErrRedis, rather
+// than leave it out of the snapshot.
+func TestStatusBadMember(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		c := e.Client()
+		l, err := newSem(c, "bad", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Release(l)
+		if _, err := c.Status(ctx, "bad"); err != nil {
+			t.Fatalf("Status before the bad member: %v", err)
+		}
+		far := float64(time.Now().Add(time.Hour).UnixMilli())
+		for _, m := range []string{"t1 many c1 5", "t2 1 c2", "t3 1 c3 token"} {
+			if err := e.RDB.ZAdd(ctx, e.Key("bad", "h"), redis.Z{Score: far, Member: m}).Err(); err != nil {
+				t.Fatal(err)
+			}
+			_, err := c.Status(ctx, "bad")
+			fltest.IsErr(t, fmt.Sprintf("Status with holder %q", m), err, fairlock.ErrRedis)
+			e.RDB.ZRem(ctx, e.Key("bad", "h"), m)
+		}
+	})
 }
 
 // Tombstones (what a resent call finds of a lease that ended) do not pile
@@ -275,20 +306,20 @@ func TestStatus(t *testing.T) {
 func TestTombstonesAreTrimmed(t *testing.T) {
 	b := redistest.Mini(t)
 	b.Freeze(t)
-	e := newEnv(t, b)
+	e := fltest.New(t, b)
 	ctx := context.Background()
-	s := e.sem(e.Client(fairlock.WithLeaseTTL(time.Hour)), "busy", 2)
+	s := newSem(e.Client(fairlock.WithLeaseTTL(time.Hour)), "busy", 2)
 	pinned, err := s.Acquire(ctx, 1) // keeps the semaphore busy throughout
 	if err != nil {
 		t.Fatal(err)
 	}
 	tombs := func() int64 {
 		t.Helper()
-		n, err := e.rdb.ZCard(ctx, e.key("busy", "t")).Result()
+		n, err := e.RDB.ZCard(ctx, e.Key("busy", "t")).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		kv, _ := e.rdb.HGetAll(ctx, e.key("busy", "s")).Result()
+		kv, _ := e.RDB.HGetAll(ctx, e.Key("busy", "s")).Result()
 		var fields int64
 		for _, v := range kv {
 			if v == "r" || v == "x" {

@@ -1,4 +1,4 @@
-package semaphore_test
+package fairlock_test
 
 import (
 	"context"
@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/scripthook"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -32,6 +34,12 @@ import (
 // once, and the short-TTL leases are taken once the burst of acquire
 // scripts has been served.
 func TestWaitingDoesNotStarveRenewals(t *testing.T) {
+	// Scripts as the library runs them, as when this test lived in
+	// semaphore/, without the half-run checker the package's TestMain
+	// sets: the rule tested is the listener's, and the checker's
+	// instrumented scripts only add to the load on Redis that the 300 ms
+	// leases' renewals must get through.
+	t.Cleanup(scripthook.Set(nil))
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		const (
 			held     = 3
@@ -41,7 +49,7 @@ func TestWaitingDoesNotStarveRenewals(t *testing.T) {
 		if b.Mini != nil {
 			waiting = 100
 		}
-		e := newEnv(t, b)
+		e := fltest.New(t, b)
 		ctx := context.Background()
 		name := func(i int) string { return fmt.Sprintf("busy%d", i) }
 
@@ -49,7 +57,7 @@ func TestWaitingDoesNotStarveRenewals(t *testing.T) {
 		start := time.Now()
 		blockers := make([]*fairlock.Lease, waiting)
 		for i := range blockers {
-			l, err := e.sem(other, name(i), 1).Acquire(ctx, 1)
+			l, err := newSem(other, name(i), 1).Acquire(ctx, 1)
 			if err != nil {
 				t.Fatalf("other process, %s: %v", name(i), err)
 			}
@@ -66,7 +74,7 @@ func TestWaitingDoesNotStarveRenewals(t *testing.T) {
 		var wg sync.WaitGroup
 		defer func() { cancel(); wg.Wait() }() // on failure, end the waits
 		for i := range waiting {
-			s := e.sem(c, name(i), 1)
+			s := newSem(c, name(i), 1)
 			wg.Go(func() {
 				l, err := s.Acquire(wctx, 1)
 				if err == nil {
@@ -79,7 +87,7 @@ func TestWaitingDoesNotStarveRenewals(t *testing.T) {
 		// miniredis a sort of all its keys each. A queue exists while it
 		// has a waiter.
 		queued := func() (int, error) {
-			ks, err := e.rdb.Keys(ctx, e.prefix+"{busy*}:q").Result()
+			ks, err := e.RDB.Keys(ctx, e.Prefix+"{busy*}:q").Result()
 			return len(ks), err
 		}
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
@@ -100,7 +108,7 @@ func TestWaitingDoesNotStarveRenewals(t *testing.T) {
 
 		leases := make([]*fairlock.Lease, held)
 		for i := range leases {
-			l, err := e.sem(c, fmt.Sprintf("mine%d", i), 1).Acquire(ctx, 1)
+			l, err := newSem(c, fmt.Sprintf("mine%d", i), 1).Acquire(ctx, 1)
 			if err != nil {
 				t.Fatalf("held lease %d, taken while %d waiters wait: %v", i, waiting, err)
 			}
@@ -147,7 +155,7 @@ func TestWaitingDoesNotStarveRenewals(t *testing.T) {
 	})
 }
 
-// blpops is a go-redis hook that counts BLPOPs: all, in flight, and timed
+// blpops is a go-redis hook that counts blocking reads (BLPOP, BLMPOP): all, in flight, and timed
 // out.
 type blpops struct {
 	seen, inFlight, timedOut atomic.Int64
@@ -159,7 +167,7 @@ func (h *blpops) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 }
 func (h *blpops) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() != "blpop" {
+		if cmd.Name() != "blpop" && cmd.Name() != "blmpop" {
 			return next(ctx, cmd)
 		}
 		h.seen.Add(1)
@@ -180,14 +188,14 @@ func (h *blpops) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // grant can arrive.
 func TestNewWaitJoinsBlockedRead(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		e := newEnv(t, b)
+		e := fltest.New(t, b)
 		ctx := context.Background()
 		holder := e.Client(fairlock.WithLeaseTTL(time.Hour))
-		la, err := e.sem(holder, "a", 1).Acquire(ctx, 1)
+		la, err := newSem(holder, "a", 1).Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		lb, err := e.sem(holder, "b", 1).Acquire(ctx, 1)
+		lb, err := newSem(holder, "b", 1).Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -195,28 +203,28 @@ func TestNewWaitJoinsBlockedRead(t *testing.T) {
 		rdb := b.Client(t)
 		redistest.AddHook(t, rdb, h)
 		c := e.ClientOn(rdb, fairlock.WithWaiterTTL(time.Hour))
-		wa := acquireAsync(ctx, e.sem(c, "a", 1), 1)
-		e.waitQueued("a", 1)
+		wa := acquireAsync(ctx, newSem(c, "a", 1), 1)
+		e.WaitQueued("a", 1)
 		e.WaitFor("a blocking read", func() bool { return h.inFlight.Load() > 0 })
 		before := h.timedOut.Load()
 
-		wb := acquireAsync(ctx, e.sem(c, "b", 1), 1)
-		e.waitQueued("b", 1)
+		wb := acquireAsync(ctx, newSem(c, "b", 1), 1)
+		e.WaitQueued("b", 1)
 		e.Release(lb)
-		r := e.receive(wb)
-		if r.err != nil {
-			t.Fatal(r.err)
+		r := e.Receive(wb)
+		if r.Err != nil {
+			t.Fatal(r.Err)
 		}
 		if n := h.timedOut.Load() - before; n != 0 {
 			t.Fatalf("the grant of b was heard after %d blocking reads timed out; a new wait must join the blocked read at once", n)
 		}
-		e.Release(r.lease)
+		e.Release(r.Lease)
 		e.Release(la)
-		r = e.receive(wa)
-		if r.err != nil {
-			t.Fatal(r.err)
+		r = e.Receive(wa)
+		if r.Err != nil {
+			t.Fatal(r.Err)
 		}
-		e.Release(r.lease)
+		e.Release(r.Lease)
 	})
 }
 
@@ -227,42 +235,40 @@ func TestNewWaitJoinsBlockedRead(t *testing.T) {
 func TestBlockingReadsOffTheCallersPool(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		const n = 100
-		e := newEnv(t, b)
+		e := fltest.New(t, b)
 		ctx := context.Background()
 		holder := e.Client(fairlock.WithLeaseTTL(time.Hour))
 		var held []*fairlock.Lease
 		for i := range n {
-			l, err := e.sem(holder, fmt.Sprintf("s%d", i), 1).Acquire(ctx, 1)
+			l, err := newSem(holder, fmt.Sprintf("s%d", i), 1).Acquire(ctx, 1)
 			if err != nil {
 				t.Fatal(err)
 			}
 			held = append(held, l)
 		}
-		caller, all := &blpops{}, newCounter()
+		caller, all := &blpops{}, fltest.NewCounter()
 		rdb := b.Client(t)
 		rdb.AddHook(caller)            // the caller's client only
 		redistest.AddHook(t, rdb, all) // and fairlock's blocking client
 		c := e.ClientOn(rdb)
-		var chs []<-chan result
+		var chs []<-chan fltest.Result
 		for i := range n {
-			chs = append(chs, acquireAsync(ctx, e.sem(c, fmt.Sprintf("s%d", i), 1), 1))
+			chs = append(chs, acquireAsync(ctx, newSem(c, fmt.Sprintf("s%d", i), 1), 1))
 		}
 		for i := range n {
-			e.waitQueued(fmt.Sprintf("s%d", i), 1)
+			e.WaitQueued(fmt.Sprintf("s%d", i), 1)
 		}
 		for _, l := range held {
 			e.Release(l)
 		}
 		for _, ch := range chs {
-			r := e.receive(ch)
-			if r.err != nil {
-				t.Fatal(r.err)
+			r := e.Receive(ch)
+			if r.Err != nil {
+				t.Fatal(r.Err)
 			}
-			e.Release(r.lease)
+			e.Release(r.Lease)
 		}
-		all.mu.Lock()
-		peak, total := all.peak, all.byName["blpop"]
-		all.mu.Unlock()
+		peak, total := all.Peak(), all.Get("blpop")
 		t.Logf("%s: %d BLPOPs for %d waiters, at most %d at once", b.Name, total, n, peak)
 		if got := caller.seen.Load(); got != 0 {
 			t.Fatalf("%d BLPOPs ran on the caller's client", got)
@@ -295,7 +301,7 @@ func TestRingWaitersHearGrants(t *testing.T) {
 	ctx := context.Background()
 	holder, waiter := newClient(fairlock.WithLeaseTTL(time.Hour)), newClient(fairlock.WithWaiterTTL(time.Hour))
 	var held []*fairlock.Lease
-	var chs []<-chan result
+	var chs []<-chan fltest.Result
 	for i := range n {
 		req := fairlock.Request{Name: fmt.Sprintf("r%d", i), Capacity: 1, Permits: 1}
 		l, err := holder.Acquire(ctx, req)
@@ -303,31 +309,10 @@ func TestRingWaitersHearGrants(t *testing.T) {
 			t.Fatal(err)
 		}
 		held = append(held, l)
-		ch := make(chan result, 1)
-		go func() {
-			l, err := waiter.Acquire(ctx, req)
-			ch <- result{l, err}
-		}()
-		chs = append(chs, ch)
+		chs = append(chs, fltest.Async(func() (*fairlock.Lease, error) { return waiter.Acquire(ctx, req) }))
 	}
 	for i := range n {
-		name := fmt.Sprintf("r%d", i)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			st, err := holder.Status(ctx, name)
-			if err == nil && len(st.Waiters) == 1 {
-				break
-			}
-			if time.Now().After(deadline) {
-				select {
-				case r := <-chs[i]:
-					t.Fatalf("%s: waiter returned: lease=%v err=%v", name, r.lease != nil, r.err)
-				default:
-				}
-				t.Fatalf("%s: waiters %v (%v), want 1", name, st.Waiters, err)
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
+		fltest.WaitWaiters(t, holder, fmt.Sprintf("r%d", i), 1)
 	}
 	if len(a.Mini.Keys()) == 0 || len(b.Mini.Keys()) == 0 {
 		t.Fatalf("keys on shard a: %d, on shard b: %d; want both used", len(a.Mini.Keys()), len(b.Mini.Keys()))
@@ -340,14 +325,121 @@ func TestRingWaitersHearGrants(t *testing.T) {
 	for i, ch := range chs {
 		select {
 		case r := <-ch:
-			if r.err != nil {
-				t.Fatalf("r%d: %v", i, r.err)
+			if r.Err != nil {
+				t.Fatalf("r%d: %v", i, r.Err)
 			}
-			if err := r.lease.Release(ctx); err != nil {
+			if err := r.Lease.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("r%d: not granted within 10s; the waiter's refresh is an hour away", i)
 		}
 	}
+}
+
+// Semantics 2: a release hands the permits to the waiter through its wake
+// list. The waiter's liveness refresh is an hour away and Redis's clock is
+// frozen, so nothing but the wake-up can deliver the grant.
+func TestHandoffWithoutPolling(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		if b.Mini != nil {
+			b.Freeze(t)
+		}
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		s := newSem(e.Client(), "h", 1)
+		held, err := s.Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cnt := fltest.NewCounter()
+		wrdb := b.Client(t)
+		redistest.AddHook(t, wrdb, cnt)
+		waiter := newSem(e.ClientOn(wrdb, fairlock.WithWaiterTTL(time.Hour)), "h", 1)
+		ch := acquireAsync(ctx, waiter, 1)
+		e.WaitQueued("h", 1)
+		e.Release(held)
+		r := e.Receive(ch)
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		if got := cnt.Get("script:refresh"); got != 0 {
+			t.Fatalf("waiter ran %d refreshes; the grant must come by wake-up alone", got)
+		}
+		e.Release(r.Lease)
+	})
+}
+
+// Semantics 2: waiting costs Redis a few commands per liveness period per
+// process, not a stream of retries.
+func TestWaitingIsCheap(t *testing.T) {
+	b := redistest.RealBackend(t)
+	e := fltest.New(t, b)
+	ctx := context.Background()
+	held, err := newSem(e.Client(), "cheap", 1).Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cnt := fltest.NewCounter()
+	wrdb := b.Client(t)
+	redistest.AddHook(t, wrdb, cnt)
+	const waiterTTL = 150 * time.Millisecond
+	c := e.ClientOn(wrdb, fairlock.WithWaiterTTL(waiterTTL))
+	const waiters = 20
+	ctxw, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for range waiters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = newSem(c, "cheap", 1).Acquire(ctxw, 1)
+		}()
+	}
+	e.WaitQueued("cheap", waiters)
+	before := cnt.Total()
+	const periods = 10
+	time.Sleep(periods * waiterTTL)
+	used := cnt.Total() - before
+	cancel()
+	wg.Wait()
+	e.Release(held)
+	// Refreshes run every third of the TTL; BLPOP cycles every second.
+	if limit := 4 * periods; used > limit {
+		t.Fatalf("%d waiters sent %d commands in %d liveness periods, want <= %d", waiters, used, periods, limit)
+	}
+	if used == 0 {
+		t.Fatalf("waiters sent no command in %d liveness periods; they must refresh", periods)
+	}
+}
+
+// Semantics 3: a process's waiters on one semaphore share one blocking
+// connection, so many waiters fit in a small pool.
+func TestOneBlockingConnection(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		cnt := fltest.NewCounter()
+		rdb := b.Client(t, func(o *redis.Options) { o.PoolSize = 4 })
+		redistest.AddHook(t, rdb, cnt)
+		s := newSem(e.ClientOn(rdb), "pool", 2)
+		const n = 200
+		errs := make(chan error, n)
+		for range n {
+			go func() {
+				l, err := s.Acquire(ctx, 1)
+				if err == nil {
+					err = l.Release(ctx)
+				}
+				errs <- err
+			}()
+		}
+		for range n {
+			if err := <-errs; err != nil {
+				t.Fatalf("waiter: %v", err)
+			}
+		}
+		if peak := cnt.Peak(); peak > 1 {
+			t.Fatalf("%d BLPOPs in flight at once, want at most 1", peak)
+		}
+	})
 }

@@ -1,0 +1,116 @@
+package election
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/fairlock/fairlock"
+)
+
+// Leadership is one candidate's term as leader, from the Campaign that won
+// it until it is resigned or lost. Its methods are safe for concurrent use.
+type Leadership struct {
+	e     *Election
+	lease *fairlock.Lease
+	value string
+
+	// The record's TTL is renewed on a timer, at a third of it, so no
+	// goroutine exists between renewals (as the engine renews leases).
+	mu       sync.Mutex
+	timer    *time.Timer // guarded by mu
+	stopped  bool        // guarded by mu
+	renewing sync.WaitGroup
+}
+
+func newLeadership(e *Election, lease *fairlock.Lease, value string) *Leadership {
+	l := &Leadership{e: e, lease: lease, value: value}
+	l.mu.Lock()
+	l.timer = time.AfterFunc(e.ttl/3, l.renew)
+	l.mu.Unlock()
+	return l
+}
+
+// Term returns the leadership's fencing token: the lease's token, strictly
+// increasing over the election's leaders. A deposed leader's term is lower
+// than its successor's.
+func (l *Leadership) Term() int64 { return l.lease.Token() }
+
+// Value returns the value the leader campaigned with.
+func (l *Leadership) Value() string { return l.value }
+
+// Done returns a channel that is closed when leadership ends: resigned,
+// its lease lost (expired, say after a pause past the lease TTL, or not
+// renewed because Redis was unreachable), or its client closed. A leader
+// must stop acting as one when it closes; a successor may lead already.
+func (l *Leadership) Done() <-chan struct{} { return l.lease.Done() }
+
+// Err returns nil while leading, and afterwards why leadership ended, as
+// [fairlock.Lease.Err] says: [fairlock.ErrNotHeld] once resigned, an error
+// matching [fairlock.ErrLeaseLost] if it was lost, [fairlock.ErrClosed] if
+// the client was closed.
+func (l *Leadership) Err() error { return l.lease.Err() }
+
+// Lease returns the lease on the election's mutex that this leadership is.
+func (l *Leadership) Lease() *fairlock.Lease { return l.lease }
+
+// Resign ends the leadership: it releases the election's mutex, which
+// grants it to the next candidate in the same script, and then deletes the
+// leader record (unless a successor has already replaced it) and publishes
+// that the leader resigned. Done closes before Resign returns.
+//
+// Resign returns what [fairlock.Lease.Release] returns: an error matching
+// [fairlock.ErrLeaseLost] if leadership had already been lost, and
+// [fairlock.ErrNotHeld] if it was resigned before. When ctx ends first it
+// returns an error matching ctx.Err() and the release goes on in the
+// background. Deleting the record is best effort: if it fails, Leader
+// still reports no leader (the lease has ended), and observers learn of
+// the change from the successor, if any, when it takes office.
+func (l *Leadership) Resign(ctx context.Context) error {
+	l.stop()
+	err := l.lease.Release(ctx)
+	if ctx.Err() == nil {
+		_ = recordScript.Run(ctx, l.e.rdb, []string{l.e.record}, "clear", l.Term(), "", 0, l.e.channel).Err()
+	}
+	return err
+}
+
+// stop stops the record's renewal and waits for one in flight.
+func (l *Leadership) stop() {
+	l.mu.Lock()
+	l.stopped = true
+	l.timer.Stop()
+	l.mu.Unlock()
+	l.renewing.Wait()
+}
+
+// renew renews the leader record's TTL (writing it again if it expired),
+// while the lease lasts. A failure is retried at the next period: the
+// lease, not the record, is what leadership is, and Leader checks it.
+func (l *Leadership) renew() {
+	l.mu.Lock()
+	if l.stopped {
+		l.mu.Unlock()
+		return
+	}
+	select {
+	case <-l.lease.Done():
+		l.stopped = true
+		l.mu.Unlock()
+		return
+	default:
+	}
+	l.renewing.Add(1)
+	l.mu.Unlock()
+	defer l.renewing.Done()
+
+	ctx, cancel := context.WithTimeout(context.Background(), l.e.ttl/3)
+	_, _ = l.e.set(ctx, l.Term(), l.value)
+	cancel()
+
+	l.mu.Lock()
+	if !l.stopped {
+		l.timer.Reset(l.e.ttl / 3)
+	}
+	l.mu.Unlock()
+}

@@ -1,0 +1,163 @@
+package election
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// healthEvery is how long an observer's subscription may stay silent
+// before it PINGs its connection, so that a connection that died without a
+// word is found and replaced. It checks the connection, not the leader.
+const healthEvery = 30 * time.Second
+
+// Observe returns a channel that delivers every change of leader until ctx
+// ends, and is then closed. It first delivers the current leader, if any.
+// Each later change arrives as Redis pushes it, without polling: an Info
+// for each new leader (in increasing term order) and the zero Info when
+// nobody leads: a leader resigned, and its successor, if any, has not yet
+// taken office (it may follow a moment later). The channel is
+// unbuffered; a slow reader delays later changes, and when Redis drops a
+// subscriber that fell too far behind, the observer resubscribes and
+// resynchronises as below.
+//
+// Mechanism: Observe subscribes to the election's pub/sub channel, where
+// a new leader's Campaign and a Resign publish in the same script that
+// changes the record. After every subscription and resubscription (go-redis
+// reconnects and subscribes again after a lost connection) it reads the
+// leader with [Election.Leader] and delivers it if it changed, so an
+// observer that was disconnected, or that subscribed after a change, still
+// delivers the latest leader; the changes it missed in between are not
+// replayed. While Redis cannot be reached it retries, backing off up to a
+// second. A silent connection is PINGed every 30 s.
+//
+// A leader that crashes, or is paused past its lease, with nobody queued
+// to succeed it publishes nothing, and nobody else does: Observe reports
+// no change until the next candidate takes office (or the observer
+// resubscribes), while [Election.Leader] returns [ErrNoLeader] as soon as
+// the lease has expired. With candidates queued, the next one takes
+// office when the lease expires and publishes it.
+//
+// Observe starts one goroutine and one pub/sub connection, both ended
+// when ctx ends.
+func (e *Election) Observe(ctx context.Context) <-chan Info {
+	ch := make(chan Info)
+	ps := e.sub.Subscribe(ctx, e.channel)
+	stop := context.AfterFunc(ctx, func() { _ = ps.Close() }) // ends a blocked Receive
+	go func() {
+		defer close(ch)
+		defer stop()
+		defer ps.Close()
+		o := observer{e: e, ch: ch}
+		o.run(ctx, ps)
+	}()
+	return ch
+}
+
+// observer is the state of one Observe goroutine.
+type observer struct {
+	e      *Election
+	ch     chan<- Info
+	last   int64 // the term last delivered; 0: none, or no leader
+	newest int64 // the highest term delivered
+}
+
+func (o *observer) run(ctx context.Context, ps *redis.PubSub) {
+	retry := time.NewTimer(0)
+	<-retry.C
+	backoff := 50 * time.Millisecond
+	wait := func() bool {
+		retry.Reset(backoff)
+		backoff = min(2*backoff, time.Second)
+		select {
+		case <-ctx.Done():
+			retry.Stop()
+			return false
+		case <-retry.C:
+			return true
+		}
+	}
+	resync := false
+	for ctx.Err() == nil {
+		if resync {
+			info, err := o.e.Leader(ctx)
+			switch {
+			case errors.Is(err, ErrNoLeader):
+				info, err = Info{}, nil
+			case err != nil:
+				if !wait() {
+					return
+				}
+				continue
+			}
+			resync = false
+			if !o.deliver(ctx, info) {
+				return
+			}
+		}
+		msg, err := ps.ReceiveTimeout(ctx, healthEvery)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				_ = ps.Ping(ctx) // a dead connection fails here or at the next read
+				continue
+			}
+			// go-redis dials and subscribes again on the next Receive.
+			if !wait() {
+				return
+			}
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind == "subscribe" {
+				resync = true
+			}
+		case *redis.Message:
+			info, ok := parse(m.Payload)
+			if !ok || info.Term == 0 {
+				// A resignation: whether a successor took office at once
+				// is in the record.
+				resync = true
+				continue
+			}
+			if !o.deliver(ctx, info) {
+				return
+			}
+		}
+	}
+}
+
+// deliver sends info unless it is no change, or a leader older than one
+// already delivered. It reports false when ctx ended first.
+func (o *observer) deliver(ctx context.Context, info Info) bool {
+	if info.Term == o.last || (info.Term != 0 && info.Term < o.newest) {
+		return true
+	}
+	select {
+	case o.ch <- info:
+	case <-ctx.Done():
+		return false
+	}
+	o.last, o.newest = info.Term, max(o.newest, info.Term)
+	return true
+}
+
+// parse reads a change published by record.lua: "term value", or "0".
+func parse(payload string) (Info, bool) {
+	t, v, _ := strings.Cut(payload, " ")
+	term, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || term < 0 {
+		return Info{}, false
+	}
+	return Info{Value: v, Term: term}, true
+}

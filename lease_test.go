@@ -1,0 +1,412 @@
+package fairlock_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/fltest"
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// Semantics 4: a held lease is renewed past its TTL.
+func TestLeaseRenewedWhileHeld(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		const ttl = 150 * time.Millisecond
+		l, err := newSem(e.Client(fairlock.WithLeaseTTL(ttl)), "renew", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * ttl)
+		if _, err := newSem(e.Client(), "renew", 1).TryAcquire(ctx, 1); !errors.Is(err, fairlock.ErrNotAcquired) {
+			t.Fatalf("TryAcquire while renewed = %v, want ErrNotAcquired", err)
+		}
+		if err := l.Err(); err != nil {
+			t.Fatalf("Err() of a held lease = %v", err)
+		}
+		e.Release(l)
+		fltest.IsErr(t, "Err() after Release", l.Err(), fairlock.ErrNotHeld)
+	})
+}
+
+// Semantics 4: a lease that expired by Redis's clock is reported lost by
+// Done, Err and Release, and renewal never brings it back.
+func TestLeaseExpiredIsLost(t *testing.T) {
+	b := redistest.Mini(t)
+	b.Freeze(t)
+	e := fltest.New(t, b)
+	ctx := context.Background()
+	const ttl = 300 * time.Millisecond
+	a := newSem(e.Client(fairlock.WithLeaseTTL(ttl)), "lost", 1)
+	l, err := a.Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Advance(t, ttl) // expiry <= now: gone
+	e.WaitDone(l)
+	fltest.IsErr(t, "Err() after expiry", l.Err(), fairlock.ErrLeaseLost)
+	// Nobody holds it now, and the old holder's renewals did not revive it.
+	next, err := newSem(e.Client(), "lost", 1).TryAcquire(ctx, 1)
+	if err != nil {
+		t.Fatalf("TryAcquire after expiry: %v", err)
+	}
+	if next.Token() <= l.Token() {
+		t.Fatalf("token after takeover %d <= lost holder's %d", next.Token(), l.Token())
+	}
+	fltest.IsErr(t, "Release of an expired lease", l.Release(ctx), fairlock.ErrLeaseLost)
+	fltest.IsErr(t, "second Release", l.Release(ctx), fairlock.ErrNotHeld)
+	e.Release(next)
+}
+
+// Semantics 4: renewal stops before Release returns.
+func TestNoRenewalAfterRelease(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		cnt := fltest.NewCounter()
+		rdb := b.Client(t)
+		redistest.AddHook(t, rdb, cnt)
+		const ttl = 30 * time.Millisecond
+		l, err := newSem(e.ClientOn(rdb, fairlock.WithLeaseTTL(ttl)), "stop", 1).Acquire(context.Background(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.WaitFor("two renewals", func() bool { return cnt.Get("script:renew") >= 2 })
+		e.Release(l)
+		after := cnt.Get("script:renew")
+		time.Sleep(5 * ttl)
+		if got := cnt.Get("script:renew"); got != after {
+			t.Fatalf("%d renewals after Release returned", got-after)
+		}
+	})
+}
+
+// Semantics 5: a crashed holder's permits pass to the next waiter when its
+// lease expires, with nobody releasing and the waiter not polling (its
+// liveness refresh is an hour away).
+func TestHolderCrash(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		const ttl = 200 * time.Millisecond
+		holder, f := e.FaultyClient(fairlock.WithLeaseTTL(ttl))
+		l, err := newSem(holder, "crash", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch := acquireAsync(ctx, newSem(e.Client(fairlock.WithWaiterTTL(time.Hour)), "crash", 1), 1)
+		e.WaitQueued("crash", 1)
+		f.Down.Store(true) // the holder's process dies
+		r := e.Receive(ch)
+		if r.Err != nil {
+			t.Fatalf("waiter after holder crash: %v", r.Err)
+		}
+		if r.Lease.Token() <= l.Token() {
+			t.Fatalf("new token %d <= crashed holder's %d", r.Lease.Token(), l.Token())
+		}
+		e.Release(r.Lease)
+	})
+}
+
+// Semantics 6: a waiter whose context ends leaves the queue at once.
+func TestCancelLeavesQueue(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		held, err := newSem(e.Client(), "cancel", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := newSem(e.Client(), "cancel", 1)
+		cctx, cancel := context.WithCancel(ctx)
+		ch := acquireAsync(cctx, s, 1)
+		e.WaitQueued("cancel", 1)
+		cancel()
+		r := e.Receive(ch)
+		fltest.IsErr(t, "Acquire after cancel", r.Err, context.Canceled)
+		if n, _ := e.RDB.ZCard(ctx, e.Key("cancel", "q")).Result(); n != 0 {
+			t.Fatalf("queue length after cancel = %d, want 0", n)
+		}
+		dctx, dcancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer dcancel()
+		_, err = s.Acquire(dctx, 1)
+		fltest.IsErr(t, "Acquire past its deadline", err, context.DeadlineExceeded)
+		if n, _ := e.RDB.ZCard(ctx, e.Key("cancel", "q")).Result(); n != 0 {
+			t.Fatalf("queue length after deadline = %d, want 0", n)
+		}
+		// A done context fails even where permits are free.
+		e.Release(held)
+		_, err = s.Acquire(cctx, 1)
+		fltest.IsErr(t, "Acquire with a done context", err, context.Canceled)
+	})
+}
+
+// Semantics 6: a grant that races a cancellation is handed to the next
+// waiter. The first waiter's process is held before it reads its wake-up,
+// so the grant lands while it still waits; then its context ends.
+func TestCancelRacingGrantHandsOn(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		held, err := newSem(e.Client(), "race", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Hour-long TTLs: only the hand-on can free a grant it never hears of.
+		c1, f := e.FaultyClient(fairlock.WithWaiterTTL(time.Hour), fairlock.WithLeaseTTL(time.Hour))
+		undo := f.Deafen(t)
+		cctx, cancel := context.WithCancel(ctx)
+		first := acquireAsync(cctx, newSem(c1, "race", 1), 1)
+		e.WaitQueued("race", 1)
+		second := acquireAsync(ctx, newSem(e.Client(), "race", 1), 1)
+		e.WaitQueued("race", 2)
+		e.Release(held)
+		e.WaitQueued("race", 1) // granted to the first, which has not heard
+		cancel()
+		r1 := e.Receive(first)
+		fltest.IsErr(t, "cancelled Acquire", r1.Err, context.Canceled)
+		r2 := e.Receive(second)
+		if r2.Err != nil {
+			t.Fatalf("second waiter: %v", r2.Err)
+		}
+		undo()
+		e.Release(r2.Lease)
+	})
+}
+
+// Semantics 6: waiters whose process died are dropped after one waiter
+// TTL, all at once: survivors wait one TTL, not one per dead waiter, even
+// when the grant reaches a dead waiter first. Redis's clock is frozen and
+// moved exactly one waiter TTL, so a per-waiter delay could not pass.
+func TestDeadWaitersCostOneTTL(t *testing.T) {
+	b := redistest.Mini(t)
+	b.Freeze(t)
+	e := fltest.New(t, b)
+	ctx := context.Background()
+	held, err := newSem(e.Client(), "dead", 1).Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wttl = 500 * time.Millisecond
+	const dead = 5
+	var cut []*redistest.Faults
+	for i := range dead {
+		c, f := e.FaultyClient(fairlock.WithWaiterTTL(wttl), fairlock.WithLeaseTTL(time.Hour))
+		cut = append(cut, f)
+		_ = acquireAsync(ctx, newSem(c, "dead", 1), 1)
+		e.WaitQueued("dead", int64(i+1))
+	}
+	live := acquireAsync(ctx, newSem(e.Client(fairlock.WithWaiterTTL(time.Hour)), "dead", 1), 1)
+	e.WaitQueued("dead", dead+1)
+	for _, f := range cut {
+		f.Down.Store(true)
+	}
+	e.Release(held) // hands the permit to the first dead waiter
+	e.NotYet(live, "the live waiter, behind dead ones")
+	b.Advance(t, wttl)
+	r := e.Receive(live)
+	if r.Err != nil {
+		t.Fatalf("live waiter: %v", r.Err)
+	}
+	e.Release(r.Lease)
+}
+
+// Semantics 6: a dead process's announced grant expires after one waiter
+// TTL, with real time and no clock moves.
+func TestGrantToDeadWaiterExpires(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		held, err := newSem(e.Client(), "gd", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, f := e.FaultyClient(fairlock.WithWaiterTTL(200*time.Millisecond), fairlock.WithLeaseTTL(time.Hour))
+		_ = acquireAsync(ctx, newSem(c, "gd", 1), 1)
+		e.WaitQueued("gd", 1)
+		live := acquireAsync(ctx, newSem(e.Client(fairlock.WithWaiterTTL(time.Hour)), "gd", 1), 1)
+		e.WaitQueued("gd", 2)
+		f.Down.Store(true)
+		e.Release(held)
+		r := e.Receive(live)
+		if r.Err != nil {
+			t.Fatalf("live waiter: %v", r.Err)
+		}
+		e.Release(r.Lease)
+	})
+}
+
+// slowAcquire is a go-redis hook that holds "acquire" scripts back while
+// armed, so that other commands of the same client overtake them.
+type slowAcquire struct{ delay atomic.Int64 }
+
+func (s *slowAcquire) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (s *slowAcquire) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (s *slowAcquire) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if d := s.delay.Load(); d > 0 && slices.Contains(cmd.Args(), any("acquire")) {
+			time.Sleep(time.Duration(d))
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// Regression: a liveness refresh that reached Redis before a waiter's own
+// acquire script reported the new ticket gone. The waiter then queued again
+// under another ticket, behind its own ghost, which could later be granted
+// and hold the permits for a waiter TTL while nobody used them.
+func TestRefreshIgnoresTicketsNotYetQueued(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		held, err := newSem(e.Client(), "ghost", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cnt, slow := fltest.NewCounter(), &slowAcquire{}
+		rdb := b.Client(t)
+		redistest.AddHook(t, rdb, cnt)
+		redistest.AddHook(t, rdb, slow)
+		const wttl = 150 * time.Millisecond // refreshes every 50ms
+		s := newSem(e.ClientOn(rdb, fairlock.WithWaiterTTL(wttl)), "ghost", 1)
+		first := acquireAsync(ctx, s, 1)
+		e.WaitQueued("ghost", 1) // the room now refreshes on its own
+		slow.delay.Store(int64(wttl))
+		second := acquireAsync(ctx, s, 1)
+		e.WaitQueued("ghost", 2)
+		slow.delay.Store(0)
+		time.Sleep(wttl) // room for more refreshes, and for a re-queue
+		if got := cnt.Get("script:acquire"); got != 2 {
+			t.Fatalf("two waiters ran %d acquire scripts: one was queued again", got)
+		}
+		if n, _ := e.RDB.ZCard(ctx, e.Key("ghost", "q")).Result(); n != 2 {
+			t.Fatalf("queue length %d, want 2", n)
+		}
+		e.Release(held)
+		for _, ch := range []<-chan fltest.Result{first, second} {
+			r := e.Receive(ch)
+			if r.Err != nil {
+				t.Fatal(r.Err)
+			}
+			e.Release(r.Lease)
+		}
+	})
+}
+
+// slowRenewals is a go-redis hook that holds every batched renewal script
+// for a while, so that renewals falling due meanwhile queue behind it.
+type slowRenewals struct {
+	scripts, leases atomic.Int64
+	hold            time.Duration
+}
+
+func (h *slowRenewals) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *slowRenewals) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *slowRenewals) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		for _, a := range cmd.Args() {
+			if a == "renew_batch" {
+				h.scripts.Add(1)
+				h.leases.Add(int64((len(cmd.Args()) - 6 - 2) / 5)) // evalsha sha 5 keys; op client; 5 per lease
+				time.Sleep(h.hold)
+				break
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// Cost: the renewals of one process's leases on one semaphore that fall
+// due while a renewal script is in flight go together in the next one, so
+// a burst of leases (thousands granted by one release) does not cost a
+// script each, and every lease stays held.
+func TestRenewalsGoInBatches(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		const n, ttl = 60, 600 * time.Millisecond
+		h := &slowRenewals{hold: 40 * time.Millisecond}
+		rdb := b.Client(t)
+		rdb.AddHook(h)
+		s := newSem(e.ClientOn(rdb, fairlock.WithLeaseTTL(ttl)), "batch", n)
+		ls := make([]*fairlock.Lease, n)
+		for i := range ls {
+			l, err := s.Acquire(ctx, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ls[i] = l
+		}
+		time.Sleep(2 * ttl) // every lease renews at least three times
+		for i, l := range ls {
+			if err := l.Err(); err != nil {
+				t.Fatalf("lease %d ended: %v", i, err)
+			}
+		}
+		scripts, leases := h.scripts.Load(), h.leases.Load()
+		t.Logf("%s: %d renewals of %d leases in %d scripts", b.Name, leases, n, scripts)
+		if leases < 2*n || scripts*4 > leases {
+			t.Fatalf("%d renewals in %d scripts: want at least %d renewals, four or more per script", leases, scripts, 2*n)
+		}
+		for _, l := range ls {
+			e.Release(l)
+		}
+	})
+}
+
+// Cost rule: a semaphore's state keeps a bound on its earliest waiter
+// deadline, and scripts skip looking for dead waiters until it passes. A
+// waiter with a shorter TTL than those queued before it lowers the bound,
+// so when it dies it is dropped at its own deadline, not at theirs: the
+// live waiter behind it is granted at once when the permits come free.
+func TestShortLivedDeadWaiterDroppedOnTime(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		const short = 1500 * time.Millisecond
+		long := fairlock.WithWaiterTTL(time.Hour)
+		holder, err := newSem(e.Client(), "short", 2).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Wants both permits: waits, and heads the queue (long TTL).
+		first := acquireAsync(ctx, newSem(e.Client(long), "short", 2), 2)
+		e.WaitQueued("short", 1)
+		// Short TTL, both permits; its process dies while it waits.
+		dying, f := e.FaultyClient(fairlock.WithWaiterTTL(short))
+		_ = acquireAsync(ctx, newSem(dying, "short", 2), 2)
+		e.WaitQueued("short", 2)
+		last := acquireAsync(ctx, newSem(e.Client(long), "short", 2), 1)
+		e.WaitQueued("short", 3)
+		f.Down.Store(true)
+		time.Sleep(short + 200*time.Millisecond)
+
+		e.Release(holder)
+		r := e.Receive(first)
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		e.Release(r.Lease)
+		// The dead waiter is gone: the permits go to the last waiter now,
+		// not after the dead one's grant would have expired.
+		select {
+		case r := <-last:
+			if r.Err != nil {
+				t.Fatal(r.Err)
+			}
+			e.Release(r.Lease)
+		case <-time.After(short / 2):
+			t.Fatalf("the live waiter behind a waiter dead for %v was not granted within %v of the release", 200*time.Millisecond, short/2)
+		}
+	})
+}

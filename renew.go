@@ -1,0 +1,157 @@
+package fairlock
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Renewals of one client's leases on one semaphore go out together: while
+// one renewal script is in flight, the leases that fall due meanwhile wait
+// for it and go in the next one, up to renewBatchMax per script. A lone
+// lease costs one script, as it would alone; a burst (the thousands of
+// grants one release can hand out, whose first renewals fall due
+// together) costs one script per renewBatchMax leases. Leases over several
+// semaphores, and every lease under WithReplicaAck, renew one by one.
+
+// renewBatchMax is the most leases one renewal script renews.
+const renewBatchMax = 128
+
+// renewReq is one lease's renewal waiting for, or riding on, a batch.
+type renewReq struct {
+	l        *Lease
+	pending  bool      // the lease's grant was announced, not yet confirmed
+	deadline time.Time // the lease's: the batch must answer before it
+	done     chan renewResult
+	taken    bool // guarded by c.mu: in a batch being sent
+}
+
+type renewResult struct {
+	n   int64 // 1 renewed, 0 the lease was gone
+	err error
+}
+
+// renewQueue holds the renewals waiting for one semaphore's next batch.
+type renewQueue struct {
+	k    keys
+	reqs []*renewReq
+}
+
+// batchable reports whether l renews in batches.
+func (l *Lease) batchable() bool { return len(l.p.parts) == 1 && l.c.cfg.ackReplicas == 0 }
+
+// renewBatched renews l in the next batch of its semaphore and returns the
+// script's answer for it. It returns by ctx's end: a renewal not yet sent
+// is then withdrawn; one on its way is waited for a grace, as call does.
+func (c *Client) renewBatched(ctx context.Context, l *Lease, pending bool) (int64, error) {
+	deadline, _ := ctx.Deadline()
+	req := &renewReq{l: l, pending: pending, deadline: deadline, done: make(chan renewResult, 1)}
+	k := l.p.parts[0].k
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return 0, ErrClosed
+	}
+	q := c.renewals[k.base]
+	start := q == nil
+	if start {
+		q = &renewQueue{k: k}
+		c.renewals[k.base] = q
+	}
+	q.reqs = append(q.reqs, req)
+	c.mu.Unlock()
+	if start {
+		c.spawn(func() { c.sendRenewals(q) })
+	}
+	select {
+	case r := <-req.done:
+		return r.n, r.err
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	if !req.taken {
+		q.reqs = slices.DeleteFunc(q.reqs, func(x *renewReq) bool { return x == req })
+		c.mu.Unlock()
+		return 0, ctx.Err()
+	}
+	c.mu.Unlock()
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case r := <-req.done:
+		return r.n, r.err
+	case <-t.C:
+		return 0, ctx.Err()
+	}
+}
+
+// sendRenewals sends q's renewals in batches until none is left.
+func (c *Client) sendRenewals(q *renewQueue) {
+	for {
+		c.mu.Lock()
+		n := min(len(q.reqs), renewBatchMax)
+		if n == 0 {
+			delete(c.renewals, q.k.base)
+			c.mu.Unlock()
+			return
+		}
+		batch := q.reqs[:n:n]
+		q.reqs = slices.Clone(q.reqs[n:])
+		var deadline time.Time
+		for _, r := range batch {
+			r.taken = true
+			if !r.deadline.IsZero() && (deadline.IsZero() || r.deadline.Before(deadline)) {
+				deadline = r.deadline
+			}
+		}
+		c.mu.Unlock()
+
+		args := make([]any, 0, 2+5*len(batch))
+		args = append(args, "renew_batch", c.id)
+		for _, r := range batch {
+			args = append(args, r.l.ticket, r.l.p.parts[0].req.Permits, r.l.tokens[0], boolArg(r.pending), ms(c.cfg.leaseTTL))
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(c.cfg.leaseTTL)
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		o, _ := c.call(ctx, c.runner(c.scripts.acquire, q.k.list(), args), nil)
+		cancel()
+		results, err := c.renewedBatch(batch[0].l.p, o, len(batch))
+		for i, r := range batch {
+			if err != nil {
+				r.done <- renewResult{err: err}
+			} else {
+				r.done <- renewResult{n: results[i]}
+			}
+		}
+	}
+}
+
+// renewedBatch reads a renew_batch reply {{result...}, more}, handing on
+// work the script left.
+func (c *Client) renewedBatch(p plan, o outcome, n int) ([]int64, error) {
+	res, err := o.cmd.Slice()
+	if err != nil {
+		return nil, err
+	}
+	more, err := reply(res).int(1)
+	if err != nil {
+		return nil, err
+	}
+	list, _ := res[0].([]any)
+	if len(list) != n {
+		return nil, fmt.Errorf("%w: renewal reply %v for %d leases", ErrRedis, res, n)
+	}
+	out := make([]int64, n)
+	for i := range list {
+		if out[i], err = reply(list).int(i); err != nil {
+			return nil, err
+		}
+	}
+	if more == 1 {
+		c.pumpLater(p)
+	}
+	return out, nil
+}
