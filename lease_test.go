@@ -89,7 +89,9 @@ func TestNoRenewalAfterRelease(t *testing.T) {
 
 // renewals counts the renewal scripts cnt saw: a lone lease's renewal goes
 // as a batch of one (renew_batch), a multi-lease's as renew.
-func renewals(cnt *fltest.Counter) int { return cnt.Get("script:renew") + cnt.Get("script:renew_batch") }
+func renewals(cnt *fltest.Counter) int {
+	return cnt.Get("script:renew") + cnt.Get("script:renew_batch")
+}
 
 // Semantics 5: a crashed holder's permits pass to the next waiter when its
 // lease expires, with nobody releasing and the waiter not polling (its
