@@ -3,7 +3,6 @@ package fairlock
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -21,23 +20,20 @@ type pipeliner interface {
 // connection, until the configured number of replicas has the script's
 // writes; the second result reports when they did not (the script's own
 // result and error are in the Cmd either way).
-func (c *Client) run(ctx context.Context, s *redis.Script, keys []string, args ...any) (*redis.Cmd, error) {
+func (c *Client) run(ctx context.Context, s *script, keys []string, args ...any) (*redis.Cmd, error) {
 	if c.cfg.ackReplicas == 0 {
 		return s.Run(ctx, c.rdb, keys, args...), nil
 	}
 	p := c.rdb.(pipeliner) // checked by New
-	exec := func(eval func(redis.Pipeliner) *redis.Cmd) (*redis.Cmd, *redis.IntCmd) {
+	var wait *redis.IntCmd
+	cmd := s.run(ctx, c.rdb, func(send func(redis.Scripter) *redis.Cmd) *redis.Cmd {
 		pipe := p.Pipeline()
-		cmd := eval(pipe)
-		wait := redis.NewIntCmd(ctx, "wait", c.cfg.ackReplicas, c.cfg.ackTimeout.Milliseconds())
+		cmd := send(pipe)
+		wait = redis.NewIntCmd(ctx, "wait", c.cfg.ackReplicas, c.cfg.ackTimeout.Milliseconds())
 		_ = pipe.Process(ctx, wait)
 		_, _ = pipe.Exec(ctx)
-		return cmd, wait
-	}
-	cmd, wait := exec(func(pipe redis.Pipeliner) *redis.Cmd { return s.EvalSha(ctx, pipe, keys, args...) })
-	if err := cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-		cmd, wait = exec(func(pipe redis.Pipeliner) *redis.Cmd { return s.Eval(ctx, pipe, keys, args...) })
-	}
+		return cmd
+	}, keys, args)
 	if cmd.Err() != nil {
 		return cmd, nil
 	}
@@ -58,7 +54,7 @@ type outcome struct {
 }
 
 // runner returns a call of run with script s on keys and args, for call.
-func (c *Client) runner(s *redis.Script, keys []string, args []any) func(context.Context) outcome {
+func (c *Client) runner(s *script, keys []string, args []any) func(context.Context) outcome {
 	return func(ctx context.Context) outcome {
 		cmd, ackErr := c.run(ctx, s, keys, args...)
 		return outcome{cmd, ackErr}

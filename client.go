@@ -15,7 +15,12 @@ import (
 
 // RedisClient is the part of a go-redis v9 client that fairlock uses.
 // *redis.Client (also as returned by redis.NewFailoverClient for Sentinel),
-// *redis.ClusterClient and *redis.Ring all satisfy it.
+// *redis.ClusterClient and *redis.Ring all satisfy it. On those three,
+// where Redis has functions (7.0 and later, Valkey), fairlock runs its
+// scripts as a function library that it loads on each server (FUNCTION
+// LOAD, on every Cluster master or Ring shard) the first time one lacks it;
+// elsewhere, and on any other RedisClient, through the Scripter methods
+// (EVALSHA, EVAL).
 type RedisClient interface {
 	redis.Scripter
 	BLPop(ctx context.Context, timeout time.Duration, keys ...string) *redis.StringSliceCmd
@@ -147,14 +152,10 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 	if cfg.owner != "" {
 		id = cfg.owner + "/" + id
 	}
-	sc := defaultScripts
-	if t := scripthook.Get(); t != nil {
-		sc = newScripts(t)
-	}
 	c := &Client{
 		rdb:       rdb,
 		cfg:       cfg,
-		scripts:   sc,
+		scripts:   newScripts(scripthook.Get()),
 		id:        id,
 		done:      make(chan struct{}),
 		rooms:     make(map[string]*room),

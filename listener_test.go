@@ -363,7 +363,7 @@ func TestHandoffWithoutPolling(t *testing.T) {
 		if r.Err != nil {
 			t.Fatal(r.Err)
 		}
-		if got := cnt.Get("evalsha:refresh"); got != 0 {
+		if got := cnt.Get("script:refresh"); got != 0 {
 			t.Fatalf("waiter ran %d refreshes; the grant must come by wake-up alone", got)
 		}
 		e.Release(r.Lease)

@@ -76,8 +76,9 @@ local PAGE = 64        -- queue members read at once after the first
 local TOMB_MS = 20000  -- a tombstone lives between half this and this
 
 -- The state of one call, set by begin. The definitions below are made once
--- (when Redis loads them as a function library) or once per script (EVAL),
--- so nothing else may carry over from one call to the next.
+-- per server (at the first call of the function library, see functions.go)
+-- or once per script (EVAL), so nothing else may carry over from one call
+-- to the next.
 local keys          -- the call's KEYS
 local now_us, now   -- Redis's time, in microseconds and in milliseconds
 local budget        -- grants, purges and drops left

@@ -373,7 +373,7 @@ func (r *redirects) note(addr string, cmd redis.Cmder, err error) {
 		r.moved.Add(1)
 		return
 	}
-	if name != "evalsha" && name != "eval" {
+	if name != "evalsha" && name != "eval" && name != "fcall" {
 		return
 	}
 	if strings.Contains(msg, "non local key") || strings.Contains(msg, "Script attempted") {
@@ -384,7 +384,7 @@ func (r *redirects) note(addr string, cmd redis.Cmder, err error) {
 		}
 		r.firstAbortMu.Unlock()
 	}
-	if onSource && !strings.HasPrefix(msg, "NOSCRIPT") {
+	if onSource && !strings.HasPrefix(msg, "NOSCRIPT") && !strings.HasPrefix(msg, "ERR Function not found") {
 		r.evalOnSource.Add(1)
 	}
 }

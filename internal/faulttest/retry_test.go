@@ -20,7 +20,7 @@ import (
 )
 
 // lossy is a TCP proxy in front of Redis that, when armed, lets the next
-// EVALSHA through and cuts the connection instead of passing its reply
+// script call (EVALSHA or FCALL) through and cuts the connection instead of passing its reply
 // back: the script ran, and the client does not know. go-redis then sends
 // the command again on a new connection. With cutAndHold, that resent
 // command is also held back until the test lets it go, as if it had been
@@ -48,8 +48,8 @@ func newLossy(t *testing.T, target string) *lossy {
 	return p
 }
 
-// cutAndHold arms p to cut the reply of the next EVALSHA and to hold back
-// the EVALSHA after it (go-redis's resend) until resume is called (also
+// cutAndHold arms p to cut the reply of the next script call and to hold
+// back the one after it (go-redis's resend) until resume is called (also
 // called when the test ends).
 func (p *lossy) cutAndHold(t *testing.T) (resume func()) {
 	ch := make(chan struct{})
@@ -93,7 +93,7 @@ func (p *lossy) serve() {
 			for {
 				n, err := c.Read(buf)
 				if n > 0 {
-					if bytes.Contains(bytes.ToLower(buf[:n]), []byte("evalsha")) {
+					if low := bytes.ToLower(buf[:n]); bytes.Contains(low, []byte("evalsha")) || bytes.Contains(low, []byte("fcall")) {
 						if p.armed.CompareAndSwap(true, false) {
 							drop.Store(true)
 						} else if h := p.hold.Swap(nil); h != nil {
@@ -156,7 +156,7 @@ func TestAcquireReplyLost(t *testing.T) {
 	viaProxy, direct := newClient(p.addr), newClient(b.Addr)
 	mutex := fairlock.Request{Name: "lost", Capacity: 1, Permits: 1}
 	// Load the scripts first, so that the cut reply is a script's, not a
-	// NOSCRIPT error (after which nothing ran).
+	// NOSCRIPT or function-not-found error (after which nothing ran).
 	warm, err := viaProxy.Acquire(ctx, mutex)
 	if err != nil {
 		t.Fatal(err)

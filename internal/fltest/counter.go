@@ -1,15 +1,19 @@
 package fltest
 
 import (
+	"cmp"
 	"context"
+	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
 
 // Counter is a go-redis hook that counts the commands a client sends, a
-// script call under "evalsha:<op>" or "eval:<op>" (op: its first ARGV),
-// and the BLPOPs in flight at once.
+// script call that ran under "script:<op>" (op: its first ARGV) whether it
+// ran as EVALSHA, EVAL or FCALL (one that found no script or function, and
+// so ran nothing, under its command's name), and the BLPOPs in flight at
+// once.
 type Counter struct {
 	mu       sync.Mutex
 	byName   map[string]int
@@ -28,12 +32,13 @@ func (c *Counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		name := cmd.Name()
-		if (name == "evalsha" || name == "eval") && len(cmd.Args()) > 3 {
+		script := false
+		if (name == "evalsha" || name == "eval" || name == "fcall") && len(cmd.Args()) > 3 {
 			// Count script calls by op: the first ARGV after the keys.
 			nkeys, _ := cmd.Args()[2].(int)
 			if i := 3 + nkeys; i < len(cmd.Args()) {
 				if op, ok := cmd.Args()[i].(string); ok {
-					name += ":" + op
+					name, script = "script:"+op, true
 				}
 			}
 		}
@@ -41,7 +46,9 @@ func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			name = "blpop" // counted as one kind: the blocking read
 		}
 		c.mu.Lock()
-		c.byName[name]++
+		if !script {
+			c.byName[name]++
+		}
 		if name == "blpop" {
 			c.blocking++
 			c.peak = max(c.peak, c.blocking)
@@ -51,6 +58,15 @@ func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if name == "blpop" {
 			c.mu.Lock()
 			c.blocking--
+			c.mu.Unlock()
+		}
+		if script {
+			if e := cmp.Or(err, cmd.Err()); e != nil && (redis.HasErrorPrefix(e, "NOSCRIPT") ||
+				strings.Contains(e.Error(), "Function not found") || strings.Contains(e.Error(), "unknown command")) {
+				name = cmd.Name() // it ran nothing; the client sends it again
+			}
+			c.mu.Lock()
+			c.byName[name]++
 			c.mu.Unlock()
 		}
 		return err

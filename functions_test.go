@@ -1,0 +1,389 @@
+package fairlock
+
+// The two ways a client runs its scripts: as functions of a library it
+// loads (FCALL, Redis 7.0 and later, Valkey) and as scripts (EVALSHA,
+// EVAL) where functions are missing. Each test says which way ran, from
+// what the client sent and what the server counted.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/scripthook"
+	"github.com/redis/go-redis/v9"
+)
+
+// sent counts the commands a go-redis client sends, by name; those sent
+// in pipelines (WithReplicaAck's) also as "pipe <name>".
+type sent struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func countSent(t *testing.T, rdb interface{ AddHook(redis.Hook) }) *sent {
+	s := &sent{n: map[string]int{}}
+	redistest.AddHook(t, rdb, s)
+	return s
+}
+
+func (s *sent) add(pipe bool, cmds ...redis.Cmder) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range cmds {
+		name := c.Name()
+		if name == "function" {
+			name += " " + strings.ToLower(fmt.Sprint(c.Args()[1]))
+		}
+		if a := c.Args(); name == "fcall" || name == "evalsha" || name == "eval" {
+			// And by op, the first ARGV, as "script:<op>".
+			if nkeys, ok := a[2].(int); ok && 3+nkeys < len(a) {
+				s.n[fmt.Sprint("script:", a[3+nkeys])]++
+			}
+		}
+		s.n[name]++
+		if pipe {
+			s.n["pipe "+name]++
+		}
+	}
+}
+
+func (s *sent) get(name string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n[name]
+}
+
+func (s *sent) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (s *sent) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { s.add(false, cmd); return next(ctx, cmd) }
+}
+func (s *sent) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { s.add(true, cmds...); return next(ctx, cmds) }
+}
+
+// noTransform runs the test's clients without the halfrun transform that
+// TestMain sets, which would keep them on EVAL.
+func noTransform(t *testing.T) { t.Cleanup(scripthook.Set(nil)) }
+
+// fnClient returns a client on rdb with a prefix of the test's own; with
+// evalOnly it is forced onto EVAL, as on a Redis without functions.
+func fnClient(t *testing.T, rdb RedisClient, evalOnly bool, opts ...Option) *Client {
+	t.Helper()
+	c, err := New(rdb, append([]Option{WithPrefix(redistest.Prefix(t))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.scripts.evalOnly.Store(evalOnly)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// coreScenarios runs the engine's main behaviours on c: a grant, a busy
+// TryAcquire, a queued waiter granted on release with a later token,
+// renewals, several semaphores at once, Status.
+func coreScenarios(t *testing.T, c *Client) {
+	t.Helper()
+	ctx := context.Background()
+	mutex := Request{Name: "core", Capacity: 1, Permits: 1}
+	held, err := c.Acquire(ctx, mutex)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if _, err := c.TryAcquire(ctx, mutex); !errors.Is(err, ErrNotAcquired) {
+		t.Fatalf("TryAcquire of a held mutex = %v, want ErrNotAcquired", err)
+	}
+	got := make(chan *Lease, 1)
+	errc := make(chan error, 1)
+	go func() {
+		l, err := c.Acquire(ctx, mutex)
+		if err != nil {
+			errc <- err
+			return
+		}
+		got <- l
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := c.Status(ctx, "core")
+		if err != nil {
+			t.Fatalf("Status: %v", err)
+		}
+		if st.Queued == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the waiter did not queue: %+v", st)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	select {
+	case l := <-got:
+		if l.Token() <= held.Token() {
+			t.Fatalf("waiter's token %d after %d", l.Token(), held.Token())
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("waiter's Release: %v", err)
+		}
+	case err := <-errc:
+		t.Fatalf("waiter: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter was not granted")
+	}
+	both, err := c.AcquireAll(ctx, Request{Name: "{pair}:a", Capacity: 2, Permits: 1}, Request{Name: "{pair}:b", Capacity: 3, Permits: 2})
+	if err != nil {
+		t.Fatalf("AcquireAll: %v", err)
+	}
+	if err := both.Release(ctx); err != nil {
+		t.Fatalf("AcquireAll's Release: %v", err)
+	}
+}
+
+// renewOnce holds a lease until it has been renewed at least once, as s
+// (c's client's commands) shows.
+func renewOnce(t *testing.T, c *Client, s *sent) {
+	t.Helper()
+	ctx := context.Background()
+	l, err := c.Acquire(ctx, Request{Name: "renewed", Capacity: 1, Permits: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s.get("script:renew")+s.get("script:renew_batch") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no renewal within 10s: %v", s.n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := l.Err(); err != nil {
+		t.Fatalf("lease lost while renewed: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release after renewals: %v", err)
+	}
+}
+
+// commandCalls reads INFO commandstats: calls per command ("fcall",
+// "evalsha", ...).
+func commandCalls(t *testing.T, rdb *redis.Client) map[string]int {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		name, found := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !found {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		out[name], _ = strconv.Atoi(calls)
+	}
+	return out
+}
+
+// The main behaviours on a real server, once through the function library
+// and once forced onto EVAL; each run uses its own path only, as the
+// client sent it and as the server counted it.
+func TestScriptPaths(t *testing.T) {
+	b := redistest.RealBackend(t)
+	noTransform(t)
+	admin := b.Client(t)
+	for _, tc := range []struct {
+		name     string
+		evalOnly bool
+		used     string   // the command that must have run the scripts
+		unused   []string // commands that must not have
+	}{
+		{"functions", false, "fcall", []string{"evalsha", "eval"}},
+		{"eval", true, "evalsha", []string{"fcall", "function load"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb := b.Client(t)
+			s := countSent(t, rdb)
+			c := fnClient(t, rdb, tc.evalOnly, WithLeaseTTL(time.Second))
+			// A first call loads what the server lacks (a NOSCRIPT or a
+			// missing function is not counted as a call by every server).
+			if _, err := c.Status(context.Background(), "warm"); err != nil {
+				t.Fatal(err)
+			}
+			before, sentBefore := commandCalls(t, admin), s.get(tc.used)
+			coreScenarios(t, c)
+			renewOnce(t, c, s)
+			after := commandCalls(t, admin)
+			if s.get(tc.used) == sentBefore {
+				t.Fatalf("client sent no %s: %v", tc.used, s.n)
+			}
+			// A call whose context ended before it was written is counted
+			// here and never reaches the server: the server need only
+			// have run some.
+			if d := after[tc.used] - before[tc.used]; d == 0 {
+				t.Fatalf("server counted no %s calls; client sent %d", tc.used, s.get(tc.used)-sentBefore)
+			}
+			for _, u := range tc.unused {
+				if n := s.get(u); n != 0 {
+					t.Fatalf("client sent %d %s: %v", n, u, s.n)
+				}
+			}
+			if !tc.evalOnly {
+				// Other tests of this binary run EVAL (halfrun's
+				// transform), never FCALL.
+				return
+			}
+			if d := after["fcall"] - before["fcall"]; d != 0 {
+				t.Fatalf("server ran %d FCALLs during the EVAL run", d)
+			}
+		})
+	}
+}
+
+// On miniredis (no FCALL) the client tries FCALL once, then runs EVALSHA
+// for good.
+func TestScriptPathWithoutFunctions(t *testing.T) {
+	b := redistest.Mini(t)
+	noTransform(t)
+	rdb := b.Client(t)
+	s := countSent(t, rdb)
+	c := fnClient(t, rdb, false)
+	coreScenarios(t, c)
+	if n := s.get("fcall"); n != 1 {
+		t.Fatalf("client sent %d FCALLs to a Redis without them, want 1: %v", n, s.n)
+	}
+	if s.get("evalsha") == 0 || s.get("function load") != 0 {
+		t.Fatalf("commands sent: %v, want EVALSHA and no FUNCTION LOAD", s.n)
+	}
+	if !c.scripts.evalOnly.Load() {
+		t.Fatal("the client did not settle on EVAL")
+	}
+}
+
+// The library comes back wherever it went missing, and versions of it
+// live side by side.
+func TestFunctionLibraryRecovers(t *testing.T) {
+	b := redistest.RealBackend(t)
+	noTransform(t)
+	ctx := context.Background()
+	admin := b.Client(t)
+	rdb := b.Client(t)
+	s := countSent(t, rdb)
+	c := fnClient(t, rdb, false)
+	acquire := func(what string) {
+		t.Helper()
+		l, err := c.Acquire(ctx, Request{Name: "back", Capacity: 1, Permits: 1})
+		if err != nil {
+			t.Fatalf("Acquire %s: %v", what, err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("Release %s: %v", what, err)
+		}
+	}
+	libraries := func() []string {
+		t.Helper()
+		libs, err := admin.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: "fairlock_*"}).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, l := range libs {
+			names = append(names, l.Name)
+		}
+		return names
+	}
+	has := func(name string) bool {
+		for _, n := range libraries() {
+			if n == name {
+				return true
+			}
+		}
+		return false
+	}
+	acquire("first")
+	if !has(c.scripts.lib.name) {
+		t.Fatalf("libraries %v, want %s", libraries(), c.scripts.lib.name)
+	}
+
+	// Another fairlock version's library (a rolling upgrade): each client
+	// loads its own, and neither replaces the other.
+	other := &scripts{lib: newLibrary(queueLua+"\n-- another version", acquireLua, releaseLua)}
+	other.acquire = &script{set: other, eval: c.scripts.acquire.eval, fn: other.lib.acquire}
+	other.release = &script{set: other, eval: c.scripts.release.eval, fn: other.lib.release}
+	oc := fnClient(t, b.Client(t), false)
+	oc.scripts = other
+	coreScenarios(t, oc)
+	acquire("beside another version")
+	if !has(c.scripts.lib.name) || !has(other.lib.name) {
+		t.Fatalf("libraries %v, want both %s and %s", libraries(), c.scripts.lib.name, other.lib.name)
+	}
+	if other.evalOnly.Load() || c.scripts.evalOnly.Load() {
+		t.Fatal("a client fell back to EVAL beside another version")
+	}
+
+	// An operator flushes the functions, or deletes fairlock's library.
+	for _, wipe := range []func() error{
+		func() error { return admin.FunctionFlush(ctx).Err() },
+		func() error { return admin.FunctionDelete(ctx, c.scripts.lib.name).Err() },
+	} {
+		if err := wipe(); err != nil {
+			t.Fatal(err)
+		}
+		loads := s.get("function load")
+		acquire("after the library was removed")
+		if s.get("function load") != loads+1 {
+			t.Fatalf("FUNCTION LOADs %d, want one more than %d", s.get("function load"), loads)
+		}
+		if !has(c.scripts.lib.name) {
+			t.Fatalf("library not loaded again: %v", libraries())
+		}
+	}
+	if c.scripts.evalOnly.Load() || s.get("evalsha") != 0 {
+		t.Fatalf("the client left functions: %v", s.n)
+	}
+}
+
+// Where the library cannot be used (it does not load, or the user may not
+// run FCALL), the client runs EVAL from then on.
+func TestFunctionLibraryRefused(t *testing.T) {
+	b := redistest.RealBackend(t)
+	noTransform(t)
+	ctx := context.Background()
+
+	t.Run("does not load", func(t *testing.T) {
+		rdb := b.Client(t)
+		s := countSent(t, rdb)
+		c := fnClient(t, rdb, false)
+		broken := newLibrary("local = 1", acquireLua, releaseLua)
+		c.scripts.lib = broken
+		c.scripts.acquire.fn, c.scripts.release.fn = broken.acquire, broken.release
+		coreScenarios(t, c)
+		if !c.scripts.evalOnly.Load() || s.get("function load") != 1 || s.get("fcall") != 1 {
+			t.Fatalf("evalOnly %v after %v, want one FCALL, one FUNCTION LOAD, then EVAL", c.scripts.evalOnly.Load(), s.n)
+		}
+	})
+
+	t.Run("no FCALL for this user", func(t *testing.T) {
+		admin := b.Client(t)
+		const user = "fairlock-no-fcall"
+		if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", "-fcall").Err(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { admin.Do(ctx, "ACL", "DELUSER", user) })
+		rdb := b.Client(t, func(o *redis.Options) { o.Username, o.Password = user, "pw" })
+		s := countSent(t, rdb)
+		c := fnClient(t, rdb, false)
+		coreScenarios(t, c)
+		if !c.scripts.evalOnly.Load() || s.get("fcall") != 1 {
+			t.Fatalf("evalOnly %v after %v, want one FCALL, then EVAL", c.scripts.evalOnly.Load(), s.n)
+		}
+	})
+}
