@@ -107,6 +107,16 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 			"      local ok, broken = ready(w)\n", "      local ok, broken = fits(r, w.n), false\n", 0},
 		{"token not monotonic", "queue.lua",
 			"r.seq = math.max(r.seq + 1, now_us)", "r.seq = now_us", 0},
+		{"signal wakes the newest waiter", "acquire.lua",
+			"redis.call('ZRANGEBYSCORE', cv.C, '-inf', max, 'LIMIT', 0, want + skip)",
+			"redis.call('ZREVRANGEBYSCORE', cv.C, max, '-inf', 'LIMIT', 0, want + skip)", 0},
+		{"woken waiter queued at the head", "queue.lua",
+			"  write('ZADD', r.Q, num(next_seq(r)), m)\n  wait_at(r, now + w.wait, m)",
+			"  write('ZADD', r.Q, '1', m)\n  wait_at(r, now + w.wait, m)", 0},
+		{"condition waiter not refreshed", "acquire.lua",
+			"        write('ZADD', cv.E, num(now + wait), m)\n", "", 0},
+		{"cancelled condition waiter stays", "release.lua",
+			"          cond_drop(p.r, c, m)\n", "", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			restore := breakScript(t, tc.file, tc.old, tc.new)
