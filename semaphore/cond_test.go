@@ -264,3 +264,44 @@ func TestCondInput(t *testing.T) {
 		fltest.IsErr(t, "Wait with a released lease", err, fairlock.ErrNotHeld)
 	})
 }
+
+// A Broadcast to more waiters than one script may wake (its budget, 400)
+// wakes them all, over several scripts, and they take the mutex in the
+// order they began to wait.
+func TestCondBroadcastMany(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newCondEnv(t, b)
+		ctx := context.Background()
+		const n = 450
+		m := e.mutex(e.Client()) // one process with many waiters
+		cond := semaphore.NewCond(m)
+		order := make(chan int, n)
+		errs := make(chan error, n)
+		for i := range n {
+			l := e.lock(m)
+			go func() {
+				l, err := cond.Wait(ctx, l)
+				if err == nil {
+					order <- i
+					err = l.Release(ctx)
+				}
+				errs <- err
+			}()
+			e.WaitFor("the waiter on the condition", func() bool { return e.waiters() == int64(i+1) })
+		}
+		e.signal(true, n)
+		for range n {
+			if err := <-errs; err != nil {
+				t.Fatalf("Wait: %v", err)
+			}
+		}
+		close(order)
+		want := 0
+		for i := range order {
+			if i != want {
+				t.Fatalf("waiter %d took the mutex when waiter %d was due", i, want)
+			}
+			want++
+		}
+	})
+}
