@@ -30,12 +30,25 @@
 --                      that no longer wait:
 --     {nextEventMs, {ticket, "expiryMs token..." or "0", ...}, nowMs};
 --     tokens mean granted (in case the wake-up was lost), "0" means
---     dropped.
+--     dropped. A ticket waiting on a condition variable (its "c" marker
+--     in S) is kept alive there.
 --   "renew_batch"      KEYS: one resource's. ARGV: op, client, then
 --                      ticket, permits, token, unconfirmed ("1" or "0"),
 --                      leaseMs for each of one process's leases on it:
 --                      renews each as release.lua's "renew" does.
 --     {{1 renewed or 0 gone, ...}, more}
+--   "signal"           KEYS: one resource's, then the condition's :c and
+--                      :e keys. ARGV: op, condition name, "1" (signal) or
+--                      "all" (broadcast), bound ("" on a first call).
+--                      Drops the condition's dead waiters, then wakes its
+--                      longest waiter (or all of those whose sequence is
+--                      at most bound): each moves to the resource's queue,
+--                      behind those already queued, in order, or is granted
+--                      at once if nobody is queued and it fits. Returns
+--                      {woken, condMore, more, bound}: condMore 1 when a
+--                      broadcast has waiters left to wake (call again with
+--                      bound), or a signal found only dead waiters within
+--                      its budget (call again); more as for "pump".
 --   "pump"             KEYS: one resource's. ARGV: op. Goes on with work an
 --                      earlier script left (grants, purges): {more,
 --                      nextEventMs}, more 1 when work is left still.
@@ -45,7 +58,15 @@
 --     STATUS_MAX of each, and the counts (which include entries that have
 --     expired but were not yet dropped).
 
-begin(KEYS)
+-- A call about a condition variable declares its two keys after the
+-- resource's five.
+local call_keys, ckeys = KEYS, {}
+if #KEYS % 5 == 2 then
+  call_keys = {}
+  for i = 1, #KEYS - 2 do call_keys[i] = KEYS[i] end
+  ckeys = { KEYS[#KEYS - 1], KEYS[#KEYS] }
+end
+begin(call_keys)
 
 local op = ARGV[1]
 local STATUS_MAX = 1000
@@ -107,6 +128,57 @@ if op == 'renew_batch' then
   return { out, more_flag() }
 end
 
+if op == 'signal' then
+  local r = declared()[1]
+  local cv = cond_load(r, ARGV[2], ckeys[1], ckeys[2])
+  local all, bound = ARGV[3] == 'all', tonumber(ARGV[4])
+  -- A broadcast wakes the waiters there were when it began: those whose
+  -- sequence is at most the last one handed out then.
+  if not bound then bound = r.seq end
+  if not all then bound = math.huge end
+  local cmore = cond_purge(r, cv)
+  -- Those already queued go first.
+  run_queues({ r })
+  local woken = 0
+  if not cmore then
+    local want = 1
+    if all then want = budget end
+    if want > 0 then
+      -- Waiters dropped above are still in the key, at its head.
+      local skip = 0
+      for _ in pairs(cv.gone) do skip = skip + 1 end
+      local max = '+inf'
+      if bound < math.huge then max = num(bound) end
+      local got = redis.call('ZRANGEBYSCORE', cv.C, '-inf', max, 'LIMIT', 0, want + skip)
+      for _, m in ipairs(got) do
+        if woken >= want then break end
+        if budget <= 0 then
+          cmore = true
+          break
+        end
+        if not cv.gone[m] then
+          local w = parse_waiter(m)
+          budget = budget - 1
+          if w then
+            cond_wake(r, cv, m, w)
+            woken = woken + 1
+          else
+            cond_drop(r, cv, m) -- not a waiter fairlock wrote
+          end
+        end
+      end
+      if all and #got >= want + skip then cmore = true end
+    else
+      cmore = true
+    end
+  end
+  local cm = 0
+  if cmore then cm = 1 end
+  if bound == math.huge then bound = 0 end
+  finish()
+  return { woken, cm, more_flag(), num(bound) }
+end
+
 if op == 'refresh' then
   local first = declared()[1]
   local client, lease, wait = ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -124,7 +196,25 @@ if op == 'refresh' then
     local parts = { { base = first.base, n = n } }
     if group ~= '' then parts = parse_group(group) end
     local state = said[(i - 5) / 3 + 1]
-    if state == 'q' then
+    local cv = nil
+    if type(state) == 'string' and string.sub(state, 1, 1) == 'c' then
+      cv = cond_load(first, string.sub(state, 2))
+    end
+    if cv then
+      -- Waiting on a condition variable: alive there while its member is.
+      local m = waiter_member(ticket, n, client, lease, wait, '')
+      if cv.off then
+        -- Unreachable now: its deadline stays; the next refresh tries.
+      elseif redis.call('ZSCORE', cv.E, m) then
+        write('ZADD', cv.E, num(now + wait), m)
+        first.horizon = math.max(first.horizon, now + wait)
+        cv.wrote = true
+      else
+        record(first, ticket, false)
+        out[#out + 1] = ticket
+        out[#out + 1] = '0'
+      end
+    elseif state == 'q' then
       for _, p in ipairs(parts) do
         local r = load(p.base)
         if not r.off then

@@ -107,6 +107,16 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 			"      local ok, broken = ready(w)\n", "      local ok, broken = fits(r, w.n), false\n", 0},
 		{"token not monotonic", "queue.lua",
 			"r.seq = math.max(r.seq + 1, now_us)", "r.seq = now_us", 0},
+		{"signal wakes the newest waiter", "acquire.lua",
+			"redis.call('ZRANGEBYSCORE', cv.C, '-inf', max, 'LIMIT', 0, want + skip)",
+			"redis.call('ZREVRANGEBYSCORE', cv.C, max, '-inf', 'LIMIT', 0, want + skip)", 0},
+		{"woken waiter queued at the head", "queue.lua",
+			"  write('ZADD', r.Q, num(next_seq(r)), m)\n  wait_at(r, now + w.wait, m)",
+			"  write('ZADD', r.Q, '1', m)\n  wait_at(r, now + w.wait, m)", 0},
+		{"condition waiter not refreshed", "acquire.lua",
+			"        write('ZADD', cv.E, num(now + wait), m)\n", "", 0},
+		{"cancelled condition waiter stays", "release.lua",
+			"          cond_drop(p.r, c, m)\n", "", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			restore := breakScript(t, tc.file, tc.old, tc.new)
@@ -328,7 +338,8 @@ type msem struct {
 	k       keys
 	queue   []*mentry // arrival order
 	holders []*mentry
-	token   int64 // last token seen
+	cond    []*mentry // waiters on its condition variable "", in order
+	token   int64     // last token seen
 }
 
 // mconfig sets what one machine draws.
@@ -432,7 +443,12 @@ func runMachine(rt *rapid.T, b *redistest.Backend, cfg mconfig) {
 		"cancel":  m.cancelWait,
 		"spawn":   func(*rapid.T) { m.spawn() },
 		"flush":   m.flush,
-		"":        m.check,
+		// Condition variables (cond.go): waiters are woken in the order
+		// they began to wait and queue behind those already queued.
+		"wait":      m.condWait,
+		"signal":    func(t *rapid.T) { m.condSignal(t, false) },
+		"broadcast": func(t *rapid.T) { m.condSignal(t, true) },
+		"":          m.check,
 	}
 	if m.frozen {
 		actions["crash"] = m.crash
@@ -775,6 +791,7 @@ func (m *machine) cancelOne(t *rapid.T, a *actor) {
 	}
 	for _, pt := range a.parts {
 		pt.s.queue = slices.DeleteFunc(pt.s.queue, func(e *mentry) bool { return e.a == a })
+		pt.s.cond = slices.DeleteFunc(pt.s.cond, func(e *mentry) bool { return e.a == a })
 	}
 	a.state = idle
 	m.settle(t)
@@ -797,7 +814,7 @@ func (m *machine) crash(t *rapid.T) {
 	a.cut.crash()
 	a.state = crashed
 	for _, s := range m.sems {
-		for _, e := range append(slices.Clone(s.queue), s.holders...) {
+		for _, e := range slices.Concat(s.queue, s.holders, s.cond) {
 			if e.a == a {
 				e.dead = true
 			}
@@ -849,6 +866,9 @@ func (m *machine) modelRun() (granted []*mentry) {
 		s.holders = slices.DeleteFunc(s.holders, func(e *mentry) bool { return e.at <= now })
 		s.queue = slices.DeleteFunc(s.queue, func(e *mentry) bool { return e.at <= now })
 		gone += n - len(s.holders) - len(s.queue)
+		// A dead condition waiter is gone too; Redis drops it when a
+		// signal reaches it (check looks past it until then).
+		s.cond = slices.DeleteFunc(s.cond, func(e *mentry) bool { return e.at <= now })
 	}
 	m.seen.expired = max(m.seen.expired, gone)
 	defer func() { m.seen.bulk = max(m.seen.bulk, len(granted)) }()
@@ -948,7 +968,7 @@ func (m *machine) heartbeat(t *rapid.T) {
 				e.at = now + ms(m.leaseTTL())
 			}
 		}
-		for _, e := range s.queue {
+		for _, e := range slices.Concat(s.queue, s.cond) {
 			if !e.dead && e.at > now {
 				e.at = now + ms(m.waiterTTL())
 			}
@@ -1115,6 +1135,18 @@ func (m *machine) check(t *rapid.T) {
 					s.name, i, m.who(q.client), q.n, m.who(e.a.c.id), e.n)
 			}
 		}
+		// Condition waiters: the live ones in Redis are the model's, in
+		// its order.
+		cs := m.redisCond(s)
+		if len(cs) != len(s.cond) {
+			t.Fatalf("%s: %d wait on the condition in Redis, %d in the model", s.name, len(cs), len(s.cond))
+		}
+		for i, c := range cs {
+			if e := s.cond[i]; c.ticket != e.ticket || c.client != e.a.c.id {
+				t.Fatalf("%s: condition position %d is %s (ticket %s) in Redis, %s (ticket %s) in the model",
+					s.name, i, m.who(c.client), c.ticket, m.who(e.a.c.id), e.ticket)
+			}
+		}
 		// Liveness: the model grants whatever is ready, so its head never is.
 		if len(s.queue) > 0 && ready(s.queue[0]) {
 			t.Fatalf("%s: head is ready but waits", s.name)
@@ -1187,4 +1219,113 @@ func (m *machine) finish() {
 			t.Fatalf("keys remain an idle hour later: %v", keys)
 		}
 	}
+}
+
+// condWait makes a process holding one semaphore wait on its condition
+// variable: in the model, its lease ends and it joins the condition.
+func (m *machine) condWait(t *rapid.T) {
+	as := slices.DeleteFunc(m.solo(holding), func(a *actor) bool { return len(a.parts) != 1 })
+	if len(as) == 0 {
+		t.Skip("no holder of one semaphore")
+	}
+	a := pick(t, as)
+	m.modelRun()
+	held := m.holding(t, a)
+	if len(held) == 0 {
+		t.Skip("its lease has expired")
+	}
+	m.logf("process %d: Wait on %s's condition", a.id, a.sem.name)
+	s, lease := a.sem, a.lease
+	s.holders = slices.DeleteFunc(s.holders, func(x *mentry) bool { return x == held[0] })
+	e := &mentry{a: a, s: s, n: a.n, at: m.nowMs() + ms(m.waiterTTL())}
+	s.cond = append(s.cond, e)
+	ctx, cancel := context.WithCancel(context.Background())
+	a.state, a.cancel, a.res, a.lease = waiting, cancel, make(chan acqResult, 1), nil
+	m.calls.Go(func() {
+		l, err := lease.CondWait(ctx, "")
+		a.res <- acqResult{l, err}
+	})
+	m.waitFor(t, fmt.Sprintf("process %d waits on the condition", a.id), func() bool {
+		if tk := m.newQueued(a); tk != "" {
+			a.ticket, e.ticket = tk, tk
+			m.known[tk] = true
+			return true
+		}
+		select {
+		case r := <-a.res:
+			a.res <- r // let check see it
+			return true
+		default:
+		}
+		return false
+	})
+	m.settle(t)
+}
+
+// condSignal signals (or broadcasts) a semaphore's condition variable: in
+// the model, its longest live waiter (or every one) joins the end of the
+// semaphore's queue, in order, with a fresh deadline.
+func (m *machine) condSignal(t *rapid.T, all bool) {
+	s := m.pickSem(t)
+	op := "Signal"
+	if all {
+		op = "Broadcast"
+	}
+	m.logf("%s on %s's condition", op, s.name)
+	m.modelRun()
+	var woken []*mentry
+	switch {
+	case all:
+		woken, s.cond = s.cond, nil
+	case len(s.cond) > 0:
+		woken, s.cond = s.cond[:1], s.cond[1:]
+	}
+	for _, e := range woken {
+		e.at = m.nowMs() + ms(m.waiterTTL())
+		s.queue = append(s.queue, e)
+	}
+	var n int
+	var err error
+	if all {
+		n, err = m.obs.CondBroadcast(context.Background(), s.name, "")
+	} else {
+		n, err = m.obs.CondSignal(context.Background(), s.name, "")
+	}
+	if err != nil || n != len(woken) {
+		t.Fatalf("%s = %d, %v; the model wakes %d", op, n, err, len(woken))
+	}
+	m.settle(t)
+}
+
+// redisCond reads the waiters of a semaphore's condition variable "" as
+// Redis holds them, in order, keeping only those whose deadline has not
+// passed.
+func (m *machine) redisCond(s *msem) []rentry {
+	ctx := context.Background()
+	keys := condKeys(s.k, "")
+	members, err := m.rdb.ZRange(ctx, keys[0], 0, -1).Result()
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	deadlines, err := m.rdb.ZRangeWithScores(ctx, keys[1], 0, -1).Result()
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	due := make(map[string]float64, len(deadlines))
+	for _, z := range deadlines {
+		due[z.Member.(string)] = z.Score
+	}
+	var out []rentry
+	for _, mem := range members {
+		f := strings.Fields(mem)
+		at, ok := due[mem]
+		if !ok || len(f) != 5 {
+			m.t.Fatalf("condition member %q has no deadline or a bad form", mem)
+		}
+		n, _ := strconv.ParseInt(f[1], 10, 64)
+		if int64(at) > m.nowMs() || !m.frozen {
+			out = append(out, rentry{ticket: f[0], n: n, client: f[2], at: int64(at)})
+		}
+	}
+	return out
 }

@@ -13,8 +13,11 @@
 --                hmin, dmin (no later than the earliest lease expiry in
 --                :h and the earliest waiter deadline in :d, ms: until
 --                then nothing there is due, and no script reads them);
+--                nc (waiters on the condition variables bound to it);
 --                ticket -> "q" for every ticket in :q (what a resent
 --                acquire and a refresh find);
+--                ticket -> "c" followed by the condition's name for every
+--                ticket waiting on a condition variable (in :c...);
 --                ticket -> token of every live grant made at once, until
 --                released, and of every grant announced on a wake list,
 --                until its process confirms it: what a retried or
@@ -28,6 +31,16 @@
 --   <b>:h  zset  holders "ticket permits client token", scored by lease
 --                expiry (ms)
 --   <b>:t  zset  tombstoned tickets, scored by when they may be forgotten
+-- A condition variable <cond> bound to the resource (a mutex) has two keys
+-- more, in its slot, declared after the five by the scripts that know the
+-- condition (wait, signal, a waiter's leave) and reached from the "c"
+-- marker by a refresh (see cond_load):
+--   <b>:c[:<cond>]  zset  its waiters, scored by sequence (when they began
+--                         to wait), members as in :q
+--   <b>:e[:<cond>]  zset  the same waiters, scored by liveness deadline (ms)
+-- (no ":<cond>" for the condition named ""). A signalled waiter moves to
+-- :q under a new sequence number: behind those already queued, in signal
+-- order.
 -- A waiter is "ticket permits client leaseMs waiterMs". A waiter that asks
 -- for several resources at once (a multi-request) is queued in each of
 -- them, its member followed by a tab and its group: "base\tpermits\tcap"
@@ -235,11 +248,12 @@ local function load(base, k, ticket)
   end
   local st, grant
   if ticket then
-    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', ticket)
-    grant = st[10]
+    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', ticket)
+    grant = st[11]
   else
-    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin')
+    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc')
   end
+  local nc = tonumber(st[10]) or 0
   local used, nh, nq, seq = tonumber(st[2]) or 0, tonumber(st[3]) or 0, tonumber(st[4]) or 0, tonumber(st[5]) or 0
   -- A bound read with nobody behind it is stale: nothing is due there.
   local hmin0, dmin0 = tonumber(st[8]), tonumber(st[9])
@@ -251,6 +265,7 @@ local function load(base, k, ticket)
   r = {
     base = base, S = S, Q = Q, D = D, H = H, T = T, grant = grant,
     cap = tonumber(st[1]), used = used, nh = nh, nq = nq, seq = seq, exp = tonumber(st[6]) or 0,
+    nc = nc, nc0 = nc, conds = {}, conds_by = {}, -- condition waiters; conditions loaded (cond_load)
     tnext = tonumber(st[7]), had_t = (tonumber(st[7]) or 0) > 0,
     -- Bounds (see hmin, dmin above): nil unknown, math.huge nothing there.
     -- hbuf, dbuf: the earliest score this script adds (buffered).
@@ -636,11 +651,12 @@ local function finish_one(r)
   put(f, 'nh', r.nh, r.nh0)
   put(f, 'nq', r.nq, r.nq0)
   put(f, 'seq', r.seq, r.seq0)
+  put(f, 'nc', r.nc, r.nc0)
   if r.tnext_set then put(f, 'tnext', r.tnext or 0, nil) end
   if r.nh > 0 and r.hmin and r.hmin < math.huge then put(f, 'hmin', r.hmin, r.hmin0) end
   if r.nq > 0 and r.dmin and r.dmin < math.huge then put(f, 'dmin', r.dmin, r.dmin0) end
   local keep = math.floor(r.seq / 1000) + 1000
-  local idle = r.nh <= 0 and r.nq <= 0
+  local idle = r.nh <= 0 and r.nq <= 0 and r.nc <= 0
   local exp = r.exp
   local need = math.max(r.horizon, keep)
   if idle then
@@ -654,6 +670,14 @@ local function finish_one(r)
     exp = math.max(r.exp, need + math.max(need - now, 1000))
   end
   local moved = exp ~= r.exp
+  -- A condition's keys written here live as long as the state hash, which
+  -- holds its waiters' markers (and lives past their deadlines).
+  for _, cv in ipairs(r.conds) do
+    if cv.wrote then
+      expire_at(cv.C, num(exp))
+      expire_at(cv.E, num(exp))
+    end
+  end
   if #f == 0 and not changed and not (moved or r.wrote_h or r.wrote_q or r.wrote_t) then return end
   local at = num(exp)
   if moved then
@@ -709,6 +733,92 @@ local function next_event()
   -- left over asks for the next script at once (0).
   if at <= now then return -1 end
   return at - now
+end
+
+-- Condition variables (see the key layout above). A condition's waiter
+-- leaves it atomically in one of four ways: woken by a signal (cond_wake:
+-- granted at once or queued), dropped as dead by a signal (its deadline
+-- passed), withdrawn by its process (leave), or found inconsistent by a
+-- refresh. Each takes its member out of both keys and its marker out of S.
+
+-- cond_keys names the keys of the condition name of the resource at base.
+local function cond_keys(base, name)
+  if name == '' then return base .. ':c', base .. ':e' end
+  return base .. ':c:' .. name, base .. ':e:' .. name
+end
+
+-- cond_load returns the condition name of resource r. declared holds the
+-- condition keys the caller passed in KEYS (possibly none); keys not
+-- declared are probed first, and a condition whose keys cannot be reached
+-- now (its slot is migrating) comes back with off set: nothing may be
+-- written to it in this script.
+local function cond_load(r, name, declared_c, declared_e)
+  local cv = r.conds_by[name]
+  if cv then return cv end
+  local C, E = cond_keys(r.base, name)
+  cv = { name = name, C = C, E = E, wrote = false, gone = {} }
+  if C ~= declared_c or E ~= declared_e then
+    local probe = redis.pcall('EXISTS', C, E)
+    if type(probe) == 'table' and probe.err then cv.off = true end
+  end
+  r.conds_by[name] = cv
+  r.conds[#r.conds + 1] = cv
+  return cv
+end
+
+-- cond_add makes ticket a waiter of condition cv of r: it waits there in
+-- arrival order, alive until now + wait unless refreshed.
+local function cond_add(r, cv, ticket, ns, client, lease, wait)
+  local m = waiter_member(ticket, ns, client, lease, wait, '')
+  write('ZADD', cv.C, num(next_seq(r)), m)
+  write('ZADD', cv.E, num(now + wait), m)
+  r.horizon = math.max(r.horizon, now + wait)
+  record(r, ticket, 'c' .. cv.name)
+  r.nc = r.nc + 1
+  cv.wrote = true
+end
+
+-- cond_drop takes waiter m (read from cv) out of condition cv of r.
+local function cond_drop(r, cv, m)
+  if cv.gone[m] then return end
+  cv.gone[m] = true
+  write('ZREM', cv.C, m)
+  write('ZREM', cv.E, m)
+  r.nc = math.max(r.nc - 1, 0)
+  record(r, string.match(m, '^%S+'), false)
+  cv.wrote = true
+end
+
+-- cond_wake moves waiter m (parsed: w) from condition cv into r's queue,
+-- under a new sequence number: behind every ticket already queued, and
+-- behind the waiters woken before it. When nobody is queued (r's queue has
+-- been run by the caller) and it fits, it is granted at once instead: the
+-- queue reads what Redis holds, not what this script has buffered, so a
+-- waiter queued here could not be granted before the next script.
+local function cond_wake(r, cv, m, w)
+  cond_drop(r, cv, m)
+  if r.nq <= 0 and fits(r, w.n) then
+    announce(w, { { base = r.base, n = w.n, ns = w.ns } })
+    return
+  end
+  write('ZADD', r.Q, num(next_seq(r)), m)
+  wait_at(r, now + w.wait, m)
+  record(r, w.ticket, 'q')
+  if r.nq0 <= 0 then r.wrote_q = true end
+  r.nq = r.nq + 1
+end
+
+-- cond_purge drops the waiters of cv whose process stopped refreshing
+-- them, at most the budget left; it reports whether it had to stop there.
+local function cond_purge(r, cv)
+  if budget <= 0 then return true end
+  local limit = budget
+  local due = redis.call('ZRANGEBYSCORE', cv.E, '-inf', now, 'LIMIT', 0, limit)
+  for _, m in ipairs(due) do
+    budget = budget - 1
+    cond_drop(r, cv, m)
+  end
+  return #due >= limit
 end
 
 -- more_flag reports, for replies, whether work was left for later scripts.

@@ -16,11 +16,28 @@
 --              them, and then frees what is left of it. An expired lease
 --              is never brought back.
 --   "leave"    withdraws a ticket whatever its state, for a waiter whose
---              context ended (tokens are ignored): 1 it was waiting, 2 it
---              had just been granted (the grant, announced to it, is handed
---              on), 0 it was already gone.
+--              context ended (tokens are ignored): 1 it was waiting (in a
+--              queue or on a condition variable), 2 it had just been
+--              granted (the grant, announced to it, is handed on), 0 it was
+--              already gone. A condition's keys may follow the resource's.
+--   "wait"     KEYS: one resource's, then a condition's :c and :e keys.
+--              ARGV as for "release", then the new ticket and the
+--              condition's name. Releases the lease as "release" does and,
+--              in the same step, makes the new ticket a waiter of the
+--              condition (so no signal between the two is lost); result 1,
+--              or 0 (nothing waits) when the lease was no longer held. A
+--              resent call (the new ticket is known) answers 1 and does
+--              nothing. Returns {result, more, nowMs, nextEventMs}.
 
-begin(KEYS)
+-- A call about a condition variable declares its two keys after the
+-- resource's five.
+local call_keys, ckeys = KEYS, {}
+if #KEYS % 5 == 2 then
+  call_keys = {}
+  for i = 1, #KEYS - 2 do call_keys[i] = KEYS[i] end
+  ckeys = { KEYS[#KEYS - 1], KEYS[#KEYS] }
+end
+begin(call_keys)
 
 local op, ticket, client, unconfirmed = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local lease, wait, group = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
@@ -35,7 +52,16 @@ local result = 0
 
 -- is_token tells a grant record from a tombstone or nothing.
 local function is_token(g)
-  return g and g ~= 'r' and g ~= 'x' and g ~= 'q'
+  return g and g ~= 'r' and g ~= 'x' and g ~= 'q' and string.sub(g, 1, 1) ~= 'c'
+end
+
+local cv, fresh
+if op == 'wait' then
+  fresh = ARGV[10]
+  cv = cond_load(rs[1], ARGV[11], ckeys[1], ckeys[2])
+  -- A resend: the first run made the new ticket wait (or more since).
+  if redis.call('HEXISTS', rs[1].S, fresh) == 1 then return { 1, 0, now, -1 } end
+  if cv.off then return redis.error_reply('FAIRLOCK_COND_UNREACHABLE') end
 end
 
 if op == 'leave' then
@@ -47,6 +73,18 @@ if op == 'leave' then
     if p.r.grant == 'q' then
       unqueue(p.r, waiter_member(ticket, p.n, client, lease, wait, group), true)
       result = 1
+    elseif p.r.grant and string.sub(p.r.grant, 1, 1) == 'c' then
+      -- Waiting on a condition variable.
+      local c = cond_load(p.r, string.sub(p.r.grant, 2), ckeys[1], ckeys[2])
+      local m = waiter_member(ticket, p.n, client, lease, wait, '')
+      if not c.off then
+        if redis.call('ZSCORE', c.E, m) then
+          cond_drop(p.r, c, m)
+          result = 1
+        else
+          record(p.r, ticket, false)
+        end
+      end
     end
   end
 end
@@ -67,7 +105,7 @@ if result == 0 then
         hold_at(p.r, now + lease, p.hm)
         -- A grant announced to this ticket is confirmed.
         if unconfirmed == '1' then record(p.r, ticket, false) end
-      elseif op == 'release' and live then
+      elseif (op == 'release' or op == 'wait') and live then
         drop_holder(p.r, p.hm, p.n, 'r')
       else
         drop_holder(p.r, p.hm, p.n, 'x')
@@ -80,6 +118,10 @@ if result == 0 then
   if live then
     result = 1
     if op == 'leave' then result = 2 end
+    if op == 'wait' then
+      local p = parts[1]
+      cond_add(p.r, cv, fresh, p.ns, client, lease, wait)
+    end
   elseif op == 'release' then
     -- A resent release: its first run released every part.
     local again = true
@@ -92,4 +134,5 @@ end
 -- A renewal frees nothing, unless it found its lease gone.
 if op ~= 'renew' or result ~= 1 then run_queues(rs) end
 finish()
+if op == 'wait' then return { result, more_flag(), now, next_event() } end
 return { result, more_flag() }

@@ -192,3 +192,58 @@ func BenchmarkDrain1000(b *testing.B) {
 	b.ReportMetric(float64(p50(drain).Milliseconds()), "drain-ms")
 	b.ReportMetric(slices.Max(cmds), "cmds/acquire")
 }
+
+// Signal to wake: from CondSignal by one process (holding nothing, the
+// mutex free) to CondWait returning, with the mutex, in the waiter (another
+// process).
+func BenchmarkCondSignalWake(b *testing.B) {
+	be := redistest.RealBackend(b)
+	prefix := redistest.Prefix(b)
+	ctx := context.Background()
+	waiter, err := semaphore.NewMutex(benchClient(b, be.Client(b), prefix), "cv")
+	if err != nil {
+		b.Fatal(err)
+	}
+	signaller, err := semaphore.NewMutex(benchClient(b, be.Client(b), prefix), "cv")
+	if err != nil {
+		b.Fatal(err)
+	}
+	rdb := be.Client(b)
+	key := prefix + "{cv}:c"
+	cond, scond := semaphore.NewCond(waiter), semaphore.NewCond(signaller)
+	var ping, wake []time.Duration
+	for b.Loop() {
+		l, err := waiter.Lock(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		got := make(chan time.Time, 1)
+		go func() {
+			l, err := cond.Wait(ctx, l)
+			got <- time.Now()
+			if err == nil {
+				err = l.Release(ctx)
+			}
+			if err != nil {
+				b.Error(err)
+			}
+		}()
+		for rdb.ZCard(ctx, key).Val() == 0 {
+			time.Sleep(100 * time.Microsecond)
+		}
+		time.Sleep(time.Millisecond)
+		t0 := time.Now()
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if n, err := scond.Signal(ctx); err != nil || n != 1 {
+			b.Fatalf("Signal = %d, %v", n, err)
+		}
+		ping, wake = append(ping, t1.Sub(t0)), append(wake, (<-got).Sub(t1))
+	}
+	b.ReportMetric(float64(p50(ping).Microseconds()), "ping-p50-µs")
+	b.ReportMetric(float64(p50(wake).Microseconds()), "wake-p50-µs")
+	b.ReportMetric(float64(p99(wake).Microseconds()), "wake-p99-µs")
+	b.ReportMetric(float64(p50(wake))/float64(p50(ping)), "wake/ping-p50")
+}

@@ -238,3 +238,59 @@ func ExampleWithMaxHold() {
 	fmt.Println(errors.Is(err, fairlock.ErrMaxHold), errors.Is(err, fairlock.ErrLeaseLost))
 	// Output: true true
 }
+
+// A consumer waits on a condition variable until a producer, in another
+// process, has put an item in a shared queue.
+func ExampleCond() {
+	rdb, stop := redistest.Embedded() // a program connects to its own Redis
+	defer stop()
+	ctx := context.Background()
+	consumer, err := fairlock.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer consumer.Close()
+	producer, err := fairlock.New(rdb) // as if in another process
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer producer.Close()
+
+	items := "jobs" // a Redis list guarded by the mutex "jobs-mu"
+	waiting := make(chan struct{})
+	done := make(chan string)
+	go func() {
+		mu, _ := semaphore.NewMutex(consumer, "jobs-mu")
+		cond := semaphore.NewCond(mu)
+		lease, err := mu.Lock(ctx)
+		var once sync.Once
+		for err == nil && rdb.LLen(ctx, items).Val() == 0 {
+			// The producer cannot lock before Wait has unlocked, and Wait
+			// unlocks and waits in one step: its Signal is not missed.
+			once.Do(func() { close(waiting) })
+			lease, err = cond.Wait(ctx, lease) // unlocks, waits, locks again
+		}
+		if err != nil {
+			log.Fatal(err)
+		}
+		item := rdb.LPop(ctx, items).Val()
+		_ = lease.Release(ctx)
+		done <- item
+	}()
+
+	<-waiting
+	mu, _ := semaphore.NewMutex(producer, "jobs-mu")
+	err = mu.Do(ctx, func(context.Context) error { return rdb.RPush(ctx, items, "job 1").Err() })
+	if err != nil {
+		log.Fatal(err)
+	}
+	woken, err := semaphore.NewCond(mu).Signal(ctx) // needs no lease
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("woke", woken)
+	fmt.Println("consumed", <-done)
+	// Output:
+	// woke 1
+	// consumed job 1
+}

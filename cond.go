@@ -1,0 +1,256 @@
+package fairlock
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Condition variables. A condition is named by its semaphore (in practice
+// a mutex: capacity 1) and a condition name; its waiters live in two keys
+// of the semaphore's hash tag (see queue.lua). Waiting releases the lease
+// and joins the condition in one script; a signal moves the longest waiter
+// into the semaphore's queue, behind those already queued, where the
+// ordinary grant reaches it on its wake list. While it waits on the
+// condition, the ticket is a waiter of its semaphore's room like any
+// other: the room's refresh keeps it alive and reports it dropped.
+
+// ValidateCondName reports whether name can name a condition variable: at
+// most [MaxNameLen] bytes of UTF-8 without control characters ("" is the
+// default condition). It contacts no server; an invalid name fails with
+// [ErrInvalidName].
+func ValidateCondName(name string) error {
+	switch {
+	case len(name) > MaxNameLen:
+		return fmt.Errorf("%w: condition name of %d bytes, longer than %d", ErrInvalidName, len(name), MaxNameLen)
+	case !utf8.ValidString(name):
+		return fmt.Errorf("%w: condition name %q is not valid UTF-8", ErrInvalidName, name)
+	case strings.IndexFunc(name, unicode.IsControl) >= 0:
+		return fmt.Errorf("%w: condition name %q contains a control character", ErrInvalidName, name)
+	}
+	return nil
+}
+
+// condKeys returns the keys of condition cond of the semaphore with keys
+// k, in the order the scripts take them after the semaphore's (:c, :e).
+func condKeys(k keys, cond string) []string {
+	if cond == "" {
+		return []string{k.base + ":c", k.base + ":e"}
+	}
+	return []string{k.base + ":c:" + cond, k.base + ":e:" + cond}
+}
+
+// withCond returns p (of one semaphore) with condition cond's keys
+// declared after the semaphore's.
+func (p plan) withCond(cond string) plan {
+	p.keys = append(slices.Clip(p.keys), condKeys(p.first().k, cond)...)
+	return p
+}
+
+// CondWait releases the lease and waits on the condition variable cond of
+// its semaphore, in one atomic step, so a signal sent after the release is
+// never missed. Once signalled, the waiter queues for the semaphore again,
+// behind those already queued, and CondWait returns the new lease that
+// holds it. The lease given is spent whatever happens: on any error
+// CondWait returns a nil lease and the caller holds nothing.
+//
+// CondWait may return without a signal (a spurious wakeup, as with any
+// condition variable), having locked the semaphore again: when its waiter
+// was dropped because this process could not refresh it within the waiter
+// TTL. Callers check their condition in a loop.
+//
+// The lease must be of one semaphore, held, and not confirmed lost:
+// otherwise CondWait fails with [ErrInvalidArgument], [ErrNotHeld], or
+// [ErrLeaseLost] (the lease had expired; nothing waits). When ctx ends,
+// CondWait returns an error matching ctx.Err() within the bounds of
+// [Client.Acquire], having left the condition (or the queue; a grant that
+// raced the cancellation is handed on) in the background. A Redis that
+// cannot be reached yields an error matching [ErrRedis]: the lease then
+// returns at its TTL, and a waiter the script did add is dropped at its
+// deadline. A closed client yields [ErrClosed].
+func (l *Lease) CondWait(ctx context.Context, cond string) (*Lease, error) {
+	c, p := l.c, l.p
+	wrap := func(err error) error { return fmt.Errorf("fairlock: wait %s: %w", labelOf(p.names), err) }
+	if len(p.parts) != 1 {
+		return nil, wrap(fmt.Errorf("%w: a condition variable needs a lease of one semaphore, not %d", ErrInvalidArgument, len(p.parts)))
+	}
+	if err := ValidateCondName(cond); err != nil {
+		return nil, wrap(err)
+	}
+	cp := p.withCond(cond)
+	l.mu.Lock()
+	if l.released {
+		l.mu.Unlock()
+		return nil, wrap(ErrNotHeld)
+	}
+	l.stopRenewal()
+	// The waiter registers before its script runs, so a grant announced
+	// the moment it is signalled finds it.
+	r, w, err := c.register(p, true)
+	if err != nil {
+		l.released = true
+		l.mu.Unlock()
+		l.finish(ErrClosed)
+		return nil, wrap(err)
+	}
+	fresh := w.ticket
+	args := append(p.releaseArgs("wait", l.ticket, c, l.pending, l.tokens), fresh, cond)
+	sent := time.Now()
+	o, ok := c.call(ctx, c.runner(c.scripts.release, cp.keys, args), func(outcome) {
+		// The script may have run, or not: release the lease (a resend
+		// finds its tombstone) and withdraw the new ticket.
+		c.cleanUp(ctx, p.releaseArgs("release", l.ticket, c, l.pending, l.tokens), p)
+		c.cleanUp(ctx, cp.releaseArgs("leave", fresh, c, true, nil), cp)
+	})
+	l.released = true
+	l.mu.Unlock()
+	if !ok {
+		c.unregister(r, w)
+		l.finish(ErrNotHeld)
+		return nil, wrap(ctx.Err())
+	}
+	res, err := o.cmd.Slice()
+	var n, more, now, next int64
+	for i, v := range []*int64{&n, &more, &now, &next} {
+		if err == nil {
+			*v, err = reply(res).int(i)
+		}
+	}
+	if err != nil {
+		c.unregister(r, w)
+		// The script may have run before the failure was seen.
+		c.withdraw(ctx, cp, fresh)
+		err = fail(ctx, "wait", p.names, err)
+		l.finish(fmt.Errorf("%w: wait failed: %w", ErrLeaseLost, err))
+		return nil, err
+	}
+	if more == 1 {
+		c.pumpLater(p)
+	}
+	if n != 1 {
+		c.unregister(r, w)
+		l.finish(ErrLeaseLost)
+		return nil, wrap(ErrLeaseLost)
+	}
+	l.finish(ErrNotHeld)
+	c.listen(r, w, time.Duration(next)*time.Millisecond, clockSample{sent: sent, redis: now})
+	select {
+	case wk := <-w.ch:
+		switch {
+		case wk.err != nil:
+			c.withdraw(ctx, cp, fresh)
+			return nil, fail(ctx, "wait", p.names, wk.err)
+		case wk.requeue:
+			// Dropped while this process could not refresh it: a spurious
+			// wakeup. Lock again.
+			return c.acquire(ctx, []Request{p.first().req}, true)
+		case len(wk.grant.tokens) != 1:
+			c.withdraw(ctx, cp, fresh)
+			return nil, wrap(fmt.Errorf("%w: a grant with %d tokens for 1 semaphore", ErrRedis, len(wk.grant.tokens)))
+		}
+		deadline := wk.sample.localDeadline(wk.grant.expiry)
+		if !time.Now().Before(deadline) {
+			// Stalled past the grant (see acquire): give it back, lock
+			// again.
+			c.withdraw(ctx, cp, fresh)
+			return c.acquire(ctx, []Request{p.first().req}, true)
+		}
+		return c.newLease(ctx, p, fresh, wk.grant.tokens, deadline, true)
+	case <-ctx.Done():
+	case <-c.done:
+	}
+	c.unregister(r, w)
+	// Leave atomically: the condition, or the queue if signalled; a grant
+	// that raced the cancellation is handed on.
+	c.withdraw(ctx, cp, fresh)
+	if err := ctx.Err(); err != nil {
+		return nil, wrap(err)
+	}
+	return nil, wrap(ErrClosed)
+}
+
+// CondSignal wakes the longest waiter of the condition variable cond of the
+// semaphore name, if any: it moves to the semaphore's queue, behind those
+// already queued. Waiters whose process died (their waiter TTL passed
+// unrefreshed) are dropped on the way, never woken. It needs no lease and
+// returns how many waiters it woke (0 or 1).
+//
+// An invalid name fails with [ErrInvalidName]. When ctx ends first,
+// CondSignal returns an error matching ctx.Err(); the signal may have been
+// delivered or not. A Redis that cannot be reached yields [ErrRedis], a
+// closed client [ErrClosed].
+func (c *Client) CondSignal(ctx context.Context, name, cond string) (int, error) {
+	return c.signal(ctx, name, cond, false)
+}
+
+// CondBroadcast wakes every waiter of the condition variable cond of the
+// semaphore name that waited when it was called, in the order they began
+// to wait; they queue for the semaphore behind those already queued. A
+// large set is woken in several scripts of bounded length. It needs no
+// lease and returns how many waiters it woke; on an error it returns how
+// many it had woken before. Its errors are [Client.CondSignal]'s.
+func (c *Client) CondBroadcast(ctx context.Context, name, cond string) (int, error) {
+	return c.signal(ctx, name, cond, true)
+}
+
+// maxSignalScripts bounds the scripts one signal or broadcast runs (each
+// drops or wakes up to the script budget).
+const maxSignalScripts = 100000
+
+func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, error) {
+	op, mode := "signal", "1"
+	if all {
+		op, mode = "broadcast", "all"
+	}
+	wrap := func(err error) error { return fmt.Errorf("fairlock: %s %q: %w", op, name, err) }
+	k, err := c.keys(name)
+	if err == nil {
+		err = ValidateCondName(cond)
+	}
+	if err != nil {
+		return 0, wrap(err)
+	}
+	if c.isClosed() {
+		return 0, wrap(ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, wrap(err)
+	}
+	p := plan{parts: []part{{k: k, req: Request{Name: name}}}, keys: k.list(), names: []string{name}}
+	keys := p.withCond(cond).keys
+	bound := ""
+	total := 0
+	for range maxSignalScripts {
+		o, ok := c.call(ctx, c.runner(c.scripts.acquire, keys, []any{"signal", cond, mode, bound}), nil)
+		if !ok {
+			return total, wrap(ctx.Err())
+		}
+		res, err := o.cmd.Slice()
+		var woken, cmore, more int64
+		for i, v := range []*int64{&woken, &cmore, &more} {
+			if err == nil {
+				*v, err = reply(res).int(i)
+			}
+		}
+		if err == nil {
+			var b int64
+			b, err = reply(res).int(3)
+			bound = fmt.Sprint(b)
+		}
+		if err != nil {
+			return total, fail(ctx, op, p.names, err)
+		}
+		total += int(woken)
+		if more == 1 {
+			c.pumpLater(p)
+		}
+		if cmore == 0 || (!all && total > 0) {
+			break
+		}
+	}
+	return total, nil
+}

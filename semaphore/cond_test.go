@@ -1,0 +1,307 @@
+package semaphore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/fltest"
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/semaphore"
+)
+
+// condEnv is one test's mutex "mu" and its default condition, as seen by
+// several clients (processes).
+type condEnv struct {
+	*fltest.Env
+	t *testing.T
+}
+
+func (e condEnv) mutex(c *fairlock.Client) *semaphore.Mutex {
+	e.t.Helper()
+	m, err := semaphore.NewMutex(c, "mu")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return m
+}
+
+// lock locks m, failing the test on an error.
+func (e condEnv) lock(m *semaphore.Mutex) *fairlock.Lease {
+	e.t.Helper()
+	l, err := m.Lock(context.Background())
+	if err != nil {
+		e.t.Fatalf("Lock: %v", err)
+	}
+	return l
+}
+
+// waiters returns how many tickets wait on the default condition of "mu".
+func (e condEnv) waiters() int64 {
+	n, err := e.RDB.ZCard(context.Background(), e.Key("mu", "c")).Result()
+	if err != nil {
+		e.t.Fatalf("ZCARD: %v", err)
+	}
+	return n
+}
+
+// startWait locks a fresh client's mutex and waits on its default
+// condition in a goroutine, once the condition has want-1 waiters; it
+// returns when the waiter is on the condition.
+func (e condEnv) startWait(ctx context.Context, want int64, opts ...fairlock.Option) <-chan fltest.Result {
+	e.t.Helper()
+	m := e.mutex(e.Client(opts...))
+	l := e.lock(m)
+	cond := semaphore.NewCond(m)
+	ch := fltest.Async(func() (*fairlock.Lease, error) { return cond.Wait(ctx, l) })
+	e.WaitFor("a waiter on the condition", func() bool { return e.waiters() == want })
+	return ch
+}
+
+func newCondEnv(t *testing.T, b *redistest.Backend) condEnv {
+	return condEnv{fltest.New(t, b), t}
+}
+
+// signal signals the default condition of "mu" from a client of its own
+// and checks how many it woke.
+func (e condEnv) signal(all bool, want int) {
+	e.t.Helper()
+	cond := semaphore.NewCond(e.mutex(e.Client()))
+	var n int
+	var err error
+	if all {
+		n, err = cond.Broadcast(context.Background())
+	} else {
+		n, err = cond.Signal(context.Background())
+	}
+	if err != nil || n != want {
+		e.t.Fatalf("Signal/Broadcast (all %v) = %d, %v, want %d", all, n, err, want)
+	}
+}
+
+// Signal wakes waiters one at a time, longest first; each returns holding
+// the mutex; a Signal with nobody waiting wakes nobody.
+func TestCondSignalOrder(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newCondEnv(t, b)
+		ctx := context.Background()
+		var chs []<-chan fltest.Result
+		for i := range 3 {
+			chs = append(chs, e.startWait(ctx, int64(i+1)))
+		}
+		for i, ch := range chs {
+			e.signal(false, 1)
+			l := e.Granted(ch)
+			for _, later := range chs[i+1:] {
+				e.NotYet(later, "a waiter signalled later")
+			}
+			e.Release(l)
+		}
+		e.signal(false, 0)
+	})
+}
+
+// Broadcast wakes every waiter; they take the mutex in the order they
+// began to wait.
+func TestCondBroadcast(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newCondEnv(t, b)
+		ctx := context.Background()
+		var chs []<-chan fltest.Result
+		for i := range 4 {
+			chs = append(chs, e.startWait(ctx, int64(i+1)))
+		}
+		e.signal(true, 4)
+		for i, ch := range chs {
+			l := e.Granted(ch)
+			for _, later := range chs[i+1:] {
+				e.NotYet(later, "a waiter that began to wait later")
+			}
+			e.Release(l)
+		}
+		e.signal(true, 0)
+	})
+}
+
+// A signalled waiter queues behind those already queued for the mutex.
+func TestCondWokenQueuesBehind(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newCondEnv(t, b)
+		ctx := context.Background()
+		waiter := e.startWait(ctx, 1)
+		holder := e.lock(e.mutex(e.Client()))
+		queued := fltest.Async(func() (*fairlock.Lease, error) { return e.mutex(e.Client()).Lock(ctx) })
+		e.WaitQueued("mu", 1)
+		e.signal(false, 1)
+		e.WaitQueued("mu", 2)
+		e.Release(holder)
+		l := e.Granted(queued)
+		e.NotYet(waiter, "the signalled waiter, queued after a locker")
+		e.Release(l)
+		e.Release(e.Granted(waiter))
+	})
+}
+
+// Wait releases and waits in one step: the locker it hands the mutex to
+// finds it waiting, so a Signal sent at once is not lost.
+func TestCondSignalAfterReleaseNotLost(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newCondEnv(t, b)
+		ctx := context.Background()
+		for range 5 {
+			m := e.mutex(e.Client())
+			l := e.lock(m)
+			other := e.mutex(e.Client())
+			next := fltest.Async(func() (*fairlock.Lease, error) { return other.Lock(ctx) })
+			e.WaitQueued("mu", 1)
+			waited := fltest.Async(func() (*fairlock.Lease, error) { return semaphore.NewCond(m).Wait(ctx, l) })
+			// The Wait handed the mutex to other: it signals at once.
+			ol := e.Granted(next)
+			n, err := semaphore.NewCond(other).Signal(ctx)
+			if err != nil || n != 1 {
+				t.Fatalf("Signal by the next holder = %d, %v, want 1: the waiter was not waiting yet", n, err)
+			}
+			e.Release(ol)
+			e.Release(e.Granted(waited))
+		}
+	})
+}
+
+// A waiter whose context ends leaves the condition at once: nothing of it
+// stays, and a Signal finds nobody.
+func TestCondWaitCancelled(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newCondEnv(t, b)
+		ctx, cancel := context.WithCancel(context.Background())
+		ch := e.startWait(ctx, 1)
+		cancel()
+		r := e.Receive(ch)
+		fltest.IsErr(t, "Wait after cancel", r.Err, context.Canceled)
+		if r.Lease != nil {
+			t.Fatal("a cancelled Wait returned a lease")
+		}
+		e.WaitFor("the cancelled waiter to leave", func() bool { return e.waiters() == 0 })
+		e.signal(false, 0)
+		st, err := e.RDB.HGetAll(context.Background(), e.Key("mu", "s")).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st["nc"] != "0" {
+			t.Fatalf("state after the waiter left: nc = %q, want 0 (%v)", st["nc"], st)
+		}
+		for f, v := range st {
+			if len(v) > 0 && v[0] == 'c' {
+				t.Fatalf("marker %s = %q left behind", f, v)
+			}
+		}
+		// The mutex is free.
+		e.Release(e.lock(e.mutex(e.Client())))
+	})
+}
+
+// A waiter whose process died is dropped after the waiter TTL; a Signal
+// skips it and wakes the next live one.
+func TestCondSignalSkipsDead(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newCondEnv(t, b)
+		ctx := context.Background()
+		const ttl = 200 * time.Millisecond
+		dc, faults := e.FaultyClient(fairlock.WithWaiterTTL(ttl))
+		dm := e.mutex(dc)
+		dl := e.lock(dm)
+		dead := fltest.Async(func() (*fairlock.Lease, error) { return semaphore.NewCond(dm).Wait(ctx, dl) })
+		e.WaitFor("the doomed waiter", func() bool { return e.waiters() == 1 })
+		faults.Down.Store(true) // the process dies
+		live := e.startWait(ctx, 2)
+		// Past the dead waiter's deadline, by Redis's clock.
+		key := e.Key("mu", "e")
+		e.WaitFor("the dead waiter's deadline", func() bool {
+			at, err := e.RDB.ZRangeWithScores(ctx, key, 0, 0).Result()
+			now, err2 := e.RDB.Time(ctx).Result()
+			return err == nil && err2 == nil && len(at) > 0 && int64(at[0].Score) < now.UnixMilli()-1
+		})
+		e.signal(false, 1)
+		e.Release(e.Granted(live))
+		if e.waiters() != 0 {
+			t.Fatalf("%d waiters left, want 0: the dead one was not dropped", e.waiters())
+		}
+		faults.Down.Store(false)
+		_ = dc.Close()
+		if r := e.Receive(dead); r.Err == nil {
+			t.Fatal("the dead process's Wait succeeded")
+		}
+	})
+}
+
+// Bad input fails clearly.
+func TestCondInput(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newCondEnv(t, b)
+		ctx := context.Background()
+		m := e.mutex(e.Client())
+		if _, err := semaphore.NewNamedCond(m, "a\tb"); err == nil {
+			t.Fatal("NewNamedCond with a tab succeeded")
+		}
+		if _, err := semaphore.NewNamedCond(nil, "x"); err == nil {
+			t.Fatal("NewNamedCond(nil) succeeded")
+		}
+		_, err := semaphore.NewCond(nil).Signal(ctx)
+		fltest.IsErr(t, "Signal on a nil mutex", err, fairlock.ErrInvalidArgument)
+		other, err := semaphore.NewMutex(e.Client(), "other")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := e.lock(other)
+		_, err = semaphore.NewCond(m).Wait(ctx, l)
+		fltest.IsErr(t, "Wait with another mutex's lease", err, fairlock.ErrInvalidArgument)
+		_, err = semaphore.NewCond(m).Wait(ctx, nil)
+		fltest.IsErr(t, "Wait with a nil lease", err, fairlock.ErrInvalidArgument)
+		e.Release(l)
+		l = e.lock(m)
+		e.Release(l)
+		_, err = semaphore.NewCond(m).Wait(ctx, l)
+		fltest.IsErr(t, "Wait with a released lease", err, fairlock.ErrNotHeld)
+	})
+}
+
+// A Broadcast to more waiters than one script may wake (its budget, 400)
+// wakes them all, over several scripts, and they take the mutex in the
+// order they began to wait.
+func TestCondBroadcastMany(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newCondEnv(t, b)
+		ctx := context.Background()
+		const n = 450
+		m := e.mutex(e.Client()) // one process with many waiters
+		cond := semaphore.NewCond(m)
+		order := make(chan int, n)
+		errs := make(chan error, n)
+		for i := range n {
+			l := e.lock(m)
+			go func() {
+				l, err := cond.Wait(ctx, l)
+				if err == nil {
+					order <- i
+					err = l.Release(ctx)
+				}
+				errs <- err
+			}()
+			e.WaitFor("the waiter on the condition", func() bool { return e.waiters() == int64(i+1) })
+		}
+		e.signal(true, n)
+		for range n {
+			if err := <-errs; err != nil {
+				t.Fatalf("Wait: %v", err)
+			}
+		}
+		close(order)
+		want := 0
+		for i := range order {
+			if i != want {
+				t.Fatalf("waiter %d took the mutex when waiter %d was due", i, want)
+			}
+			want++
+		}
+	})
+}
