@@ -53,7 +53,7 @@ type config struct {
 	maxQueue  int      // the queue scenario's largest queue
 }
 
-var allScenarios = []string{"uncontended", "handoff", "contended", "contended-100us", "fifo", "drain", "semaphore", "dining", "queue"}
+var allScenarios = []string{"uncontended", "handoff", "contended", "contended-100us", "fifo", "drain", "semaphore", "dining", "queue", "floor"}
 
 func parse(args []string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)

@@ -26,6 +26,7 @@ var scenarios = map[string]func(*env) ([]*Table, []Target, error){
 	"drain":           drain,
 	"semaphore":       countingSemaphore,
 	"dining":          dining,
+	"floor":           floor,
 }
 
 // counter is a go-redis hook counting the commands one process sends.
