@@ -120,7 +120,7 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (lease 
 			queued = sent
 			c.observe(Event{Kind: WaitStarted, Names: p.names, Permits: p.permits(), ID: p.id})
 		}
-		c.listen(r, w, time.Duration(next)*time.Millisecond, clockSample{sent: sent, redis: now})
+		c.noteQueued(r, w, time.Duration(next)*time.Millisecond, clockSample{sent: sent, redis: now})
 		select {
 		case wk := <-w.ch:
 			switch {
@@ -219,9 +219,9 @@ func (p plan) acquireArgs(op, ticket string, c *Client) []any {
 
 // releaseArgs renders the arguments of release.lua for op on p's
 // semaphores held under ticket with the given tokens (zeros for "leave").
-func (p plan) releaseArgs(op, ticket string, c *Client, unconfirmed bool, tokens []int64) []any {
+func (p plan) releaseArgs(op, ticket string, c *Client, announced bool, tokens []int64) []any {
 	args := make([]any, 0, 7+2*len(p.parts))
-	args = append(args, op, ticket, c.id, boolArg(unconfirmed), ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL), p.group)
+	args = append(args, op, ticket, c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL), p.group, boolArg(announced))
 	for i, pt := range p.parts {
 		var tok int64
 		if tokens != nil {

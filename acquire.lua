@@ -33,7 +33,7 @@
 --     dropped. A ticket waiting on a condition variable (its "c" marker
 --     in S) is kept alive there.
 --   "renew_batch"      KEYS: one resource's. ARGV: op, client, then
---                      ticket, permits, token, unconfirmed ("1" or "0"),
+--                      ticket, permits, token, announced ("1" or "0"),
 --                      leaseMs for each of one process's leases on it:
 --                      renews each as release.lua's "renew" does.
 --     {{1 renewed or 0 gone, ...}, more}

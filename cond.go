@@ -98,12 +98,12 @@ func (l *Lease) CondWait(ctx context.Context, cond string) (*Lease, error) {
 		return nil, wrap(err)
 	}
 	fresh := w.ticket
-	args := append(p.releaseArgs("wait", l.ticket, c, l.pending, l.tokens), fresh, cond)
+	args := append(p.releaseArgs("wait", l.ticket, c, l.announced, l.tokens), fresh, cond)
 	sent := time.Now()
 	o, ok := c.call(ctx, c.runner(c.scripts.release, cp.keys, args), func(outcome) {
 		// The script may have run, or not: release the lease (a resend
 		// finds its tombstone) and withdraw the new ticket.
-		c.cleanUp(ctx, p.releaseArgs("release", l.ticket, c, l.pending, l.tokens), p)
+		c.cleanUp(ctx, p.releaseArgs("release", l.ticket, c, l.announced, l.tokens), p)
 		c.cleanUp(ctx, cp.releaseArgs("leave", fresh, c, true, nil), cp)
 	})
 	l.released = true
@@ -137,7 +137,7 @@ func (l *Lease) CondWait(ctx context.Context, cond string) (*Lease, error) {
 		return nil, wrap(ErrLeaseLost)
 	}
 	l.finish(ErrNotHeld)
-	c.listen(r, w, time.Duration(next)*time.Millisecond, clockSample{sent: sent, redis: now})
+	c.noteQueued(r, w, time.Duration(next)*time.Millisecond, clockSample{sent: sent, redis: now})
 	select {
 	case wk := <-w.ch:
 		switch {

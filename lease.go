@@ -24,17 +24,17 @@ type Lease struct {
 	end context.CancelCauseFunc
 
 	// Renewal runs on a timer, so no goroutine exists between renewals.
-	stopCtx  context.Context // cancelled when renewal stops
-	halt     context.CancelFunc
-	rmu      sync.Mutex
-	idle     *sync.Cond    // signalled when a renewal in flight ends
-	timer    *time.Timer   // guarded by rmu
-	deadline time.Time     // guarded by rmu: when the lease may have expired
-	stopped  bool          // guarded by rmu
-	renewing bool          // guarded by rmu
-	pending  bool          // guarded by rmu: announced, not yet confirmed
-	maxHold  time.Duration // the cap on holding (see maxhold.go); 0 for none
-	holdEnd  time.Time     // when the cap ends the lease, locally; zero for none
+	stopCtx   context.Context // cancelled when renewal stops
+	halt      context.CancelFunc
+	rmu       sync.Mutex
+	idle      *sync.Cond    // signalled when a renewal in flight ends
+	timer     *time.Timer   // guarded by rmu
+	deadline  time.Time     // guarded by rmu: when the lease may have expired
+	stopped   bool          // guarded by rmu
+	renewing  bool          // guarded by rmu
+	announced bool          // guarded by rmu: announced, not yet confirmed
+	maxHold   time.Duration // the cap on holding (see maxhold.go); 0 for none
+	holdEnd   time.Time     // when the cap ends the lease, locally; zero for none
 
 	mu       sync.Mutex // serialises Release
 	released bool
@@ -58,7 +58,7 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	l.deadline = deadline
 	first := c.cfg.leaseTTL / renewDivisor
 	if announced {
-		first, l.pending = max(time.Until(deadline)/renewDivisor, 0), true
+		first, l.announced = max(time.Until(deadline)/renewDivisor, 0), true
 	}
 	first = l.capHold(first, announced)
 
@@ -87,7 +87,7 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	l.rmu.Unlock()
 	l.renew()
 	l.rmu.Lock()
-	confirmed := !l.pending && !l.stopped
+	confirmed := !l.announced && !l.stopped
 	l.rmu.Unlock()
 	if !confirmed {
 		_ = l.Release(ctx)
@@ -173,7 +173,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		return opError("release", l.p.names, ErrNotHeld)
 	}
 	l.stopRenewal()
-	args := l.p.releaseArgs("release", l.ticket, l.c, l.pending, l.tokens)
+	args := l.p.releaseArgs("release", l.ticket, l.c, l.announced, l.tokens)
 	o, ok := l.c.call(ctx, l.c.runner(l.c.scripts.release, l.p.keys, args), func(o outcome) {
 		if o.cmd.Err() != nil {
 			// The release may not have reached Redis: send it again.
@@ -278,13 +278,13 @@ func (l *Lease) renew() {
 	}
 	if l.holdOver(time.Now()) {
 		l.stopped = true
-		pending := l.pending
+		announced := l.announced
 		l.rmu.Unlock()
-		l.endAtCap(pending)
+		l.endAtCap(announced)
 		return
 	}
 	l.renewing = true
-	deadline, pending := l.deadline, l.pending
+	deadline, announced := l.deadline, l.announced
 	l.rmu.Unlock()
 
 	ttl := l.c.cfg.leaseTTL
@@ -294,9 +294,9 @@ func (l *Lease) renew() {
 	var n int64
 	var err error
 	if l.batchable() && !capped {
-		n, err = l.c.renewBatched(ctx, l, pending, lease)
+		n, err = l.c.renewBatched(ctx, l, announced, lease)
 	} else {
-		args := withLeaseArg(l.p.releaseArgs("renew", l.ticket, l.c, pending, l.tokens), lease)
+		args := withLeaseArg(l.p.releaseArgs("renew", l.ticket, l.c, announced, l.tokens), lease)
 		o, _ := l.c.call(ctx, l.c.runner(l.c.scripts.release, l.p.keys, args), nil)
 		n, err = l.c.released(l.p, o.cmd)
 		if err == nil && n == 1 && o.ackErr != nil {
@@ -313,7 +313,7 @@ func (l *Lease) renew() {
 	switch {
 	case l.stopped:
 	case err == nil && n == 1:
-		l.deadline, l.pending = sent.Add(ttl), false
+		l.deadline, l.announced = sent.Add(ttl), false
 		l.timer.Reset(ttl / renewDivisor)
 		if capped {
 			l.cappedRenewal(sent, lease)
@@ -339,7 +339,7 @@ func (l *Lease) renew() {
 		l.finish(lost)
 	}
 	if atCap {
-		l.endAtCap(pending)
+		l.endAtCap(announced)
 	}
 }
 

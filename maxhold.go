@@ -120,9 +120,9 @@ func (l *Lease) untilCap(d time.Duration) time.Duration {
 // waiter now, whose timer may be set for the later expiry the lease had
 // before its last renewal shortened it, and frees a grant that outlasts
 // the cap because the renewal meant to shorten it failed.
-func (l *Lease) endAtCap(pending bool) {
+func (l *Lease) endAtCap(announced bool) {
 	l.finish(l.maxHoldErr())
-	args := l.p.releaseArgs("release", l.ticket, l.c, pending, l.tokens)
+	args := l.p.releaseArgs("release", l.ticket, l.c, announced, l.tokens)
 	l.c.spawn(func() { l.c.cleanUp(context.Background(), args, l.p) })
 }
 
@@ -136,6 +136,6 @@ func (l *Lease) maxHoldErr() error {
 // the one the request was queued with: the other ops find the waiter by a
 // member that contains it.
 func withLeaseArg(args []any, d time.Duration) []any {
-	args[4] = ms(d)
+	args[3] = ms(d) // leaseMs (see releaseArgs)
 	return args
 }

@@ -160,12 +160,12 @@ func (h *renewals) note(arg any) {
 func (h *renewals) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		args := cmd.Args()
-		// release.lua's ARGV: op, ticket, client, unconfirmed, leaseMs, ...
-		if i := slices.Index(args, any("renew")); i >= 0 && i+4 < len(args) {
-			h.note(args[i+4])
+		// release.lua's ARGV: op, ticket, client, leaseMs, ...
+		if i := slices.Index(args, any("renew")); i >= 0 && i+3 < len(args) {
+			h.note(args[i+3])
 		}
 		// acquire.lua's renew_batch: op, client, then ticket, permits,
-		// token, unconfirmed, leaseMs for each lease.
+		// token, announced, leaseMs for each lease.
 		if i := slices.Index(args, any("renew_batch")); i >= 0 {
 			for j := i + 6; j < len(args); j += 5 {
 				h.note(args[j])

@@ -2,9 +2,10 @@
 -- obeys: every check comes before finish().
 --
 -- KEYS: the keys of each resource of one request, in name order.
--- ARGV: op, ticket, client, unconfirmed ("1" if the grant was announced
--- and not yet confirmed), leaseMs, waiterMs, group ("" for one resource),
--- then permits, token for each resource. Every op returns {result, more}:
+-- ARGV: op, ticket, client, leaseMs, waiterMs, group ("" for one
+-- resource), as acquire.lua takes them; then announced ("1" if the grant
+-- was announced on a wake list and not yet confirmed by a renewal), then
+-- permits, token for each resource. Every op returns {result, more}:
 -- more is 1 when the queues have work left for later scripts ("pump").
 --   "release"  frees the lease's permits on every resource and grants them
 --              on; result 1, or 0 when the lease had already expired or
@@ -39,8 +40,8 @@ if #KEYS % 5 == 2 then
 end
 begin(call_keys)
 
-local op, ticket, client, unconfirmed = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local lease, wait, group = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+local op, ticket, client = ARGV[1], ARGV[2], ARGV[3]
+local lease, wait, group, announced = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], ARGV[7]
 local rs = declared(ticket)
 local parts = {}
 for i, r in ipairs(rs) do
@@ -67,7 +68,7 @@ end
 if op == 'leave' then
   -- A grant this waiter has not heard of was announced, so S has its
   -- tokens.
-  unconfirmed = '1'
+  announced = '1'
   for _, p in ipairs(parts) do
     p.ts = is_token(p.r.grant) and p.r.grant or '0'
     if p.r.grant == 'q' then
@@ -104,7 +105,7 @@ if result == 0 then
       if op == 'renew' and live then
         hold_at(p.r, now + lease, p.hm)
         -- A grant announced to this ticket is confirmed.
-        if unconfirmed == '1' then record(p.r, ticket, false) end
+        if announced == '1' then record(p.r, ticket, false) end
       elseif (op == 'release' or op == 'wait') and live then
         drop_holder(p.r, p.hm, p.n, 'r')
       else

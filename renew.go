@@ -20,12 +20,12 @@ const renewBatchMax = 128
 
 // renewReq is one lease's renewal waiting for, or riding on, a batch.
 type renewReq struct {
-	l        *Lease
-	pending  bool          // the lease's grant was announced, not yet confirmed
-	ttl      time.Duration // what the renewal asks for (less at a cap on holding)
-	deadline time.Time     // the lease's: the batch must answer before it
-	done     chan renewResult
-	taken    bool // guarded by c.mu: in a batch being sent
+	l         *Lease
+	announced bool          // the lease's grant was announced, not yet confirmed
+	ttl       time.Duration // what the renewal asks for (less at a cap on holding)
+	deadline  time.Time     // the lease's: the batch must answer before it
+	done      chan renewResult
+	taken     bool // guarded by c.mu: in a batch being sent
 }
 
 type renewResult struct {
@@ -45,9 +45,9 @@ func (l *Lease) batchable() bool { return len(l.p.parts) == 1 && l.c.cfg.ackRepl
 // renewBatched renews l for ttl in the next batch of its semaphore and
 // returns the script's answer for it. It returns by ctx's end: a renewal not yet sent
 // is then withdrawn; one on its way is waited for a grace, as call does.
-func (c *Client) renewBatched(ctx context.Context, l *Lease, pending bool, ttl time.Duration) (int64, error) {
+func (c *Client) renewBatched(ctx context.Context, l *Lease, announced bool, ttl time.Duration) (int64, error) {
 	deadline, _ := ctx.Deadline()
-	req := &renewReq{l: l, pending: pending, ttl: ttl, deadline: deadline, done: make(chan renewResult, 1)}
+	req := &renewReq{l: l, announced: announced, ttl: ttl, deadline: deadline, done: make(chan renewResult, 1)}
 	k := l.p.parts[0].k
 	c.mu.Lock()
 	if c.closed {
@@ -111,7 +111,7 @@ func (c *Client) sendRenewals(q *renewQueue) {
 		args := make([]any, 0, 2+5*len(batch))
 		args = append(args, "renew_batch", c.id)
 		for _, r := range batch {
-			args = append(args, r.l.ticket, r.l.p.parts[0].req.Permits, r.l.tokens[0], boolArg(r.pending), ms(r.ttl))
+			args = append(args, r.l.ticket, r.l.p.parts[0].req.Permits, r.l.tokens[0], boolArg(r.announced), ms(r.ttl))
 		}
 		if deadline.IsZero() {
 			deadline = time.Now().Add(c.cfg.leaseTTL)

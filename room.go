@@ -87,12 +87,12 @@ func (c *Client) unregister(r *room, w *waiter) {
 	}
 }
 
-// listen records that w is queued, makes sure r runs (maintain, and a
+// noteQueued records that w is queued, makes sure r runs (maintain, and a
 // listener that hears its wake list), and that maintain runs no later than
 // after the given time (the queue's next event, or < 0 for none). A room
 // that starts running may nudge its listener, in the background. clock is
 // the reading of Redis's clock the acquire script reported.
-func (c *Client) listen(r *room, w *waiter, next time.Duration, clock clockSample) {
+func (c *Client) noteQueued(r *room, w *waiter, next time.Duration, clock clockSample) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	w.queued = true
