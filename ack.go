@@ -114,21 +114,3 @@ func (c *Client) call(ctx context.Context, do func(context.Context) outcome, lat
 		return outcome{cmd: cmd}, false
 	}
 }
-
-// WithReplicaAck makes every change the client writes wait, before the
-// call that made it returns, until at least replicas replicas of the Redis
-// master have it (Redis's WAIT), for up to timeout. It narrows what a
-// failover can lose (see the README's Reliability section) at the cost of
-// a replication round trip on every acquire, renewal and release.
-//
-// When the replicas do not acknowledge in time, Acquire gives the grant
-// back and returns an error matching [ErrNotReplicated]; a renewal counts
-// as failed (and is retried until the lease's deadline); Release returns
-// the error, though the master has released the lease. A grant that
-// reaches a waiter through its wake list is confirmed, with the wait,
-// before Acquire returns. The client must be a *redis.Client (also as
-// returned by redis.NewFailoverClient); [New] refuses others, since on
-// Cluster each master replicates on its own.
-func WithReplicaAck(replicas int, timeout time.Duration) Option {
-	return func(c *config) { c.ackReplicas, c.ackTimeout = replicas, timeout }
-}

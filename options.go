@@ -92,6 +92,24 @@ func WithWaiterTTL(d time.Duration) Option {
 	return func(c *config) { c.waiterTTL = d }
 }
 
+// WithReplicaAck makes every change the client writes wait, before the
+// call that made it returns, until at least replicas replicas of the Redis
+// master have it (Redis's WAIT), for up to timeout. It narrows what a
+// failover can lose (see the README's Reliability section) at the cost of
+// a replication round trip on every acquire, renewal and release.
+//
+// When the replicas do not acknowledge in time, Acquire gives the grant
+// back and returns an error matching [ErrNotReplicated]; a renewal counts
+// as failed (and is retried until the lease's deadline); Release returns
+// the error, though the master has released the lease. A grant that
+// reaches a waiter through its wake list is confirmed, with the wait,
+// before Acquire returns. The client must be a *redis.Client (also as
+// returned by redis.NewFailoverClient); [New] refuses others, since on
+// Cluster each master replicates on its own.
+func WithReplicaAck(replicas int, timeout time.Duration) Option {
+	return func(c *config) { c.ackReplicas, c.ackTimeout = replicas, timeout }
+}
+
 // WithMaxHold caps how long any lease of the client may be held: a lease
 // is not renewed past d from its grant, so it ends then even if its holder
 // is stuck and never releases. Its Done channel closes at the cap (counted
