@@ -182,56 +182,6 @@ func (c *Client) observeAcquire(p plan, queued time.Time, lease *Lease, err erro
 	}
 }
 
-// The acquire script's reply codes (acquire.lua).
-const (
-	acqNotGranted    = 0 // "try": not free now
-	acqGranted       = 1 // granted at once
-	acqQueued        = 2 // queued; the grant comes on the wake list
-	acqGrantedBefore = 3 // granted already, by a run whose reply was lost or by the queue
-	acqEnded         = 4 // this request's grant ended before this call ran
-)
-
-// parseGrantReply reads {code, nowMs, expiryMs, token...}.
-func parseGrantReply(res []any, parts int) (now int64, g grant, err error) {
-	if len(res) != 3+parts {
-		return 0, grant{}, fmt.Errorf("%w: grant reply %v for %d semaphores", ErrRedis, res, parts)
-	}
-	f := make([]string, 0, 1+parts)
-	for _, v := range res[2:] {
-		f = append(f, fmt.Sprint(v))
-	}
-	now, err = reply(res).int(1)
-	if err == nil {
-		g, err = parseGrant(f)
-	}
-	return now, g, err
-}
-
-// acquireArgs renders the arguments of acquire.lua's "acquire" and "try".
-func (p plan) acquireArgs(op, ticket string, c *Client) []any {
-	args := make([]any, 0, 6+2*len(p.parts))
-	args = append(args, op, ticket, c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL), p.group)
-	for _, pt := range p.parts {
-		args = append(args, pt.req.Permits, pt.req.Capacity)
-	}
-	return args
-}
-
-// releaseArgs renders the arguments of release.lua for op on p's
-// semaphores held under ticket with the given tokens (zeros for "leave").
-func (p plan) releaseArgs(op, ticket string, c *Client, announced bool, tokens []int64) []any {
-	args := make([]any, 0, 7+2*len(p.parts))
-	args = append(args, op, ticket, c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL), p.group, boolArg(announced))
-	for i, pt := range p.parts {
-		var tok int64
-		if tokens != nil {
-			tok = tokens[i]
-		}
-		args = append(args, pt.req.Permits, tok)
-	}
-	return args
-}
-
 // withdraw takes ticket out of p's semaphores, whether it waits or has just
 // been granted. It returns by ctx's end; the withdrawal goes on in the
 // background for up to one waiter TTL (see letGo). If Redis cannot be
@@ -287,24 +237,6 @@ func (c *Client) cleanUp(ctx context.Context, args []any, p plan) {
 		c.logf(slog.LevelWarn, "fairlock: clean-up failed; Redis drops the ticket at its deadline", p.names, "",
 			slog.String("op", fmt.Sprint(args[0])), slog.Any("error", err))
 	}
-}
-
-// released reads release.lua's reply {result, more}; when the script left
-// work for later (a long queue to grant, many leases to purge), it has the
-// rest done in the background.
-func (c *Client) released(p plan, cmd *redis.Cmd) (int64, error) {
-	res, err := cmd.Slice()
-	var n, more int64
-	if err == nil {
-		n, err = reply(res).int(0)
-	}
-	if err == nil {
-		more, err = reply(res).int(1)
-	}
-	if err == nil && more == 1 {
-		c.pumpLater(p)
-	}
-	return n, err
 }
 
 // maxPumps bounds the scripts one background pump runs for one semaphore;

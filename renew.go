@@ -2,7 +2,6 @@ package fairlock
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"time"
 )
@@ -128,31 +127,4 @@ func (c *Client) sendRenewals(q *renewQueue) {
 			}
 		}
 	}
-}
-
-// renewedBatch reads a renew_batch reply {{result...}, more}, handing on
-// work the script left.
-func (c *Client) renewedBatch(p plan, o outcome, n int) ([]int64, error) {
-	res, err := o.cmd.Slice()
-	if err != nil {
-		return nil, err
-	}
-	more, err := reply(res).int(1)
-	if err != nil {
-		return nil, err
-	}
-	list, _ := res[0].([]any)
-	if len(list) != n {
-		return nil, fmt.Errorf("%w: renewal reply %v for %d leases", ErrRedis, res, n)
-	}
-	out := make([]int64, n)
-	for i := range list {
-		if out[i], err = reply(list).int(i); err != nil {
-			return nil, err
-		}
-	}
-	if more == 1 {
-		c.pumpLater(p)
-	}
-	return out, nil
 }
