@@ -69,14 +69,17 @@ func (f *Faults) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// replyOf renders the reply of a script or a BLPOP (the commands fairlock
-// sends), or "" for other commands.
+// replyOf renders the reply of a script or a blocking read (BLPOP,
+// BLMPOP: the commands fairlock sends), or "" for other commands.
 func replyOf(cmd redis.Cmder) string {
 	switch c := cmd.(type) {
 	case *redis.Cmd:
 		return fmt.Sprint(c.Val())
 	case *redis.StringSliceCmd:
 		return fmt.Sprint(c.Val())
+	case *redis.KeyValuesCmd: // BLMPOP
+		k, v := c.Val()
+		return fmt.Sprint(k, v)
 	}
 	return ""
 }
