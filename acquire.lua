@@ -59,14 +59,8 @@
 --     expired but were not yet dropped).
 
 -- A call about a condition variable declares its two keys after the
--- resource's five.
-local call_keys, ckeys = KEYS, {}
-if #KEYS % 5 == 2 then
-  call_keys = {}
-  for i = 1, #KEYS - 2 do call_keys[i] = KEYS[i] end
-  ckeys = { KEYS[#KEYS - 1], KEYS[#KEYS] }
-end
-begin(call_keys)
+-- resource's five: begin returns them.
+local ckeys = begin(KEYS)
 
 local op = ARGV[1]
 local STATUS_MAX = 1000

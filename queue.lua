@@ -100,9 +100,19 @@ local writes, wlast, expires, expire_of -- the write buffer
 local loaded, by_base                   -- resources read (see load)
 local wakes, wake_lists                 -- wake-ups to push, by list
 
--- begin starts a call: every script's first statement.
+-- begin starts a call: every script's first statement. Keys past the
+-- last whole group of five (a condition variable's two) are returned, not
+-- taken as a resource's.
 local function begin(call_keys)
+  local extra = {}
   keys = call_keys
+  if #call_keys % 5 ~= 0 then
+    keys = {}
+    local whole = #call_keys - #call_keys % 5
+    for i = 1, #call_keys do
+      if i <= whole then keys[i] = call_keys[i] else extra[#extra + 1] = call_keys[i] end
+    end
+  end
   local clock = redis.call('TIME')
   now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   now = math.floor(now_us / 1000)
@@ -110,6 +120,7 @@ local function begin(call_keys)
   writes, wlast, expires, expire_of = {}, {}, {}, {}
   loaded, by_base = {}, {}
   wakes, wake_lists = {}, {}
+  return extra
 end
 
 -- num formats an integer-valued number (or numeric string) without
@@ -308,21 +319,22 @@ local function record(r, ticket, v)
   r.grants[ticket] = v
 end
 
--- hold_at and wait_at buffer a holder's expiry and a waiter's deadline,
--- keeping the bounds no later than the earliest.
-local function hold_at(r, at, m)
-  write('ZADD', r.H, num(at), m)
-  if at < r.hbuf then r.hbuf = at end
-  if r.hmin and at < r.hmin then r.hmin = at end
+-- time_at buffers member m's time at in the holders' expiries ('h') or
+-- the waiters' deadlines ('d'), keeping that zset's bounds (hmin or dmin,
+-- and hbuf or dbuf: the earliest time this script writes) no later than
+-- the earliest.
+local function time_at(r, z, at, m)
+  local key, bound, buf = r.H, 'hmin', 'hbuf'
+  if z == 'd' then key, bound, buf = r.D, 'dmin', 'dbuf' end
+  write('ZADD', key, num(at), m)
+  if at < r[buf] then r[buf] = at end
+  if r[bound] and at < r[bound] then r[bound] = at end
   r.horizon = math.max(r.horizon, at)
 end
 
-local function wait_at(r, at, m)
-  write('ZADD', r.D, num(at), m)
-  if at < r.dbuf then r.dbuf = at end
-  if r.dmin and at < r.dmin then r.dmin = at end
-  r.horizon = math.max(r.horizon, at)
-end
+-- hold_at buffers a holder's expiry; wait_at a waiter's deadline.
+local function hold_at(r, at, m) time_at(r, 'h', at, m) end
+local function wait_at(r, at, m) time_at(r, 'd', at, m) end
 
 -- next_seq hands out the next number of a resource's one sequence, used
 -- both as arrival order and as fencing token. It is at least the current

@@ -31,14 +31,8 @@
 --              nothing. Returns {result, more, nowMs, nextEventMs}.
 
 -- A call about a condition variable declares its two keys after the
--- resource's five.
-local call_keys, ckeys = KEYS, {}
-if #KEYS % 5 == 2 then
-  call_keys = {}
-  for i = 1, #KEYS - 2 do call_keys[i] = KEYS[i] end
-  ckeys = { KEYS[#KEYS - 1], KEYS[#KEYS] }
-end
-begin(call_keys)
+-- resource's five: begin returns them.
+local ckeys = begin(KEYS)
 
 local op, ticket, client = ARGV[1], ARGV[2], ARGV[3]
 local lease, wait, group, announced = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], ARGV[7]

@@ -206,15 +206,10 @@ func runCmd(args []string, stderr io.Writer) int {
 	ttl := fs.Duration("ttl", fairlock.DefaultLeaseTTL, "lease TTL: how long a crashed fairlock keeps the lock")
 	grace := fs.Duration("grace", 10*time.Second, "after a lost lease, how long COMMAND has between SIGTERM and SIGKILL")
 	maxHold := fs.Duration("max-hold", 0, "end the lease this long after the grant even if COMMAND still runs (SIGTERM, exit 76); 0: no cap")
-	if err := fs.Parse(args); err != nil {
+	name, command, ok := commandArgs(fs, args, "run", stderr)
+	if !ok {
 		return exitUsage
 	}
-	rest := fs.Args()
-	if len(rest) < 3 || rest[1] != "--" {
-		fmt.Fprintln(stderr, "fairlock run: want NAME -- COMMAND [ARGS...]")
-		return exitUsage
-	}
-	name, command := rest[0], rest[2:]
 
 	rdb, fc, err := c.connect(fairlock.WithLeaseTTL(*ttl), fairlock.WithMaxHold(*maxHold))
 	if err != nil {
@@ -233,40 +228,14 @@ func runCmd(args []string, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if *wait > 0 {
-		ctx, cancel = context.WithTimeout(ctx, *wait)
-		defer cancel()
-	}
-	var interrupted os.Signal
-	stopWatch, watched := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(watched)
-		select {
-		case s := <-sigs:
-			interrupted = s
-			cancel()
-		case <-stopWatch:
+	lease, code := interruptible(sigs, *wait, stderr, func(ctx context.Context) (*fairlock.Lease, error) {
+		if *nowait {
+			return fc.TryAcquire(ctx, req)
 		}
-	}()
-	var lease *fairlock.Lease
-	if *nowait {
-		lease, err = fc.TryAcquire(ctx, req)
-	} else {
-		lease, err = fc.Acquire(ctx, req)
-	}
-	close(stopWatch)
-	<-watched
-	switch {
-	case err == nil:
-	case errors.Is(err, fairlock.ErrNotAcquired), errors.Is(err, context.DeadlineExceeded):
-		return exitNotGot
-	case errors.Is(err, context.Canceled) && interrupted != nil:
-		return 128 + int(interrupted.(syscall.Signal))
-	default:
-		fmt.Fprintln(stderr, errLine(err))
-		return exitError
+		return fc.Acquire(ctx, req)
+	})
+	if lease == nil {
+		return code
 	}
 
 	status := runUnder(lease, command, sigs, *grace, stderr)
@@ -280,6 +249,63 @@ func runCmd(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, errLine(err))
 	}
 	return status
+}
+
+// commandArgs parses fs's flags from args and splits what follows into
+// NAME -- COMMAND [ARGS...]; it prints a usage line and returns ok false
+// when they do not fit.
+func commandArgs(fs *flag.FlagSet, args []string, verb string, stderr io.Writer) (name string, command []string, ok bool) {
+	if err := fs.Parse(args); err != nil {
+		return "", nil, false
+	}
+	rest := fs.Args()
+	if len(rest) < 3 || rest[1] != "--" {
+		fmt.Fprintf(stderr, "fairlock %s: want NAME -- COMMAND [ARGS...]\n", verb)
+		return "", nil, false
+	}
+	return rest[0], rest[2:], true
+}
+
+// interruptible runs take (an Acquire or a Campaign) with a context that
+// ends after wait (if > 0) or when a signal arrives on sigs. It returns
+// what take got, or nil and the exit status: exitNotGot when the wait ran
+// out or the permits were busy (TryAcquire), 128+signal when a signal ended
+// it, exitUsage for a bad argument, exitError otherwise.
+func interruptible[T any](sigs <-chan os.Signal, wait time.Duration, stderr io.Writer, take func(context.Context) (*T, error)) (*T, int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if wait > 0 {
+		ctx, cancel = context.WithTimeout(ctx, wait)
+		defer cancel()
+	}
+	var interrupted os.Signal
+	stopWatch, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case s := <-sigs:
+			interrupted = s
+			cancel()
+		case <-stopWatch:
+		}
+	}()
+	got, err := take(ctx)
+	close(stopWatch)
+	<-watched
+	switch {
+	case err == nil:
+		return got, 0
+	case errors.Is(err, fairlock.ErrInvalidArgument):
+		fmt.Fprintln(stderr, errLine(err))
+		return nil, exitUsage
+	case errors.Is(err, fairlock.ErrNotAcquired), errors.Is(err, context.DeadlineExceeded):
+		return nil, exitNotGot
+	case errors.Is(err, context.Canceled) && interrupted != nil:
+		return nil, 128 + int(interrupted.(syscall.Signal))
+	default:
+		fmt.Fprintln(stderr, errLine(err))
+		return nil, exitError
+	}
 }
 
 // runUnder runs command while lease is held and returns the exit status.
@@ -461,15 +487,10 @@ func electCmd(args []string, stderr io.Writer) int {
 	wait := fs.Duration("w", 0, "give up campaigning after this long (exit 75); 0 waits forever")
 	ttl := fs.Duration("ttl", fairlock.DefaultLeaseTTL, "lease TTL: how long a crashed leader keeps leading")
 	grace := fs.Duration("grace", 10*time.Second, "after leadership is lost, how long COMMAND has between SIGTERM and SIGKILL")
-	if err := fs.Parse(args); err != nil {
+	name, command, ok := commandArgs(fs, args, "elect", stderr)
+	if !ok {
 		return exitUsage
 	}
-	rest := fs.Args()
-	if len(rest) < 3 || rest[1] != "--" {
-		fmt.Fprintln(stderr, "fairlock elect: want NAME -- COMMAND [ARGS...]")
-		return exitUsage
-	}
-	name, command := rest[0], rest[2:]
 	rdb, fc, err := c.connect(fairlock.WithLeaseTTL(*ttl))
 	if err != nil {
 		fmt.Fprintln(stderr, errLine(err))
@@ -491,38 +512,11 @@ func electCmd(args []string, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if *wait > 0 {
-		ctx, cancel = context.WithTimeout(ctx, *wait)
-		defer cancel()
-	}
-	var interrupted os.Signal
-	stopWatch, watched := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(watched)
-		select {
-		case s := <-sigs:
-			interrupted = s
-			cancel()
-		case <-stopWatch:
-		}
-	}()
-	l, err := e.Campaign(ctx, *value)
-	close(stopWatch)
-	<-watched
-	switch {
-	case err == nil:
-	case errors.Is(err, fairlock.ErrInvalidArgument):
-		fmt.Fprintln(stderr, errLine(err))
-		return exitUsage
-	case errors.Is(err, context.DeadlineExceeded):
-		return exitNotGot
-	case errors.Is(err, context.Canceled) && interrupted != nil:
-		return 128 + int(interrupted.(syscall.Signal))
-	default:
-		fmt.Fprintln(stderr, errLine(err))
-		return exitError
+	l, code := interruptible(sigs, *wait, stderr, func(ctx context.Context) (*election.Leadership, error) {
+		return e.Campaign(ctx, *value)
+	})
+	if l == nil {
+		return code
 	}
 
 	// The command runs while the election's lease is held; FAIRLOCK_TOKEN
