@@ -2,7 +2,6 @@ package fairlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -101,19 +100,28 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	bad := func(what string, v any, err error) (Status, error) {
 		return Status{}, opError("status", []string{name}, fmt.Errorf("%w: bad %s %q in reply: %w", ErrRedis, what, fmt.Sprint(v), err))
 	}
-	hs, _ := res[2].([]any)
-	for i := 0; i+1 < len(hs); i += 2 {
-		f := strings.Fields(fmt.Sprint(hs[i])) // ticket permits client token
-		if len(f) != 4 {
-			return bad("holder", hs[i], errors.New("not 4 fields"))
-		}
-		at, err := strconv.ParseFloat(fmt.Sprint(hs[i+1]), 64)
-		if err != nil {
-			return bad("holder expiry", hs[i+1], err)
+	// member splits a holder's or waiter's member (its part before a tab,
+	// a multi-request's group) into want fields and reads its permits (the
+	// second field); score reads its score.
+	member := func(v any, want int) ([]string, int64, error) {
+		head, _, _ := strings.Cut(fmt.Sprint(v), "\t")
+		f := strings.Fields(head)
+		if len(f) != want {
+			return nil, 0, fmt.Errorf("not %d fields", want)
 		}
 		n, err := strconv.ParseInt(f[1], 10, 64)
+		return f, n, err
+	}
+	score := func(v any) (float64, error) { return strconv.ParseFloat(fmt.Sprint(v), 64) }
+	hs, _ := res[2].([]any)
+	for i := 0; i+1 < len(hs); i += 2 {
+		f, n, err := member(hs[i], 4) // ticket permits client token
 		if err != nil {
 			return bad("holder", hs[i], err)
+		}
+		at, err := score(hs[i+1])
+		if err != nil {
+			return bad("holder expiry", hs[i+1], err)
 		}
 		tok, err := strconv.ParseInt(f[3], 10, 64)
 		if err != nil {
@@ -126,19 +134,13 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	}
 	ws, _ := res[3].([]any)
 	for i := 0; i+1 < len(ws); i += 2 {
-		// ticket permits client lease wait, then a multi-request's group
-		head, _, _ := strings.Cut(fmt.Sprint(ws[i]), "\t")
-		f := strings.Fields(head)
-		if len(f) != 5 {
-			return bad("waiter", ws[i], errors.New("not 5 fields"))
-		}
-		seq, err := strconv.ParseFloat(fmt.Sprint(ws[i+1]), 64)
-		if err != nil {
-			return bad("waiter arrival", ws[i+1], err)
-		}
-		n, err := strconv.ParseInt(f[1], 10, 64)
+		f, n, err := member(ws[i], 5) // ticket permits client lease wait
 		if err != nil {
 			return bad("waiter", ws[i], err)
+		}
+		seq, err := score(ws[i+1])
+		if err != nil {
+			return bad("waiter arrival", ws[i+1], err)
 		}
 		st.Waiters = append(st.Waiters, Waiter{Owner: owner(f[2]), Permits: n,
 			Since: time.UnixMicro(int64(seq)).UTC()})

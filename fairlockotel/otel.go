@@ -147,28 +147,29 @@ func New(opts ...Option) (*Observer, error) {
 	}
 	o := &Observer{cfg: cfg, tracer: cfg.tp.Tracer(ScopeName), live: map[uint64]*request{}}
 	m := cfg.mp.Meter(ScopeName)
-	var err error
 	var errs []error
-	o.waitDur, err = m.Float64Histogram("fairlock.wait.duration", metric.WithUnit("s"),
-		metric.WithDescription("How long a request waited in a semaphore's queue (0 when granted at once)."),
-		metric.WithExplicitBucketBoundaries(buckets...))
-	errs = append(errs, err)
-	o.holdDur, err = m.Float64Histogram("fairlock.hold.duration", metric.WithUnit("s"),
-		metric.WithDescription("How long a lease was held, to its release or loss."),
-		metric.WithExplicitBucketBoundaries(buckets...))
-	errs = append(errs, err)
-	o.acquisitions, err = m.Int64Counter("fairlock.acquisitions", metric.WithUnit("{acquisition}"),
-		metric.WithDescription("Acquisitions that were granted or that queued and gave up."))
-	errs = append(errs, err)
-	o.lost, err = m.Int64Counter("fairlock.leases.lost", metric.WithUnit("{lease}"),
-		metric.WithDescription("Leases that ended without a release."))
-	errs = append(errs, err)
-	o.waiters, err = m.Int64UpDownCounter("fairlock.waiters", metric.WithUnit("{request}"),
-		metric.WithDescription("Requests of this process waiting in a queue."))
-	errs = append(errs, err)
-	o.holders, err = m.Int64UpDownCounter("fairlock.holders", metric.WithUnit("{lease}"),
-		metric.WithDescription("Leases held by this process."))
-	errs = append(errs, err)
+	hist := func(name, desc string) metric.Float64Histogram {
+		h, err := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
+			metric.WithExplicitBucketBoundaries(buckets...))
+		errs = append(errs, err)
+		return h
+	}
+	count := func(name, unit, desc string) metric.Int64Counter {
+		c, err := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
+	gauge := func(name, unit, desc string) metric.Int64UpDownCounter {
+		g, err := m.Int64UpDownCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return g
+	}
+	o.waitDur = hist("fairlock.wait.duration", "How long a request waited in a semaphore's queue (0 when granted at once).")
+	o.holdDur = hist("fairlock.hold.duration", "How long a lease was held, to its release or loss.")
+	o.acquisitions = count("fairlock.acquisitions", "{acquisition}", "Acquisitions that were granted or that queued and gave up.")
+	o.lost = count("fairlock.leases.lost", "{lease}", "Leases that ended without a release.")
+	o.waiters = gauge("fairlock.waiters", "{request}", "Requests of this process waiting in a queue.")
+	o.holders = gauge("fairlock.holders", "{lease}", "Leases held by this process.")
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
