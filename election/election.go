@@ -83,7 +83,7 @@ func New(c *fairlock.Client, name string) (*Election, error) {
 		return nil, fmt.Errorf("%w: %T", ErrNotSubscriber, c.Redis())
 	}
 	return &Election{c: c, rdb: c.Redis(), sub: sub, name: name,
-		record: base + ":e", channel: base + ":e:c", ttl: c.LeaseTTL()}, nil
+		record: base + ":ld", channel: base + ":ld:c", ttl: c.LeaseTTL()}, nil
 }
 
 // Name returns the election's name.

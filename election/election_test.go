@@ -13,6 +13,7 @@ import (
 	"github.com/fairlock/fairlock/election"
 	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/semaphore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -84,7 +85,7 @@ func TestLeaderAndResign(t *testing.T) {
 		fltest.IsErr(t, "Err() after Resign", l.Err(), fairlock.ErrNotHeld)
 		fltest.IsErr(t, "second Resign", l.Resign(ctx), fairlock.ErrNotHeld)
 		e.leaderIs(el, election.Info{})
-		if n, _ := e.RDB.Exists(ctx, e.Prefix+"{lr}:e").Result(); n != 0 {
+		if n, _ := e.RDB.Exists(ctx, e.Prefix+"{lr}:ld").Result(); n != 0 {
 			t.Fatal("the leader record outlived Resign")
 		}
 	})
@@ -111,7 +112,7 @@ func TestLeaderNotReportedAfterLeaseEnds(t *testing.T) {
 			st, err := watcher.Status(ctx, "crash")
 			return err == nil && len(st.Holders) == 0
 		})
-		if n, _ := e.RDB.Exists(ctx, e.Prefix+"{crash}:e").Result(); n != 1 {
+		if n, _ := e.RDB.Exists(ctx, e.Prefix+"{crash}:ld").Result(); n != 1 {
 			t.Fatal("the record expired with the lease: this test checks nothing")
 		}
 		e.leaderIs(el, election.Info{})
@@ -356,3 +357,49 @@ func TestBadInput(t *testing.T) {
 }
 
 type noSubscribe struct{ fairlock.RedisClient }
+
+// An election and a condition variable of the mutex of the same name keep
+// keys of their own side by side: an election's record and a condition's
+// waiters never share a key (they once both used ":e").
+func TestElectionBesideCond(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		c := e.Client()
+		mu, err := semaphore.NewMutex(c, "shared")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cond := semaphore.NewCond(mu)
+		lease, err := mu.Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waited := make(chan error, 1)
+		go func() {
+			l, err := cond.Wait(ctx, lease)
+			if err == nil {
+				err = l.Release(ctx)
+			}
+			waited <- err
+		}()
+		fltest.WaitWaiters(t, c, "shared", 0)
+		e.WaitFor("the condition's waiter", func() bool {
+			n, _ := e.RDB.Exists(ctx, e.Prefix+"{shared}:c").Result()
+			return n == 1
+		})
+		el := e.election(c, "shared")
+		l, err := el.Campaign(ctx, "v")
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.leaderIs(el, election.Info{Value: "v", Term: l.Term()})
+		e.resign(l)
+		if n, err := cond.Signal(ctx); err != nil || n != 1 {
+			t.Fatalf("Signal = %d, %v; want 1 woken", n, err)
+		}
+		if err := <-waited; err != nil {
+			t.Fatalf("the condition's waiter: %v", err)
+		}
+	})
+}
