@@ -29,18 +29,28 @@
 // Ring shard. Distinct valid names never share a key ([ErrInvalidName]
 // lists the names refused for that):
 //
-//	:s  hash    capacity, permits in use, counts, token sequence, key expiry;
+//	:s  hash    capacity, permits in use, counts, token sequence, key expiry,
+//	            bounds on the earliest lease expiry and waiter deadline;
 //	            the tokens of live grants, for retried and withdrawn calls;
+//	            a mark on each queued or condition-waiting ticket;
 //	            tombstones of ended leases, for resent calls (10-20 s)
 //	:q  zset    waiters by arrival
 //	:d  zset    waiters by liveness deadline
 //	:h  zset    leases by expiry
 //	:t  zset    tombstoned tickets by when they may be forgotten
+//	:c  zset    waiters on a condition variable of the mutex N, by arrival
+//	            (:c:<cond> for a named one)
+//	:e  zset    the same waiters by liveness deadline (:e:<cond>)
 //	:w:<client> list of wake-ups for one client's waiters
+//
+// Packages built on the engine keep their own keys beside these under
+// suffixes the engine does not use (package election: :ld).
 //
 // Every key expires once the deadlines it records have passed; an idle
 // semaphore keeps only :s and :t, for the tombstones' lifetime (at most
 // 20 s). fairlock needs Redis 6.2 or
 // later, run with maxmemory-policy noeviction: a volatile-* policy evicts
-// keys with a TTL first.
+// keys with a TTL first. Where the server has functions (Redis 7 and
+// later, Valkey), the scripts run as a function library loaded once per
+// server; elsewhere as EVALSHA.
 package fairlock
