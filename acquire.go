@@ -121,42 +121,61 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (lease 
 			c.observe(Event{Kind: WaitStarted, Names: p.names, Permits: p.permits(), ID: p.id})
 		}
 		c.noteQueued(r, w, time.Duration(next)*time.Millisecond, clockSample{sent: sent, redis: now})
-		select {
-		case wk := <-w.ch:
-			switch {
-			case wk.err != nil:
-				c.withdraw(ctx, p, w.ticket)
-				return nil, fail(ctx, op, p.names, wk.err)
-			case wk.requeue:
-				// The ticket was dropped while this process could not
-				// refresh it (paused, or Redis lost it); queue again.
-				continue
-			case len(wk.grant.tokens) != len(p.parts):
-				c.withdraw(ctx, p, w.ticket)
-				return nil, wrap(fmt.Errorf("%w: a grant with %d tokens for %d semaphores", ErrRedis, len(wk.grant.tokens), len(p.parts)))
-			}
-			// The lease counts from Redis's grant, not from when this
-			// process heard of it.
-			deadline := wk.sample.localDeadline(wk.grant.expiry)
-			if !time.Now().Before(deadline) {
-				// This process stalled past the grant: Redis may have
-				// expired it and handed it on. Give it back if it has not,
-				// and ask again.
-				c.withdraw(ctx, p, w.ticket)
-				continue
-			}
-			return c.newLease(ctx, p, w.ticket, wk.grant.tokens, deadline, true)
-		case <-ctx.Done():
-		case <-c.done:
+		tokens, deadline, again, err := c.awaitGrant(ctx, op, p, p, r, w)
+		switch {
+		case err != nil:
+			return nil, err
+		case again:
+			continue
 		}
-		c.unregister(r, w)
-		// Leave atomically; a grant that raced the cancellation is handed on.
-		c.withdraw(ctx, p, w.ticket)
-		if err := ctx.Err(); err != nil {
-			return nil, wrap(err)
-		}
-		return nil, wrap(ErrClosed)
+		return c.newLease(ctx, p, w.ticket, tokens, deadline, true)
 	}
+}
+
+// awaitGrant waits for the grant of waiter w, queued in room r for p's
+// semaphores (op and p name them in errors; leave is the plan whose
+// "leave" withdraws the ticket: p, or p with a condition's keys). It
+// returns the grant's tokens and the local deadline of its lease; again
+// when the caller must ask anew (the ticket was dropped while this process
+// could not refresh it, or the grant was heard too late and given back);
+// or an *Error: Redis failing the room, a malformed grant, ctx's end, or
+// the client closing (the ticket then leaves atomically, a grant that
+// raced it handed on).
+func (c *Client) awaitGrant(ctx context.Context, op string, p, leave plan, r *room, w *waiter) (tokens []int64, deadline time.Time, again bool, err error) {
+	select {
+	case wk := <-w.ch:
+		switch {
+		case wk.err != nil:
+			c.withdraw(ctx, leave, w.ticket)
+			return nil, time.Time{}, false, fail(ctx, op, p.names, wk.err)
+		case wk.requeue:
+			// The ticket was dropped while this process could not
+			// refresh it (paused, or Redis lost it).
+			return nil, time.Time{}, true, nil
+		case len(wk.grant.tokens) != len(p.parts):
+			c.withdraw(ctx, leave, w.ticket)
+			return nil, time.Time{}, false, opError(op, p.names,
+				fmt.Errorf("%w: a grant with %d tokens for %d semaphores", ErrRedis, len(wk.grant.tokens), len(p.parts)))
+		}
+		// The lease counts from Redis's grant, not from when this process
+		// heard of it.
+		deadline := wk.sample.localDeadline(wk.grant.expiry)
+		if !time.Now().Before(deadline) {
+			// This process stalled past the grant: Redis may have expired
+			// it and handed it on. Give it back if it has not.
+			c.withdraw(ctx, leave, w.ticket)
+			return nil, time.Time{}, true, nil
+		}
+		return wk.grant.tokens, deadline, false, nil
+	case <-ctx.Done():
+	case <-c.done:
+	}
+	c.unregister(r, w)
+	c.withdraw(ctx, leave, w.ticket)
+	if err := ctx.Err(); err != nil {
+		return nil, time.Time{}, false, opError(op, p.names, err)
+	}
+	return nil, time.Time{}, false, opError(op, p.names, ErrClosed)
 }
 
 // slow reports whether err says Redis or the connection pool answered too

@@ -74,7 +74,7 @@ func (p plan) withCond(cond string) plan {
 // deadline. A closed client yields [ErrClosed].
 func (l *Lease) CondWait(ctx context.Context, cond string) (*Lease, error) {
 	c, p := l.c, l.p
-	wrap := func(err error) error { return fmt.Errorf("fairlock: wait %s: %w", labelOf(p.names), err) }
+	wrap := func(err error) error { return opError("wait", p.names, err) }
 	if len(p.parts) != 1 {
 		return nil, wrap(fmt.Errorf("%w: a condition variable needs a lease of one semaphore, not %d", ErrInvalidArgument, len(p.parts)))
 	}
@@ -138,39 +138,15 @@ func (l *Lease) CondWait(ctx context.Context, cond string) (*Lease, error) {
 	}
 	l.finish(ErrNotHeld)
 	c.noteQueued(r, w, time.Duration(next)*time.Millisecond, clockSample{sent: sent, redis: now})
-	select {
-	case wk := <-w.ch:
-		switch {
-		case wk.err != nil:
-			c.withdraw(ctx, cp, fresh)
-			return nil, fail(ctx, "wait", p.names, wk.err)
-		case wk.requeue:
-			// Dropped while this process could not refresh it: a spurious
-			// wakeup. Lock again.
-			return c.acquire(ctx, []Request{p.first().req}, true)
-		case len(wk.grant.tokens) != 1:
-			c.withdraw(ctx, cp, fresh)
-			return nil, wrap(fmt.Errorf("%w: a grant with %d tokens for 1 semaphore", ErrRedis, len(wk.grant.tokens)))
-		}
-		deadline := wk.sample.localDeadline(wk.grant.expiry)
-		if !time.Now().Before(deadline) {
-			// Stalled past the grant (see acquire): give it back, lock
-			// again.
-			c.withdraw(ctx, cp, fresh)
-			return c.acquire(ctx, []Request{p.first().req}, true)
-		}
-		return c.newLease(ctx, p, fresh, wk.grant.tokens, deadline, true)
-	case <-ctx.Done():
-	case <-c.done:
+	tokens, deadline, again, err := c.awaitGrant(ctx, "wait", p, cp, r, w)
+	switch {
+	case err != nil:
+		return nil, err
+	case again:
+		// A spurious wakeup: lock again.
+		return c.acquire(ctx, []Request{p.first().req}, true)
 	}
-	c.unregister(r, w)
-	// Leave atomically: the condition, or the queue if signalled; a grant
-	// that raced the cancellation is handed on.
-	c.withdraw(ctx, cp, fresh)
-	if err := ctx.Err(); err != nil {
-		return nil, wrap(err)
-	}
-	return nil, wrap(ErrClosed)
+	return c.newLease(ctx, p, fresh, tokens, deadline, true)
 }
 
 // CondSignal wakes the longest waiter of the condition variable cond of the
@@ -206,7 +182,7 @@ func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, 
 	if all {
 		op, mode = "broadcast", "all"
 	}
-	wrap := func(err error) error { return fmt.Errorf("fairlock: %s %q: %w", op, name, err) }
+	wrap := func(err error) error { return opError(op, []string{name}, err) }
 	k, err := c.keys(name)
 	if err == nil {
 		err = ValidateCondName(cond)

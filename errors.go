@@ -78,7 +78,7 @@ var (
 // ErrRedis, ...), the caller's context error, and, with ErrRedis, the
 // error go-redis reported.
 type Error struct {
-	Op    string   // "acquire", "try acquire", "release", "renew", "status", "new"
+	Op    string   // "acquire", "try acquire", "release", "renew", "hold", "wait", "signal", "broadcast", "status", "new"
 	Names []string // the semaphores, in name order; none for "new"
 	Err   error
 }

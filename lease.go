@@ -296,7 +296,7 @@ func (l *Lease) renew() {
 	if l.batchable() && !capped {
 		n, err = l.c.renewBatched(ctx, l, announced, lease)
 	} else {
-		args := withLeaseArg(l.p.releaseArgs("renew", l.ticket, l.c, announced, l.tokens), lease)
+		args := l.p.releaseArgsTTL("renew", l.ticket, l.c, announced, l.tokens, lease)
 		o, _ := l.c.call(ctx, l.c.runner(l.c.scripts.release, l.p.keys, args), nil)
 		n, err = l.c.released(l.p, o.cmd)
 		if err == nil && n == 1 && o.ackErr != nil {

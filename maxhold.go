@@ -130,12 +130,3 @@ func (l *Lease) endAtCap(announced bool) {
 func (l *Lease) maxHoldErr() error {
 	return opError("hold", l.p.names, fmt.Errorf("%w (%v)", ErrMaxHold, l.maxHold))
 }
-
-// withLeaseArg returns release.lua's arguments args with the lease TTL
-// (ARGV[5], leaseMs) replaced by d. Only "renew" may take another TTL than
-// the one the request was queued with: the other ops find the waiter by a
-// member that contains it.
-func withLeaseArg(args []any, d time.Duration) []any {
-	args[3] = ms(d) // leaseMs (see releaseArgs)
-	return args
-}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -56,8 +57,15 @@ func (p plan) acquireArgs(op, ticket string, c *Client) []any {
 // releaseArgs renders the arguments of release.lua for op on p's
 // semaphores held under ticket with the given tokens (zeros for "leave").
 func (p plan) releaseArgs(op, ticket string, c *Client, announced bool, tokens []int64) []any {
+	return p.releaseArgsTTL(op, ticket, c, announced, tokens, c.cfg.leaseTTL)
+}
+
+// releaseArgsTTL is releaseArgs with the lease TTL given: only "renew" may
+// ask for another than the client's (a cap on holding), since the other
+// ops find a waiter by a member that contains the TTL it queued with.
+func (p plan) releaseArgsTTL(op, ticket string, c *Client, announced bool, tokens []int64, ttl time.Duration) []any {
 	args := make([]any, 0, 7+2*len(p.parts))
-	args = append(args, op, ticket, c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL), p.group, boolArg(announced))
+	args = append(args, op, ticket, c.id, ms(ttl), ms(c.cfg.waiterTTL), p.group, boolArg(announced))
 	for i, pt := range p.parts {
 		var tok int64
 		if tokens != nil {

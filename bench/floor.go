@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -86,13 +85,9 @@ func floor(e *env) ([]*Table, []Target, error) {
 			}
 		}
 	}
-	p50 := func(xs []time.Duration) time.Duration {
-		slices.Sort(xs)
-		return xs[len(xs)/2]
-	}
-	ping := p50(lat[0])
+	ping := quantile(lat[0], 0.5)
 	for i, c := range calls {
-		p := p50(lat[i])
+		p := quantile(lat[i], 0.5)
 		r := float64(p) / float64(ping)
 		t.Rows = append(t.Rows, []string{c.name, us(p), f2(r), fmt.Sprint(len(lat[i]))})
 		t.Data = append(t.Data, map[string]any{"call": c.name, "p50_us": micros(p), "per_ping": r, "samples": len(lat[i])})
