@@ -60,9 +60,13 @@
 
 -- A call about a condition variable declares its two keys after the
 -- resource's five: begin returns them.
+local op = ARGV[1]
+if (op == 'acquire' or op == 'try') and #KEYS == 5 and ARGV[6] == '' then
+  local out = fast_acquire(KEYS, ARGV)
+  if out then return out end
+end
 local ckeys = begin(KEYS)
 
-local op = ARGV[1]
 local STATUS_MAX = 1000
 
 if op == 'status' then

@@ -99,6 +99,11 @@ local more          -- work was left for the next script
 local writes, wlast, expires, expire_of -- the write buffer
 local loaded, by_base                   -- resources read (see load)
 local wakes, wake_lists                 -- wake-ups to push, by list
+-- What a fast path (see fast_acquire) read before it found the general
+-- path needed: Redis's clock and the first resource's state, which begin
+-- and load take instead of reading them again. Set only by a fast path
+-- that returns nil, and taken by the begin that follows at once.
+local pre, pre_call
 
 -- begin starts a call: every script's first statement. Keys past the
 -- last whole group of five (a condition variable's two) are returned, not
@@ -113,7 +118,8 @@ local function begin(call_keys)
       if i <= whole then keys[i] = call_keys[i] else extra[#extra + 1] = call_keys[i] end
     end
   end
-  local clock = redis.call('TIME')
+  pre_call, pre = pre, nil
+  local clock = pre_call and pre_call.clock or redis.call('TIME')
   now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   now = math.floor(now_us / 1000)
   budget, more = BUDGET, false
@@ -219,6 +225,12 @@ local function parse_waiter(m)
   return w
 end
 
+-- read_state reads resource state hash S and ticket's field in it: cap,
+-- used, nh, nq, seq, exp, tnext, hmin, dmin, nc, then the ticket's.
+local function read_state(S, ticket)
+  return redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', ticket)
+end
+
 -- Resources are loaded once per script, into tables that hold their state
 -- until finish buffers it for writing (loaded, by_base).
 
@@ -259,7 +271,11 @@ local function load(base, k, ticket)
   end
   local st, grant
   if ticket then
-    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', ticket)
+    if pre_call and pre_call.S == S then
+      st = pre_call.st
+    else
+      st = read_state(S, ticket)
+    end
     grant = st[11]
   else
     st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc')
@@ -625,6 +641,28 @@ local function trim_tombstones(r)
   r.tnext_set = true
 end
 
+-- keys_exp returns when a resource's keys are to expire (ms), given when
+-- they do now (exp), the latest deadline they hold (horizon), the last
+-- sequence number, and whether the resource is idle. The keys move only
+-- when they must, or when they would otherwise live long past the need:
+-- most scripts set no TTL.
+local function keys_exp(exp, horizon, seq, idle)
+  -- The sequence is kept until Redis's clock passes its last number.
+  local need = math.max(horizon, math.floor(seq / 1000) + 1000)
+  if idle then
+    -- The queue and holders are empty, so Redis has deleted those keys
+    -- (or will, when the buffer is applied). The state hash stays for the
+    -- sequence and the tombstones, and at most half a tombstone's life
+    -- longer.
+    if exp < need or exp > need + TOMB_MS / 2 then return need + TOMB_MS / 4 end
+    return exp
+  end
+  -- Move the horizon well past what is needed, so that renewals seldom
+  -- have to move it again.
+  if need > exp then return math.max(exp, need + math.max(need - now, 1000)) end
+  return exp
+end
+
 -- put adds field = v to the field list f when v differs from v0.
 local function put(f, field, v, v0)
   if v ~= v0 then
@@ -667,20 +705,9 @@ local function finish_one(r)
   if r.tnext_set then put(f, 'tnext', r.tnext or 0, nil) end
   if r.nh > 0 and r.hmin and r.hmin < math.huge then put(f, 'hmin', r.hmin, r.hmin0) end
   if r.nq > 0 and r.dmin and r.dmin < math.huge then put(f, 'dmin', r.dmin, r.dmin0) end
-  local keep = math.floor(r.seq / 1000) + 1000
   local idle = r.nh <= 0 and r.nq <= 0 and r.nc <= 0
   local exp = r.exp
-  local need = math.max(r.horizon, keep)
-  if idle then
-    -- The queue and holders are empty, so Redis has deleted those keys
-    -- (or will, when the buffer is applied). The state hash stays for the
-    -- sequence and the tombstones, no longer.
-    if #f > 0 or changed then exp = need end
-  elseif need > r.exp then
-    -- Move the horizon well past what is needed, so that renewals seldom
-    -- have to move it again.
-    exp = math.max(r.exp, need + math.max(need - now, 1000))
-  end
+  if not idle or #f > 0 or changed then exp = keys_exp(r.exp, r.horizon, r.seq, idle) end
   local moved = exp ~= r.exp
   -- A condition's keys written here live as long as the state hash, which
   -- holds its waiters' markers (and lives past their deadlines).
@@ -837,4 +864,204 @@ end
 local function more_flag()
   if more then return 1 end
   return 0
+end
+
+-- Fast paths. The commonest calls, an acquire that is granted at once and
+-- a release that hands nothing on, need five or six Redis commands; the
+-- general path (load, the write buffer, finish) costs several times those
+-- commands in Lua work. Each fast path takes a call only when it can see,
+-- from what it has read, that the general path would do exactly what it
+-- does (the same writes, the same reply); otherwise it returns nil having
+-- written nothing, and leaves what it read in pre for the general path.
+-- Both read everything first and write with commands that cannot fail for
+-- data reasons, the first of which is the only one that may fail at all
+-- (a key of the wrong type), the rule above.
+
+-- fast_clock reads Redis's clock as begin does.
+local function fast_clock()
+  local clock = redis.call('TIME')
+  now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  now = math.floor(now_us / 1000)
+  return clock
+end
+
+-- fast_acquire takes an "acquire" or "try" for one resource (KEYS K, ARGV
+-- A as acquire.lua takes them) that asks for the stored capacity and is
+-- not a resend, when no tombstone trim is due and either the request is
+-- granted at once (nobody is queued and its permits are free) or no queue
+-- can move (the resource is full, or nobody is queued, and no lease or
+-- waiter is due by the bounds): then a "try" is refused and an "acquire"
+-- queued.
+local function fast_acquire(K, A)
+  local clock = fast_clock()
+  local S, ticket = K[1], A[2]
+  local st = read_state(S, ticket)
+  local cap, used, nh, nq = tonumber(st[1]), tonumber(st[2]) or 0, tonumber(st[3]) or 0, tonumber(st[4]) or 0
+  local tnext, n, lease, wait = tonumber(st[7]) or 0, tonumber(A[7]), tonumber(A[4]), tonumber(A[5])
+  local hmin, dmin = tonumber(st[8]), tonumber(st[9])
+  local grant = nq <= 0 and n and cap and used + n <= cap
+  local ok = not st[11] and cap and n and lease and wait and cap == tonumber(A[8]) and not (tnext > 0 and tnext <= now)
+  if ok and not grant then
+    -- No queue may move: nothing here is due, and a queue with waiters
+    -- is full. A waiter's deadline bound must be known (for the reply).
+    ok = nh > 0 and hmin and hmin > now and (used >= cap or nq <= 0)
+      and (nq <= 0 or (dmin and dmin > now))
+  end
+  if not ok then
+    pre = { clock = clock, S = S, st = st }
+    return nil
+  end
+  local exp0 = tonumber(st[6]) or 0
+  if not grant and A[1] == 'try' then
+    -- Refused, with nothing to write (the keys' TTL is as the last
+    -- write left it).
+    if keys_exp(exp0, 0, tonumber(st[5]) or 0, false) == exp0 then return { 0 } end
+    pre = { clock = clock, S = S, st = st }
+    return nil
+  end
+  local seq = math.max((tonumber(st[5]) or 0) + 1, now_us)
+  local ts = num(seq)
+  local f, at, bound, zkey, member
+  if grant then
+    at = now + lease
+    f = { 'used', num(used + n), 'nh', num(nh + 1), 'seq', ts, ticket, ts }
+    bound, zkey, member = 'hmin', K[4], holder_member(ticket, num(n), A[3], ts)
+  else
+    at = now + wait
+    f = { 'nq', num(nq + 1), 'seq', ts, ticket, 'q' }
+    bound, zkey, member = 'dmin', K[3], waiter_member(ticket, n, A[3], lease, wait, '')
+  end
+  -- The bound on the zset's earliest time (see load and time_at): set when
+  -- the zset was empty, lowered when known and later.
+  local was, empty = hmin, nh <= 0
+  if not grant then was, empty = dmin, nq <= 0 end
+  if empty or (was and at < was) then
+    f[#f + 1] = bound
+    f[#f + 1] = num(at)
+  end
+  local exp = keys_exp(exp0, at, seq, false)
+  local x = num(exp)
+  if exp ~= exp0 then
+    f[#f + 1] = 'exp'
+    f[#f + 1] = x
+  end
+  if not grant then redis.call('ZADD', K[2], ts, member) end
+  redis.call('ZADD', zkey, num(at), member)
+  redis.call('HSET', S, unpack(f))
+  if exp ~= exp0 then
+    for _, k in ipairs(K) do redis.pcall('PEXPIREAT', k, x) end
+  elseif empty then
+    -- The key(s) written were empty, so they are new.
+    redis.pcall('PEXPIREAT', zkey, x)
+    if not grant then redis.pcall('PEXPIREAT', K[2], x) end
+  end
+  if grant then return { 1, now, at, ts } end
+  local next = hmin
+  if empty then dmin = at end
+  next = math.min(next, math.min(dmin, at))
+  return { 2, now, next - now }
+end
+
+-- fast_release releases a live lease on one resource (KEYS K, ARGV A as
+-- release.lua takes them) when no tombstone trim is due and either nobody
+-- is queued, or the queue's head waits for this resource alone, fits once
+-- the lease is released, is the only one that may be granted (the
+-- resource is full after, or nobody is left queued), and no lease or
+-- waiter is due by the bounds: then the head is granted and told.
+local function fast_release(K, A)
+  local clock = fast_clock()
+  local S, H, T, ticket = K[1], K[4], K[5], A[2]
+  local st = read_state(S, ticket)
+  local cap, used, nh, nq = tonumber(st[1]), tonumber(st[2]) or 0, tonumber(st[3]) or 0, tonumber(st[4]) or 0
+  local tnext, n = tonumber(st[7]) or 0, tonumber(A[8])
+  local hmin, dmin = tonumber(st[8]), tonumber(st[9])
+  local ok = cap and n and used - n < cap and not (tnext > 0 and tnext <= now)
+  local head, w, after = nil, nil, used
+  if ok and nq > 0 then
+    ok = dmin and dmin > now
+    if ok then
+      head = redis.call('ZRANGE', K[2], 0, 0)[1]
+      w = head and parse_waiter(head)
+      ok = w and not w.parts
+    end
+    if ok then
+      after = used - n + w.n
+      ok = after <= cap and ((after >= cap and hmin and hmin > now) or (after < cap and nq == 1))
+    end
+  end
+  local m, at = nil, nil
+  if ok then
+    m = holder_member(ticket, A[8], A[3], A[9])
+    at = tonumber(redis.call('ZSCORE', H, m))
+  end
+  if not (at and at > now) then
+    pre = { clock = clock, S = S, st = st }
+    return nil
+  end
+  local tomb = now + TOMB_MS
+  local seq, horizon = tonumber(st[5]) or 0, tomb
+  local f = { ticket, 'r' }
+  local hat, ts
+  if w then
+    seq = math.max(seq + 1, now_us)
+    ts = num(seq)
+    hat = now + math.min(w.lease, w.wait)
+    horizon = math.max(horizon, hat)
+    f[#f + 1] = w.ticket
+    f[#f + 1] = ts
+    f[#f + 1] = 'nq'
+    f[#f + 1] = num(nq - 1)
+    f[#f + 1] = 'seq'
+    f[#f + 1] = ts
+    if hmin and hat < hmin then
+      f[#f + 1] = 'hmin'
+      f[#f + 1] = num(hat)
+    end
+  else
+    f[#f + 1] = 'nh'
+    f[#f + 1] = num(nh - 1)
+    after = used - n
+  end
+  if after ~= used then
+    f[#f + 1] = 'used'
+    f[#f + 1] = num(after)
+  end
+  if tnext == 0 or tnext > tomb then
+    f[#f + 1] = 'tnext'
+    f[#f + 1] = num(tomb)
+  end
+  local idle = not w and nh <= 1 and (tonumber(st[10]) or 0) <= 0
+  local exp0 = tonumber(st[6]) or 0
+  local exp = keys_exp(exp0, horizon, seq, idle)
+  local x = num(exp)
+  if exp ~= exp0 then
+    f[#f + 1] = 'exp'
+    f[#f + 1] = x
+  end
+  redis.call('ZADD', T, num(tomb), ticket)
+  local list
+  if w then
+    redis.call('ZADD', H, num(hat), holder_member(w.ticket, w.ns, w.client, ts))
+    list = string.sub(S, 1, -3) .. ':w:' .. w.client
+    -- The wake list is not declared: losing a wake-up is safe.
+    redis.pcall('RPUSH', list, w.ticket .. ' ' .. num(hat) .. ' ' .. ts)
+  end
+  redis.call('HSET', S, unpack(f))
+  redis.call('ZREM', H, m)
+  if w then
+    redis.call('ZREM', K[2], head)
+    redis.call('ZREM', K[3], head)
+    redis.pcall('PEXPIRE', list, hat - now)
+  end
+  if exp ~= exp0 then
+    redis.pcall('PEXPIREAT', S, x)
+    redis.pcall('PEXPIREAT', T, x)
+    if not idle then
+      for i = 2, 4 do redis.pcall('PEXPIREAT', K[i], x) end
+    end
+  elseif tnext == 0 then
+    -- The tombstones' key was empty, so it is new.
+    redis.pcall('PEXPIREAT', T, x)
+  end
+  return { 1, 0 }
 end
