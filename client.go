@@ -96,6 +96,7 @@ type Client struct {
 
 	wg sync.WaitGroup // goroutines the client starts (renewal timers are
 	// stopped through each lease instead)
+	sched scheduler // runs the leases' renewals
 
 	// Guarded by mu: goroutines started by spawn that have not ended, and
 	// the signal that their count fell to zero.

@@ -23,12 +23,13 @@ type Lease struct {
 	ctx context.Context // ends when the lease ends; its cause says why
 	end context.CancelCauseFunc
 
-	// Renewal runs on a timer, so no goroutine exists between renewals.
+	// Renewal runs on the client's scheduler, so no goroutine exists
+	// between renewals.
 	stopCtx   context.Context // cancelled when renewal stops
 	halt      context.CancelFunc
 	rmu       sync.Mutex
 	idle      *sync.Cond    // signalled when a renewal in flight ends
-	timer     *time.Timer   // guarded by rmu
+	timer     *schedEntry   // guarded by rmu
 	deadline  time.Time     // guarded by rmu: when the lease may have expired
 	stopped   bool          // guarded by rmu
 	renewing  bool          // guarded by rmu
@@ -76,13 +77,13 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	c.mu.Unlock()
 	l.rmu.Lock()
 	if !announced || c.cfg.ackReplicas == 0 {
-		l.timer = time.AfterFunc(first, l.renew)
+		l.timer = c.sched.after(first, l.renew)
 		l.rmu.Unlock()
 		return l, nil
 	}
 	// With WithReplicaAck, an announced grant is confirmed, and the
 	// confirmation replicated, before the caller may rely on it.
-	l.timer = time.AfterFunc(never, l.renew) // reset by renew
+	l.timer = c.sched.after(never, l.renew) // reset by renew
 
 	l.rmu.Unlock()
 	l.renew()
