@@ -30,7 +30,42 @@ redis.register_function('fairlock_floor_release', function(k, a)
   redis.call('ZADD', k[3], t[1], a[1])
   redis.call('ZREM', k[2], a[1])
   return {1, 0}
+end)
+redis.register_function('fairlock_floor_handoff', function(k, a)
+  local t = redis.call('TIME')
+  redis.call('HMGET', k[1], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', a[1])
+  redis.call('ZRANGE', k[2], 0, 0)
+  redis.call('ZSCORE', k[3], a[1])
+  redis.call('ZADD', k[4], t[1], a[1])
+  redis.call('ZADD', k[3], t[1], a[2])
+  redis.call('RPUSH', k[5], a[2])
+  redis.call('HSET', k[1], 'used', 1, 'nq', 0, 'seq', t[2], a[1], 'r', a[2], t[2])
+  redis.call('ZREM', k[3], a[1])
+  redis.call('ZREM', k[2], a[2])
+  redis.call('ZREM', k[6], a[2])
+  redis.call('PEXPIRE', k[5], 3000)
+  return {1, 0}
 end)`
+
+// floorLocker "locks" with the floor's acquire and release functions: what
+// a lock that runs one script per operation costs Redis at the least.
+type floorLocker struct {
+	rdb  *redis.Client
+	keys []string
+}
+
+func (f *floorLocker) lock(ctx context.Context, _ string) (func(context.Context) error, error) {
+	if err := f.rdb.FCall(ctx, "fairlock_floor_acquire", f.keys, "TICKET").Err(); err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error { return f.rdb.FCall(ctx, "fairlock_floor_release", f.keys, "TICKET").Err() }, nil
+}
+
+func (f *floorLocker) lockBoth(ctx context.Context, a, _ string) (func(context.Context) error, error) {
+	return f.lock(ctx, a)
+}
+
+func (f *floorLocker) close() {}
 
 // floor measures, on a real server with functions, the latency of calls that
 // bound what a script-based lock can reach: PING, an empty function, and
@@ -92,5 +127,116 @@ func floor(e *env) ([]*Table, []Target, error) {
 		t.Rows = append(t.Rows, []string{c.name, us(p), f2(r), fmt.Sprint(len(lat[i]))})
 		t.Data = append(t.Data, map[string]any{"call": c.name, "p50_us": micros(p), "per_ping": r, "samples": len(lat[i])})
 	}
-	return []*Table{t}, nil, nil
+	cpu, err := e.floorCPU(rdb, keys)
+	if err != nil {
+		return nil, nil, err
+	}
+	hand, err := e.floorHandoff(rdb)
+	if err != nil {
+		return nil, nil, err
+	}
+	return []*Table{t, cpu, hand}, nil, nil
+}
+
+// floorCPU measures Redis's CPU per cycle of the floor's acquire and
+// release functions against the SET NX lock's, as table 1 measures every
+// implementation's.
+func (e *env) floorCPU(rdb *redis.Client, keys []string) (*Table, error) {
+	t := &Table{Name: "floor_cpu", Title: "8b. The floor of Redis CPU per acquire + release",
+		Note: "The floor's acquire and release functions (table 8) as a lock, against the SET NX lock, measured as table 1 measures Redis CPU (INFO cpu, slices interleaved, minus an empty slice's).",
+		Columns: []string{"lock", "Redis CPU per acquire+release", "÷ setnx's", "server commands per acquire+release"}}
+	var setnx impl
+	for _, im := range impls() {
+		if im.name == "setnx" {
+			setnx = im
+		}
+	}
+	ps, closeAll, err := e.procs(setnx, 1, &counter{})
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll()
+	floorImpl := impl{name: "floor functions"}
+	sub := *e
+	sub.impls = []impl{floorImpl, setnx}
+	cpu, err := sub.uncontendedCPU([]*proc{{locker: &floorLocker{rdb: rdb, keys: keys}, rdb: rdb}, ps[0]})
+	if err != nil {
+		return nil, err
+	}
+	for i, im := range sub.impls {
+		r := cpu.perCycle[i] / cpu.perCycle[1]
+		t.Rows = append(t.Rows, []string{im.name, fmt.Sprintf("%.1f µs", cpu.perCycle[i]), f2(r), fmt.Sprintf("%.2f", cpu.calls[i])})
+		t.Data = append(t.Data, map[string]any{"lock": im.name, "cpu_us": cpu.perCycle[i], "per_setnx": r, "server_calls": cpu.calls[i]})
+	}
+	return t, nil
+}
+
+// floorHandoff measures a handoff's floor: after 20 ms of silence, a call
+// that wakes a client blocked in BLMPOP, from the call's start to the
+// blocked client's return, as table 2 measures a handoff: a bare RPUSH,
+// and a function doing a handing release's commands (its RPUSH among
+// them). Each against an idle PING.
+func (e *env) floorHandoff(rdb *redis.Client) (*Table, error) {
+	ctx := context.Background()
+	const idle = 20 * time.Millisecond
+	t := &Table{Name: "floor_handoff", Title: "8c. The floor of a handoff",
+		Note: fmt.Sprintf("After %v of silence, a call wakes a client blocked in BLMPOP; measured from the call's start to the blocked client's return on its goroutine, as table 2 measures a handoff. The function does a handing release's commands (TIME, HMGET, ZRANGE, ZSCORE, ZADD ×2, RPUSH, HSET, ZREM ×3, PEXPIRE) and nothing else; calls interleaved.", idle),
+		Columns: []string{"call", "p50", "÷ idle-PING p50", "samples"}}
+	waiter := redis.NewClient(&redis.Options{Addr: e.addr})
+	defer waiter.Close()
+	k := e.run + "{floorh}:"
+	list := k + "w"
+	keys := []string{k + "s", k + "q", k + "h", k + "t", list, k + "d"}
+	wake := func(call func() error) (time.Duration, error) {
+		got := make(chan time.Time, 1)
+		errc := make(chan error, 1)
+		go func() {
+			_, _, err := waiter.BLMPop(ctx, 0, "left", 1, list).Result()
+			got <- time.Now()
+			errc <- err
+		}()
+		time.Sleep(idle)
+		t0 := time.Now()
+		if err := call(); err != nil {
+			return 0, err
+		}
+		t1 := <-got
+		return t1.Sub(t0), <-errc
+	}
+	calls := []struct {
+		name string
+		do   func() (time.Duration, error)
+	}{
+		{"idle PING", func() (time.Duration, error) {
+			time.Sleep(idle)
+			t0 := time.Now()
+			err := rdb.Ping(ctx).Err()
+			return time.Since(t0), err
+		}},
+		{"RPUSH → BLMPOP", func() (time.Duration, error) {
+			return wake(func() error { return rdb.RPush(ctx, list, "x").Err() })
+		}},
+		{"FCALL of a handing release's commands → BLMPOP", func() (time.Duration, error) {
+			return wake(func() error { return rdb.FCall(ctx, "fairlock_floor_handoff", keys, "A", "B").Err() })
+		}},
+	}
+	lat := make([][]time.Duration, len(calls))
+	deadline := time.Now().Add(e.cfg.duration)
+	for round := 0; round < 10 || time.Now().Before(deadline); round++ {
+		for i, c := range calls {
+			d, err := c.do()
+			if err != nil {
+				return nil, fmt.Errorf("floor handoff: %s: %w", c.name, err)
+			}
+			lat[i] = append(lat[i], d)
+		}
+	}
+	ping := quantile(lat[0], 0.5)
+	for i, c := range calls {
+		p := quantile(lat[i], 0.5)
+		r := float64(p) / float64(ping)
+		t.Rows = append(t.Rows, []string{c.name, us(p), f2(r), fmt.Sprint(len(lat[i]))})
+		t.Data = append(t.Data, map[string]any{"call": c.name, "p50_us": micros(p), "per_idle_ping": r, "samples": len(lat[i])})
+	}
+	return t, nil
 }
