@@ -58,7 +58,9 @@ func (f *floorLocker) lock(ctx context.Context, _ string) (func(context.Context)
 	if err := f.rdb.FCall(ctx, "fairlock_floor_acquire", f.keys, "TICKET").Err(); err != nil {
 		return nil, err
 	}
-	return func(ctx context.Context) error { return f.rdb.FCall(ctx, "fairlock_floor_release", f.keys, "TICKET").Err() }, nil
+	return func(ctx context.Context) error {
+		return f.rdb.FCall(ctx, "fairlock_floor_release", f.keys, "TICKET").Err()
+	}, nil
 }
 
 func (f *floorLocker) lockBoth(ctx context.Context, a, _ string) (func(context.Context) error, error) {
@@ -143,7 +145,7 @@ func floor(e *env) ([]*Table, []Target, error) {
 // implementation's.
 func (e *env) floorCPU(rdb *redis.Client, keys []string) (*Table, error) {
 	t := &Table{Name: "floor_cpu", Title: "8b. The floor of Redis CPU per acquire + release",
-		Note: "The floor's acquire and release functions (table 8) as a lock, against the SET NX lock, measured as table 1 measures Redis CPU (INFO cpu, slices interleaved, minus an empty slice's).",
+		Note:    "The floor's acquire and release functions (table 8) as a lock, against the SET NX lock, measured as table 1 measures Redis CPU (INFO cpu, slices interleaved, minus an empty slice's).",
 		Columns: []string{"lock", "Redis CPU per acquire+release", "÷ setnx's", "server commands per acquire+release"}}
 	var setnx impl
 	for _, im := range impls() {
@@ -180,7 +182,7 @@ func (e *env) floorHandoff(rdb *redis.Client) (*Table, error) {
 	ctx := context.Background()
 	const idle = 20 * time.Millisecond
 	t := &Table{Name: "floor_handoff", Title: "8c. The floor of a handoff",
-		Note: fmt.Sprintf("After %v of silence, a call wakes a client blocked in BLMPOP; measured from the call's start to the blocked client's return on its goroutine, as table 2 measures a handoff. The function does a handing release's commands (TIME, HMGET, ZRANGE, ZSCORE, ZADD ×2, RPUSH, HSET, ZREM ×3, PEXPIRE) and nothing else; calls interleaved.", idle),
+		Note:    fmt.Sprintf("After %v of silence, a call wakes a client blocked in BLMPOP; measured from the call's start to the blocked client's return on its goroutine, as table 2 measures a handoff. The function does a handing release's commands (TIME, HMGET, ZRANGE, ZSCORE, ZADD ×2, RPUSH, HSET, ZREM ×3, PEXPIRE) and nothing else; calls interleaved.", idle),
 		Columns: []string{"call", "p50", "÷ idle-PING p50", "samples"}}
 	waiter := redis.NewClient(&redis.Options{Addr: e.addr})
 	defer waiter.Close()
