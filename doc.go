@@ -47,8 +47,8 @@
 // suffixes the engine does not use (package election: :ld).
 //
 // Every key expires once the deadlines it records have passed; an idle
-// semaphore keeps only :s and :t, for the tombstones' lifetime (at most
-// 20 s). fairlock needs Redis 6.2 or
+// semaphore keeps only :s and :t, for the tombstones' lifetime and at
+// most half of it more (at most 30 s). fairlock needs Redis 6.2 or
 // later, run with maxmemory-policy noeviction: a volatile-* policy evicts
 // keys with a TTL first. Where the server has functions (Redis 7 and
 // later, Valkey), the scripts run as a function library loaded once per
