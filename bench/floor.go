@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -242,3 +244,67 @@ func (e *env) floorHandoff(rdb *redis.Client) (*Table, error) {
 	}
 	return t, nil
 }
+
+// fifoFloorLib is the least a FIFO lock that wakes its waiters by push can
+// do: the lock is a key set to its owner, the waiters a list in arrival
+// order, and a release hands the lock to the first waiter and pushes onto
+// that waiter's own list, on which it blocks. No lease expires, no waiter
+// is checked for life, nothing is idempotent: no lock to use, a reference
+// for the contended tables.
+const fifoFloorLib = `#!lua name=fairlock_bench_fifo
+redis.register_function('fairlock_fifo_acquire', function(k, a)
+  if redis.call('SET', k[1], a[1], 'NX') then return 1 end
+  redis.call('RPUSH', k[2], a[1])
+  return 0
+end)
+redis.register_function('fairlock_fifo_release', function(k, a)
+  local nxt = redis.call('LPOP', k[2])
+  if not nxt then
+    redis.call('DEL', k[1])
+    return 0
+  end
+  redis.call('SET', k[1], nxt)
+  redis.call('RPUSH', a[1] .. nxt, '1')
+  return 1
+end)`
+
+// fifoFloor is the reference row of the contended tables where the server
+// has functions (see fifoFloorLib); ok is false elsewhere.
+func (e *env) fifoFloor() (im impl, ok bool) {
+	if !e.real || e.admin.FunctionLoadReplace(context.Background(), fifoFloorLib).Err() != nil {
+		return impl{}, false
+	}
+	var ids atomic.Int64
+	return impl{name: "FIFO floor (reference)", about: "not a lock to use: no TTL, no liveness, no retries; see fifoFloorLib",
+		open: func(rdb *redis.Client, prefix string) (locker, error) {
+			return &fifoFloorLocker{rdb: rdb, prefix: prefix, id: strconv.FormatInt(ids.Add(1), 10)}, nil
+		}}, true
+}
+
+type fifoFloorLocker struct {
+	rdb        *redis.Client
+	prefix, id string
+}
+
+func (f *fifoFloorLocker) lock(ctx context.Context, key string) (func(context.Context) error, error) {
+	keys := []string{f.prefix + key + ":o", f.prefix + key + ":q"}
+	wake := f.prefix + key + ":w:"
+	n, err := f.rdb.FCall(ctx, "fairlock_fifo_acquire", keys, f.id).Int()
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		if err := f.rdb.BLMPop(ctx, 0, "left", 1, wake+f.id).Err(); err != nil {
+			return nil, err
+		}
+	}
+	return func(ctx context.Context) error {
+		return f.rdb.FCall(ctx, "fairlock_fifo_release", keys, wake).Err()
+	}, nil
+}
+
+func (f *fifoFloorLocker) lockBoth(ctx context.Context, a, _ string) (func(context.Context) error, error) {
+	return f.lock(ctx, a)
+}
+
+func (f *fifoFloorLocker) close() {}
