@@ -1,0 +1,76 @@
+package fairlock
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock/internal/redistest"
+)
+
+// A release whose queue's head has died (its deadline passed, and no
+// script has dropped it yet: no refresh ran) hands the permits to the live
+// waiter behind it, in the same script: the fast path leaves such a
+// release to the general one, which drops dead waiters first. It can tell
+// only if the queue's deadline bound was lowered when the short-lived
+// waiter joined behind a long-lived one.
+func TestReleaseSkipsDeadHead(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		rdb := b.Client(t)
+		c, err := New(rdb, WithPrefix(redistest.Prefix(t)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		p, err := c.plan([]Request{{Name: "dh", Capacity: 1, Permits: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := p.first().k
+		acquire := func(ticket, client string, waitMs int64) []any {
+			t.Helper()
+			res, err := c.scripts.acquire.Run(ctx, rdb, p.keys, "acquire", ticket, client, 10000, waitMs, "", 1, 1).Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res
+		}
+		held := acquire("HOLDER", "cli", 10000)
+		if held[0] != int64(acqGranted) {
+			t.Fatalf("holder: %v", held)
+		}
+		// Behind a long-lived first waiter (so the queue's deadline bound
+		// is set by it), the short-lived one must lower the bound.
+		if res := acquire("FIRST", "first", 60000); res[0] != int64(acqQueued) {
+			t.Fatalf("first waiter: %v", res)
+		}
+		if res := acquire("DEAD", "dead", 100); res[0] != int64(acqQueued) {
+			t.Fatalf("dead waiter: %v", res)
+		}
+		if res := acquire("LIVE", "live", 60000); res[0] != int64(acqQueued) {
+			t.Fatalf("live waiter: %v", res)
+		}
+		// The first waiter leaves, so the dying one heads the queue.
+		res, err := c.scripts.release.Run(ctx, rdb, p.keys, "leave", "FIRST", "first", 10000, 60000, "", "1", 1, 0).Slice()
+		if err != nil || res[0] != int64(1) {
+			t.Fatalf("leave: %v, %v", res, err)
+		}
+		time.Sleep(300 * time.Millisecond) // the first waiter's deadline passes
+		res, err = c.scripts.release.Run(ctx, rdb, p.keys, "release", "HOLDER", "cli", 10000, 10000, "", "0", 1, held[3]).Slice()
+		if err != nil || res[0] != int64(1) {
+			t.Fatalf("release: %v, %v", res, err)
+		}
+		dead, err := rdb.LRange(ctx, k.wake("dead"), 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		live, err := rdb.LRange(ctx, k.wake("live"), 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(dead) != 0 || len(live) != 1 {
+			t.Fatalf("after the release, the dead waiter's wake list holds %q and the live one's %q: want the grant on the live one's", dead, live)
+		}
+	})
+}
