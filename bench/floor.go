@@ -251,10 +251,22 @@ func (e *env) floorHandoff(rdb *redis.Client) (*Table, error) {
 // that waiter's own list, on which it blocks. No lease expires, no waiter
 // is checked for life, nothing is idempotent: no lock to use, a reference
 // for the contended tables.
+//
+// With a second argument "1" the functions also do, on keys of their own,
+// the Redis commands fairlock's scripts do for the same step (an enqueue;
+// a release that hands on) and nothing else: that row tells the cost of
+// those commands from the cost of fairlock's logic around them.
 const fifoFloorLib = `#!lua name=fairlock_bench_fifo
 redis.register_function('fairlock_fifo_acquire', function(k, a)
   if redis.call('SET', k[1], a[1], 'NX') then return 1 end
   redis.call('RPUSH', k[2], a[1])
+  if a[2] == '1' then
+    local t = redis.call('TIME')
+    redis.call('HMGET', k[3], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', a[1])
+    redis.call('ZADD', k[4], t[2], a[1])
+    redis.call('ZADD', k[5], t[1], a[1])
+    redis.call('HSET', k[3], 'nq', 1, 'seq', t[2], a[1], 'q')
+  end
   return 0
 end)
 redis.register_function('fairlock_fifo_release', function(k, a)
@@ -265,31 +277,57 @@ redis.register_function('fairlock_fifo_release', function(k, a)
   end
   redis.call('SET', k[1], nxt)
   redis.call('RPUSH', a[1] .. nxt, '1')
+  if a[2] == '1' then
+    local t = redis.call('TIME')
+    redis.call('HMGET', k[3], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', nxt)
+    redis.call('ZRANGE', k[4], 0, 0)
+    redis.call('ZSCORE', k[6], nxt)
+    redis.call('ZADD', k[7], t[1], nxt)
+    redis.call('ZADD', k[6], t[1], nxt)
+    redis.call('HSET', k[3], 'nq', 0, 'seq', t[2], nxt, t[2])
+    redis.call('ZREM', k[6], nxt)
+    redis.call('ZREM', k[4], nxt)
+    redis.call('ZREM', k[5], nxt)
+    redis.call('PEXPIRE', a[1] .. nxt, 3000)
+  end
   return 1
 end)`
 
 // fifoFloor is the reference row of the contended tables where the server
 // has functions (see fifoFloorLib); ok is false elsewhere.
-func (e *env) fifoFloor() (im impl, ok bool) {
+func (e *env) fifoFloor() (ims []impl, ok bool) {
 	if !e.real || e.admin.FunctionLoadReplace(context.Background(), fifoFloorLib).Err() != nil {
-		return impl{}, false
+		return nil, false
 	}
 	var ids atomic.Int64
-	return impl{name: "FIFO floor (reference)", about: "not a lock to use: no TTL, no liveness, no retries; see fifoFloorLib",
-		open: func(rdb *redis.Client, prefix string) (locker, error) {
-			return &fifoFloorLocker{rdb: rdb, prefix: prefix, id: strconv.FormatInt(ids.Add(1), 10)}, nil
-		}}, true
+	open := func(heavy string) func(rdb *redis.Client, prefix string) (locker, error) {
+		return func(rdb *redis.Client, prefix string) (locker, error) {
+			return &fifoFloorLocker{rdb: rdb, prefix: prefix, id: strconv.FormatInt(ids.Add(1), 10), heavy: heavy}, nil
+		}
+	}
+	return []impl{
+		{name: "FIFO floor (reference)", about: "not a lock to use: no TTL, no liveness, no retries; see fifoFloorLib", open: open("0")},
+		{name: "FIFO floor + fairlock's commands (reference)", about: "the FIFO floor doing fairlock's Redis commands besides", open: open("1")},
+	}, true
 }
 
 type fifoFloorLocker struct {
-	rdb        *redis.Client
-	prefix, id string
+	rdb               *redis.Client
+	prefix, id, heavy string
 }
 
 func (f *fifoFloorLocker) lock(ctx context.Context, key string) (func(context.Context) error, error) {
-	keys := []string{f.prefix + key + ":o", f.prefix + key + ":q"}
-	wake := f.prefix + key + ":w:"
-	n, err := f.rdb.FCall(ctx, "fairlock_fifo_acquire", keys, f.id).Int()
+	b := f.prefix + "{" + key + "}"
+	keys := []string{b + ":o", b + ":q", b + ":s", b + ":fq", b + ":fd", b + ":fh", b + ":ft"}
+	wake := b + ":w:"
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	// Once queued, it waits for its turn whatever ctx says, and takes the
+	// lock (which the caller then releases): this lock has no way to leave
+	// the queue.
+	ctx = context.WithoutCancel(ctx)
+	n, err := f.rdb.FCall(ctx, "fairlock_fifo_acquire", keys, f.id, f.heavy).Int()
 	if err != nil {
 		return nil, err
 	}
@@ -299,7 +337,7 @@ func (f *fifoFloorLocker) lock(ctx context.Context, key string) (func(context.Co
 		}
 	}
 	return func(ctx context.Context) error {
-		return f.rdb.FCall(ctx, "fairlock_fifo_release", keys, wake).Err()
+		return f.rdb.FCall(ctx, "fairlock_fifo_release", keys, wake, f.heavy).Err()
 	}, nil
 }
 

@@ -567,9 +567,9 @@ func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]
 		Columns: []string{"N", "implementation", "acquisitions/s", "÷ best peer", "Jain", "starved", "longest wait", "longest wait / (N × mean hold)", "client commands / acq", "server commands / acq", "Lua-internal / acq", "overlaps"}}
 	var targets []Target
 	ims := e.impls
-	if ref, ok := e.fifoFloor(); ok {
-		ims = append(slices.Clip(ims), ref)
-		t.Note += " The FIFO floor row is a reference, not a lock to use: the least a FIFO lock woken by push can do (a key for the owner, a list of waiters, a release that pushes onto the first waiter's own list: no lease, no liveness, no retries), measured the same way; ÷ best peer compares it too."
+	if refs, ok := e.fifoFloor(); ok {
+		ims = append(slices.Clip(ims), refs...)
+		t.Note += " The FIFO floor rows are references, not locks to use: the least a FIFO lock woken by push can do (a key for the owner, a list of waiters, a release that pushes onto the first waiter's own list: no lease, no liveness, no retries), measured the same way, and the same doing besides the Redis commands of fairlock's enqueue and handing release (on keys of its own); ÷ best peer compares them too."
 	}
 	for _, N := range ns {
 		n := len(ims)
