@@ -306,8 +306,8 @@ func (e *env) fifoFloor() (ims []impl, ok bool) {
 		}
 	}
 	return []impl{
-		{name: "FIFO floor (reference)", about: "not a lock to use: no TTL, no liveness, no retries; see fifoFloorLib", open: open("0")},
-		{name: "FIFO floor + fairlock's commands (reference)", about: "the FIFO floor doing fairlock's Redis commands besides", open: open("1")},
+		{name: "FIFO floor (reference)", reference: true, about: "not a lock to use: no TTL, no liveness, no retries; see fifoFloorLib", open: open("0")},
+		{name: "FIFO floor + fairlock's commands (reference)", reference: true, about: "the FIFO floor doing fairlock's Redis commands besides", open: open("1")},
 	}, true
 }
 
@@ -346,3 +346,17 @@ func (f *fifoFloorLocker) lockBoth(ctx context.Context, a, _ string) (func(conte
 }
 
 func (f *fifoFloorLocker) close() {}
+
+// floorRef is the reference row of the uncontended table where the server
+// has functions: the floor's acquire and release functions (floorLib) as a
+// lock, measured in the same loop as the implementations.
+func (e *env) floorRef() (impl, bool) {
+	if !e.real || e.admin.FunctionLoadReplace(context.Background(), floorLib).Err() != nil {
+		return impl{}, false
+	}
+	return impl{name: "floor functions (reference)", reference: true, about: "the commands only, no logic; see floorLib",
+		open: func(rdb *redis.Client, prefix string) (locker, error) {
+			b := prefix + "{floor}:"
+			return &floorLocker{rdb: rdb, keys: []string{b + "s", b + "h", b + "t"}}, nil
+		}}, true
+}

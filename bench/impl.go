@@ -38,7 +38,10 @@ type impl struct {
 	about string // settings, for the report
 	// peer is false for fairlock itself.
 	peer bool
-	open func(rdb *redis.Client, prefix string) (locker, error)
+	// reference marks a row that is neither fairlock nor a peer: a floor
+	// measured beside them (see floor.go).
+	reference bool
+	open      func(rdb *redis.Client, prefix string) (locker, error)
 }
 
 func impls() []impl {

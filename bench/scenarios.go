@@ -150,6 +150,13 @@ func perAcq(cmds, acqs int64) string {
 
 // 1. Uncontended acquire and release, against a PING in the same loop.
 func uncontended(e *env) ([]*Table, []Target, error) {
+	refNote := ""
+	if ref, ok := e.floorRef(); ok {
+		sub := *e
+		sub.impls = append(slices.Clip(e.impls), ref)
+		e = &sub
+		refNote = " The floor functions row is a reference, not a lock: FCALLs doing only an uncontended acquire's and a release's Redis commands (table 8), in the same loop."
+	}
 	ctx := context.Background()
 	n := len(e.impls)
 	ps := make([]*proc, n)
@@ -205,7 +212,7 @@ func uncontended(e *env) ([]*Table, []Target, error) {
 		source += fmt.Sprintf(", read before and after slices of %d cycles per implementation, interleaved, minus an empty slice's (the INFO calls'); server commands from INFO commandstats, scripts' inner commands included.", cpuBatch)
 	}
 	t := &Table{Name: "uncontended", Title: "1. Uncontended acquire + release",
-		Note: fmt.Sprintf("One process per implementation, one lock, nobody else. PING p50 %s, p99 %s, measured in the same loop (%d samples). ", us(pingP50), us(quantile(pings, 0.99)), len(pings)) + source,
+		Note: fmt.Sprintf("One process per implementation, one lock, nobody else. PING p50 %s, p99 %s, measured in the same loop (%d samples). ", us(pingP50), us(quantile(pings, 0.99)), len(pings)) + source + refNote,
 		Columns: []string{"implementation", "acquire p50", "acquire p99", "release p50", "acquire p50 / PING p50", "commands per acquire+release",
 			"Redis CPU per acquire+release", "÷ setnx's", "server commands per acquire+release", "samples"}}
 	var targets []Target
@@ -247,7 +254,7 @@ func uncontended(e *env) ([]*Table, []Target, error) {
 			}
 		}
 		t.Data = append(t.Data, d)
-		if !im.peer {
+		if !im.peer && !im.reference {
 			targets = append(targets, Target{"uncontended", "acquire p50 ≤ 1.3 × PING p50", f2(r) + " ×", r <= 1.3})
 			if e.real {
 				targets = append(targets, Target{"uncontended", "Redis CPU per acquire+release ≤ 1.3 × SET NX lock's", cpuR + " ×", cpuRatio <= 1.3})
@@ -641,7 +648,7 @@ func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]
 				d["per_best_peer"] = vsBest
 			}
 			t.Data = append(t.Data, d)
-			if im.peer || N != 64 || im.name != "fairlock" {
+			if im.peer || im.reference || N != 64 {
 				continue
 			}
 			targets = append(targets,
