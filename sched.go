@@ -10,7 +10,7 @@ import (
 // A timer per lease made every acquisition arm a timer of its own, and
 // arming a timer earlier than any other wakes the Go runtime's network
 // poller (a system call and a thread woken: on a small machine, a fifth of
-// an uncontended acquire's time). Here a new renewal is due later than the
+// an uncontended acquire's client CPU). Here a new renewal is due later than the
 // one the timer is armed for, in the common case, and arms nothing; a
 // renewal cancelled by a release leaves the timer armed, to fire once for
 // nothing.
