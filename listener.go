@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -219,6 +220,9 @@ func (c *Client) runListener(l *listener, blk RedisClient) {
 				if !many {
 					c.drain(blk, key, r)
 				}
+				// The waiters just woken run before this goroutine sends
+				// its next read: a handoff need not wait for that write.
+				runtime.Gosched()
 			}
 		case errors.Is(err, redis.Nil): // timed out
 			delay = 0
