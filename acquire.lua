@@ -58,13 +58,16 @@
 --     STATUS_MAX of each, and the counts (which include entries that have
 --     expired but were not yet dropped).
 
--- A call about a condition variable declares its two keys after the
--- resource's five: begin returns them.
+-- An acquire or try for one semaphore takes the fast path (queue.lua)
+-- when it can; fast_acquire returns nil, having written nothing, when the
+-- general path below must decide.
 local op = ARGV[1]
 if (op == 'acquire' or op == 'try') and #KEYS == 5 and ARGV[6] == '' then
   local out = fast_acquire(KEYS, ARGV)
   if out then return out end
 end
+-- A call about a condition variable declares its two keys after the
+-- resource's five: begin returns them.
 local ckeys = begin(KEYS)
 
 local STATUS_MAX = 1000

@@ -866,10 +866,10 @@ local function more_flag()
   return 0
 end
 
--- Fast paths. The commonest calls, an acquire that is granted at once and
--- a release that hands nothing on, need five or six Redis commands; the
--- general path (load, the write buffer, finish) costs several times those
--- commands in Lua work. Each fast path takes a call only when it can see,
+-- Fast paths. The commonest calls (an acquire granted at once, or queued
+-- behind a holder; a release that hands on to the queue's head, or to
+-- nobody) need five to twelve Redis commands; the general path (load, the
+-- write buffer, finish) costs several times those commands in Lua work. Each fast path takes a call only when it can see,
 -- from what it has read, that the general path would do exactly what it
 -- does (the same writes, the same reply); otherwise it returns nil having
 -- written nothing, and leaves what it read in pre for the general path.
@@ -956,10 +956,9 @@ local function fast_acquire(K, A)
     if not grant then redis.pcall('PEXPIREAT', K[2], x) end
   end
   if grant then return { 1, now, at, ts } end
-  local next = hmin
+  -- The next event, as next_event reports it: both bounds have not passed.
   if empty then dmin = at end
-  next = math.min(next, math.min(dmin, at))
-  return { 2, now, next - now }
+  return { 2, now, math.min(hmin, dmin, at) - now }
 end
 
 -- fast_release releases a live lease on one resource (KEYS K, ARGV A as

@@ -30,12 +30,15 @@
 --              resent call (the new ticket is known) answers 1 and does
 --              nothing. Returns {result, more, nowMs, nextEventMs}.
 
--- A call about a condition variable declares its two keys after the
--- resource's five: begin returns them.
+-- A release on one semaphore takes the fast path (queue.lua) when it
+-- can; fast_release returns nil, having written nothing, when the general
+-- path below must decide.
 if ARGV[1] == 'release' and #KEYS == 5 and ARGV[6] == '' then
   local out = fast_release(KEYS, ARGV)
   if out then return out end
 end
+-- A call about a condition variable declares its two keys after the
+-- resource's five: begin returns them.
 local ckeys = begin(KEYS)
 
 local op, ticket, client = ARGV[1], ARGV[2], ARGV[3]
