@@ -105,6 +105,12 @@ local wakes, wake_lists                 -- wake-ups to push, by list
 -- that returns nil, and taken by the begin that follows at once.
 local pre, pre_call
 
+-- set_now takes Redis's TIME reply as the call's clock.
+local function set_now(clock)
+  now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  now = math.floor(now_us / 1000)
+end
+
 -- begin starts a call: every script's first statement. Keys past the
 -- last whole group of five (a condition variable's two) are returned, not
 -- taken as a resource's.
@@ -119,9 +125,7 @@ local function begin(call_keys)
     end
   end
   pre_call, pre = pre, nil
-  local clock = pre_call and pre_call.clock or redis.call('TIME')
-  now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  now = math.floor(now_us / 1000)
+  set_now(pre_call and pre_call.clock or redis.call('TIME'))
   budget, more = BUDGET, false
   writes, wlast, expires, expire_of = {}, {}, {}, {}
   loaded, by_base = {}, {}
@@ -231,6 +235,12 @@ local function read_state(S, ticket)
   return redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', ticket)
 end
 
+-- counts returns, from a state row read by read_state, the capacity (nil
+-- if unknown), permits used, holders, waiters and the last sequence number.
+local function counts(st)
+  return tonumber(st[1]), tonumber(st[2]) or 0, tonumber(st[3]) or 0, tonumber(st[4]) or 0, tonumber(st[5]) or 0
+end
+
 -- Resources are loaded once per script, into tables that hold their state
 -- until finish buffers it for writing (loaded, by_base).
 
@@ -281,7 +291,7 @@ local function load(base, k, ticket)
     st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc')
   end
   local nc = tonumber(st[10]) or 0
-  local used, nh, nq, seq = tonumber(st[2]) or 0, tonumber(st[3]) or 0, tonumber(st[4]) or 0, tonumber(st[5]) or 0
+  local cap, used, nh, nq, seq = counts(st)
   -- A bound read with nobody behind it is stale: nothing is due there.
   local hmin0, dmin0 = tonumber(st[8]), tonumber(st[9])
   local hmin, dmin = hmin0, dmin0
@@ -291,7 +301,7 @@ local function load(base, k, ticket)
   -- costs more than the rest of this function.
   r = {
     base = base, S = S, Q = Q, D = D, H = H, T = T, grant = grant,
-    cap = tonumber(st[1]), used = used, nh = nh, nq = nq, seq = seq, exp = tonumber(st[6]) or 0,
+    cap = cap, used = used, nh = nh, nq = nq, seq = seq, exp = tonumber(st[6]) or 0,
     nc = nc, nc0 = nc, conds = {}, conds_by = {}, -- condition waiters; conditions loaded (cond_load)
     tnext = tonumber(st[7]), had_t = (tonumber(st[7]) or 0) > 0,
     -- Bounds (see hmin, dmin above): nil unknown, math.huge nothing there.
@@ -616,11 +626,17 @@ local function run_queues(rs)
   end
 end
 
+-- trim_due reports whether a tombstone trim is due, by tnext (when the
+-- oldest tombstone may be trimmed; 0 or nil for none).
+local function trim_due(tnext)
+  return tnext ~= nil and tnext > 0 and tnext <= now
+end
+
 -- trim_tombstones forgets tombstones whose time has come, when the oldest
 -- one's has (tnext); each trim takes those due within half a lifetime, so
 -- trims are rare.
 local function trim_tombstones(r)
-  if r.off or not r.tnext or r.tnext == 0 or r.tnext > now or budget <= 0 then return end
+  if r.off or not trim_due(r.tnext) or budget <= 0 then return end
   local limit = budget
   local due = redis.call('ZRANGEBYSCORE', r.T, '-inf', now + TOMB_MS / 2, 'LIMIT', 0, limit)
   for _, t in ipairs(due) do
@@ -877,12 +893,19 @@ end
 -- data reasons, the first of which is the only one that may fail at all
 -- (a key of the wrong type), the rule above.
 
--- fast_clock reads Redis's clock as begin does.
-local function fast_clock()
+-- fast_start reads Redis's clock and resource state hash S with ticket's
+-- field (read_state), as begin and load would.
+local function fast_start(S, ticket)
   local clock = redis.call('TIME')
-  now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  now = math.floor(now_us / 1000)
-  return clock
+  set_now(clock)
+  return clock, read_state(S, ticket)
+end
+
+-- fast_defer leaves what a fast path read to the general path (see pre),
+-- and returns nil: the fast path's answer when it cannot take the call.
+local function fast_defer(clock, S, st)
+  pre = { clock = clock, S = S, st = st }
+  return nil
 end
 
 -- fast_acquire takes an "acquire" or "try" for one resource (KEYS K, ARGV
@@ -893,33 +916,28 @@ end
 -- waiter is due by the bounds): then a "try" is refused and an "acquire"
 -- queued.
 local function fast_acquire(K, A)
-  local clock = fast_clock()
   local S, ticket = K[1], A[2]
-  local st = read_state(S, ticket)
-  local cap, used, nh, nq = tonumber(st[1]), tonumber(st[2]) or 0, tonumber(st[3]) or 0, tonumber(st[4]) or 0
-  local tnext, n, lease, wait = tonumber(st[7]) or 0, tonumber(A[7]), tonumber(A[4]), tonumber(A[5])
+  local clock, st = fast_start(S, ticket)
+  local cap, used, nh, nq, seq0 = counts(st)
+  local n, lease, wait = tonumber(A[7]), tonumber(A[4]), tonumber(A[5])
   local hmin, dmin = tonumber(st[8]), tonumber(st[9])
   local grant = nq <= 0 and n and cap and used + n <= cap
-  local ok = not st[11] and cap and n and lease and wait and cap == tonumber(A[8]) and not (tnext > 0 and tnext <= now)
+  local ok = not st[11] and cap and n and lease and wait and cap == tonumber(A[8]) and not trim_due(tonumber(st[7]))
   if ok and not grant then
     -- No queue may move: nothing here is due, and a queue with waiters
     -- is full. A waiter's deadline bound must be known (for the reply).
     ok = nh > 0 and hmin and hmin > now and (used >= cap or nq <= 0)
       and (nq <= 0 or (dmin and dmin > now))
   end
-  if not ok then
-    pre = { clock = clock, S = S, st = st }
-    return nil
-  end
+  if not ok then return fast_defer(clock, S, st) end
   local exp0 = tonumber(st[6]) or 0
   if not grant and A[1] == 'try' then
     -- Refused, with nothing to write (the keys' TTL is as the last
     -- write left it).
-    if keys_exp(exp0, 0, tonumber(st[5]) or 0, false) == exp0 then return { 0 } end
-    pre = { clock = clock, S = S, st = st }
-    return nil
+    if keys_exp(exp0, 0, seq0, false) == exp0 then return { 0 } end
+    return fast_defer(clock, S, st)
   end
-  local seq = math.max((tonumber(st[5]) or 0) + 1, now_us)
+  local seq = math.max(seq0 + 1, now_us)
   local ts = num(seq)
   local f, at, bound, zkey, member
   if grant then
@@ -968,13 +986,12 @@ end
 -- resource is full after, or nobody is left queued), and no lease or
 -- waiter is due by the bounds: then the head is granted and told.
 local function fast_release(K, A)
-  local clock = fast_clock()
   local S, H, T, ticket = K[1], K[4], K[5], A[2]
-  local st = read_state(S, ticket)
-  local cap, used, nh, nq = tonumber(st[1]), tonumber(st[2]) or 0, tonumber(st[3]) or 0, tonumber(st[4]) or 0
+  local clock, st = fast_start(S, ticket)
+  local cap, used, nh, nq, seq = counts(st)
   local tnext, n = tonumber(st[7]) or 0, tonumber(A[8])
   local hmin, dmin = tonumber(st[8]), tonumber(st[9])
-  local ok = cap and n and used - n < cap and not (tnext > 0 and tnext <= now)
+  local ok = cap and n and used - n < cap and not trim_due(tnext)
   local head, w, after = nil, nil, used
   if ok and nq > 0 then
     ok = dmin and dmin > now
@@ -993,12 +1010,9 @@ local function fast_release(K, A)
     m = holder_member(ticket, A[8], A[3], A[9])
     at = tonumber(redis.call('ZSCORE', H, m))
   end
-  if not (at and at > now) then
-    pre = { clock = clock, S = S, st = st }
-    return nil
-  end
+  if not (at and at > now) then return fast_defer(clock, S, st) end
   local tomb = now + TOMB_MS
-  local seq, horizon = tonumber(st[5]) or 0, tomb
+  local horizon = tomb
   local f = { ticket, 'r' }
   local hat, ts
   if w then
