@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -131,48 +132,11 @@ func floor(e *env) ([]*Table, []Target, error) {
 		t.Rows = append(t.Rows, []string{c.name, us(p), f2(r), fmt.Sprint(len(lat[i]))})
 		t.Data = append(t.Data, map[string]any{"call": c.name, "p50_us": micros(p), "per_ping": r, "samples": len(lat[i])})
 	}
-	cpu, err := e.floorCPU(rdb, keys)
-	if err != nil {
-		return nil, nil, err
-	}
 	hand, err := e.floorHandoff(rdb)
 	if err != nil {
 		return nil, nil, err
 	}
-	return []*Table{t, cpu, hand}, nil, nil
-}
-
-// floorCPU measures Redis's CPU per cycle of the floor's acquire and
-// release functions against the SET NX lock's, as table 1 measures every
-// implementation's.
-func (e *env) floorCPU(rdb *redis.Client, keys []string) (*Table, error) {
-	t := &Table{Name: "floor_cpu", Title: "8b. The floor of Redis CPU per acquire + release",
-		Note:    "The floor's acquire and release functions (table 8) as a lock, against the SET NX lock, measured as table 1 measures Redis CPU (INFO cpu, slices interleaved, minus an empty slice's).",
-		Columns: []string{"lock", "Redis CPU per acquire+release", "÷ setnx's", "server commands per acquire+release"}}
-	var setnx impl
-	for _, im := range impls() {
-		if im.name == "setnx" {
-			setnx = im
-		}
-	}
-	ps, closeAll, err := e.procs(setnx, 1, &counter{})
-	if err != nil {
-		return nil, err
-	}
-	defer closeAll()
-	floorImpl := impl{name: "floor functions"}
-	sub := *e
-	sub.impls = []impl{floorImpl, setnx}
-	cpu, err := sub.uncontendedCPU([]*proc{{locker: &floorLocker{rdb: rdb, keys: keys}, rdb: rdb}, ps[0]})
-	if err != nil {
-		return nil, err
-	}
-	for i, im := range sub.impls {
-		r := cpu.perCycle[i] / cpu.perCycle[1]
-		t.Rows = append(t.Rows, []string{im.name, fmt.Sprintf("%.1f µs", cpu.perCycle[i]), f2(r), fmt.Sprintf("%.2f", cpu.calls[i])})
-		t.Data = append(t.Data, map[string]any{"lock": im.name, "cpu_us": cpu.perCycle[i], "per_setnx": r, "server_calls": cpu.calls[i]})
-	}
-	return t, nil
+	return []*Table{t, hand}, nil, nil
 }
 
 // floorHandoff measures a handoff's floor: after 20 ms of silence, a call
@@ -183,7 +147,7 @@ func (e *env) floorCPU(rdb *redis.Client, keys []string) (*Table, error) {
 func (e *env) floorHandoff(rdb *redis.Client) (*Table, error) {
 	ctx := context.Background()
 	const idle = 20 * time.Millisecond
-	t := &Table{Name: "floor_handoff", Title: "8c. The floor of a handoff",
+	t := &Table{Name: "floor_handoff", Title: "8b. The floor of a handoff",
 		Note:    fmt.Sprintf("After %v of silence, a call wakes a client blocked in BLMPOP; measured from the call's start to the blocked client's return on its goroutine, as table 2 measures a handoff. The function does a handing release's commands (TIME, HMGET, ZRANGE, ZSCORE, ZADD ×2, RPUSH, HSET, ZREM ×3, PEXPIRE) and nothing else; calls interleaved.", idle),
 		Columns: []string{"call", "p50", "÷ idle-PING p50", "samples"}}
 	waiter := redis.NewClient(&redis.Options{Addr: e.addr})
@@ -292,6 +256,14 @@ redis.register_function('fairlock_fifo_release', function(k, a)
   end
   return 1
 end)`
+
+// withRefs returns e with the reference rows refs measured beside its
+// implementations.
+func (e *env) withRefs(refs ...impl) *env {
+	sub := *e
+	sub.impls = append(slices.Clip(e.impls), refs...)
+	return &sub
+}
 
 // fifoFloor is the reference row of the contended tables where the server
 // has functions (see fifoFloorLib); ok is false elsewhere.

@@ -152,9 +152,7 @@ func perAcq(cmds, acqs int64) string {
 func uncontended(e *env) ([]*Table, []Target, error) {
 	refNote := ""
 	if ref, ok := e.floorRef(); ok {
-		sub := *e
-		sub.impls = append(slices.Clip(e.impls), ref)
-		e = &sub
+		e = e.withRefs(ref)
 		refNote = " The floor functions row is a reference, not a lock: FCALLs doing only an uncontended acquire's and a release's Redis commands (table 8), in the same loop."
 	}
 	ctx := context.Background()
@@ -573,17 +571,16 @@ func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]
 			"Commands per acquisition are counted in the steady part of each slice (from a fifth of it to 5%% before its end), so that the processes' first requests and the waits cut off at its end do not count; server commands come from INFO commandstats and include the commands scripts run; Lua-internal is server minus client commands. A hold under 1 ms is a spin: time.Sleep rounds it up to about 1 ms in an otherwise idle process.", e.cfg.duration, parts),
 		Columns: []string{"N", "implementation", "acquisitions/s", "÷ best peer", "Jain", "starved", "longest wait", "longest wait / (N × mean hold)", "client commands / acq", "server commands / acq", "Lua-internal / acq", "overlaps"}}
 	var targets []Target
-	ims := e.impls
 	if refs, ok := e.fifoFloor(); ok {
-		ims = append(slices.Clip(ims), refs...)
+		e = e.withRefs(refs...)
 		t.Note += " The FIFO floor rows are references, not locks to use: the least a FIFO lock woken by push can do (a key for the owner, a list of waiters, a release that pushes onto the first waiter's own list: no lease, no liveness, no retries), measured the same way, and the same doing besides the Redis commands of fairlock's enqueue and handing release (on keys of its own); ÷ best peer compares them too."
 	}
 	for _, N := range ns {
-		n := len(ims)
+		n := len(e.impls)
 		ps := make([][]*proc, n)
 		cnt := make([]*counter, n)
 		sts := make([]*loopStats, n)
-		for i, im := range ims {
+		for i, im := range e.impls {
 			cnt[i] = &counter{}
 			p, closeAll, err := e.procs(im, N, cnt[i])
 			if err != nil {
@@ -593,26 +590,26 @@ func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]
 			ps[i], sts[i] = p, &loopStats{}
 		}
 		for s := range parts {
-			for _, i := range rotate(ims, s) {
+			for _, i := range rotate(e.impls, s) {
 				probe := func() (int64, int64) { return cnt[i].n.Load(), e.serverCalls() }
 				loopProbed(ps[i], e.cfg.duration/parts, hold, 1, sts[i], probe, func(ctx context.Context, _ int, p *proc) (int64, func(context.Context) error, error) {
 					u, err := p.lock(ctx, fmt.Sprintf("%s%d", name, N))
 					return 1, u, err
 				})
 				if sts[i].err != nil {
-					return nil, nil, fmt.Errorf("%s, N=%d: %w", ims[i].name, N, sts[i].err)
+					return nil, nil, fmt.Errorf("%s, N=%d: %w", e.impls[i].name, N, sts[i].err)
 				}
 			}
 		}
 		best := 0.0
 		rates := make([]float64, n)
-		for i, im := range ims {
+		for i, im := range e.impls {
 			rates[i] = float64(sts[i].total()) / sts[i].elapsed.Seconds()
 			if im.peer {
 				best = max(best, rates[i])
 			}
 		}
-		for i, im := range ims {
+		for i, im := range e.impls {
 			st := sts[i]
 			acqs := st.total()
 			rate := rates[i]
