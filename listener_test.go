@@ -403,8 +403,13 @@ func TestWaitingIsCheap(t *testing.T) {
 	cancel()
 	wg.Wait()
 	e.Release(held)
-	// Refreshes run every third of the TTL; BLPOP cycles every second.
-	if limit := 4 * periods; used > limit {
+	// Refreshes run every third of the TTL (30 commands here); BLPOP
+	// cycles every second, on the blocking client, not counted. A refresh
+	// delayed on a loaded machine brings the next one forward (the queue's
+	// next event): 30-35 commands measured alone, up to 41 with the CI's
+	// packages running beside it. Waiters that refreshed one by one, or
+	// polled, would send hundreds.
+	if limit := 5 * periods; used > limit {
 		t.Fatalf("%d waiters sent %d commands in %d liveness periods, want <= %d", waiters, used, periods, limit)
 	}
 	if used == 0 {
