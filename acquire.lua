@@ -62,7 +62,7 @@
 -- when it can; fast_acquire returns nil, having written nothing, when the
 -- general path below must decide.
 local op = ARGV[1]
-if (op == 'acquire' or op == 'try') and #KEYS == 5 and ARGV[6] == '' then
+if FAST_PATHS and (op == 'acquire' or op == 'try') and #KEYS == 5 and ARGV[6] == '' then
   local out = fast_acquire(KEYS, ARGV)
   if out then return out end
 end

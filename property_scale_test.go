@@ -232,7 +232,7 @@ func (m *machine) doom(t *rapid.T) {
 		}
 		a.state, a.lease, a.ticket = holding, l, l.ticket
 		m.sawTokens(t, a, l)
-		s.holders = append(s.holders, m.entries(a, l.ticket, m.nowMs()+ms(m.leaseTTL()))...)
+		s.holders = append(s.holders, m.entries(a, l.ticket, m.nowMs()+ms(a.leaseTTL()))...)
 	}
 	m.crashCrowd(cr)
 	// Wait until Redis's clock passes the latest expiry of the crowd's

@@ -56,8 +56,13 @@ func TestMain(m *testing.M) {
 const (
 	pLease  = 1000 * time.Millisecond
 	pWaiter = 600 * time.Millisecond
-	pChunk  = 150 * time.Millisecond
-	pWait   = 5 * time.Second // for an expected asynchronous grant
+	// On miniredis each process draws its TTLs, so that entries joining
+	// later can expire earlier than those before them (which the bounds on
+	// the earliest expiry and deadline must follow).
+	pLeaseMax  = 1500 * time.Millisecond
+	pWaiterMax = 900 * time.Millisecond
+	pChunk     = 150 * time.Millisecond
+	pWait      = 5 * time.Second // for an expected asynchronous grant
 )
 
 func TestPropertyFairSafe(t *testing.T) {
@@ -87,43 +92,72 @@ func TestPropertyRealRedis(t *testing.T) {
 func TestPropertyCatchesBrokenRules(t *testing.T) {
 	for _, tc := range []struct {
 		name, file, old, new string
-		checks               int // machines to try; 300 unless given
+		checks               int  // machines to try; 300 unless given
+		fast                 bool // a fast path's copy of a rule: the differential test must see it
 	}{
+		// The fast paths (queue.lua's fast_acquire and fast_release) must
+		// do exactly what the general path does.
+		{"fast release hands on to a dead head", "queue.lua",
+			"    ok = dmin and dmin > now\n", "    ok = true\n", 0, true},
+		{"fast acquire does not lower the deadline bound", "queue.lua",
+			"  if empty or (was and at < was) then\n", "  if empty then\n", 0, true},
+		{"fast acquire barges", "queue.lua",
+			"local grant = nq <= 0 and n and cap and used + n <= cap", "local grant = n and cap and used + n <= cap", 0, true},
+		{"fast grant's TTL", "queue.lua",
+			"hat = now + math.min(w.lease, w.wait)", "hat = now + w.lease", 0, true},
+		{"fast release's tombstone kind", "queue.lua",
+			"local f = { ticket, 'r' }", "local f = { ticket, 'x' }", 0, true},
+		{"fast acquire's queued ticket not marked", "queue.lua",
+			"f = { 'nq', num(nq + 1), 'seq', ts, ticket, 'q' }", "f = { 'nq', num(nq + 1), 'seq', ts }", 0, true},
+		{"fast release's idle TTL", "queue.lua",
+			"local idle = not w and nh <= 1 and (tonumber(st[10]) or 0) <= 0", "local idle = false", 0, true},
 		{"barging", "acquire.lua",
-			"if r.nq > 0 or r.used + want[i] > r.cap then\n    free = false", "if r.used + want[i] > r.cap then\n    free = false", 0},
+			"if r.nq > 0 or r.used + want[i] > r.cap then\n    free = false", "if r.used + want[i] > r.cap then\n    free = false", 0, false},
 		{"permit lost on cancel", "release.lua",
 			"      unqueue(p.r, waiter_member(ticket, p.n, client, lease, wait, group), true)\n",
-			"      unqueue(p.r, waiter_member(ticket, p.n, client, lease, wait, group), true)\n      p.r.used = p.r.used + 1\n", 0},
+			"      unqueue(p.r, waiter_member(ticket, p.n, client, lease, wait, group), true)\n      p.r.used = p.r.used + 1\n", 0, false},
 		{"lease bound not lowered", "queue.lua",
 			// A grant announced to a process that then dies expires before
 			// the leases around it; a machine in a few hundred has one.
 			"  if r[bound] and at < r[bound] then r[bound] = at end\n",
-			"  if z == 'd' and r[bound] and at < r[bound] then r[bound] = at end\n", 3000},
+			"  if z == 'd' and r[bound] and at < r[bound] then r[bound] = at end\n", 3000, false},
 		{"multi-request barging", "queue.lua",
 			"    if m ~= want then\n", "    if false then\n",
 			// It takes three requests with the right sizes in the right
 			// order; one machine in a few hundred draws them.
-			2000},
+			2000, false},
 		{"multi-request partly granted", "queue.lua",
-			"      local ok, broken = ready(w)\n", "      local ok, broken = fits(r, w.n), false\n", 0},
+			"      local ok, broken = ready(w)\n", "      local ok, broken = fits(r, w.n), false\n", 0, false},
 		{"token not monotonic", "queue.lua",
-			"r.seq = math.max(r.seq + 1, now_us)", "r.seq = now_us", 0},
+			"r.seq = math.max(r.seq + 1, now_us)", "r.seq = now_us", 0, false},
 		{"signal wakes the newest waiter", "acquire.lua",
 			"redis.call('ZRANGEBYSCORE', cv.C, '-inf', max, 'LIMIT', 0, want + skip)",
-			"redis.call('ZREVRANGEBYSCORE', cv.C, max, '-inf', 'LIMIT', 0, want + skip)", 0},
+			"redis.call('ZREVRANGEBYSCORE', cv.C, max, '-inf', 'LIMIT', 0, want + skip)", 0, false},
 		{"woken waiter queued at the head", "queue.lua",
 			"  write('ZADD', r.Q, num(next_seq(r)), m)\n  wait_at(r, now + w.wait, m)",
-			"  write('ZADD', r.Q, '1', m)\n  wait_at(r, now + w.wait, m)", 0},
+			"  write('ZADD', r.Q, '1', m)\n  wait_at(r, now + w.wait, m)", 0, false},
 		{"condition waiter not refreshed", "acquire.lua",
-			"        write('ZADD', cv.E, num(now + wait), m)\n", "", 0},
+			"        write('ZADD', cv.E, num(now + wait), m)\n", "", 0, false},
 		{"cancelled condition waiter stays", "release.lua",
-			"          cond_drop(p.r, c, m)\n", "", 0},
+			"          cond_drop(p.r, c, m)\n", "", 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			restore := breakScript(t, tc.file, tc.old, tc.new)
 			defer restore()
 			setFlag(t, "rapid.nofailfile", "true")
 			setFlag(t, "rapid.shrinktime", "10s")
+			if tc.fast {
+				// A broken fast path is seen as a difference from the
+				// general path (TestFastPathsMatchGeneralPath's call
+				// machine), on every backend.
+				rec := &recorder{name: t.Name()}
+				diffCalls(t, rec, cmp.Or(tc.checks, 1000), mutate(tc.file, tc.old, tc.new))
+				if !rec.failed {
+					t.Fatalf("the differential test did not catch %s", tc.name)
+				}
+				t.Logf("caught %s; shrunk counterexample:\n%s", tc.name, rec.report())
+				return
+			}
 			setFlag(t, "rapid.steps", "12")
 			setFlag(t, "rapid.checks", strconv.Itoa(cmp.Or(tc.checks, 300)))
 			rec := &recorder{name: t.Name()}
@@ -154,12 +188,19 @@ func setFlag(t *testing.T, name, value string) {
 func breakScript(t *testing.T, file, old, new string) func() {
 	t.Helper()
 	sources := map[string]string{"queue.lua": queueLua, "acquire.lua": acquireLua, "release.lua": releaseLua}
-	src := sources[file]
-	if !strings.Contains(src, old) {
+	if !strings.Contains(sources[file], old) {
 		t.Fatalf("%s no longer contains %q", file, old)
 	}
+	return scripthook.Set(mutate(file, old, new))
+}
+
+// mutate returns a script transform that replaces old by new in one
+// script file's text.
+func mutate(file, old, new string) func(string) string {
+	sources := map[string]string{"queue.lua": queueLua, "acquire.lua": acquireLua, "release.lua": releaseLua}
+	src := sources[file]
 	broken := strings.Replace(src, old, new, 1)
-	return scripthook.Set(func(s string) string { return strings.Replace(s, src, broken, 1) })
+	return func(s string) string { return strings.Replace(s, src, broken, 1) }
 }
 
 // recorder is a rapid.TB that records a failure instead of failing.
@@ -434,7 +475,7 @@ func runMachine(rt *rapid.T, b *redistest.Backend, cfg mconfig) {
 		m.sems = append(m.sems, &msem{name: name, cap: capacity, k: k})
 	}
 	for range 3 {
-		m.spawn()
+		m.spawn(rt)
 	}
 
 	actions := map[string]func(*rapid.T){
@@ -442,7 +483,7 @@ func runMachine(rt *rapid.T, b *redistest.Backend, cfg mconfig) {
 		"try":     m.try,
 		"release": m.release,
 		"cancel":  m.cancelWait,
-		"spawn":   func(*rapid.T) { m.spawn() },
+		"spawn":   m.spawn,
 		"flush":   m.flush,
 		// Condition variables (cond.go): waiters are woken in the order
 		// they began to wait and queue behind those already queued.
@@ -454,6 +495,7 @@ func runMachine(rt *rapid.T, b *redistest.Backend, cfg mconfig) {
 	if m.frozen {
 		actions["crash"] = m.crash
 		actions["advance"] = m.advance
+		actions["pause"] = m.pauseRelease
 	}
 	if cfg.crowd > 0 {
 		actions["crowd"] = m.crowdAcquire
@@ -491,17 +533,28 @@ func (m *machine) newClientTTL(hook redis.Hook, ttl, wttl time.Duration) *Client
 	return c
 }
 
-func (m *machine) spawn() {
+func (m *machine) spawn(t *rapid.T) {
 	if len(m.solo(idle, waiting, holding)) >= 6 {
 		return
 	}
 	cu := &cut{}
-	c := m.newClient(cu)
+	var c *Client
+	if m.frozen {
+		ttl := rapid.SampledFrom([]time.Duration{500 * time.Millisecond, pLease, pLeaseMax}).Draw(t, "lease TTL")
+		wttl := rapid.SampledFrom([]time.Duration{300 * time.Millisecond, pWaiter, pWaiterMax}).Draw(t, "waiter TTL")
+		c = m.newClientTTL(cu, ttl, wttl)
+	} else {
+		c = m.newClient(cu)
+	}
 	a := &actor{id: len(m.actors), c: c, rdb: c.rdb.(*redis.Client), cut: cu}
 	m.actors = append(m.actors, a)
 	m.byCID[c.id] = a
-	m.logf("process %d starts", a.id)
+	m.logf("process %d starts (lease TTL %v, waiter TTL %v)", a.id, a.leaseTTL(), a.waiterTTL())
 }
+
+// leaseTTL and waiterTTL are a's process's TTLs.
+func (a *actor) leaseTTL() time.Duration  { return a.c.cfg.leaseTTL }
+func (a *actor) waiterTTL() time.Duration { return a.c.cfg.waiterTTL }
 
 // solo returns the actors in one of the given states that are processes of
 // their own, not crowd members.
@@ -662,12 +715,12 @@ func (m *machine) begin(t *rapid.T, a *actor, parts []mpart, grant bool) {
 	})
 	if grant {
 		m.expectGrant(t, a)
-		for _, e := range m.entries(a, a.ticket, m.nowMs()+ms(m.leaseTTL())) {
+		for _, e := range m.entries(a, a.ticket, m.nowMs()+ms(a.leaseTTL())) {
 			e.s.holders = append(e.s.holders, e)
 		}
 		return
 	}
-	es := m.entries(a, "", m.nowMs()+ms(m.waiterTTL()))
+	es := m.entries(a, "", m.nowMs()+ms(a.waiterTTL()))
 	for _, e := range es {
 		e.s.queue = append(e.s.queue, e)
 	}
@@ -721,7 +774,7 @@ func (m *machine) try(t *rapid.T) {
 	case want:
 		a.state, a.lease, a.ticket = holding, l, l.ticket
 		m.sawTokens(t, a, l)
-		for _, e := range m.entries(a, l.ticket, m.nowMs()+ms(m.leaseTTL())) {
+		for _, e := range m.entries(a, l.ticket, m.nowMs()+ms(a.leaseTTL())) {
 			e.s.holders = append(e.s.holders, e)
 		}
 	}
@@ -757,7 +810,12 @@ func (m *machine) release(t *rapid.T) {
 // settles whatever the release lets through.
 func (m *machine) releaseOne(t *rapid.T, a *actor) {
 	m.modelRun()
-	held := m.holding(t, a)
+	m.releaseHeld(t, a, m.holding(t, a))
+}
+
+// releaseHeld releases a's lease, of which the model holds held, checks
+// the answer and settles whatever the release lets through.
+func (m *machine) releaseHeld(t *rapid.T, a *actor, held []*mentry) {
 	err := a.lease.Release(context.Background())
 	switch {
 	case len(held) == 0 && !errors.Is(err, ErrLeaseLost):
@@ -770,6 +828,43 @@ func (m *machine) releaseOne(t *rapid.T, a *actor) {
 	}
 	a.state, a.lease = idle, nil
 	m.settle(t)
+}
+
+// pauseRelease stops every process at once (a stalled network, a pause
+// of everyone) while Redis's clock moves on, but for no longer than any
+// live process's lease or deadline lasts; then one holder releases. Its
+// release is the first script to see the new time: it must drop what died
+// meanwhile (a crashed waiter at the head of the queue, leases of crashed
+// holders) before it hands anything on, and the model's next run grants
+// what it freed.
+func (m *machine) pauseRelease(t *rapid.T) {
+	as := m.solo(holding)
+	if len(as) == 0 {
+		t.Skip("no holder")
+	}
+	a := pick(t, as)
+	// Nothing has run since the last step settled, so the model's view
+	// is Redis's; it is not run again before the release.
+	// The pause leaves every live entry time for the next advance's
+	// first chunk, after which live processes renew and refresh.
+	now := m.nowMs()
+	most := int64(2000)
+	for _, s := range m.sems {
+		for _, e := range slices.Concat(s.queue, s.holders, s.cond) {
+			if !e.dead && e.at > now {
+				most = min(most, e.at-now-ms(pChunk)-1)
+			}
+		}
+	}
+	if most < 1 {
+		t.Skip("a live entry is about to expire")
+	}
+	// The longest pause lets the most die.
+	d := rapid.OneOf(rapid.Int64Range(1, most), rapid.Just(most)).Draw(t, "pause ms")
+	m.logf("every process pauses while Redis's clock moves %d ms; then process %d releases", d, a.id)
+	m.now = m.now.Add(time.Duration(d) * time.Millisecond)
+	m.b.Mini.SetTime(m.now)
+	m.releaseHeld(t, a, m.holding(t, a))
 }
 
 func (m *machine) cancelWait(t *rapid.T) {
@@ -883,9 +978,9 @@ func (m *machine) modelRun() (granted []*mentry) {
 					// A grant announced to a process lasts one waiter TTL
 					// until the process confirms it; a live one does so
 					// before the next step.
-					e.at = now + ms(min(m.leaseTTL(), m.waiterTTL()))
+					e.at = now + ms(min(e.a.leaseTTL(), e.a.waiterTTL()))
 					if !e.dead {
-						e.at = now + ms(m.leaseTTL())
+						e.at = now + ms(e.a.leaseTTL())
 					}
 					e.s.holders = append(e.s.holders, e)
 				}
@@ -966,12 +1061,12 @@ func (m *machine) heartbeat(t *rapid.T) {
 		// drops them at its next run, as Redis does.
 		for _, e := range s.holders {
 			if !e.dead && e.at > now {
-				e.at = now + ms(m.leaseTTL())
+				e.at = now + ms(e.a.leaseTTL())
 			}
 		}
 		for _, e := range slices.Concat(s.queue, s.cond) {
 			if !e.dead && e.at > now {
-				e.at = now + ms(m.waiterTTL())
+				e.at = now + ms(e.a.waiterTTL())
 			}
 		}
 	}
@@ -1187,7 +1282,7 @@ func (m *machine) finish() {
 		a.state = idle
 	}
 	if m.frozen {
-		m.now = m.now.Add(pLease + pWaiter)
+		m.now = m.now.Add(pLeaseMax + pWaiterMax)
 		m.b.Mini.SetTime(m.now)
 	}
 	c := m.newClient(nil)
@@ -1238,7 +1333,7 @@ func (m *machine) condWait(t *rapid.T) {
 	m.logf("process %d: Wait on %s's condition", a.id, a.sem.name)
 	s, lease := a.sem, a.lease
 	s.holders = slices.DeleteFunc(s.holders, func(x *mentry) bool { return x == held[0] })
-	e := &mentry{a: a, s: s, n: a.n, at: m.nowMs() + ms(m.waiterTTL())}
+	e := &mentry{a: a, s: s, n: a.n, at: m.nowMs() + ms(a.waiterTTL())}
 	s.cond = append(s.cond, e)
 	ctx, cancel := context.WithCancel(context.Background())
 	a.state, a.cancel, a.res, a.lease = waiting, cancel, make(chan acqResult, 1), nil
@@ -1282,7 +1377,7 @@ func (m *machine) condSignal(t *rapid.T, all bool) {
 		woken, s.cond = s.cond[:1], s.cond[1:]
 	}
 	for _, e := range woken {
-		e.at = m.nowMs() + ms(m.waiterTTL())
+		e.at = m.nowMs() + ms(e.a.waiterTTL())
 		s.queue = append(s.queue, e)
 	}
 	var n int

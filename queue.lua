@@ -83,6 +83,11 @@
 -- Lua 5.1 (Redis, Valkey) has unpack; Lua 5.4 (Dragonfly) has table.unpack.
 local unpack = unpack or table.unpack
 
+-- FAST_PATHS lets the commonest calls take their fast path (see
+-- fast_acquire). internal/scripthook.NoFastPaths turns it off in tests, so
+-- that every call takes the general path and the two can be compared.
+local FAST_PATHS = true
+
 local BUDGET = 400     -- grants, purges and drops one script may make
 local CHUNK = 256      -- arguments of one write call (even: pairs stay whole)
 local PAGE = 64        -- queue members read at once after the first

@@ -33,7 +33,7 @@
 -- A release on one semaphore takes the fast path (queue.lua) when it
 -- can; fast_release returns nil, having written nothing, when the general
 -- path below must decide.
-if ARGV[1] == 'release' and #KEYS == 5 and ARGV[6] == '' then
+if FAST_PATHS and ARGV[1] == 'release' and #KEYS == 5 and ARGV[6] == '' then
   local out = fast_release(KEYS, ARGV)
   if out then return out end
 end

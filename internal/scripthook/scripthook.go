@@ -4,7 +4,10 @@
 // write-before-error checker). It is internal: programs cannot reach it.
 package scripthook
 
-import "sync/atomic"
+import (
+	"strings"
+	"sync/atomic"
+)
 
 var transform atomic.Pointer[func(src string) string]
 
@@ -27,4 +30,19 @@ func Get() func(src string) string {
 		return *p
 	}
 	return nil
+}
+
+// fastPathsOn is the line of queue.lua that turns the scripts' fast paths
+// on.
+const fastPathsOn = "local FAST_PATHS = true\n"
+
+// NoFastPaths returns src with the scripts' fast paths turned off: every
+// call then takes the general path. Tests compose it with other transforms
+// to compare the two paths. It panics if src has no fast-path switch, so
+// that a test cannot believe it turned off what no longer exists.
+func NoFastPaths(src string) string {
+	if !strings.Contains(src, fastPathsOn) {
+		panic("scripthook: the script has no fast-path switch (" + strings.TrimSpace(fastPathsOn) + ")")
+	}
+	return strings.Replace(src, fastPathsOn, "local FAST_PATHS = false\n", 1)
 }

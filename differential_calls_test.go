@@ -1,0 +1,441 @@
+package fairlock
+
+// The call machine: a rapid generator of script calls, run in lockstep on
+// the two replayers of a pair (fast paths on and off) and compared after
+// every call. Where the recorded histories follow what real clients do,
+// this one drives the scripts directly, as any sequence of clients could:
+// acquisitions of one or two semaphores with each process's own TTLs,
+// releases, renewals (one by one and in batches), withdrawals, refreshes,
+// pumps, condition waits and signals, resends, and a clock that moves by
+// small steps or straight past the next lease expiry, waiter deadline or
+// tombstone end. It reaches the fast paths' edges (a release that finds
+// the queue's head dead, a grant beside a lease about to expire) far more
+// often than whole clients do.
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+)
+
+// cproc is a process of the call machine: its client id and TTLs.
+type cproc struct {
+	id          string
+	lease, wait int64 // ms
+}
+
+// cpart is one semaphore of a ticket's request.
+type cpart struct {
+	sem *csem
+	n   int64
+}
+
+// cticket is a request the call machine made.
+type cticket struct {
+	ticket    string
+	p         *cproc
+	parts     []cpart
+	tokens    []string // holding: one per part
+	announced bool     // holding: granted on a wake list, not yet confirmed
+	cond      string   // waiting on this condition ("c:" prefix) when set
+}
+
+type csem struct {
+	name, base string
+	cap        int64
+}
+
+func (s *csem) keys() []string {
+	return []string{s.base + ":s", s.base + ":q", s.base + ":d", s.base + ":h", s.base + ":t"}
+}
+
+// callMachine is one run's state.
+type callMachine struct {
+	ctx     context.Context
+	t       *rapid.T
+	pair    *replayPair
+	now     int64 // µs, Redis's clock as the replayers see it
+	sems    []*csem
+	procs   []*cproc
+	waiting []*cticket
+	holding []*cticket
+	sent    []call // every call made, for resends
+	seq     int
+}
+
+func (m *callMachine) nowMs() int64 { return m.now / 1000 }
+
+// exec runs c at the machine's clock on both replayers, compares, and
+// returns the reply.
+func (m *callMachine) exec(c call) any {
+	c.Time = []string{strconv.FormatInt(m.now/1e6, 10), strconv.FormatInt(m.now%1e6, 10)}
+	m.sent = append(m.sent, c)
+	res, err := m.pair.step(m.ctx, c, len(m.sent))
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	return res
+}
+
+func (m *callMachine) newTicket() string {
+	m.seq++
+	return fmt.Sprintf("T%04dX", m.seq)
+}
+
+// group is the multi-request marker of parts (see queue.lua), "" for one.
+func group(parts []cpart) string {
+	if len(parts) == 1 {
+		return ""
+	}
+	var g []string
+	for _, p := range parts {
+		g = append(g, p.sem.base, strconv.FormatInt(p.n, 10), strconv.FormatInt(p.sem.cap, 10))
+	}
+	return strings.Join(g, "\t")
+}
+
+func partKeys(parts []cpart) []string {
+	var k []string
+	for _, p := range parts {
+		k = append(k, p.sem.keys()...)
+	}
+	return k
+}
+
+func (m *callMachine) drawProc(t *rapid.T) *cproc {
+	return m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(t, "process")]
+}
+
+func (m *callMachine) acquire(t *rapid.T) {
+	p := m.drawProc(t)
+	op := rapid.SampledFrom([]string{"acquire", "acquire", "try"}).Draw(t, "op")
+	sems := []*csem{m.sems[rapid.IntRange(0, len(m.sems)-1).Draw(t, "semaphore")]}
+	if len(m.sems) > 1 && rapid.IntRange(0, 3).Draw(t, "multi") == 0 {
+		sems = m.sems
+	}
+	var parts []cpart
+	for _, s := range sems {
+		parts = append(parts, cpart{s, rapid.Int64Range(1, s.cap).Draw(t, "permits")})
+	}
+	// Now and then a capacity other than the stored one.
+	capOf := func(s *csem) int64 { return s.cap }
+	if rapid.IntRange(0, 15).Draw(t, "other capacity") == 0 {
+		capOf = func(s *csem) int64 { return s.cap + 1 }
+	}
+	tk := &cticket{ticket: m.newTicket(), p: p, parts: parts}
+	args := []string{op, tk.ticket, p.id, num(p.lease), num(p.wait), group(parts)}
+	for _, pt := range parts {
+		args = append(args, num(pt.n), num(capOf(pt.sem)))
+	}
+	res, _ := m.exec(call{Script: "acquire", Keys: partKeys(parts), Args: args}).([]any)
+	if len(res) == 0 {
+		return // an error (a capacity mismatch)
+	}
+	switch code, _ := res[0].(int64); code {
+	case acqGranted, acqGrantedBefore:
+		for _, v := range res[3:] {
+			tk.tokens = append(tk.tokens, fmt.Sprint(v))
+		}
+		m.holding = append(m.holding, tk)
+	case acqQueued:
+		m.waiting = append(m.waiting, tk)
+	}
+}
+
+func num(n int64) string { return strconv.FormatInt(n, 10) }
+
+// releaseArgs renders release.lua's arguments for tk.
+func releaseArgs(op string, tk *cticket, lease int64) []string {
+	ann := "0"
+	if tk.announced {
+		ann = "1"
+	}
+	args := []string{op, tk.ticket, tk.p.id, num(lease), num(tk.p.wait), group(tk.parts), ann}
+	for i, pt := range tk.parts {
+		tok := "0"
+		if tk.tokens != nil {
+			tok = tk.tokens[i]
+		}
+		args = append(args, num(pt.n), tok)
+	}
+	return args
+}
+
+func (m *callMachine) release(t *rapid.T) {
+	if len(m.holding) == 0 {
+		t.Skip("no holder")
+	}
+	i := rapid.IntRange(0, len(m.holding)-1).Draw(t, "holder")
+	tk := m.holding[i]
+	op := rapid.SampledFrom([]string{"release", "release", "renew", "leave"}).Draw(t, "op")
+	m.exec(call{Script: "release", Keys: partKeys(tk.parts), Args: releaseArgs(op, tk, tk.p.lease)})
+	if op == "renew" {
+		tk.announced = false
+		return
+	}
+	m.holding = slices.Delete(m.holding, i, i+1)
+}
+
+// renewBatch renews some of one process's single-semaphore leases on one
+// semaphore in one script.
+func (m *callMachine) renewBatch(t *rapid.T) {
+	p := m.drawProc(t)
+	s := m.sems[rapid.IntRange(0, len(m.sems)-1).Draw(t, "semaphore")]
+	args := []string{"renew_batch", p.id}
+	for _, tk := range m.holding {
+		if tk.p == p && len(tk.parts) == 1 && tk.parts[0].sem == s && rapid.Bool().Draw(t, "in batch") {
+			ann := "0"
+			if tk.announced {
+				ann = "1"
+			}
+			args = append(args, tk.ticket, num(tk.parts[0].n), tk.tokens[0], ann, num(p.lease))
+			tk.announced = false
+		}
+	}
+	m.exec(call{Script: "acquire", Keys: s.keys(), Args: args})
+}
+
+func (m *callMachine) leave(t *rapid.T) {
+	if len(m.waiting) == 0 {
+		t.Skip("no waiter")
+	}
+	i := rapid.IntRange(0, len(m.waiting)-1).Draw(t, "waiter")
+	tk := m.waiting[i]
+	keys := partKeys(tk.parts)
+	if tk.cond != "" {
+		keys = append(keys, condKeys(keys0(tk), tk.cond[2:])...)
+	}
+	m.exec(call{Script: "release", Keys: keys, Args: releaseArgs("leave", tk, tk.p.lease)})
+	m.waiting = slices.Delete(m.waiting, i, i+1)
+}
+
+// keys0 returns the engine's keys of tk's first semaphore.
+func keys0(tk *cticket) keys {
+	return keys{base: tk.parts[0].sem.base, all: tk.parts[0].sem.keys()}
+}
+
+// refresh refreshes a process's waiters on one semaphore (those whose
+// first semaphore it is), and learns which were granted or dropped.
+func (m *callMachine) refresh(t *rapid.T) {
+	p := m.drawProc(t)
+	s := m.sems[rapid.IntRange(0, len(m.sems)-1).Draw(t, "semaphore")]
+	args := []string{"refresh", p.id, num(p.lease), num(p.wait)}
+	for _, tk := range m.waiting {
+		if tk.p == p && tk.parts[0].sem == s {
+			args = append(args, tk.ticket, num(tk.parts[0].n), group(tk.parts))
+		}
+	}
+	res, _ := m.exec(call{Script: "acquire", Keys: s.keys(), Args: args}).([]any)
+	if len(res) < 2 {
+		return
+	}
+	gone, _ := res[1].([]any)
+	for i := 0; i+1 < len(gone); i += 2 {
+		m.learn(fmt.Sprint(gone[i]), fmt.Sprint(gone[i+1]))
+	}
+}
+
+// learn moves a waiting ticket to holding ("expiry token..."), or drops it
+// ("0").
+func (m *callMachine) learn(ticket, grant string) {
+	i := slices.IndexFunc(m.waiting, func(tk *cticket) bool { return tk.ticket == ticket })
+	if i < 0 {
+		return
+	}
+	tk := m.waiting[i]
+	m.waiting = slices.Delete(m.waiting, i, i+1)
+	f := strings.Fields(grant)
+	if len(f) < 2 {
+		return
+	}
+	tk.tokens, tk.announced, tk.cond = f[1:], true, ""
+	m.holding = append(m.holding, tk)
+}
+
+// hear pops a process's wake lists on both replayers, as its listener
+// does, and learns the grants.
+func (m *callMachine) hear(t *rapid.T) {
+	p := m.drawProc(t)
+	for _, s := range m.sems {
+		list := s.base + ":w:" + p.id
+		var got [2][]string
+		for j, r := range []*replayer{m.pair.fast, m.pair.general} {
+			got[j], _ = r.rdb.LPopCount(m.ctx, list, 1000).Result()
+		}
+		if !slices.Equal(got[0], got[1]) {
+			t.Fatalf("wake list %s: fast paths on %q, off %q", list, got[0], got[1])
+		}
+		for _, w := range got[0] {
+			tk, rest, _ := strings.Cut(w, " ")
+			m.learn(tk, rest)
+		}
+	}
+}
+
+func (m *callMachine) pump(t *rapid.T) {
+	s := m.sems[rapid.IntRange(0, len(m.sems)-1).Draw(t, "semaphore")]
+	m.exec(call{Script: "acquire", Keys: s.keys(), Args: []string{"pump"}})
+}
+
+func (m *callMachine) status(t *rapid.T) {
+	s := m.sems[rapid.IntRange(0, len(m.sems)-1).Draw(t, "semaphore")]
+	m.exec(call{Script: "acquire", Keys: s.keys(), Args: []string{"status"}})
+}
+
+// condWait releases a lease of one semaphore and waits on its condition.
+func (m *callMachine) condWait(t *rapid.T) {
+	var single []int
+	for i, tk := range m.holding {
+		if len(tk.parts) == 1 {
+			single = append(single, i)
+		}
+	}
+	if len(single) == 0 {
+		t.Skip("no holder of one semaphore")
+	}
+	i := single[rapid.IntRange(0, len(single)-1).Draw(t, "holder")]
+	tk := m.holding[i]
+	cond := rapid.SampledFrom([]string{"", "x"}).Draw(t, "condition")
+	fresh := &cticket{ticket: m.newTicket(), p: tk.p, parts: tk.parts, cond: "c:" + cond}
+	args := append(releaseArgs("wait", tk, tk.p.lease), fresh.ticket, cond)
+	keys := append(tk.parts[0].sem.keys(), condKeys(keys0(tk), cond)...)
+	res, _ := m.exec(call{Script: "release", Keys: keys, Args: args}).([]any)
+	m.holding = slices.Delete(m.holding, i, i+1)
+	if len(res) > 0 && res[0] == int64(1) {
+		m.waiting = append(m.waiting, fresh)
+	}
+}
+
+func (m *callMachine) signal(t *rapid.T) {
+	s := m.sems[rapid.IntRange(0, len(m.sems)-1).Draw(t, "semaphore")]
+	cond := rapid.SampledFrom([]string{"", "x"}).Draw(t, "condition")
+	mode := rapid.SampledFrom([]string{"1", "all"}).Draw(t, "mode")
+	keys := append(s.keys(), condKeys(keys{base: s.base, all: s.keys()}, cond)...)
+	res, _ := m.exec(call{Script: "acquire", Keys: keys, Args: []string{"signal", cond, mode, ""}}).([]any)
+	if len(res) < 1 {
+		return
+	}
+	// The woken move to the queue (or are granted): no longer on the
+	// condition; a refresh or the wake list tells the rest.
+	if n, _ := res[0].(int64); n > 0 {
+		for _, tk := range m.waiting {
+			if tk.cond == "c:"+cond && tk.parts[0].sem == s && n > 0 {
+				tk.cond = ""
+				n--
+			}
+		}
+	}
+}
+
+// resend sends one of the last calls again, now.
+func (m *callMachine) resend(t *rapid.T) {
+	if len(m.sent) == 0 {
+		t.Skip("nothing sent")
+	}
+	back := rapid.IntRange(1, min(len(m.sent), 6)).Draw(t, "calls back")
+	c := m.sent[len(m.sent)-back]
+	m.exec(call{Script: c.Script, Keys: c.Keys, Args: c.Args})
+}
+
+// advance moves the clock: a little, or just past the next time any of
+// the semaphores' sorted sets holds (a lease expiry, a waiter deadline, a
+// tombstone's end), or a long way.
+func (m *callMachine) advance(t *rapid.T) {
+	var d int64
+	switch rapid.IntRange(0, 3).Draw(t, "how") {
+	case 0:
+		d = rapid.Int64Range(1, 400).Draw(t, "ms")
+	case 1:
+		d = rapid.Int64Range(0, 40000).Draw(t, "ms")
+	default:
+		var next []int64
+		for _, s := range m.sems {
+			for _, k := range s.keys()[2:] {
+				zs, err := m.pair.fast.rdb.ZRangeWithScores(m.ctx, k, 0, -1).Result()
+				if err != nil {
+					continue
+				}
+				for _, z := range zs {
+					if int64(z.Score) >= m.nowMs() && int64(z.Score) < m.nowMs()+100000 {
+						next = append(next, int64(z.Score))
+					}
+				}
+			}
+		}
+		if len(next) == 0 {
+			t.Skip("nothing due ahead")
+		}
+		slices.Sort(next)
+		at := next[rapid.IntRange(0, min(len(next), 3)-1).Draw(t, "which")]
+		d = at - m.nowMs() + rapid.Int64Range(0, 1).Draw(t, "past")
+	}
+	m.now += d*1000 + rapid.Int64Range(0, 999).Draw(t, "µs")
+}
+
+// runCallMachine runs one call machine on pair and returns how many calls
+// it made.
+func runCallMachine(rt *rapid.T, pair *replayPair) int {
+	ctx := context.Background()
+	for _, r := range []*replayer{pair.fast, pair.general} {
+		if err := r.rdb.FlushDB(ctx).Err(); err != nil {
+			rt.Fatal(err)
+		}
+	}
+	// The clock starts at the real one: the replayers move key expiries a
+	// day past the recorded clock, which must keep them ahead of the real.
+	m := &callMachine{ctx: ctx, t: rt, pair: pair, now: time.Now().UnixMicro()}
+	for i := range rapid.IntRange(1, 2).Draw(rt, "semaphores") {
+		name := fmt.Sprintf("c%d", i)
+		m.sems = append(m.sems, &csem{name: name, base: "cm:{" + name + "}", cap: rapid.Int64Range(1, 4).Draw(rt, "capacity")})
+	}
+	for i := range rapid.IntRange(1, 4).Draw(rt, "processes") {
+		m.procs = append(m.procs, &cproc{
+			id:    fmt.Sprintf("P%dID", i),
+			lease: rapid.SampledFrom([]int64{300, 1000, 5000}).Draw(rt, "lease TTL"),
+			wait:  rapid.SampledFrom([]int64{200, 600, 3000}).Draw(rt, "waiter TTL"),
+		})
+	}
+	rt.Repeat(map[string]func(*rapid.T){
+		"acquire":     m.acquire,
+		"release":     m.release,
+		"renew batch": m.renewBatch,
+		"leave":       m.leave,
+		"refresh":     m.refresh,
+		"hear":        m.hear,
+		"pump":        m.pump,
+		"status":      m.status,
+		"wait":        m.condWait,
+		"signal":      m.signal,
+		"resend":      m.resend,
+		"advance":     m.advance,
+		"":            func(*rapid.T) {},
+	})
+	return len(m.sent)
+}
+
+// diffCalls runs call machines on replayPairs with every script passed
+// through inner (a mutation, or nil), reporting to tb.
+func diffCalls(t *testing.T, tb rapid.TB, checks int, inner func(string) string) {
+	pairs := replayPairs(t, inner)
+	if checks > 0 {
+		setFlag(t, "rapid.checks", strconv.Itoa(checks))
+	}
+	for _, p := range pairs {
+		if tb.Failed() {
+			return
+		}
+		var calls, fast int
+		rapid.Check(tb, func(rt *rapid.T) {
+			n := runCallMachine(rt, p)
+			calls += n
+			fast += p.fastCount(context.Background())
+		})
+		t.Logf("%s: %d calls (%d answered by a fast path)", p.backend, calls, fast)
+	}
+}
