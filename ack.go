@@ -16,12 +16,15 @@ type pipeliner interface {
 	Pipeline() redis.Pipeliner
 }
 
-// run runs script s. With WithReplicaAck it also waits, on the same
-// connection, until the configured number of replicas has the script's
-// writes; the second result reports when they did not (the script's own
-// result and error are in the Cmd either way).
-func (c *Client) run(ctx context.Context, s *script, keys []string, args ...any) (*redis.Cmd, error) {
-	if c.cfg.ackReplicas == 0 {
+// run is the one way the client runs a script: the op args[0] names, on
+// keys, through the script that serves it (see ops). With WithReplicaAck,
+// for the ops whose writes must reach replicas (opSpec.ack), it also waits,
+// on the same connection, until the configured number of replicas has the
+// script's writes; the second result reports when they did not (the
+// script's own result and error are in the Cmd either way).
+func (c *Client) run(ctx context.Context, keys []string, args ...any) (*redis.Cmd, error) {
+	s, spec := c.scripts.forOp(args[0].(string))
+	if c.cfg.ackReplicas == 0 || !spec.ack {
 		return s.Run(ctx, c.rdb, keys, args...), nil
 	}
 	p := c.rdb.(pipeliner) // checked by New
@@ -53,10 +56,10 @@ type outcome struct {
 	ackErr error
 }
 
-// runner returns a call of run with script s on keys and args, for call.
-func (c *Client) runner(s *script, keys []string, args []any) func(context.Context) outcome {
+// runner returns a call of run on keys and args, for call.
+func (c *Client) runner(keys []string, args []any) func(context.Context) outcome {
 	return func(ctx context.Context) outcome {
-		cmd, ackErr := c.run(ctx, s, keys, args...)
+		cmd, ackErr := c.run(ctx, keys, args...)
 		return outcome{cmd, ackErr}
 	}
 }

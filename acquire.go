@@ -46,7 +46,7 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (lease 
 		}
 		sent := time.Now()
 		ticket := w.ticket
-		o, ok := c.call(ctx, c.runner(c.scripts.acquire, p.keys, p.acquireArgs(mode, ticket, c)), func(outcome) {
+		o, ok := c.call(ctx, c.runner(p.keys, p.acquireArgs(mode, ticket, c)), func(outcome) {
 			// The script may have queued or granted the ticket after the
 			// caller left, or before its reply was lost.
 			c.cleanUp(ctx, p.releaseArgs("leave", ticket, c, true, nil), p)
@@ -251,7 +251,7 @@ func (c *Client) letGo(ctx context.Context, args []any, p plan) {
 func (c *Client) cleanUp(ctx context.Context, args []any, p plan) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
 	defer cancel()
-	cmd, _ := c.run(ctx, c.scripts.release, p.keys, args...)
+	cmd, _ := c.run(ctx, p.keys, args...)
 	if _, err := c.released(p, cmd); err != nil {
 		c.logf(slog.LevelWarn, "fairlock: clean-up failed; Redis drops the ticket at its deadline", p.names, "",
 			slog.String("op", fmt.Sprint(args[0])), slog.Any("error", err))
@@ -292,7 +292,8 @@ func (c *Client) pumpLater(p plan) {
 				default:
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
-				res, err := c.scripts.acquire.Run(ctx, c.rdb, k.list(), "pump").Slice()
+				cmd, _ := c.run(ctx, k.list(), "pump")
+				res, err := cmd.Slice()
 				cancel()
 				var more int64
 				if err == nil {

@@ -100,7 +100,7 @@ func (l *Lease) CondWait(ctx context.Context, cond string) (*Lease, error) {
 	fresh := w.ticket
 	args := append(p.releaseArgs("wait", l.ticket, c, l.announced, l.tokens), fresh, cond)
 	sent := time.Now()
-	o, ok := c.call(ctx, c.runner(c.scripts.release, cp.keys, args), func(outcome) {
+	o, ok := c.call(ctx, c.runner(cp.keys, args), func(outcome) {
 		// The script may have run, or not: release the lease (a resend
 		// finds its tombstone) and withdraw the new ticket.
 		c.cleanUp(ctx, p.releaseArgs("release", l.ticket, c, l.announced, l.tokens), p)
@@ -201,7 +201,7 @@ func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, 
 	bound := ""
 	total := 0
 	for range maxSignalScripts {
-		o, ok := c.call(ctx, c.runner(c.scripts.acquire, keys, []any{"signal", cond, mode, bound}), nil)
+		o, ok := c.call(ctx, c.runner(keys, []any{"signal", cond, mode, bound}), nil)
 		if !ok {
 			return total, wrap(ctx.Err())
 		}

@@ -133,7 +133,7 @@ func (m *callMachine) acquire(t *rapid.T) {
 	for _, pt := range parts {
 		args = append(args, num(pt.n), num(capOf(pt.sem)))
 	}
-	res, _ := m.exec(call{Script: "acquire", Keys: partKeys(parts), Args: args}).([]any)
+	res, _ := m.exec(call{Keys: partKeys(parts), Args: args}).([]any)
 	if len(res) == 0 {
 		return // an error (a capacity mismatch)
 	}
@@ -174,7 +174,7 @@ func (m *callMachine) release(t *rapid.T) {
 	i := rapid.IntRange(0, len(m.holding)-1).Draw(t, "holder")
 	tk := m.holding[i]
 	op := rapid.SampledFrom([]string{"release", "release", "renew", "leave"}).Draw(t, "op")
-	m.exec(call{Script: "release", Keys: partKeys(tk.parts), Args: releaseArgs(op, tk, tk.p.lease)})
+	m.exec(call{Keys: partKeys(tk.parts), Args: releaseArgs(op, tk, tk.p.lease)})
 	if op == "renew" {
 		tk.announced = false
 		return
@@ -198,7 +198,7 @@ func (m *callMachine) renewBatch(t *rapid.T) {
 			tk.announced = false
 		}
 	}
-	m.exec(call{Script: "acquire", Keys: s.keys(), Args: args})
+	m.exec(call{Keys: s.keys(), Args: args})
 }
 
 func (m *callMachine) leave(t *rapid.T) {
@@ -211,7 +211,7 @@ func (m *callMachine) leave(t *rapid.T) {
 	if tk.cond != "" {
 		keys = append(keys, condKeys(keys0(tk), tk.cond[2:])...)
 	}
-	m.exec(call{Script: "release", Keys: keys, Args: releaseArgs("leave", tk, tk.p.lease)})
+	m.exec(call{Keys: keys, Args: releaseArgs("leave", tk, tk.p.lease)})
 	m.waiting = slices.Delete(m.waiting, i, i+1)
 }
 
@@ -231,7 +231,7 @@ func (m *callMachine) refresh(t *rapid.T) {
 			args = append(args, tk.ticket, num(tk.parts[0].n), group(tk.parts))
 		}
 	}
-	res, _ := m.exec(call{Script: "acquire", Keys: s.keys(), Args: args}).([]any)
+	res, _ := m.exec(call{Keys: s.keys(), Args: args}).([]any)
 	if len(res) < 2 {
 		return
 	}
@@ -280,12 +280,12 @@ func (m *callMachine) hear(t *rapid.T) {
 
 func (m *callMachine) pump(t *rapid.T) {
 	s := m.sems[rapid.IntRange(0, len(m.sems)-1).Draw(t, "semaphore")]
-	m.exec(call{Script: "acquire", Keys: s.keys(), Args: []string{"pump"}})
+	m.exec(call{Keys: s.keys(), Args: []string{"pump"}})
 }
 
 func (m *callMachine) status(t *rapid.T) {
 	s := m.sems[rapid.IntRange(0, len(m.sems)-1).Draw(t, "semaphore")]
-	m.exec(call{Script: "acquire", Keys: s.keys(), Args: []string{"status"}})
+	m.exec(call{Keys: s.keys(), Args: []string{"status"}})
 }
 
 // condWait releases a lease of one semaphore and waits on its condition.
@@ -305,7 +305,7 @@ func (m *callMachine) condWait(t *rapid.T) {
 	fresh := &cticket{ticket: m.newTicket(), p: tk.p, parts: tk.parts, cond: "c:" + cond}
 	args := append(releaseArgs("wait", tk, tk.p.lease), fresh.ticket, cond)
 	keys := append(tk.parts[0].sem.keys(), condKeys(keys0(tk), cond)...)
-	res, _ := m.exec(call{Script: "release", Keys: keys, Args: args}).([]any)
+	res, _ := m.exec(call{Keys: keys, Args: args}).([]any)
 	m.holding = slices.Delete(m.holding, i, i+1)
 	if len(res) > 0 && res[0] == int64(1) {
 		m.waiting = append(m.waiting, fresh)
@@ -317,7 +317,7 @@ func (m *callMachine) signal(t *rapid.T) {
 	cond := rapid.SampledFrom([]string{"", "x"}).Draw(t, "condition")
 	mode := rapid.SampledFrom([]string{"1", "all"}).Draw(t, "mode")
 	keys := append(s.keys(), condKeys(keys{base: s.base, all: s.keys()}, cond)...)
-	res, _ := m.exec(call{Script: "acquire", Keys: keys, Args: []string{"signal", cond, mode, ""}}).([]any)
+	res, _ := m.exec(call{Keys: keys, Args: []string{"signal", cond, mode, ""}}).([]any)
 	if len(res) < 1 {
 		return
 	}

@@ -30,7 +30,7 @@ func TestReleaseSkipsDeadHead(t *testing.T) {
 		k := p.first().k
 		acquire := func(ticket, client string, waitMs int64) []any {
 			t.Helper()
-			res, err := c.scripts.acquire.Run(ctx, rdb, p.keys, "acquire", ticket, client, 10000, waitMs, "", 1, 1).Slice()
+			res, err := c.scripts.byEntry["acquire"].Run(ctx, rdb, p.keys, "acquire", ticket, client, 10000, waitMs, "", 1, 1).Slice()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -52,12 +52,12 @@ func TestReleaseSkipsDeadHead(t *testing.T) {
 			t.Fatalf("live waiter: %v", res)
 		}
 		// The first waiter leaves, so the dying one heads the queue.
-		res, err := c.scripts.release.Run(ctx, rdb, p.keys, "leave", "FIRST", "first", 10000, 60000, "", "1", 1, 0).Slice()
+		res, err := c.scripts.byEntry["release"].Run(ctx, rdb, p.keys, "leave", "FIRST", "first", 10000, 60000, "", "1", 1, 0).Slice()
 		if err != nil || res[0] != int64(1) {
 			t.Fatalf("leave: %v, %v", res, err)
 		}
 		time.Sleep(300 * time.Millisecond) // the first waiter's deadline passes
-		res, err = c.scripts.release.Run(ctx, rdb, p.keys, "release", "HOLDER", "cli", 10000, 10000, "", "0", 1, held[3]).Slice()
+		res, err = c.scripts.byEntry["release"].Run(ctx, rdb, p.keys, "release", "HOLDER", "cli", 10000, 10000, "", "0", 1, held[3]).Slice()
 		if err != nil || res[0] != int64(1) {
 			t.Fatalf("release: %v, %v", res, err)
 		}
@@ -71,6 +71,47 @@ func TestReleaseSkipsDeadHead(t *testing.T) {
 		}
 		if len(dead) != 0 || len(live) != 1 {
 			t.Fatalf("after the release, the dead waiter's wake list holds %q and the live one's %q: want the grant on the live one's", dead, live)
+		}
+	})
+}
+
+// A waiter whose deadline has passed is dead, whether or not a script has
+// dropped it yet: its own refresh, arriving late, reports it gone and
+// drops it, rather than bringing it back.
+func TestRefreshDoesNotReviveDeadWaiter(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		rdb := b.Client(t)
+		c, err := New(rdb, WithPrefix(redistest.Prefix(t)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		p, err := c.plan([]Request{{Name: "rv", Capacity: 1, Permits: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := p.first().k
+		for _, w := range []struct {
+			ticket string
+			waitMs int64
+			code   int64
+		}{{"HOLDER", 10000, acqGranted}, {"LATE", 100, acqQueued}} {
+			res, err := c.scripts.byEntry["acquire"].Run(ctx, rdb, p.keys, "acquire", w.ticket, "cli", 10000, w.waitMs, "", 1, 1).Slice()
+			if err != nil || res[0] != w.code {
+				t.Fatalf("acquire %s: %v, %v", w.ticket, res, err)
+			}
+		}
+		time.Sleep(300 * time.Millisecond) // the waiter's deadline passes; no script runs
+		res, err := c.scripts.byEntry["refresh"].Run(ctx, rdb, p.keys, "refresh", "cli", 10000, 100, "LATE", 1, "").Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := res[1].([]any); len(got) != 2 || got[0] != "LATE" || got[1] != "0" {
+			t.Fatalf("refresh of a dead waiter reported %v, want it gone (LATE 0)", res[1])
+		}
+		if n, err := rdb.ZCard(ctx, k.list()[1]).Result(); err != nil || n != 0 {
+			t.Fatalf("queue holds %d after the refresh (%v), want the dead waiter dropped", n, err)
 		}
 	})
 }

@@ -13,66 +13,68 @@ import (
 
 // library is the engine's scripts as one Redis function library (Redis 7.0
 // and later, Valkey): loaded once per server, so that a call no longer
-// defines queue.lua's functions afresh as an EVAL does. queue.lua,
-// acquire.lua and release.lua stay the sources; the library wraps them
-// (see libraryFormat). Its name and its functions' names carry a hash of
-// the sources, so fairlock versions that differ in them can share one
-// Redis (a rolling upgrade): each loads its own library, and none replaces
-// another's.
+// defines the shared code afresh as an EVAL does. The Lua files stay the
+// sources; the library wraps them (see newLibrary). Its name and its
+// functions' names carry a hash of the sources, so fairlock versions that
+// differ in them can share one Redis (a rolling upgrade): each loads its
+// own library, and none replaces another's.
 type library struct {
-	name             string // fairlock_<hash>
-	acquire, release string // function names
-	code             string // FUNCTION LOAD's argument
+	name string            // fairlock_<hash>
+	fns  map[string]string // entry name -> function name
+	code string            // FUNCTION LOAD's argument
 }
 
-// libraryFormat wraps the sources (queue.lua, acquire.lua, release.lua,
-// then the hash). acquire.lua and release.lua become the bodies of the two
-// functions, which start with begin(KEYS) as a script does. queue.lua's
-// definitions are made once per server, by define, at the first call: not
+// newLibrary wraps the scripts' sources into a library: queue.lua and the
+// includes are defined once per server, by define, at the first call (not
 // when the library loads, since a library's top level sees only
-// redis.register_function and its kin (not unpack, string or math), and
-// queue.lua may use those at its top level as a script may.
+// redis.register_function and its kin, not unpack, string or math, and
+// the sources may use those at their top level as a script may); each
+// entry file becomes the body of a function, registered once per entry
+// with the entry's flags. read returns a source file's text (source, or a
+// test's changed copy).
 //
-// The functions declare no flags: they write (so Redis refuses them at
-// once, before any write, when over maxmemory), and like the scripts they
-// touch keys not in KEYS in the slot of those declared, which a function
-// may do as a script may (Cluster checks the slot of every key, declared
-// or not).
-const libraryFormat = `#!lua name=fairlock_%[4]s
-local acquire_fn, release_fn
-local function define()
-%[1]s
-acquire_fn = function(KEYS, ARGV)
-%[2]s
-end
-release_fn = function(KEYS, ARGV)
-%[3]s
-end
-end
-redis.register_function{function_name='fairlock_acquire_%[4]s', callback=function(KEYS, ARGV)
-  if not acquire_fn then define() end
-  return acquire_fn(KEYS, ARGV)
-end}
-redis.register_function{function_name='fairlock_release_%[4]s', callback=function(KEYS, ARGV)
-  if not release_fn then define() end
-  return release_fn(KEYS, ARGV)
-end}
-`
-
-// newLibrary wraps the three sources into a library.
-func newLibrary(queue, acquire, release string) *library {
+// Like the scripts, the functions touch keys not in KEYS in the slot of
+// those declared, which a function may do as a script may (Cluster checks
+// the slot of every key, declared or not).
+func newLibrary(entries []entry, read func(file string) string) *library {
+	var body strings.Builder
+	body.WriteString(read("queue.lua"))
+	for _, f := range includes {
+		body.WriteString("\n")
+		body.WriteString(read(f))
+	}
+	files := map[string]int{} // entry file -> index in bodies
+	var bodies []string
+	for _, e := range entries {
+		if _, ok := files[e.file]; !ok {
+			files[e.file] = len(bodies)
+			bodies = append(bodies, read(e.file))
+		}
+	}
+	for i, src := range bodies {
+		fmt.Fprintf(&body, "\nbodies[%d] = function(KEYS, ARGV)\n%s\nend\n", i+1, src)
+	}
 	h := sha1.New()
-	for _, s := range []string{libraryFormat, queue, acquire, release} {
-		h.Write([]byte(s))
-		h.Write([]byte{0})
+	h.Write([]byte(body.String()))
+	for _, e := range entries {
+		fmt.Fprintf(h, "\x00%s %s %s", e.name, e.file, e.flags)
 	}
 	hash := hex.EncodeToString(h.Sum(nil))[:16]
-	return &library{
-		name:    "fairlock_" + hash,
-		acquire: "fairlock_acquire_" + hash,
-		release: "fairlock_release_" + hash,
-		code:    fmt.Sprintf(libraryFormat, queue, acquire, release, hash),
+	l := &library{name: "fairlock_" + hash, fns: map[string]string{}}
+	var code strings.Builder
+	fmt.Fprintf(&code, "#!lua name=%s\nlocal bodies = {}\nlocal function define()\n%s\nend\n", l.name, body.String())
+	for _, e := range entries {
+		fn := "fairlock_" + e.name + "_" + hash
+		l.fns[e.name] = fn
+		flags := ""
+		if e.flags != "" {
+			flags = ", flags={'" + strings.ReplaceAll(e.flags, ",", "','") + "'}"
+		}
+		fmt.Fprintf(&code, "redis.register_function{function_name='%s', callback=function(KEYS, ARGV)\n  if not bodies[%d] then define() end\n  return bodies[%d](KEYS, ARGV)\nend%s}\n",
+			fn, files[e.file]+1, files[e.file]+1, flags)
 	}
+	l.code = code.String()
+	return l
 }
 
 // fcaller runs a function: go-redis's clients and pipelines.

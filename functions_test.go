@@ -315,9 +315,10 @@ func TestFunctionLibraryRecovers(t *testing.T) {
 
 	// Another fairlock version's library (a rolling upgrade): each client
 	// loads its own, and neither replaces the other.
-	other := &scripts{lib: newLibrary(queueLua+"\n-- another version", acquireLua, releaseLua)}
-	other.acquire = &script{set: other, eval: c.scripts.acquire.eval, fn: other.lib.acquire}
-	other.release = &script{set: other, eval: c.scripts.release.eval, fn: other.lib.release}
+	other := &scripts{lib: newLibrary(entries, changed("queue.lua", "\n-- another version")), byEntry: map[string]*script{}}
+	for name, s := range c.scripts.byEntry {
+		other.byEntry[name] = &script{set: other, eval: s.eval, fn: other.lib.fns[name]}
+	}
 	oc := fnClient(t, b.Client(t), false)
 	oc.scripts = other
 	coreScenarios(t, oc)
@@ -362,9 +363,11 @@ func TestFunctionLibraryRefused(t *testing.T) {
 		rdb := b.Client(t)
 		s := countSent(t, rdb)
 		c := fnClient(t, rdb, false)
-		broken := newLibrary("local = 1", acquireLua, releaseLua)
+		broken := newLibrary(entries, changed("queue.lua", "\nlocal = 1"))
 		c.scripts.lib = broken
-		c.scripts.acquire.fn, c.scripts.release.fn = broken.acquire, broken.release
+		for name, s := range c.scripts.byEntry {
+			s.fn = broken.fns[name]
+		}
 		coreScenarios(t, c)
 		if !c.scripts.evalOnly.Load() || s.get("function load") != 1 || s.get("fcall") != 1 {
 			t.Fatalf("evalOnly %v after %v, want one FCALL, one FUNCTION LOAD, then EVAL", c.scripts.evalOnly.Load(), s.n)
@@ -386,4 +389,15 @@ func TestFunctionLibraryRefused(t *testing.T) {
 			t.Fatalf("evalOnly %v after %v, want one FCALL, then EVAL", c.scripts.evalOnly.Load(), s.n)
 		}
 	})
+}
+
+// changed returns a reader of the scripts' sources that appends more to
+// file.
+func changed(file, more string) func(string) string {
+	return func(f string) string {
+		if f == file {
+			return source(f) + more
+		}
+		return source(f)
+	}
 }

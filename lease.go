@@ -175,7 +175,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.stopRenewal()
 	args := l.p.releaseArgs("release", l.ticket, l.c, l.announced, l.tokens)
-	o, ok := l.c.call(ctx, l.c.runner(l.c.scripts.release, l.p.keys, args), func(o outcome) {
+	o, ok := l.c.call(ctx, l.c.runner(l.p.keys, args), func(o outcome) {
 		if o.cmd.Err() != nil {
 			// The release may not have reached Redis: send it again.
 			l.c.cleanUp(ctx, args, l.p)
@@ -298,7 +298,7 @@ func (l *Lease) renew() {
 		n, err = l.c.renewBatched(ctx, l, announced, lease)
 	} else {
 		args := l.p.releaseArgsTTL("renew", l.ticket, l.c, announced, l.tokens, lease)
-		o, _ := l.c.call(ctx, l.c.runner(l.c.scripts.release, l.p.keys, args), nil)
+		o, _ := l.c.call(ctx, l.c.runner(l.p.keys, args), nil)
 		n, err = l.c.released(l.p, o.cmd)
 		if err == nil && n == 1 && o.ackErr != nil {
 			err = o.ackErr // renewed on the master only: try again

@@ -95,49 +95,52 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 		checks               int  // machines to try; 300 unless given
 		fast                 bool // a fast path's copy of a rule: the differential test must see it
 	}{
-		// The fast paths (queue.lua's fast_acquire and fast_release) must
-		// do exactly what the general path does.
-		{"fast release hands on to a dead head", "queue.lua",
-			"    ok = dmin and dmin > now\n", "    ok = true\n", 0, true},
-		{"fast acquire does not lower the deadline bound", "queue.lua",
-			"  if empty or (was and at < was) then\n", "  if empty then\n", 0, true},
-		{"fast acquire barges", "queue.lua",
-			"local grant = nq <= 0 and n and cap and used + n <= cap", "local grant = n and cap and used + n <= cap", 0, true},
-		{"fast grant's TTL", "queue.lua",
-			"hat = now + math.min(w.lease, w.wait)", "hat = now + w.lease", 0, true},
-		{"fast release's tombstone kind", "queue.lua",
-			"local f = { ticket, 'r' }", "local f = { ticket, 'x' }", 0, true},
-		{"fast acquire's queued ticket not marked", "queue.lua",
-			"f = { 'nq', num(nq + 1), 'seq', ts, ticket, 'q' }", "f = { 'nq', num(nq + 1), 'seq', ts }", 0, true},
-		{"fast release's idle TTL", "queue.lua",
-			"local idle = not w and nh <= 1 and (tonumber(st[10]) or 0) <= 0", "local idle = false", 0, true},
-		{"barging", "acquire.lua",
-			"if r.nq > 0 or r.used + want[i] > r.cap then\n    free = false", "if r.used + want[i] > r.cap then\n    free = false", 0, false},
+		// The fast paths (lua/fast.lua) must do exactly what the general
+		// path does: each mutation breaks one fast path's use of a rule.
+		{"fast release hands on to a dead head", "lua/fast.lua",
+			"    local quiet = nothing_due(dmin)\n", "    local quiet = true\n", 0, true},
+		{"fast acquire does not lower the deadline bound", "lua/fast.lua",
+			"  local low = lowered(bound, at)\n", "  local low = bound\n", 0, true},
+		{"fast acquire barges", "lua/fast.lua",
+			"  local grant = n and may_grant_now(st.nq, st.used, n, cap)\n", "  local grant = n and fits_in(st.used, n, cap)\n", 0, true},
+		{"fast grant's TTL", "lua/fast.lua",
+			"    ttl = grant_ttl(w.lease, w.wait, true)\n", "    ttl = grant_ttl(w.lease, w.wait, false)\n", 0, true},
+		{"fast release's tombstone kind", "lua/fast.lua",
+			"  local f = { a.ticket, RELEASED }\n", "  local f = { a.ticket, ENDED }\n", 0, true},
+		{"fast acquire's queued ticket not marked", "lua/fast.lua",
+			"    f = { 'nq', num(st.nq + 1), 'seq', ts, a.ticket, QUEUED }\n", "    f = { 'nq', num(st.nq + 1), 'seq', ts }\n", 0, true},
+		{"fast release's idle TTL", "lua/fast.lua",
+			"  local idle = not w and is_idle(st.nh - 1, st.nq, st.nc)\n", "  local idle = false\n", 0, true},
+		// The rules themselves (lua/rules.lua and the general path), which
+		// both paths share: the property checker must see each.
+		{"barging", "lua/rules.lua",
+			"  return nq <= 0 and fits_in(used, n, cap)\n", "  return fits_in(used, n, cap)\n", 0, false},
+		{"announced grant lasts the lease TTL", "lua/rules.lua",
+			"  if announced then return math.min(lease, wait) end\n", "", 0, false},
 		{"permit lost on cancel", "release.lua",
 			"      unqueue(p.r, waiter_member(ticket, p.n, client, lease, wait, group), true)\n",
 			"      unqueue(p.r, waiter_member(ticket, p.n, client, lease, wait, group), true)\n      p.r.used = p.r.used + 1\n", 0, false},
-		{"lease bound not lowered", "queue.lua",
+		{"lease bound not lowered", "lua/resource.lua",
 			// A grant announced to a process that then dies expires before
 			// the leases around it; a machine in a few hundred has one.
-			"  if r[bound] and at < r[bound] then r[bound] = at end\n",
-			"  if z == 'd' and r[bound] and at < r[bound] then r[bound] = at end\n", 3000, false},
-		{"multi-request barging", "queue.lua",
+			"  r[bound] = lowered(r[bound], at)\n",
+			"  if z == 'd' then r[bound] = lowered(r[bound], at) end\n", 3000, false},
+		{"multi-request barging", "lua/grant.lua",
 			"    if m ~= want then\n", "    if false then\n",
 			// It takes three requests with the right sizes in the right
 			// order; one machine in a few hundred draws them.
 			2000, false},
-		{"multi-request partly granted", "queue.lua",
+		{"multi-request partly granted", "lua/grant.lua",
 			"      local ok, broken = ready(w)\n", "      local ok, broken = fits(r, w.n), false\n", 0, false},
-		{"token not monotonic", "queue.lua",
-			"r.seq = math.max(r.seq + 1, now_us)", "r.seq = now_us", 0, false},
-		{"signal wakes the newest waiter", "acquire.lua",
+		{"token not monotonic", "lua/rules.lua",
+			"  return math.max(seq + 1, now_us)\n", "  return now_us\n", 0, false},
+		{"signal wakes the newest waiter", "lua/ops/signal.lua",
 			"redis.call('ZRANGEBYSCORE', cv.C, '-inf', max, 'LIMIT', 0, want + skip)",
 			"redis.call('ZREVRANGEBYSCORE', cv.C, max, '-inf', 'LIMIT', 0, want + skip)", 0, false},
-		{"woken waiter queued at the head", "queue.lua",
-			"  write('ZADD', r.Q, num(next_seq(r)), m)\n  wait_at(r, now + w.wait, m)",
-			"  write('ZADD', r.Q, '1', m)\n  wait_at(r, now + w.wait, m)", 0, false},
-		{"condition waiter not refreshed", "acquire.lua",
-			"        write('ZADD', cv.E, num(now + wait), m)\n", "", 0, false},
+		{"queued at the head", "lua/grant.lua",
+			"  write('ZADD', r.Q, num(next_seq(r)), m)\n", "  write('ZADD', r.Q, '1', m)\n", 0, false},
+		{"condition waiter not refreshed", "lua/ops/refresh.lua",
+			"      write('ZADD', cv.E, num(now + wait), m)\n", "", 0, false},
 		{"cancelled condition waiter stays", "release.lua",
 			"          cond_drop(p.r, c, m)\n", "", 0, false},
 	} {
@@ -187,8 +190,7 @@ func setFlag(t *testing.T, name, value string) {
 // run a mutated copy of one script file.
 func breakScript(t *testing.T, file, old, new string) func() {
 	t.Helper()
-	sources := map[string]string{"queue.lua": queueLua, "acquire.lua": acquireLua, "release.lua": releaseLua}
-	if !strings.Contains(sources[file], old) {
+	if !strings.Contains(source(file), old) {
 		t.Fatalf("%s no longer contains %q", file, old)
 	}
 	return scripthook.Set(mutate(file, old, new))
@@ -197,8 +199,7 @@ func breakScript(t *testing.T, file, old, new string) func() {
 // mutate returns a script transform that replaces old by new in one
 // script file's text.
 func mutate(file, old, new string) func(string) string {
-	sources := map[string]string{"queue.lua": queueLua, "acquire.lua": acquireLua, "release.lua": releaseLua}
-	src := sources[file]
+	src := source(file)
 	broken := strings.Replace(src, old, new, 1)
 	return func(s string) string { return strings.Replace(s, src, broken, 1) }
 }
@@ -1008,7 +1009,7 @@ func (m *machine) settle(t *rapid.T) {
 		// its reply's next event is 0 while work is left, and a waiting
 		// process refreshes again at once, as this does.
 		for i := 0; ; i++ {
-			res, err := m.obs.scripts.acquire.Run(context.Background(), m.rdb, s.k.list(), "refresh", m.obs.id,
+			res, err := m.obs.scripts.byEntry["refresh"].Run(context.Background(), m.rdb, s.k.list(), "refresh", m.obs.id,
 				ms(m.leaseTTL()), ms(m.waiterTTL())).Slice()
 			if err != nil {
 				t.Fatalf("observer's refresh: %v", err)

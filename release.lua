@@ -1,12 +1,17 @@
--- release.lua: the holder's side. Runs after queue.lua, whose rule it
--- obeys: every check comes before finish().
+-- release.lua: the entry of "release", "renew", "leave" and "wait", the
+-- calls about one request's lease or place (the holder's side). Runs after
+-- queue.lua and its includes, whose rule it obeys: every check comes
+-- before finish().
 --
--- KEYS: the keys of each resource of one request, in name order.
+-- KEYS: the five keys of each resource of the request, in name order; for
+--       "leave" and "wait", a condition's :c and :e keys may follow.
 -- ARGV: op, ticket, client, leaseMs, waiterMs, group ("" for one
--- resource), as acquire.lua takes them; then announced ("1" if the grant
--- was announced on a wake list and not yet confirmed by a renewal), then
--- permits, token for each resource. Every op returns {result, more}:
--- more is 1 when the queues have work left for later scripts ("pump").
+--       resource), announced ("1" if the grant was announced on a wake list
+--       and not yet confirmed by a renewal), then permits, token for each
+--       resource; "wait" adds the new ticket and the condition's name
+--       (lua/args.lua's parse_release).
+-- Reply: {result, more}, more 1 when the queues have work left for later
+-- scripts ("pump"); "wait": {result, more, nowMs, nextEventMs}.
 --   "release"  frees the lease's permits on every resource and grants them
 --              on; result 1, or 0 when the lease had already expired or
 --              been dropped on some resource (its permits were not held).
@@ -20,64 +25,55 @@
 --              context ended (tokens are ignored): 1 it was waiting (in a
 --              queue or on a condition variable), 2 it had just been
 --              granted (the grant, announced to it, is handed on), 0 it was
---              already gone. A condition's keys may follow the resource's.
---   "wait"     KEYS: one resource's, then a condition's :c and :e keys.
---              ARGV as for "release", then the new ticket and the
---              condition's name. Releases the lease as "release" does and,
---              in the same step, makes the new ticket a waiter of the
---              condition (so no signal between the two is lost); result 1,
---              or 0 (nothing waits) when the lease was no longer held. A
---              resent call (the new ticket is known) answers 1 and does
---              nothing. Returns {result, more, nowMs, nextEventMs}.
+--              already gone.
+--   "wait"     KEYS: one resource's, then the condition's. Releases the
+--              lease as "release" does and, in the same step, makes the new
+--              ticket a waiter of the condition (so no signal between the
+--              two is lost); result 1, or 0 (nothing waits) when the lease
+--              was no longer held. A resent call (the new ticket is known)
+--              answers 1 and does nothing.
 
--- A release on one semaphore takes the fast path (queue.lua) when it
--- can; fast_release returns nil, having written nothing, when the general
--- path below must decide.
-if FAST_PATHS and ARGV[1] == 'release' and #KEYS == 5 and ARGV[6] == '' then
-  local out = fast_release(KEYS, ARGV)
+local nres = math.floor(#KEYS / 5)
+local a = parse_release(ARGV, nres)
+-- A release on one semaphore takes the fast path when it can;
+-- fast_release returns nil, having written nothing, when the general path
+-- below must decide.
+if FAST_PATHS and a.op == 'release' and #KEYS == 5 and a.group == '' then
+  local out = fast_release(resource_keys(nil, KEYS, 1), a)
   if out then return out end
 end
 -- A call about a condition variable declares its two keys after the
--- resource's five: begin returns them.
+-- resources': begin returns them.
 local ckeys = begin(KEYS)
 
-local op, ticket, client = ARGV[1], ARGV[2], ARGV[3]
-local lease, wait, group, announced = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local op, ticket, client, lease, wait, group = a.op, a.ticket, a.client, a.lease, a.wait, a.group
+local announced = a.announced
 local rs = declared(ticket)
-local parts = {}
-for i, r in ipairs(rs) do
-  -- The client formats numbers as the scripts do, so its strings serve
-  -- in members as they are.
-  parts[i] = { r = r, n = tonumber(ARGV[6 + 2 * i]), ns = ARGV[6 + 2 * i], ts = ARGV[7 + 2 * i] }
-end
+local parts = a.parts
+for i, r in ipairs(rs) do parts[i].r = r end
 local result = 0
 
--- is_token tells a grant record from a tombstone or nothing.
-local function is_token(g)
-  return g and g ~= 'r' and g ~= 'x' and g ~= 'q' and string.sub(g, 1, 1) ~= 'c'
-end
-
-local cv, fresh
+local cv
 if op == 'wait' then
-  fresh = ARGV[10]
-  cv = cond_load(rs[1], ARGV[11], ckeys[1], ckeys[2])
+  cv = cond_load(rs[1], a.cond, ckeys[1], ckeys[2])
   -- A resend: the first run made the new ticket wait (or more since).
-  if redis.call('HEXISTS', rs[1].S, fresh) == 1 then return { 1, 0, now, -1 } end
+  if redis.call('HEXISTS', rs[1].S, a.fresh) == 1 then return { 1, 0, now, -1 } end
   if cv.off then return redis.error_reply('FAIRLOCK_COND_UNREACHABLE') end
 end
 
 if op == 'leave' then
   -- A grant this waiter has not heard of was announced, so S has its
   -- tokens.
-  announced = '1'
+  announced = true
   for _, p in ipairs(parts) do
-    p.ts = is_token(p.r.grant) and p.r.grant or '0'
-    if p.r.grant == 'q' then
+    local g = p.r.grant
+    p.ts = is_token(g) and g or '0'
+    if g == QUEUED then
       unqueue(p.r, waiter_member(ticket, p.n, client, lease, wait, group), true)
       result = 1
-    elseif p.r.grant and string.sub(p.r.grant, 1, 1) == 'c' then
+    elseif g and string.sub(g, 1, 1) == CONDITION then
       -- Waiting on a condition variable.
-      local c = cond_load(p.r, string.sub(p.r.grant, 2), ckeys[1], ckeys[2])
+      local c = cond_load(p.r, string.sub(g, 2), ckeys[1], ckeys[2])
       local m = waiter_member(ticket, p.n, client, lease, wait, '')
       if not c.off then
         if redis.call('ZSCORE', c.E, m) then
@@ -99,22 +95,20 @@ if result == 0 then
       p.hm = holder_member(ticket, p.ns, client, p.ts)
       p.at = tonumber(redis.call('ZSCORE', p.r.H, p.hm))
     end
-    if not (p.at and p.at > now) then live = false end
+    if not alive(p.at) then live = false end
   end
   for _, p in ipairs(parts) do
     if p.at then
       if op == 'renew' and live then
-        hold_at(p.r, now + lease, p.hm)
-        -- A grant announced to this ticket is confirmed.
-        if announced == '1' then record(p.r, ticket, false) end
+        renew(p.r, p.hm, lease, ticket, announced)
       elseif (op == 'release' or op == 'wait') and live then
-        drop_holder(p.r, p.hm, p.n, 'r')
+        drop_holder(p.r, p.hm, p.n, RELEASED)
       else
-        drop_holder(p.r, p.hm, p.n, 'x')
+        drop_holder(p.r, p.hm, p.n, ENDED)
       end
     elseif op ~= 'renew' and is_token(p.r.grant) then
       -- A record whose lease is gone: the grant is over.
-      record(p.r, ticket, 'x')
+      record(p.r, ticket, ENDED)
     end
   end
   if live then
@@ -122,13 +116,13 @@ if result == 0 then
     if op == 'leave' then result = 2 end
     if op == 'wait' then
       local p = parts[1]
-      cond_add(p.r, cv, fresh, p.ns, client, lease, wait)
+      cond_add(p.r, cv, a.fresh, p.ns, client, lease, wait)
     end
   elseif op == 'release' then
     -- A resent release: its first run released every part.
     local again = true
     for _, p in ipairs(parts) do
-      if p.at or p.r.grant ~= 'r' then again = false end
+      if p.at or p.r.grant ~= RELEASED then again = false end
     end
     if again then result = 1 end
   end

@@ -116,7 +116,7 @@ func (c *Client) sendRenewals(q *renewQueue) {
 			deadline = time.Now().Add(c.cfg.leaseTTL)
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		o, _ := c.call(ctx, c.runner(c.scripts.acquire, q.k.list(), args), nil)
+		o, _ := c.call(ctx, c.runner(q.k.list(), args), nil)
 		cancel()
 		results, err := c.renewedBatch(batch[0].l.p, o, len(batch))
 		for i, r := range batch {

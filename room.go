@@ -272,7 +272,7 @@ func (r *room) refresh() (time.Duration, error) {
 	for _, args := range batches {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 		sent := time.Now()
-		cmd, _ := c.run(ctx, c.scripts.acquire, r.k.list(), args...) // unreplicated refreshes are refreshed again
+		cmd, _ := c.run(ctx, r.k.list(), args...) // unreplicated refreshes are refreshed again
 		cancel()
 		res, err := cmd.Slice()
 		if err == nil {

@@ -2,9 +2,10 @@ package fairlock
 
 import (
 	"context"
-	_ "embed"
+	"embed"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,30 +13,111 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var (
-	//go:embed queue.lua
-	queueLua string
-	//go:embed acquire.lua
-	acquireLua string
-	//go:embed release.lua
-	releaseLua string
-)
+// The scripts' sources (queue.lua's header maps them). Each entry's script
+// is queue.lua, then includes in order, then the entry.
+//
+//go:embed queue.lua acquire.lua release.lua lua
+var luaFiles embed.FS
 
-// scripts are the engine's two scripts as one client runs them. Both start
-// with queue.lua, the shared model and grant rule. Each runs as a function
-// of a library loaded once per Redis (FCALL, see functions.go) where the
-// server has functions, and otherwise through Script.Run: EVALSHA, falling
-// back to EVAL after SCRIPT FLUSH or on a Redis that has not seen it yet.
-// A Client has its own scripts, since what it learns of its Redis (that
-// functions are missing) holds for that Redis only.
+// includes are the files every script defines after queue.lua, in order.
+var includes = []string{
+	"lua/rules.lua",
+	"lua/members.lua",
+	"lua/args.lua",
+	"lua/resource.lua",
+	"lua/grant.lua",
+	"lua/cond.lua",
+	"lua/fast.lua",
+}
+
+// An entry is one script: the file that is its body, and the flags its
+// function declares (see libraryFormat). Several ops may share an entry.
+type entry struct {
+	name, file string
+	// flags: allow-oom for the calls that free memory or keep it flat
+	// (bounded: their tombstones at most), so that a full Redis still
+	// releases, renews and drops leases; no-writes for a read.
+	flags string
+}
+
+var entries = []entry{
+	{"acquire", "acquire.lua", ""},
+	{"release", "release.lua", "allow-oom"},
+	{"wait", "release.lua", ""}, // a new condition waiter grows memory
+	{"refresh", "lua/ops/refresh.lua", "allow-oom"},
+	{"renew_batch", "lua/ops/renew_batch.lua", "allow-oom"},
+	{"signal", "lua/ops/signal.lua", ""},
+	{"pump", "lua/ops/pump.lua", "allow-oom"},
+	{"status", "lua/ops/status.lua", "no-writes"},
+}
+
+// An opSpec says how the client runs one op (ARGV[1] of every script).
+type opSpec struct {
+	entry string
+	// ack: with WithReplicaAck, the op's writes are waited for (WAIT on
+	// the same connection) before its reply counts. A pump goes on with
+	// work an acked op left, and the next acked op covers it; a status
+	// writes nothing.
+	ack bool
+}
+
+// ops is every op a client sends, in one place.
+var ops = map[string]opSpec{
+	"acquire":     {"acquire", true},
+	"try":         {"acquire", true},
+	"release":     {"release", true},
+	"renew":       {"release", true},
+	"leave":       {"release", true},
+	"wait":        {"wait", true},
+	"refresh":     {"refresh", true},
+	"renew_batch": {"renew_batch", true},
+	"signal":      {"signal", true},
+	"pump":        {"pump", false},
+	"status":      {"status", false},
+}
+
+// source returns the text of one of the scripts' files.
+func source(file string) string {
+	b, err := luaFiles.ReadFile(file)
+	if err != nil {
+		panic("fairlock: " + err.Error())
+	}
+	return string(b)
+}
+
+// scriptSource returns the EVAL source of entry e: queue.lua, the
+// includes, then e's file.
+func scriptSource(e entry) string {
+	parts := []string{source("queue.lua")}
+	for _, f := range includes {
+		parts = append(parts, source(f))
+	}
+	return strings.Join(append(parts, source(e.file)), "\n")
+}
+
+// scripts are the engine's scripts as one client runs them, one per entry.
+// Each runs as a function of a library loaded once per Redis (FCALL, see
+// functions.go) where the server has functions, and otherwise through
+// EVALSHA, falling back to EVAL after SCRIPT FLUSH or on a Redis that has
+// not seen it yet. A Client has its own scripts, since what it learns of
+// its Redis (that functions are missing) holds for that Redis only.
 type scripts struct {
-	acquire, release *script
-	lib              *library // nil: EVAL only (a test transform is set)
+	byEntry map[string]*script
+	lib     *library // nil: EVAL only (a test transform is set)
 	// evalOnly is set for good once the Redis showed it cannot run the
 	// library (no FCALL, or the library does not load there).
 	evalOnly atomic.Bool
 	loadMu   sync.Mutex    // one load at a time
 	loads    atomic.Uint64 // loads done
+}
+
+// forOp returns the script that serves op, and how op is run.
+func (set *scripts) forOp(op string) (*script, opSpec) {
+	spec, ok := ops[op]
+	if !ok {
+		panic("fairlock: no script serves op " + op)
+	}
+	return set.byEntry[spec.entry], spec
 }
 
 // load loads the library where rdb may need it (see library.load). Calls
@@ -65,24 +147,25 @@ type script struct {
 
 // code is what scripts are made of, built once per transform.
 type code struct {
-	acquire, release *redis.Script
-	lib              *library
+	evals map[string]*redis.Script
+	lib   *library
 }
 
 func newCode(transform func(string) string) *code {
-	if transform == nil {
-		return &code{
-			acquire: redis.NewScript(queueLua + "\n" + acquireLua),
-			release: redis.NewScript(queueLua + "\n" + releaseLua),
-			lib:     newLibrary(queueLua, acquireLua, releaseLua),
+	k := &code{evals: map[string]*redis.Script{}}
+	for _, e := range entries {
+		src := scriptSource(e)
+		if transform != nil {
+			src = transform(src)
 		}
+		k.evals[e.name] = redis.NewScript(src)
 	}
 	// The test transforms (internal/halfrun, broken rules) rewrite EVAL
 	// sources, so a transformed client runs EVAL only.
-	return &code{
-		acquire: redis.NewScript(transform(queueLua + "\n" + acquireLua)),
-		release: redis.NewScript(transform(queueLua + "\n" + releaseLua)),
+	if transform == nil {
+		k.lib = newLibrary(entries, source)
 	}
+	return k
 }
 
 // defaultCode serves every client made while no test hook is set.
@@ -95,16 +178,20 @@ func newScripts(transform func(string) string) *scripts {
 	if transform != nil {
 		k = newCode(transform)
 	}
-	s := &scripts{lib: k.lib}
-	s.acquire = &script{set: s, eval: k.acquire}
-	s.release = &script{set: s, eval: k.release}
-	if k.lib != nil {
-		s.acquire.fn, s.release.fn = k.lib.acquire, k.lib.release
+	s := &scripts{lib: k.lib, byEntry: map[string]*script{}}
+	for _, e := range entries {
+		sc := &script{set: s, eval: k.evals[e.name]}
+		if k.lib != nil {
+			sc.fn = k.lib.fns[e.name]
+		}
+		s.byEntry[e.name] = sc
 	}
 	return s
 }
 
-// Run runs s on rdb with keys and args and returns its reply.
+// Run runs s on rdb with keys and args and returns its reply, without
+// WithReplicaAck's WAIT: for tests. The client runs its scripts through
+// Client.run.
 func (s *script) Run(ctx context.Context, rdb RedisClient, keys []string, args ...any) *redis.Cmd {
 	return s.run(ctx, rdb, func(send func(redis.Scripter) *redis.Cmd) *redis.Cmd { return send(rdb) }, keys, args)
 }

@@ -75,7 +75,8 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 		return Status{}, opError("status", []string{name}, err)
 	}
 	o, _ := c.call(ctx, func(ctx context.Context) outcome {
-		return outcome{cmd: c.scripts.acquire.Run(ctx, c.rdb, k.list(), "status")}
+		cmd, _ := c.run(ctx, k.list(), "status")
+		return outcome{cmd: cmd}
 	}, nil)
 	res, err := o.cmd.Slice()
 	if err != nil {

@@ -1,0 +1,292 @@
+-- grant.lua: the grant rule. Leases and waiters whose time has come are
+-- dropped (purge_holders, purge_waiters, drop_waiter); a queue is granted
+-- strictly in arrival order while its head fits (pump, run_queues); a
+-- grant is a lease (hold) told to its process on its wake list
+-- (announce); a request that cannot be granted now is queued (enqueue).
+
+-- drop_holder forgets a lease of n permits (n is read from the member
+-- when not given), frees its permits and leaves a tombstone (tomb:
+-- RELEASED when its holder released it, ENDED otherwise).
+local function drop_holder(r, m, n, tomb)
+  if r.hgone[m] then return end
+  r.hgone[m] = true
+  write('ZREM', r.H, m)
+  local ticket, held = parse_holder(m)
+  r.used = r.used - (n or held)
+  r.nh = r.nh - 1
+  record(r, ticket, tomb or ENDED)
+end
+
+-- read_due returns the members of zset key whose time (score) has come,
+-- at most the budget left, and a new bound on its earliest score, given
+-- bound (no later than its earliest score; nil unknown) and buf (the
+-- earliest score this script adds to it). Nothing is read while the bound
+-- shows that nothing is due.
+local function read_due(key, bound, buf)
+  if nothing_due(bound) then return {}, bound end
+  if budget <= 0 then
+    more = true
+    return {}, bound
+  end
+  -- The members due (see due): score at most now.
+  local got = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, budget)
+  if #got >= budget then
+    more = true
+    return got, bound
+  end
+  -- The first member not due bounds the rest.
+  local nxt = redis.call('ZRANGE', key, #got, #got, 'WITHSCORES')
+  return got, math.min(tonumber(nxt[2]) or math.huge, buf)
+end
+
+-- purge_holders drops leases whose expiry has passed, at most the budget
+-- left. Time stands still while a script runs, so once per script is
+-- enough, unless the budget ran out.
+local function purge_holders(r)
+  if r.nh <= 0 or r.hpurged or r.off then return end
+  r.hpurged = true
+  local gone
+  gone, r.hmin = read_due(r.H, r.hmin, r.hbuf)
+  for _, m in ipairs(gone) do
+    if not r.hgone[m] then
+      budget = budget - 1
+      drop_holder(r, m)
+    end
+  end
+end
+
+-- unqueue takes waiter m out of one resource's queue. known says m was read
+-- from that queue; otherwise it is looked up first.
+local function unqueue(r, m, known)
+  if r.qgone[m] or r.off then return end
+  if not known and not redis.call('ZSCORE', r.Q, m) then return end
+  r.qgone[m] = true
+  write('ZREM', r.Q, m)
+  write('ZREM', r.D, m)
+  r.nq = r.nq - 1
+  record(r, ticket_of(m), false)
+end
+
+-- drop_waiter takes waiter m (read from r's queue; w parsed, or nil to
+-- parse it here) out of every queue it is in: r's, and for a
+-- multi-request its group's others. A member fairlock did not write is
+-- taken out of r's.
+local function drop_waiter(r, m, w)
+  unqueue(r, m, true)
+  if w == nil then w = parse_waiter(m) end
+  if not (w and w.parts) then return end
+  for _, p in ipairs(w.parts) do
+    if p.base ~= r.base then
+      unqueue(load(p.base), waiter_member(w.ticket, p.n, w.client, w.lease, w.wait, w.group), false)
+    end
+  end
+end
+
+-- due_waiter reports whether waiter m of r has a deadline and it is due:
+-- it is dead, whether or not a script has dropped it yet.
+local function due_waiter(r, m)
+  if r.off then return false end
+  local at = tonumber(redis.call('ZSCORE', r.D, m))
+  return at ~= nil and due(at)
+end
+
+-- purge_waiters drops waiters whose process stopped refreshing, at most the
+-- budget left. Each deadline is absolute and its own: a dead waiter never
+-- pushes anybody else's deadline later, so any number of dead waiters cost
+-- one TTL.
+local function purge_waiters(r)
+  if r.nq <= 0 or r.wpurged or r.off then return end
+  r.wpurged = true
+  local gone
+  gone, r.dmin = read_due(r.D, r.dmin, r.dbuf)
+  local fresh = r.fresh or {}
+  for _, m in ipairs(gone) do
+    -- A waiter refreshed by this script is not due (its new deadline is
+    -- still in the buffer).
+    if not r.qgone[m] and not fresh[m] then
+      budget = budget - 1
+      drop_waiter(r, m)
+    end
+  end
+end
+
+-- hold records a lease of n permits (ns, formatted) of r for ticket,
+-- lasting ttl ms, and returns its token, formatted.
+local function hold(r, ticket, n, ns, client, ttl)
+  local ts = num(next_seq(r))
+  hold_at(r, now + ttl, holder_member(ticket, ns, client, ts))
+  record(r, ticket, ts)
+  -- Holders added to a key that held some are never all removed by one
+  -- script (adds go first), so the key keeps its TTL.
+  if r.nh0 <= 0 then r.wrote_h = true end
+  r.used = r.used + n
+  r.nh = r.nh + 1
+  return ts
+end
+
+-- renew extends ticket's live lease m on r to now + ttl; a grant
+-- announced to it (on a wake list) is confirmed, its record forgotten.
+local function renew(r, m, ttl, ticket, announced)
+  hold_at(r, now + ttl, m)
+  if announced then record(r, ticket, false) end
+end
+
+-- fits reports whether n more permits of r fit now, purging expired leases
+-- if that is what it takes.
+local function fits(r, n)
+  if not r.cap or r.off then return false end
+  if not fits_in(r.used, n, r.cap) then purge_holders(r) end
+  return fits_in(r.used, n, r.cap)
+end
+
+-- head returns the first live waiter of r's queue and its member. The queue
+-- is read in pages; members this script removed are skipped.
+local function head(r)
+  purge_waiters(r)
+  if r.nq <= 0 or r.off then return nil end
+  while true do
+    local page = r.page
+    if page then
+      while r.pos <= #page do
+        local m = page[r.pos]
+        if not r.qgone[m] then return m, parse_waiter(m) end
+        r.pos = r.pos + 1
+      end
+      if #page < r.want then
+        -- The queue ended: the counter had drifted.
+        r.nq = 0
+        return nil
+      end
+    end
+    -- The first read takes the head alone (the common case); later ones
+    -- take a page.
+    local size = 1
+    if page then size = PAGE end
+    r.want = size
+    r.page = redis.call('ZRANGE', r.Q, r.qread, r.qread + size - 1)
+    r.qread = r.qread + #r.page
+    r.pos = 1
+  end
+end
+
+-- grantable_now reports whether n permits of r may be granted at once
+-- (may_grant_now), purging expired leases if that is what it takes.
+local function grantable_now(r, n)
+  if r.off or r.nq > 0 then return false end
+  if not fits_in(r.used, n, r.cap) then purge_holders(r) end
+  return may_grant_now(r.nq, r.used, n, r.cap)
+end
+
+-- ready reports whether multi-request w, at the head of one of its
+-- queues, is at the head of all of them and fits in all of them. A
+-- request missing from one of its queues (dropped there as dead while its
+-- refresh could not reach that queue) can never be granted: ready reports
+-- it broken, and it is dropped; its process queues it again.
+local function ready(w)
+  for _, p in ipairs(w.parts) do
+    local r = load(p.base)
+    if r.off then return false end
+    -- A resource whose state was lost takes the capacity the group
+    -- records.
+    if not r.cap and r.nq > 0 then r.cap, r.newcap = p.cap, true end
+    local m = head(r)
+    local want = waiter_member(w.ticket, p.n, w.client, w.lease, w.wait, w.group)
+    if m ~= want then
+      if r.qgone[want] or not redis.call('ZSCORE', r.Q, want) then return false, true end
+      return false
+    end
+    if not fits(r, p.n) then return false end
+  end
+  return true
+end
+
+-- announce grants waiter w (already out of its queues) everything it asked
+-- for, for grant_ttl of an announced grant, and tells its process on the
+-- wake list of its first resource.
+local function announce(w, parts)
+  local ttl = grant_ttl(w.lease, w.wait, true)
+  local tokens = {}
+  for i, p in ipairs(parts) do
+    tokens[i] = hold(load(p.base), w.ticket, p.n, p.ns or num(p.n), w.client, ttl)
+  end
+  local list = wake_list(parts[1].base, w.client)
+  if not wakes[list] then
+    wakes[list] = ttl
+    wake_lists[#wake_lists + 1] = list
+  end
+  wakes[list] = math.max(wakes[list], ttl)
+  write('RPUSH', list, wake_entry(w.ticket, now + ttl, tokens))
+end
+
+-- enqueue queues waiter m (ticket's member in r's queue) behind everyone
+-- queued, alive until now + wait unless refreshed.
+local function enqueue(r, ticket, m, wait)
+  write('ZADD', r.Q, num(next_seq(r)), m)
+  wait_at(r, now + wait, m)
+  record(r, ticket, QUEUED)
+  -- A queue that had waiters keeps them through this script (adds go
+  -- first), and so its TTL.
+  if r.nq0 <= 0 then r.wrote_q = true end
+  r.nq = r.nq + 1
+end
+
+-- pump grants r's waiting tickets strictly in arrival order while the head
+-- fits. A head that does not fit stops the loop even when a later, smaller
+-- ticket would fit: letting that one pass is barging, and a stream of small
+-- requests could then starve a large one forever. A multi-request at the
+-- head is granted only when it heads every one of its queues and fits in
+-- all of them at once; it never holds a part while it waits for the rest.
+-- Every queue orders all requests by when their scripts ran, so the
+-- earliest waiting request heads all its queues, and waits only for leases
+-- to end: nothing waits in a cycle. Returns the other resources a grant
+-- changed, whose queues may move now.
+local function pump(r)
+  local touched = {}
+  if not r.cap or r.off then return touched end
+  while true do
+    -- Full: no waiter can be granted, so none is read.
+    if r.used >= r.cap then
+      purge_holders(r)
+      if r.used >= r.cap then break end
+    end
+    local m, w = head(r)
+    if not m then break end
+    if budget <= 0 then
+      more = true
+      break
+    end
+    if not w then
+      drop_waiter(r, m, false) -- not a waiter fairlock wrote
+    elseif w.parts then
+      local ok, broken = ready(w)
+      if broken then
+        drop_waiter(r, m, w)
+      else
+        if not ok then break end
+        drop_waiter(r, m, w)
+        announce(w, w.parts)
+        for _, p in ipairs(w.parts) do
+          if p.base ~= r.base then touched[#touched + 1] = load(p.base) end
+        end
+      end
+    else
+      if not fits(r, w.n) then break end
+      unqueue(r, m, true)
+      announce(w, { { base = r.base, n = w.n, ns = w.ns } })
+    end
+    budget = budget - 1
+  end
+  return touched
+end
+
+-- run_queues pumps the given resources, and every resource a grant on them
+-- changed, until no queue can move or the budget is spent.
+local function run_queues(rs)
+  local todo = {}
+  for i, r in ipairs(rs) do todo[i] = r end
+  local i = 1
+  while i <= #todo do
+    for _, r in ipairs(pump(todo[i])) do todo[#todo + 1] = r end
+    i = i + 1
+  end
+end

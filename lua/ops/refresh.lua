@@ -1,0 +1,106 @@
+-- refresh.lua: the entry of "refresh": keeps one process's waiters
+-- alive and reports those that no longer wait.
+--
+-- KEYS: one resource's five keys.
+-- ARGV: op ("refresh"), client, leaseMs, waiterMs, then ticket, permits,
+--       group for each of (some of) the process's waiters whose first
+--       resource it is.
+-- Reply: {nextEventMs, {ticket, "expiryMs token..." or "0", ...}, nowMs}:
+--   tokens mean granted (in case the wake-up was lost), "0" means gone
+--   (dropped, or dead: a waiter whose deadline came before this refresh
+--   is not brought back). A ticket waiting on a condition variable (its
+--   CONDITION mark in S) is kept alive there.
+
+begin(KEYS)
+local first = declared()[1]
+local client, lease, wait = ARGV[2], ARGV[3], tonumber(ARGV[4])
+-- Expired leases go, whether or not their permits are needed now.
+purge_holders(first)
+local out = {}
+-- What the first resource's state says of each ticket: QUEUED, waiting on
+-- a condition, a token (granted), else gone.
+local tickets = {}
+for i = 5, #ARGV, 3 do tickets[#tickets + 1] = ARGV[i] end
+local said = {}
+if #tickets > 0 then said = redis.call('HMGET', first.S, unpack(tickets)) end
+for i = 5, #ARGV, 3 do
+  local ticket, n, group = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local parts = { { base = first.base, n = n } }
+  if group ~= '' then parts = parse_group(group) end
+  local state = said[(i - 5) / 3 + 1]
+  local cv = nil
+  if type(state) == 'string' and string.sub(state, 1, 1) == CONDITION then
+    cv = cond_load(first, string.sub(state, 2))
+  end
+  if cv then
+    -- Waiting on a condition variable: alive there while its member is
+    -- and its deadline has not come.
+    local m = waiter_member(ticket, n, client, lease, wait, '')
+    local at = nil
+    if not cv.off then at = tonumber(redis.call('ZSCORE', cv.E, m)) end
+    if cv.off then
+      -- Unreachable now: its deadline stays; the next refresh tries.
+    elseif alive(at) then
+      write('ZADD', cv.E, num(now + wait), m)
+      first.horizon = math.max(first.horizon, now + wait)
+      cv.wrote = true
+    else
+      if at then
+        cond_drop(first, cv, m) -- dead: its deadline came first
+      else
+        record(first, ticket, false)
+      end
+      out[#out + 1] = ticket
+      out[#out + 1] = '0'
+    end
+  elseif state == QUEUED and due_waiter(first, waiter_member(ticket, parts[1].n, client, lease, wait, group)) then
+    -- Dead: its deadline came before this refresh. It is not brought
+    -- back; purge_waiters below drops it.
+    out[#out + 1] = ticket
+    out[#out + 1] = '0'
+  elseif state == QUEUED then
+    for _, p in ipairs(parts) do
+      local r = load(p.base)
+      if not r.off then
+        local m = waiter_member(ticket, p.n, client, lease, wait, group)
+        wait_at(r, now + wait, m)
+        -- purge_waiters reads the deadlines as they were.
+        r.fresh = r.fresh or {}
+        r.fresh[m] = true
+      end
+    end
+  else
+    -- Granted, if every part holds a live lease under the token its
+    -- announcement recorded.
+    local tokens, exp = {}, nil
+    for j, p in ipairs(parts) do
+      local r = load(p.base)
+      local token = r.grants[ticket]
+      if token == nil then
+        if j == 1 then
+          token = state
+        elseif not r.off then
+          token = redis.call('HGET', r.S, ticket)
+        end
+      end
+      local at = nil
+      if is_token(token) then
+        at = tonumber(redis.call('ZSCORE', r.H, holder_member(ticket, num(p.n), client, token)))
+      end
+      if not alive(at) then
+        tokens = nil
+        break
+      end
+      tokens[j] = token
+      if exp == nil or at < exp then exp = at end
+    end
+    out[#out + 1] = ticket
+    out[#out + 1] = tokens and (num(exp) .. ' ' .. table.concat(tokens, ' ')) or '0'
+  end
+end
+-- Waiters whose process stopped refreshing go (this script's own are
+-- fresh), whether or not the queue can move now.
+purge_waiters(first)
+run_queues(loaded)
+finish()
+return { next_event(), out, now }

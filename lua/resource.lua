@@ -1,0 +1,247 @@
+-- resource.lua: a resource as one script sees it. load reads its state
+-- once per script into a table that holds it until finish buffers what
+-- changed (with its tombstones and its keys' expiry) for writing;
+-- next_event reads what the caller waits for next.
+
+-- rebuild recounts a resource's state from its sorted sets, should its state
+-- hash be missing while they are not (it is never evicted alone under
+-- noeviction). It reads every holder: a recovery path, not a common one.
+local function rebuild(r)
+  if r.cap or redis.call('EXISTS', r.H, r.Q) == 0 then return end
+  r.nh, r.nq, r.used = redis.call('ZCARD', r.H), redis.call('ZCARD', r.Q), 0
+  for _, m in ipairs(redis.call('ZRANGE', r.H, 0, -1)) do
+    local _, n = parse_holder(m)
+    r.used = r.used + n
+  end
+  r.nh0, r.nq0, r.used0 = 0, 0, 0
+  r.hmin, r.dmin = nil, nil
+  r.wrote_h, r.wrote_q = true, r.nq > 0
+end
+
+-- load returns the resource with key base base, reading its state on first
+-- use. k is the index in KEYS of its first key, if it was declared; ticket,
+-- if given, is looked up in its grants (r.grant). An undeclared resource
+-- whose keys this node cannot serve now (its slot is migrating) comes back
+-- with r.off set and no state: nothing may be granted on it or written to
+-- it in this script.
+local function load(base, k, ticket)
+  local r = by_base[base]
+  if r then return r end
+  local K
+  if k then
+    K = resource_keys(base, keys, k)
+  else
+    K = resource_keys(base)
+    local probe = redis.pcall('EXISTS', K.S, K.Q, K.D, K.H, K.T)
+    if type(probe) == 'table' and probe.err then
+      r = { base = base, off = true, nq = 0, nh = 0, used = 0 }
+      by_base[base] = r
+      return r
+    end
+  end
+  local st
+  if ticket and pre_call and pre_call.S == K.S then
+    st = pre_call.st -- read by a fast path that deferred to this one
+  else
+    st = read_state(K.S, ticket)
+  end
+  -- One constructor with every field: growing a table field by field
+  -- costs more than the rest of this function.
+  r = {
+    base = base, S = K.S, Q = K.Q, D = K.D, H = K.H, T = K.T, grant = st.mark,
+    cap = st.cap, used = st.used, nh = st.nh, nq = st.nq, seq = st.seq, exp = st.exp,
+    nc = st.nc, nc0 = st.nc, conds = {}, conds_by = {}, -- condition waiters; conditions loaded (cond_load)
+    tnext = st.tnext, had_t = (st.tnext or 0) > 0,
+    -- Bounds (see bound_of): nil unknown, math.huge nothing there.
+    -- hbuf, dbuf: the earliest score this script adds (buffered).
+    hmin = bound_of(st.hmin, st.nh), dmin = bound_of(st.dmin, st.nq), hbuf = math.huge, dbuf = math.huge,
+    -- as read, to write back only what changed
+    used0 = st.used, nh0 = st.nh, nq0 = st.nq, seq0 = st.seq, hmin0 = st.hmin, dmin0 = st.dmin,
+    horizon = 0, -- latest deadline written by this script
+    -- Keys this script added members to, which may have been created (or
+    -- emptied and created again) here and so have no TTL yet.
+    wrote_h = false, wrote_q = false, wrote_t = false,
+    hpurged = false, wpurged = false, newcap = false,
+    -- Grants to record (ticket -> token), marks (ticket -> QUEUED...),
+    -- tombstones (ticket -> RELEASED or ENDED) or forget (ticket ->
+    -- false) in S, and their order.
+    grants = {}, gorder = {},
+    -- Members this script removed (buffered), which reads still return.
+    hgone = {}, qgone = {},
+    -- The queue as read so far: page, position in it, members read.
+    page = nil, pos = 1, qread = 0,
+  }
+  rebuild(r)
+  by_base[base] = r
+  loaded[#loaded + 1] = r
+  return r
+end
+
+-- declared returns the resources whose keys the caller passed in KEYS,
+-- looking ticket up in each.
+local function declared(ticket)
+  local rs = {}
+  for i = 1, #keys, 5 do
+    rs[#rs + 1] = load(base_of(keys[i]), i, ticket)
+  end
+  return rs
+end
+
+-- record notes a grant's token (a string), a mark, a tombstone, or
+-- forgets the ticket (false); finish buffers it.
+local function record(r, ticket, v)
+  if r.grants[ticket] == nil then r.gorder[#r.gorder + 1] = ticket end
+  r.grants[ticket] = v
+end
+
+-- time_at buffers member m's time at in the holders' expiries ('h') or
+-- the waiters' deadlines ('d'), keeping that zset's bounds (hmin or dmin,
+-- and hbuf or dbuf: the earliest time this script writes) no later than
+-- the earliest.
+local function time_at(r, z, at, m)
+  local key, bound, buf = r.H, 'hmin', 'hbuf'
+  if z == 'd' then key, bound, buf = r.D, 'dmin', 'dbuf' end
+  write('ZADD', key, num(at), m)
+  if at < r[buf] then r[buf] = at end
+  r[bound] = lowered(r[bound], at)
+  r.horizon = math.max(r.horizon, at)
+end
+
+-- hold_at buffers a holder's expiry; wait_at a waiter's deadline.
+local function hold_at(r, at, m) time_at(r, 'h', at, m) end
+local function wait_at(r, at, m) time_at(r, 'd', at, m) end
+
+-- next_seq hands out the next number of a resource's sequence (next_token).
+local function next_seq(r)
+  r.seq = next_token(r.seq)
+  return r.seq
+end
+
+-- trim_tombstones forgets tombstones whose time has come, when the oldest
+-- one's has (tnext); each trim takes those due within half a lifetime, so
+-- trims are rare.
+local function trim_tombstones(r)
+  if r.off or not trim_due(r.tnext) or budget <= 0 then return end
+  local limit = budget
+  local old = redis.call('ZRANGEBYSCORE', r.T, '-inf', now + TOMB_MS / 2, 'LIMIT', 0, limit)
+  for _, t in ipairs(old) do
+    budget = budget - 1
+    -- A ticket this script changes again keeps its entry.
+    if r.grants[t] == nil then
+      write('ZREM', r.T, t)
+      record(r, t, false)
+    end
+  end
+  if #old >= limit then
+    r.tnext = now -- more are due: the next script goes on
+    more = true
+  else
+    local nxt = redis.call('ZRANGE', r.T, #old, #old, 'WITHSCORES')
+    r.tnext = tonumber(nxt[2])
+  end
+  r.tnext_set = true
+end
+
+-- put adds field = v to the field list f when v differs from v0.
+local function put(f, field, v, v0)
+  if v ~= v0 then
+    f[#f + 1] = field
+    f[#f + 1] = num(v)
+  end
+end
+
+-- finish_one buffers what changed of a resource's state, and keeps its
+-- keys alive until the last deadline they hold. A semaphore with no holders
+-- and no waiters keeps only its state hash (for the sequence, and its
+-- tombstones) and only for a second past the sequence.
+local function finish_one(r)
+  if r.off then return end
+  trim_tombstones(r)
+  local changed = false
+  for _, t in ipairs(r.gorder) do
+    local v = r.grants[t]
+    if is_tomb(v) then
+      -- A tombstone: forgotten with the index's entry.
+      local untl = tomb_until()
+      write('HSET', r.S, t, v)
+      write('ZADD', r.T, num(untl), t)
+      if not r.had_t then r.wrote_t = true end
+      r.horizon = math.max(r.horizon, untl)
+      local tn = tnext_with(r.tnext, untl)
+      if tn then r.tnext, r.tnext_set = tn, true end
+    elseif v then
+      write('HSET', r.S, t, v)
+    else
+      write('HDEL', r.S, t)
+    end
+    changed = true
+  end
+  local f = {}
+  if r.newcap then put(f, 'cap', r.cap or 0, nil) end
+  put(f, 'used', r.used, r.used0)
+  put(f, 'nh', r.nh, r.nh0)
+  put(f, 'nq', r.nq, r.nq0)
+  put(f, 'seq', r.seq, r.seq0)
+  put(f, 'nc', r.nc, r.nc0)
+  if r.tnext_set then put(f, 'tnext', r.tnext or 0, nil) end
+  if r.nh > 0 and r.hmin and r.hmin < math.huge then put(f, 'hmin', r.hmin, r.hmin0) end
+  if r.nq > 0 and r.dmin and r.dmin < math.huge then put(f, 'dmin', r.dmin, r.dmin0) end
+  local idle = is_idle(r.nh, r.nq, r.nc)
+  local exp = r.exp
+  if not idle or #f > 0 or changed then exp = keys_exp(r.exp, r.horizon, r.seq, idle) end
+  local moved = exp ~= r.exp
+  local at = num(exp)
+  -- A condition's keys written here live as long as the state hash, which
+  -- holds its waiters' markers (and lives past their deadlines).
+  for _, cv in ipairs(r.conds) do
+    if cv.wrote then
+      expire_at(cv.C, at)
+      expire_at(cv.E, at)
+    end
+  end
+  if #f == 0 and not changed and not (moved or r.wrote_h or r.wrote_q or r.wrote_t) then return end
+  if moved then
+    f[#f + 1] = 'exp'
+    f[#f + 1] = at
+  end
+  for i = 1, #f, 2 do write('HSET', r.S, f[i], f[i + 1]) end
+  expiring(r, moved, idle, r.wrote_h, r.wrote_q, r.wrote_t, function(key) expire_at(key, at) end)
+end
+
+-- finish buffers every loaded resource's state and the wake-ups, then
+-- applies the buffer. Nothing may fail after it.
+local function finish()
+  for _, r in ipairs(loaded) do finish_one(r) end
+  for _, list in ipairs(wake_lists) do expire_at(list, num(wakes[list]), true) end
+  apply()
+end
+
+-- next_event returns the milliseconds until the earliest lease expiry or
+-- waiter deadline of the resources this script loaded, when a queue may
+-- move without anybody releasing, or -1 for none or overdue; 0 when work
+-- was left over. It runs after finish, so its reads may not fail: a key
+-- it cannot read tells nothing.
+local function next_event()
+  if more then return 0 end
+  local at = nil
+  -- A bound that is unknown, or due (stale: what it bounded may have
+  -- moved on), is read; reads after apply may not fail.
+  local function first(bound, key)
+    if not nothing_due(bound) then
+      local x = redis.pcall('ZRANGE', key, 0, 0, 'WITHSCORES')
+      bound = type(x) == 'table' and tonumber(x[2])
+    end
+    if bound and bound < math.huge and (at == nil or bound < at) then at = bound end
+  end
+  for _, r in ipairs(loaded) do
+    if not r.off then
+      if r.nh > 0 then first(r.hmin, r.H) end
+      if r.nq > 0 then first(r.dmin, r.D) end
+    end
+  end
+  -- None; or overdue: a lease or waiter this script could not drop (on
+  -- another resource), which the caller's periodic refresh sees to. Only
+  -- work left over asks for the next script at once (0).
+  if at == nil or due(at) then return -1 end
+  return at - now
+end

@@ -1,0 +1,159 @@
+-- rules.lua: the model's rules, each written once. The general path and
+-- the fast paths (fast.lua) both call them: a fast path decides only when
+-- it may skip the general path's work, never what a rule says.
+
+-- The marks a resource's state hash keeps for a ticket besides a grant's
+-- token (see the key layout in queue.lua).
+local QUEUED = 'q'    -- waiting in the resource's queue
+local RELEASED = 'r'  -- tombstone: its holder released the lease
+local ENDED = 'x'     -- tombstone: the lease or request ended otherwise
+local CONDITION = 'c' -- followed by the condition's name: waiting there
+
+-- due reports whether time at (ms: a lease's expiry, a waiter's deadline,
+-- or a bound no later than some of those) has come. A lease or a waiter
+-- that is due is gone, whether or not a script has dropped it yet. A
+-- bound that is not due shows that nothing it bounds is due.
+local function due(at)
+  return at <= now
+end
+
+-- alive reports whether a lease or waiter found with time at (nil or
+-- false: not found) still lives.
+local function alive(at)
+  return at ~= nil and at ~= false and not due(at)
+end
+
+-- nothing_due reports whether bound (hmin or dmin as loaded: nil unknown,
+-- math.huge nothing there) shows that nothing it bounds is due.
+local function nothing_due(bound)
+  return bound ~= nil and not due(bound)
+end
+
+-- bound_of reads a stored bound (hmin or dmin) of a zset of count
+-- members: nothing is due in an empty one (a bound left from before is
+-- stale); an unknown bound is nil.
+local function bound_of(stored, count)
+  if count <= 0 then return math.huge end
+  return tonumber(stored)
+end
+
+-- lowered returns bound once a member with time at is added: lowered to
+-- at when known and later; an unknown bound stays unknown.
+local function lowered(bound, at)
+  if bound and at < bound then return at end
+  return bound
+end
+
+-- is_token tells a grant's token from the marks above and from nothing.
+local function is_token(v)
+  return type(v) == 'string' and v ~= QUEUED and v ~= RELEASED and v ~= ENDED
+    and string.sub(v, 1, 1) ~= CONDITION
+end
+
+-- is_tomb tells a tombstone: the ticket's grant has ended.
+local function is_tomb(v)
+  return v == RELEASED or v == ENDED
+end
+
+-- next_token returns the number after seq in a resource's one sequence,
+-- which is both arrival order and fencing token. It is at least the
+-- current time in microseconds, so it keeps increasing after the state
+-- hash is gone (the hash lives until a second after Redis's clock passes
+-- the last number; see keys_exp).
+local function next_token(seq)
+  return math.max(seq + 1, now_us)
+end
+
+-- grant_ttl returns how long a grant made now lasts: a lease granted to the
+-- caller lasts its lease TTL; one announced on a wake list lasts only the
+-- waiter TTL (if shorter) until its process confirms it by renewing, so
+-- a grant that reaches a process that has just died delays the queue by
+-- one waiter TTL, not one lease TTL.
+local function grant_ttl(lease, wait, announced)
+  if announced then return math.min(lease, wait) end
+  return lease
+end
+
+-- fits_in reports whether n more permits fit with used held, on a
+-- resource of capacity cap (nil: unknown, nothing fits).
+local function fits_in(used, n, cap)
+  return cap ~= nil and used + n <= cap
+end
+
+-- may_grant_now reports whether n permits may be granted at once with nq
+-- waiters queued: only when nobody waits (no barging) and they fit.
+local function may_grant_now(nq, used, n, cap)
+  return nq <= 0 and fits_in(used, n, cap)
+end
+
+-- is_idle reports whether a resource has nobody: no holder, no waiter in
+-- its queue or on its condition variables.
+local function is_idle(nh, nq, nc)
+  return nh <= 0 and nq <= 0 and nc <= 0
+end
+
+-- wake_list names the wake list of process client on the resource whose
+-- keys start with base; wake_entry is what a grant pushes there: "ticket
+-- expiryMs token...".
+local function wake_list(base, client)
+  return base .. ':w:' .. client
+end
+local function wake_entry(ticket, at, tokens)
+  return ticket .. ' ' .. num(at) .. ' ' .. table.concat(tokens, ' ')
+end
+
+-- tomb_until returns when a tombstone written now may be forgotten.
+local function tomb_until()
+  return now + TOMB_MS
+end
+
+-- tnext_with returns a resource's new tnext (when its oldest tombstone may
+-- be trimmed; nil or 0 for none) once a tombstone lasting until untl is
+-- written, or nil when it stays as it is.
+local function tnext_with(tnext, untl)
+  if not tnext or tnext == 0 or tnext > untl then return untl end
+  return nil
+end
+
+-- trim_due reports whether a tombstone trim is due, by tnext.
+local function trim_due(tnext)
+  return tnext ~= nil and tnext > 0 and due(tnext)
+end
+
+-- keys_exp returns when a resource's keys are to expire (ms), given when
+-- they do now (exp), the latest deadline they hold (horizon), the last
+-- sequence number, and whether the resource is idle. The keys move only
+-- when they must, or when they would otherwise live long past the need:
+-- most scripts set no TTL.
+local function keys_exp(exp, horizon, seq, idle)
+  -- The sequence is kept until Redis's clock passes its last number.
+  local need = math.max(horizon, math.floor(seq / 1000) + 1000)
+  if idle then
+    -- The queue and holders are empty, so Redis has deleted those keys
+    -- (or will, when the buffer is applied). The state hash stays for the
+    -- sequence and the tombstones, and at most half a tombstone's life
+    -- longer.
+    if exp < need or exp > need + TOMB_MS / 2 then return need + TOMB_MS / 4 end
+    return exp
+  end
+  -- Move the horizon well past what is needed, so that renewals seldom
+  -- have to move it again.
+  if need > exp then return math.max(exp, need + math.max(need - now, 1000)) end
+  return exp
+end
+
+-- expiring calls f for each of a resource's keys (K: S, Q, D, H, T) that
+-- must be given the keys' expiry: every key when the expiry moved;
+-- otherwise the keys a script may have created (new_h: holders added to
+-- an empty :h; new_q: a waiter to an empty :q and :d; new_t: a tombstone
+-- to an empty :t). An idle resource has no :q, :d or :h left.
+local function expiring(K, moved, idle, new_h, new_q, new_t, f)
+  if moved then f(K.S) end
+  if moved or new_t then f(K.T) end
+  if idle then return end
+  if moved or new_h then f(K.H) end
+  if moved or new_q then
+    f(K.Q)
+    f(K.D)
+  end
+end
