@@ -292,14 +292,10 @@ func (c *Client) pumpLater(p plan) {
 				default:
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
-				cmd, _ := c.run(ctx, k.list(), "pump")
-				res, err := cmd.Slice()
+				cmd, _ := c.run(ctx, k.list(), pumpArgs()...)
 				cancel()
-				var more int64
-				if err == nil {
-					more, err = reply(res).int(0)
-				}
-				if err != nil || more != 1 {
+				more, err := parsePumpReply(cmd)
+				if err != nil || !more {
 					return
 				}
 			}

@@ -98,7 +98,7 @@ func (l *Lease) CondWait(ctx context.Context, cond string) (*Lease, error) {
 		return nil, wrap(err)
 	}
 	fresh := w.ticket
-	args := append(p.releaseArgs("wait", l.ticket, c, l.announced, l.tokens), fresh, cond)
+	args := p.waitArgs(l.ticket, c, l.announced, l.tokens, fresh, cond)
 	sent := time.Now()
 	o, ok := c.call(ctx, c.runner(cp.keys, args), func(outcome) {
 		// The script may have run, or not: release the lease (a resend
@@ -113,13 +113,7 @@ func (l *Lease) CondWait(ctx context.Context, cond string) (*Lease, error) {
 		l.finish(ErrNotHeld)
 		return nil, wrap(ctx.Err())
 	}
-	res, err := o.cmd.Slice()
-	var n, more, now, next int64
-	for i, v := range []*int64{&n, &more, &now, &next} {
-		if err == nil {
-			*v, err = reply(res).int(i)
-		}
-	}
+	rep, err := parseWaitReply(o.cmd)
 	if err != nil {
 		c.unregister(r, w)
 		// The script may have run before the failure was seen.
@@ -128,16 +122,16 @@ func (l *Lease) CondWait(ctx context.Context, cond string) (*Lease, error) {
 		l.finish(fmt.Errorf("%w: wait failed: %w", ErrLeaseLost, err))
 		return nil, err
 	}
-	if more == 1 {
+	if rep.more {
 		c.pumpLater(p)
 	}
-	if n != 1 {
+	if rep.result != 1 {
 		c.unregister(r, w)
 		l.finish(ErrLeaseLost)
 		return nil, wrap(ErrLeaseLost)
 	}
 	l.finish(ErrNotHeld)
-	c.noteQueued(r, w, time.Duration(next)*time.Millisecond, clockSample{sent: sent, redis: now})
+	c.noteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clockSample{sent: sent, redis: rep.now})
 	tokens, deadline, again, err := c.awaitGrant(ctx, "wait", p, cp, r, w)
 	switch {
 	case err != nil:
@@ -178,9 +172,9 @@ func (c *Client) CondBroadcast(ctx context.Context, name, cond string) (int, err
 const maxSignalScripts = 100000
 
 func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, error) {
-	op, mode := "signal", "1"
+	op := "signal"
 	if all {
-		op, mode = "broadcast", "all"
+		op = "broadcast"
 	}
 	wrap := func(err error) error { return opError(op, []string{name}, err) }
 	k, err := c.keys(name)
@@ -201,30 +195,20 @@ func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, 
 	bound := ""
 	total := 0
 	for range maxSignalScripts {
-		o, ok := c.call(ctx, c.runner(keys, []any{"signal", cond, mode, bound}), nil)
+		o, ok := c.call(ctx, c.runner(keys, signalArgs(cond, all, bound)), nil)
 		if !ok {
 			return total, wrap(ctx.Err())
 		}
-		res, err := o.cmd.Slice()
-		var woken, cmore, more int64
-		for i, v := range []*int64{&woken, &cmore, &more} {
-			if err == nil {
-				*v, err = reply(res).int(i)
-			}
-		}
-		if err == nil {
-			var b int64
-			b, err = reply(res).int(3)
-			bound = fmt.Sprint(b)
-		}
+		rep, err := parseSignalReply(o.cmd)
 		if err != nil {
 			return total, fail(ctx, op, p.names, err)
 		}
-		total += int(woken)
-		if more == 1 {
+		bound = rep.bound
+		total += int(rep.woken)
+		if rep.more {
 			c.pumpLater(p)
 		}
-		if cmore == 0 || (!all && total > 0) {
+		if !rep.condMore || (!all && total > 0) {
 			break
 		}
 	}

@@ -11,13 +11,15 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The Go side of each script op: the arguments it takes and the replies it
-// gives (the Lua side documents both at the top of acquire.lua and
-// release.lua), and the one place where a script's errors become
-// fairlock's. Scripts are loaded and run in scripts.go; the ops are called
-// from acquire.go (acquire, try, leave), lease.go (release, renew),
-// renew.go (renew_batch), room.go (refresh), status.go (status), cond.go
-// (wait, signal) and acquire.go's pumpLater (pump).
+// The Go side of each script op: the arguments it takes and the reply it
+// gives, one function each (the Lua side documents both in the header of
+// the op's entry: acquire.lua, release.lua, lua/ops/*.lua), the members
+// the replies carry, and the one place where a script's errors become
+// fairlock's. Which script serves an op, and whether WithReplicaAck waits
+// for it, is in scripts.go's ops; Client.run runs them. The ops are called
+// from acquire.go (acquire, try, leave, pump), lease.go (release, renew),
+// renew.go (renew_batch), room.go (refresh), status.go (status) and
+// cond.go (wait, signal).
 
 // The acquire script's reply codes (acquire.lua).
 const (
@@ -119,6 +121,177 @@ func (c *Client) renewedBatch(p plan, o outcome, n int) ([]int64, error) {
 		c.pumpLater(p)
 	}
 	return out, nil
+}
+
+// waitArgs renders the arguments of release.lua's "wait": a release of
+// the lease held under ticket, and the new ticket fresh waiting on the
+// condition cond.
+func (p plan) waitArgs(ticket string, c *Client, announced bool, tokens []int64, fresh, cond string) []any {
+	return append(p.releaseArgs("wait", ticket, c, announced, tokens), fresh, cond)
+}
+
+// waitReply is "wait"'s reply: result 1 (the new ticket waits) or 0 (the
+// lease was no longer held), work left for a pump, Redis's clock and the
+// queue's next event (ms).
+type waitReply struct {
+	result    int64
+	more      bool
+	now, next int64
+}
+
+func parseWaitReply(cmd *redis.Cmd) (waitReply, error) {
+	var r waitReply
+	var more int64
+	err := ints(cmd, &r.result, &more, &r.now, &r.next)
+	r.more = more == 1
+	return r, err
+}
+
+// signalArgs renders the arguments of "signal" (lua/ops/signal.lua) on
+// the condition cond: one waiter, or all (a broadcast) whose sequence is
+// at most bound ("" on the first call).
+func signalArgs(cond string, all bool, bound string) []any {
+	mode := "1"
+	if all {
+		mode = "all"
+	}
+	return []any{"signal", cond, mode, bound}
+}
+
+// signalReply is "signal"'s reply: waiters woken, whether the condition
+// has waiters left to wake (call again, with bound), and whether the
+// queue has work left for a pump.
+type signalReply struct {
+	woken          int64
+	condMore, more bool
+	bound          string
+}
+
+func parseSignalReply(cmd *redis.Cmd) (signalReply, error) {
+	var r signalReply
+	var cmore, more, bound int64
+	err := ints(cmd, &r.woken, &cmore, &more, &bound)
+	r.condMore, r.more, r.bound = cmore == 1, more == 1, strconv.FormatInt(bound, 10)
+	return r, err
+}
+
+// refreshArgs starts the arguments of "refresh" (lua/ops/refresh.lua),
+// with room for n tickets; appendRefreshed adds one ticket, and
+// refreshCount counts them.
+func (c *Client) refreshArgs(n int) []any {
+	args := make([]any, 0, 4+3*n)
+	return append(args, "refresh", c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL))
+}
+
+func appendRefreshed(args []any, ticket string, permits int64, group string) []any {
+	return append(args, ticket, permits, group)
+}
+
+func refreshCount(args []any) int { return (len(args) - 4) / 3 }
+
+// refreshReply is "refresh"'s reply: the queue's next event (ms, -1 for
+// none), Redis's clock, and the tickets that no longer wait.
+type refreshReply struct {
+	next, now int64
+	gone      []refreshed
+}
+
+// refreshed is a ticket that no longer waits: granted (grant set, in case
+// its wake-up was lost), or dropped (nil: it queues again).
+type refreshed struct {
+	ticket string
+	grant  *grant
+}
+
+func parseRefreshReply(cmd *redis.Cmd) (refreshReply, error) {
+	var r refreshReply
+	res, err := cmd.Slice()
+	if err == nil {
+		r.next, err = reply(res).int(0)
+	}
+	if err == nil {
+		r.now, err = reply(res).int(2)
+	}
+	if err != nil {
+		return r, err
+	}
+	gone, _ := res[1].([]any)
+	for i := 0; i+1 < len(gone); i += 2 {
+		ticket, _ := gone[i].(string)
+		granted, _ := gone[i+1].(string)
+		t := refreshed{ticket: ticket}
+		if granted != "0" {
+			g, err := parseGrant(strings.Fields(granted))
+			if err != nil {
+				return r, err
+			}
+			t.grant = &g
+		}
+		r.gone = append(r.gone, t)
+	}
+	return r, nil
+}
+
+// renewBatchArgs renders the arguments of "renew_batch"
+// (lua/ops/renew_batch.lua) for leases of one semaphore.
+func (c *Client) renewBatchArgs(batch []*renewReq) []any {
+	args := make([]any, 0, 2+5*len(batch))
+	args = append(args, "renew_batch", c.id)
+	for _, r := range batch {
+		args = append(args, r.l.ticket, r.l.p.parts[0].req.Permits, r.l.tokens[0], boolArg(r.announced), ms(r.ttl))
+	}
+	return args
+}
+
+// pumpArgs renders the arguments of "pump" (lua/ops/pump.lua);
+// parsePumpReply reads whether work is left still.
+func pumpArgs() []any { return []any{"pump"} }
+
+func parsePumpReply(cmd *redis.Cmd) (more bool, err error) {
+	var m int64
+	err = ints(cmd, &m)
+	return m == 1, err
+}
+
+// statusArgs renders the arguments of "status" (lua/ops/status.lua).
+func statusArgs() []any { return []any{"status"} }
+
+// holderMember reads a holder's member as the scripts write it
+// (lua/members.lua): "ticket permits client token".
+func holderMember(m string) (client string, permits, token int64, err error) {
+	f := strings.Fields(m)
+	if len(f) != 4 {
+		return "", 0, 0, fmt.Errorf("not 4 fields")
+	}
+	if permits, err = strconv.ParseInt(f[1], 10, 64); err == nil {
+		token, err = strconv.ParseInt(f[3], 10, 64)
+	}
+	return f[2], permits, token, err
+}
+
+// waiterMember reads a waiter's member as the scripts write it
+// (lua/members.lua): "ticket permits client leaseMs waiterMs", then for a
+// multi-request a tab and its group.
+func waiterMember(m string) (client string, permits int64, err error) {
+	head, _, _ := strings.Cut(m, "\t")
+	f := strings.Fields(head)
+	if len(f) != 5 {
+		return "", 0, fmt.Errorf("not 5 fields")
+	}
+	permits, err = strconv.ParseInt(f[1], 10, 64)
+	return f[2], permits, err
+}
+
+// ints reads a script's array reply into integers, in order.
+func ints(cmd *redis.Cmd, into ...*int64) error {
+	res, err := cmd.Slice()
+	for i, v := range into {
+		if err != nil {
+			break
+		}
+		*v, err = reply(res).int(i)
+	}
+	return err
 }
 
 const capacityErrPrefix = "FAIRLOCK_CAPACITY "

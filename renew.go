@@ -107,11 +107,7 @@ func (c *Client) sendRenewals(q *renewQueue) {
 		}
 		c.mu.Unlock()
 
-		args := make([]any, 0, 2+5*len(batch))
-		args = append(args, "renew_batch", c.id)
-		for _, r := range batch {
-			args = append(args, r.l.ticket, r.l.p.parts[0].req.Permits, r.l.tokens[0], boolArg(r.announced), ms(r.ttl))
-		}
+		args := c.renewBatchArgs(batch)
 		if deadline.IsZero() {
 			deadline = time.Now().Add(c.cfg.leaseTTL)
 		}

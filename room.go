@@ -3,7 +3,6 @@ package fairlock
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 )
 
@@ -251,18 +250,17 @@ func (r *room) refresh() (time.Duration, error) {
 			continue
 		}
 		if args == nil {
-			args = make([]any, 0, 4+3*min(len(r.waiters), refreshBatch))
-			args = append(args, "refresh", c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL))
+			args = c.refreshArgs(min(len(r.waiters), refreshBatch))
 		}
-		args = append(args, t, w.permits, w.group)
-		if len(args) >= 4+3*refreshBatch {
+		args = appendRefreshed(args, t, w.permits, w.group)
+		if refreshCount(args) >= refreshBatch {
 			batches = append(batches, args)
 			args = nil
 		}
 	}
 	if args != nil || len(batches) == 0 {
 		if args == nil {
-			args = []any{"refresh", c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL)}
+			args = c.refreshArgs(0)
 		}
 		batches = append(batches, args)
 	}
@@ -274,9 +272,9 @@ func (r *room) refresh() (time.Duration, error) {
 		sent := time.Now()
 		cmd, _ := c.run(ctx, r.k.list(), args...) // unreplicated refreshes are refreshed again
 		cancel()
-		res, err := cmd.Slice()
+		rep, err := parseRefreshReply(cmd)
 		if err == nil {
-			err = r.apply(res, sent, &next)
+			err = r.apply(rep, sent, &next)
 		}
 		if err != nil && first == nil {
 			first = err
@@ -285,38 +283,22 @@ func (r *room) refresh() (time.Duration, error) {
 	return next, first
 }
 
-// apply reads a refresh reply {nextEventMs, {ticket, grant or "0", ...},
-// nowMs}: the queue's next event and the tickets that stopped waiting
-// (granted, or dropped).
-func (r *room) apply(res []any, sent time.Time, next *time.Duration) error {
-	ev, err := reply(res).int(0)
-	var now int64
-	if err == nil {
-		now, err = reply(res).int(2)
+// apply hands on what a refresh reply says: the queue's next event and
+// the tickets that stopped waiting (granted, or dropped).
+func (r *room) apply(rep refreshReply, sent time.Time, next *time.Duration) error {
+	if rep.next >= 0 {
+		*next = min(*next, time.Duration(rep.next)*time.Millisecond)
 	}
-	if err != nil {
-		return err
-	}
-	if ev >= 0 {
-		*next = min(*next, time.Duration(ev)*time.Millisecond)
-	}
-	clock := clockSample{sent: sent, redis: now}
+	clock := clockSample{sent: sent, redis: rep.now}
 	r.c.mu.Lock()
 	r.noteClockLocked(clock)
 	r.c.mu.Unlock()
-	gone, _ := res[1].([]any)
-	for i := 0; i+1 < len(gone); i += 2 {
-		ticket, _ := gone[i].(string)
-		granted, _ := gone[i+1].(string)
-		if granted == "0" {
-			r.deliver(ticket, wakeup{requeue: true})
+	for _, t := range rep.gone {
+		if t.grant == nil {
+			r.deliver(t.ticket, wakeup{requeue: true})
 			continue
 		}
-		g, err := parseGrant(strings.Fields(granted))
-		if err != nil {
-			return err
-		}
-		r.deliver(ticket, wakeup{grant: g, sample: clock})
+		r.deliver(t.ticket, wakeup{grant: *t.grant, sample: clock})
 	}
 	return nil
 }

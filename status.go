@@ -75,7 +75,7 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 		return Status{}, opError("status", []string{name}, err)
 	}
 	o, _ := c.call(ctx, func(ctx context.Context) outcome {
-		cmd, _ := c.run(ctx, k.list(), "status")
+		cmd, _ := c.run(ctx, k.list(), statusArgs()...)
 		return outcome{cmd: cmd}
 	}, nil)
 	res, err := o.cmd.Slice()
@@ -101,22 +101,10 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	bad := func(what string, v any, err error) (Status, error) {
 		return Status{}, opError("status", []string{name}, fmt.Errorf("%w: bad %s %q in reply: %w", ErrRedis, what, fmt.Sprint(v), err))
 	}
-	// member splits a holder's or waiter's member (its part before a tab,
-	// a multi-request's group) into want fields and reads its permits (the
-	// second field); score reads its score.
-	member := func(v any, want int) ([]string, int64, error) {
-		head, _, _ := strings.Cut(fmt.Sprint(v), "\t")
-		f := strings.Fields(head)
-		if len(f) != want {
-			return nil, 0, fmt.Errorf("not %d fields", want)
-		}
-		n, err := strconv.ParseInt(f[1], 10, 64)
-		return f, n, err
-	}
 	score := func(v any) (float64, error) { return strconv.ParseFloat(fmt.Sprint(v), 64) }
 	hs, _ := res[2].([]any)
 	for i := 0; i+1 < len(hs); i += 2 {
-		f, n, err := member(hs[i], 4) // ticket permits client token
+		client, n, tok, err := holderMember(fmt.Sprint(hs[i]))
 		if err != nil {
 			return bad("holder", hs[i], err)
 		}
@@ -124,18 +112,14 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 		if err != nil {
 			return bad("holder expiry", hs[i+1], err)
 		}
-		tok, err := strconv.ParseInt(f[3], 10, 64)
-		if err != nil {
-			return bad("holder", hs[i], err)
-		}
 		st.InUse += n
-		st.Holders = append(st.Holders, Holder{Owner: owner(f[2]), Permits: n, Token: tok,
+		st.Holders = append(st.Holders, Holder{Owner: owner(client), Permits: n, Token: tok,
 			ExpiresIn: time.Duration(int64(at)-now) * time.Millisecond,
 			HeldFor:   max(time.Duration(now*1000-tok)*time.Microsecond, 0)})
 	}
 	ws, _ := res[3].([]any)
 	for i := 0; i+1 < len(ws); i += 2 {
-		f, n, err := member(ws[i], 5) // ticket permits client lease wait
+		client, n, err := waiterMember(fmt.Sprint(ws[i]))
 		if err != nil {
 			return bad("waiter", ws[i], err)
 		}
@@ -143,7 +127,7 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 		if err != nil {
 			return bad("waiter arrival", ws[i+1], err)
 		}
-		st.Waiters = append(st.Waiters, Waiter{Owner: owner(f[2]), Permits: n,
+		st.Waiters = append(st.Waiters, Waiter{Owner: owner(client), Permits: n,
 			Since: time.UnixMicro(int64(seq)).UTC()})
 	}
 	if len(st.Holders)+len(st.Waiters) == 0 {
