@@ -147,16 +147,23 @@ func recording(logKey string, inner func(string) string) func(string) string {
 			src = inner(src)
 		}
 		prelude := fmt.Sprintf(`local __rec_done = false
-local function __rec_call(cmd, ...)
-  local res = redis.call(cmd, ...)
-  if cmd == 'TIME' and not __rec_done then
+local function __rec_time(cmd, res)
+  if cmd == 'TIME' and not __rec_done and type(res) == 'table' and not res.err then
     __rec_done = true
     redis.call('RPUSH', %q, cjson.encode({ s = %q, k = KEYS, a = ARGV, t = res }))
   end
   return res
 end
+local function __rec_call(cmd, ...)
+  return __rec_time(cmd, redis.call(cmd, ...))
+end
+local function __rec_pcall(cmd, ...)
+  return __rec_time(cmd, redis.pcall(cmd, ...))
+end
 `, logKey, name)
-		return onLine(prelude) + strings.ReplaceAll(src, "redis.call(", "__rec_call(")
+		// (A wrapper such as internal/halfrun's calls redis.pcall.)
+		src = strings.ReplaceAll(src, "redis.call(", "__rec_call(")
+		return onLine(prelude) + strings.ReplaceAll(src, "redis.pcall(", "__rec_pcall(")
 	}
 }
 
@@ -614,18 +621,19 @@ var (
 	diffCrowd          = flag.Int("diff.crowd", 300, "largest crowd TestFastPathsMatchGeneralPath draws")
 )
 
-// RecordAndReplay runs run with every client it creates recording its
-// script calls, then replays them with the fast paths on and off (see
+// RecordAndReplay runs run, whose clients use b, with every client it
+// creates recording its script calls (their scripts passed through
+// inner, if not nil), then
+// replays them with the fast paths on and off (see
 // TestFastPathsMatchGeneralPath) on the real server, faithfully and once
 // more with a pause before one call; the first difference fails t. The
 // scale scenarios (package fairlock_test) call it.
-func RecordAndReplay(t *testing.T, run func()) {
+func RecordAndReplay(t *testing.T, b *redistest.Backend, inner func(string) string, run func()) {
 	t.Helper()
 	ctx := context.Background()
-	b := redistest.RealBackend(t)
 	rdb := b.Client(t)
 	logKey := "fltest:log:" + rand.Text()
-	restore := scripthook.Set(recording(logKey, nil))
+	restore := scripthook.Set(recording(logKey, inner))
 	run()
 	restore()
 	calls, err := readLog(ctx, rdb, logKey)
