@@ -12,13 +12,19 @@ import (
 type Status struct {
 	Name     string   `json:"name"`
 	Capacity int64    `json:"capacity"` // 0 when the semaphore is idle
-	InUse    int64    `json:"in_use"`   // permits held by live leases
-	Holders  []Holder `json:"holders"`
-	Waiters  []Waiter `json:"waiters"` // in queue order
-	// Queued counts the requests in the queue, and Held the leases
-	// recorded, including ones that have expired or whose process died
-	// but that no script has dropped yet: at most [StatusMax] of each are
-	// listed in Holders and Waiters.
+	// InUse is the permits held by live leases, by Redis's clock, all of
+	// them counted however many (not only those listed). It is exact
+	// unless more than 10,000 leases have expired and no script has
+	// dropped them yet (any call on the semaphore drops expired leases);
+	// then each lease past those counts as one permit, an upper bound.
+	InUse   int64    `json:"in_use"`
+	Holders []Holder `json:"holders"`
+	Waiters []Waiter `json:"waiters"` // in queue order
+	// Held counts the live leases and Queued the live requests in the
+	// queue, by Redis's clock, however many: at most [StatusMax] of each
+	// are listed in Holders and Waiters. Leases that have expired, and
+	// waiters whose process died, are not counted, even where no script
+	// has dropped them yet.
 	Queued int64 `json:"queued"`
 	Held   int64 `json:"held"`
 	// Time is Redis's clock when the snapshot was read, in milliseconds.
@@ -60,7 +66,8 @@ type Waiter struct {
 // waiters whose process stopped refreshing, even where Redis has not yet
 // dropped them. It lists at most [StatusMax] holders (the first to expire)
 // and the first StatusMax waiters in queue order, so that its cost to Redis
-// is bounded however long the queue; Held and Queued count them all.
+// is bounded however long the queue; Held, Queued and InUse count them
+// all.
 //
 // Status returns by ctx's end whatever state Redis is in, with an error
 // for which errors.Is(err, ctx.Err()) holds; it reports a Redis that
@@ -93,7 +100,10 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	if err == nil {
 		st.Queued, err = reply(res).int(5)
 	}
-	if err != nil || len(res) < 6 {
+	if err == nil {
+		st.InUse, err = reply(res).int(6)
+	}
+	if err != nil || len(res) < 7 {
 		return Status{}, opError("status", []string{name}, fmt.Errorf("%w: bad reply %v: %w", ErrRedis, res, err))
 	}
 	// A member fairlock did not write (its key space changed by hand, or
@@ -112,7 +122,6 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 		if err != nil {
 			return bad("holder expiry", hs[i+1], err)
 		}
-		st.InUse += n
 		st.Holders = append(st.Holders, Holder{Owner: owner(client), Permits: n, Token: tok,
 			ExpiresIn: time.Duration(int64(at)-now) * time.Millisecond,
 			HeldFor:   max(time.Duration(now*1000-tok)*time.Microsecond, 0)})

@@ -1,14 +1,18 @@
--- status.lua: the entry of "status": what a resource holds now, for
--- monitoring. Reads only.
+-- status.lua: the entry of "status": what a resource holds now, by
+-- Redis's clock, for monitoring. Reads only, in bounded time at any size.
 --
 -- KEYS: one resource's five keys.
 -- ARGV: op ("status").
 -- Reply: {nowMs, capacity, {holder, expiryMs, ...}, {waiter, sequence,
---   ...}, holders, waiters}: live entries, at most STATUS_MAX of each,
---   and the counts (which include entries that have expired but were not
---   yet dropped).
+--   ...}, holders, waiters, inUse}: live entries, at most STATUS_MAX of
+--   each; then the live leases and live waiters counted (those recorded
+--   less those due, see due), and the permits the live leases hold (those
+--   recorded less those of the leases due: exact while at most
+--   EXPIRED_MAX leases are due and not yet dropped, and otherwise an upper
+--   bound, each lease past that counted as one permit).
 
 local STATUS_MAX = 1000
+local EXPIRED_MAX = 10000
 
 begin(KEYS)
 local r = declared()[1]
@@ -26,4 +30,18 @@ for i = 1, #q, 2 do
     waiters[#waiters + 1] = q[i + 1]
   end
 end
-return { now, r.cap or 0, holders, waiters, r.nh, r.nq }
+-- The leases and waiters due (score at most now) are counted, not read;
+-- the permits of the leases due are read, at most EXPIRED_MAX of them.
+local hdue, ddue = 0, 0
+if r.nh > 0 then hdue = redis.call('ZCOUNT', r.H, '-inf', num(now)) end
+if r.nq > 0 then ddue = redis.call('ZCOUNT', r.D, '-inf', num(now)) end
+local inuse = r.used
+if hdue > 0 then
+  local gone = redis.call('ZRANGEBYSCORE', r.H, '-inf', num(now), 'LIMIT', 0, EXPIRED_MAX)
+  for _, m in ipairs(gone) do
+    local _, n = parse_holder(m)
+    inuse = inuse - n
+  end
+  inuse = inuse - (hdue - #gone)
+end
+return { now, r.cap or 0, holders, waiters, math.max(r.nh - hdue, 0), math.max(r.nq - ddue, 0), math.max(inuse, 0) }
