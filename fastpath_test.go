@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // A release whose queue's head has died (its deadline passed, and no
@@ -17,16 +18,7 @@ import (
 func TestReleaseSkipsDeadHead(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		rdb := b.Client(t)
-		c, err := New(rdb, WithPrefix(redistest.Prefix(t)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		p, err := c.plan([]Request{{Name: "dh", Capacity: 1, Permits: 1}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		c, rdb, p := scriptClient(t, b, "dh")
 		k := p.first().k
 		acquire := func(ticket, client string, waitMs int64) []any {
 			t.Helper()
@@ -81,16 +73,7 @@ func TestReleaseSkipsDeadHead(t *testing.T) {
 func TestRefreshDoesNotReviveDeadWaiter(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		rdb := b.Client(t)
-		c, err := New(rdb, WithPrefix(redistest.Prefix(t)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		p, err := c.plan([]Request{{Name: "rv", Capacity: 1, Permits: 1}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		c, rdb, p := scriptClient(t, b, "rv")
 		k := p.first().k
 		for _, w := range []struct {
 			ticket string
@@ -114,4 +97,21 @@ func TestRefreshDoesNotReviveDeadWaiter(t *testing.T) {
 			t.Fatalf("queue holds %d after the refresh (%v), want the dead waiter dropped", n, err)
 		}
 	})
+}
+
+// scriptClient returns a client whose scripts a test calls directly, its
+// Redis, and the plan of a mutex name.
+func scriptClient(t *testing.T, b *redistest.Backend, name string) (*Client, *redis.Client, plan) {
+	t.Helper()
+	rdb := b.Client(t)
+	c, err := New(rdb, WithPrefix(redistest.Prefix(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	p, err := c.plan([]Request{{Name: name, Capacity: 1, Permits: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, rdb, p
 }

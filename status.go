@@ -10,8 +10,8 @@ import (
 
 // Status is a snapshot of one semaphore, as [Client.Status] reads it.
 type Status struct {
-	Name     string   `json:"name"`
-	Capacity int64    `json:"capacity"` // 0 when the semaphore is idle
+	Name     string `json:"name"`
+	Capacity int64  `json:"capacity"` // 0 when the semaphore is idle
 	// InUse is the permits held by live leases, by Redis's clock, all of
 	// them counted however many (not only those listed). It is exact
 	// unless more than 10,000 leases have expired and no script has

@@ -75,16 +75,10 @@ local function fast_acquire(K, a)
     zkey, member, name, bound = K.D, waiter_member(a.ticket, n, a.client, a.lease, a.wait, ''), 'dmin', dmin
   end
   local low = lowered(bound, at)
-  if low ~= bound then
-    f[#f + 1] = name
-    f[#f + 1] = num(low)
-  end
+  put(f, name, low, bound)
   local exp = keys_exp(st.exp, at, seq, false)
   local x = num(exp)
-  if exp ~= st.exp then
-    f[#f + 1] = 'exp'
-    f[#f + 1] = x
-  end
+  put(f, 'exp', exp, st.exp)
   if not grant then redis.call('ZADD', K.Q, ts, member) end
   redis.call('ZADD', zkey, num(at), member)
   redis.call('HSET', K.S, unpack(f))
@@ -139,36 +133,20 @@ local function fast_release(K, a)
     horizon = math.max(horizon, now + ttl)
     f[#f + 1] = w.ticket
     f[#f + 1] = ts
-    f[#f + 1] = 'nq'
-    f[#f + 1] = num(st.nq - 1)
-    f[#f + 1] = 'seq'
-    f[#f + 1] = ts
-    local low = lowered(hmin, now + ttl)
-    if low ~= hmin then
-      f[#f + 1] = 'hmin'
-      f[#f + 1] = num(low)
-    end
+    put(f, 'nq', st.nq - 1, nil)
+    put(f, 'seq', seq, nil)
+    put(f, 'hmin', lowered(hmin, now + ttl), hmin)
   else
-    f[#f + 1] = 'nh'
-    f[#f + 1] = num(st.nh - 1)
+    put(f, 'nh', st.nh - 1, nil)
     after = used - n
   end
-  if after ~= used then
-    f[#f + 1] = 'used'
-    f[#f + 1] = num(after)
-  end
+  put(f, 'used', after, used)
   local tn = tnext_with(st.tnext, untl)
-  if tn then
-    f[#f + 1] = 'tnext'
-    f[#f + 1] = num(tn)
-  end
+  if tn then put(f, 'tnext', tn, nil) end
   local idle = not w and is_idle(st.nh - 1, st.nq, st.nc)
   local exp = keys_exp(st.exp, horizon, seq, idle)
   local x = num(exp)
-  if exp ~= st.exp then
-    f[#f + 1] = 'exp'
-    f[#f + 1] = x
-  end
+  put(f, 'exp', exp, st.exp)
   redis.call('ZADD', K.T, num(untl), a.ticket)
   local list
   if w then
