@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/internal/redisserver"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/scripthook"
 	"github.com/redis/go-redis/v9"
@@ -400,4 +401,97 @@ func changed(file, more string) func(string) string {
 		}
 		return source(f)
 	}
+}
+
+// A full Redis (maxmemory reached, noeviction) keeps its locks: leases are
+// renewed for ten times their TTL and released, a queued waiter stays
+// alive and is granted, through FCALL and through EVAL alike, while a new
+// request is refused at once.
+func TestFullRedisKeepsLocks(t *testing.T) {
+	redistest.RealBackend(t) // a real server, or a failure under CI=true
+	noTransform(t)
+	for _, evalOnly := range []bool{false, true} {
+		t.Run(fmt.Sprintf("evalOnly=%v", evalOnly), func(t *testing.T) {
+			srv, err := redisserver.Start("--maxmemory-policy", "noeviction")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(srv.Stop)
+			ctx := context.Background()
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			t.Cleanup(func() { _ = rdb.Close() })
+			const ttl = 400 * time.Millisecond
+			c := fnClient(t, rdb, evalOnly, WithLeaseTTL(ttl), WithWaiterTTL(ttl))
+			req := Request{Name: "full", Capacity: 2, Permits: 1}
+			var held []*Lease
+			for range 2 {
+				l, err := c.Acquire(ctx, req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, l)
+			}
+			waiter := make(chan error, 1)
+			go func() {
+				l, err := c.Acquire(ctx, req)
+				if err == nil {
+					held = append(held, l)
+				}
+				waiter <- err
+			}()
+			waitQueued(t, c, "full", 1)
+			if err := rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := rdb.Set(ctx, "junk", "x", 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+				t.Fatalf("a write with maxmemory 1 = %v, want OOM", err)
+			}
+			start := time.Now()
+			_, err = c.TryAcquire(ctx, Request{Name: "new", Capacity: 1, Permits: 1})
+			if !errors.Is(err, ErrRedis) || !strings.Contains(err.Error(), "OOM") {
+				t.Errorf("a new request under OOM = %v, want ErrRedis saying OOM", err)
+			}
+			if d := time.Since(start); d > time.Second {
+				t.Errorf("the new request was refused after %v, want at once", d)
+			}
+			time.Sleep(10 * ttl) // renewals and the waiter's refreshes run
+			for i, l := range held[:2] {
+				if err := l.Err(); err != nil {
+					t.Fatalf("lease %d lost under OOM: %v", i, err)
+				}
+			}
+			if err := held[0].Release(ctx); err != nil {
+				t.Fatalf("Release under OOM: %v", err)
+			}
+			select {
+			case err := <-waiter:
+				if err != nil {
+					t.Fatalf("the queued waiter under OOM: %v", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the queued waiter was not granted under OOM")
+			}
+			if err := rdb.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+				t.Fatal(err)
+			}
+			st, err := c.Status(ctx, "full")
+			if err != nil || st.InUse != 2 || st.Held != 2 || st.Queued != 0 {
+				t.Fatalf("Status after: in use %d, held %d, queued %d (%v); want 2, 2, 0", st.InUse, st.Held, st.Queued, err)
+			}
+			if !evalOnly && c.scripts.evalOnly.Load() {
+				t.Fatal("the client fell back to EVAL")
+			}
+		})
+	}
+}
+
+// waitQueued waits until n requests queue for name.
+func waitQueued(t *testing.T, c *Client, name string, n int64) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if st, err := c.Status(context.Background(), name); err == nil && st.Queued == n {
+			return
+		}
+	}
+	t.Fatalf("%d requests did not queue for %q", n, name)
 }

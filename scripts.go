@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -107,8 +108,12 @@ type scripts struct {
 	// evalOnly is set for good once the Redis showed it cannot run the
 	// library (no FCALL, or the library does not load there).
 	evalOnly atomic.Bool
-	loadMu   sync.Mutex    // one load at a time
-	loads    atomic.Uint64 // loads done
+	// noShebang is set for good once the Redis refused a script's
+	// "#!lua flags=" line (miniredis, Redis 6.2): its scripts then run
+	// without flags.
+	noShebang atomic.Bool
+	loadMu    sync.Mutex    // one load at a time
+	loads     atomic.Uint64 // loads done
 }
 
 // forOp returns the script that serves op, and how op is run.
@@ -142,23 +147,29 @@ func (set *scripts) load(ctx context.Context, rdb RedisClient) loadResult {
 type script struct {
 	set  *scripts
 	eval *redis.Script
-	fn   string
+	// flagged is eval with its entry's flags declared ("#!lua flags=...",
+	// Redis 7 and later), or nil for an entry without flags.
+	flagged *redis.Script
+	fn      string
 }
 
 // code is what scripts are made of, built once per transform.
 type code struct {
-	evals map[string]*redis.Script
-	lib   *library
+	evals, flagged map[string]*redis.Script
+	lib            *library
 }
 
 func newCode(transform func(string) string) *code {
-	k := &code{evals: map[string]*redis.Script{}}
+	k := &code{evals: map[string]*redis.Script{}, flagged: map[string]*redis.Script{}}
 	for _, e := range entries {
 		src := scriptSource(e)
 		if transform != nil {
 			src = transform(src)
 		}
 		k.evals[e.name] = redis.NewScript(src)
+		if e.flags != "" {
+			k.flagged[e.name] = redis.NewScript("#!lua flags=" + e.flags + "\n" + src)
+		}
 	}
 	// The test transforms (internal/halfrun, broken rules) rewrite EVAL
 	// sources, so a transformed client runs EVAL only.
@@ -180,7 +191,7 @@ func newScripts(transform func(string) string) *scripts {
 	}
 	s := &scripts{lib: k.lib, byEntry: map[string]*script{}}
 	for _, e := range entries {
-		sc := &script{set: s, eval: k.evals[e.name]}
+		sc := &script{set: s, eval: k.evals[e.name], flagged: k.flagged[e.name]}
 		if k.lib != nil {
 			sc.fn = k.lib.fns[e.name]
 		}
@@ -206,6 +217,11 @@ func (s *script) Run(ctx context.Context, rdb RedisClient, keys []string, args .
 // (miniredis, Redis 6.2) or on which the library does not load makes the
 // client use EVAL from then on. A failed FCALL ran nothing, so sending the
 // call again cannot apply it twice.
+//
+// With EVAL: an entry with flags (allow-oom, no-writes) declares them in a
+// "#!lua flags=" line, as its function does; a server that cannot compile
+// that line (miniredis, Redis 6.2) refused the script before running it,
+// and the client runs its scripts without flags from then on.
 func (s *script) run(ctx context.Context, rdb RedisClient, exec func(func(redis.Scripter) *redis.Cmd) *redis.Cmd, keys []string, args []any) *redis.Cmd {
 	set := s.set
 	if set.lib != nil && !set.evalOnly.Load() && canLoad(rdb) {
@@ -229,11 +245,30 @@ func (s *script) run(ctx context.Context, rdb RedisClient, exec func(func(redis.
 			set.evalOnly.Store(true)
 		}
 	}
-	cmd := exec(func(on redis.Scripter) *redis.Cmd { return s.eval.EvalSha(ctx, on, keys, args...) })
+	if s.flagged != nil && !set.noShebang.Load() {
+		cmd := evalRun(ctx, s.flagged, exec, keys, args)
+		if !shebangRefused(cmd.Err()) {
+			return cmd
+		}
+		set.noShebang.Store(true)
+	}
+	return evalRun(ctx, s.eval, exec, keys, args)
+}
+
+// evalRun runs es as EVALSHA, and as EVAL when Redis does not have it.
+func evalRun(ctx context.Context, es *redis.Script, exec func(func(redis.Scripter) *redis.Cmd) *redis.Cmd, keys []string, args []any) *redis.Cmd {
+	cmd := exec(func(on redis.Scripter) *redis.Cmd { return es.EvalSha(ctx, on, keys, args...) })
 	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmd = exec(func(on redis.Scripter) *redis.Cmd { return s.eval.Eval(ctx, on, keys, args...) })
+		cmd = exec(func(on redis.Scripter) *redis.Cmd { return es.Eval(ctx, on, keys, args...) })
 	}
 	return cmd
+}
+
+// shebangRefused reports whether err says the server cannot compile a
+// script's "#!lua" line (it has no script flags): the script did not run.
+func shebangRefused(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.Contains(rerr.Error(), "compiling script") && strings.Contains(rerr.Error(), "'#'")
 }
 
 // nudgeScript pushes an empty wake-up onto a wake list, to end a blocked
