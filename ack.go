@@ -77,6 +77,10 @@ const grace = 30 * time.Millisecond
 // and go-redis retries a connection it cannot open for over a second.
 //
 // When ctx can end, do runs on a goroutine of the client's (see spawn).
+// If a dial fails first because Redis refused the connection or its name
+// did not resolve (see dialWatch), call returns ok true and an outcome
+// holding an error matching ErrRedis (isDialError), and late cleans up
+// after do as below.
 // If ctx ends first, call returns ok false and an outcome holding ctx's
 // error; the goroutine then hands do's outcome, when it arrives, to late
 // (if not nil), which cleans up after it: withdraws a ticket the script
@@ -88,6 +92,7 @@ func (c *Client) call(ctx context.Context, do func(context.Context) outcome, lat
 	}
 	var state atomic.Int32 // 0 running, 1 handed to the caller, 2 abandoned by it
 	ch := make(chan outcome, 1)
+	unreachable := c.dials.next()
 	c.spawn(func() {
 		o := do(ctx)
 		if state.CompareAndSwap(0, 1) {
@@ -99,6 +104,15 @@ func (c *Client) call(ctx context.Context, do func(context.Context) outcome, lat
 	select {
 	case o := <-ch:
 		return o, true
+	case <-unreachable:
+		// Redis refused a connection, or its name did not resolve: say so
+		// now. The call goes on; late cleans up after it.
+		if !state.CompareAndSwap(0, 2) {
+			return <-ch, true
+		}
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(c.dials.failure())
+		return outcome{cmd: cmd}, true
 	case <-ctx.Done():
 	}
 	// A Redis that answers does so within the grace; the caller then

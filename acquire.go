@@ -63,8 +63,10 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (lease 
 		}
 		if err != nil {
 			c.unregister(r, w)
-			// The script may have run before the failure was seen.
-			c.withdraw(ctx, p, w.ticket)
+			if !isDialError(err) { // (then the call's late clean-up withdraws)
+				// The script may have run before the failure was seen.
+				c.withdraw(ctx, p, w.ticket)
+			}
 			return nil, fail(ctx, op, p.names, err)
 		}
 		switch code {
@@ -252,7 +254,13 @@ func (c *Client) cleanUp(ctx context.Context, args []any, p plan) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
 	defer cancel()
 	cmd, _ := c.run(ctx, p.keys, args...)
-	if _, err := c.released(p, cmd); err != nil {
+	if _, err := c.released(p, cmd); transient(err) && !unreachable(err) {
+		// It did not reach Redis: send it again until the ticket would
+		// have been dropped anyway. (A Redis that refuses connections, or
+		// whose name does not resolve, is not there to send it to; the
+		// ticket ends at its deadline.)
+		c.resendLater(args, p, time.Now().Add(c.cfg.waiterTTL))
+	} else if err != nil {
 		c.logf(slog.LevelWarn, "fairlock: clean-up failed; Redis drops the ticket at its deadline", p.names, "",
 			slog.String("op", fmt.Sprint(args[0])), slog.Any("error", err))
 	}

@@ -81,6 +81,7 @@ type Client struct {
 	scripts *scripts
 	id      string        // identifies this client's wake lists; unguessable
 	done    chan struct{} // closed by Close
+	dials   *dialWatch    // dial failures on rdb; nil if it takes no hooks
 
 	mu          sync.Mutex
 	closed      bool
@@ -132,6 +133,12 @@ func (c *Client) spawn(f func()) {
 // [ErrInvalidArgument] for a nil rdb, an invalid option, or
 // [WithReplicaAck] on a client other than a *redis.Client (a
 // *redis.ClusterClient or *redis.Ring is refused).
+//
+// New adds a dial hook to the client it is given (when it takes hooks:
+// *redis.Client, *redis.ClusterClient, *redis.Ring), through which a
+// call waiting on its context learns that Redis refused a connection or
+// that its name did not resolve, and returns an error matching [ErrRedis]
+// at once rather than after go-redis's dial retries.
 func New(rdb RedisClient, opts ...Option) (*Client, error) {
 	if rdb == nil || isNilPointer(rdb) {
 		return nil, opError("new", nil, fmt.Errorf("%w: nil redis client", ErrInvalidArgument))
@@ -164,6 +171,7 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 		pumping:   make(map[string]bool),
 		renewals:  make(map[string]*renewQueue),
 		listeners: make(map[string][]*listener),
+		dials:     newDialWatch(rdb),
 	}
 	c.tasksDone = sync.NewCond(&c.mu)
 	return c, nil
@@ -186,10 +194,12 @@ func isNilPointer(v any) bool {
 // such a read ends at its one-second timeout). Close waits for every
 // goroutine the client started, and is idempotent. It never closes the
 // client given to [New]. That includes the clean-up that calls whose
-// context ended left running (withdrawing a ticket, finishing a release):
-// each is bounded by one waiter TTL, plus, for a command already sent to a
-// Redis that does not answer, go-redis's ReadTimeout. Close itself takes
-// no context.
+// context ended left running (withdrawing a ticket, finishing a release)
+// and the releases and withdrawals being sent again after an error that
+// passes (see [Lease.Release]): each is bounded by one waiter TTL from
+// Close, plus, for a command already sent to a Redis that does not answer,
+// go-redis's ReadTimeout. Close itself takes no context.
+
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {

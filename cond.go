@@ -116,8 +116,10 @@ func (l *Lease) CondWait(ctx context.Context, cond string) (*Lease, error) {
 	rep, err := parseWaitReply(o.cmd)
 	if err != nil {
 		c.unregister(r, w)
-		// The script may have run before the failure was seen.
-		c.withdraw(ctx, cp, fresh)
+		if !isDialError(err) { // (then the call's late clean-up withdraws)
+			// The script may have run before the failure was seen.
+			c.withdraw(ctx, cp, fresh)
+		}
 		err = fail(ctx, "wait", p.names, err)
 		l.finish(fmt.Errorf("%w: wait failed: %w", ErrLeaseLost, err))
 		return nil, err

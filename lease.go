@@ -156,17 +156,24 @@ func (l *Lease) Err() error { return context.Cause(l.ctx) }
 // whatever Redis still holds of it and returns an error matching
 // [ErrMaxHold] (and so ErrLeaseLost).
 //
-// If Redis cannot be reached, Release returns an error matching [ErrRedis],
-// the lease is no longer renewed (Done closes) and its permits return when
-// its TTL runs out; calling Release again may free them earlier.
+// If the release meets an error that passes (a dropped or refused
+// connection, a Cluster slot migrating, a server loading its data or
+// failing over: TRYAGAIN, LOADING, READONLY and their kin), Release returns
+// an error matching [ErrRedis] that says so, the lease counts as released
+// (Done closes, with [ErrNotHeld] as cause, and a later Release returns
+// ErrNotHeld), and the release is sent again in the background, with
+// backoff, until it lands or the lease would have expired anyway, so that
+// the next waiter does not wait out the lease's TTL. Sending a release
+// twice is safe: the second finds the first's tombstone. Any other error
+// also matches ErrRedis; the lease is then no longer renewed (Done closes)
+// and its permits return when its TTL runs out.
 //
 // Release returns by ctx's end whatever state Redis is in. If ctx ends
 // first, it returns an error for which errors.Is(err, ctx.Err()) holds,
-// the lease counts as released (Done closes, with [ErrNotHeld] as cause,
-// and a later Release returns ErrNotHeld), and the release goes on in the
-// background, sent again once if it failed, for up to one waiter TTL (see
-// [Client.Close]); if that fails too, the permits return when the lease's
-// TTL runs out.
+// the lease counts as released, and the release goes on in the background
+// (sent again as above if it failed). [Client.Close] waits for releases
+// going on in the background, at most a waiter TTL; the permits of one
+// that has not landed by then return when the lease's TTL runs out.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -175,13 +182,12 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.stopRenewal()
 	args := l.p.releaseArgs("release", l.ticket, l.c, l.announced, l.tokens)
+	until := l.expiresBy()
 	o, ok := l.c.call(ctx, l.c.runner(l.p.keys, args), func(o outcome) {
-		if o.cmd.Err() != nil {
-			// The release may not have reached Redis: send it again.
-			l.c.cleanUp(ctx, args, l.p)
-			return
+		if _, err := l.c.released(l.p, o.cmd); transient(err) { // hands on work the script left
+			// The release did not reach Redis: send it again.
+			l.c.resendLater(args, l.p, until)
 		}
-		_, _ = l.c.released(l.p, o.cmd) // hands on work the script left
 	})
 	if !ok {
 		// The release goes on in the background; the lease counts as
@@ -199,6 +205,14 @@ func (l *Lease) Release(ctx context.Context) error {
 		l.finish(ErrNotHeld)
 		return opError("release", l.p.names, ackErr)
 	}
+	if err != nil && transient(err) && ctx.Err() == nil {
+		if !isDialError(err) { // (then the call's late handler sends it again)
+			l.c.resendLater(args, l.p, until)
+		}
+		l.released = true
+		l.finish(ErrNotHeld)
+		return opError("release", l.p.names, fmt.Errorf("%w: %w; the release is sent again in the background until it lands or the lease expires", ErrRedis, err))
+	}
 	if err != nil {
 		err = fail(ctx, "release", l.p.names, err)
 		l.finish(fmt.Errorf("%w: release failed, the lease is no longer renewed: %w", ErrLeaseLost, err))
@@ -214,6 +228,14 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.finish(ErrNotHeld)
 	return nil
+}
+
+// expiresBy returns the local time by which the lease has expired in
+// Redis unless renewed.
+func (l *Lease) expiresBy() time.Time {
+	l.rmu.Lock()
+	defer l.rmu.Unlock()
+	return l.deadline
 }
 
 // stopRenewal stops renewal and waits for a renewal in flight, so none

@@ -1,0 +1,105 @@
+package fairlock
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// transient reports whether err, from a script call, is one that passes:
+// the call was refused or lost on its way (a connection dropped or
+// refused, a Cluster slot migrating or moved, a server loading its data,
+// a replica promoted or demoted, a cluster or master down, a server busy
+// with a script) and sending it again later may land. A script's own
+// error reply (FAIRLOCK_..., a wrong key type), out-of-memory and a closed
+// go-redis client are not: sending again gives the same answer.
+func transient(err error) bool {
+	if err == nil {
+		return false
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		msg := rerr.Error()
+		for _, p := range []string{"TRYAGAIN", "LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "MOVED", "ASK", "BUSY", "NOREPLICAS"} {
+			if strings.HasPrefix(msg, p+" ") || msg == p {
+				return true
+			}
+		}
+		return false
+	}
+	var nerr net.Error
+	return errors.As(err, &nerr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, context.DeadlineExceeded)
+}
+
+// Resends back off from resendFirst, doubling up to resendMost, with
+// jitter.
+const (
+	resendFirst = 10 * time.Millisecond
+	resendMost  = 500 * time.Millisecond
+)
+
+// resendLater sends args (a release or a leave, which tombstones and queue
+// marks make safe to send twice) on p's semaphores again in the
+// background, with backoff, until it lands, fails for good, or until
+// (when the lease would have expired, or the waiter been dropped, anyway).
+// Close waits for it, at most a waiter TTL past Close.
+func (c *Client) resendLater(args []any, p plan, until time.Time) {
+	c.spawn(func() {
+		done := c.done
+		wait := resendFirst
+		for attempt := 1; ; attempt++ {
+			left := time.Until(until)
+			if left <= 0 {
+				c.logf(slog.LevelWarn, "fairlock: gave up sending again; Redis ends it at its deadline", p.names, "",
+					slog.String("op", opName(args)), slog.Int("attempts", attempt-1))
+				return
+			}
+			t := time.NewTimer(min(wait+rand.N(wait), left))
+			select {
+			case <-t.C:
+			case <-done:
+				t.Stop()
+				// Closing: the remaining tries get a waiter TTL at most.
+				until = minTime(until, time.Now().Add(c.cfg.waiterTTL))
+				done = nil // closed for good: from now on the timer alone
+				continue
+			}
+			ctx, cancel := context.WithDeadline(context.Background(), until)
+			cmd, _ := c.run(ctx, p.keys, args...)
+			_, err := c.released(p, cmd)
+			cancel()
+			if err == nil || !transient(err) {
+				if err != nil {
+					c.logf(slog.LevelWarn, "fairlock: sending again failed; Redis ends it at its deadline", p.names, "",
+						slog.String("op", opName(args)), slog.Any("error", err))
+				}
+				return
+			}
+			wait = min(2*wait, resendMost)
+		}
+	})
+}
+
+func opName(args []any) string {
+	if s, ok := args[0].(string); ok {
+		return s
+	}
+	return ""
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
