@@ -82,7 +82,7 @@ func (w *dialWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // in the background.
 type dialError struct{ err error }
 
-func (e *dialError) Error() string { return fmt.Sprintf("%v: cannot reach Redis: %v", ErrRedis, e.err) }
+func (e *dialError) Error() string   { return fmt.Sprintf("%v: cannot reach Redis: %v", ErrRedis, e.err) }
 func (e *dialError) Unwrap() []error { return []error{ErrRedis, e.err} }
 
 // isDialError reports whether err is a call's return at a dial failure.
