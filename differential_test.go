@@ -594,6 +594,7 @@ func TestFastPathsMatchGeneralPath(t *testing.T) {
 		diffCalls(t, t, 0, nil)
 	})
 	t.Run("property", func(t *testing.T) {
+		redistest.Long(t)
 		// The property machine on miniredis: its clock moves, processes
 		// crash and pause, Redis's scripts are flushed.
 		diffMachines(t, t, recordingBackend(t), replayPairs(t, nil), *diffPropertyChecks, nil, func(rt *rapid.T, b *redistest.Backend) {
@@ -601,6 +602,7 @@ func TestFastPathsMatchGeneralPath(t *testing.T) {
 		})
 	})
 	t.Run("crowds", func(t *testing.T) {
+		redistest.Long(t)
 		// The machine on the real server, in real time, with crowds (one
 		// process, many requests), bulk grants and a doomed crowd's mass
 		// expiry.

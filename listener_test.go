@@ -16,7 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Semantics 3 (issue 12, item 5): waiting never delays renewals or
+// Semantics 3: waiting never delays renewals or
 // releases. One process waits on 1,000 semaphores, held by another,
 // through a go-redis pool of 10 connections, and then takes a few leases
 // with a 300 ms TTL: every lease must stay alive for several TTLs, and

@@ -73,7 +73,7 @@ func expiryMs(t *testing.T, e *fltest.Env, name string) int64 {
 	return int64(zs[0].Score)
 }
 
-// Issue 14.3: a lease with a cap is renewed past its TTL up to the cap and
+// A lease with a cap is renewed past its TTL up to the cap and
 // no further: Done closes, not before the cap, with a cause matching
 // ErrMaxHold and ErrLeaseLost; Release then says ErrMaxHold.
 func TestMaxHoldEndsLease(t *testing.T) {
@@ -104,7 +104,7 @@ func TestMaxHoldEndsLease(t *testing.T) {
 	})
 }
 
-// Issue 14.3: a cap shorter than the lease TTL shortens the grant in Redis
+// A cap shorter than the lease TTL shortens the grant in Redis
 // at once, so Redis frees the permits at the cap, by its own clock, though
 // the holder never releases (its releases fail, as if it were cut off
 // after its last renewal). The clock is frozen: exact.
@@ -175,7 +175,7 @@ func (h *renewals) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// Issue 14.3: the renewals of a lease whose cap is longer than its TTL stop
+// The renewals of a lease whose cap is longer than its TTL stop
 // extending it at the cap: each asks for no more than the time left to the
 // cap, so Redis's expiry lands at the cap, not a TTL after the last
 // renewal. The cap is a little over the TTL: the first renewal, sent at
@@ -225,7 +225,7 @@ func TestMaxHoldLastRenewalLandsAtCap(t *testing.T) {
 	})
 }
 
-// Issue 14.3: Request.MaxHold replaces the client's cap, shorter or
+// Request.MaxHold replaces the client's cap, shorter or
 // longer, and a lease over several semaphores ends at the earliest cap of
 // its parts, a part without one taking the client's.
 func TestMaxHoldPerRequest(t *testing.T) {
@@ -260,7 +260,7 @@ func TestMaxHoldPerRequest(t *testing.T) {
 	})
 }
 
-// Issue 14.3: when the renewal meant to shorten a grant that lasts past the
+// When the renewal meant to shorten a grant that lasts past the
 // cap fails, Done still closes at the cap, with ErrMaxHold, not at the
 // grant's deadline an hour on, and the holder's client releases the grant.
 func TestMaxHoldWhileRenewalsFail(t *testing.T) {
@@ -291,7 +291,7 @@ func TestMaxHoldWhileRenewalsFail(t *testing.T) {
 	})
 }
 
-// Issue 14.3: a renewal meant to shorten a grant that lasts past the cap,
+// A renewal meant to shorten a grant that lasts past the cap,
 // sent to a Redis that does not answer, is given up at the cap: Done
 // closes then, with ErrMaxHold, not at the grant's deadline an hour on.
 func TestMaxHoldWhileRenewalHangs(t *testing.T) {
@@ -314,7 +314,7 @@ func TestMaxHoldWhileRenewalHangs(t *testing.T) {
 	})
 }
 
-// Issue 14.3: at the cap the next waiter is granted at once, though it
+// At the cap the next waiter is granted at once, though it
 // queued while the grant still lasted an hour (its wake-up timer is set
 // for then, and its liveness refresh is 20 minutes away): the holder's
 // client releases the lease as it ends it.
@@ -353,7 +353,7 @@ func TestMaxHoldHandsOnAtCap(t *testing.T) {
 	})
 }
 
-// Issue 14.3: a negative cap is refused, in the option, the request and
+// A negative cap is refused, in the option, the request and
 // Validate; ErrMaxHold is a case of ErrLeaseLost, not the other way round.
 func TestMaxHoldInputs(t *testing.T) {
 	b := redistest.Mini(t)

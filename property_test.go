@@ -22,7 +22,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -37,21 +36,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )
-
-func TestMain(m *testing.M) {
-	flag.Parse()
-	// Unless told otherwise, run a few hundred state machines.
-	given := false
-	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "rapid.checks" })
-	if !given && os.Getenv("RAPID_CHECKS") == "" {
-		_ = flag.Set("rapid.checks", "300")
-	}
-	// Every script of every client fails with FAIRLOCK_HALF_RUN if it
-	// errors after its first write (issue 12); tests that swap a script
-	// (breakScript) replace this transform while they run.
-	scripthook.Set(halfrun.Transform)
-	redistest.Main(m)
-}
 
 const (
 	pLease  = 1000 * time.Millisecond
@@ -90,6 +74,7 @@ func TestPropertyRealRedis(t *testing.T) {
 // Show that the checker bites: each deliberately broken rule is caught,
 // and rapid shrinks it to a short list of actions.
 func TestPropertyCatchesBrokenRules(t *testing.T) {
+	redistest.Long(t)
 	for _, tc := range []struct {
 		name, file, old, new string
 		checks               int  // machines to try; 300 unless given

@@ -2,8 +2,12 @@ package fairlock
 
 import (
 	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // The README's quickstart is examples/quickstart, which go vet and go
@@ -22,17 +26,17 @@ func TestReadmeQuickstart(t *testing.T) {
 	}
 }
 
-// The README's Layout table names every folder of the tree (top level, and
-// one level down in cmd, examples and internal), and every path it names
-// exists.
-func TestReadmeLayout(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+// CONTRIBUTING.md's Layout table names every folder of the tree (top
+// level, and one level down in cmd, examples and internal), and every path
+// it names exists.
+func TestContributingLayout(t *testing.T) {
+	readme, err := os.ReadFile("CONTRIBUTING.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, layout, ok := strings.Cut(string(readme), "\n## Layout\n")
 	if !ok {
-		t.Fatal("README.md has no Layout section")
+		t.Fatal("CONTRIBUTING.md has no Layout section")
 	}
 	layout, _, _ = strings.Cut(layout, "\n## ")
 	// The first column of each row, its code spans.
@@ -78,7 +82,116 @@ func TestReadmeLayout(t *testing.T) {
 	}
 	for _, d := range dirs {
 		if !named[d] {
-			t.Errorf("the README's Layout table does not name %s", d)
+			t.Errorf("CONTRIBUTING.md's Layout table does not name %s", d)
 		}
 	}
+}
+
+// docs returns the project's Markdown documents.
+func docs(t *testing.T) []string {
+	t.Helper()
+	files := []string{"README.md", "CONTRIBUTING.md", "CHANGELOG.md", "bench/README.md"}
+	more, err := filepath.Glob("docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(files, more...)
+}
+
+// Every Go snippet of the documents is compiled: each is a program under
+// examples/ verbatim, which go vet and go build check.
+func TestDocsSnippetsCompiled(t *testing.T) {
+	programs, err := filepath.Glob("examples/*/main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	compiled := map[string]bool{}
+	for _, p := range programs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		compiled[string(b)] = true
+	}
+	for _, f := range docs(t) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rest := string(b)
+		for {
+			_, after, ok := strings.Cut(rest, "```go\n")
+			if !ok {
+				break
+			}
+			code, tail, _ := strings.Cut(after, "```\n")
+			if !compiled[code] {
+				first, _, _ := strings.Cut(code, "\n")
+				t.Errorf("%s: a Go snippet that is no program under examples/ (it starts %q)", f, first)
+			}
+			rest = tail
+		}
+	}
+}
+
+// Every relative link of the documents points to a file that exists, and
+// an anchor to a heading of it.
+func TestDocsLinks(t *testing.T) {
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	for _, f := range docs(t) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(string(b), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			path, anchor, _ := strings.Cut(target, "#")
+			if path == "" {
+				path = f
+			} else {
+				path = filepath.Join(filepath.Dir(f), path)
+			}
+			st, err := os.Stat(path)
+			if err != nil {
+				t.Errorf("%s: link %s: %v", f, target, err)
+				continue
+			}
+			if anchor == "" || st.IsDir() {
+				continue
+			}
+			doc, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Contains(anchors(string(doc)), anchor) {
+				t.Errorf("%s: link %s: %s has no heading #%s", f, target, path, anchor)
+			}
+		}
+	}
+}
+
+// anchors returns the anchors of a Markdown document's headings, as
+// GitHub makes them: lower case, spaces to hyphens, punctuation dropped.
+func anchors(doc string) []string {
+	var out []string
+	for line := range strings.Lines(doc) {
+		if !strings.HasPrefix(line, "#") {
+			continue
+		}
+		h := strings.TrimSpace(strings.TrimLeft(line, "#"))
+		var b strings.Builder
+		for _, r := range strings.ToLower(h) {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		out = append(out, b.String())
+	}
+	return out
 }

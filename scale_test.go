@@ -376,7 +376,7 @@ func (w *slowWatch) finish(what string) {
 	}
 }
 
-// --- The reproductions: each failed on real Redis before issue 12. ---
+// --- The reproductions: each failed on real Redis before the scripts obeyed the rule. ---
 
 // skipLarge skips a test of thousands of requests on miniredis, whose Lua
 // interpreter runs the scripts tens of times slower than Redis: the
@@ -395,6 +395,7 @@ func skipLarge(t *testing.T, b *redistest.Backend) {
 // (4,100 grants in one HSET), Release returned an error although the
 // readers held, and the state hash kept the writer's permits.
 func TestHalfRunWriterReleasesToReaders(t *testing.T) {
+	redistest.Long(t)
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		skipLarge(t, b)
 		readersAfterWriter(t, b, 4100, false)
@@ -471,6 +472,7 @@ func readersAfterWriter(t *testing.T, b *redistest.Backend, n int, measure bool)
 // the grants and left the permits uncounted, and a later request for the
 // whole capacity got it on top of them (14,100 of 10,000).
 func TestHalfRunWithdrawGrantsQueue(t *testing.T) {
+	redistest.Long(t)
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		skipLarge(t, b)
 		e := newScaleEnv(t, b)
@@ -527,6 +529,7 @@ func TestHalfRunWithdrawGrantsQueue(t *testing.T) {
 // ownerless, the purge went uncounted, and a later request got 2,000 more
 // (12,000 of 10,000).
 func TestHalfRunExpiredFleet(t *testing.T) {
+	redistest.Long(t)
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		skipLarge(t, b)
 		e := newScaleEnv(t, b)
@@ -637,6 +640,7 @@ func expiredFleet(t *testing.T, e *scaleEnv, n int, capacity int64, ttl time.Dur
 // be the same after each call, through an expired fleet's mass expiry and
 // a writer's release to a crowd of readers.
 func TestScaleFastPathsMatchGeneralPath(t *testing.T) {
+	redistest.Long(t)
 	b := redistest.RealBackend(t)
 	t.Run("expired fleet", func(t *testing.T) {
 		fairlock.RecordAndReplay(t, b, halfrun.Transform, func() {
@@ -652,6 +656,7 @@ func TestScaleFastPathsMatchGeneralPath(t *testing.T) {
 
 // One release granting 40,000 queued readers.
 func TestScaleReleaseToReaders(t *testing.T) {
+	redistest.Long(t)
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		skipLarge(t, b)
 		if raceEnabled {
@@ -667,6 +672,7 @@ func TestScaleReleaseToReaders(t *testing.T) {
 
 // 80,000 leases expiring at once, then the next acquire.
 func TestScaleExpiredLeases(t *testing.T) {
+	redistest.Long(t)
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		skipLarge(t, b)
 		e := newScaleEnv(t, b)
@@ -677,6 +683,7 @@ func TestScaleExpiredLeases(t *testing.T) {
 // 10,000 waiters, their refreshes running, watched with Client.Status,
 // then served through a semaphore of capacity 100.
 func TestScaleWaitersStatus(t *testing.T) {
+	redistest.Long(t)
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		skipLarge(t, b)
 		e := newScaleEnv(t, b)

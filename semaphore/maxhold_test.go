@@ -11,7 +11,7 @@ import (
 	"github.com/fairlock/fairlock/semaphore"
 )
 
-// Issue 14.3: WithMaxHold caps the leases of one handle, replacing the
+// WithMaxHold caps the leases of one handle, replacing the
 // client's cap, for a Mutex and an RWMutex as for a Semaphore.
 func TestWithMaxHold(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
@@ -47,7 +47,7 @@ func TestWithMaxHold(t *testing.T) {
 	})
 }
 
-// Issue 14.3: a negative cap fails every constructor.
+// A negative cap fails every constructor.
 func TestWithMaxHoldNegative(t *testing.T) {
 	e := fltest.New(t, redistest.Mini(t))
 	c := e.Client()

@@ -13,7 +13,7 @@ import (
 	"github.com/fairlock/fairlock/internal/redistest"
 )
 
-// Issue 12, item 9. A grant the queue announces to a waiter lasts, in
+// A grant the queue announces to a waiter lasts, in
 // Redis, one waiter TTL from when Redis made it. Here the waiter's process
 // stalls just as the grant reaches it: the reply that carries the grant
 // (the wake-up its BLPOP popped, or a liveness refresh reporting it) and

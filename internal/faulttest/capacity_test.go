@@ -30,7 +30,7 @@ func idle(c *fairlock.Client, name string) func() bool {
 	}
 }
 
-// Issue 12, item 7. The README says an idle semaphore takes the next
+// The README says an idle semaphore takes the next
 // caller's capacity. A semaphore whose only holder (and waiter) crashed is
 // idle once their lease and liveness have run out, even though nobody has
 // dropped them from Redis yet: a caller with a new capacity must be granted

@@ -18,7 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Issue 12, item 6: no call may return later than lateBound after its
+// no call may return later than lateBound after its
 // context ends, whatever state Redis is in.
 const lateBound = 100 * time.Millisecond
 
@@ -177,6 +177,7 @@ func startServer(t *testing.T) *redisserver.Server {
 // deadline, and the calls that do not wait for held report ErrRedis as
 // soon as go-redis gives up, well before a 1 s or 2 s deadline.
 func TestDeadlineRedisUnreachable(t *testing.T) {
+	redistest.Long(t)
 	srv := startServer(t)
 	for i, d := range deadlines {
 		if i > 0 {
@@ -216,6 +217,7 @@ func goRedisGivesUp(addr string) time.Duration {
 // connections but answers nothing; go-redis would wait for its 3 s
 // ReadTimeout whatever the context says.
 func TestDeadlineRedisStalled(t *testing.T) {
+	redistest.Long(t)
 	srv := startServer(t)
 	for _, d := range deadlines {
 		e := newDeadlineEnv(t, srv)
@@ -235,6 +237,7 @@ func TestDeadlineRedisStalled(t *testing.T) {
 // server is killed halfway to their deadline and started again on its
 // port 500 ms after the deadline passed.
 func TestDeadlineRedisRestarted(t *testing.T) {
+	redistest.Long(t)
 	srv := startServer(t)
 	for _, d := range deadlines {
 		e := newDeadlineEnv(t, srv)
@@ -264,6 +267,7 @@ func TestDeadlineRedisRestarted(t *testing.T) {
 // lease's Done closes no later than its TTL (plus the bound) after the
 // stall began, though go-redis would wait 3 s for the renewal's reply.
 func TestDeadlineRenewalStalled(t *testing.T) {
+	redistest.Long(t)
 	srv := startServer(t)
 	const ttl = time.Second
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
@@ -302,6 +306,7 @@ func TestDeadlineRenewalStalled(t *testing.T) {
 // Close waits for the clean-up that calls given up on their contexts left
 // running: once Close returns, no fairlock goroutine is left.
 func TestDeadlineCloseWaitsForCleanUp(t *testing.T) {
+	redistest.Long(t)
 	srv := startServer(t)
 	e := newDeadlineEnv(t, srv)
 	calls := e.calls(t)

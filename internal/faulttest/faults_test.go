@@ -101,6 +101,7 @@ func readLog(t *testing.T, path string, capacity int64) occupancy {
 // semaphore of capacity 3, and 8 on two mutexes x and y: 4 of them lock
 // both at once (multi-lock), 4 lock x alone.
 func TestChurn(t *testing.T) {
+	redistest.Long(t)
 	b := redistest.RealBackend(t)
 	const procs = 8
 	mutex := newSpec(t, b.Addr, "mutex", 1)
@@ -134,6 +135,7 @@ func TestChurn(t *testing.T) {
 // 2. A holder killed in its critical section: the next waiter is granted
 // within the lease TTL (plus a small margin) of the kill, every time.
 func TestHolderKilled(t *testing.T) {
+	redistest.Long(t)
 	b := redistest.RealBackend(t)
 	s := newSpec(t, b.Addr, "killed", 1)
 	c := client(t, s)
@@ -159,6 +161,7 @@ func TestHolderKilled(t *testing.T) {
 // fresh processes are granted within one waiter TTL, not one per dead
 // waiter.
 func TestWaitersKilled(t *testing.T) {
+	redistest.Long(t)
 	b := redistest.RealBackend(t)
 	s := newSpec(t, b.Addr, "queue", 1)
 	c := client(t, s, fairlock.WithLeaseTTL(time.Minute))
@@ -241,6 +244,7 @@ func TestWaitersKilled(t *testing.T) {
 // 4. A holder paused past its lease learns it lost the lease when it
 // resumes, and its token is lower than the next holder's.
 func TestHolderPaused(t *testing.T) {
+	redistest.Long(t)
 	b := redistest.RealBackend(t)
 	s := newSpec(t, b.Addr, "paused", 1)
 	c := client(t, s)
@@ -268,6 +272,7 @@ func TestHolderPaused(t *testing.T) {
 // they get errors, never hang, resume within a second of Redis being back,
 // and no permit is lost afterwards.
 func TestRedisRestart(t *testing.T) {
+	redistest.Long(t)
 	redistest.RealBackend(t) // skips, or fails under CI, without redis-server
 	srv, err := redisserver.Start()
 	if err != nil {
@@ -326,6 +331,7 @@ func TestRedisRestart(t *testing.T) {
 // the holder releases, a fresh request is granted at once, and no key
 // remains when all is idle.
 func TestCancelledWaitersLeaveNoGhost(t *testing.T) {
+	redistest.Long(t)
 	b := redistest.RealBackend(t)
 	s := newSpec(t, b.Addr, "ghosts", 1)
 	ctx := context.Background()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/redistest"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -20,7 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Issue 12, item 2. While a Cluster slot is MIGRATING, a script's
+// While a Cluster slot is MIGRATING, a script's
 // redis.call on a key it did not declare and that the source node does not
 // have fails ("non local key"), after the script's earlier writes were
 // made. Wake lists are such keys (usually missing: their BLPOP emptied
@@ -35,6 +36,7 @@ import (
 // once the moves are over; errors callers get during the moves are counted
 // and reported.
 func TestReshardUnderLoad(t *testing.T) {
+	redistest.Long(t)
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("CI=true and no redis-server on PATH")

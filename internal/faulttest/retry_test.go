@@ -292,7 +292,7 @@ func warm(t *testing.T, c *fairlock.Client, req fairlock.Request) {
 	}
 }
 
-// Issue 12, item 8a. A queued acquire whose reply is lost is resent by
+// A queued acquire whose reply is lost is resent by
 // go-redis; here the resend arrives late, after the grant the queue
 // announced to its ticket has expired, and (in "taken meanwhile") after
 // another caller has taken the permits, dropping the expired grant, and
@@ -404,7 +404,7 @@ func acquireResentLate(t *testing.T, taken bool) {
 	})
 }
 
-// Issue 12, item 8b. A release whose reply is lost is resent by go-redis;
+// A release whose reply is lost is resent by go-redis;
 // the resent call finds the lease gone, because the first run released it.
 // Release must return nil, not ErrLeaseLost, and the permits must be freed
 // exactly once: a lease granted in between keeps its permits.

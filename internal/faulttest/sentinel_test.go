@@ -19,6 +19,7 @@ import (
 // replica, and a client that asks for a replica's acknowledgement, which
 // no replica is left to give, gets ErrNotReplicated and holds nothing.
 func TestSentinelFailover(t *testing.T) {
+	redistest.Long(t)
 	redistest.RealBackend(t) // skips, or fails under CI, without redis-server
 	set, err := redisserver.StartSentinel(500 * time.Millisecond)
 	if err != nil {

@@ -235,3 +235,13 @@ func Leaks(wait time.Duration) string {
 type quiet struct{}
 
 func (quiet) Printf(context.Context, string, ...any) {}
+
+// Long skips t in the quick tier (go test -short): tests that take more
+// than a few seconds (property checks at full size, mutation checks,
+// scale and fault scenarios) run in the full suite only.
+func Long(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("long: runs in the full suite (without -short)")
+	}
+}

@@ -1,0 +1,31 @@
+package fairlock
+
+import (
+	"flag"
+	"os"
+	"testing"
+
+	"github.com/fairlock/fairlock/internal/halfrun"
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/scripthook"
+)
+
+// TestMain sets what every test of the package runs under: a few hundred
+// state machines per property test (a few dozen with -short, the quick
+// tier), and every script of every client failing with FAIRLOCK_HALF_RUN
+// if it errors after its first write (tests that swap a script replace
+// this transform while they run). redistest.Main starts the real server.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "rapid.checks" })
+	if !given && os.Getenv("RAPID_CHECKS") == "" {
+		checks := "300"
+		if testing.Short() {
+			checks = "30"
+		}
+		_ = flag.Set("rapid.checks", checks)
+	}
+	scripthook.Set(halfrun.Transform)
+	redistest.Main(m)
+}
