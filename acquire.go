@@ -2,13 +2,9 @@ package fairlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // acquire runs Acquire (wait) and TryAcquire (!wait) for one or more
@@ -178,14 +174,6 @@ func (c *Client) awaitGrant(ctx context.Context, op string, p, leave plan, r *ro
 		return nil, time.Time{}, false, opError(op, p.names, err)
 	}
 	return nil, time.Time{}, false, opError(op, p.names, ErrClosed)
-}
-
-// slow reports whether err says Redis or the connection pool answered too
-// slowly, rather than that Redis could not be reached.
-func slow(err error) bool {
-	var ne net.Error
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout) ||
-		(errors.As(err, &ne) && ne.Timeout())
 }
 
 // observeAcquire reports how an acquisition ended: granted, or, if it had

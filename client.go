@@ -318,11 +318,6 @@ func (c *Client) check(req Request) (keys, error) {
 // release or renew it.
 func newTicket() string { return rand.Text() }
 
-// ms renders a duration as whole milliseconds, at least 1, for scripts.
-func ms(d time.Duration) int64 {
-	return max(int64(d/time.Millisecond), 1)
-}
-
 // Validate reports whether req is a request c can serve: a valid name, a
 // capacity in [1, MaxCapacity], permits in [1, capacity] and a MaxHold
 // that is not negative. It contacts no server.

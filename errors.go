@@ -2,6 +2,8 @@ package fairlock
 
 import (
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -111,3 +113,11 @@ type subError struct {
 
 func (e *subError) Error() string { return e.msg }
 func (e *subError) Unwrap() error { return e.parent }
+
+// labelOf names one semaphore ("a") or several (["a" "b"]) in messages.
+func labelOf(names []string) string {
+	if len(names) == 1 {
+		return strconv.Quote(names[0])
+	}
+	return fmt.Sprintf("%q", names)
+}

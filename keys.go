@@ -74,16 +74,6 @@ func (c *Client) keys(name string) (keys, error) {
 	return keys{base: base, all: []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}}, nil
 }
 
-// The position of each key in [keys.list], the order queue.lua's header
-// gives.
-const (
-	keyState     = iota // :s hash: capacity, counts, token sequence, records
-	keyQueue            // :q waiters by arrival
-	keyDeadlines        // :d waiters by liveness deadline
-	keyHolders          // :h leases by expiry
-	keyTombs            // :t tombstoned tickets
-)
-
 // list returns the keys every script takes, in the order queue.lua's
 // header gives.
 func (k keys) list() []string { return k.all }

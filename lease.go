@@ -381,11 +381,3 @@ func LeaseContext(parent context.Context, lease *Lease) (ctx context.Context, ca
 		cancelCause(context.Canceled)
 	}
 }
-
-// boolArg renders a bool as a script argument.
-func boolArg(b bool) string {
-	if b {
-		return "1"
-	}
-	return "0"
-}

@@ -74,22 +74,6 @@ type Observer interface {
 	Observe(Event)
 }
 
-// WithObserver has the client report its events to o. The default is
-// none; a nil o means none.
-func WithObserver(o Observer) Option {
-	return func(c *config) { c.observer = o }
-}
-
-// WithLogger has the client log what a caller must know and cannot see
-// from return values: a lease lost and why, renewals failing, a listener's
-// connection errors and recoveries, clean-up after a cancel that could not
-// reach Redis. Nothing on the hot path is logged at Info or below. Records
-// carry the semaphore names, the owner label ([WithOwner]) and the token.
-// The default is no logging; a nil l means none.
-func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.logger = l }
-}
-
 // eventIDs hands out Event.ID, process-wide so that clients sharing an
 // observer never repeat one.
 var eventIDs atomic.Uint64

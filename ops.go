@@ -384,3 +384,16 @@ func parseTokens(f []string) ([]int64, error) {
 	}
 	return tokens, nil
 }
+
+// ms renders a duration as whole milliseconds, at least 1, for scripts.
+func ms(d time.Duration) int64 {
+	return max(int64(d/time.Millisecond), 1)
+}
+
+// boolArg renders a bool as a script argument.
+func boolArg(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}

@@ -1411,3 +1411,13 @@ func (m *machine) redisCond(s *msem) []rentry {
 	}
 	return out
 }
+
+// The position of each key in keys.list, the order queue.lua's header
+// gives.
+const (
+	keyState     = iota // :s hash: capacity, counts, token sequence, records
+	keyQueue            // :q waiters by arrival
+	keyDeadlines        // :d waiters by liveness deadline
+	keyHolders          // :h leases by expiry
+	keyTombs            // :t tombstoned tickets
+)

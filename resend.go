@@ -103,3 +103,11 @@ func minTime(a, b time.Time) time.Time {
 	}
 	return b
 }
+
+// slow reports whether err says Redis or the connection pool answered too
+// slowly, rather than that Redis could not be reached.
+func slow(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout) ||
+		(errors.As(err, &ne) && ne.Timeout())
+}

@@ -4,12 +4,9 @@ import (
 	"context"
 	"embed"
 	"errors"
-	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -276,26 +273,3 @@ func shebangRefused(err error) bool {
 var nudgeScript = redis.NewScript(`redis.call('RPUSH', KEYS[1], '')
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1`)
-
-// labelOf names one semaphore ("a") or several (["a" "b"]) in messages.
-func labelOf(names []string) string {
-	if len(names) == 1 {
-		return strconv.Quote(names[0])
-	}
-	return fmt.Sprintf("%q", names)
-}
-
-// clockSample relates Redis's clock to the local one: a script that
-// reported Redis's time redis was sent at local time sent, so Redis's
-// moment redis came no earlier than sent.
-type clockSample struct {
-	sent  time.Time
-	redis int64 // ms
-}
-
-// localDeadline returns a local time no later than the moment Redis's
-// clock reaches at (ms), by s: so a lease counted to it ends, locally,
-// before Redis can have expired it.
-func (s clockSample) localDeadline(at int64) time.Time {
-	return s.sent.Add(time.Duration(at-s.redis) * time.Millisecond)
-}

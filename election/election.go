@@ -109,7 +109,7 @@ func (e *Election) mutex() fairlock.Request {
 // it then queues again, at the back.
 func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
 	if value == "" || len(value) > MaxValueLen {
-		return nil, fmt.Errorf("election: campaign %q: %w: value of %d bytes, want 1 to %d", e.name, fairlock.ErrInvalidArgument, len(value), MaxValueLen)
+		return nil, e.errorf("campaign", "%w: value of %d bytes, want 1 to %d", fairlock.ErrInvalidArgument, len(value), MaxValueLen)
 	}
 	for {
 		lease, err := e.c.Acquire(ctx, e.mutex())
@@ -141,9 +141,16 @@ func (e *Election) set(ctx context.Context, term int64, value string) (bool, err
 		return false, e.fail(ctx, "record leader", err)
 	}
 	if len(res) != 2 {
-		return false, fmt.Errorf("election: record leader of %q: bad reply %v", e.name, res)
+		return false, e.errorf("record leader", "bad reply %v", res)
 	}
 	return res[0] == 1, nil
+}
+
+// errorf returns the election's error for op: "election: <op> of
+// "<name>": " and the message format gives (%w wraps, as in fmt.Errorf).
+// It is the one place the prefix is written.
+func (e *Election) errorf(op, format string, a ...any) error {
+	return fmt.Errorf("election: %s of %q: "+format, append([]any{op, e.name}, a...)...)
 }
 
 // fail wraps an error of one of the election's own scripts the way the
@@ -151,9 +158,9 @@ func (e *Election) set(ctx context.Context, term int64, value string) (bool, err
 // fairlock.ErrRedis.
 func (e *Election) fail(ctx context.Context, op string, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
-		return fmt.Errorf("election: %s of %q: %w", op, e.name, cerr)
+		return e.errorf(op, "%w", cerr)
 	}
-	return fmt.Errorf("election: %s of %q: %w: %w", op, e.name, fairlock.ErrRedis, err)
+	return e.errorf(op, "%w: %w", fairlock.ErrRedis, err)
 }
 
 // Leader returns the current leader's value and term, or an error matching
@@ -173,7 +180,7 @@ func (e *Election) Leader(ctx context.Context) (Info, error) {
 			return Info{}, err
 		}
 		if len(st.Holders) == 0 {
-			return Info{}, fmt.Errorf("election: leader of %q: %w", e.name, ErrNoLeader)
+			return Info{}, e.errorf("leader", "%w", ErrNoLeader)
 		}
 		holder := st.Holders[0].Token
 		switch {
@@ -186,7 +193,7 @@ func (e *Election) Leader(ctx context.Context) (Info, error) {
 		// The holder has not recorded its value yet (its Campaign has not
 		// returned), or the record was read before it did: read again.
 	}
-	return Info{}, fmt.Errorf("election: leader of %q: %w", e.name, ErrNoLeader)
+	return Info{}, e.errorf("leader", "%w", ErrNoLeader)
 }
 
 // get reads the leader record, live or not; Term 0 when there is none.
@@ -200,7 +207,7 @@ func (e *Election) get(ctx context.Context) (Info, error) {
 	}
 	term, err := strconv.ParseInt(fmt.Sprint(res[1]), 10, 64)
 	if err != nil {
-		return Info{}, fmt.Errorf("election: read leader of %q: bad term %v", e.name, res[1])
+		return Info{}, e.errorf("read leader", "bad term %v", res[1])
 	}
 	return Info{Value: fmt.Sprint(res[0]), Term: term}, nil
 }
