@@ -16,6 +16,23 @@
 // [Client.AcquireAll] takes several semaphores at once, all or nothing,
 // sharing each one's first-in first-out order; it cannot deadlock.
 //
+// # Failure behaviour
+//
+// Every blocking call returns by its context's end, Redis up or down, with
+// an error for which errors.Is(err, ctx.Err()) holds; what it left to do in
+// Redis (withdrawing a ticket, finishing a release) goes on in the
+// background, bounded, and [Client.Close] waits for it. Errors from Redis
+// or the connection match [ErrRedis]; a refused connection or a name that
+// does not resolve is reported at once. A release refused by an error that
+// passes (a migrating Cluster slot, a failover, a dropped connection) is
+// sent again in the background until it lands or the lease would have
+// expired anyway. With Redis at maxmemory, leases are still renewed and
+// released and waiters kept alive; new requests are refused with
+// ErrRedis. A lease whose renewals fail ends (its Done closes) before
+// Redis can have given its permits to another; a process paused past its
+// lease learns it only when it resumes, which is what fencing tokens are
+// for. Failover can lose acknowledged writes: see [WithReplicaAck].
+//
 // Most programs use package [github.com/fairlock/fairlock/semaphore], which
 // offers counting semaphores, mutexes and read-write mutexes on top of
 // this package, and package [github.com/fairlock/fairlock/multilock] for

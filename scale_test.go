@@ -641,6 +641,11 @@ func expiredFleet(t *testing.T, e *scaleEnv, n int, capacity int64, ttl time.Dur
 // a writer's release to a crowd of readers.
 func TestScaleFastPathsMatchGeneralPath(t *testing.T) {
 	redistest.Long(t)
+	if raceEnabled {
+		// The replay's cost is Redis's; CI runs it without -race on the
+		// other servers.
+		t.Skip("the scale replays run without the race detector")
+	}
 	b := redistest.RealBackend(t)
 	t.Run("expired fleet", func(t *testing.T) {
 		fairlock.RecordAndReplay(t, b, halfrun.Transform, func() {
