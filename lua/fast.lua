@@ -32,9 +32,15 @@ local function fast_defer(clock, S, st)
   return nil
 end
 
+-- fast_expire gives key the expiry x at once (expiring's f for the fast
+-- paths; the general path buffers it with expire_at).
+local function fast_expire(key, x)
+  redis.pcall('PEXPIREAT', key, x)
+end
+
 -- fast_ttls gives the keys of K that expiring names the expiry x.
 local function fast_ttls(K, moved, idle, new_h, new_q, new_t, x)
-  expiring(K, moved, idle, new_h, new_q, new_t, function(key) redis.pcall('PEXPIREAT', key, x) end)
+  expiring(K, moved, idle, new_h, new_q, new_t, fast_expire, x)
 end
 
 -- fast_acquire takes an "acquire" or "try" a (parse_acquire) for one

@@ -205,7 +205,7 @@ local function finish_one(r)
     f[#f + 1] = at
   end
   for i = 1, #f, 2 do write('HSET', r.S, f[i], f[i + 1]) end
-  expiring(r, moved, idle, r.wrote_h, r.wrote_q, r.wrote_t, function(key) expire_at(key, at) end)
+  expiring(r, moved, idle, r.wrote_h, r.wrote_q, r.wrote_t, expire_at, at)
 end
 
 -- finish buffers every loaded resource's state and the wake-ups, then

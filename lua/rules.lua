@@ -142,18 +142,18 @@ local function keys_exp(exp, horizon, seq, idle)
   return exp
 end
 
--- expiring calls f for each of a resource's keys (K: S, Q, D, H, T) that
--- must be given the keys' expiry: every key when the expiry moved;
--- otherwise the keys a script may have created (new_h: holders added to
--- an empty :h; new_q: a waiter to an empty :q and :d; new_t: a tombstone
--- to an empty :t). An idle resource has no :q, :d or :h left.
-local function expiring(K, moved, idle, new_h, new_q, new_t, f)
-  if moved then f(K.S) end
-  if moved or new_t then f(K.T) end
+-- expiring calls f(key, x) for each of a resource's keys (K: S, Q, D, H,
+-- T) that must be given the keys' expiry x: every key when the expiry
+-- moved; otherwise the keys a script may have created (new_h: holders
+-- added to an empty :h; new_q: a waiter to an empty :q and :d; new_t: a
+-- tombstone to an empty :t). An idle resource has no :q, :d or :h left.
+local function expiring(K, moved, idle, new_h, new_q, new_t, f, x)
+  if moved then f(K.S, x) end
+  if moved or new_t then f(K.T, x) end
   if idle then return end
-  if moved or new_h then f(K.H) end
+  if moved or new_h then f(K.H, x) end
   if moved or new_q then
-    f(K.Q)
-    f(K.D)
+    f(K.Q, x)
+    f(K.D, x)
   end
 end
