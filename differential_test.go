@@ -428,8 +428,8 @@ func (p *replayPair) step(ctx context.Context, c call, step int) (any, error) {
 	if digests[0] != digests[1] {
 		a, _ := p.fast.dump(ctx, "")
 		b, _ := p.general.dump(ctx, "")
-		return nil, fmt.Errorf("%s: step %d: %s\nreply %s\nthe databases differ (fast paths on -, off +):\n%s",
-			p.backend, step, c, replies[0], lineDiff(a, b))
+		return nil, fmt.Errorf("%s: step %d: %s\nreply %s\nthe databases differ (fast paths on -, off +):\n%s\nbefore the call:\n%s",
+			p.backend, step, c, replies[0], lineDiff(a, b), before)
 	}
 	return res, nil
 }

@@ -211,7 +211,10 @@ func (l *Lease) Release(ctx context.Context) error {
 		}
 		l.released = true
 		l.finish(ErrNotHeld)
-		return opError("release", l.p.names, fmt.Errorf("%w: %w; the release is sent again in the background until it lands or the lease expires", ErrRedis, err))
+		if !errors.Is(err, ErrRedis) { // a dial error already says it
+			err = fmt.Errorf("%w: %w", ErrRedis, err)
+		}
+		return opError("release", l.p.names, fmt.Errorf("%w; the release is sent again in the background until it lands or the lease expires", err))
 	}
 	if err != nil {
 		err = fail(ctx, "release", l.p.names, err)
@@ -345,7 +348,10 @@ func (l *Lease) renew() {
 	case err == nil:
 		lost = opError("renew", l.p.names, fmt.Errorf("%w: expired", ErrLeaseLost))
 	case !time.Now().Before(deadline):
-		lost = opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: %w: %w", ErrLeaseLost, ErrRedis, err))
+		if !errors.Is(err, ErrRedis) { // a dial error already says it
+			err = fmt.Errorf("%w: %w", ErrRedis, err)
+		}
+		lost = opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: %w", ErrLeaseLost, err))
 	case l.pastCap(time.Now()):
 		atCap, l.stopped = true, true
 	default:

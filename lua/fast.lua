@@ -113,7 +113,10 @@ local function fast_release(K, a)
     if ok then
       head = redis.call('ZRANGE', K.Q, 0, 0)[1]
       local hw = head and parse_waiter(head)
-      local single = hw and not hw.parts
+      -- A head that is this very ticket (queued again while it holds: a
+      -- resent call) is left to the general path, whose grant replaces
+      -- the tombstone this release would leave.
+      local single = hw and not hw.parts and hw.ticket ~= a.ticket
       w, ok = hw, single
     end
     if ok then
