@@ -100,9 +100,7 @@ func TestPromptReleaseError(t *testing.T) {
 	if !errors.Is(err, fairlock.ErrRedis) || took > promptBound {
 		t.Errorf("Release returned after %v with %v; want an error matching ErrRedis within %v", took.Round(time.Millisecond), err, promptBound)
 	}
-	// Like "fairlock", the sentinel's text is said once. Fails until
-	// Release stops wrapping a dial error in ErrRedis a second time
-	// (/work/tools/proposals/faults/release-error-once.patch, lease.go).
+	// Like "fairlock", the sentinel's text is said once.
 	if err != nil && strings.Count(err.Error(), "redis error") != 1 {
 		t.Errorf("Release = %q; want \"redis error\" said once", err)
 	}
