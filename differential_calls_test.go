@@ -333,6 +333,37 @@ func (m *callMachine) signal(t *rapid.T) {
 	}
 }
 
+// lapse moves the clock just past the deadline of a waiter queued on a
+// holder's semaphore and has the holder release at once, before any other
+// call drops the dead waiter: the edge where a release finds the queue's
+// head (or a waiter behind it) dead, which a separate advance and release
+// reach only when no call comes between them.
+func (m *callMachine) lapse(t *rapid.T) {
+	if len(m.holding) == 0 {
+		t.Skip("no holder")
+	}
+	i := rapid.IntRange(0, len(m.holding)-1).Draw(t, "holder")
+	tk := m.holding[i]
+	s := tk.parts[rapid.IntRange(0, len(tk.parts)-1).Draw(t, "part")].sem
+	zs, err := m.pair.fast.rdb.ZRangeWithScores(m.ctx, s.base+":d", 0, 2).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ahead []int64
+	for _, z := range zs {
+		if int64(z.Score) >= m.nowMs() {
+			ahead = append(ahead, int64(z.Score))
+		}
+	}
+	if len(ahead) == 0 {
+		t.Skip("no waiter's deadline ahead")
+	}
+	at := ahead[rapid.IntRange(0, len(ahead)-1).Draw(t, "deadline")] + rapid.Int64Range(0, 1).Draw(t, "past")
+	m.now = max(m.now, at*1000+rapid.Int64Range(0, 999).Draw(t, "µs"))
+	m.exec(call{Keys: partKeys(tk.parts), Args: releaseArgs("release", tk, tk.p.lease)})
+	m.holding = slices.Delete(m.holding, i, i+1)
+}
+
 // resend sends one of the last calls again, now.
 func (m *callMachine) resend(t *rapid.T) {
 	if len(m.sent) == 0 {
@@ -413,6 +444,7 @@ func runCallMachine(rt *rapid.T, pair *replayPair) int {
 		"wait":        m.condWait,
 		"signal":      m.signal,
 		"resend":      m.resend,
+		"lapse":       m.lapse,
 		"advance":     m.advance,
 		"":            func(*rapid.T) {},
 	})
