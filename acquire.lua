@@ -28,12 +28,12 @@
 local a = parse_acquire(ARGV, math.floor(#KEYS / 5))
 -- One semaphore takes the fast path when it can; fast_acquire returns nil,
 -- having written nothing, when the general path below must decide.
-if FAST_PATHS and #KEYS == 5 and a.group == '' then
-  local out = fast_acquire(resource_keys(nil, KEYS, 1), a)
+if FAST_PATHS and #KEYS == 5 and a[GROUP] == '' then
+  local out = fast_acquire(KEYS, a)
   if out then return out end
 end
 begin(KEYS)
-local ticket, client, lease, wait = a.ticket, a.client, a.lease, a.wait
+local ticket, client, lease, wait = a[TICKET], a[CLIENT], a[LEASE], a[WAIT]
 local rs = declared(ticket)
 
 -- granted returns the reply for a ticket granted on every resource: its
@@ -48,7 +48,7 @@ local function granted(code)
       at = now + grant_ttl(lease, wait, true)
     else
       ts = r.grant
-      at = ts and tonumber(redis.call('ZSCORE', r.H, holder_member(ticket, num(a.want[i]), client, ts)))
+      at = ts and tonumber(redis.call('ZSCORE', r.H, holder_member(ticket, num(want_of(a, i)), client, ts)))
     end
     if not alive(at) then
       exp = 0
@@ -68,9 +68,10 @@ local g = rs[1].grant
 if is_tomb(g) then return { 4 } end
 if g and g ~= QUEUED then return granted(3) end
 
-local want = a.want
+local want = {}
 for i, r in ipairs(rs) do
-  local capacity = a.caps[i]
+  want[i] = want_of(a, i)
+  local capacity = cap_of(a, i)
   if r.cap and r.cap ~= capacity and (r.nh > 0 or r.nq > 0) then
     -- The users of the stored capacity may all be gone: leases expired,
     -- waiters dead. Look before refusing.
@@ -90,7 +91,7 @@ end
 
 local members = {}
 for i in ipairs(rs) do
-  members[i] = waiter_member(ticket, want[i], client, lease, wait, a.group)
+  members[i] = waiter_member(ticket, want[i], client, lease, wait, a[GROUP])
 end
 if g == QUEUED then
   -- A resend of a call that queued the ticket: keep it where it is.
@@ -134,7 +135,7 @@ if free then
   finish()
   return out
 end
-if a.op == 'try' then
+if a[OP] == 'try' then
   finish()
   return { 0 }
 end

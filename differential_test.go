@@ -146,11 +146,14 @@ func recording(logKey string, inner func(string) string) func(string) string {
 		if inner != nil {
 			src = inner(src)
 		}
-		prelude := fmt.Sprintf(`local __rec_done = false
+		// ARGV is copied as it arrives: the scripts' parsers convert its
+		// numbers in place.
+		prelude := fmt.Sprintf(`local __rec_done, __rec_argv = false, {}
+for i, v in ipairs(ARGV) do __rec_argv[i] = v end
 local function __rec_time(cmd, res)
   if cmd == 'TIME' and not __rec_done and type(res) == 'table' and not res.err then
     __rec_done = true
-    redis.call('RPUSH', %q, cjson.encode({ s = %q, k = KEYS, a = ARGV, t = res }))
+    redis.call('RPUSH', %q, cjson.encode({ s = %q, k = KEYS, a = __rec_argv, t = res }))
   end
   return res
 end

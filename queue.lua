@@ -103,11 +103,18 @@
 
 -- Lua 5.1 (Redis, Valkey) has unpack; Lua 5.4 (Dragonfly) has table.unpack.
 local unpack = unpack or table.unpack
+-- The scripts' most called built-ins, as locals (a global is a table
+-- look-up at every use).
+local tonumber, format = tonumber, string.format
 
 local BUDGET = 400     -- grants, purges and drops one script may make
 local CHUNK = 256      -- arguments of one write call (even: pairs stay whole)
 local PAGE = 64        -- queue members read at once after the first
 local TOMB_MS = 20000  -- a tombstone lives between half this and this
+
+-- A resource's five keys, in the order KEYS declares them (see above), by
+-- name: <b>:s, <b>:q, <b>:d, <b>:h, <b>:t.
+local KS, KQ, KD, KH, KT = 1, 2, 3, 4, 5
 
 -- The state of one call, set by begin. The definitions below are made once
 -- per server (at the first call of the function library, see functions.go)
@@ -157,7 +164,7 @@ end
 -- num formats an integer-valued number (or numeric string) without
 -- exponent notation.
 local function num(x)
-  return string.format('%d', x)
+  return format('%d', x)
 end
 
 -- The write buffer: writes in order, consecutive ones of one command to one

@@ -34,30 +34,34 @@
 --              answers 1 and does nothing.
 
 local nres = math.floor(#KEYS / 5)
-local a = parse_release(ARGV, nres)
 -- A release on one semaphore takes the fast path when it can;
 -- fast_release returns nil, having written nothing, when the general path
--- below must decide.
-if FAST_PATHS and a.op == 'release' and #KEYS == 5 and a.group == '' then
-  local out = fast_release(resource_keys(nil, KEYS, 1), a)
+-- below must decide. It reads none of the numbers parse_release converts.
+if FAST_PATHS and ARGV[OP] == 'release' and #KEYS == 5 and ARGV[GROUP] == '' then
+  local out = fast_release(KEYS, ARGV)
   if out then return out end
 end
+local a = parse_release(ARGV, nres)
 -- A call about a condition variable declares its two keys after the
 -- resources': begin returns them.
 local ckeys = begin(KEYS)
 
-local op, ticket, client, lease, wait, group = a.op, a.ticket, a.client, a.lease, a.wait, a.group
-local announced = a.announced
+local op, ticket, client, lease, wait, group = a[OP], a[TICKET], a[CLIENT], a[LEASE], a[WAIT], a[GROUP]
+local announced = is_announced(a)
+local fresh, cond = wait_args(a, nres)
 local rs = declared(ticket)
-local parts = a.parts
-for i, r in ipairs(rs) do parts[i].r = r end
+local parts = {}
+for i, r in ipairs(rs) do
+  local n, ns, ts = part_of(a, i)
+  parts[i] = { r = r, n = n, ns = ns, ts = ts }
+end
 local result = 0
 
 local cv
 if op == 'wait' then
-  cv = cond_load(rs[1], a.cond, ckeys[1], ckeys[2])
+  cv = cond_load(rs[1], cond, ckeys[1], ckeys[2])
   -- A resend: the first run made the new ticket wait (or more since).
-  if redis.call('HEXISTS', rs[1].S, a.fresh) == 1 then return { 1, 0, now, -1 } end
+  if redis.call('HEXISTS', rs[1].S, fresh) == 1 then return { 1, 0, now, -1 } end
   if cv.off then return redis.error_reply('FAIRLOCK_COND_UNREACHABLE') end
 end
 
@@ -116,7 +120,7 @@ if result == 0 then
     if op == 'leave' then result = 2 end
     if op == 'wait' then
       local p = parts[1]
-      cond_add(p.r, cv, a.fresh, p.ns, client, lease, wait)
+      cond_add(p.r, cv, fresh, p.ns, client, lease, wait)
     end
   elseif op == 'release' then
     -- A resent release: its first run released every part.

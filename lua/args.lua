@@ -1,35 +1,55 @@
 -- args.lua: the arguments of the ops that both a fast path and the
--- general path serve, each parsed here only (acquire.lua and release.lua
--- document them).
+-- general path serve, each read here only (acquire.lua and release.lua
+-- document them). A parser converts ARGV's numbers in place and returns
+-- ARGV, read by the names and functions below: a table built for the
+-- arguments would cost the fast paths more than the rest of their reading.
+
+-- The leading arguments of acquire and release, by name.
+local OP, TICKET, CLIENT, LEASE, WAIT, GROUP, ANNOUNCED = 1, 2, 3, 4, 5, 6, 7
 
 -- parse_acquire reads an "acquire" or "try" for nres resources: op,
 -- ticket, client, leaseMs, waiterMs, group, then permits and capacity for
--- each resource. A number that does not parse is nil.
+-- each resource (want_of, cap_of). A number that does not parse is nil.
 local function parse_acquire(A, nres)
-  local a = {
-    op = A[1], ticket = A[2], client = A[3], lease = tonumber(A[4]), wait = tonumber(A[5]),
-    group = A[6], want = {}, caps = {},
-  }
-  for i = 1, nres do
-    a.want[i] = tonumber(A[5 + 2 * i])
-    a.caps[i] = tonumber(A[6 + 2 * i])
-  end
-  return a
+  A[LEASE], A[WAIT] = tonumber(A[LEASE]), tonumber(A[WAIT])
+  for i = 7, 6 + 2 * nres do A[i] = tonumber(A[i]) end
+  return A
+end
+
+-- want_of returns the permits acquire a asks of its i-th resource; cap_of
+-- the capacity it gives that resource.
+local function want_of(a, i)
+  return a[5 + 2 * i]
+end
+local function cap_of(a, i)
+  return a[6 + 2 * i]
 end
 
 -- parse_release reads a "release", "renew", "leave" or "wait" for nres
 -- resources: op, ticket, client, leaseMs, waiterMs, group, announced, then
--- permits and token for each resource (as the client formats them, which
--- is how the scripts format them: they serve in members as they are);
--- "wait" adds the new ticket and the condition's name.
+-- permits and token for each resource (part_of); "wait" adds the new
+-- ticket and the condition's name (wait_args).
 local function parse_release(A, nres)
-  local a = {
-    op = A[1], ticket = A[2], client = A[3], lease = tonumber(A[4]), wait = tonumber(A[5]),
-    group = A[6], announced = A[7] == '1', parts = {},
-  }
-  for i = 1, nres do
-    a.parts[i] = { n = tonumber(A[6 + 2 * i]), ns = A[6 + 2 * i], ts = A[7 + 2 * i] }
-  end
-  a.fresh, a.cond = A[8 + 2 * nres], A[9 + 2 * nres]
-  return a
+  A[LEASE], A[WAIT] = tonumber(A[LEASE]), tonumber(A[WAIT])
+  return A
+end
+
+-- part_of returns what release a says of its i-th resource: the permits
+-- (nil if they do not parse), the permits as the client formats them
+-- (which is how the scripts format them: they serve in members as they
+-- are), and the lease's token.
+local function part_of(a, i)
+  local ns = a[6 + 2 * i]
+  return tonumber(ns), ns, a[7 + 2 * i]
+end
+
+-- is_announced reports whether release a is about a grant announced on a
+-- wake list that its process has not confirmed yet.
+local function is_announced(a)
+  return a[ANNOUNCED] == '1'
+end
+
+-- wait_args returns a "wait"'s new ticket and condition name.
+local function wait_args(a, nres)
+  return a[8 + 2 * nres], a[9 + 2 * nres]
 end

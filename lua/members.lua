@@ -60,27 +60,34 @@ local function base_of(S)
   return string.sub(S, 1, -3)
 end
 
--- resource_keys names the five keys of the resource whose keys start
--- with base, or, given KEYS and k, those declared at KEYS[k..k+4].
+-- resource_keys returns the five keys (indexed by KS...KT) of the resource
+-- whose keys start with base, or, given KEYS and k, those declared at
+-- KEYS[k..k+4]. A call on one resource passes KEYS itself.
 local function resource_keys(base, K, k)
-  if K then return { S = K[k], Q = K[k + 1], D = K[k + 2], H = K[k + 3], T = K[k + 4] } end
-  return { S = base .. ':s', Q = base .. ':q', D = base .. ':d', H = base .. ':h', T = base .. ':t' }
+  if K then return { K[k], K[k + 1], K[k + 2], K[k + 3], K[k + 4] } end
+  return { base .. ':s', base .. ':q', base .. ':d', base .. ':h', base .. ':t' }
 end
 
+-- The fields of a resource's state row (read_state), by name.
+local CAP, USED, NH, NQ, SEQ, EXP, TNEXT, HMIN, DMIN, NC, MARK = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
+
 -- read_state reads resource state hash S, and ticket's mark in it when
--- ticket is given, into a row of named fields: cap (nil: unknown), used,
--- nh, nq, seq, exp, tnext, nc, hmin and dmin (as stored: nil unknown),
--- mark (the ticket's field: a token, a mark, or false).
+-- ticket is given, into a row indexed by the names above: CAP (nil:
+-- unknown), USED, NH, NQ, SEQ, EXP, TNEXT, NC, HMIN and DMIN (as stored:
+-- nil unknown), MARK (the ticket's field: a token, a mark, or false). The
+-- row is HMGET's reply converted in place: the fast paths read it on
+-- every call, and a table built with named fields costs more than the
+-- rest of their reading.
 local function read_state(S, ticket)
-  local f
+  local st
   if ticket then
-    f = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', ticket)
+    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', ticket)
   else
-    f = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc')
+    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc')
   end
-  return {
-    cap = tonumber(f[1]), used = tonumber(f[2]) or 0, nh = tonumber(f[3]) or 0, nq = tonumber(f[4]) or 0,
-    seq = tonumber(f[5]) or 0, exp = tonumber(f[6]) or 0, tnext = tonumber(f[7]),
-    hmin = tonumber(f[8]), dmin = tonumber(f[9]), nc = tonumber(f[10]) or 0, mark = f[11] or false,
-  }
+  -- Literal indexes: the names above, which every reader uses.
+  st[1], st[2], st[3], st[4] = tonumber(st[1]), tonumber(st[2]) or 0, tonumber(st[3]) or 0, tonumber(st[4]) or 0
+  st[5], st[6], st[7], st[8] = tonumber(st[5]) or 0, tonumber(st[6]) or 0, tonumber(st[7]), tonumber(st[8])
+  st[9], st[10], st[11] = tonumber(st[9]), tonumber(st[10]) or 0, st[11] or false
+  return st
 end

@@ -32,7 +32,7 @@ local function load(base, k, ticket)
     K = resource_keys(base, keys, k)
   else
     K = resource_keys(base)
-    local probe = redis.pcall('EXISTS', K.S, K.Q, K.D, K.H, K.T)
+    local probe = redis.pcall('EXISTS', K[KS], K[KQ], K[KD], K[KH], K[KT])
     if type(probe) == 'table' and probe.err then
       r = { base = base, off = true, nq = 0, nh = 0, used = 0 }
       by_base[base] = r
@@ -40,23 +40,23 @@ local function load(base, k, ticket)
     end
   end
   local st
-  if ticket and pre_call and pre_call.S == K.S then
+  if ticket and pre_call and pre_call.S == K[KS] then
     st = pre_call.st -- read by a fast path that deferred to this one
   else
-    st = read_state(K.S, ticket)
+    st = read_state(K[KS], ticket)
   end
   -- One constructor with every field: growing a table field by field
   -- costs more than the rest of this function.
   r = {
-    base = base, S = K.S, Q = K.Q, D = K.D, H = K.H, T = K.T, grant = st.mark,
-    cap = st.cap, used = st.used, nh = st.nh, nq = st.nq, seq = st.seq, exp = st.exp,
-    nc = st.nc, nc0 = st.nc, conds = {}, conds_by = {}, -- condition waiters; conditions loaded (cond_load)
-    tnext = st.tnext, had_t = (st.tnext or 0) > 0,
+    base = base, keys = K, S = K[KS], Q = K[KQ], D = K[KD], H = K[KH], T = K[KT], grant = st[MARK],
+    cap = st[CAP], used = st[USED], nh = st[NH], nq = st[NQ], seq = st[SEQ], exp = st[EXP],
+    nc = st[NC], nc0 = st[NC], conds = {}, conds_by = {}, -- condition waiters; conditions loaded (cond_load)
+    tnext = st[TNEXT], had_t = (st[TNEXT] or 0) > 0,
     -- Bounds (see bound_of): nil unknown, math.huge nothing there.
     -- hbuf, dbuf: the earliest score this script adds (buffered).
-    hmin = bound_of(st.hmin, st.nh), dmin = bound_of(st.dmin, st.nq), hbuf = math.huge, dbuf = math.huge,
+    hmin = bound_of(st[HMIN], st[NH]), dmin = bound_of(st[DMIN], st[NQ]), hbuf = math.huge, dbuf = math.huge,
     -- as read, to write back only what changed
-    used0 = st.used, nh0 = st.nh, nq0 = st.nq, seq0 = st.seq, hmin0 = st.hmin, dmin0 = st.dmin,
+    used0 = st[USED], nh0 = st[NH], nq0 = st[NQ], seq0 = st[SEQ], hmin0 = st[HMIN], dmin0 = st[DMIN],
     horizon = 0, -- latest deadline written by this script
     -- Keys this script added members to, which may have been created (or
     -- emptied and created again) here and so have no TTL yet.
@@ -145,8 +145,8 @@ end
 -- put adds field = v to the field list f when v differs from v0.
 local function put(f, field, v, v0)
   if v ~= v0 then
-    f[#f + 1] = field
-    f[#f + 1] = num(v)
+    local k = #f
+    f[k + 1], f[k + 2] = field, num(v)
   end
 end
 
@@ -205,7 +205,7 @@ local function finish_one(r)
     f[#f + 1] = at
   end
   for i = 1, #f, 2 do write('HSET', r.S, f[i], f[i + 1]) end
-  expiring(r, moved, idle, r.wrote_h, r.wrote_q, r.wrote_t, expire_at, at)
+  expiring(r.keys, moved, idle, r.wrote_h, r.wrote_q, r.wrote_t, expire_at, at)
 end
 
 -- finish buffers every loaded resource's state and the wake-ups, then

@@ -29,12 +29,12 @@ local function nothing_due(bound)
   return bound ~= nil and not due(bound)
 end
 
--- bound_of reads a stored bound (hmin or dmin) of a zset of count
--- members: nothing is due in an empty one (a bound left from before is
--- stale); an unknown bound is nil.
+-- bound_of reads a stored bound (hmin or dmin, as the state row holds
+-- it) of a zset of count members: nothing is due in an empty one (a bound
+-- left from before is stale); an unknown bound is nil.
 local function bound_of(stored, count)
   if count <= 0 then return math.huge end
-  return tonumber(stored)
+  return stored
 end
 
 -- lowered returns bound once a member with time at is added: lowered to
@@ -142,18 +142,18 @@ local function keys_exp(exp, horizon, seq, idle)
   return exp
 end
 
--- expiring calls f(key, x) for each of a resource's keys (K: S, Q, D, H,
--- T) that must be given the keys' expiry x: every key when the expiry
+-- expiring calls f(key, x) for each of a resource's keys (K, indexed by
+-- KS...KT) that must be given the keys' expiry x: every key when the expiry
 -- moved; otherwise the keys a script may have created (new_h: holders
 -- added to an empty :h; new_q: a waiter to an empty :q and :d; new_t: a
 -- tombstone to an empty :t). An idle resource has no :q, :d or :h left.
 local function expiring(K, moved, idle, new_h, new_q, new_t, f, x)
-  if moved then f(K.S, x) end
-  if moved or new_t then f(K.T, x) end
+  if moved then f(K[KS], x) end
+  if moved or new_t then f(K[KT], x) end
   if idle then return end
-  if moved or new_h then f(K.H, x) end
+  if moved or new_h then f(K[KH], x) end
   if moved or new_q then
-    f(K.Q, x)
-    f(K.D, x)
+    f(K[KQ], x)
+    f(K[KD], x)
   end
 end
