@@ -32,10 +32,10 @@ local function fast_defer(clock, S, st)
   return nil
 end
 
--- fast_expire gives key the expiry x at once (expiring's f for the fast
--- paths; the general path buffers it with expire_at).
-local function fast_expire(key, x)
-  redis.pcall('PEXPIREAT', key, x)
+-- fast_expire gives key the expiry at (ms) at once (expiring's f for the
+-- fast paths; the general path buffers it with expire_at).
+local function fast_expire(key, at)
+  redis.pcall('PEXPIREAT', key, num(at))
 end
 
 -- fast_acquire takes an "acquire" or "try" a (parse_acquire) for one
@@ -80,12 +80,11 @@ local function fast_acquire(K, a)
   local low = lowered(bound, at)
   put(f, name, low, bound)
   local exp = keys_exp(exp0, at, seq, false)
-  local x = num(exp)
   put(f, 'exp', exp, exp0)
   if not grant then redis.call('ZADD', K[KQ], ts, member) end
   redis.call('ZADD', zkey, num(at), member)
   redis.call('HSET', S, unpack(f))
-  expiring(K, exp ~= exp0, false, grant and nh <= 0, not grant and nq <= 0, false, fast_expire, x)
+  expiring(K, exp ~= exp0, false, grant and nh <= 0, not grant and nq <= 0, false, fast_expire, exp)
   if grant then return { 1, now, at, ts } end
   -- The next event, as next_event reports it: neither bound is due.
   return { 2, now, math.min(hmin, low) - now }
@@ -153,7 +152,6 @@ local function fast_release(K, a)
   if tn then put(f, 'tnext', tn, nil) end
   local idle = not w and is_idle(nh - 1, nq, st[NC])
   local exp = keys_exp(exp0, horizon, seq, idle)
-  local x = num(exp)
   put(f, 'exp', exp, exp0)
   redis.call('ZADD', K[KT], num(untl), ticket)
   local list
@@ -170,6 +168,6 @@ local function fast_release(K, a)
     redis.call('ZREM', K[KD], head)
     redis.pcall('PEXPIRE', list, ttl)
   end
-  expiring(K, exp ~= exp0, idle, false, false, (st[TNEXT] or 0) <= 0, fast_expire, x)
+  expiring(K, exp ~= exp0, idle, false, false, (st[TNEXT] or 0) <= 0, fast_expire, exp)
   return { 1, 0 }
 end
