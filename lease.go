@@ -145,7 +145,37 @@ func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 // [ErrNotHeld] once released, an error matching [ErrLeaseLost] if it was
 // lost (also matching [ErrMaxHold] if it reached its cap on holding), or
 // [ErrClosed] if its client was closed.
-func (l *Lease) Err() error { return context.Cause(l.ctx) }
+//
+// Err reads the clock: once the time by which Redis may have expired the
+// lease has passed without a renewal, Err ends the lease as lost, even if
+// the timers that would have ended it have not run yet (say, the process
+// was stopped past the lease's TTL and has just resumed). So nil from Err
+// means the lease was live in Redis when Err was called.
+func (l *Lease) Err() error {
+	if err := context.Cause(l.ctx); err != nil {
+		return err
+	}
+	l.lapse(time.Now())
+	return context.Cause(l.ctx)
+}
+
+// lapse ends the lease as lost if now is past its deadline, whatever its
+// renewal is doing: a renewal in flight is abandoned (its answer ignored,
+// as renew ignores one that comes after the deadline), and one still
+// scheduled returns at once when it runs. It takes no lock of the
+// scheduler's, so it works while the scheduler's timers are held up.
+func (l *Lease) lapse(now time.Time) {
+	l.rmu.Lock()
+	if l.stopped || now.Before(l.deadline) {
+		l.rmu.Unlock()
+		return
+	}
+	deadline := l.deadline
+	l.stopped = true
+	l.halt()
+	l.rmu.Unlock()
+	l.finish(opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: its deadline passed %v ago", ErrLeaseLost, now.Sub(deadline).Round(time.Millisecond))))
+}
 
 // Release frees the lease's permits, of all its semaphores at once, and
 // hands them to the next waiters. It stops renewal before it returns. It returns an error matching
