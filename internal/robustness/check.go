@@ -3,6 +3,7 @@ package robustness
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -94,11 +95,17 @@ type Limits struct {
 
 // Result is what Check found.
 type Result struct {
-	Acquired   int // leases granted
-	StoreOps   int // reads and writes the store answered
-	Refused    int // reads and writes the store refused (fenced rejections)
-	Errors     int // fairlock calls that failed (any error)
+	Acquired int // leases granted
+	StoreOps int // reads and writes the store answered
+	Refused  int // reads and writes the store refused (fenced rejections)
+	Errors   int // fairlock calls that failed (any error)
+	// ErrorKinds counts the failed calls by call and kind of error.
+	ErrorKinds map[string]int
 	Lost       int // leases the child saw lost before releasing
+	// MaxLate is the latest any fairlock call returned after its deadline
+	// (0 when all returned before), calls across a pause of their process
+	// left out.
+	MaxLate    time.Duration
 	Violations []string
 }
 
@@ -132,6 +139,10 @@ func Check(h History, finals map[string]Final, pauses []Pause, lim Limits) Resul
 		case "acquire", "release":
 			if op.Err != "" {
 				res.Errors++
+				if res.ErrorKinds == nil {
+					res.ErrorKinds = map[string]int{}
+				}
+				res.ErrorKinds[op.Kind+" "+op.Class]++
 			}
 			checkDeadline(&res, op, pauses, lim.Slack)
 		}
@@ -152,13 +163,13 @@ func Check(h History, finals map[string]Final, pauses []Pause, lim Limits) Resul
 			res.violate("lost update on %s: final value %d, %d writes accepted by the store, %d in the history", name, f.Value, f.Writes, writes[name])
 		}
 	}
-	checkCapacity(&res, h.Leases)
+	checkCapacity(&res, h.Leases, pauses)
 	checkTokens(&res, h.Leases)
 	return res
 }
 
 func checkDeadline(res *Result, op Op, pauses []Pause, slack time.Duration) {
-	if op.Deadline == 0 || op.Return <= op.Deadline+slack.Microseconds() {
+	if op.Deadline == 0 || op.Return <= op.Deadline {
 		return
 	}
 	for _, p := range pauses {
@@ -166,22 +177,58 @@ func checkDeadline(res *Result, op Op, pauses []Pause, slack time.Duration) {
 			return // the child was stopped during the call
 		}
 	}
-	res.violate("%s by client %d returned %v after its deadline (err %q)", op.Kind, op.Client,
-		time.Duration(op.Return-op.Deadline)*time.Microsecond, op.Err)
+	late := time.Duration(op.Return-op.Deadline) * time.Microsecond
+	res.MaxLate = max(res.MaxLate, late)
+	if late <= slack {
+		return
+	}
+	res.violate("%s by client %d returned %v after its deadline (err %q)", op.Kind, op.Client, late, op.Err)
 }
+
+// resumedLive marks a capacity violation in which a lease's last evidence
+// of being live is Lease.Err reading nil just after its process resumed
+// from a stop past the lease's end: the lease's timers had not yet run.
+const resumedLive = "a lease read live by Err just after its process resumed"
 
 // span is one lease's certainly-live span on one semaphore.
 type span struct {
 	asked, start, live int64
 	permits, tok       int64
 	client             int
+	// resumed: the last live mark came within a second after its process
+	// was resumed from a pause.
+	resumed bool
 }
 
-func bySemaphore(leases []Lease) (map[string][]span, map[string]int64) {
+// lastLive returns the latest time at which l was certainly live: the
+// first time of its last mark not straddling a pause of its child; 0 when
+// there is none.
+func lastLive(l Lease, pauses []Pause) (last int64, resumed bool) {
+	for _, m := range l.Marks {
+		ok := true
+		for _, p := range pauses {
+			if p.Child == l.Child && p.From <= m[1] && m[0] <= p.Till {
+				ok = false
+			}
+		}
+		if ok {
+			last = max(last, m[0])
+		}
+	}
+	for _, p := range pauses {
+		if p.Child == l.Child && p.Till <= last && last < p.Till+time.Second.Microseconds() {
+			resumed = true
+		}
+	}
+	return last, resumed
+}
+
+func bySemaphore(leases []Lease, pauses []Pause) (map[string][]span, map[string]int64) {
 	spans, caps := map[string][]span{}, map[string]int64{}
 	for _, l := range leases {
+		live, resumed := lastLive(l, pauses)
 		for _, p := range l.Parts {
-			spans[p.Name] = append(spans[p.Name], span{asked: l.Asked, start: l.Start, live: l.LastLive,
+			spans[p.Name] = append(spans[p.Name], span{asked: l.Asked, start: l.Start, live: live, resumed: resumed,
 				permits: p.Permits, tok: p.Token, client: l.Client})
 			caps[p.Name] = p.Capacity
 		}
@@ -191,20 +238,20 @@ func bySemaphore(leases []Lease) (map[string][]span, map[string]int64) {
 
 // checkCapacity sweeps each semaphore's certainly-live spans: the permits
 // of spans open at once may not exceed the capacity. A span runs from
-// Acquire's return (after the grant) to the lease's LastLive (before its
-// end in Redis), so it lies inside the lease's life by Redis's clock,
+// Acquire's return (after the grant) to the lease's last live mark (before
+// its end in Redis), so it lies inside the lease's life by Redis's clock,
 // which on one host is the clock the children read.
-func checkCapacity(res *Result, leases []Lease) {
-	spans, caps := bySemaphore(leases)
+func checkCapacity(res *Result, leases []Lease, pauses []Pause) {
+	spans, caps := bySemaphore(leases, pauses)
 	for name, ss := range spans {
 		type edge struct {
 			at, d int64
-			tok   int64
+			s     span
 		}
 		var es []edge
 		for _, s := range ss {
 			if s.live > s.start {
-				es = append(es, edge{s.start, s.permits, s.tok}, edge{s.live, -s.permits, s.tok})
+				es = append(es, edge{s.start, s.permits, s}, edge{s.live, -s.permits, s})
 			}
 		}
 		// Ends before starts at one instant: spans that touch do not overlap.
@@ -215,11 +262,24 @@ func checkCapacity(res *Result, leases []Lease) {
 			return es[i].d < es[j].d
 		})
 		var used int64
+		open := map[span]bool{}
 		for _, e := range es {
 			used += e.d
+			open[e.s] = e.d > 0
 			if used > caps[name] {
-				res.violate("capacity of %s exceeded: %d permits held at %d (cap %d, a lease with token %d entering)",
-					name, used, e.at, caps[name], e.tok)
+				var held []string
+				why := ""
+				for s, ok := range open {
+					if ok {
+						held = append(held, fmt.Sprintf("client %d token %d (%d permits) live %d..%d", s.client, s.tok, s.permits, s.start, s.live))
+						if s.resumed {
+							why = " (" + resumedLive + ")"
+						}
+					}
+				}
+				sort.Strings(held)
+				res.violate("capacity of %s exceeded%s: %d permits held at %d (cap %d): %s",
+					name, why, used, e.at, caps[name], strings.Join(held, "; "))
 				break
 			}
 		}
@@ -230,7 +290,7 @@ func checkCapacity(res *Result, leases []Lease) {
 // grants are wherever the order is known (one lease's Acquire returned
 // before another's was called).
 func checkTokens(res *Result, leases []Lease) {
-	spans, _ := bySemaphore(leases)
+	spans, _ := bySemaphore(leases, nil)
 	for name, ss := range spans {
 		seen := map[int64]int{}
 		for _, s := range ss {

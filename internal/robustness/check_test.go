@@ -74,7 +74,7 @@ func TestCheckLinearizability(t *testing.T) {
 }
 
 func lease(client int, asked, start, live int64, parts ...Part) Lease {
-	return Lease{Client: client, Asked: asked, Start: start, LastLive: live, Parts: parts}
+	return Lease{Client: client, Asked: asked, Start: start, Marks: [][2]int64{{live, live}}, Parts: parts}
 }
 
 func TestCheckLeases(t *testing.T) {
@@ -83,19 +83,26 @@ func TestCheckLeases(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		leases []Lease
+		pauses []Pause
 		want   string
 	}{
-		{"one after another", []Lease{lease(1, 0, 10, 20, mx(1)), lease(2, 5, 20, 30, mx(2))}, ""},
-		{"overlapping mutex holders", []Lease{lease(1, 0, 10, 20, mx(1)), lease(2, 5, 19, 30, mx(2))}, "capacity of m"},
-		{"semaphore at capacity", []Lease{lease(1, 0, 10, 20, sem(2, 1)), lease(2, 0, 11, 30, sem(1, 2))}, ""},
-		{"semaphore past capacity", []Lease{lease(1, 0, 10, 20, sem(2, 1)), lease(2, 0, 11, 30, sem(2, 2))}, "capacity of s"},
-		{"a token twice", []Lease{lease(1, 0, 10, 20, mx(1)), lease(2, 5, 21, 30, mx(1))}, "granted twice"},
-		{"a token lower after", []Lease{lease(1, 0, 10, 20, mx(2)), lease(2, 11, 21, 30, mx(1))}, "went back"},
+		{"one after another", []Lease{lease(1, 0, 10, 20, mx(1)), lease(2, 5, 20, 30, mx(2))}, nil, ""},
+		{"overlapping mutex holders", []Lease{lease(1, 0, 10, 20, mx(1)), lease(2, 5, 19, 30, mx(2))}, nil, "capacity of m"},
+		// Client 1 was stopped across its mark at 20: its lease may have
+		// ended during the stop, before its timers could say so.
+		{"a mark across a pause", []Lease{lease(1, 0, 10, 20, mx(1)), lease(2, 5, 19, 30, mx(2))},
+			[]Pause{{Child: 0, From: 18, Till: 25}}, ""},
+		{"a pause of another child", []Lease{lease(1, 0, 10, 20, mx(1)), {Child: 1, Client: 2, Asked: 5, Start: 19, Marks: [][2]int64{{30, 30}}, Parts: []Part{mx(2)}}},
+			[]Pause{{Child: 1, From: 18, Till: 25}}, "capacity of m"},
+		{"semaphore at capacity", []Lease{lease(1, 0, 10, 20, sem(2, 1)), lease(2, 0, 11, 30, sem(1, 2))}, nil, ""},
+		{"semaphore past capacity", []Lease{lease(1, 0, 10, 20, sem(2, 1)), lease(2, 0, 11, 30, sem(2, 2))}, nil, "capacity of s"},
+		{"a token twice", []Lease{lease(1, 0, 10, 20, mx(1)), lease(2, 5, 21, 30, mx(1))}, nil, "granted twice"},
+		{"a token lower after", []Lease{lease(1, 0, 10, 20, mx(2)), lease(2, 11, 21, 30, mx(1))}, nil, "went back"},
 		// Asked before the other's grant returned: the order is unknown.
-		{"concurrent asks in any order", []Lease{lease(1, 0, 10, 20, mx(2)), lease(2, 5, 21, 30, mx(1))}, ""},
+		{"concurrent asks in any order", []Lease{lease(1, 0, 10, 20, mx(2)), lease(2, 5, 21, 30, mx(1))}, nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res := Check(History{Leases: tc.leases}, nil, nil, lim)
+			res := Check(History{Leases: tc.leases}, nil, tc.pauses, lim)
 			if tc.want == "" && len(res.Violations) > 0 {
 				t.Errorf("violations %q, want none", res.Violations)
 			}

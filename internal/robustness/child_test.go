@@ -182,7 +182,7 @@ func (w *worker) acquire(f func(context.Context) (*fairlock.Lease, error)) (*fai
 	l, err := f(ctx)
 	op.Return = now()
 	if err != nil {
-		op.Err = err.Error()
+		op.Err, op.Class = err.Error(), classify(err)
 	}
 	w.record(record{Op: &op})
 	return l, err
@@ -208,15 +208,15 @@ func (w *worker) round(traffic func(*worker) (*fairlock.Lease, []string, []strin
 		}
 		return l.Token()
 	}
-	// live notes the clock, then checks the lease: if it is still held,
-	// Redis held it at the noted time.
+	// live notes the clock, checks the lease, and notes the clock again:
+	// if it is still held, Redis held it at the first time (see Marks).
 	live := func() bool {
 		t := now()
 		if l.Err() != nil {
 			rec.Lost = true
 			return false
 		}
-		rec.LastLive = t
+		rec.Marks = append(rec.Marks, [2]int64{t, now()})
 		return true
 	}
 	ok := live()
@@ -249,7 +249,7 @@ func (w *worker) round(traffic func(*worker) (*fairlock.Lease, []string, []strin
 	cancel()
 	op.Return = now()
 	if err != nil {
-		op.Err = err.Error()
+		op.Err, op.Class = err.Error(), classify(err)
 		if errors.Is(err, fairlock.ErrLeaseLost) {
 			rec.Lost = true
 		}
@@ -278,4 +278,22 @@ func (w *worker) storeOp(op Op) (Reply, error) {
 	}
 	w.record(record{Op: &op})
 	return rep, err
+}
+
+// classify names the kind of a fairlock error, for the report.
+func classify(err error) string {
+	for _, k := range []struct {
+		name string
+		err  error
+	}{
+		{"deadline", context.DeadlineExceeded},
+		{"lease-lost", fairlock.ErrLeaseLost},
+		{"not-replicated", fairlock.ErrNotReplicated},
+		{"redis", fairlock.ErrRedis},
+	} {
+		if errors.Is(err, k.err) {
+			return k.name
+		}
+	}
+	return "other"
 }

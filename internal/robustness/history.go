@@ -22,6 +22,7 @@ type Op struct {
 	To     int64  `json:"to,omitempty"`
 	Reply
 	Err      string `json:"err,omitempty"`
+	Class    string `json:"class,omitempty"` // the error's kind (see classify)
 	Call     int64  `json:"call"`
 	Return   int64  `json:"return"`
 	Deadline int64  `json:"deadline,omitempty"` // the call's context deadline (acquire, release)
@@ -36,11 +37,13 @@ type Lease struct {
 	// Asked is when Acquire was called, Start when it returned: the grant
 	// lies between them.
 	Asked, Start int64
-	// LastLive is the latest time at which the lease was certainly live:
-	// the child read the clock, then found Lease.Err nil. A lease's Done
-	// closes before Redis can give its permits to another, so Redis held
-	// it at LastLive.
-	LastLive int64
+	// Marks are the child's checks that the lease was live: it read the
+	// clock (the first time), found Lease.Err nil, and read the clock
+	// again. A lease's Done closes before Redis can give its permits to
+	// another, so Redis held the lease at a mark's first time, unless the
+	// process was stopped between the two readings (its timers could not
+	// close Done): Check drops the marks that straddle a pause.
+	Marks [][2]int64 `json:"marks"`
 	// Lost says the child saw the lease end before it released it (Err
 	// not nil, or Release reporting ErrLeaseLost).
 	Lost bool `json:"lost,omitempty"`
