@@ -9,10 +9,12 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/redisserver"
 	"github.com/fairlock/fairlock/internal/scripthook"
 	"github.com/fairlock/fairlock/multilock"
 	"github.com/fairlock/fairlock/semaphore"
@@ -21,16 +23,18 @@ import (
 
 // The environment a child process is started with.
 const (
-	envChild    = "ROBUSTNESS_CHILD" // the child's index; unset in the parent
-	envAddr     = "ROBUSTNESS_ADDR"  // Redis, through the child's proxy
-	envStore    = "ROBUSTNESS_STORE"
-	envHist     = "ROBUSTNESS_HISTORY"
-	envPrefix   = "ROBUSTNESS_PREFIX"
-	envLease    = "ROBUSTNESS_LEASE"
-	envWaiter   = "ROBUSTNESS_WAITER"
-	envTimeout  = "ROBUSTNESS_TIMEOUT" // each fairlock call's context timeout
-	envMutation = "ROBUSTNESS_MUTATION"
-	envAck      = "ROBUSTNESS_REPLICA_ACK" // replicas to wait for; "" for none
+	envChild     = "ROBUSTNESS_CHILD" // the child's index; unset in the parent
+	envAddr      = "ROBUSTNESS_ADDR"  // Redis, through the child's proxy
+	envStore     = "ROBUSTNESS_STORE"
+	envHist      = "ROBUSTNESS_HISTORY"
+	envPrefix    = "ROBUSTNESS_PREFIX"
+	envLease     = "ROBUSTNESS_LEASE"
+	envWaiter    = "ROBUSTNESS_WAITER"
+	envTimeout   = "ROBUSTNESS_TIMEOUT" // each fairlock call's context timeout
+	envMutation  = "ROBUSTNESS_MUTATION"
+	envAck       = "ROBUSTNESS_REPLICA_ACK" // replicas to wait for; 0 for none
+	envSentinels = "ROBUSTNESS_SENTINELS"   // Sentinel addresses, comma-separated, in place of envAddr
+	envCluster   = "ROBUSTNESS_CLUSTER"     // Cluster node addresses, likewise
 )
 
 // The traffic's semaphores and the store resources each one guards.
@@ -58,7 +62,19 @@ func childMain() int {
 		scripthook.Set(mut.Transform())
 	}
 	redis.SetLogger(quietLogger{})
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv(envAddr)})
+	var rdb interface {
+		fairlock.RedisClient
+		Close() error
+	}
+	switch {
+	case os.Getenv(envSentinels) != "":
+		rdb = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: redisserver.MasterName,
+			SentinelAddrs: strings.Split(os.Getenv(envSentinels), ",")})
+	case os.Getenv(envCluster) != "":
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(os.Getenv(envCluster), ",")})
+	default:
+		rdb = redis.NewClient(&redis.Options{Addr: os.Getenv(envAddr)})
+	}
 	defer rdb.Close()
 	opts := []fairlock.Option{fairlock.WithPrefix(os.Getenv(envPrefix)),
 		fairlock.WithLeaseTTL(dur(envLease)), fairlock.WithWaiterTTL(dur(envWaiter)),

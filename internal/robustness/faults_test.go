@@ -1,6 +1,7 @@
 package robustness
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 var reportPath = flag.String("robustness.report", "", "write the per-fault table (Markdown) to this file")
@@ -60,23 +62,68 @@ var faults = []struct {
 	// REPORT.md), not failed.
 	{scenario: scenario{name: "client SIGSTOP 2s (lease 1s)", promise: promisePaused, hold: 2 * time.Second,
 		fault: func(t *testing.T, e *env) func() { return e.stop(t, 0) }}, allowed: []string{resumedLive}},
-	{scenario: scenario{name: "Redis paused 2s", promise: promiseBounded, hold: 2 * time.Second,
-		fault: func(t *testing.T, e *env) func() {
-			if err := e.server.Pause(); err != nil {
-				t.Errorf("pause Redis: %v", err)
-			}
-			return func() {
-				if err := e.server.Resume(); err != nil {
-					t.Errorf("resume Redis: %v", err)
-				}
-			}
-		}}},
+	{scenario: scenario{name: "Redis paused 2s", promise: promiseBounded, hold: 2 * time.Second, fault: pause}},
 	{scenario: scenario{name: "Redis killed, restarted 500ms later, appendfsync always", promise: promiseKept,
 		hold: 500 * time.Millisecond, redisArgs: []string{"--appendonly", "yes", "--appendfsync", "always"},
 		fault: restart}},
 	{scenario: scenario{name: "Redis killed, restarted 500ms later, appendfsync everysec", promise: promiseLossy,
 		hold: 500 * time.Millisecond, redisArgs: []string{"--appendonly", "yes", "--appendfsync", "everysec"},
 		fault: restart}, allowed: []string{"capacity of"}},
+	// Sentinel: the master fails; the sentinels promote the replica
+	// (about 1.7 s after a kill, with down-after 500 ms); the old master
+	// comes back and is made a replica of the new one.
+	{scenario: scenario{name: "Sentinel failover, master killed", promise: promiseFailover,
+		deploy: "sentinel", hold: 3 * time.Second, fault: restart}, allowed: []string{"capacity of"}},
+	{scenario: scenario{name: "Sentinel failover, master paused", promise: promiseFailover,
+		deploy: "sentinel", hold: 3 * time.Second, fault: pause}, allowed: []string{"capacity of"}},
+	{scenario: scenario{name: "Sentinel failover, master killed, WithReplicaAck(1)", promise: promiseAck,
+		deploy: "sentinel", replicaAck: 1, hold: 3 * time.Second, fault: restart}},
+	{scenario: scenario{name: "Sentinel failover, master paused, WithReplicaAck(1)", promise: promiseAck,
+		deploy: "sentinel", replicaAck: 1, hold: 3 * time.Second, fault: pause}},
+	{scenario: scenario{name: "Cluster: the slots of all four semaphores moved to another master", promise: promiseCluster,
+		deploy: "cluster", fault: moveSlots}},
+}
+
+const (
+	promiseFailover = "failover can lose acknowledged writes: a lost grant is an overlap, the first holder's next renewal finds nothing; tokens follow the clock"
+	promiseAck      = "with WithReplicaAck only writes whose call failed or is still running can be lost, if Sentinel promotes a replica that acknowledged them"
+	promiseCluster  = "leases keep renewing through a slot move; no over-grant; a refused release is sent again"
+)
+
+func pause(t *testing.T, e *env) func() {
+	if err := e.server.Pause(); err != nil {
+		t.Errorf("pause Redis: %v", err)
+	}
+	return func() {
+		if err := e.server.Resume(); err != nil {
+			t.Errorf("resume Redis: %v", err)
+		}
+	}
+}
+
+// moveSlots moves the slot of each semaphore of the traffic to the next
+// master, one after another, as redis-cli --cluster reshard does.
+func moveSlots(t *testing.T, e *env) func() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rdb := redis.NewClient(&redis.Options{Addr: e.cluster.Addrs()[0]})
+	defer rdb.Close()
+	for _, tag := range []string{mutexName, semName, rwName, "ml"} {
+		slot, err := rdb.ClusterKeySlot(ctx, "{"+tag+"}").Result()
+		if err != nil {
+			t.Errorf("CLUSTER KEYSLOT: %v", err)
+			return func() {}
+		}
+		from, err := e.cluster.NodeOf(ctx, int(slot))
+		if err != nil {
+			t.Errorf("slot %d: %v", slot, err)
+			return func() {}
+		}
+		if err := e.cluster.MoveSlot(ctx, int(slot), (from+1)%len(e.cluster.Nodes)); err != nil {
+			t.Errorf("move slot %d of %s: %v", slot, tag, err)
+		}
+	}
+	return func() {}
 }
 
 func all(e *env, f func(*Proxy) func()) func() {

@@ -35,6 +35,9 @@ const (
 	leaseTTL = time.Second
 	waiterTL = 500 * time.Millisecond
 	callTime = 2 * time.Second // each acquire's and release's context timeout
+	// sentinelDown is how long the sentinels wait before they declare the
+	// master down.
+	sentinelDown = 500 * time.Millisecond
 	// slack is how late after its deadline a call may return: the time a
 	// busy 2-core machine, under the race detector, takes to schedule the
 	// goroutine that notices the deadline and unwind the call.
@@ -50,13 +53,21 @@ type scenario struct {
 	fault    func(t *testing.T, e *env) (heal func())
 	hold     time.Duration // how long a fault lasts before it is healed
 	mutation string        // a Mutations name the children run with
+	// deploy is the Redis deployment: "" for one server behind a proxy per
+	// child, "sentinel" for a master, a replica and three sentinels,
+	// "cluster" for three masters; the children reach the last two
+	// directly (their clients find the nodes through Sentinel or Cluster).
+	deploy     string
+	replicaAck int // WithReplicaAck's replicas in the children; 0 for none
 }
 
 // env is a running scenario, as the nemesis sees it.
 type env struct {
-	server  *redisserver.Server
-	proxies []*Proxy
-	kids    []*kid
+	server   *redisserver.Server // the single server, or Sentinel's first master
+	sentinel *redisserver.Sentinel
+	cluster  *redisserver.Cluster
+	proxies  []*Proxy
+	kids     []*kid
 
 	mu     sync.Mutex
 	pauses []Pause
@@ -112,23 +123,49 @@ func run(t *testing.T, sc scenario) Result {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	srv, err := redisserver.Start(sc.redisArgs...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Stop()
-	e := &env{server: srv}
-	for i := range children {
-		p, err := StartProxy(srv.Addr)
+	e := &env{}
+	var redisEnv func(i int) string
+	switch sc.deploy {
+	case "":
+		srv, err := redisserver.Start(sc.redisArgs...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer p.Close()
-		e.proxies = append(e.proxies, p)
+		defer srv.Stop()
+		e.server = srv
+		for range children {
+			p, err := StartProxy(srv.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			e.proxies = append(e.proxies, p)
+		}
+		redisEnv = func(i int) string { return envAddr + "=" + e.proxies[i].Addr() }
+	case "sentinel":
+		set, err := redisserver.StartSentinel(sentinelDown)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer set.Stop()
+		e.sentinel, e.server = set, set.Master
+		redisEnv = func(int) string { return envSentinels + "=" + strings.Join(set.SentinelAddrs(), ",") }
+	case "cluster":
+		cl, err := redisserver.StartCluster(3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Stop()
+		e.cluster = cl
+		redisEnv = func(int) string { return envCluster + "=" + strings.Join(cl.Addrs(), ",") }
+	default:
+		t.Fatalf("unknown deployment %q", sc.deploy)
+	}
+	for i := range children {
 		k := &kid{cmd: exec.Command(os.Args[0], "-test.run=^$")}
 		k.cmd.Env = append(os.Environ(),
-			"GORACE=atexit_sleep_ms=0",
-			envChild+"="+strconv.Itoa(i), envAddr+"="+p.Addr(), envStore+"="+store.URL(),
+			"GORACE=atexit_sleep_ms=0", redisEnv(i), envAck+"="+strconv.Itoa(sc.replicaAck),
+			envChild+"="+strconv.Itoa(i), envStore+"="+store.URL(),
 			envHist+"="+filepath.Join(dir, fmt.Sprintf("child-%d.jsonl", i)),
 			envPrefix+"=rb:", envLease+"="+leaseTTL.String(), envWaiter+"="+waiterTL.String(),
 			envTimeout+"="+callTime.String(), envMutation+"="+sc.mutation)
@@ -172,8 +209,8 @@ func run(t *testing.T, sc scenario) Result {
 		t.Fatal(err)
 	}
 	res := Check(h, store.Finals(), e.pauses, Limits{Slack: slack, Linearizability: time.Minute})
-	t.Logf("%s: %d leases, %d store calls, %d refused by fencing, %d leases lost, %d fairlock errors, %d violations",
-		sc.name, res.Acquired, res.StoreOps, res.Refused, res.Lost, res.Errors, len(res.Violations))
+	t.Logf("%s: %d leases, %d store calls, %d refused by fencing, %d leases lost, %d fairlock errors %v, latest return after a deadline %v, %d violations",
+		sc.name, res.Acquired, res.StoreOps, res.Refused, res.Lost, res.Errors, res.ErrorKinds, res.MaxLate, len(res.Violations))
 	return res
 }
 
