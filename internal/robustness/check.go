@@ -107,6 +107,7 @@ type Result struct {
 	// left out.
 	MaxLate    time.Duration
 	Violations []string
+	Notes      []string // what the nemesis measured (not set by Check)
 }
 
 func (r *Result) violate(format string, args ...any) {

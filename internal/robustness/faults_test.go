@@ -4,12 +4,14 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/internal/redisserver"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -31,9 +33,10 @@ const (
 var faults = []struct {
 	scenario
 	allowed []string
+	long    bool // run with -robustness.long only
 }{
 	{scenario: scenario{name: "none", promise: promiseKept}},
-	{scenario: scenario{name: "proxy latency 50ms, all clients", promise: promiseBounded, hold: 2 * time.Second,
+	{scenario: scenario{name: "proxy latency 50ms, all clients", promise: promiseBounded, hold: 1500 * time.Millisecond,
 		fault: func(t *testing.T, e *env) func() {
 			for _, p := range e.proxies {
 				p.SetLatency(50 * time.Millisecond)
@@ -44,25 +47,25 @@ var faults = []struct {
 				}
 			}
 		}}},
-	{scenario: scenario{name: "proxy latency 400ms, one client", promise: promiseBounded, hold: 2 * time.Second,
+	{scenario: scenario{name: "proxy latency 400ms, one client", promise: promiseBounded, hold: 1500 * time.Millisecond,
 		fault: func(t *testing.T, e *env) func() {
 			e.proxies[0].SetLatency(400 * time.Millisecond)
 			return func() { e.proxies[0].SetLatency(0) }
 		}}},
-	{scenario: scenario{name: "proxy stall 2s, one client", promise: promiseBounded, hold: 2 * time.Second,
+	{scenario: scenario{name: "proxy stall 1.5s, one client", promise: promiseBounded, hold: 1500 * time.Millisecond,
 		fault: func(t *testing.T, e *env) func() { return e.proxies[0].Stall() }}},
-	{scenario: scenario{name: "proxy stall 2s, all clients", promise: promiseBounded, hold: 2 * time.Second,
+	{scenario: scenario{name: "proxy stall 1.5s, all clients", promise: promiseBounded, hold: 1500 * time.Millisecond,
 		fault: func(t *testing.T, e *env) func() { return all(e, (*Proxy).Stall) }}},
-	{scenario: scenario{name: "proxy cut 2s, one client", promise: promiseBounded, hold: 2 * time.Second,
+	{scenario: scenario{name: "proxy cut 1.5s, one client", promise: promiseBounded, hold: 1500 * time.Millisecond,
 		fault: func(t *testing.T, e *env) func() { return e.proxies[0].Cut() }}},
-	{scenario: scenario{name: "proxy cut 2s, all clients", promise: promiseBounded, hold: 2 * time.Second,
+	{scenario: scenario{name: "proxy cut 1.5s, all clients", promise: promiseBounded, hold: 1500 * time.Millisecond,
 		fault: func(t *testing.T, e *env) func() { return all(e, (*Proxy).Cut) }}},
 	// Right after SIGCONT, Lease.Err can read nil for a lease Redis gave
 	// away during the stop, until the lease's timers run: reported (see
 	// REPORT.md), not failed.
-	{scenario: scenario{name: "client SIGSTOP 2s (lease 1s)", promise: promisePaused, hold: 2 * time.Second,
+	{scenario: scenario{name: "client SIGSTOP 1.5s (lease 1s)", promise: promisePaused, hold: 1500 * time.Millisecond,
 		fault: func(t *testing.T, e *env) func() { return e.stop(t, 0) }}, allowed: []string{resumedLive}},
-	{scenario: scenario{name: "Redis paused 2s", promise: promiseBounded, hold: 2 * time.Second, fault: pause}},
+	{scenario: scenario{name: "Redis paused 1.5s", promise: promiseBounded, hold: 1500 * time.Millisecond, fault: pause}},
 	{scenario: scenario{name: "Redis killed, restarted 500ms later, appendfsync always", promise: promiseKept,
 		hold: 500 * time.Millisecond, redisArgs: []string{"--appendonly", "yes", "--appendfsync", "always"},
 		fault: restart}},
@@ -72,14 +75,17 @@ var faults = []struct {
 	// Sentinel: the master fails; the sentinels promote the replica
 	// (about 1.7 s after a kill, with down-after 500 ms); the old master
 	// comes back and is made a replica of the new one.
+	// The fault lasts until the sentinels name a new master, then the old
+	// one is restarted (resumed). The short run has one kill without and
+	// one pause with WithReplicaAck; the long run all four.
 	{scenario: scenario{name: "Sentinel failover, master killed", promise: promiseFailover,
-		deploy: "sentinel", hold: 3 * time.Second, fault: restart}, allowed: []string{"capacity of"}},
+		deploy: "sentinel", hold: 300 * time.Millisecond, fault: failover(restart)}, allowed: []string{"capacity of"}},
 	{scenario: scenario{name: "Sentinel failover, master paused", promise: promiseFailover,
-		deploy: "sentinel", hold: 3 * time.Second, fault: pause}, allowed: []string{"capacity of"}},
+		deploy: "sentinel", hold: 300 * time.Millisecond, fault: failover(pause)}, allowed: []string{"capacity of"}, long: true},
 	{scenario: scenario{name: "Sentinel failover, master killed, WithReplicaAck(1)", promise: promiseAck,
-		deploy: "sentinel", replicaAck: 1, hold: 3 * time.Second, fault: restart}},
+		deploy: "sentinel", replicaAck: 1, hold: 300 * time.Millisecond, fault: failover(restart)}, long: true},
 	{scenario: scenario{name: "Sentinel failover, master paused, WithReplicaAck(1)", promise: promiseAck,
-		deploy: "sentinel", replicaAck: 1, hold: 3 * time.Second, fault: pause}},
+		deploy: "sentinel", replicaAck: 1, hold: 300 * time.Millisecond, fault: failover(pause)}},
 	{scenario: scenario{name: "Cluster: the slots of all four semaphores moved to another master", promise: promiseCluster,
 		deploy: "cluster", fault: moveSlots}},
 }
@@ -89,6 +95,37 @@ const (
 	promiseAck      = "with WithReplicaAck only writes whose call failed or is still running can be lost, if Sentinel promotes a replica that acknowledged them"
 	promiseCluster  = "leases keep renewing through a slot move; no over-grant; a refused release is sent again"
 )
+
+// failover returns a fault that injects f on the Sentinel set's master
+// and waits (up to 15 s) until the sentinels name another master; its
+// heal is f's.
+func failover(f func(*testing.T, *env) func()) func(*testing.T, *env) func() {
+	return func(t *testing.T, e *env) func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		sc := redis.NewSentinelClient(&redis.Options{Addr: e.sentinel.SentinelAddrs()[0]})
+		defer sc.Close()
+		master := func() string {
+			a, err := sc.GetMasterAddrByName(ctx, redisserver.MasterName).Result()
+			if err != nil || len(a) != 2 {
+				return ""
+			}
+			return net.JoinHostPort(a[0], a[1])
+		}
+		before := master()
+		start := time.Now()
+		heal := f(t, e)
+		for ctx.Err() == nil {
+			if m := master(); m != "" && m != before {
+				e.measured("new master named after", time.Since(start))
+				return heal
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Errorf("no failover within 15s of the fault (master %s)", before)
+		return heal
+	}
+}
 
 func pause(t *testing.T, e *env) func() {
 	if err := e.server.Pause(); err != nil {
@@ -154,6 +191,9 @@ func TestRobustnessFaults(t *testing.T) {
 	var rows []string
 	for _, f := range faults[1:] {
 		t.Run(f.name, func(t *testing.T) {
+			if f.long && !*long {
+				t.Skip("with -robustness.long only")
+			}
 			res := run(t, f.scenario)
 			var allowed []string
 			for _, v := range res.Violations {
@@ -194,6 +234,9 @@ func row(sc scenario, res Result, allowed int) string {
 	notes := fmt.Sprintf("latest return after a deadline %v; %d leases seen lost", res.MaxLate.Round(time.Millisecond), res.Lost)
 	if len(kinds) > 0 {
 		notes += "; errors: " + strings.Join(kinds, ", ")
+	}
+	if len(res.Notes) > 0 {
+		notes += "; " + strings.Join(res.Notes, "; ")
 	}
 	if allowed > 0 {
 		notes += fmt.Sprintf("; %d violations of a kind this fault is documented to allow (first: %s)", allowed, res.Violations[0])

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,7 +21,10 @@ import (
 	"github.com/fairlock/fairlock/internal/redistest"
 )
 
-var long = flag.Bool("robustness.long", false, "run each fault for minutes, repeatedly, instead of once")
+var (
+	long   = flag.Bool("robustness.long", false, "inject each fault many times (-robustness.rounds), with longer calm spans, instead of once")
+	rounds = flag.Int("robustness.rounds", 10, "with -robustness.long, how many times each fault is injected")
+)
 
 func TestMain(m *testing.M) {
 	if os.Getenv(envChild) != "" {
@@ -71,6 +75,28 @@ type env struct {
 
 	mu     sync.Mutex
 	pauses []Pause
+	times  map[string][]time.Duration // what the faults measured, for the report
+}
+
+// measured records a duration the nemesis measured, under what it is.
+func (e *env) measured(what string, d time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.times == nil {
+		e.times = map[string][]time.Duration{}
+	}
+	e.times[what] = append(e.times[what], d)
+}
+
+// notes returns the measured durations as notes: each kind's range.
+func (e *env) notes() []string {
+	var out []string
+	for what, ds := range e.times {
+		lo, hi := slices.Min(ds), slices.Max(ds)
+		out = append(out, fmt.Sprintf("%s %v–%v (%d times)", what, lo.Round(10*time.Millisecond), hi.Round(10*time.Millisecond), len(ds)))
+	}
+	slices.Sort(out)
+	return out
 }
 
 // kid is a child process seen from the parent.
@@ -99,11 +125,11 @@ func (e *env) stop(t *testing.T, i int) (heal func()) {
 
 // timing returns how long the traffic runs before, during and after the
 // faults, and how many times the fault is injected.
-func timing() (calm time.Duration, rounds int) {
+func timing() (calm time.Duration, n int) {
 	if *long {
-		return 3 * time.Second, 20
+		return 2 * time.Second, *rounds
 	}
-	return time.Second, 1
+	return 600 * time.Millisecond, 1
 }
 
 // run runs sc: a store, a Redis, a proxy and a child per client; the
@@ -178,9 +204,9 @@ func run(t *testing.T, sc scenario) Result {
 		}
 		e.kids = append(e.kids, k)
 	}
-	calm, rounds := timing()
+	calm, n := timing()
 	time.Sleep(calm)
-	for range rounds {
+	for range n {
 		if sc.fault != nil {
 			heal := sc.fault(t, e)
 			time.Sleep(sc.hold)
@@ -209,6 +235,7 @@ func run(t *testing.T, sc scenario) Result {
 		t.Fatal(err)
 	}
 	res := Check(h, store.Finals(), e.pauses, Limits{Slack: slack, Linearizability: time.Minute})
+	res.Notes = e.notes()
 	t.Logf("%s: %d leases, %d store calls, %d refused by fencing, %d leases lost, %d fairlock errors %v, latest return after a deadline %v, %d violations",
 		sc.name, res.Acquired, res.StoreOps, res.Refused, res.Lost, res.Errors, res.ErrorKinds, res.MaxLate, len(res.Violations))
 	return res
