@@ -95,16 +95,17 @@ const (
 	promiseCluster  = "leases keep renewing through a slot move; no over-grant; a refused release is sent again"
 )
 
-// failover returns a fault that injects f on the Sentinel set's master
-// and waits (up to 15 s) until the sentinels name another master; its
-// heal is f's.
+// failover returns a fault that injects f on the Sentinel set's current
+// master, once it has a replica in sync, and waits (up to 15 s) until the
+// sentinels name another master; its heal is f's (the old master comes
+// back, and the sentinels make it a replica).
 func failover(f func(*testing.T, *env) func()) func(*testing.T, *env) func() {
 	return func(t *testing.T, e *env) func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		defer cancel()
 		sc := redis.NewSentinelClient(&redis.Options{Addr: e.sentinel.SentinelAddrs()[0]})
 		defer sc.Close()
 		master := func() string {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
 			a, err := sc.GetMasterAddrByName(ctx, redisserver.MasterName).Result()
 			if err != nil || len(a) != 2 {
 				return ""
@@ -112,9 +113,25 @@ func failover(f func(*testing.T, *env) func()) func(*testing.T, *env) func() {
 			return net.JoinHostPort(a[0], a[1])
 		}
 		before := master()
+		e.server = nil
+		for _, s := range []*redisserver.Server{e.sentinel.Master, e.sentinel.Replica} {
+			if s.Addr == before {
+				e.server = s
+			}
+		}
+		if e.server == nil {
+			t.Errorf("the sentinels name %q as master, neither server of the set", before)
+			return func() {}
+		}
+		sctx, scancel := context.WithTimeout(context.Background(), 20*time.Second)
+		ok := synced(sctx, e.server.Addr) && known(sctx, e.sentinel.SentinelAddrs())
+		scancel()
+		if !ok {
+			t.Errorf("master %s has no replica in sync, known to every sentinel, within 20s", before)
+		}
 		start := time.Now()
 		heal := f(t, e)
-		for ctx.Err() == nil {
+		for time.Since(start) < 15*time.Second {
 			if m := master(); m != "" && m != before {
 				e.measured("new master named after", time.Since(start))
 				return heal
@@ -124,6 +141,54 @@ func failover(f func(*testing.T, *env) func()) func(*testing.T, *env) func() {
 		t.Errorf("no failover within 15s of the fault (master %s)", before)
 		return heal
 	}
+}
+
+// known waits until every sentinel knows a replica in good health (or
+// ctx ends), and reports whether they do: a sentinel learns of a replica
+// from the master's INFO, every 10 s, and a failover with no replica it
+// knows of is aborted and not tried again for twice the failover timeout.
+func known(ctx context.Context, sentinels []string) bool {
+	for _, addr := range sentinels {
+		sc := redis.NewSentinelClient(&redis.Options{Addr: addr})
+		ok := false
+		for !ok && ctx.Err() == nil {
+			rs, _ := sc.Replicas(ctx, redisserver.MasterName).Result()
+			for _, r := range rs {
+				if r["flags"] == "slave" && r["master-link-status"] == "ok" {
+					ok = true
+				}
+			}
+			if !ok {
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		sc.Close()
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// synced waits until the master at addr has a replica online whose last
+// acknowledgement is at most a second old (or ctx ends), and reports
+// whether it has: before that, the sentinels cannot promote it. Under
+// traffic a replica's offset trails the master's by what is in flight, so
+// the offsets are not compared.
+func synced(ctx context.Context, addr string) bool {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	for ctx.Err() == nil {
+		info, _ := rdb.Info(ctx, "replication").Result()
+		for _, line := range strings.Split(info, "\r\n") {
+			v, ok := strings.CutPrefix(line, "slave0:")
+			if ok && strings.Contains(v, "state=online") && (strings.HasSuffix(v, ",lag=0") || strings.HasSuffix(v, ",lag=1")) {
+				return true
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return false
 }
 
 func pause(t *testing.T, e *env) func() {
