@@ -2,7 +2,6 @@ package robustness
 
 import (
 	"bytes"
-	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -292,5 +291,3 @@ func TestMutationTargetsExist(t *testing.T) {
 		}
 	}
 }
-
-var _ = context.Background
