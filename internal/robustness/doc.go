@@ -1,0 +1,75 @@
+// Package robustness is fairlock's robustness suite, built the way etcd's
+// tests/robustness and Jepsen's lock workloads check locks: real processes
+// take fairlock's locks to guard a fenced resource while a nemesis injects
+// faults, and the history they record is then checked.
+//
+// # Traffic
+//
+// The test binary re-executes itself as child processes. Each is one
+// fairlock.Client, talking to Redis through a TCP proxy of its own, and
+// runs four workers, each a loop of acquire, read-modify-write on the
+// fenced store, release:
+//
+//   - a mutex (semaphore.NewMutex) guarding one register;
+//   - a semaphore of capacity 3, taking 1 to 3 permits: a holder of all 3
+//     is alone and read-modify-writes its register, the others only read it,
+//     since up to 3 of them legitimately hold at once;
+//   - a read-write mutex: writers read-modify-write, readers read;
+//   - a multi-lock (multilock.Lock) of two mutexes, each guarding its own
+//     register, fenced with its own part token.
+//
+// # The fenced store
+//
+// The parent runs the store ([Store]), on loopback and never faulted. Per
+// register it keeps a value, the highest token that wrote and the highest
+// that read. A read carrying a token below the highest write token is
+// refused; a write carrying one below the highest read or write token is
+// refused. Readers therefore share (a read never refuses another read),
+// while a holder whose lease was lost is refused as soon as a later holder
+// has read or written. A refusal is a fenced rejection: a legal outcome,
+// counted, after which the holder gives up its critical section.
+//
+// A single fenced register would be the wrong model for the capacity-3
+// semaphore, whose holders are concurrent: there only the exclusive
+// holders write, and the capacity itself is checked from the leases'
+// lifetimes (below).
+//
+// # Validation
+//
+// [Check] validates a run:
+//
+//   - linearizability: each register's history of reads and writes, with
+//     invocation and return times, is checked by porcupine against [Model],
+//     whose state is the value and the highest tokens. A write carries the
+//     value its holder read; the model accepts it only if that is the value
+//     it overwrites, so two holders that both read v and both wrote v+1
+//     (a lock failure the fencing did not stop) cannot be linearized, while
+//     a refusal is legal exactly when the store's rule calls for one;
+//   - no lost update: each register's final value equals the writes the
+//     store accepted and the history records;
+//   - capacity: at no moment do the leases of a semaphore hold more than its
+//     capacity. Each lease's certainly-live span runs from Acquire's return
+//     (after the grant) to the last time the child read the clock and then
+//     found Lease.Err nil (a lease's Done closes before Redis can give its
+//     permits to another), so it lies within the lease's life by Redis's
+//     clock: Redis runs on the same host, and TIME reads the same clock;
+//   - tokens: unique per semaphore, and increasing in grant order wherever
+//     that order is known (one Acquire returned before another was called);
+//   - deadlines: every acquire and release returned within a slack of its
+//     context's deadline, except across a pause (SIGSTOP) of its process.
+//
+// # Nemesis
+//
+// Each fault is injected for a bounded time and healed: latency, stall or
+// cut at the proxies (of one client or all), a child stopped past its
+// lease (SIGSTOP), Redis paused, Redis killed and restarted with
+// appendfsync always or everysec. The short run (go test) injects each fault
+// once, for about a second; -robustness.long injects each many times.
+// Under -short only the fault-free run and the checks' own tests run.
+//
+// # Mutations
+//
+// [Mutations] breaks one rule of the Lua at a time (the capacity check,
+// the token sequence) through internal/scripthook in the children, and
+// TestMutationsCaught requires the checks to fail.
+package robustness

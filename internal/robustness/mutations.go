@@ -1,0 +1,33 @@
+package robustness
+
+import "strings"
+
+// A Mutation breaks one rule of fairlock's Lua on purpose, to show that
+// the suite sees the break: in File (relative to the module root), Old is
+// replaced by New.
+type Mutation struct {
+	File, Old, New string
+}
+
+// Mutations are the rules the suite must catch broken, by name. Every
+// replacement target lives here, so that when the Lua changes, this is the
+// one place to update (TestMutationTargetsExist fails until it is).
+var Mutations = map[string]Mutation{
+	// fits_in always says yes: the capacity check is gone, so a mutex or a
+	// semaphore grants past its capacity.
+	"capacity": {"lua/rules.lua",
+		"  return cap ~= nil and used + n <= cap\n",
+		"  return cap ~= nil\n"},
+	// next_token stops rising within a second of Redis's clock: every grant
+	// in that second gets the token of the first.
+	"token-reuse": {"lua/rules.lua",
+		"  return math.max(seq + 1, now_us)\n",
+		"  return math.max(seq, now_us - now_us % 1000000)\n"},
+}
+
+// Transform returns the script transform (for internal/scripthook.Set)
+// that applies m to a script's source, or nil when the source does not
+// contain m.Old.
+func (m Mutation) Transform() func(string) string {
+	return func(src string) string { return strings.ReplaceAll(src, m.Old, m.New) }
+}
