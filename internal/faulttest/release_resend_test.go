@@ -17,8 +17,8 @@ import (
 
 // settledBound is how soon after Redis settles the next waiter must hold
 // the permits a refused release left: the resend backoff is capped at
-// 200 ms, and a queued waiter hears of its grant within milliseconds; a
-// second more is room for a busy machine, and still a sixtieth of the
+// 500 ms, and a queued waiter hears of its grant within milliseconds; the
+// rest is room for a busy machine, and still a fiftieth of the
 // 60 s lease TTL the holder uses (the issue's), which is what the waiter
 // paid before.
 const settledBound = 1200 * time.Millisecond
