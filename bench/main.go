@@ -140,7 +140,7 @@ type Table struct {
 	Data    []map[string]any `json:"data"`
 }
 
-// Target is one of the issue's targets and whether this run met it.
+// Target is one of the benchmark's targets and whether this run met it.
 type Target struct {
 	Scenario string `json:"scenario"`
 	What     string `json:"what"`

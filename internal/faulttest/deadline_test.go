@@ -26,7 +26,7 @@ const lateBound = 100 * time.Millisecond
 var deadlines = []time.Duration{200 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second}
 
 // deadlineEnv is one round of calls: a fairlock client with the default
-// TTLs (lease 10 s, waiter 3 s, as in the report) on its own
+// TTLs (lease 10 s, waiter 3 s) on its own
 // connection pool, a semaphore "{d}:held" that another client holds, so
 // that Acquire waits, and a lease of "{d}:rel" for Release to free.
 type deadlineEnv struct {

@@ -19,8 +19,8 @@ import (
 // the permits a refused release left: the resend backoff is capped at
 // 500 ms, and a queued waiter hears of its grant within milliseconds; the
 // rest is room for a busy machine, and still a fiftieth of the
-// 60 s lease TTL the holder uses (the issue's), which is what the waiter
-// paid before.
+// 60 s lease TTL the holder uses, which the waiter would wait without
+// the resend.
 const settledBound = 1200 * time.Millisecond
 
 // redisErr is an error reply from Redis, as go-redis reports one.
