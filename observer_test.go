@@ -29,6 +29,13 @@ func (r *eventLog) Observe(e Event) {
 	r.events = append(r.events, e)
 }
 
+// has reports whether an event of kind k has been seen.
+func (r *eventLog) has(k EventKind) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.ContainsFunc(r.events, func(e Event) bool { return e.Kind == k })
+}
+
 // take returns the events so far, in order, and forgets them.
 func (r *eventLog) take() []Event {
 	r.mu.Lock()
@@ -70,7 +77,12 @@ func TestObserverEvents(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(ttl/renewDivisor + 50*time.Millisecond) // past the first renewal
+		// Past the first renewal (due at a third of the TTL; a busy
+		// machine may answer it late).
+		time.Sleep(ttl/renewDivisor + 50*time.Millisecond)
+		for deadline := time.Now().Add(5 * time.Second); !rec.has(LeaseRenewed) && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
