@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -182,7 +183,13 @@ func synced(ctx context.Context, addr string) bool {
 		info, _ := rdb.Info(ctx, "replication").Result()
 		for _, line := range strings.Split(info, "\r\n") {
 			v, ok := strings.CutPrefix(line, "slave0:")
-			if ok && strings.Contains(v, "state=online") && (strings.HasSuffix(v, ",lag=0") || strings.HasSuffix(v, ",lag=1")) {
+			if !ok {
+				continue
+			}
+			// "ip=...,port=...,state=online,offset=...,lag=0", and on
+			// Valkey ",type=replica" after.
+			fields := strings.Split(v, ",")
+			if slices.Contains(fields, "state=online") && (slices.Contains(fields, "lag=0") || slices.Contains(fields, "lag=1")) {
 				return true
 			}
 		}
