@@ -74,7 +74,7 @@ local function cond_purge(r, cv)
   if budget <= 0 then return true end
   local limit = budget
   -- The waiters due (see due): deadline at most now.
-  local gone = redis.call('ZRANGEBYSCORE', cv.E, '-inf', now, 'LIMIT', 0, limit)
+  local gone = redis.call('ZRANGEBYSCORE', cv.E, '-inf', due_max(), 'LIMIT', 0, limit)
   for _, m in ipairs(gone) do
     budget = budget - 1
     cond_drop(r, cv, m)

@@ -29,7 +29,7 @@ local function read_due(key, bound, buf)
     return {}, bound
   end
   -- The members due (see due): score at most now.
-  local got = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, budget)
+  local got = redis.call('ZRANGEBYSCORE', key, '-inf', due_max(), 'LIMIT', 0, budget)
   if #got >= budget then
     more = true
     return got, bound

@@ -17,6 +17,12 @@ local function due(at)
   return at <= now
 end
 
+-- due_max and live_min are due as a zset query's score range: the members
+-- with scores from '-inf' to due_max() are due, those from live_min() to
+-- '+inf' alive.
+local function due_max() return num(now) end
+local function live_min() return '(' .. num(now) end
+
 -- alive reports whether a lease or waiter found with time at (nil or
 -- false: not found) still lives.
 local function alive(at)

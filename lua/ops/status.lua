@@ -18,7 +18,7 @@ begin(KEYS)
 local r = declared()[1]
 local holders, waiters = {}, {}
 -- Live holders (see alive): expiry after now.
-local h = redis.call('ZRANGEBYSCORE', r.H, '(' .. num(now), '+inf', 'WITHSCORES', 'LIMIT', 0, STATUS_MAX)
+local h = redis.call('ZRANGEBYSCORE', r.H, live_min(), '+inf', 'WITHSCORES', 'LIMIT', 0, STATUS_MAX)
 for i = 1, #h, 2 do
   holders[#holders + 1] = h[i]
   holders[#holders + 1] = h[i + 1]
@@ -33,11 +33,11 @@ end
 -- The leases and waiters due (score at most now) are counted, not read;
 -- the permits of the leases due are read, at most EXPIRED_MAX of them.
 local hdue, ddue = 0, 0
-if r.nh > 0 then hdue = redis.call('ZCOUNT', r.H, '-inf', num(now)) end
-if r.nq > 0 then ddue = redis.call('ZCOUNT', r.D, '-inf', num(now)) end
+if r.nh > 0 then hdue = redis.call('ZCOUNT', r.H, '-inf', due_max()) end
+if r.nq > 0 then ddue = redis.call('ZCOUNT', r.D, '-inf', due_max()) end
 local inuse = r.used
 if hdue > 0 then
-  local gone = redis.call('ZRANGEBYSCORE', r.H, '-inf', num(now), 'LIMIT', 0, EXPIRED_MAX)
+  local gone = redis.call('ZRANGEBYSCORE', r.H, '-inf', due_max(), 'LIMIT', 0, EXPIRED_MAX)
   for _, m in ipairs(gone) do
     local _, n = parse_holder(m)
     inuse = inuse - n
