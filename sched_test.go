@@ -87,9 +87,11 @@ func TestSchedulerOrder(t *testing.T) {
 			if i%2 == 0 {
 				t.Fatalf("stopped entry %d ran", i)
 			}
-			// Each runs on its own goroutine: only entries due in one
-			// firing may come out of order.
-			if i > prev+10 {
+			// Each runs on its own goroutine, which a loaded machine
+			// may start late: entries due within 50 ms of each other
+			// may come out of order (a heap out of order fires them
+			// up to 200 ms apart).
+			if i > prev+50 {
 				t.Fatalf("entry %d ran long after %d", i, prev)
 			}
 			prev = min(prev, i)
