@@ -691,6 +691,13 @@ func TestScaleWaitersStatus(t *testing.T) {
 	redistest.Long(t)
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		skipLarge(t, b)
+		if raceEnabled {
+			// 10,000 goroutines refreshing every 400 ms: the race
+			// detector can slow a round of them past the 1.2 s waiter
+			// TTL (seen once: 5,608 of 9,000 queued after 30 s). CI runs
+			// it without -race on the other servers.
+			t.Skip("10,000 refreshing waiters need a client without the race detector")
+		}
 		e := newScaleEnv(t, b)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
