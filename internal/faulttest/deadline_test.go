@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -335,17 +334,5 @@ func TestDeadlineCloseWaitsForCleanUp(t *testing.T) {
 // returned), so a goroutine is reported only if it is still there 100 ms
 // later: far less than the clean-up this test stalls for 500 ms.
 func liveGoroutines(*fairlock.Client) string {
-	deadline := time.Now().Add(100 * time.Millisecond)
-	for {
-		var out []string
-		for _, g := range strings.Split(redistest.Leaks(0), "\n\n") {
-			if g != "" && !slices.ContainsFunc([]string{"(*room).listen", "(*room).maintain", "(*Lease).renew"}, func(s string) bool { return strings.Contains(g, s) }) {
-				out = append(out, g)
-			}
-		}
-		if len(out) == 0 || time.Now().After(deadline) {
-			return strings.Join(out, "\n\n")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	return redistest.Leaks(100*time.Millisecond, "(*room).listen", "(*room).maintain", "(*Lease).renew")
 }

@@ -19,6 +19,7 @@ import (
 	"os"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -213,15 +214,17 @@ func Prefix(t testing.TB) string {
 var leakFrame = regexp.MustCompile(`(?m)^github\.com/fairlock/fairlock(/semaphore|/multilock|/election)?\.`)
 
 // Leaks waits up to wait for every goroutine running fairlock library code
-// to end, and returns the stacks of those that did not.
-func Leaks(wait time.Duration) string {
+// to end, and returns the stacks of those that did not; a goroutine whose
+// stack contains one of ignore is not counted.
+func Leaks(wait time.Duration, ignore ...string) string {
 	deadline := time.Now().Add(wait)
 	for {
 		buf := make([]byte, 1<<20)
 		buf = buf[:runtime.Stack(buf, true)]
 		var leaked []string
 		for _, g := range strings.Split(string(buf), "\n\n") {
-			if leakFrame.MatchString(g) && !strings.Contains(g, "redistest.Leaks(") {
+			if leakFrame.MatchString(g) && !strings.Contains(g, "redistest.Leaks(") &&
+				!slices.ContainsFunc(ignore, func(s string) bool { return strings.Contains(g, s) }) {
 				leaked = append(leaked, g)
 			}
 		}
