@@ -9,7 +9,7 @@ package fairlock
 // both.
 //
 // Time is Redis's clock: on miniredis it is frozen and moved only by the
-// "advance" action, in chunks of at most a quarter of the waiter TTL. After
+// "advance" action, in chunks of at most half the shortest waiter TTL. After
 // each chunk every live process renews its leases and refreshes its waiters
 // synchronously, which is what a live process does in real time at a third
 // of each TTL; a crashed process (its connection cut) does not. After every
@@ -38,14 +38,22 @@ import (
 )
 
 const (
-	pLease  = 1000 * time.Millisecond
-	pWaiter = 600 * time.Millisecond
+	// On miniredis's frozen clock only the ratios of the machine's times
+	// matter to the model; pScale sets their size, which is also real
+	// time to the processes: a holder gives its lease up a TTL after its
+	// last renewal by its own clock. Miniredis interprets every script
+	// in Go, and under -race on two busy cores a renewal has been seen
+	// to wait more than a second behind other scripts; at 4, it takes a
+	// stall of over 2.6 s to lose a lease that Redis still holds.
+	pScale  = 4
+	pLease  = pScale * 1000 * time.Millisecond
+	pWaiter = pScale * 600 * time.Millisecond
 	// On miniredis each process draws its TTLs, so that entries joining
 	// later can expire earlier than those before them (which the bounds on
 	// the earliest expiry and deadline must follow).
-	pLeaseMax  = 1500 * time.Millisecond
-	pWaiterMax = 1200 * time.Millisecond
-	pChunk     = 150 * time.Millisecond
+	pLeaseMax  = pScale * 1500 * time.Millisecond
+	pWaiterMax = pScale * 1200 * time.Millisecond
+	pChunk     = pScale * 150 * time.Millisecond
 	pWait      = 5 * time.Second // for an expected asynchronous grant
 )
 
@@ -554,13 +562,10 @@ func (m *machine) spawn(t *rapid.T) {
 	cu := &cut{}
 	var c *Client
 	if m.frozen {
-		// A lease's TTL is also its holder's deadline in real time (Redis's
-		// clock is frozen, the process's is not): a second leaves a slow
-		// run (the race detector on two busy cores) time to renew. The
-		// longest waiter TTL outlives the shortest lease, so that a grant
-		// announced to a process lasts either TTL.
+		// The longest waiter TTL outlives the shortest lease, so that a
+		// grant announced to a process lasts either TTL.
 		ttl := rapid.SampledFrom([]time.Duration{pLease, pLeaseMax}).Draw(t, "lease TTL")
-		wttl := rapid.SampledFrom([]time.Duration{300 * time.Millisecond, pWaiter, 900 * time.Millisecond, pWaiterMax}).Draw(t, "waiter TTL")
+		wttl := rapid.SampledFrom([]time.Duration{pScale * 300 * time.Millisecond, pWaiter, pScale * 900 * time.Millisecond, pWaiterMax}).Draw(t, "waiter TTL")
 		c = m.newClientTTL(cu, ttl, wttl)
 	} else {
 		c = m.newClient(cu)
@@ -867,7 +872,7 @@ func (m *machine) pauseRelease(t *rapid.T) {
 	// The pause leaves every live entry alive: each has more time left
 	// than a chunk of the clock.
 	now := m.nowMs()
-	most := int64(2000)
+	most := int64(pScale * 2000)
 	for _, s := range m.sems {
 		for _, e := range slices.Concat(s.queue, s.holders, s.cond) {
 			if !e.dead && e.at > now {
@@ -965,7 +970,7 @@ func (m *machine) crash(t *rapid.T) {
 }
 
 func (m *machine) advance(t *rapid.T) {
-	d := time.Duration(rapid.IntRange(1, 25).Draw(t, "advance")) * 100 * time.Millisecond
+	d := time.Duration(rapid.IntRange(1, 25).Draw(t, "advance")) * pScale * 100 * time.Millisecond
 	m.logf("Redis's clock moves %v", d)
 	for d > 0 {
 		step := min(d, pChunk)
