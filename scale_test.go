@@ -641,7 +641,7 @@ func expiredFleet(t *testing.T, e *scaleEnv, n int, capacity int64, ttl time.Dur
 // a writer's release to a crowd of readers.
 func TestScaleFastPathsMatchGeneralPath(t *testing.T) {
 	redistest.Long(t)
-	if raceEnabled {
+	if redistest.Race {
 		// The replay's cost is Redis's; CI runs it without -race on the
 		// other servers.
 		t.Skip("the scale replays run without the race detector")
@@ -664,7 +664,7 @@ func TestScaleReleaseToReaders(t *testing.T) {
 	redistest.Long(t)
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		skipLarge(t, b)
-		if raceEnabled {
+		if redistest.Race {
 			// The race detector slows the 40,000 waiting goroutines'
 			// side ten times over, past their waiter TTL; the scripts,
 			// whose cost this measures, are Redis's. CI runs it without
@@ -691,7 +691,7 @@ func TestScaleWaitersStatus(t *testing.T) {
 	redistest.Long(t)
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		skipLarge(t, b)
-		if raceEnabled {
+		if redistest.Race {
 			// 10,000 goroutines refreshing every 400 ms: the race
 			// detector can slow a round of them past the 1.2 s waiter
 			// TTL (seen once: 5,608 of 9,000 queued after 30 s). CI runs

@@ -1,6 +1,0 @@
-//go:build race
-
-package fairlock_test
-
-// raceEnabled reports whether the tests run with the race detector.
-const raceEnabled = true
