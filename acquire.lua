@@ -20,8 +20,9 @@
 --                                  resend after its grant ended): ask again
 --                                  under a new ticket
 --   error "FAIRLOCK_CAPACITY <stored> <index>" when a capacity differs from
---         the one stored with a resource in use (by live leases or live
---         waiters: expired ones are looked past)
+--         the one stored with a resource in use (is_idle: by live leases,
+--         live queued waiters or live condition waiters; expired ones are
+--         looked past)
 -- The call is idempotent: go-redis resends a command whose reply it did not
 -- get, and the resent call finds what the first one did.
 
@@ -68,17 +69,26 @@ local g = rs[1].grant
 if is_tomb(g) then return { 4 } end
 if g and g ~= QUEUED then return granted(3) end
 
+if g == QUEUED then
+  -- A resend of a call that queued the ticket: it waits where the first
+  -- run put it, and the first run did all there was to do then (its
+  -- process's refresh keeps it alive and learns its grant). Nothing is
+  -- written, so the resend leaves what one run left.
+  return { 2, now, next_event() }
+end
+
 local want = {}
 for i, r in ipairs(rs) do
   want[i] = want_of(a, i)
   local capacity = cap_of(a, i)
-  if r.cap and r.cap ~= capacity and (r.nh > 0 or r.nq > 0) then
+  if r.cap and r.cap ~= capacity and not is_idle(r.nh, r.nq, r.nc) then
     -- The users of the stored capacity may all be gone: leases expired,
-    -- waiters dead. Look before refusing.
+    -- waiters (queued or on a condition variable) dead. Look before
+    -- refusing.
     purge_holders(r)
     purge_waiters(r)
   end
-  if not r.cap or (r.nh <= 0 and r.nq <= 0) then
+  if not r.cap or is_idle(r.nh, r.nq, r.nc) then
     -- Idle (whatever capacity was stored belonged to users who are all
     -- gone), or the state hash was lost and rebuilt: take the caller's.
     if r.cap ~= capacity then r.newcap = true end
@@ -92,22 +102,6 @@ end
 local members = {}
 for i in ipairs(rs) do
   members[i] = waiter_member(ticket, want[i], client, lease, wait, a[GROUP])
-end
-if g == QUEUED then
-  -- A resend of a call that queued the ticket: keep it where it is.
-  for i, r in ipairs(rs) do
-    wait_at(r, now + wait, members[i])
-    r.fresh = r.fresh or {}
-    r.fresh[members[i]] = true
-  end
-  run_queues(rs)
-  if rs[1].grants[ticket] then
-    local out = granted(3)
-    finish()
-    return out
-  end
-  finish()
-  return { 2, now, next_event() }
 end
 
 -- Expired leases and dead waiters may have made room for the queues.

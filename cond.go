@@ -36,12 +36,13 @@ func ValidateCondName(name string) error {
 }
 
 // condKeys returns the keys of condition cond of the semaphore with keys
-// k, in the order the scripts take them after the semaphore's (:c, :e).
+// k, as the scripts take them after the semaphore's: its waiters (:c);
+// their deadlines are in the semaphore's :d.
 func condKeys(k keys, cond string) []string {
 	if cond == "" {
-		return []string{k.base + ":c", k.base + ":e"}
+		return []string{k.base + ":c"}
 	}
-	return []string{k.base + ":c:" + cond, k.base + ":e:" + cond}
+	return []string{k.base + ":c:" + cond}
 }
 
 // withCond returns p (of one semaphore) with condition cond's keys
@@ -197,7 +198,9 @@ func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, 
 	bound := ""
 	total := 0
 	for range maxSignalScripts {
-		o, ok := c.call(ctx, c.runner(keys, signalArgs(cond, all, bound)), nil)
+		// Each script has an id of its own, which a resend (go-redis's)
+		// carries too: the resend finds the first run's reply.
+		o, ok := c.call(ctx, c.runner(keys, signalArgs(cond, all, bound, newTicket())), nil)
 		if !ok {
 			return total, wrap(ctx.Err())
 		}

@@ -50,14 +50,14 @@
 //	            bounds on the earliest lease expiry and waiter deadline;
 //	            the tokens of live grants, for retried and withdrawn calls;
 //	            a mark on each queued or condition-waiting ticket;
-//	            tombstones of ended leases, for resent calls (10-20 s)
+//	            tombstones of ended leases, and the replies of signals,
+//	            for resent calls (10-20 s)
 //	:q  zset    waiters by arrival
-//	:d  zset    waiters by liveness deadline
+//	:d  zset    every waiter's liveness deadline: those of :q and of :c
 //	:h  zset    leases by expiry
 //	:t  zset    tombstoned tickets by when they may be forgotten
 //	:c  zset    waiters on a condition variable of the mutex N, by arrival
 //	            (:c:<cond> for a named one)
-//	:e  zset    the same waiters by liveness deadline (:e:<cond>)
 //	:w:<client> list of wake-ups for one client's waiters
 //
 // Packages built on the engine keep their own keys beside these under

@@ -64,13 +64,20 @@ var (
 	// replicas in time.
 	ErrNotReplicated = errors.New("fairlock: not acknowledged by replicas")
 
+	// ErrForeignKey reports that a key in fairlock's key space holds a
+	// value of another type than fairlock keeps there: another program
+	// wrote it. The call that met it changed nothing in Redis; the error
+	// names the key. It matches [ErrRedis] too. Delete the key, or give
+	// fairlock a key prefix of its own ([WithPrefix]).
+	ErrForeignKey error = &subError{"fairlock: key written by another program", ErrRedis}
+
 	// ErrClosed is returned by calls on a [Client] after Close.
 	ErrClosed = errors.New("fairlock: client closed")
 
 	// ErrRedis wraps a failure reported by Redis or by the connection to it:
-	// network errors, OOM under maxmemory, a key of the wrong type in
-	// fairlock's key space. The original error is wrapped too, so
-	// errors.As still reaches it.
+	// network errors, OOM under maxmemory, a key of another program's in
+	// fairlock's key space ([ErrForeignKey]). The original error is
+	// wrapped too, so errors.As still reaches it.
 	ErrRedis = errors.New("fairlock: redis error")
 )
 

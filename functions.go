@@ -52,7 +52,8 @@ func newLibrary(entries []entry, read func(file string) string) *library {
 		}
 	}
 	for i, src := range bodies {
-		fmt.Fprintf(&body, "\nbodies[%d] = function(KEYS, ARGV)\n%s\nend\n", i+1, src)
+		// Each body runs through queue.lua's run_entry, as an EVAL's does.
+		fmt.Fprintf(&body, "\nlocal body%d = function(KEYS, ARGV)\n%s\nend\nbodies[%d] = function(KEYS, ARGV) return run_entry(body%d, KEYS, ARGV) end\n", i+1, src, i+1, i+1)
 	}
 	h := sha1.New()
 	h.Write([]byte(body.String()))

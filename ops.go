@@ -149,13 +149,14 @@ func parseWaitReply(cmd *redis.Cmd) (waitReply, error) {
 
 // signalArgs renders the arguments of "signal" (lua/ops/signal.lua) on
 // the condition cond: one waiter, or all (a broadcast) whose sequence is
-// at most bound ("" on the first call).
-func signalArgs(cond string, all bool, bound string) []any {
+// at most bound ("" on the first call); id is unique to the call (a
+// ticket), so that a resend finds the first run's reply.
+func signalArgs(cond string, all bool, bound, id string) []any {
 	mode := "1"
 	if all {
 		mode = "all"
 	}
-	return []any{"signal", cond, mode, bound}
+	return []any{"signal", cond, mode, bound, id}
 }
 
 // signalReply is "signal"'s reply: waiters woken, whether the condition
@@ -294,7 +295,32 @@ func ints(cmd *redis.Cmd, into ...*int64) error {
 	return err
 }
 
-const capacityErrPrefix = "FAIRLOCK_CAPACITY "
+const (
+	capacityErrPrefix = "FAIRLOCK_CAPACITY "
+	foreignErrPrefix  = "FAIRLOCK_FOREIGN_KEY "
+)
+
+// typeNames says what Redis's type names are, in messages.
+var typeNames = map[string]string{
+	"string": "a string", "list": "a list", "set": "a set", "zset": "a sorted set",
+	"hash": "a hash", "stream": "a stream",
+}
+
+func typeName(t string) string {
+	if n, ok := typeNames[t]; ok {
+		return n
+	}
+	return "a " + t
+}
+
+// foreignKey reads a script's "FAIRLOCK_FOREIGN_KEY <found> <kept> <key>"
+// (queue.lua's run_entry) as an error matching ErrForeignKey.
+func foreignKey(rest string) error {
+	found, rest, _ := strings.Cut(rest, " ")
+	kept, key, _ := strings.Cut(rest, " ")
+	return fmt.Errorf("%w: %q holds %s where fairlock keeps %s; nothing was changed (delete the key, or give fairlock a prefix of its own with WithPrefix)",
+		ErrForeignKey, key, typeName(found), typeName(kept))
+}
 
 // fail turns an error from Redis or the connection into fairlock's error
 // for op on the semaphores names (in the order the script took them). It is
@@ -318,6 +344,9 @@ func fail(ctx context.Context, op string, names []string, err error) error {
 			return opError(op, names, fmt.Errorf("%w: stored capacity of %q is %s", ErrCapacityMismatch, names[i-1], stored))
 		}
 		return opError(op, names, fmt.Errorf("%w: stored capacity is %s", ErrCapacityMismatch, stored))
+	}
+	if rest, ok := strings.CutPrefix(msg, foreignErrPrefix); ok {
+		return opError(op, names, foreignKey(rest))
 	}
 	if strings.HasPrefix(msg, "CROSSSLOT") {
 		return opError(op, names, fmt.Errorf("%w: %w", ErrCrossSlot, err))

@@ -43,20 +43,22 @@
 --                Tickets are upper-case base32 text, so they never clash
 --                with the lower-case state fields.
 --   <b>:q  zset  waiters, scored by arrival sequence
---   <b>:d  zset  the same waiters, scored by liveness deadline (ms)
+--   <b>:d  zset  every waiter's liveness deadline (ms): the waiters of :q
+--                and those of the condition variables (:c...) bound to it
 --   <b>:h  zset  holders "ticket permits client token", scored by lease
 --                expiry (ms)
 --   <b>:t  zset  tombstoned tickets, scored by when they may be forgotten
--- A condition variable <cond> bound to the resource (a mutex) has two keys
+-- A condition variable <cond> bound to the resource (a mutex) has one key
 -- more, in its slot, declared after the five by the scripts that know the
 -- condition (wait, signal, a waiter's leave) and reached from the "c"
--- marker by a refresh (see cond_load):
+-- marker by a refresh or a purge (see cond_load):
 --   <b>:c[:<cond>]  zset  its waiters, scored by sequence (when they began
---                         to wait), members as in :q
---   <b>:e[:<cond>]  zset  the same waiters, scored by liveness deadline (ms)
+--                         to wait), members as in :q; their deadlines
+--                         are in :d
 -- (no ":<cond>" for the condition named ""). A signalled waiter moves to
 -- :q under a new sequence number: behind those already queued, in signal
--- order.
+-- order. A waiter is in :q or in one :c, never both, and in :d while it is
+-- in either.
 -- A waiter is "ticket permits client leaseMs waiterMs". A waiter that asks
 -- for several resources at once (a multi-request) is queued in each of
 -- them, its member followed by a tab and its group: "base\tpermits\tcap"
@@ -82,20 +84,31 @@
 --   2. apply writes the buffer at the end, in calls of at most CHUNK
 --      arguments (Redis's Lua refuses unpack of about 8,000 values), adds
 --      before removals on each key, with commands that cannot fail for data
---      reasons on keys the script has read or declared.
+--      reasons. "Cannot fail" includes a key of the wrong type, written by
+--      another program: every key a script writes or gives a TTL is proven
+--      to hold what fairlock keeps there (or nothing) before the first
+--      write, by a read of it in this call (seen) or by TYPE (must_be);
+--      a fast path may leave one key unproven only if its first write is
+--      to that key, so that its failure writes nothing. A key of another
+--      type fails the call with FAIRLOCK_FOREIGN_KEY, naming the key,
+--      having written nothing (run_entry).
 --   3. A write that may still be refused goes through redis.pcall and is
 --      safe to lose: a wake-up (the waiter's refresh finds its grant), a
---      key's TTL (set again by the next script). Undeclared resources (a
---      multi-request's others) are probed before use; one that cannot be
---      reached (its slot is migrating) is left alone, and the request
---      waits. Reads after apply use redis.pcall.
+--      key's TTL (set again by the next script). A wake list whose push
+--      was refused (another program's key) is left as it is. Undeclared
+--      resources (a multi-request's others) are probed before use; one
+--      that cannot be reached (its slot is migrating) is left alone, and
+--      the request waits. Reads after apply use redis.pcall.
 --   4. Work is bounded: one script makes at most BUDGET grants, purges and
 --      drops. Work left over is reported (more = true) and finished by
 --      further scripts; between them the invariants hold (nobody barges a
 --      queue that has waiters; permits of leases not yet purged count as
 --      used).
 -- internal/halfrun's test transform checks rule 1-3 on a real server: a
--- call that fails after a write fails the test.
+-- call that fails after a write fails the test; TestForeignKeys puts a
+-- value of every other type at every key of every op and checks that the
+-- op either refuses, naming that key and changing nothing, or does what it
+-- would have done without touching that key.
 --
 -- miniredis's Lua (gopher-lua) miscomputes "x = f() and y" when x is a
 -- local declared before (it takes f's result as true): such an expression
@@ -127,11 +140,100 @@ local more          -- work was left for the next script
 local writes, wlast, expires, expire_of -- the write buffer
 local loaded, by_base                   -- resources read (see load)
 local wakes, wake_lists                 -- wake-ups to push, by list
+local proven        -- keys read in this call (seen), or checked (must_be)
+-- Keys a call reached that KEYS does not declare (a multi-request's other
+-- resources, a condition), key -> the type fairlock keeps there: where
+-- run_entry looks for a key of another type.
+local reached
 -- What a fast path (see fast_acquire) read before it found the general
 -- path needed: Redis's clock and the first resource's state, which begin
 -- and load take instead of reading them again. Set only by a fast path
 -- that returns nil, and taken by the begin that follows at once.
 local pre, pre_call
+
+-- FOREIGN starts the error of a call that met a key of another type than
+-- fairlock keeps there: "FAIRLOCK_FOREIGN_KEY <found> <kept> <key>".
+local FOREIGN = 'FAIRLOCK_FOREIGN_KEY'
+
+-- type_of returns the type of key, as TYPE names it ('none' if absent).
+local function type_of(key)
+  local t = redis.call('TYPE', key)
+  if type(t) == 'table' then t = t.ok end
+  return t
+end
+
+-- must_be raises the foreign-key error (see run_entry) unless key is
+-- absent or holds kind ('hash', 'zset'); it proves key for this call.
+local function must_be(key, kind)
+  local t = type_of(key)
+  if t ~= 'none' and t ~= kind then
+    error({ fairlock_foreign = key, found = t, kept = kind })
+  end
+  if proven then proven[key] = true end
+end
+
+-- seen notes that a read of key succeeded in this call, which proves that
+-- it holds what fairlock keeps there, or nothing.
+local function seen(key)
+  if proven then proven[key] = true end
+end
+
+-- reach notes an undeclared key (and the type fairlock keeps there) that
+-- this call is about to read.
+local function reach(key, kind)
+  reached = reached or {}
+  reached[#reached + 1] = { key, kind }
+end
+
+-- kind_of returns the type fairlock keeps at the i-th of n KEYS: five
+-- keys per resource (:s a hash, the others sorted sets), then a
+-- condition's key.
+local function kind_of(i, n)
+  if i <= n - n % 5 and i % 5 == 1 then return 'hash' end
+  return 'zset'
+end
+
+-- find_foreign returns the first key this call declared or reached that
+-- holds another type than fairlock keeps there, with both types.
+local function find_foreign(K)
+  for i, k in ipairs(K) do
+    local kind = kind_of(i, #K)
+    local t = type_of(k)
+    if t ~= 'none' and t ~= kind then return k, t, kind end
+  end
+  for _, kk in ipairs(reached or {}) do
+    local t = type_of(kk[1])
+    if t ~= 'none' and t ~= kk[2] then return kk[1], t, kk[2] end
+  end
+  return nil
+end
+
+-- run_entry runs an entry's body (every entry runs through it) and turns a
+-- key of another type, met by a read or by must_be (THE RULE, 2: nothing
+-- has been written then), into the error that names it. Any other error is
+-- raised again as it came.
+local function run_entry(body, K, A)
+  reached, proven = nil, nil
+  local ok, res = pcall(body, K, A)
+  if ok then return res end
+  local key, found, kept
+  if type(res) == 'table' and res.fairlock_foreign then
+    key, found, kept = res.fairlock_foreign, res.found, res.kept
+  else
+    local msg = res
+    if type(res) == 'table' then msg = res.err end
+    if type(msg) == 'string' and string.find(msg, 'WRONGTYPE', 1, true) then
+      key, found, kept = find_foreign(K)
+    end
+  end
+  if key then
+    return redis.error_reply(FOREIGN .. ' ' .. found .. ' ' .. kept .. ' ' .. key)
+  end
+  -- miniredis reports a raised table by its address; Redis keeps the
+  -- table's message.
+  if type(res) == 'table' and not redis.REDIS_VERSION then res = res.err end
+  error(res, 0)
+end
 
 -- set_now takes Redis's TIME reply as the call's clock.
 local function set_now(clock)
@@ -158,6 +260,7 @@ local function begin(call_keys)
   writes, wlast, expires, expire_of = {}, {}, {}, {}
   loaded, by_base = {}, {}
   wakes, wake_lists = {}, {}
+  proven = {}
   return extra
 end
 
@@ -187,25 +290,45 @@ local function expire_at(key, at, rel)
   expire_of[key] = { at = at, rel = rel }
 end
 
+-- kind_written returns the type a buffered write's command works on.
+local function kind_written(cmd)
+  if cmd == 'HSET' or cmd == 'HDEL' then return 'hash' end
+  return 'zset'
+end
+
+-- call_chunks performs buffered write e; it returns false for a wake-up
+-- refused (a wake list is undeclared: losing a wake-up is safe).
 local function call_chunks(e)
   local a, n = e.args, #e.args
   for i = 1, n, CHUNK do
     local j = math.min(i + CHUNK - 1, n)
     if e.cmd == 'RPUSH' then
-      -- A wake list is undeclared: losing a wake-up is safe.
-      redis.pcall(e.cmd, e.key, unpack(a, i, j))
+      local res = redis.pcall(e.cmd, e.key, unpack(a, i, j))
+      if type(res) == 'table' and res.err then return false end
     else
       redis.call(e.cmd, e.key, unpack(a, i, j))
     end
   end
+  return true
 end
 
--- apply performs the buffered writes: on each key its additions first (they
+-- apply performs the buffered writes: first it proves every key it will
+-- write or give a TTL (THE RULE, 2); then on each key its additions (they
 -- never touch a member that a removal in the same script names), so no key
--- is deleted and created again by one script, then the removals, then TTLs.
+-- is deleted and created again by one script, then the removals, then
+-- TTLs. A wake list whose push was refused keeps its TTL.
 local function apply()
   for _, e in ipairs(writes) do
-    if e.add then call_chunks(e) end
+    if e.cmd ~= 'RPUSH' and not proven[e.key] then must_be(e.key, kind_written(e.cmd)) end
+  end
+  -- Every key given a TTL but a wake list is a resource's or a
+  -- condition's; a state hash has been read (load).
+  for _, key in ipairs(expires) do
+    if not expire_of[key].rel and not proven[key] then must_be(key, 'zset') end
+  end
+  local refused = {}
+  for _, e in ipairs(writes) do
+    if e.add and not call_chunks(e) then refused[e.key] = true end
   end
   for _, e in ipairs(writes) do
     if not e.add then call_chunks(e) end
@@ -215,7 +338,7 @@ local function apply()
     -- A key emptied by this script no longer exists; in a migrating slot
     -- touching it fails, harmlessly.
     if x.rel then
-      redis.pcall('PEXPIRE', key, x.at)
+      if not refused[key] then redis.pcall('PEXPIRE', key, x.at) end
     else
       redis.pcall('PEXPIREAT', key, x.at)
     end

@@ -4,7 +4,7 @@
 -- before finish().
 --
 -- KEYS: the five keys of each resource of the request, in name order; for
---       "leave" and "wait", a condition's :c and :e keys may follow.
+--       "leave" and "wait", a condition's :c key may follow.
 -- ARGV: op, ticket, client, leaseMs, waiterMs, group ("" for one
 --       resource), announced ("1" if the grant was announced on a wake list
 --       and not yet confirmed by a renewal), then permits, token for each
@@ -59,7 +59,7 @@ local result = 0
 
 local cv
 if op == 'wait' then
-  cv = cond_load(rs[1], cond, ckeys[1], ckeys[2])
+  cv = cond_load(rs[1], cond, ckeys[1])
   -- A resend: the first run made the new ticket wait (or more since).
   if redis.call('HEXISTS', rs[1].S, fresh) == 1 then return { 1, 0, now, -1 } end
   if cv.off then return redis.error_reply('FAIRLOCK_COND_UNREACHABLE') end
@@ -77,10 +77,12 @@ if op == 'leave' then
       result = 1
     elseif g and string.sub(g, 1, 1) == CONDITION then
       -- Waiting on a condition variable.
-      local c = cond_load(p.r, string.sub(g, 2), ckeys[1], ckeys[2])
+      local c = cond_load(p.r, string.sub(g, 2), ckeys[1])
       local m = waiter_member(ticket, p.n, client, lease, wait, '')
       if not c.off then
-        if redis.call('ZSCORE', c.E, m) then
+        local at = redis.call('ZSCORE', c.C, m)
+        seen(c.C)
+        if at then
           cond_drop(p.r, c, m)
           result = 1
         else
@@ -98,6 +100,7 @@ if result == 0 then
     if p.ts ~= '0' then
       p.hm = holder_member(ticket, p.ns, client, p.ts)
       p.at = tonumber(redis.call('ZSCORE', p.r.H, p.hm))
+      seen(p.r.H)
     end
     if not alive(p.at) then live = false end
   end

@@ -84,13 +84,21 @@ func source(file string) string {
 }
 
 // scriptSource returns the EVAL source of entry e: queue.lua, the
-// includes, then e's file.
+// includes, then e's file as the body that queue.lua's run_entry runs.
 func scriptSource(e entry) string {
 	parts := []string{source("queue.lua")}
 	for _, f := range includes {
 		parts = append(parts, source(f))
 	}
-	return strings.Join(append(parts, source(e.file)), "\n")
+	return strings.Join(parts, "\n") + "\n" + entryBody(source(e.file))
+}
+
+// entryBody wraps an entry file's text as the function run_entry runs
+// (queue.lua), called with the script's KEYS and ARGV. The wrapper takes
+// no line of its own before the entry, so errors keep its line numbers
+// less one.
+func entryBody(src string) string {
+	return "return run_entry(function(KEYS, ARGV)\n" + src + "\nend, KEYS, ARGV)"
 }
 
 // scripts are the engine's scripts as one client runs them, one per entry.

@@ -8,8 +8,10 @@
 -- members.lua) give, as the general path would. Otherwise it returns nil
 -- having written nothing, and leaves what it read in pre for the general
 -- path. Both read everything first and write with commands that cannot
--- fail for data reasons, the first of which is the only one that may fail
--- at all (a key of the wrong type): the rule in queue.lua.
+-- fail for data reasons: every key a fast path writes or gives a TTL is
+-- proven first (a read of it, or must_be), but for the key of its first
+-- write, whose failure (a key of another type) writes nothing: the rule
+-- in queue.lua.
 -- TestFastPathsMatchGeneralPath proves each equal to the general path.
 
 -- FAST_PATHS lets the commonest calls take their fast path.
@@ -47,9 +49,9 @@ end
 local function fast_acquire(K, a)
   local S, ticket, client, lease, wait = K[KS], a[TICKET], a[CLIENT], a[LEASE], a[WAIT]
   local clock, st = fast_start(S, ticket)
-  local cap, used, nh, nq, exp0 = st[CAP], st[USED], st[NH], st[NQ], st[EXP]
+  local cap, used, nh, nq, nc, exp0 = st[CAP], st[USED], st[NH], st[NQ], st[NC], st[EXP]
   local n = want_of(a, 1)
-  local hmin, dmin = bound_of(st[HMIN], nh), bound_of(st[DMIN], nq)
+  local hmin, dmin = bound_of(st[HMIN], nh), bound_of(st[DMIN], nq + nc)
   local grant = n and may_grant_now(nq, used, n, cap)
   local ok = not st[MARK] and cap and n and lease and wait and cap == cap_of(a, 1) and not trim_due(st[TNEXT])
   if ok and not grant then
@@ -81,10 +83,26 @@ local function fast_acquire(K, a)
   put(f, name, low, bound)
   local exp = keys_exp(exp0, at, seq, false)
   put(f, 'exp', exp, exp0)
-  if not grant then redis.call('ZADD', K[KQ], ts, member) end
+  local moved = exp ~= exp0
+  -- Proven before the first write (a grant's is to :h, a waiter's to :q):
+  -- the other keys written or given a TTL. S was read.
+  if grant then
+    if moved then
+      must_be(K[KT], 'zset')
+      must_be(K[KQ], 'zset')
+      must_be(K[KD], 'zset')
+    end
+  else
+    must_be(K[KD], 'zset')
+    if moved then
+      must_be(K[KT], 'zset')
+      must_be(K[KH], 'zset')
+    end
+    redis.call('ZADD', K[KQ], ts, member)
+  end
   redis.call('ZADD', zkey, num(at), member)
   redis.call('HSET', S, unpack(f))
-  expiring(K, exp ~= exp0, false, grant and nh <= 0, not grant and nq <= 0, false, fast_expire, exp)
+  expiring(K, moved, false, grant and nh <= 0, not grant and nq <= 0, not grant and nq + nc <= 0, false, fast_expire, exp)
   if grant then return { 1, now, at, ts } end
   -- The next event, as next_event reports it: neither bound is due.
   return { 2, now, math.min(hmin, low) - now }
@@ -101,9 +119,11 @@ local function fast_release(K, a)
   local S, ticket, client = K[KS], a[TICKET], a[CLIENT]
   local n, ns, token = part_of(a, 1)
   local clock, st = fast_start(S, ticket)
-  local cap, used, nh, nq, exp0 = st[CAP], st[USED], st[NH], st[NQ], st[EXP]
-  local hmin, dmin = bound_of(st[HMIN], nh), bound_of(st[DMIN], nq)
-  local ok = cap and n and used - n < cap and not trim_due(st[TNEXT])
+  local cap, used, nh, nq, nc, exp0 = st[CAP], st[USED], st[NH], st[NQ], st[NC], st[EXP]
+  local hmin, dmin = bound_of(st[HMIN], nh), bound_of(st[DMIN], nq + nc)
+  -- A dead waiter (queued, or on a condition) is the general path's: it
+  -- drops it when it runs the queue.
+  local ok = cap and n and used - n < cap and not trim_due(st[TNEXT]) and (nq + nc <= 0 or nothing_due(dmin))
   local head, w, after = nil, nil, used
   if ok and nq > 0 then
     local quiet = nothing_due(dmin)
@@ -150,24 +170,31 @@ local function fast_release(K, a)
   put(f, 'used', after, used)
   local tn = tnext_with(st[TNEXT], untl)
   if tn then put(f, 'tnext', tn, nil) end
-  local idle = not w and is_idle(nh - 1, nq, st[NC])
+  local idle = not w and is_idle(nh - 1, nq, nc)
   local exp = keys_exp(exp0, horizon, seq, idle)
   put(f, 'exp', exp, exp0)
+  local moved = exp ~= exp0
+  -- Proven before the first write (to :t): the other keys written or
+  -- given a TTL. S, :h (and :q, for a handoff) were read.
+  if w or (moved and not idle) then must_be(K[KD], 'zset') end
+  if not w and moved and not idle then must_be(K[KQ], 'zset') end
   redis.call('ZADD', K[KT], num(untl), ticket)
-  local list
+  local list, pushed
   if w then
     redis.call('ZADD', K[KH], num(now + ttl), holder_member(w.ticket, w.ns, w.client, ts))
     list = wake_list(base_of(S), w.client)
     -- The wake list is not declared: losing a wake-up is safe.
-    redis.pcall('RPUSH', list, wake_entry(w.ticket, now + ttl, { ts }))
+    pushed = redis.pcall('RPUSH', list, wake_entry(w.ticket, now + ttl, { ts }))
   end
   redis.call('HSET', S, unpack(f))
   redis.call('ZREM', K[KH], m)
   if w then
     redis.call('ZREM', K[KQ], head)
     redis.call('ZREM', K[KD], head)
-    redis.pcall('PEXPIRE', list, ttl)
+    -- A list another program wrote, which refused the push, keeps its
+    -- TTL.
+    if type(pushed) == 'number' then redis.pcall('PEXPIRE', list, ttl) end
   end
-  expiring(K, exp ~= exp0, idle, false, false, (st[TNEXT] or 0) <= 0, fast_expire, exp)
+  expiring(K, moved, idle, false, false, false, (st[TNEXT] or 0) <= 0, fast_expire, exp)
   return { 1, 0 }
 end

@@ -4,6 +4,10 @@
 -- grant is a lease (hold) told to its process on its wake list
 -- (announce); a request that cannot be granted now is queued (enqueue).
 
+-- drop_cond_waiter takes a waiter off a condition variable of a resource
+-- (cond.lua defines it; purge_waiters drops dead ones with it).
+local drop_cond_waiter
+
 -- drop_holder forgets a lease of n permits (n is read from the member
 -- when not given), frees its permits and leaves a tombstone (tomb:
 -- RELEASED when its holder released it, ENDED otherwise).
@@ -30,6 +34,7 @@ local function read_due(key, bound, buf)
   end
   -- The members due (see due): score at most now.
   local got = redis.call('ZRANGEBYSCORE', key, '-inf', due_max(), 'LIMIT', 0, budget)
+  seen(key)
   if #got >= budget then
     more = true
     return got, bound
@@ -59,8 +64,12 @@ end
 -- from that queue; otherwise it is looked up first.
 local function unqueue(r, m, known)
   if r.qgone[m] or r.off then return end
-  if not known and not redis.call('ZSCORE', r.Q, m) then return end
-  r.qgone[m] = true
+  if not known then
+    local at = redis.call('ZSCORE', r.Q, m)
+    seen(r.Q)
+    if not at then return end
+  end
+  r.qgone[m], r.dgone[m] = true, true
   write('ZREM', r.Q, m)
   write('ZREM', r.D, m)
   r.nq = r.nq - 1
@@ -87,24 +96,40 @@ end
 local function due_waiter(r, m)
   if r.off then return false end
   local at = tonumber(redis.call('ZSCORE', r.D, m))
+  seen(r.D)
   return at ~= nil and due(at)
 end
 
 -- purge_waiters drops waiters whose process stopped refreshing, at most the
--- budget left. Each deadline is absolute and its own: a dead waiter never
--- pushes anybody else's deadline later, so any number of dead waiters cost
--- one TTL.
+-- budget left: those queued, and those waiting on a condition variable
+-- (whose marks in S say which). Each deadline is absolute and its own: a
+-- dead waiter never pushes anybody else's deadline later, so any number of
+-- dead waiters cost one TTL.
 local function purge_waiters(r)
-  if r.nq <= 0 or r.wpurged or r.off then return end
+  if r.nq + r.nc <= 0 or r.wpurged or r.off then return end
   r.wpurged = true
   local gone
   gone, r.dmin = read_due(r.D, r.dmin, r.dbuf)
   local fresh = r.fresh or {}
+  local dead, tickets = {}, {}
   for _, m in ipairs(gone) do
     -- A waiter refreshed by this script is not due (its new deadline is
     -- still in the buffer).
-    if not r.qgone[m] and not fresh[m] then
-      budget = budget - 1
+    if not r.dgone[m] and not fresh[m] then
+      dead[#dead + 1] = m
+      tickets[#tickets + 1] = ticket_of(m)
+    end
+  end
+  if #dead == 0 then return end
+  local marks = {}
+  if r.nc > 0 then marks = redis.call('HMGET', r.S, unpack(tickets)) end
+  for i, m in ipairs(dead) do
+    budget = budget - 1
+    local g = r.grants[tickets[i]]
+    if g == nil then g = marks[i] end
+    if type(g) == 'string' and string.sub(g, 1, 1) == CONDITION then
+      drop_cond_waiter(r, string.sub(g, 2), m)
+    else
       drop_waiter(r, m)
     end
   end
@@ -164,6 +189,7 @@ local function head(r)
     if page then size = PAGE end
     r.want = size
     r.page = redis.call('ZRANGE', r.Q, r.qread, r.qread + size - 1)
+    seen(r.Q)
     r.qread = r.qread + #r.page
     r.pos = 1
   end
@@ -225,8 +251,9 @@ local function enqueue(r, ticket, m, wait)
   wait_at(r, now + wait, m)
   record(r, ticket, QUEUED)
   -- A queue that had waiters keeps them through this script (adds go
-  -- first), and so its TTL.
+  -- first), and so its TTL; so does :d.
   if r.nq0 <= 0 then r.wrote_q = true end
+  if r.nq0 + r.nc0 <= 0 then r.wrote_d = true end
   r.nq = r.nq + 1
 end
 

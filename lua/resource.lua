@@ -15,7 +15,7 @@ local function rebuild(r)
   end
   r.nh0, r.nq0, r.used0 = 0, 0, 0
   r.hmin, r.dmin = nil, nil
-  r.wrote_h, r.wrote_q = true, r.nq > 0
+  r.wrote_h, r.wrote_q, r.wrote_d = true, r.nq > 0, r.nq > 0
 end
 
 -- load returns the resource with key base base, reading its state on first
@@ -34,10 +34,11 @@ local function load(base, k, ticket)
     K = resource_keys(base)
     local probe = redis.pcall('EXISTS', K[KS], K[KQ], K[KD], K[KH], K[KT])
     if type(probe) == 'table' and probe.err then
-      r = { base = base, off = true, nq = 0, nh = 0, used = 0 }
+      r = { base = base, off = true, nq = 0, nh = 0, nc = 0, used = 0 }
       by_base[base] = r
       return r
     end
+    for i = KS, KT do reach(K[i], kind_of(i, 5)) end
   end
   local st
   if ticket and pre_call and pre_call.S == K[KS] then
@@ -45,29 +46,32 @@ local function load(base, k, ticket)
   else
     st = read_state(K[KS], ticket)
   end
+  seen(K[KS])
   -- One constructor with every field: growing a table field by field
   -- costs more than the rest of this function.
   r = {
-    base = base, keys = K, S = K[KS], Q = K[KQ], D = K[KD], H = K[KH], T = K[KT], grant = st[MARK],
+    base = base, keys = K, S = K[KS], Q = K[KQ], D = K[KD], H = K[KH], T = K[KT], grant = st[MARK], ticket = ticket,
     cap = st[CAP], used = st[USED], nh = st[NH], nq = st[NQ], seq = st[SEQ], exp = st[EXP],
     nc = st[NC], nc0 = st[NC], conds = {}, conds_by = {}, -- condition waiters; conditions loaded (cond_load)
     tnext = st[TNEXT], had_t = (st[TNEXT] or 0) > 0,
     -- Bounds (see bound_of): nil unknown, math.huge nothing there.
     -- hbuf, dbuf: the earliest score this script adds (buffered).
-    hmin = bound_of(st[HMIN], st[NH]), dmin = bound_of(st[DMIN], st[NQ]), hbuf = math.huge, dbuf = math.huge,
+    hmin = bound_of(st[HMIN], st[NH]), dmin = bound_of(st[DMIN], st[NQ] + st[NC]), hbuf = math.huge, dbuf = math.huge,
     -- as read, to write back only what changed
     used0 = st[USED], nh0 = st[NH], nq0 = st[NQ], seq0 = st[SEQ], hmin0 = st[HMIN], dmin0 = st[DMIN],
     horizon = 0, -- latest deadline written by this script
     -- Keys this script added members to, which may have been created (or
     -- emptied and created again) here and so have no TTL yet.
-    wrote_h = false, wrote_q = false, wrote_t = false,
+    wrote_h = false, wrote_q = false, wrote_d = false, wrote_t = false,
     hpurged = false, wpurged = false, newcap = false,
     -- Grants to record (ticket -> token), marks (ticket -> QUEUED...),
     -- tombstones (ticket -> RELEASED or ENDED) or forget (ticket ->
     -- false) in S, and their order.
     grants = {}, gorder = {},
-    -- Members this script removed (buffered), which reads still return.
-    hgone = {}, qgone = {},
+    -- Members this script removed (buffered), which reads still return:
+    -- from :h, from :q, and from :d (waiters dropped from :q or a
+    -- condition).
+    hgone = {}, qgone = {}, dgone = {},
     -- The queue as read so far: page, position in it, members read.
     page = nil, pos = 1, qread = 0,
   }
@@ -124,10 +128,12 @@ local function trim_tombstones(r)
   if r.off or not trim_due(r.tnext) or budget <= 0 then return end
   local limit = budget
   local old = redis.call('ZRANGEBYSCORE', r.T, '-inf', now + TOMB_MS / 2, 'LIMIT', 0, limit)
+  seen(r.T)
   for _, t in ipairs(old) do
     budget = budget - 1
-    -- A ticket this script changes again keeps its entry.
-    if r.grants[t] == nil then
+    -- A ticket this script changes again keeps its entry; so does the
+    -- call's own, so that the call sent again finds what this run did.
+    if r.grants[t] == nil and t ~= r.ticket then
       write('ZREM', r.T, t)
       record(r, t, false)
     end
@@ -185,27 +191,24 @@ local function finish_one(r)
   put(f, 'nc', r.nc, r.nc0)
   if r.tnext_set then put(f, 'tnext', r.tnext or 0, nil) end
   if r.nh > 0 and r.hmin and r.hmin < math.huge then put(f, 'hmin', r.hmin, r.hmin0) end
-  if r.nq > 0 and r.dmin and r.dmin < math.huge then put(f, 'dmin', r.dmin, r.dmin0) end
+  if r.nq + r.nc > 0 and r.dmin and r.dmin < math.huge then put(f, 'dmin', r.dmin, r.dmin0) end
   local idle = is_idle(r.nh, r.nq, r.nc)
   local exp = r.exp
   if not idle or #f > 0 or changed then exp = keys_exp(r.exp, r.horizon, r.seq, idle) end
   local moved = exp ~= r.exp
   local at = num(exp)
-  -- A condition's keys written here live as long as the state hash, which
+  -- A condition's key written here lives as long as the state hash, which
   -- holds its waiters' markers (and lives past their deadlines).
   for _, cv in ipairs(r.conds) do
-    if cv.wrote then
-      expire_at(cv.C, at)
-      expire_at(cv.E, at)
-    end
+    if cv.wrote then expire_at(cv.C, at) end
   end
-  if #f == 0 and not changed and not (moved or r.wrote_h or r.wrote_q or r.wrote_t) then return end
+  if #f == 0 and not changed and not (moved or r.wrote_h or r.wrote_q or r.wrote_d or r.wrote_t) then return end
   if moved then
     f[#f + 1] = 'exp'
     f[#f + 1] = at
   end
   for i = 1, #f, 2 do write('HSET', r.S, f[i], f[i + 1]) end
-  expiring(r.keys, moved, idle, r.wrote_h, r.wrote_q, r.wrote_t, expire_at, at)
+  expiring(r.keys, moved, idle, r.wrote_h, r.wrote_q, r.wrote_d, r.wrote_t, expire_at, at)
 end
 
 -- finish buffers every loaded resource's state and the wake-ups, then
@@ -236,7 +239,7 @@ local function next_event()
   for _, r in ipairs(loaded) do
     if not r.off then
       if r.nh > 0 then first(r.hmin, r.H) end
-      if r.nq > 0 then first(r.dmin, r.D) end
+      if r.nq + r.nc > 0 then first(r.dmin, r.D) end
     end
   end
   -- None; or overdue: a lease or waiter this script could not drop (on

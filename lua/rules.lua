@@ -8,6 +8,8 @@ local QUEUED = 'q'    -- waiting in the resource's queue
 local RELEASED = 'r'  -- tombstone: its holder released the lease
 local ENDED = 'x'     -- tombstone: the lease or request ended otherwise
 local CONDITION = 'c' -- followed by the condition's name: waiting there
+local SIGNALLED = 's' -- followed by its reply: a signal's record (kept as
+                      -- a tombstone), under the signal's id
 
 -- due reports whether time at (ms: a lease's expiry, a waiter's deadline,
 -- or a bound no later than some of those) has come. A lease or a waiter
@@ -50,15 +52,29 @@ local function lowered(bound, at)
   return bound
 end
 
--- is_token tells a grant's token from the marks above and from nothing.
+-- is_token tells a grant's token (decimal digits) from the marks above
+-- and from nothing.
 local function is_token(v)
-  return type(v) == 'string' and v ~= QUEUED and v ~= RELEASED and v ~= ENDED
-    and string.sub(v, 1, 1) ~= CONDITION
+  return type(v) == 'string' and string.find(v, '^%d') ~= nil
 end
 
--- is_tomb tells a tombstone: the ticket's grant has ended.
+-- is_signalled tells a signal's record; signalled makes one of a signal's
+-- reply, and parse_signalled reads it back.
+local function is_signalled(v)
+  return type(v) == 'string' and string.sub(v, 1, 1) == SIGNALLED
+end
+local function signalled(woken, cm, mf, bound)
+  return SIGNALLED .. num(woken) .. ' ' .. num(cm) .. ' ' .. num(mf) .. ' ' .. num(bound)
+end
+local function parse_signalled(v)
+  local w, cm, mf, b = string.match(v, '^' .. SIGNALLED .. '(%d+) (%d+) (%d+) (%d+)$')
+  return tonumber(w), tonumber(cm), tonumber(mf), b
+end
+
+-- is_tomb tells a record that is kept for a while and then forgotten: a
+-- tombstone (the ticket's grant has ended) or a signal's record.
 local function is_tomb(v)
-  return v == RELEASED or v == ENDED
+  return v == RELEASED or v == ENDED or is_signalled(v)
 end
 
 -- next_token returns the number after seq in a resource's one sequence,
@@ -93,7 +109,10 @@ local function may_grant_now(nq, used, n, cap)
 end
 
 -- is_idle reports whether a resource has nobody: no holder, no waiter in
--- its queue or on its condition variables.
+-- its queue or on its condition variables. It is the one answer to "is the
+-- resource in use": for the capacity check, the keys' TTL, and every other
+-- question of the kind; a participant a later primitive adds must count
+-- here.
 local function is_idle(nh, nq, nc)
   return nh <= 0 and nq <= 0 and nc <= 0
 end
@@ -151,15 +170,14 @@ end
 -- expiring calls f(key, x) for each of a resource's keys (K, indexed by
 -- KS...KT) that must be given the keys' expiry x: every key when the expiry
 -- moved; otherwise the keys a script may have created (new_h: holders
--- added to an empty :h; new_q: a waiter to an empty :q and :d; new_t: a
--- tombstone to an empty :t). An idle resource has no :q, :d or :h left.
-local function expiring(K, moved, idle, new_h, new_q, new_t, f, x)
+-- added to an empty :h; new_q: a waiter to an empty :q; new_d: a waiter,
+-- queued or on a condition, to an empty :d; new_t: a tombstone to an empty
+-- :t). An idle resource has no :q, :d or :h left.
+local function expiring(K, moved, idle, new_h, new_q, new_d, new_t, f, x)
   if moved then f(K[KS], x) end
   if moved or new_t then f(K[KT], x) end
   if idle then return end
   if moved or new_h then f(K[KH], x) end
-  if moved or new_q then
-    f(K[KQ], x)
-    f(K[KD], x)
-  end
+  if moved or new_q then f(K[KQ], x) end
+  if moved or new_d then f(K[KD], x) end
 end

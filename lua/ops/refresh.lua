@@ -17,6 +17,7 @@ local client, lease, wait = ARGV[2], ARGV[3], tonumber(ARGV[4])
 -- Expired leases go, whether or not their permits are needed now.
 purge_holders(first)
 local out = {}
+local waiting = {} -- the tickets refreshed in a queue
 -- What the first resource's state says of each ticket: QUEUED, waiting on
 -- a condition, a token (granted), else gone.
 local tickets = {}
@@ -37,13 +38,18 @@ for i = 5, #ARGV, 3 do
     -- and its deadline has not come.
     local m = waiter_member(ticket, n, client, lease, wait, '')
     local at = nil
-    if not cv.off then at = tonumber(redis.call('ZSCORE', cv.E, m)) end
+    if not cv.off then
+      -- Its deadline (in :d while it waits on cv: the mark says it does).
+      at = tonumber(redis.call('ZSCORE', first.D, m))
+      seen(first.D)
+    end
     if cv.off then
       -- Unreachable now: its deadline stays; the next refresh tries.
     elseif alive(at) then
-      write('ZADD', cv.E, num(now + wait), m)
-      first.horizon = math.max(first.horizon, now + wait)
-      cv.wrote = true
+      wait_at(first, now + wait, m)
+      -- purge_waiters reads the deadlines as they were.
+      first.fresh = first.fresh or {}
+      first.fresh[m] = true
     else
       if at then
         cond_drop(first, cv, m) -- dead: its deadline came first
@@ -59,6 +65,7 @@ for i = 5, #ARGV, 3 do
     out[#out + 1] = ticket
     out[#out + 1] = '0'
   elseif state == QUEUED then
+    waiting[#waiting + 1] = { ticket = ticket, parts = parts }
     for _, p in ipairs(parts) do
       local r = load(p.base)
       if not r.off then
@@ -102,5 +109,22 @@ end
 -- fresh), whether or not the queue can move now.
 purge_waiters(first)
 run_queues(loaded)
+-- Waiters this refresh's own run granted learn it in its reply, as a
+-- refresh sent again would tell them (announced: a grant's TTL).
+for _, w in ipairs(waiting) do
+  local tokens = {}
+  for j, p in ipairs(w.parts) do
+    local token = load(p.base).grants[w.ticket]
+    if not is_token(token) then
+      tokens = nil
+      break
+    end
+    tokens[j] = token
+  end
+  if tokens then
+    out[#out + 1] = w.ticket
+    out[#out + 1] = num(now + grant_ttl(tonumber(lease), wait, true)) .. ' ' .. table.concat(tokens, ' ')
+  end
+end
 finish()
 return { next_event(), out, now }

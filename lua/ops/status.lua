@@ -32,9 +32,22 @@ for i = 1, #q, 2 do
 end
 -- The leases and waiters due (score at most now) are counted, not read;
 -- the permits of the leases due are read, at most EXPIRED_MAX of them.
+-- :d holds the deadlines of the condition waiters too: where there are
+-- some, the waiters due are looked up in :q, at most EXPIRED_MAX of them
+-- (those past that counted as queued).
 local hdue, ddue = 0, 0
 if r.nh > 0 then hdue = redis.call('ZCOUNT', r.H, '-inf', due_max()) end
 if r.nq > 0 then ddue = redis.call('ZCOUNT', r.D, '-inf', due_max()) end
+if ddue > 0 and r.nc > 0 then
+  local gone = redis.call('ZRANGEBYSCORE', r.D, '-inf', due_max(), 'LIMIT', 0, EXPIRED_MAX)
+  local queued = ddue - #gone
+  for i = 1, #gone, CHUNK do
+    for _, x in ipairs(redis.call('ZMSCORE', r.Q, unpack(gone, i, math.min(i + CHUNK - 1, #gone)))) do
+      if x then queued = queued + 1 end
+    end
+  end
+  ddue = queued
+end
 local inuse = r.used
 if hdue > 0 then
   local gone = redis.call('ZRANGEBYSCORE', r.H, '-inf', due_max(), 'LIMIT', 0, EXPIRED_MAX)
