@@ -55,11 +55,25 @@ func (s *csem) keys() []string {
 	return []string{s.base + ":s", s.base + ":q", s.base + ":d", s.base + ":h", s.base + ":t"}
 }
 
+// callSides is where a call machine runs its calls: a replayPair (the
+// fast paths on and off, compared), a foreignPair (a clean database and
+// one where other programs' keys are planted), or a resendPair (calls
+// sent once, and sent twice).
+type callSides interface {
+	// step runs c, the stepth call, on every side and checks them; it
+	// returns the reply the machine goes on with.
+	step(ctx context.Context, c call, step int) (any, error)
+	// sides are the databases, kept alike; the machine reads the first.
+	sides() []*replayer
+}
+
+func (p *replayPair) sides() []*replayer { return []*replayer{p.fast, p.general} }
+
 // callMachine is one run's state.
 type callMachine struct {
 	ctx     context.Context
 	t       *rapid.T
-	pair    *replayPair
+	pair    callSides
 	now     int64 // µs, Redis's clock as the replayers see it
 	sems    []*csem
 	procs   []*cproc
@@ -264,12 +278,15 @@ func (m *callMachine) hear(t *rapid.T) {
 	p := m.drawProc(t)
 	for _, s := range m.sems {
 		list := s.base + ":w:" + p.id
-		var got [2][]string
-		for j, r := range []*replayer{m.pair.fast, m.pair.general} {
+		sides := m.pair.sides()
+		got := make([][]string, len(sides))
+		for j, r := range sides {
 			got[j], _ = r.rdb.LPopCount(m.ctx, list, 1000).Result()
 		}
-		if !slices.Equal(got[0], got[1]) {
-			t.Fatalf("wake list %s: fast paths on %q, off %q", list, got[0], got[1])
+		for j := 1; j < len(sides); j++ {
+			if !slices.Equal(got[0], got[j]) {
+				t.Fatalf("wake list %s: %s %q, %s %q", list, sides[0].name, got[0], sides[j].name, got[j])
+			}
 		}
 		for _, w := range got[0] {
 			tk, rest, _ := strings.Cut(w, " ")
@@ -317,7 +334,7 @@ func (m *callMachine) signal(t *rapid.T) {
 	cond := rapid.SampledFrom([]string{"", "x"}).Draw(t, "condition")
 	mode := rapid.SampledFrom([]string{"1", "all"}).Draw(t, "mode")
 	keys := append(s.keys(), condKeys(keys{base: s.base, all: s.keys()}, cond)...)
-	res, _ := m.exec(call{Keys: keys, Args: []string{"signal", cond, mode, ""}}).([]any)
+	res, _ := m.exec(call{Keys: keys, Args: []string{"signal", cond, mode, "", m.newTicket()}}).([]any)
 	if len(res) < 1 {
 		return
 	}
@@ -345,7 +362,7 @@ func (m *callMachine) lapse(t *rapid.T) {
 	i := rapid.IntRange(0, len(m.holding)-1).Draw(t, "holder")
 	tk := m.holding[i]
 	s := tk.parts[rapid.IntRange(0, len(tk.parts)-1).Draw(t, "part")].sem
-	zs, err := m.pair.fast.rdb.ZRangeWithScores(m.ctx, s.base+":d", 0, 2).Result()
+	zs, err := m.pair.sides()[0].rdb.ZRangeWithScores(m.ctx, s.base+":d", 0, 2).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -388,7 +405,7 @@ func (m *callMachine) advance(t *rapid.T) {
 		var next []int64
 		for _, s := range m.sems {
 			for _, k := range s.keys()[2:] {
-				zs, err := m.pair.fast.rdb.ZRangeWithScores(m.ctx, k, 0, -1).Result()
+				zs, err := m.pair.sides()[0].rdb.ZRangeWithScores(m.ctx, k, 0, -1).Result()
 				if err != nil {
 					continue
 				}
@@ -410,10 +427,10 @@ func (m *callMachine) advance(t *rapid.T) {
 }
 
 // runCallMachine runs one call machine on pair and returns how many calls
-// it made.
-func runCallMachine(rt *rapid.T, pair *replayPair) int {
+// it made; started (if any) sees the machine before its first call.
+func runCallMachine(rt *rapid.T, pair callSides, started ...func(*callMachine)) int {
 	ctx := context.Background()
-	for _, r := range []*replayer{pair.fast, pair.general} {
+	for _, r := range pair.sides() {
 		if err := r.rdb.FlushDB(ctx).Err(); err != nil {
 			rt.Fatal(err)
 		}
@@ -431,6 +448,9 @@ func runCallMachine(rt *rapid.T, pair *replayPair) int {
 			lease: rapid.SampledFrom([]int64{300, 1000, 5000}).Draw(rt, "lease TTL"),
 			wait:  rapid.SampledFrom([]int64{200, 600, 3000}).Draw(rt, "waiter TTL"),
 		})
+	}
+	for _, f := range started {
+		f(m)
 	}
 	rt.Repeat(map[string]func(*rapid.T){
 		"acquire":     m.acquire,

@@ -43,7 +43,7 @@ func TestErrorsNameFairlockOnce(t *testing.T) {
 			text  string
 		}{
 			{notAcquired, "try acquire", []string{"e"}, fairlock.ErrNotAcquired, `fairlock: try acquire "e": not acquired`},
-			{wrongType, "acquire", []string{"w"}, fairlock.ErrRedis, `fairlock: acquire "w": redis error: `},
+			{wrongType, "acquire", []string{"w"}, fairlock.ErrForeignKey, `fairlock: acquire "w": key written by another program: "`},
 			{badName, "acquire", []string{""}, fairlock.ErrInvalidName, `fairlock: acquire "": invalid name: empty`},
 			{notHeld, "release", []string{"e"}, fairlock.ErrNotHeld, `fairlock: release "e": lease not held`},
 			{badNew, "new", nil, fairlock.ErrInvalidArgument, `fairlock: new: invalid argument: nil redis client`},
@@ -60,8 +60,8 @@ func TestErrorsNameFairlockOnce(t *testing.T) {
 				t.Fatalf("message %q, want it to start with %q and name fairlock once", tc.err, tc.text)
 			}
 		}
-		if !strings.Contains(wrongType.Error(), "WRONGTYPE") {
-			t.Fatalf("%q does not carry Redis's error", wrongType)
+		if !errors.Is(wrongType, fairlock.ErrRedis) || !strings.Contains(wrongType.Error(), `{w}:s" holds a string where fairlock keeps a hash`) {
+			t.Fatalf("%q does not match ErrRedis, or does not name the key and its type", wrongType)
 		}
 	})
 }

@@ -512,7 +512,10 @@ func runMachine(rt *rapid.T, b *redistest.Backend, cfg mconfig) {
 		"wait":      m.condWait,
 		"signal":    func(t *rapid.T) { m.condSignal(t, false) },
 		"broadcast": func(t *rapid.T) { m.condSignal(t, true) },
-		"":          m.check,
+		// A caller with another capacity: refused while anybody uses the
+		// semaphore (holders, queued waiters, condition waiters).
+		"other capacity": m.otherCapacity,
+		"":               m.check,
 	}
 	if m.frozen {
 		actions["crash"] = m.crash
@@ -801,6 +804,47 @@ func (m *machine) try(t *rapid.T) {
 		for _, e := range m.entries(a, l.ticket, m.nowMs()+ms(a.leaseTTL())) {
 			e.s.holders = append(e.s.holders, e)
 		}
+	}
+	m.settle(t)
+}
+
+// otherCapacity makes an idle process try a semaphore with a capacity
+// other than the one in use. The model refuses it while the semaphore has
+// a live holder, a live queued waiter or a live condition waiter; an idle
+// semaphore takes the new capacity (the process takes a permit and gives
+// it back at once), and every later request gives that capacity.
+func (m *machine) otherCapacity(t *rapid.T) {
+	as := m.solo(idle)
+	if len(as) == 0 {
+		t.Skip("no idle process")
+	}
+	a := pick(t, as)
+	s := m.pickSem(t)
+	capacity := s.cap + rapid.SampledFrom([]int64{-1, 1, 2}).Draw(t, "capacity change")
+	if capacity < 1 {
+		capacity = s.cap + 1
+	}
+	m.modelRun()
+	inUse := len(s.holders)+len(s.queue)+len(s.cond) > 0
+	m.logf("process %d: TryAcquire(1 of %s, capacity %d; in use with %d: %d holders, %d queued, %d on the condition)",
+		a.id, s.name, capacity, s.cap, len(s.holders), len(s.queue), len(s.cond))
+	ctx := context.Background()
+	l, err := a.c.TryAcquire(ctx, Request{Name: s.name, Capacity: capacity, Permits: 1})
+	switch {
+	case inUse && !errors.Is(err, ErrCapacityMismatch):
+		t.Fatalf("TryAcquire with capacity %d = %v; the model has it in use with capacity %d: want ErrCapacityMismatch", capacity, err, s.cap)
+	case !inUse && err != nil:
+		t.Fatalf("TryAcquire with capacity %d = %v; the model has it idle", capacity, err)
+	case !inUse:
+		if l.Token() <= s.token {
+			t.Fatalf("%s granted token %d after token %d", s.name, l.Token(), s.token)
+		}
+		s.token = l.Token()
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("Release of the lease with capacity %d: %v", capacity, err)
+		}
+		s.cap = capacity
+		m.seen.cap = max(m.seen.cap, capacity)
 	}
 	m.settle(t)
 }
@@ -1460,7 +1504,7 @@ func (m *machine) redisCond(s *msem) []rentry {
 	if err != nil {
 		m.t.Fatal(err)
 	}
-	deadlines, err := m.rdb.ZRangeWithScores(ctx, keys[1], 0, -1).Result()
+	deadlines, err := m.rdb.ZRangeWithScores(ctx, s.k.list()[keyDeadlines], 0, -1).Result()
 	if err != nil {
 		m.t.Fatal(err)
 	}

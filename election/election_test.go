@@ -360,7 +360,7 @@ type noSubscribe struct{ fairlock.RedisClient }
 
 // An election and a condition variable of the mutex of the same name keep
 // keys of their own side by side: an election's record and a condition's
-// waiters never share a key (they once both used ":e").
+// waiters never share a key.
 func TestElectionBesideCond(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)

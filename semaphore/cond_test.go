@@ -2,6 +2,7 @@ package semaphore_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/semaphore"
+	"github.com/redis/go-redis/v9"
 )
 
 // condEnv is one test's mutex "mu" and its default condition, as seen by
@@ -215,7 +217,7 @@ func TestCondSignalSkipsDead(t *testing.T) {
 		faults.Down.Store(true) // the process dies
 		live := e.startWait(ctx, 2)
 		// Past the dead waiter's deadline, by Redis's clock.
-		key := e.Key("mu", "e")
+		key := e.Key("mu", "d")
 		e.WaitFor("the dead waiter's deadline", func() bool {
 			at, err := e.RDB.ZRangeWithScores(ctx, key, 0, 0).Result()
 			now, err2 := e.RDB.Time(ctx).Result()
@@ -303,5 +305,114 @@ func TestCondBroadcastMany(t *testing.T) {
 			}
 			want++
 		}
+	})
+}
+
+// A condition waiter is a user of its mutex: while it waits, the mutex is
+// in use, and a caller giving another capacity is refused, as it is while
+// the mutex is held or waited for. (Were it not, the caller would take
+// the mutex over with its capacity, and the waiter, once signalled, would
+// be granted beside it: a mutex held by two live leases.)
+func TestCondWaiterKeepsTheCapacity(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newCondEnv(t, b)
+		ctx := context.Background()
+		waiting := e.startWait(ctx, 1)
+		other := e.Client()
+		_, err := other.TryAcquire(ctx, fairlock.Request{Name: "mu", Capacity: 2, Permits: 1})
+		fltest.IsErr(t, "TryAcquire with capacity 2 while a waiter waits on the mutex's condition", err, fairlock.ErrCapacityMismatch)
+		_, err = other.Acquire(ctx, fairlock.Request{Name: "mu", Capacity: 2, Permits: 1})
+		fltest.IsErr(t, "Acquire with capacity 2 while a waiter waits on the mutex's condition", err, fairlock.ErrCapacityMismatch)
+		e.signal(false, 1)
+		l := e.Granted(waiting)
+		st, err := other.Status(ctx, "mu")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Held != 1 || st.InUse != 1 || st.Capacity != 1 {
+			t.Fatalf("after the signal: %d holders, %d in use, capacity %d; want 1, 1, 1", st.Held, st.InUse, st.Capacity)
+		}
+		e.Release(l)
+	})
+}
+
+// A condition waiter whose process died (its waiter TTL passed unrefreshed)
+// no longer holds the mutex in use: a caller with another capacity may
+// then take it.
+func TestCondDeadWaiterFreesTheCapacity(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newCondEnv(t, b)
+		ctx := context.Background()
+		const ttl = 200 * time.Millisecond
+		dc, faults := e.FaultyClient(fairlock.WithWaiterTTL(ttl))
+		dm := e.mutex(dc)
+		dl := e.lock(dm)
+		dead := fltest.Async(func() (*fairlock.Lease, error) { return semaphore.NewCond(dm).Wait(ctx, dl) })
+		e.WaitFor("the doomed waiter", func() bool { return e.waiters() == 1 })
+		faults.Down.Store(true) // the process dies
+		key := e.Key("mu", "d")
+		e.WaitFor("the dead waiter's deadline", func() bool {
+			at, err := e.RDB.ZRangeWithScores(ctx, key, 0, 0).Result()
+			now, err2 := e.RDB.Time(ctx).Result()
+			return err == nil && err2 == nil && len(at) > 0 && int64(at[0].Score) < now.UnixMilli()-1
+		})
+		l2, err := e.Client().Acquire(ctx, fairlock.Request{Name: "mu", Capacity: 2, Permits: 2})
+		if err != nil {
+			t.Fatalf("Acquire with capacity 2 once the only condition waiter is dead: %v", err)
+		}
+		e.Release(l2)
+		faults.Down.Store(false)
+		_ = dc.Close()
+		<-dead
+	})
+}
+
+// resendSignals is a go-redis hook that runs every signal script twice,
+// as go-redis does when the first reply is lost: the caller gets the
+// second run's reply.
+type resendSignals struct{}
+
+func (resendSignals) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (resendSignals) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (resendSignals) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if slices.Contains(cmd.Args(), any("signal")) {
+			if err := next(ctx, cmd); err != nil {
+				return err
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A Signal or Broadcast whose reply is lost is sent again by go-redis; the
+// second run finds the first's reply: a Signal wakes one waiter, and a
+// Broadcast says how many it woke.
+func TestCondResentSignalWakesOnce(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newCondEnv(t, b)
+		ctx := context.Background()
+		first := e.startWait(ctx, 1)
+		second := e.startWait(ctx, 2)
+		rdb := b.Client(t)
+		redistest.AddHook(t, rdb, resendSignals{})
+		cond := semaphore.NewCond(e.mutex(e.ClientOn(rdb)))
+		n, err := cond.Signal(ctx)
+		if err != nil || n != 1 {
+			t.Fatalf("Signal, sent twice = %d, %v; want 1", n, err)
+		}
+		l := e.Granted(first)
+		e.NotYet(second, "the second waiter, after one Signal")
+		if got := e.waiters(); got != 1 {
+			t.Fatalf("%d waiters left on the condition after one Signal, want 1", got)
+		}
+		e.Release(l)
+		n, err = cond.Broadcast(ctx)
+		if err != nil || n != 1 {
+			t.Fatalf("Broadcast, sent twice = %d, %v; want 1 (it woke the last waiter)", n, err)
+		}
+		e.Release(e.Granted(second))
 	})
 }

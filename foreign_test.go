@@ -1,0 +1,608 @@
+package fairlock
+
+// Another program's keys. fairlock's keys live under its prefix, but
+// nothing stops another program (or an operator) writing a key there, of
+// any type. Redis does not roll a script back, so a script that fails on
+// such a key after its first write leaves half its change behind (THE
+// RULE in queue.lua). The class is every op × every key it may touch ×
+// every other type, on the fast and the general path: each must either
+// refuse, naming the key and changing nothing, or do exactly what it
+// would have done without touching that key (a wake-up lost to a foreign
+// wake list is such a case: the waiter's refresh finds its grant).
+//
+// TestForeignKeys checks the class two ways, each with the fast paths on
+// and off, on miniredis and the real server:
+//   - a table of scenarios (an uncontended lock, a handoff, a try, a
+//     counting semaphore, a multi-lock, a read-write mutex, a condition
+//     variable, renewals, refreshes, withdrawals, expiry, a dead waiter,
+//     tombstones, status, resends) where, before every call, each key of
+//     the scenario in turn holds a value of each other type;
+//   - the call machine (differential_calls_test.go), its calls drawn at
+//     random, a key and a type drawn before each call.
+// Both compare with the same call on a copy of the database without the
+// planted key (the clock is the recorded one: see replayed).
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/scripthook"
+	"github.com/redis/go-redis/v9"
+	"pgregory.net/rapid"
+)
+
+// fkey is a key fairlock may touch and the type it keeps there.
+type fkey struct{ key, kind string }
+
+// foreignTypes are the types another program's key may have.
+var foreignTypes = []string{"string", "list", "set", "zset", "hash", "stream"}
+
+// semKeys returns the keys of semaphore s that a call may touch: its five,
+// its conditions' ("" and "x"), and the wake lists of procs.
+func semKeys(s *csem, procs []*cproc) []fkey {
+	k := []fkey{{s.base + ":s", "hash"}}
+	for _, z := range s.keys()[1:] {
+		k = append(k, fkey{z, "zset"})
+	}
+	for _, c := range []string{"", "x"} {
+		k = append(k, fkey{condKeys(keys{base: s.base}, c)[0], "zset"})
+	}
+	for _, p := range procs {
+		k = append(k, fkey{s.base + ":w:" + p.id, "list"})
+	}
+	return k
+}
+
+// plantScript puts a value of type ARGV[1] at KEYS[1], replacing what is
+// there.
+var plantScript = redis.NewScript(`
+local k, t = KEYS[1], ARGV[1]
+redis.call('DEL', k)
+if t == 'string' then redis.call('SET', k, 'another program')
+elseif t == 'list' then redis.call('RPUSH', k, 'another program')
+elseif t == 'set' then redis.call('SADD', k, 'another program')
+elseif t == 'zset' then redis.call('ZADD', k, 1, 'another program')
+elseif t == 'hash' then redis.call('HSET', k, 'another', 'program')
+elseif t == 'stream' then redis.call('XADD', k, '*', 'another', 'program')
+end
+return 1`)
+
+// copyScript copies every key but the tests' own to database ARGV[1].
+var copyScript = redis.NewScript(`
+for _, k in ipairs(redis.call('KEYS', '*')) do
+  if string.sub(k, 1, 7) ~= 'fltest:' then redis.call('COPY', k, k, 'DB', ARGV[1], 'REPLACE') end
+end
+return 1`)
+
+// foreignPair runs calls on a clean database and on a copy of it where
+// another program's key has been planted, and checks the second against
+// the first.
+type foreignPair struct {
+	backend    string
+	clean, inj *replayer
+	// candidates returns the keys that may be planted before a call.
+	candidates func() []fkey
+	// rt draws, in the call machine, whether and where to plant; all
+	// plants every candidate × type in turn (the table).
+	rt  *rapid.T
+	all bool
+	// planted counts the calls run with a planted key, refused the
+	// calls that refused it, by op.
+	planted, refused map[string]int
+}
+
+func newForeignPair(t testing.TB, real, fast bool) *foreignPair {
+	t.Helper()
+	name, addr := "redis-server", ""
+	dbClean, dbInj := 12, 13
+	if real {
+		addr = redistest.RealBackend(t).Addr
+	} else {
+		name = "miniredis"
+		m := miniredis.RunT(t)
+		m.SetTime(time.Now()) // fixed, so that expiries read back exactly
+		addr, dbClean, dbInj = m.Addr(), 1, 2
+	}
+	inner := scripthook.NoFastPaths
+	if fast {
+		inner = nil
+		name += ", fast paths on"
+	} else {
+		name += ", fast paths off"
+	}
+	mk := func(side string, db int) *replayer {
+		rdb := redis.NewClient(&redis.Options{Addr: addr, DB: db})
+		t.Cleanup(func() {
+			rdb.FlushDB(context.Background())
+			rdb.Close()
+		})
+		rdb.FlushDB(context.Background())
+		return &replayer{name: side, rdb: rdb, scripts: newScripts(replayed(inner))}
+	}
+	return &foreignPair{
+		backend: name, clean: mk("clean", dbClean), inj: mk("another program's key planted", dbInj),
+		planted: map[string]int{}, refused: map[string]int{},
+	}
+}
+
+func (p *foreignPair) sides() []*replayer { return []*replayer{p.clean, p.inj} }
+
+// sync makes the planted side a copy of the clean one.
+func (p *foreignPair) sync(ctx context.Context) error {
+	if err := p.inj.rdb.FlushDB(ctx).Err(); err != nil {
+		return err
+	}
+	return copyScript.Run(ctx, p.clean.rdb, nil, p.inj.rdb.Options().DB).Err()
+}
+
+// run runs c on r at c's clock and renders its reply.
+func (p *foreignPair) run(ctx context.Context, r *replayer, c call) (string, any, error) {
+	if err := r.prepare(ctx, c); err != nil {
+		return "", nil, err
+	}
+	out, err := runScript(ctx, r.scripts, r.rdb, c)
+	return fmt.Sprintf("%#v (error %v)", out, err), out, err
+}
+
+// blocks splits a dump (dumpScript) into each key's lines.
+func blocks(dump string) map[string]string {
+	out := map[string]string{}
+	key := ""
+	for _, line := range strings.Split(dump, "\n") {
+		if line == "" {
+			continue
+		}
+		if !strings.HasPrefix(line, "  ") {
+			key, _, _ = strings.Cut(line, " ")
+		}
+		out[key] += line + "\n"
+	}
+	return out
+}
+
+// without returns dump with key's lines left out.
+func without(dump, key string) string {
+	b := blocks(dump)
+	delete(b, key)
+	var ks []string
+	for k := range b {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	var s strings.Builder
+	for _, k := range ks {
+		s.WriteString(b[k])
+	}
+	return s.String()
+}
+
+// plantAndCheck plants a value of type typ at k on the planted side (a
+// copy of the state c starts from), runs c there, and checks the outcome
+// against the clean run's reply and dump: c refuses, naming k, and
+// changes nothing; or c answers as the clean run did, does to every
+// other key what the clean run did, and leaves k as it was.
+func (p *foreignPair) plantAndCheck(ctx context.Context, c call, step int, k fkey, typ, reply, after string) error {
+	if err := p.sync(ctx); err != nil {
+		return err
+	}
+	if err := plantScript.Run(ctx, p.inj.rdb, []string{k.key}, typ).Err(); err != nil {
+		return err
+	}
+	if err := p.inj.prepare(ctx, c); err != nil {
+		return err
+	}
+	before, err := p.inj.dump(ctx, "")
+	if err != nil {
+		return err
+	}
+	got, _, cerr := p.run(ctx, p.inj, c)
+	if cerr != nil && strings.Contains(cerr.Error(), "WRONGTYPE") {
+		return fmt.Errorf("%s: step %d: %s\nwith %s at %s: %v (Redis's error, not fairlock's naming the key)", p.backend, step, c, typ, k.key, cerr)
+	}
+	now, err := p.inj.dump(ctx, "")
+	if err != nil {
+		return err
+	}
+	op := c.op()
+	p.planted[op]++
+	if cerr != nil && strings.HasPrefix(cerr.Error(), "FAIRLOCK_FOREIGN_KEY ") {
+		p.refused[op]++
+		want := fmt.Sprintf("FAIRLOCK_FOREIGN_KEY %s %s %s", typ, k.kind, k.key)
+		switch {
+		case cerr.Error() != want:
+			return fmt.Errorf("%s: step %d: %s\nwith %s at %s: %q, want %q", p.backend, step, c, typ, k.key, cerr, want)
+		case now != before:
+			return fmt.Errorf("%s: step %d: %s\nwith %s at %s: refused (%v) but changed the database (before -, after +):\n%s",
+				p.backend, step, c, typ, k.key, cerr, lineDiff(before, now))
+		}
+		return nil
+	}
+	switch {
+	case got != reply:
+		return fmt.Errorf("%s: step %d: %s\nwith %s at %s:\n  reply %s\n  clean %s", p.backend, step, c, typ, k.key, got, reply)
+	case blocks(now)[k.key] != blocks(before)[k.key]:
+		return fmt.Errorf("%s: step %d: %s\nwith %s at %s: the call changed that key:\n%s",
+			p.backend, step, c, typ, k.key, lineDiff(blocks(before)[k.key], blocks(now)[k.key]))
+	case without(now, k.key) != without(after, k.key):
+		return fmt.Errorf("%s: step %d: %s\nwith %s at %s: the other keys differ from the clean run's (clean -, planted +):\n%s",
+			p.backend, step, c, typ, k.key, lineDiff(without(after, k.key), without(now, k.key)))
+	}
+	return nil
+}
+
+// step runs c on the clean side, and on the planted side with another
+// program's key planted: every candidate × type in turn (all), one drawn
+// (rt), or none; it leaves both sides alike and returns the clean reply.
+func (p *foreignPair) step(ctx context.Context, c call, step int) (any, error) {
+	var plants []fkey
+	var types []string
+	switch {
+	case p.all:
+		for _, k := range p.candidates() {
+			for _, typ := range foreignTypes {
+				if typ != k.kind {
+					plants, types = append(plants, k), append(types, typ)
+				}
+			}
+		}
+	case p.rt != nil && rapid.IntRange(0, 2).Draw(p.rt, "plant") > 0:
+		cands := p.candidates()
+		k := cands[rapid.IntRange(0, len(cands)-1).Draw(p.rt, "planted key")]
+		typ := rapid.SampledFrom(slices.DeleteFunc(slices.Clone(foreignTypes), func(t string) bool { return t == k.kind })).Draw(p.rt, "planted type")
+		plants, types = []fkey{k}, []string{typ}
+	}
+	// The clean outcome, on the planted side before anything is planted.
+	if err := p.sync(ctx); err != nil {
+		return nil, err
+	}
+	reply, _, err := p.run(ctx, p.inj, c)
+	if err != nil && !strings.Contains(err.Error(), "FAIRLOCK_") {
+		return nil, fmt.Errorf("%s: step %d: %s: %w", p.backend, step, c, err)
+	}
+	after, err := p.inj.dump(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	for i, k := range plants {
+		if err := p.plantAndCheck(ctx, c, step, k, types[i], reply, after); err != nil {
+			return nil, err
+		}
+	}
+	got, out, _ := p.run(ctx, p.clean, c)
+	if got != reply {
+		return nil, fmt.Errorf("%s: step %d: %s: the clean side answered %s, its copy %s", p.backend, step, c, got, reply)
+	}
+	return out, p.sync(ctx)
+}
+
+// fscen is a scenario of the table: processes and semaphores, and calls
+// made one by one at a clock of its own, each checked by its pair.
+type fscen struct {
+	t     *testing.T
+	ctx   context.Context
+	pair  *foreignPair
+	now   int64 // µs
+	seq   int
+	steps int
+	sems  []*csem
+	procs []*cproc
+}
+
+func (s *fscen) exec(c call) []any {
+	s.t.Helper()
+	c.Time = []string{strconv.FormatInt(s.now/1e6, 10), strconv.FormatInt(s.now%1e6, 10)}
+	s.steps++
+	out, err := s.pair.step(s.ctx, c, s.steps)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.now += 1000 // a millisecond between calls
+	res, _ := out.([]any)
+	return res
+}
+
+func (s *fscen) ticket() string {
+	s.seq++
+	return fmt.Sprintf("F%04dX", s.seq)
+}
+
+// acquire asks for permits n[i] of sems[i] ("acquire" or "try"); the
+// ticket it returns holds them if granted at once (tokens set).
+func (s *fscen) acquire(op string, p *cproc, sems []*csem, n ...int64) *cticket {
+	tk := &cticket{ticket: s.ticket(), p: p}
+	for i, sem := range sems {
+		tk.parts = append(tk.parts, cpart{sem, n[i]})
+	}
+	return s.resendAcquire(op, tk)
+}
+
+func (s *fscen) resendAcquire(op string, tk *cticket) *cticket {
+	args := []string{op, tk.ticket, tk.p.id, num(tk.p.lease), num(tk.p.wait), group(tk.parts)}
+	for _, pt := range tk.parts {
+		args = append(args, num(pt.n), num(pt.sem.cap))
+	}
+	res := s.exec(call{Keys: partKeys(tk.parts), Args: args})
+	if len(res) > 3 {
+		if code, _ := res[0].(int64); code == acqGranted || code == acqGrantedBefore {
+			tk.tokens = nil
+			for _, v := range res[3:] {
+				tk.tokens = append(tk.tokens, fmt.Sprint(v))
+			}
+		}
+	}
+	return tk
+}
+
+// op sends release.lua's op ("release", "renew", "leave") for tk.
+func (s *fscen) op(op string, tk *cticket) []any {
+	keys := partKeys(tk.parts)
+	if op == "leave" && tk.cond != "" {
+		keys = append(keys, condKeys(keys0(tk), tk.cond[2:])...)
+	}
+	res := s.exec(call{Keys: keys, Args: releaseArgs(op, tk, tk.p.lease)})
+	if op == "renew" {
+		tk.announced = false
+	}
+	return res
+}
+
+// hear pops p's wake list on sem (on the clean side; the other is a copy
+// made before each call) and gives tk its grant.
+func (s *fscen) hear(p *cproc, sem *csem, tks ...*cticket) {
+	got, err := s.pair.clean.rdb.LPopCount(s.ctx, sem.base+":w:"+p.id, 100).Result()
+	if err != nil && err != redis.Nil {
+		s.t.Fatal(err)
+	}
+	for _, w := range got {
+		f := strings.Fields(w)
+		for _, tk := range tks {
+			if tk.ticket == f[0] {
+				tk.tokens, tk.announced, tk.cond = f[2:], true, ""
+			}
+		}
+	}
+}
+
+func (s *fscen) refresh(p *cproc, sem *csem, tks ...*cticket) []any {
+	args := []string{"refresh", p.id, num(p.lease), num(p.wait)}
+	for _, tk := range tks {
+		args = append(args, tk.ticket, num(tk.parts[0].n), group(tk.parts))
+	}
+	return s.exec(call{Keys: sem.keys(), Args: args})
+}
+
+func (s *fscen) renewBatch(p *cproc, sem *csem, tks ...*cticket) {
+	args := []string{"renew_batch", p.id}
+	for _, tk := range tks {
+		ann := "0"
+		if tk.announced {
+			ann = "1"
+		}
+		args = append(args, tk.ticket, num(tk.parts[0].n), tk.tokens[0], ann, num(p.lease))
+		tk.announced = false
+	}
+	s.exec(call{Keys: sem.keys(), Args: args})
+}
+
+// wait releases tk and makes a new ticket wait on condition cond.
+func (s *fscen) wait(tk *cticket, cond string) *cticket {
+	fresh := &cticket{ticket: s.ticket(), p: tk.p, parts: tk.parts, cond: "c:" + cond}
+	args := append(releaseArgs("wait", tk, tk.p.lease), fresh.ticket, cond)
+	s.exec(call{Keys: append(tk.parts[0].sem.keys(), condKeys(keys0(tk), cond)...), Args: args})
+	return fresh
+}
+
+func (s *fscen) signal(sem *csem, cond, mode string) {
+	keys := append(sem.keys(), condKeys(keys{base: sem.base}, cond)...)
+	s.exec(call{Keys: keys, Args: []string{"signal", cond, mode, "", s.ticket()}})
+}
+
+func (s *fscen) simple(op string, sem *csem) {
+	s.exec(call{Keys: sem.keys(), Args: []string{op}})
+}
+
+// foreignScenarios are the table's scenarios. Processes: a, b and c with a
+// lease TTL of 5 s and a waiter TTL of 3 s, d with 300 ms and 200 ms.
+var foreignScenarios = []struct {
+	name string
+	caps []int64
+	run  func(s *fscen, a, b, c, d *cproc)
+}{
+	{"uncontended mutex", []int64{1}, func(s *fscen, a, _, _, _ *cproc) {
+		tk := s.acquire("acquire", a, s.sems[:1], 1)
+		s.op("renew", tk)
+		s.op("release", tk)
+		s.op("release", tk) // resent
+	}},
+	{"handoff", []int64{1}, func(s *fscen, a, b, _, _ *cproc) {
+		x := s.acquire("acquire", a, s.sems[:1], 1)
+		y := s.acquire("acquire", b, s.sems[:1], 1)
+		s.resendAcquire("acquire", y)
+		s.op("release", x)
+		s.hear(b, s.sems[0], y)
+		s.op("renew", y)
+		s.op("release", y)
+	}},
+	{"try", []int64{1}, func(s *fscen, a, b, _, _ *cproc) {
+		x := s.acquire("try", a, s.sems[:1], 1)
+		s.acquire("try", b, s.sems[:1], 1)
+		s.resendAcquire("try", x)
+		s.op("release", x)
+	}},
+	{"counting semaphore", []int64{3}, func(s *fscen, a, b, c, _ *cproc) {
+		x := s.acquire("acquire", a, s.sems[:1], 2)
+		y := s.acquire("acquire", b, s.sems[:1], 2)
+		z := s.acquire("acquire", c, s.sems[:1], 1)
+		s.simple("status", s.sems[0])
+		s.renewBatch(a, s.sems[0], x)
+		s.op("release", x)
+		s.hear(b, s.sems[0], y)
+		s.hear(c, s.sems[0], z)
+		s.renewBatch(b, s.sems[0], y)
+		s.op("release", y)
+		s.op("release", z)
+	}},
+	{"multi-lock", []int64{1, 1}, func(s *fscen, a, b, c, _ *cproc) {
+		x := s.acquire("acquire", a, s.sems, 1, 1)
+		y := s.acquire("acquire", b, s.sems, 1, 1)
+		z := s.acquire("acquire", c, s.sems[1:], 1)
+		s.refresh(b, s.sems[0], y)
+		s.op("renew", x)
+		s.op("release", x)
+		s.hear(b, s.sems[0], y)
+		s.op("release", y)
+		s.hear(c, s.sems[1], z)
+		s.op("leave", z)
+	}},
+	{"read-write mutex", []int64{3}, func(s *fscen, a, b, c, _ *cproc) {
+		w := s.acquire("acquire", a, s.sems[:1], 3)
+		r1 := s.acquire("acquire", b, s.sems[:1], 1)
+		r2 := s.acquire("acquire", c, s.sems[:1], 1)
+		s.op("release", w)
+		s.hear(b, s.sems[0], r1)
+		s.hear(c, s.sems[0], r2)
+		s.op("release", r1)
+		s.op("release", r2)
+	}},
+	{"condition variable", []int64{1}, func(s *fscen, a, b, c, _ *cproc) {
+		x := s.acquire("acquire", a, s.sems[:1], 1)
+		xw := s.wait(x, "")
+		y := s.acquire("acquire", b, s.sems[:1], 1)
+		yw := s.wait(y, "x")
+		z := s.acquire("acquire", c, s.sems[:1], 1)
+		s.refresh(a, s.sems[0], xw)
+		s.signal(s.sems[0], "", "1") // xw queues behind z
+		s.op("release", z)
+		s.hear(a, s.sems[0], xw)
+		s.signal(s.sems[0], "x", "all") // yw queues behind xw
+		s.op("release", xw)
+		s.op("leave", yw) // granted, not heard: handed on
+	}},
+	{"condition signal grants at once", []int64{1}, func(s *fscen, a, b, _, _ *cproc) {
+		x := s.acquire("acquire", a, s.sems[:1], 1)
+		xw := s.wait(x, "")
+		s.signal(s.sems[0], "", "1")
+		s.refresh(a, s.sems[0], xw)
+		s.op("leave", xw)
+		y := s.acquire("acquire", b, s.sems[:1], 1)
+		yw := s.wait(y, "x")
+		s.op("leave", yw)
+	}},
+	{"withdrawals", []int64{1}, func(s *fscen, a, b, c, _ *cproc) {
+		x := s.acquire("acquire", a, s.sems[:1], 1)
+		y := s.acquire("acquire", b, s.sems[:1], 1)
+		z := s.acquire("acquire", c, s.sems[:1], 1)
+		s.op("leave", y)
+		s.op("leave", y) // resent
+		s.op("release", x)
+		s.op("leave", z) // granted, not heard: handed on
+	}},
+	{"expiry and a dead waiter", []int64{1}, func(s *fscen, a, b, _, d *cproc) {
+		x := s.acquire("acquire", d, s.sems[:1], 1)
+		s.acquire("acquire", d, s.sems[:1], 1)
+		z := s.acquire("acquire", b, s.sems[:1], 1)
+		s.now += 250_000 // d's waiter is dead, x still held
+		s.simple("status", s.sems[0])
+		s.op("release", x) // the general path drops the dead waiter, grants z
+		s.hear(b, s.sems[0], z)
+		s.acquire("acquire", d, s.sems[:1], 1)
+		s.now += 400_000 // that waiter is dead
+		s.refresh(a, s.sems[0])
+		s.simple("pump", s.sems[0])
+		s.op("renew", z)
+		s.now += 3_000_000 // z's announced grant has expired
+		s.op("renew", z)
+	}},
+	{"dead condition waiter and a new capacity", []int64{1}, func(s *fscen, a, _, _, d *cproc) {
+		x := s.acquire("acquire", d, s.sems[:1], 1)
+		s.wait(x, "")
+		s.now += 250_000 // the condition waiter is dead
+		s.sems[0].cap = 2
+		y := s.acquire("acquire", a, s.sems[:1], 1)
+		s.op("release", y)
+	}},
+	{"tombstones", []int64{1}, func(s *fscen, a, b, _, _ *cproc) {
+		x := s.acquire("acquire", a, s.sems[:1], 1)
+		s.op("release", x)
+		s.now += 21_000_000 // the tombstone's trim is due
+		y := s.acquire("acquire", b, s.sems[:1], 1)
+		s.op("release", y)
+	}},
+}
+
+// TestForeignKeys: see the file's comment.
+func TestForeignKeys(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for _, fast := range []bool{true, false} {
+			t.Run(fmt.Sprintf("fast=%v", fast), func(t *testing.T) {
+				pair := newForeignPair(t, b.Real(), fast)
+				pair.all = true
+				ctx := context.Background()
+				for _, sc := range foreignScenarios {
+					t.Run(sc.name, func(t *testing.T) {
+						for _, r := range pair.sides() {
+							r.rdb.FlushDB(ctx)
+						}
+						procs := []*cproc{{"PAID", 5000, 3000}, {"PBID", 5000, 3000}, {"PCID", 5000, 3000}, {"PDID", 300, 200}}
+						s := &fscen{t: t, ctx: ctx, pair: pair, now: time.Now().UnixMicro(), procs: procs}
+						for i, c := range sc.caps {
+							s.sems = append(s.sems, &csem{name: fmt.Sprint("f", i), base: fmt.Sprintf("fk:{f%d}", i), cap: c})
+						}
+						pair.candidates = func() []fkey {
+							var k []fkey
+							for _, sem := range s.sems {
+								k = append(k, semKeys(sem, procs)...)
+							}
+							return k
+						}
+						sc.run(s, procs[0], procs[1], procs[2], procs[3])
+					})
+				}
+				t.Logf("%s: planted before %v calls, refused %v", pair.backend, pair.planted, pair.refused)
+			})
+		}
+	})
+}
+
+// TestForeignKeysCallMachine runs the call machine with another program's
+// key planted before most calls (a key and a type drawn each time).
+func TestForeignKeysCallMachine(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for _, fast := range []bool{true, false} {
+			t.Run(fmt.Sprintf("fast=%v", fast), func(t *testing.T) {
+				pair := newForeignPair(t, b.Real(), fast)
+				checks := 60
+				if testing.Short() {
+					checks = 15
+				}
+				setFlag(t, "rapid.checks", strconv.Itoa(checks))
+				rapid.Check(t, func(rt *rapid.T) {
+					pair.rt = rt
+					runForeignMachine(rt, pair)
+				})
+				t.Logf("%s: planted before %v calls, refused %v", pair.backend, pair.planted, pair.refused)
+			})
+		}
+	})
+}
+
+// runForeignMachine runs one call machine on pair, whose candidates are
+// the machine's semaphores' keys.
+func runForeignMachine(rt *rapid.T, pair *foreignPair) {
+	runCallMachine(rt, pair, func(m *callMachine) {
+		pair.candidates = func() []fkey {
+			var k []fkey
+			for _, s := range m.sems {
+				k = append(k, semKeys(s, m.procs)...)
+			}
+			return k
+		}
+	})
+}

@@ -1,0 +1,165 @@
+package fairlock
+
+// Resent calls. go-redis sends a command again when it did not get the
+// reply (a connection dropped after the command was sent), so any script
+// may run twice with the same arguments, and the caller acts on the
+// second run's reply. Every op must then leave the state, and give the
+// caller the outcome, of one run. TestResentCallsActOnce runs the call
+// machine (differential_calls_test.go) on two databases: on one every
+// call runs once, on the other twice at the same clock; after every call
+// the two databases must be equal and the second reply must tell the
+// caller what the first run's would have. TestResentSignalWakesOnce shows
+// the same for Signal and Broadcast through the client.
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/scripthook"
+	"github.com/redis/go-redis/v9"
+	"pgregory.net/rapid"
+)
+
+// resendPair runs every call once on one database and twice on the other.
+type resendPair struct {
+	backend     string
+	once, twice *replayer
+	resent      map[string]int // calls sent twice, by op
+}
+
+func newResendPair(t testing.TB, real, fast bool) *resendPair {
+	t.Helper()
+	name, addr := "redis-server", ""
+	dbOnce, dbTwice := 10, 11
+	if real {
+		addr = redistest.RealBackend(t).Addr
+	} else {
+		name = "miniredis"
+		m := miniredis.RunT(t)
+		m.SetTime(time.Now()) // fixed, so that expiries read back exactly
+		addr, dbOnce, dbTwice = m.Addr(), 1, 2
+	}
+	inner := scripthook.NoFastPaths
+	if fast {
+		inner = nil
+		name += ", fast paths on"
+	} else {
+		name += ", fast paths off"
+	}
+	mk := func(side string, db int) *replayer {
+		rdb := redis.NewClient(&redis.Options{Addr: addr, DB: db})
+		t.Cleanup(func() {
+			rdb.FlushDB(context.Background())
+			rdb.Close()
+		})
+		return &replayer{name: side, rdb: rdb, scripts: newScripts(replayed(inner))}
+	}
+	return &resendPair{backend: name, once: mk("sent once", dbOnce), twice: mk("sent twice", dbTwice), resent: map[string]int{}}
+}
+
+func (p *resendPair) sides() []*replayer { return []*replayer{p.once, p.twice} }
+
+// callerOutcome renders what the caller of op learns from its reply: what the
+// client acts on, as ops.go reads it.
+func callerOutcome(op string, out any, err error) string {
+	if err != nil {
+		return "error " + err.Error()
+	}
+	res, _ := out.([]any)
+	at := func(i int) any {
+		if i < len(res) {
+			return res[i]
+		}
+		return nil
+	}
+	switch op {
+	case "acquire", "try":
+		// Granted at once (1) or already (3): the same grant; a resend
+		// finds the grant the first run made.
+		switch code, _ := at(0).(int64); code {
+		case acqGranted, acqGrantedBefore:
+			return fmt.Sprintf("granted %v", res[2:])
+		case acqQueued:
+			// The next event is a hint for the waiter's refresh.
+			return "queued"
+		}
+		return fmt.Sprintf("%v", res)
+	case "release", "renew":
+		// The result; "more" asks the client to pump, which a later
+		// call does anyway.
+		return fmt.Sprintf("result %v", at(0))
+	case "leave":
+		// The client withdraws and reads nothing but an error.
+		return "left"
+	case "wait":
+		// Waiting (1) or not (0); the next event schedules a refresh.
+		return fmt.Sprintf("result %v", at(0))
+	case "refresh":
+		return fmt.Sprintf("gone %v", at(1))
+	case "renew_batch":
+		return fmt.Sprintf("renewed %v", at(0))
+	case "pump":
+		// Whether work is left (the client reads nothing else).
+		return fmt.Sprintf("more %v", at(0))
+	}
+	// signal, status: the whole reply.
+	return fmt.Sprintf("%#v", out)
+}
+
+func (p *resendPair) step(ctx context.Context, c call, step int) (any, error) {
+	for _, r := range p.sides() {
+		if err := r.prepare(ctx, c); err != nil {
+			return nil, err
+		}
+	}
+	out, cerr := runScript(ctx, p.once.scripts, p.once.rdb, c)
+	if cerr != nil && !isFairlockError(cerr) {
+		return nil, fmt.Errorf("%s: step %d: %s: %w", p.backend, step, c, cerr)
+	}
+	if _, err := runScript(ctx, p.twice.scripts, p.twice.rdb, c); err != nil && !isFairlockError(err) {
+		return nil, fmt.Errorf("%s: step %d: %s: first run: %w", p.backend, step, c, err)
+	}
+	again, err2 := runScript(ctx, p.twice.scripts, p.twice.rdb, c)
+	p.resent[c.op()]++
+	if a, b := callerOutcome(c.op(), out, cerr), callerOutcome(c.op(), again, err2); a != b {
+		return nil, fmt.Errorf("%s: step %d: %s\nsent once: %s\nsent twice, the second reply: %s", p.backend, step, c, a, b)
+	}
+	a, err := p.once.dump(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	b, err := p.twice.dump(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	if a != b {
+		return nil, fmt.Errorf("%s: step %d: %s\nthe databases differ (sent once -, twice +):\n%s", p.backend, step, c, lineDiff(a, b))
+	}
+	return out, nil
+}
+
+func isFairlockError(err error) bool {
+	return err != nil && len(err.Error()) > 9 && err.Error()[:9] == "FAIRLOCK_"
+}
+
+func TestResentCallsActOnce(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for _, fast := range []bool{true, false} {
+			t.Run(fmt.Sprintf("fast=%v", fast), func(t *testing.T) {
+				pair := newResendPair(t, b.Real(), fast)
+				checks := 200
+				if testing.Short() {
+					checks = 30
+				}
+				setFlag(t, "rapid.checks", strconv.Itoa(checks))
+				rapid.Check(t, func(rt *rapid.T) { runCallMachine(rt, pair) })
+				t.Logf("%s: sent twice %v", pair.backend, pair.resent)
+			})
+		}
+	})
+}
