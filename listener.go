@@ -20,9 +20,9 @@ const (
 	// listener leaves new rooms to another listener of its group.
 	maxListenKeys = 512
 	// listenPoolSize caps the connections of the blocking client fairlock
-	// builds (per node on Cluster). Each listener
-	// holds one while it blocks; nudges take one for a moment. go-redis
-	// dials them only when needed.
+	// builds (per node on Cluster). Each listener holds one while it
+	// blocks; nudges take one for a moment. go-redis dials them only when
+	// needed.
 	listenPoolSize = 4096
 )
 

@@ -54,8 +54,8 @@ func Mutex(name string) Request { return Request{Name: name, Capacity: 1, Permit
 // anything is queued: a nil client, too many or repeated names or permits
 // out of range with [fairlock.ErrInvalidArgument], a bad name with
 // [fairlock.ErrInvalidName], names in different Cluster slots with
-// [fairlock.ErrCrossSlot]. A capacity other than a stored
-// one fails with [fairlock.ErrCapacityMismatch], Redis failing with
+// [fairlock.ErrCrossSlot]. A capacity other than a stored one fails with
+// [fairlock.ErrCapacityMismatch], Redis failing with
 // [fairlock.ErrRedis], a closed client with [fairlock.ErrClosed]. A failed
 // Acquire holds nothing. The lease's Token, Permits and Name are the first
 // semaphore's (in name order); [fairlock.Lease.Parts] lists each.
