@@ -14,13 +14,16 @@ import (
 )
 
 // RedisClient is the part of a go-redis v9 client that fairlock uses.
-// *redis.Client (also as returned by redis.NewFailoverClient for Sentinel),
-// *redis.ClusterClient and *redis.Ring all satisfy it. On those three,
-// where Redis has functions (7.0 and later, Valkey), fairlock runs its
-// scripts as a function library that it loads on each server (FUNCTION
-// LOAD, on every Cluster master or Ring shard) the first time one lacks it;
-// elsewhere, and on any other RedisClient, through the Scripter methods
-// (EVALSHA, EVAL).
+// *redis.Client (also as returned by redis.NewFailoverClient for Sentinel)
+// and *redis.ClusterClient satisfy it. On those two, where Redis has
+// functions (7.0 and later, Valkey), fairlock runs its scripts as a
+// function library that it loads on each server (FUNCTION LOAD, on every
+// Cluster master) the first time one lacks it; elsewhere, and on any other
+// RedisClient, through the Scripter methods (EVALSHA, EVAL).
+//
+// A *redis.Ring satisfies it too, but [New] refuses it: a Ring moves a
+// shard's keys to another shard when it thinks that shard is down, so two
+// processes could hold one lock.
 type RedisClient interface {
 	redis.Scripter
 	BLPop(ctx context.Context, timeout time.Duration, keys ...string) *redis.StringSliceCmd
@@ -29,7 +32,6 @@ type RedisClient interface {
 var (
 	_ RedisClient = (*redis.Client)(nil)
 	_ RedisClient = (*redis.ClusterClient)(nil)
-	_ RedisClient = (*redis.Ring)(nil)
 )
 
 // MaxCapacity is the largest semaphore capacity. Scripts count permits in
@@ -66,12 +68,12 @@ type Request struct {
 // the Client builds from the caller's options on its first wait and closes
 // in [Client.Close]. One BLPOP covers up to 512 semaphores: on a single
 // node or Sentinel a Client blocks on one connection per 512 semaphores it
-// waits on; on Cluster on one per hash slot in which it waits (per 512);
-// on a Ring on one per hash tag. That client has its own pool (up to 4,096
-// connections per node, dialed as needed) and none of the caller's hooks.
-// For a RedisClient other than *redis.Client, *redis.ClusterClient and
-// *redis.Ring, blocking reads use the given client itself, one BLPOP per
-// semaphore waited on, each holding one of its connections.
+// waits on; on Cluster on one per hash slot in which it waits (per 512).
+// That client has its own pool (up to 4,096 connections per node, dialed
+// as needed) and none of the caller's hooks. For a RedisClient other than
+// *redis.Client and *redis.ClusterClient, blocking reads use the given
+// client itself, one BLPOP per semaphore waited on, each holding one of its
+// connections.
 //
 // A Client is safe for concurrent use. It holds no per-acquisition state;
 // each grant is a [Lease].
@@ -132,10 +134,22 @@ func (c *Client) spawn(f func()) {
 // itself stays the caller's to close, after the Client. New fails with
 // [ErrInvalidArgument] for a nil rdb, an invalid option, or
 // [WithReplicaAck] on a client other than a *redis.Client (a
-// *redis.ClusterClient or *redis.Ring is refused).
+// *redis.ClusterClient is refused).
+//
+// New refuses a go-redis Ring with [ErrInvalidArgument]. A Ring marks a
+// shard down after a few failed heartbeats and sends its keys to another
+// shard, so a client cut off from the shard that keeps a lock would be
+// granted it on another shard while its holder keeps it on the first: two
+// holders. Use a *redis.ClusterClient, a Sentinel failover client, or one
+// *redis.Client per shard with the names you place on it yourself. New
+// recognises a *redis.Ring and any type that shows Ring's own methods
+// (Options returning *redis.RingOptions, or both SetAddrs and
+// GetShardClientForKey), as a struct embedding a *redis.Ring does; a
+// wrapper that hides a Ring behind other methods cannot be recognised, and
+// is the caller's to avoid.
 //
 // New adds a dial hook to the client it is given (when it takes hooks:
-// *redis.Client, *redis.ClusterClient, *redis.Ring), through which a
+// *redis.Client, *redis.ClusterClient), through which a
 // call waiting on its context learns that Redis refused a connection or
 // that its name did not resolve, and returns an error matching [ErrRedis]
 // at once rather than after go-redis's dial retries.
@@ -143,16 +157,18 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 	if rdb == nil || isNilPointer(rdb) {
 		return nil, opError("new", nil, fmt.Errorf("%w: nil redis client", ErrInvalidArgument))
 	}
+	if err := ringError(rdb); err != nil {
+		return nil, opError("new", nil, err)
+	}
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, opError("new", nil, err)
 	}
 	if cfg.ackReplicas > 0 {
-		// A Cluster or Ring pipeline spreads its commands over several
+		// A Cluster pipeline spreads its commands over several
 		// connections, so a WAIT in it would not follow the script's writes.
 		_, cluster := rdb.(*redis.ClusterClient)
-		_, ring := rdb.(*redis.Ring)
-		if _, ok := rdb.(pipeliner); !ok || cluster || ring {
+		if _, ok := rdb.(pipeliner); !ok || cluster {
 			return nil, opError("new", nil, fmt.Errorf("%w: WithReplicaAck needs a *redis.Client (single node or Sentinel failover), not %T", ErrInvalidArgument, rdb))
 		}
 	}
@@ -277,13 +293,12 @@ func (c *Client) TryAcquire(ctx context.Context, req Request) (*Lease, error) {
 // shares each semaphore's first-in first-out order with them.
 //
 // On Redis Cluster the semaphores of one request must share a hash slot:
-// give their names one hash tag ("{acct}:1", "{acct}:2"). On a *redis.Ring,
-// which places keys on shards by hash tag, their names must carry one hash
-// tag (two tags are refused even when they land on one shard today).
-// Otherwise AcquireAll fails with [ErrCrossSlot] before anything is sent.
-// A wrapper around a ClusterClient or Ring is not recognised, and gets no
-// such check. Context and errors are as for [Client.Acquire]. Package
-// multilock offers the same call.
+// give their names one hash tag ("{acct}:1", "{acct}:2"); otherwise
+// AcquireAll fails with [ErrCrossSlot] before anything is sent. A wrapper
+// around a ClusterClient is not recognised, and gets no such check (a
+// CROSSSLOT reply from Redis maps to ErrCrossSlot too). Context and
+// errors are as for [Client.Acquire]. Package multilock offers the same
+// call.
 func (c *Client) AcquireAll(ctx context.Context, reqs ...Request) (*Lease, error) {
 	return c.acquire(ctx, reqs, true)
 }

@@ -42,9 +42,9 @@
 //
 // A semaphore named N keeps its state under keys starting with
 // prefix+"{N}" (or prefix+N when N already carries a hash tag such as
-// "{acct}:17"), so all its keys share one hash tag: one Cluster slot, one
-// Ring shard. Distinct valid names never share a key ([ErrInvalidName]
-// lists the names refused for that):
+// "{acct}:17"), so all its keys share one hash tag, hence one Cluster
+// slot. Distinct valid names never share a key ([ErrInvalidName] lists the
+// names refused for that):
 //
 //	:s  hash    capacity, permits in use, counts, token sequence, key expiry,
 //	            bounds on the earliest lease expiry and waiter deadline;

@@ -53,10 +53,9 @@ var (
 	ErrInvalidArgument = errors.New("fairlock: invalid argument")
 
 	// ErrCrossSlot is returned for a request over several semaphores whose
-	// keys live in different Redis Cluster hash slots, or, on a go-redis
-	// Ring, carry different hash tags: one script cannot change them
-	// atomically. Names that share a hash tag ("{acct}:1", "{acct}:2")
-	// share a slot and a Ring shard.
+	// keys live in different Redis Cluster hash slots: one script cannot
+	// change them atomically. Names that share a hash tag ("{acct}:1",
+	// "{acct}:2") share a slot.
 	ErrCrossSlot = errors.New("fairlock: semaphores in different cluster slots")
 
 	// ErrNotReplicated is returned, with [ErrRedis], when a client made

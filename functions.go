@@ -89,7 +89,7 @@ type fcaller interface {
 // scripts through its own Scripter methods, EVALSHA and EVAL.
 func canLoad(rdb RedisClient) bool {
 	switch rdb.(type) {
-	case *redis.Client, *redis.ClusterClient, *redis.Ring:
+	case *redis.Client, *redis.ClusterClient:
 		return true
 	}
 	return false
@@ -130,10 +130,10 @@ const (
 )
 
 // load loads the library on every server of rdb that may serve a key: the
-// node, every Cluster master (the slot's owner may have changed since it
-// was last seen: ForEachMaster reloads the slot map), every Ring shard. A
-// library of that name already there is the same code (the name is its
-// hash), so "already exists" is success.
+// node, or every Cluster master (the slot's owner may have changed since it
+// was last seen: ForEachMaster reloads the slot map). A library of that
+// name already there is the same code (the name is its hash), so "already
+// exists" is success.
 func (l *library) load(ctx context.Context, rdb RedisClient) loadResult {
 	one := func(ctx context.Context, c *redis.Client) error {
 		err := c.FunctionLoad(ctx, l.code).Err()
@@ -148,8 +148,6 @@ func (l *library) load(ctx context.Context, rdb RedisClient) loadResult {
 		err = one(ctx, r)
 	case *redis.ClusterClient:
 		err = r.ForEachMaster(ctx, one)
-	case *redis.Ring:
-		err = r.ForEachShard(ctx, one)
 	}
 	var rerr redis.Error
 	switch {

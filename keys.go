@@ -39,10 +39,10 @@ func hashTag(s string) string {
 // keys validates a semaphore name and returns the semaphore's keys.
 //
 // A name that carries its own hash tag ("{acct}:17") is used as is, so names
-// that share a tag share a Cluster slot and a Ring shard (which multi-locks
-// need). Any other name is wrapped in braces and is its own tag. Two
-// kinds of name are refused, so that distinct names never share keys and
-// every key of one semaphore has one non-empty hash tag:
+// that share a tag share a Cluster slot (which multi-locks need). Any other
+// name is wrapped in braces and is its own tag. Two kinds of name are
+// refused, so that distinct names never share keys and every key of one
+// semaphore has one non-empty hash tag:
 //   - a name that is entirely one tag ("{acct}"): it would share its keys
 //     with the plain name "acct";
 //   - a name with no hash tag that contains '}' ("a}b", "}x", "{}x"): its

@@ -71,9 +71,8 @@ func keySet(k keys) []string {
 
 // FuzzKeys checks the name -> keys mapping with one prefix and two names:
 // distinct accepted names never share a key, and every key of one
-// semaphore has the same non-empty hash tag (which *redis.Ring routes by),
-// hence one Cluster slot, the slot plan's cross-slot check computes from
-// the base.
+// semaphore has the same non-empty hash tag, hence one Cluster slot, the
+// slot plan's cross-slot check computes from the base.
 func FuzzKeys(f *testing.F) {
 	for _, seed := range [][3]string{
 		{"p:", "a}b", "{a}b}"},   // the known collision

@@ -20,9 +20,9 @@ const (
 	// listener leaves new rooms to another listener of its group.
 	maxListenKeys = 512
 	// listenPoolSize caps the connections of the blocking client fairlock
-	// builds (per node on Cluster and per shard on Ring). Each listener
-	// holds one while it blocks; nudges take one for a moment. go-redis
-	// dials them only when needed.
+	// builds (per node on Cluster). Each listener holds one while it
+	// blocks; nudges take one for a moment. go-redis dials them only when
+	// needed.
 	listenPoolSize = 4096
 )
 
@@ -31,8 +31,7 @@ const (
 // blocking client (see [Client.blockingLocked]), never on the caller's
 // pool, so waiting on any number of semaphores cannot delay renewals or
 // releases. The rooms of one listener share a group: the keys one BLPOP may
-// take together (any on a single node, one hash slot on Cluster, one hash
-// tag on Ring).
+// take together (any on a single node, one hash slot on Cluster).
 //
 // Besides the rooms' wake lists the BLPOP takes the listener's control
 // list, ctl. A room that joins while the BLPOP blocks pushes an empty entry
@@ -53,7 +52,7 @@ type listener struct {
 }
 
 // listenGroup returns the group of a wake list: the keys of one group may
-// share a BLPOP. For a RedisClient other than the three go-redis clients,
+// share a BLPOP. For a RedisClient other than the two go-redis clients,
 // whose routing fairlock cannot know, every wake list is a group of its
 // own: one BLPOP per semaphore, as the client routes single-key commands.
 func (c *Client) listenGroup(wakeKey string) string {
@@ -62,10 +61,6 @@ func (c *Client) listenGroup(wakeKey string) string {
 		return ""
 	case *redis.ClusterClient:
 		return strconv.Itoa(keySlot(wakeKey))
-	case *redis.Ring:
-		// Ring routes a command by its first key's hash tag; every wake
-		// list has one (its semaphore's).
-		return "{" + hashTag(wakeKey) + "}"
 	}
 	return wakeKey
 }
@@ -99,10 +94,6 @@ func (c *Client) blockingLocked() RedisClient {
 		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = listenPoolSize, 0, 0, 0
 		o.MaintNotificationsConfig, o.PushNotificationProcessor = noMaint(), nil
 		b = redis.NewClusterClient(&o)
-	case *redis.Ring:
-		o := *r.Options()
-		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = listenPoolSize, 0, 0, 0
-		b = redis.NewRing(&o)
 	default:
 		c.blk = c.rdb
 		return c.blk

@@ -279,64 +279,6 @@ func TestBlockingReadsOffTheCallersPool(t *testing.T) {
 	})
 }
 
-// On a Ring, blocking reads are grouped by hash tag, the key Ring routes
-// by: waiters on semaphores spread over two shards all hear their grants.
-func TestRingWaitersHearGrants(t *testing.T) {
-	const n = 20
-	a, b := redistest.Mini(t), redistest.Mini(t)
-	newRing := func() *redis.Ring {
-		r := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr, "b": b.Addr}})
-		t.Cleanup(func() { _ = r.Close() })
-		return r
-	}
-	prefix := redistest.Prefix(t)
-	newClient := func(opts ...fairlock.Option) *fairlock.Client {
-		c, err := fairlock.New(newRing(), append([]fairlock.Option{fairlock.WithPrefix(prefix)}, opts...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
-	ctx := context.Background()
-	holder, waiter := newClient(fairlock.WithLeaseTTL(time.Hour)), newClient(fairlock.WithWaiterTTL(time.Hour))
-	var held []*fairlock.Lease
-	var chs []<-chan fltest.Result
-	for i := range n {
-		req := fairlock.Request{Name: fmt.Sprintf("r%d", i), Capacity: 1, Permits: 1}
-		l, err := holder.Acquire(ctx, req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, l)
-		chs = append(chs, fltest.Async(func() (*fairlock.Lease, error) { return waiter.Acquire(ctx, req) }))
-	}
-	for i := range n {
-		fltest.WaitWaiters(t, holder, fmt.Sprintf("r%d", i), 1)
-	}
-	if len(a.Mini.Keys()) == 0 || len(b.Mini.Keys()) == 0 {
-		t.Fatalf("keys on shard a: %d, on shard b: %d; want both used", len(a.Mini.Keys()), len(b.Mini.Keys()))
-	}
-	for _, l := range held {
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for i, ch := range chs {
-		select {
-		case r := <-ch:
-			if r.Err != nil {
-				t.Fatalf("r%d: %v", i, r.Err)
-			}
-			if err := r.Lease.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("r%d: not granted within 10s; the waiter's refresh is an hour away", i)
-		}
-	}
-}
-
 // Semantics 2: a release hands the permits to the waiter through its wake
 // list. The waiter's liveness refresh is an hour away and Redis's clock is
 // frozen, so nothing but the wake-up can deliver the grant.

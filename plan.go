@@ -30,8 +30,7 @@ type plan struct {
 }
 
 // plan validates reqs and orders them. Each semaphore may appear once. On a
-// Cluster client, the semaphores of one request must share a hash slot; on
-// a Ring, a hash tag.
+// Cluster client, the semaphores of one request must share a hash slot.
 func (c *Client) plan(reqs []Request) (plan, error) {
 	switch {
 	case len(reqs) == 0:
@@ -60,13 +59,8 @@ func (c *Client) plan(reqs []Request) (plan, error) {
 	if len(p.parts) == 1 {
 		return p, nil
 	}
-	switch c.rdb.(type) {
-	case *redis.ClusterClient:
+	if _, ok := c.rdb.(*redis.ClusterClient); ok {
 		if err := sameSlot(p.parts); err != nil {
-			return plan{}, err
-		}
-	case *redis.Ring:
-		if err := sameTag(p.parts); err != nil {
 			return plan{}, err
 		}
 	}
@@ -100,30 +94,13 @@ func distinct(parts []part) error {
 	return nil
 }
 
-// sameTag reports an error matching [ErrCrossSlot] unless all parts' keys
-// carry one hash tag. A go-redis Ring places a key on a shard by its hash
-// tag and runs a script on the shard of its first key, so only parts
-// sharing a tag are sure to share a shard (now and after the Ring's shards
-// change); two tags that happen to share a shard are refused too.
-func sameTag(parts []part) error {
-	return samePlace(parts, func(base string) string { return strconv.Quote(hashTag(base)) },
-		"on a *redis.Ring, %q has hash tag %s and %q has %s; a Ring places keys by hash tag")
-}
-
-// sameSlot reports an error unless all parts live in one Cluster slot.
+// sameSlot reports an error matching [ErrCrossSlot] unless all parts live
+// in one Cluster slot; it names the first two names whose slots differ.
 func sameSlot(parts []part) error {
-	return samePlace(parts, func(base string) string { return strconv.Itoa(keySlot(base)) },
-		"%q is in slot %s and %q in slot %s")
-}
-
-// samePlace reports an error matching [ErrCrossSlot] unless place gives
-// every part's key base the same answer; what explains the first
-// difference, with the two names and places.
-func samePlace(parts []part, place func(base string) string, what string) error {
-	first := place(parts[0].k.base)
+	first := keySlot(parts[0].k.base)
 	for _, pt := range parts[1:] {
-		if at := place(pt.k.base); at != first {
-			return fmt.Errorf("%w: "+what+"; give the names one hash tag, such as \"{acct}:1\" and \"{acct}:2\"",
+		if at := keySlot(pt.k.base); at != first {
+			return fmt.Errorf("%w: %q is in slot %d and %q in slot %d; give the names one hash tag, such as \"{acct}:1\" and \"{acct}:2\"",
 				ErrCrossSlot, parts[0].req.Name, first, pt.req.Name, at)
 		}
 	}

@@ -31,8 +31,8 @@ var recordLua string
 
 var recordScript = redis.NewScript(recordLua)
 
-// subscriber is the part of a go-redis client Observe uses. *redis.Client,
-// *redis.ClusterClient and *redis.Ring all have it.
+// subscriber is the part of a go-redis client Observe uses. *redis.Client
+// and *redis.ClusterClient have it.
 type subscriber interface {
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
 }
@@ -40,7 +40,6 @@ type subscriber interface {
 var (
 	_ subscriber = (*redis.Client)(nil)
 	_ subscriber = (*redis.ClusterClient)(nil)
-	_ subscriber = (*redis.Ring)(nil)
 )
 
 // Election is a named election kept in Redis by a [fairlock.Client]. It
@@ -69,7 +68,7 @@ type Info struct {
 // no server. It fails with [fairlock.ErrInvalidArgument] for a nil client,
 // [fairlock.ErrInvalidName] for a name the engine refuses, and
 // [ErrNotSubscriber] when c's Redis client cannot Subscribe (any go-redis
-// *redis.Client, ClusterClient or Ring can).
+// *redis.Client or ClusterClient can).
 func New(c *fairlock.Client, name string) (*Election, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument)

@@ -22,10 +22,8 @@
 // their keys must live in one hash slot. Give names that are locked
 // together one hash tag: "{acct}:17" and "{acct}:42" share a slot, "acct:17"
 // and "acct:42" do not. A request whose names span slots fails with
-// [fairlock.ErrCrossSlot] before anything reaches Redis. On a go-redis
-// Ring, which places keys on shards by hash tag, the names must carry one
-// hash tag (else ErrCrossSlot, even for two tags on one shard). On a single
-// Redis server or a Sentinel-managed one, any names may be combined.
+// [fairlock.ErrCrossSlot] before anything reaches Redis. On a single Redis
+// server or a Sentinel-managed one, any names may be combined.
 package multilock
 
 import (
@@ -55,9 +53,9 @@ func Mutex(name string) Request { return Request{Name: name, Capacity: 1, Permit
 // returns an error matching ctx.Err(). Bad requests fail at once, before
 // anything is queued: a nil client, too many or repeated names or permits
 // out of range with [fairlock.ErrInvalidArgument], a bad name with
-// [fairlock.ErrInvalidName], names in different Cluster slots (or Ring
-// hash tags) with [fairlock.ErrCrossSlot]. A capacity other than a stored
-// one fails with [fairlock.ErrCapacityMismatch], Redis failing with
+// [fairlock.ErrInvalidName], names in different Cluster slots with
+// [fairlock.ErrCrossSlot]. A capacity other than a stored one fails with
+// [fairlock.ErrCapacityMismatch], Redis failing with
 // [fairlock.ErrRedis], a closed client with [fairlock.ErrClosed]. A failed
 // Acquire holds nothing. The lease's Token, Permits and Name are the first
 // semaphore's (in name order); [fairlock.Lease.Parts] lists each.

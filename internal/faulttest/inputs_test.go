@@ -156,10 +156,10 @@ func TestBadInputAndFaults(t *testing.T) {
 			_, err := multilock.Lock(ctx, cc, "acct:1", "acct:2")
 			return err
 		}, fairlock.ErrCrossSlot},
-		{"WithReplicaAck on a Ring", func() error {
+		{"a go-redis Ring", func() error {
 			rdb := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": srv.Addr}})
 			defer rdb.Close()
-			_, err := fairlock.New(rdb, fairlock.WithReplicaAck(1, time.Second))
+			_, err := fairlock.New(rdb)
 			return err
 		}, fairlock.ErrInvalidArgument},
 		{"WithReplicaAck on a Cluster client", func() error {

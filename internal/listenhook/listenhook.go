@@ -17,8 +17,8 @@ var (
 )
 
 // Add makes the blocking clients that fairlock builds from now on for rdb
-// (a *redis.Client, *redis.ClusterClient or *redis.Ring) run h too. It
-// returns a function that forgets h.
+// (a *redis.Client or *redis.ClusterClient) run h too. It returns a
+// function that forgets h.
 func Add(rdb any, h redis.Hook) (remove func()) {
 	mu.Lock()
 	defer mu.Unlock()
