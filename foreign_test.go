@@ -93,12 +93,15 @@ type foreignPair struct {
 	// plants every candidate × type in turn (the table).
 	rt  *rapid.T
 	all bool
+	// oneType plants one of the other types per key and call (in turn)
+	// rather than each: the interpreted Lua of miniredis is slow.
+	oneType bool
 	// planted counts the calls run with a planted key, refused the
 	// calls that refused it, by op.
 	planted, refused map[string]int
 }
 
-func newForeignPair(t testing.TB, real, fast bool) *foreignPair {
+func newForeignPair(t testing.TB, real, fast bool, broken func(string) string) *foreignPair {
 	t.Helper()
 	name, addr := "redis-server", ""
 	dbClean, dbInj := 12, 13
@@ -117,17 +120,19 @@ func newForeignPair(t testing.TB, real, fast bool) *foreignPair {
 	} else {
 		name += ", fast paths off"
 	}
-	mk := func(side string, db int) *replayer {
+	mk := func(side string, db int, transform func(string) string) *replayer {
 		rdb := redis.NewClient(&redis.Options{Addr: addr, DB: db})
 		t.Cleanup(func() {
 			rdb.FlushDB(context.Background())
 			rdb.Close()
 		})
 		rdb.FlushDB(context.Background())
-		return &replayer{name: side, rdb: rdb, scripts: newScripts(replayed(inner))}
+		return &replayer{name: side, rdb: rdb, scripts: newScripts(replayed(transform))}
 	}
+	// The clean side runs the scripts as they are; the planted side with a
+	// guard broken, when a test breaks one.
 	return &foreignPair{
-		backend: name, clean: mk("clean", dbClean), inj: mk("another program's key planted", dbInj),
+		backend: name, clean: mk("clean", dbClean, inner), inj: mk("another program's key planted", dbInj, compose(broken, inner)),
 		planted: map[string]int{}, refused: map[string]int{},
 	}
 }
@@ -245,11 +250,14 @@ func (p *foreignPair) step(ctx context.Context, c call, step int) (any, error) {
 	var types []string
 	switch {
 	case p.all:
-		for _, k := range p.candidates() {
-			for _, typ := range foreignTypes {
-				if typ != k.kind {
-					plants, types = append(plants, k), append(types, typ)
-				}
+		for i, k := range p.candidates() {
+			others := slices.DeleteFunc(slices.Clone(foreignTypes), func(t string) bool { return t == k.kind })
+			if p.oneType {
+				// One type per key and call, in turn.
+				others = others[(i+step)%len(others):][:1]
+			}
+			for _, typ := range others {
+				plants, types = append(plants, k), append(types, typ)
 			}
 		}
 	case p.rt != nil && rapid.IntRange(0, 2).Draw(p.rt, "plant") > 0:
@@ -286,6 +294,7 @@ func (p *foreignPair) step(ctx context.Context, c call, step int) (any, error) {
 // made one by one at a clock of its own, each checked by its pair.
 type fscen struct {
 	t     *testing.T
+	err   error // the first check that failed; the calls after it are skipped
 	ctx   context.Context
 	pair  *foreignPair
 	now   int64 // µs
@@ -296,12 +305,15 @@ type fscen struct {
 }
 
 func (s *fscen) exec(c call) []any {
-	s.t.Helper()
+	if s.err != nil {
+		return nil
+	}
 	c.Time = []string{strconv.FormatInt(s.now/1e6, 10), strconv.FormatInt(s.now%1e6, 10)}
 	s.steps++
 	out, err := s.pair.step(s.ctx, c, s.steps)
 	if err != nil {
-		s.t.Fatal(err)
+		s.err = err
+		return nil
 	}
 	s.now += 1000 // a millisecond between calls
 	res, _ := out.([]any)
@@ -356,9 +368,13 @@ func (s *fscen) op(op string, tk *cticket) []any {
 // hear pops p's wake list on sem (on the clean side; the other is a copy
 // made before each call) and gives tk its grant.
 func (s *fscen) hear(p *cproc, sem *csem, tks ...*cticket) {
+	if s.err != nil {
+		return
+	}
 	got, err := s.pair.clean.rdb.LPopCount(s.ctx, sem.base+":w:"+p.id, 100).Result()
 	if err != nil && err != redis.Nil {
-		s.t.Fatal(err)
+		s.err = err
+		return
 	}
 	for _, w := range got {
 		f := strings.Fields(w)
@@ -381,6 +397,9 @@ func (s *fscen) refresh(p *cproc, sem *csem, tks ...*cticket) []any {
 func (s *fscen) renewBatch(p *cproc, sem *csem, tks ...*cticket) {
 	args := []string{"renew_batch", p.id}
 	for _, tk := range tks {
+		if tk.tokens == nil {
+			return // not granted: an earlier check failed
+		}
 		ann := "0"
 		if tk.announced {
 			ann = "1"
@@ -409,7 +428,8 @@ func (s *fscen) simple(op string, sem *csem) {
 }
 
 // foreignScenarios are the table's scenarios. Processes: a, b and c with a
-// lease TTL of 5 s and a waiter TTL of 3 s, d with 300 ms and 200 ms.
+// lease TTL of 5 s and a waiter TTL of 3 s, d with 300 ms and 200 ms, e
+// with 60 s and 3 s.
 var foreignScenarios = []struct {
 	name string
 	caps []int64
@@ -420,6 +440,10 @@ var foreignScenarios = []struct {
 		s.op("renew", tk)
 		s.op("release", tk)
 		s.op("release", tk) // resent
+		// A lease longer than the keys have left to live moves their
+		// expiry (the fast path, which gives every key a TTL).
+		long := s.acquire("acquire", s.procs[4], s.sems[:1], 1)
+		s.op("release", long)
 	}},
 	{"handoff", []int64{1}, func(s *fscen, a, b, _, _ *cproc) {
 		x := s.acquire("acquire", a, s.sems[:1], 1)
@@ -460,6 +484,13 @@ var foreignScenarios = []struct {
 		s.op("release", y)
 		s.hear(c, s.sems[1], z)
 		s.op("leave", z)
+	}},
+	{"multi-lock reached from one of its semaphores", []int64{1, 1}, func(s *fscen, a, b, _, _ *cproc) {
+		x := s.acquire("acquire", a, s.sems[:1], 1)
+		y := s.acquire("acquire", b, s.sems, 1, 1)
+		s.op("release", x) // grants y, whose other semaphore this call did not declare
+		s.hear(b, s.sems[0], y)
+		s.op("release", y)
 	}},
 	{"read-write mutex", []int64{3}, func(s *fscen, a, b, c, _ *cproc) {
 		w := s.acquire("acquire", a, s.sems[:1], 3)
@@ -537,32 +568,44 @@ var foreignScenarios = []struct {
 	}},
 }
 
+// runForeignScenario runs one scenario of the table on pair and returns
+// the first check that failed.
+func runForeignScenario(t *testing.T, pair *foreignPair, i int) error {
+	ctx := context.Background()
+	sc := foreignScenarios[i]
+	for _, r := range pair.sides() {
+		if err := r.rdb.FlushDB(ctx).Err(); err != nil {
+			return err
+		}
+	}
+	procs := []*cproc{{"PAID", 5000, 3000}, {"PBID", 5000, 3000}, {"PCID", 5000, 3000}, {"PDID", 300, 200}, {"PEID", 60000, 3000}}
+	s := &fscen{t: t, ctx: ctx, pair: pair, now: time.Now().UnixMicro(), procs: procs}
+	for i, c := range sc.caps {
+		s.sems = append(s.sems, &csem{name: fmt.Sprint("f", i), base: fmt.Sprintf("fk:{f%d}", i), cap: c})
+	}
+	pair.candidates = func() []fkey {
+		var k []fkey
+		for _, sem := range s.sems {
+			k = append(k, semKeys(sem, procs)...)
+		}
+		return k
+	}
+	sc.run(s, procs[0], procs[1], procs[2], procs[3])
+	return s.err
+}
+
 // TestForeignKeys: see the file's comment.
 func TestForeignKeys(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		for _, fast := range []bool{true, false} {
 			t.Run(fmt.Sprintf("fast=%v", fast), func(t *testing.T) {
-				pair := newForeignPair(t, b.Real(), fast)
-				pair.all = true
-				ctx := context.Background()
-				for _, sc := range foreignScenarios {
+				pair := newForeignPair(t, b.Real(), fast, nil)
+				pair.all, pair.oneType = true, !b.Real()
+				for i, sc := range foreignScenarios {
 					t.Run(sc.name, func(t *testing.T) {
-						for _, r := range pair.sides() {
-							r.rdb.FlushDB(ctx)
+						if err := runForeignScenario(t, pair, i); err != nil {
+							t.Fatal(err)
 						}
-						procs := []*cproc{{"PAID", 5000, 3000}, {"PBID", 5000, 3000}, {"PCID", 5000, 3000}, {"PDID", 300, 200}}
-						s := &fscen{t: t, ctx: ctx, pair: pair, now: time.Now().UnixMicro(), procs: procs}
-						for i, c := range sc.caps {
-							s.sems = append(s.sems, &csem{name: fmt.Sprint("f", i), base: fmt.Sprintf("fk:{f%d}", i), cap: c})
-						}
-						pair.candidates = func() []fkey {
-							var k []fkey
-							for _, sem := range s.sems {
-								k = append(k, semKeys(sem, procs)...)
-							}
-							return k
-						}
-						sc.run(s, procs[0], procs[1], procs[2], procs[3])
 					})
 				}
 				t.Logf("%s: planted before %v calls, refused %v", pair.backend, pair.planted, pair.refused)
@@ -571,16 +614,68 @@ func TestForeignKeys(t *testing.T) {
 	})
 }
 
+// brokenGuards are the guards of THE RULE's point 2 broken on purpose,
+// each by a replacement in one script file; TestForeignKeysCatchBrokenGuards
+// checks that the table catches each. fast: the guard is a fast path's.
+var brokenGuards = []struct {
+	name, file, old, new string
+	fast                 bool
+}{
+	{"queued fast acquire writes :d unproven", "lua/fast.lua",
+		"  else\n    must_be(K[KD], 'zset')\n", "  else\n", true},
+	{"fast grant gives an unproven :t a TTL", "lua/fast.lua",
+		"    if moved then\n      must_be(K[KT], 'zset')\n      must_be(K[KQ], 'zset')", "    if moved then\n      must_be(K[KQ], 'zset')", true},
+	{"handing fast release writes :d unproven", "lua/fast.lua",
+		"  if w or (moved and not idle) then must_be(K[KD], 'zset') end", "  if moved and not idle then must_be(K[KD], 'zset') end", true},
+	{"fast release gives a refused wake list a TTL", "lua/fast.lua",
+		"if type(pushed) == 'number' then redis.pcall('PEXPIRE', list, ttl) end", "redis.pcall('PEXPIRE', list, ttl)", true},
+	{"apply writes unproven keys", "queue.lua",
+		"if e.cmd ~= 'RPUSH' and not proven[e.key] then", "if false then", false},
+	{"apply gives unproven keys a TTL", "queue.lua",
+		"if not expire_of[key].rel and not proven[key] then", "if false then", false},
+	{"apply gives a refused wake list a TTL", "queue.lua",
+		"if not refused[key] then redis.pcall('PEXPIRE', key, x.at) end", "redis.pcall('PEXPIRE', key, x.at)", false},
+	{"a read's WRONGTYPE is not named", "queue.lua",
+		"if type(msg) == 'string' and string.find(msg, 'WRONGTYPE', 1, true) then", "if false then", false},
+	{"an undeclared resource's keys are not looked at", "lua/resource.lua",
+		"    for i = KS, KT do reach(K[i], kind_of(i, 5)) end\n", "", false},
+}
+
+// TestForeignKeysCatchBrokenGuards breaks each guard and runs the table
+// until a check fails: each must be caught.
+func TestForeignKeysCatchBrokenGuards(t *testing.T) {
+	redistest.Long(t)
+	real := redistest.RealBackend(t) != nil
+	for _, g := range brokenGuards {
+		t.Run(g.name, func(t *testing.T) {
+			if !strings.Contains(source(g.file), g.old) {
+				t.Fatalf("%s no longer contains %q", g.file, g.old)
+			}
+			pair := newForeignPair(t, real, g.fast, mutate(g.file, g.old, g.new))
+			pair.all = true
+			for i, sc := range foreignScenarios {
+				if err := runForeignScenario(t, pair, i); err != nil {
+					first, _, _ := strings.Cut(err.Error(), "\n")
+					t.Logf("caught by %q: %s", sc.name, first)
+					return
+				}
+			}
+			t.Errorf("no scenario caught it")
+		})
+	}
+}
+
 // TestForeignKeysCallMachine runs the call machine with another program's
 // key planted before most calls (a key and a type drawn each time).
 func TestForeignKeysCallMachine(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		for _, fast := range []bool{true, false} {
 			t.Run(fmt.Sprintf("fast=%v", fast), func(t *testing.T) {
-				pair := newForeignPair(t, b.Real(), fast)
+				pair := newForeignPair(t, b.Real(), fast, nil)
+				// miniredis interprets Lua, slowly.
 				checks := 60
-				if testing.Short() {
-					checks = 15
+				if !b.Real() {
+					checks = 20
 				}
 				setFlag(t, "rapid.checks", strconv.Itoa(checks))
 				rapid.Check(t, func(rt *rapid.T) {
