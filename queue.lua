@@ -185,10 +185,21 @@ local function reach(key, kind)
   reached[#reached + 1] = { key, kind }
 end
 
+-- Types an entry declares for KEYS that kind_of would not give (an
+-- election's record), by index.
+local declared_kinds
+
+-- declare_kind says that KEYS[i] holds a value of type kind.
+local function declare_kind(i, kind)
+  declared_kinds = declared_kinds or {}
+  declared_kinds[i] = kind
+end
+
 -- kind_of returns the type fairlock keeps at the i-th of n KEYS: five
 -- keys per resource (:s a hash, the others sorted sets), then a
--- condition's key.
+-- condition's key, unless the entry declared another.
 local function kind_of(i, n)
+  if declared_kinds and declared_kinds[i] then return declared_kinds[i] end
   if i <= n - n % 5 and i % 5 == 1 then return 'hash' end
   return 'zset'
 end
@@ -213,7 +224,7 @@ end
 -- has been written then), into the error that names it. Any other error is
 -- raised again as it came.
 local function run_entry(body, K, A)
-  reached, proven = nil, nil
+  reached, proven, declared_kinds = nil, nil, nil
   local ok, res = pcall(body, K, A)
   if ok then return res end
   local key, found, kept

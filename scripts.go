@@ -47,6 +47,10 @@ var entries = []entry{
 	{"signal", "lua/ops/signal.lua", ""},
 	{"pump", "lua/ops/pump.lua", "allow-oom"},
 	{"status", "lua/ops/status.lua", "no-writes"},
+	// An election's record: one small hash per election, so a full Redis
+	// still records a leader.
+	{"leader", "lua/ops/leader.lua", "allow-oom"},
+	{"leader_get", "lua/ops/leader.lua", "no-writes"},
 }
 
 // An opSpec says how the client runs one op (ARGV[1] of every script).
@@ -61,17 +65,20 @@ type opSpec struct {
 
 // ops is every op a client sends, in one place.
 var ops = map[string]opSpec{
-	"acquire":     {"acquire", true},
-	"try":         {"acquire", true},
-	"release":     {"release", true},
-	"renew":       {"release", true},
-	"leave":       {"release", true},
-	"wait":        {"wait", true},
-	"refresh":     {"refresh", true},
-	"renew_batch": {"renew_batch", true},
-	"signal":      {"signal", true},
-	"pump":        {"pump", false},
-	"status":      {"status", false},
+	"acquire":      {"acquire", true},
+	"try":          {"acquire", true},
+	"release":      {"release", true},
+	"renew":        {"release", true},
+	"leave":        {"release", true},
+	"wait":         {"wait", true},
+	"refresh":      {"refresh", true},
+	"renew_batch":  {"renew_batch", true},
+	"signal":       {"signal", true},
+	"pump":         {"pump", false},
+	"status":       {"status", false},
+	"leader_set":   {"leader", true},
+	"leader_clear": {"leader", true},
+	"leader_get":   {"leader_get", false},
 }
 
 // source returns the text of one of the scripts' files.

@@ -2,13 +2,13 @@ package election
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
-	"strconv"
+	"math/rand/v2"
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/engine"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -26,11 +26,6 @@ var (
 // MaxValueLen is the longest value, in bytes, a candidate may campaign with.
 const MaxValueLen = 4096
 
-//go:embed record.lua
-var recordLua string
-
-var recordScript = redis.NewScript(recordLua)
-
 // subscriber is the part of a go-redis client Observe uses. *redis.Client
 // and *redis.ClusterClient have it.
 type subscriber interface {
@@ -47,10 +42,8 @@ var (
 // it may be created per call.
 type Election struct {
 	c       *fairlock.Client
-	rdb     fairlock.RedisClient
 	sub     subscriber
 	name    string
-	record  string        // the leader record's key
 	channel string        // where changes are published
 	ttl     time.Duration // the lease TTL; the record lasts twice as long
 }
@@ -73,7 +66,7 @@ func New(c *fairlock.Client, name string) (*Election, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument)
 	}
-	base, err := c.KeyBase(name)
+	channel, err := engine.LeaderChannel(c, name)
 	if err != nil {
 		return nil, err
 	}
@@ -81,8 +74,7 @@ func New(c *fairlock.Client, name string) (*Election, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: %T", ErrNotSubscriber, c.Redis())
 	}
-	return &Election{c: c, rdb: c.Redis(), sub: sub, name: name,
-		record: base + ":ld", channel: base + ":ld:c", ttl: c.LeaseTTL()}, nil
+	return &Election{c: c, sub: sub, name: name, channel: channel, ttl: c.LeaseTTL()}, nil
 }
 
 // Name returns the election's name.
@@ -101,11 +93,17 @@ func (e *Election) mutex() fairlock.Request {
 // value or one longer than [MaxValueLen]. When ctx ends first it returns,
 // by ctx's end whatever state Redis is in, an error for which
 // errors.Is(err, ctx.Err()) holds, leaving the queue in the background as
-// [fairlock.Client.Acquire] does; a grant that raced the cancellation is
-// released. A Redis that cannot be reached is reported with an error
-// matching [fairlock.ErrRedis]. A candidate granted the mutex but paused
-// past its lease before recording its value finds a later leader recorded;
-// it then queues again, at the back.
+// [fairlock.Client.Acquire] does; a grant that raced the cancellation, or
+// a leadership recorded as ctx ended, is released. A Redis that cannot be
+// reached is reported with an error matching [fairlock.ErrRedis]; an error
+// that passes (a failover, a slot migrating) while recording is retried
+// while the lease and ctx last. A full Redis (maxmemory) still records its
+// leader. With [fairlock.WithReplicaAck], the record is acknowledged by
+// the replicas before Campaign returns, or the mutex is released and the
+// error matches [fairlock.ErrNotReplicated]. A candidate granted the mutex
+// but paused past its lease before recording its value is not recorded
+// (the record holds only the mutex's live lease, by Redis's clock); it then
+// queues again, at the back.
 func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
 	if value == "" || len(value) > MaxValueLen {
 		return nil, e.errorf("campaign", "%w: value of %d bytes, want 1 to %d", fairlock.ErrInvalidArgument, len(value), MaxValueLen)
@@ -115,7 +113,11 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 		if err != nil {
 			return nil, err
 		}
-		ok, err := e.set(ctx, lease.Token(), value)
+		ok, err := e.record(ctx, lease, value)
+		if err == nil && ok && ctx.Err() != nil {
+			// Recorded as ctx ended: the caller no longer waits for it.
+			err = e.errorf("campaign", "%w", ctx.Err())
+		}
 		if err != nil || !ok {
 			// Not recorded: give the mutex back so the next candidate is
 			// not kept waiting (in the background if ctx has ended).
@@ -125,24 +127,44 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 			return nil, err
 		}
 		if !ok {
-			continue // a later leader was recorded: this lease was lost
+			continue // the lease was lost before it was recorded
 		}
 		return newLeadership(e, lease, value), nil
 	}
 }
 
-// set records term and value unless a higher term is recorded, and reports
-// whether the record holds term now.
+// record records lease's term as the leader's, with value, retrying an
+// error that passes (backing off, while the lease and ctx last), and
+// reports whether the record holds the term now.
+func (e *Election) record(ctx context.Context, lease *fairlock.Lease, value string) (bool, error) {
+	wait := 10 * time.Millisecond
+	for {
+		if lease.Err() != nil {
+			return false, nil
+		}
+		ok, err := e.set(ctx, lease.Token(), value)
+		if err == nil || !engine.Transient(err) || ctx.Err() != nil {
+			return ok, err
+		}
+		t := time.NewTimer(wait + rand.N(wait))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false, e.errorf("record leader", "%w", ctx.Err())
+		case <-lease.Done():
+			t.Stop()
+			return false, nil
+		case <-t.C:
+		}
+		wait = min(2*wait, 500*time.Millisecond)
+	}
+}
+
+// set records term and value unless a higher term is recorded or term is
+// not the mutex's live lease, and reports whether the record holds term
+// now.
 func (e *Election) set(ctx context.Context, term int64, value string) (bool, error) {
-	res, err := recordScript.Run(ctx, e.rdb, []string{e.record}, "set", term, value,
-		max(2*e.ttl.Milliseconds(), 1), e.channel).Int64Slice()
-	if err != nil {
-		return false, e.fail(ctx, "record leader", err)
-	}
-	if len(res) != 2 {
-		return false, e.errorf("record leader", "bad reply %v", res)
-	}
-	return res[0] == 1, nil
+	return engine.LeaderSet(ctx, e.c, e.name, term, value, max(2*e.ttl, time.Millisecond))
 }
 
 // errorf returns the election's error for op: "election: <op> of
@@ -152,61 +174,19 @@ func (e *Election) errorf(op, format string, a ...any) error {
 	return fmt.Errorf("election: %s of %q: "+format, append([]any{op, e.name}, a...)...)
 }
 
-// fail wraps an error of one of the election's own scripts the way the
-// engine wraps its own: the context's error as is, anything else as
-// fairlock.ErrRedis.
-func (e *Election) fail(ctx context.Context, op string, err error) error {
-	if cerr := ctx.Err(); cerr != nil {
-		return e.errorf(op, "%w", cerr)
-	}
-	return e.errorf(op, "%w: %w", fairlock.ErrRedis, err)
-}
-
 // Leader returns the current leader's value and term, or an error matching
-// [ErrNoLeader] when nobody leads. It reads the leader record and then
-// checks it against the mutex's live holder (by Redis's clock, through
-// [fairlock.Client.Status]), so it never reports a leader whose lease has
-// ended, even one that crashed with nobody queued behind it. It changes
-// nothing. Errors and ctx are as for [fairlock.Client.Status].
+// [ErrNoLeader] when nobody leads. It reads the leader record and checks
+// it against the mutex's live lease (by Redis's clock) in one atomic
+// step, so it never reports a leader whose lease has ended, even one that
+// crashed with nobody queued behind it. It changes nothing. Errors and ctx
+// are as for [fairlock.Client.Status].
 func (e *Election) Leader(ctx context.Context) (Info, error) {
-	for range 3 {
-		info, err := e.get(ctx)
-		if err != nil {
-			return Info{}, err
-		}
-		st, err := e.c.Status(ctx, e.name)
-		if err != nil {
-			return Info{}, err
-		}
-		if len(st.Holders) == 0 {
-			return Info{}, e.errorf("leader", "%w", ErrNoLeader)
-		}
-		holder := st.Holders[0].Token
-		switch {
-		case info.Term == holder:
-			return info, nil
-		case holder < info.Term:
-			// A leader took office between the two reads: read again.
-			continue
-		}
-		// The holder has not recorded its value yet (its Campaign has not
-		// returned), or the record was read before it did: read again.
-	}
-	return Info{}, e.errorf("leader", "%w", ErrNoLeader)
-}
-
-// get reads the leader record, live or not; Term 0 when there is none.
-func (e *Election) get(ctx context.Context) (Info, error) {
-	res, err := recordScript.Run(ctx, e.rdb, []string{e.record}, "get").Slice()
+	l, err := engine.LeaderGet(ctx, e.c, e.name)
 	if err != nil {
-		return Info{}, e.fail(ctx, "read leader", err)
+		return Info{}, err
 	}
-	if len(res) != 2 || res[0] == nil || res[1] == nil {
-		return Info{}, nil
+	if l.Term == 0 {
+		return Info{}, e.errorf("leader", "%w", ErrNoLeader)
 	}
-	term, err := strconv.ParseInt(fmt.Sprint(res[1]), 10, 64)
-	if err != nil {
-		return Info{}, e.errorf("read leader", "bad term %v", res[1])
-	}
-	return Info{Value: fmt.Sprint(res[0]), Term: term}, nil
+	return Info{Value: l.Value, Term: l.Term}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/engine"
 )
 
 // Leadership is one candidate's term as leader, from the Campaign that won
@@ -70,7 +71,7 @@ func (l *Leadership) Resign(ctx context.Context) error {
 	l.stop()
 	err := l.lease.Release(ctx)
 	if ctx.Err() == nil {
-		_ = recordScript.Run(ctx, l.e.rdb, []string{l.e.record}, "clear", l.Term(), "", 0, l.e.channel).Err()
+		_ = engine.LeaderClear(ctx, l.e.c, l.e.name, l.Term())
 	}
 	return err
 }
@@ -85,20 +86,21 @@ func (l *Leadership) stop() {
 }
 
 // renew renews the leader record's TTL (writing it again if it expired),
-// while the lease lasts. A failure is retried at the next period: the
-// lease, not the record, is what leadership is, and Leader checks it.
+// while the lease lasts: as its Err says, which reads the clock, so a
+// leader resumed after a pause past its lease writes nothing (and the
+// record takes only the mutex's live lease, by Redis's clock, in any
+// case). A failure is retried at the next period: the lease, not the
+// record, is what leadership is, and Leader checks it.
 func (l *Leadership) renew() {
 	l.mu.Lock()
 	if l.stopped {
 		l.mu.Unlock()
 		return
 	}
-	select {
-	case <-l.lease.Done():
+	if l.lease.Err() != nil {
 		l.stopped = true
 		l.mu.Unlock()
 		return
-	default:
 	}
 	l.renewing.Add(1)
 	l.mu.Unlock()

@@ -152,7 +152,7 @@ func (o *observer) deliver(ctx context.Context, info Info) bool {
 	return true
 }
 
-// parse reads a change published by record.lua: "term value", or "0".
+// parse reads a change published by the engine's leader ops: "term value", or "0".
 func parse(payload string) (Info, bool) {
 	t, v, _ := strings.Cut(payload, " ")
 	term, err := strconv.ParseInt(t, 10, 64)

@@ -8,8 +8,10 @@ import (
 	"github.com/fairlock/fairlock/internal/redistest"
 )
 
-// The record never goes back to a lower term: a leader granted before a
-// pause, recording after its successor did, leaves the successor's record.
+// The record never goes back to a lower term, and holds only the mutex's
+// live lease: a leader granted before a pause, recording after its
+// successor did, leaves the successor's record; a term whose lease has
+// ended, or that was never granted, is never recorded.
 func TestRecordNeverGoesBack(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		c, err := fairlock.New(b.Client(t), fairlock.WithPrefix(redistest.Prefix(t)))
@@ -22,18 +24,37 @@ func TestRecordNeverGoesBack(t *testing.T) {
 			t.Fatal(err)
 		}
 		ctx := context.Background()
-		for _, step := range []struct {
-			term  int64
-			value string
-			ok    bool
-		}{{10, "a", true}, {10, "a", true}, {12, "b", true}, {11, "late", false}, {10, "a", false}} {
-			ok, err := e.set(ctx, step.term, step.value)
-			if err != nil || ok != step.ok {
-				t.Fatalf("set(%d, %q) = %v, %v; want %v", step.term, step.value, ok, err, step.ok)
+		first, err := c.Acquire(ctx, e.mutex())
+		if err != nil {
+			t.Fatal(err)
+		}
+		set := func(term int64, value string, want bool) {
+			t.Helper()
+			if ok, err := e.set(ctx, term, value); err != nil || ok != want {
+				t.Fatalf("set(%d, %q) = %v, %v; want %v", term, value, ok, err, want)
 			}
 		}
-		if got, err := e.get(ctx); err != nil || got != (Info{Value: "b", Term: 12}) {
-			t.Fatalf("record %+v, %v; want b at term 12", got, err)
+		set(first.Token(), "a", true)
+		set(first.Token(), "a", true) // renewed
+		set(first.Token()+1, "never granted", false)
+		if err := first.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		set(first.Token(), "released", false)
+		second, err := c.Acquire(ctx, e.mutex())
+		if err != nil {
+			t.Fatal(err)
+		}
+		set(second.Token(), "b", true)
+		set(first.Token(), "late", false)
+		if got, err := e.Leader(ctx); err != nil || got != (Info{Value: "b", Term: second.Token()}) {
+			t.Fatalf("Leader() = %+v, %v; want b at term %d", got, err, second.Token())
+		}
+		if err := second.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := e.Leader(ctx); err == nil {
+			t.Fatalf("Leader() = %+v once the lease is released; want ErrNoLeader", got)
 		}
 	})
 }

@@ -1,0 +1,42 @@
+// Package engine is how the packages built on fairlock's engine (package
+// election, and any later primitive) run the engine's ops: through its
+// call path, so that their calls keep its promises (they return by their
+// context's end, run as the function library with its flags, wait for
+// replicas under WithReplicaAck, name another program's key). They run no
+// script of their own. The root package sets the functions when it is
+// initialised; the client passed is a *fairlock.Client (as any, since this
+// package cannot import it).
+package engine
+
+import (
+	"context"
+	"time"
+)
+
+// Leader is an election's record as the engine reads it.
+type Leader struct {
+	Value string
+	Term  int64 // 0: no leader recorded, or its lease has ended
+}
+
+var (
+	// LeaderSet records term and value as the leader of the election
+	// (mutex) name, for ttl, unless a higher term is recorded or term is
+	// not the mutex's live lease by Redis's clock; it reports whether the
+	// record holds term now. err matches fairlock.ErrNotReplicated (with
+	// ErrRedis) when the record is written but not acknowledged by the
+	// replicas asked for.
+	LeaderSet func(ctx context.Context, c any, name string, term int64, value string, ttl time.Duration) (recorded bool, err error)
+	// LeaderClear deletes the record of name if it holds term.
+	LeaderClear func(ctx context.Context, c any, name string, term int64) error
+	// LeaderGet returns the record of name when its term is the mutex's
+	// live lease, else a Leader with Term 0.
+	LeaderGet func(ctx context.Context, c any, name string) (Leader, error)
+	// Transient reports whether an error of the engine's passes (the call
+	// was refused or lost on its way: a failover, a slot migrating, a
+	// dropped connection) and sending it again later may land.
+	Transient func(err error) bool
+	// LeaderChannel names the channel on which the record's changes are
+	// published: "term value", or "0" when it is cleared.
+	LeaderChannel func(c any, name string) (string, error)
+)

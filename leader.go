@@ -1,0 +1,102 @@
+package fairlock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/fairlock/fairlock/internal/engine"
+	"github.com/redis/go-redis/v9"
+)
+
+// An election's leader record (package election) is kept beside the
+// election's mutex and changed by the engine's "leader" ops
+// (lua/ops/leader.lua), which check the recorded term against the
+// mutex's live lease by Redis's clock. The election package reaches them
+// through internal/engine.
+
+func init() {
+	engine.LeaderSet = func(ctx context.Context, c any, name string, term int64, value string, ttl time.Duration) (bool, error) {
+		return c.(*Client).leaderSet(ctx, name, term, value, ttl)
+	}
+	engine.LeaderClear = func(ctx context.Context, c any, name string, term int64) error {
+		return c.(*Client).leaderClear(ctx, name, term)
+	}
+	engine.LeaderGet = func(ctx context.Context, c any, name string) (engine.Leader, error) {
+		return c.(*Client).leaderGet(ctx, name)
+	}
+	engine.Transient = transient
+	engine.LeaderChannel = func(c any, name string) (string, error) {
+		k, err := c.(*Client).keys(name)
+		return leaderChannel(k), err
+	}
+}
+
+// leaderKeys are the keys of the leader ops on the election name: the
+// mutex's, then the record.
+func leaderKeys(k keys) []string {
+	return append(k.list()[:len(k.list()):len(k.list())], k.base+":ld")
+}
+
+func leaderChannel(k keys) string { return k.base + ":ld:c" }
+
+// leaderRun runs one leader op on the election name, by ctx's end, with
+// the arguments args gives for the election's keys.
+func (c *Client) leaderRun(ctx context.Context, op, name string, args func(k keys) []any) (*redis.Cmd, error, error) {
+	k, err := c.keys(name)
+	if err != nil {
+		return nil, nil, opError(op, []string{name}, err)
+	}
+	if c.isClosed() {
+		return nil, nil, opError(op, []string{name}, ErrClosed)
+	}
+	o, _ := c.call(ctx, c.runner(leaderKeys(k), args(k)), nil)
+	if err := o.cmd.Err(); err != nil {
+		return nil, nil, fail(ctx, op, []string{name}, err)
+	}
+	return o.cmd, o.ackErr, nil
+}
+
+func (c *Client) leaderSet(ctx context.Context, name string, term int64, value string, ttl time.Duration) (bool, error) {
+	const op = "record leader"
+	cmd, ackErr, err := c.leaderRun(ctx, op, name, func(k keys) []any {
+		return []any{"leader_set", term, value, ms(ttl), leaderChannel(k)}
+	})
+	if err != nil {
+		return false, err
+	}
+	res, _ := cmd.Slice()
+	ok, err := reply(res).int(0)
+	switch {
+	case err != nil:
+		return false, opError(op, []string{name}, fmt.Errorf("%w: bad reply %v: %w", ErrRedis, res, err))
+	case ok == 1 && ackErr != nil:
+		return false, opError(op, []string{name}, ackErr)
+	}
+	return ok == 1, nil
+}
+
+func (c *Client) leaderClear(ctx context.Context, name string, term int64) error {
+	_, _, err := c.leaderRun(ctx, "clear leader", name, func(k keys) []any {
+		return []any{"leader_clear", term, "", 1, leaderChannel(k)}
+	})
+	return err
+}
+
+func (c *Client) leaderGet(ctx context.Context, name string) (engine.Leader, error) {
+	const op = "read leader"
+	cmd, _, err := c.leaderRun(ctx, op, name, func(keys) []any { return []any{"leader_get"} })
+	if err != nil {
+		return engine.Leader{}, err
+	}
+	res, _ := cmd.Slice()
+	if len(res) != 2 || res[0] == nil || res[1] == nil {
+		return engine.Leader{}, nil
+	}
+	term, err := strconv.ParseInt(fmt.Sprint(res[1]), 10, 64)
+	if err != nil {
+		return engine.Leader{}, opError(op, []string{name}, fmt.Errorf("%w: bad term %v", ErrRedis, res[1]))
+	}
+	return engine.Leader{Value: fmt.Sprint(res[0]), Term: term}, nil
+}

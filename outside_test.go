@@ -1,0 +1,100 @@
+package fairlock
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// scriptCalls are the go-redis methods that run or load a script or a
+// function: only the engine (the root package) may call them.
+var scriptCalls = map[string]bool{
+	"NewScript": true, "Eval": true, "EvalSha": true, "EvalRO": true, "EvalShaRO": true,
+	"FCall": true, "FCallRO": true, "FunctionLoad": true, "FunctionLoadReplace": true, "ScriptLoad": true,
+}
+
+// No package outside the engine runs a Redis script of its own: the
+// packages built on it (semaphore, multilock, election, the command line,
+// fairlockotel, and any later one) reach Redis's scripts through the
+// engine's ops, which keep its promises (deadlines, flags, replica acks,
+// resends, the function library, another program's key named). Test
+// files may use scripts to set up what they test.
+func TestNoScriptsOutsideEngine(t *testing.T) {
+	fset := token.NewFileSet()
+	found := 0
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			// bench/ is a module of its own, with the peers' locks.
+			if path == "bench" || (path != "." && strings.HasPrefix(d.Name(), ".")) || d.Name() == "testdata" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if filepath.Dir(path) == "." || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			return err
+		}
+		found++
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			if sel, ok := call.Fun.(*ast.SelectorExpr); ok {
+				if scriptCalls[sel.Sel.Name] {
+					t.Errorf("%s: calls %s: a script outside the engine", fset.Position(call.Pos()), sel.Sel.Name)
+				}
+				if sel.Sel.Name == "Do" {
+					for _, a := range call.Args {
+						if lit, ok := a.(*ast.BasicLit); ok && lit.Kind == token.STRING {
+							if s, _ := strconv.Unquote(lit.Value); scriptCalls[canonical(s)] {
+								t.Errorf("%s: sends %s: a script outside the engine", fset.Position(call.Pos()), s)
+							}
+						}
+					}
+				}
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found < 10 {
+		t.Fatalf("read %d files outside the root package; the walk is broken", found)
+	}
+}
+
+// canonical maps a command name sent with Do ("evalsha", "FCALL") to the
+// method name scriptCalls holds.
+func canonical(cmd string) string {
+	switch strings.ToUpper(cmd) {
+	case "EVAL":
+		return "Eval"
+	case "EVALSHA":
+		return "EvalSha"
+	case "EVAL_RO":
+		return "EvalRO"
+	case "EVALSHA_RO":
+		return "EvalShaRO"
+	case "FCALL":
+		return "FCall"
+	case "FCALL_RO":
+		return "FCallRO"
+	case "FUNCTION", "SCRIPT":
+		return "FunctionLoad"
+	}
+	return ""
+}
