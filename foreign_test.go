@@ -57,7 +57,8 @@ func semKeys(s *csem, procs []*cproc) []fkey {
 	for _, p := range procs {
 		k = append(k, fkey{s.base + ":w:" + p.id, "list"})
 	}
-	return k
+	// An election's record (the leader ops).
+	return append(k, fkey{s.base + ":ld", "hash"})
 }
 
 // plantScript puts a value of type ARGV[1] at KEYS[1], replacing what is
@@ -423,6 +424,20 @@ func (s *fscen) signal(sem *csem, cond, mode string) {
 	s.exec(call{Keys: keys, Args: []string{"signal", cond, mode, "", s.ticket()}})
 }
 
+// leader sends a leader op ("leader_set", "leader_clear", "leader_get")
+// on the election sem, for tk's term.
+func (s *fscen) leader(op string, sem *csem, tk *cticket, value string) {
+	term := "0"
+	if tk != nil && tk.tokens != nil {
+		term = tk.tokens[0]
+	}
+	args := []string{op}
+	if op != "leader_get" {
+		args = append(args, term, value, "10000", sem.base+":ld:c")
+	}
+	s.exec(call{Keys: append(sem.keys(), sem.base+":ld"), Args: args})
+}
+
 func (s *fscen) simple(op string, sem *csem) {
 	s.exec(call{Keys: sem.keys(), Args: []string{op}})
 }
@@ -558,6 +573,19 @@ var foreignScenarios = []struct {
 		s.sems[0].cap = 2
 		y := s.acquire("acquire", a, s.sems[:1], 1)
 		s.op("release", y)
+	}},
+	{"election", []int64{1}, func(s *fscen, a, b, _, _ *cproc) {
+		x := s.acquire("acquire", a, s.sems[:1], 1)
+		s.leader("leader_set", s.sems[0], x, "a")
+		s.leader("leader_get", s.sems[0], nil, "")
+		s.leader("leader_set", s.sems[0], x, "a") // renewed
+		y := s.acquire("acquire", b, s.sems[:1], 1)
+		s.op("release", x)
+		s.hear(b, s.sems[0], y)
+		s.leader("leader_set", s.sems[0], x, "late") // not live: refused
+		s.leader("leader_clear", s.sems[0], x, "")
+		s.leader("leader_set", s.sems[0], y, "b")
+		s.leader("leader_clear", s.sems[0], y, "")
 	}},
 	{"tombstones", []int64{1}, func(s *fscen, a, b, _, _ *cproc) {
 		x := s.acquire("acquire", a, s.sems[:1], 1)
