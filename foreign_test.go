@@ -25,9 +25,12 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -728,4 +731,111 @@ func runForeignMachine(rt *rapid.T, pair *foreignPair) {
 			return k
 		}
 	})
+}
+
+// A wake list another program wrote fails the blocking read that covers it
+// (WRONGTYPE), and with it the wake-ups of every other semaphore that read
+// covers. The listener leaves that key out, logging it: the other waiters
+// still hear their grants at once, and the one whose list it is hears its
+// grant through its refresh.
+func TestForeignWakeListDoesNotDeafenOthers(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		prefix := redistest.Prefix(t)
+		var logged strings.Builder
+		var mu sync.Mutex
+		logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logged}, nil))
+		// A refresh every 5 s: a grant heard sooner came by the wake-up.
+		c, err := New(b.Client(t), WithPrefix(prefix), WithWaiterTTL(15*time.Second), WithLogger(logger))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		holder, err := New(b.Client(t), WithPrefix(prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer holder.Close()
+		mutex := func(name string) Request { return Request{Name: name, Capacity: 1, Permits: 1} }
+		ha, err := holder.Acquire(ctx, mutex("a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hb, err := holder.Acquire(ctx, mutex("b"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Another program writes a's wake list of c before c's blocking
+		// read covers it.
+		ka, _ := c.keys("a")
+		if err := b.Client(t).Set(ctx, ka.wake(c.id), "another program", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan string, 2)
+		for _, name := range []string{"a", "b"} {
+			go func() {
+				l, err := c.Acquire(ctx, mutex(name))
+				if err != nil {
+					got <- name + ": " + err.Error()
+					return
+				}
+				got <- name
+				_ = l.Release(ctx)
+			}()
+		}
+		for _, name := range []string{"a", "b"} {
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				st, err := c.Status(ctx, name)
+				if err == nil && st.Queued == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: no waiter queued", name)
+				}
+			}
+		}
+		if err := ha.Release(ctx); err != nil { // its wake-up is lost
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if err := hb.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case name := <-got:
+			if name != "b" {
+				t.Fatalf("first grant heard: %s, want b's", name)
+			}
+			if d := time.Since(start); d > 2500*time.Millisecond {
+				t.Fatalf("b's waiter heard its grant %v after the release, as by its refresh (every 5 s): the blocking read was deaf", d)
+			}
+		case <-time.After(4500 * time.Millisecond):
+			t.Fatal("b's waiter did not hear its grant: the blocking read was deaf")
+		}
+		select {
+		case name := <-got:
+			if name != "a" {
+				t.Fatalf("second grant heard: %s, want a's", name)
+			}
+		case <-time.After(12 * time.Second):
+			t.Fatal("a's waiter did not learn its grant through its refresh")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !strings.Contains(logged.String(), ka.wake(c.id)) {
+			t.Fatalf("the log does not name the wake list another program wrote:\n%s", logged.String())
+		}
+	})
+}
+
+// lockedWriter serialises writes to w.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -44,11 +44,16 @@ type listener struct {
 	ctl   string
 
 	// Guarded by c.mu.
-	rooms   map[string]*room // by wake key
-	keys    []string         // ctl, then the rooms' wake keys; nil: rebuild
-	blocked bool             // a BLPOP without the rooms added since may run
-	nudged  bool             // a nudge went out since that BLPOP started
-	swept   time.Time        // when idle rooms were last looked for
+	rooms map[string]*room // by wake key
+	keys  []string         // ctl, then the rooms' wake keys; nil: rebuild
+	// foreign are wake keys another program wrote (a value that is not a
+	// list, which fails the whole BLPOP): left out of it, so that the
+	// other rooms still hear their grants; their own room hears its
+	// grants through its refresh.
+	foreign map[string]bool
+	blocked bool      // a BLPOP without the rooms added since may run
+	nudged  bool      // a nudge went out since that BLPOP started
+	swept   time.Time // when idle rooms were last looked for
 }
 
 // listenGroup returns the group of a wake list: the keys of one group may
@@ -179,7 +184,9 @@ func (c *Client) runListener(l *listener, blk RedisClient) {
 			l.keys = make([]string, 0, 1+len(l.rooms))
 			l.keys = append(l.keys, l.ctl)
 			for k := range l.rooms {
-				l.keys = append(l.keys, k)
+				if !l.foreign[k] {
+					l.keys = append(l.keys, k)
+				}
 			}
 		}
 		keys := l.keys
@@ -217,6 +224,12 @@ func (c *Client) runListener(l *listener, blk RedisClient) {
 			}
 		case errors.Is(err, redis.Nil): // timed out
 			delay = 0
+		case strings.HasPrefix(err.Error(), "WRONGTYPE"):
+			// Another program wrote one of the wake keys: leave it out.
+			if c.leaveOutForeign(l, blk, keys) {
+				continue
+			}
+			fallthrough
 		default:
 			// Redis unreachable (or c closed its blocking client): reconnect
 			// with backoff. Waiters learn of an outage from their rooms'
@@ -233,6 +246,44 @@ func (c *Client) runListener(l *listener, blk RedisClient) {
 			}
 		}
 	}
+}
+
+// typesScript returns the type of each of KEYS (TYPE): a read.
+var typesScript = redis.NewScript(`local out = {}
+for i, k in ipairs(KEYS) do
+  local t = redis.call('TYPE', k)
+  if type(t) == 'table' then t = t.ok end
+  out[i] = t
+end
+return out`)
+
+// leaveOutForeign finds the wake keys among keys (ctl first) that hold
+// something other than a list, written by another program, and leaves
+// them out of l's blocking reads, saying so in the log. It reports
+// whether it found any.
+func (c *Client) leaveOutForeign(l *listener, blk RedisClient, keys []string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
+	defer cancel()
+	types, err := typesScript.Run(ctx, blk, keys[1:]).StringSlice()
+	if err != nil || len(types) != len(keys)-1 {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	found := false
+	for i, t := range types {
+		k := keys[i+1]
+		if t == "none" || t == "list" {
+			continue
+		}
+		if l.foreign == nil {
+			l.foreign = make(map[string]bool)
+		}
+		l.foreign[k], l.keys, found = true, nil, true
+		c.logf(slog.LevelError, "fairlock: a wake list holds a value another program wrote; its waiters hear their grants through their refresh until it is deleted",
+			nil, "", slog.String("key", k), slog.String("type", t))
+	}
+	return found
 }
 
 // sweepLocked stops the rooms of l that have had no waiter for
@@ -252,6 +303,7 @@ func (c *Client) sweepLocked(l *listener) {
 			r.idleSince = now
 		case now.Sub(r.idleSince) >= listenTimeout:
 			delete(l.rooms, key)
+			delete(l.foreign, key)
 			l.keys = nil
 			c.stopRoomLocked(r)
 		}
