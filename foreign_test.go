@@ -708,6 +708,9 @@ func TestForeignKeysCallMachine(t *testing.T) {
 				if !b.Real() {
 					checks = 20
 				}
+				if redistest.Race {
+					checks /= 3
+				}
 				setFlag(t, "rapid.checks", strconv.Itoa(checks))
 				rapid.Check(t, func(rt *rapid.T) {
 					pair.rt = rt
