@@ -12,14 +12,19 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock"
-	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
 // The engine's own API takes a Request; package semaphore wraps it.
 func ExampleClient_Acquire() {
-	rdb, stop := redistest.Embedded() // a program connects to its own Redis
-	defer stop()
+	// A program connects to its own Redis; the example runs one in process.
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
 	ctx := context.Background()
 
 	c, err := fairlock.New(rdb)
@@ -53,8 +58,14 @@ func (o *countingObserver) Observe(e fairlock.Event) {
 // An Observer sees every wait and lease; fairlockotel turns these events
 // into OpenTelemetry metrics and spans.
 func ExampleWithObserver() {
-	rdb, stop := redistest.Embedded() // a program connects to its own Redis
-	defer stop()
+	// A program connects to its own Redis; the example runs one in process.
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
 	ctx := context.Background()
 
 	obs := &countingObserver{n: map[fairlock.EventKind]int{}}

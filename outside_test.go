@@ -98,3 +98,56 @@ func canonical(cmd string) string {
 	}
 	return ""
 }
+
+// Every runnable example uses only public packages, so that a reader on
+// pkg.go.dev can copy it: no file with an Example function imports one of
+// this module's internal packages.
+func TestExamplesUsePublicPackages(t *testing.T) {
+	fset := token.NewFileSet()
+	examples := 0
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		full, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			return err
+		}
+		has := false
+		for _, d := range full.Decls {
+			if fn, ok := d.(*ast.FuncDecl); ok && fn.Recv == nil && strings.HasPrefix(fn.Name.Name, "Example") {
+				has = true
+			}
+		}
+		if !has {
+			return nil
+		}
+		examples++
+		for _, imp := range f.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			if strings.Contains(p, "/internal/") || strings.HasSuffix(p, "/internal") {
+				t.Errorf("%s: an example file imports %s: a reader cannot copy it", path, p)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if examples < 4 {
+		t.Fatalf("found %d files with examples; the walk is broken", examples)
+	}
+}

@@ -4,18 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 	"log"
 
 	"github.com/fairlock/fairlock"
-	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/multilock"
 )
 
 // A transfer locks both accounts at once. The names share the hash tag
 // {acct}, so on Redis Cluster they live in one slot.
 func Example() {
-	rdb, stop := redistest.Embedded() // a program connects to its own Redis
-	defer stop()
+	// A program connects to its own Redis; the example runs one in process.
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
 	ctx := context.Background()
 	c, err := fairlock.New(rdb)
 	if err != nil {
@@ -39,8 +46,14 @@ func Example() {
 // A job needs one of 2 GPUs and 4 of a database's 10 connections; it
 // never holds a GPU while it waits for connections.
 func ExampleAcquire() {
-	rdb, stop := redistest.Embedded() // a program connects to its own Redis
-	defer stop()
+	// A program connects to its own Redis; the example runs one in process.
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
 	ctx := context.Background()
 	c, err := fairlock.New(rdb)
 	if err != nil {

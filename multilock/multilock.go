@@ -79,11 +79,29 @@ func TryAcquire(ctx context.Context, c *fairlock.Client, reqs ...Request) (*fair
 // Lock locks the mutexes names at once; see [Mutex] and [Acquire], whose
 // errors it returns.
 func Lock(ctx context.Context, c *fairlock.Client, names ...string) (*fairlock.Lease, error) {
+	return Acquire(ctx, c, mutexes(names)...)
+}
+
+// TryLock locks the mutexes names at once if all are free now and nobody
+// waits for any of them; otherwise it locks nothing and returns an error
+// matching [fairlock.ErrNotAcquired]. Its other errors are Acquire's.
+func TryLock(ctx context.Context, c *fairlock.Client, names ...string) (*fairlock.Lease, error) {
+	return TryAcquire(ctx, c, mutexes(names)...)
+}
+
+// DoLock locks the mutexes names, runs f and unlocks them, as [Do] does
+// for requests.
+func DoLock(ctx context.Context, c *fairlock.Client, names []string, f func(ctx context.Context) error) error {
+	return Do(ctx, c, mutexes(names), f)
+}
+
+// mutexes returns the requests of the mutexes names.
+func mutexes(names []string) []Request {
 	reqs := make([]Request, len(names))
 	for i, n := range names {
 		reqs[i] = Mutex(n)
 	}
-	return Acquire(ctx, c, reqs...)
+	return reqs
 }
 
 // Do acquires reqs, runs f and releases them all. The context given to f

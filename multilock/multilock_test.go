@@ -309,3 +309,41 @@ func TestNoBarging(t *testing.T) {
 		e.Release(e.Granted(multi))
 	})
 }
+
+// The mutex verbs: TryLock locks every mutex or none, DoLock runs f under
+// all of them.
+func TestLockVerbs(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		c := e.Client()
+		held, err := multilock.TryLock(ctx, c, "a")
+		if err != nil {
+			t.Fatalf("TryLock(a) = %v", err)
+		}
+		_, err = multilock.TryLock(ctx, e.Client(), "b", "a")
+		fltest.IsErr(t, "TryLock(b, a) while a is held", err, fairlock.ErrNotAcquired)
+		if st := e.status("b"); st.InUse != 0 || len(st.Waiters) != 0 {
+			t.Fatalf("b after a refused TryLock: %+v, want untouched", st)
+		}
+		e.Release(held)
+		ran := false
+		err = multilock.DoLock(ctx, c, []string{"b", "a"}, func(ctx context.Context) error {
+			ran = true
+			for _, name := range []string{"a", "b"} {
+				if st := e.status(name); st.InUse != 1 {
+					return fmt.Errorf("%s in use %d inside DoLock", name, st.InUse)
+				}
+			}
+			return nil
+		})
+		if err != nil || !ran {
+			t.Fatalf("DoLock = %v (ran %v)", err, ran)
+		}
+		for _, name := range []string{"a", "b"} {
+			if st := e.status(name); st.InUse != 0 {
+				t.Fatalf("%s in use %d after DoLock", name, st.InUse)
+			}
+		}
+	})
+}

@@ -4,19 +4,26 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 	"log"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/fairlock/fairlock"
-	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/semaphore"
 )
 
 func Example() {
-	rdb, stop := redistest.Embedded() // a program connects to its own Redis
-	defer stop()
+	// A program connects to its own Redis; the example runs one in process.
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
 	ctx := context.Background()
 
 	c, err := fairlock.New(rdb, fairlock.WithPrefix("myapp:"))
@@ -41,8 +48,14 @@ func Example() {
 
 // Eight jobs across a pool of workers, at most three encoding at once.
 func ExampleNew_workerPool() {
-	rdb, stop := redistest.Embedded() // a program connects to its own Redis
-	defer stop()
+	// A program connects to its own Redis; the example runs one in process.
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
 	ctx := context.Background()
 	c, err := fairlock.New(rdb)
 	if err != nil {
@@ -78,8 +91,14 @@ func ExampleNew_workerPool() {
 }
 
 func ExampleSemaphore_TryAcquire() {
-	rdb, stop := redistest.Embedded() // a program connects to its own Redis
-	defer stop()
+	// A program connects to its own Redis; the example runs one in process.
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
 	ctx := context.Background()
 	c, err := fairlock.New(rdb)
 	if err != nil {
@@ -109,8 +128,14 @@ func ExampleSemaphore_TryAcquire() {
 // A fencing token lets the protected resource refuse a holder whose lease
 // ended (say, it was paused past its TTL) once a later holder has written.
 func ExampleMutex() {
-	rdb, stop := redistest.Embedded() // a program connects to its own Redis
-	defer stop()
+	// A program connects to its own Redis; the example runs one in process.
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
 	ctx := context.Background()
 	c, err := fairlock.New(rdb)
 	if err != nil {
@@ -149,8 +174,14 @@ func ExampleMutex() {
 }
 
 func ExampleRWMutex() {
-	rdb, stop := redistest.Embedded() // a program connects to its own Redis
-	defer stop()
+	// A program connects to its own Redis; the example runs one in process.
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
 	ctx := context.Background()
 	c, err := fairlock.New(rdb)
 	if err != nil {
@@ -181,8 +212,14 @@ func ExampleRWMutex() {
 // Do and RDo run a function under the write or a read lock and unlock
 // afterwards, whatever the function returns.
 func ExampleRWMutex_Do() {
-	rdb, stop := redistest.Embedded() // a program connects to its own Redis
-	defer stop()
+	// A program connects to its own Redis; the example runs one in process.
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
 	ctx := context.Background()
 	c, err := fairlock.New(rdb)
 	if err != nil {
@@ -214,8 +251,14 @@ func ExampleRWMutex_Do() {
 // WithMaxHold caps how long a job may hold its permits: the context Do
 // gives the job ends at the cap, and Do reports it.
 func ExampleWithMaxHold() {
-	rdb, stop := redistest.Embedded() // a program connects to its own Redis
-	defer stop()
+	// A program connects to its own Redis; the example runs one in process.
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
 	ctx := context.Background()
 	c, err := fairlock.New(rdb)
 	if err != nil {
@@ -242,8 +285,14 @@ func ExampleWithMaxHold() {
 // A consumer waits on a condition variable until a producer, in another
 // process, has put an item in a shared queue.
 func ExampleCond() {
-	rdb, stop := redistest.Embedded() // a program connects to its own Redis
-	defer stop()
+	// A program connects to its own Redis; the example runs one in process.
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
 	ctx := context.Background()
 	consumer, err := fairlock.New(rdb)
 	if err != nil {
