@@ -72,6 +72,14 @@ func TestSmokeEveryScenario(t *testing.T) {
 	var names []string
 	for _, s := range rep.Scenarios {
 		names = append(names, s.Name)
+		// The floor needs functions, which miniredis lacks: no rows, a
+		// note saying so.
+		if s.Name == "floor" {
+			if len(s.Rows) != 0 || !strings.Contains(s.Note, "-redis auto") {
+				t.Errorf("floor on miniredis: %d rows, note %q; want none, and a note naming -redis auto", len(s.Rows), s.Note)
+			}
+			continue
+		}
 		if len(s.Rows) == 0 || len(s.Rows) != len(s.Data) {
 			t.Errorf("scenario %s: %d rows, %d data", s.Name, len(s.Rows), len(s.Data))
 		}
@@ -117,6 +125,30 @@ func TestSmokeEveryScenario(t *testing.T) {
 	}
 	if len(rep.Targets) == 0 {
 		t.Error("no targets reported")
+	}
+	// A newcomer's first run says what it measures: timing targets are
+	// not judged on miniredis, and none of them reads "no".
+	var md strings.Builder
+	if err := run([]string{"-duration", "60ms", "-max-queue", "100", "-scenarios", "uncontended,fifo"}, &md, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	out := md.String()
+	if !strings.Contains(out[:min(len(out), 600)], "-redis auto") {
+		t.Errorf("the report's top does not say how to get a real server:\n%s", out[:min(len(out), 600)])
+	}
+	judged := 0
+	for _, line := range strings.Split(out, "\n") {
+		for _, tg := range rep.Targets {
+			if tg.Timing && strings.Contains(line, "| "+tg.What+" |") {
+				judged++
+				if !strings.HasSuffix(line, "| not judged (miniredis) |") {
+					t.Errorf("timing target judged on miniredis: %s", line)
+				}
+			}
+		}
+	}
+	if judged == 0 {
+		t.Errorf("no timing target in the report:\n%s", out)
 	}
 }
 

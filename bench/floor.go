@@ -81,12 +81,11 @@ func floor(e *env) ([]*Table, []Target, error) {
 		Columns: []string{"call", "p50", "÷ PING p50", "samples"}}
 	na := func(why string) ([]*Table, []Target, error) {
 		t.Note = why
-		t.Rows = append(t.Rows, []string{"n/a", "n/a", "n/a", "0"})
 		t.Data = append(t.Data, map[string]any{"call": "n/a", "why": why})
 		return []*Table{t}, nil, nil
 	}
 	if !e.real {
-		return na("n/a on the embedded miniredis (no functions)")
+		return na("Not measured on the embedded miniredis, which has no functions: run with -redis auto.")
 	}
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: e.addr})

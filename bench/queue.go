@@ -267,7 +267,7 @@ func queueScaling(e *env) ([]*Table, []Target, error) {
 		if lastSize < queueSizes[len(queueSizes)-1] {
 			what += fmt.Sprintf("; the target is at %d: -max-queue %d", queueSizes[len(queueSizes)-1], queueSizes[len(queueSizes)-1])
 		}
-		targets = append(targets, Target{"queue", what, f2(last[0]) + " ×, " + f2(last[1]) + " ×", last[0] <= 1.2 && last[1] <= 1.2})
+		targets = append(targets, timed(Target{"queue", what, f2(last[0]) + " ×, " + f2(last[1]) + " ×", last[0] <= 1.2 && last[1] <= 1.2, false}))
 	}
 	return []*Table{t}, targets, nil
 }
