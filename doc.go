@@ -65,8 +65,9 @@
 //
 // Every key expires once the deadlines it records have passed; an idle
 // semaphore keeps only :s and :t, for the tombstones' lifetime and at
-// most half of it more (at most 30 s). fairlock needs Redis 6.2 or
-// later, run with maxmemory-policy noeviction: a volatile-* policy evicts
+// most half of it more (at most 30 s). fairlock needs Redis 7.0 or
+// later or Valkey 8 (the versions its tests run on; Redis 6.2 runs its
+// scripts, untested), run with maxmemory-policy noeviction: a volatile-* policy evicts
 // keys with a TTL first. Where the server has functions (Redis 7 and
 // later, Valkey), the scripts run as a function library loaded once per
 // server; elsewhere as EVALSHA.
