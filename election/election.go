@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fairlock/fairlock"
@@ -63,18 +65,20 @@ type Info struct {
 // [ErrNotSubscriber] when c's Redis client cannot Subscribe (any go-redis
 // *redis.Client or ClusterClient can).
 func New(c *fairlock.Client, name string) (*Election, error) {
+	e := &Election{c: c, name: name}
 	if c == nil {
-		return nil, fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument)
+		return nil, e.errorf("new", "%w: nil client", fairlock.ErrInvalidArgument)
 	}
 	channel, err := engine.LeaderChannel(c, name)
 	if err != nil {
-		return nil, err
+		return nil, e.errorf("new", "%w", err)
 	}
 	sub, ok := c.Redis().(subscriber)
 	if !ok {
-		return nil, fmt.Errorf("%w: %T", ErrNotSubscriber, c.Redis())
+		return nil, e.errorf("new", "%w: %T", ErrNotSubscriber, c.Redis())
 	}
-	return &Election{c: c, sub: sub, name: name, channel: channel, ttl: c.LeaseTTL()}, nil
+	e.sub, e.channel, e.ttl = sub, channel, c.LeaseTTL()
+	return e, nil
 }
 
 // Name returns the election's name.
@@ -167,11 +171,30 @@ func (e *Election) set(ctx context.Context, term int64, value string) (bool, err
 	return engine.LeaderSet(ctx, e.c, e.name, term, value, max(2*e.ttl, time.Millisecond))
 }
 
-// errorf returns the election's error for op: "election: <op> of
-// "<name>": " and the message format gives (%w wraps, as in fmt.Errorf).
-// It is the one place the prefix is written.
+// Error is the error of an election's own: the operation, the election,
+// and why (errors.Is and errors.As look through Err). Errors of the engine
+// (a lease lost, Redis unreachable) come as the engine's *fairlock.Error.
+type Error struct {
+	Op   string // "new", "campaign", "leader", "record leader"
+	Name string // the election
+	Err  error
+}
+
+// Error reads "election: <op> "<name>": <why>", naming the package once.
+func (e *Error) Error() string {
+	why := "<nil>"
+	if e.Err != nil {
+		why = strings.ReplaceAll(strings.ReplaceAll(e.Err.Error(), "election: ", ""), "fairlock: ", "")
+	}
+	return "election: " + e.Op + " " + strconv.Quote(e.Name) + ": " + why
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// errorf returns the election's error for op, its reason as the format
+// gives it (%w wraps, as in fmt.Errorf).
 func (e *Election) errorf(op, format string, a ...any) error {
-	return fmt.Errorf("election: %s of %q: "+format, append([]any{op, e.name}, a...)...)
+	return &Error{Op: op, Name: e.name, Err: fmt.Errorf(format, a...)}
 }
 
 // Leader returns the current leader's value and term, or an error matching

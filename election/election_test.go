@@ -403,3 +403,30 @@ func TestElectionBesideCond(t *testing.T) {
 		}
 	})
 }
+
+// The election's own errors name the call and the election, and the
+// package once; the engine's come as its own.
+func TestErrorsNameElectionOnce(t *testing.T) {
+	b := redistest.Mini(t)
+	e := newEnv(t, b)
+	el := e.election(e.Client(), "e")
+	ctx := context.Background()
+	_, leaderErr := el.Leader(ctx)
+	_, campaignErr := el.Campaign(ctx, "")
+	_, newErr := election.New(e.Client(), "")
+	for _, tc := range []struct {
+		err  error
+		is   error
+		text string
+	}{
+		{leaderErr, election.ErrNoLeader, `election: leader "e": no leader`},
+		{campaignErr, fairlock.ErrInvalidArgument, `election: campaign "e": invalid argument: value of 0 bytes`},
+		{newErr, fairlock.ErrInvalidName, `election: new "": invalid name: empty`},
+	} {
+		var ee *election.Error
+		if !errors.Is(tc.err, tc.is) || !errors.As(tc.err, &ee) || !strings.HasPrefix(fmt.Sprint(tc.err), tc.text) ||
+			strings.Count(fmt.Sprint(tc.err), "election:")+strings.Count(fmt.Sprint(tc.err), "fairlock:") != 1 {
+			t.Errorf("error %q, want an *election.Error matching %v that starts %q and names a package once", tc.err, tc.is, tc.text)
+		}
+	}
+}

@@ -2,6 +2,8 @@ package semaphore_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -62,3 +64,30 @@ func TestBadArguments(t *testing.T) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+// A constructor's error names the call and the semaphore, and fairlock
+// once.
+func TestConstructorErrorsNameTheCall(t *testing.T) {
+	b := redistest.Mini(t)
+	c, err := fairlock.New(b.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, semErr := semaphore.New(c, "jobs", 0)
+	_, mutexErr := semaphore.NewMutex(c, "")
+	_, rwErr := semaphore.NewRWMutex(nil, "rw")
+	for _, tc := range []struct {
+		err  error
+		is   error
+		text string
+	}{
+		{semErr, fairlock.ErrInvalidArgument, `fairlock: new semaphore "jobs": invalid argument: capacity 0 `},
+		{mutexErr, fairlock.ErrInvalidName, `fairlock: new mutex "": invalid name: empty`},
+		{rwErr, fairlock.ErrInvalidArgument, `fairlock: new rw mutex "rw": invalid argument: nil client`},
+	} {
+		if !errors.Is(tc.err, tc.is) || !strings.HasPrefix(fmt.Sprint(tc.err), tc.text) || strings.Count(fmt.Sprint(tc.err), "fairlock:") != 1 {
+			t.Errorf("error %q, want one matching %v that starts %q and names fairlock once", tc.err, tc.is, tc.text)
+		}
+	}
+}

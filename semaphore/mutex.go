@@ -15,7 +15,7 @@ type Mutex struct{ s *Semaphore }
 // with a semaphore of the same name and capacity 1. It takes the options
 // of [New], contacts no server and fails as [New] does.
 func NewMutex(c *fairlock.Client, name string, opts ...Option) (*Mutex, error) {
-	s, err := New(c, name, 1, opts...)
+	s, err := newSemaphore("new mutex", c, name, 1, opts)
 	if err != nil {
 		return nil, err
 	}

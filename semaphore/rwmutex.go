@@ -24,7 +24,7 @@ type RWMutex struct{ s *Semaphore }
 // [MaxReaders]. It takes the options of [New], contacts no server and fails
 // as [New] does.
 func NewRWMutex(c *fairlock.Client, name string, opts ...Option) (*RWMutex, error) {
-	s, err := New(c, name, MaxReaders, opts...)
+	s, err := newSemaphore("new rw mutex", c, name, MaxReaders, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -40,8 +40,16 @@ func WithMaxHold(d time.Duration) Option {
 // name must give the same capacity while it is in use; otherwise Acquire
 // fails with [fairlock.ErrCapacityMismatch].
 func New(c *fairlock.Client, name string, capacity int64, opts ...Option) (*Semaphore, error) {
+	return newSemaphore("new semaphore", c, name, capacity, opts)
+}
+
+// newSemaphore is New for the constructor op ("new semaphore", "new
+// mutex", ...), which its errors name with the semaphore, as a
+// *fairlock.Error.
+func newSemaphore(op string, c *fairlock.Client, name string, capacity int64, opts []Option) (*Semaphore, error) {
+	fail := func(err error) error { return &fairlock.Error{Op: op, Names: []string{name}, Err: err} }
 	if c == nil {
-		return nil, fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument)
+		return nil, fail(fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument))
 	}
 	s := &Semaphore{c: c, name: name, capacity: capacity}
 	for _, o := range opts {
@@ -52,7 +60,7 @@ func New(c *fairlock.Client, name string, capacity int64, opts ...Option) (*Sema
 	// A request for one permit checks the name, capacity and options the
 	// way every later call will.
 	if err := c.Validate(s.request(1)); err != nil {
-		return nil, err
+		return nil, fail(err)
 	}
 	return s, nil
 }
