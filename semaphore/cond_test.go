@@ -48,6 +48,26 @@ func (e condEnv) waiters() int64 {
 	return n
 }
 
+// deadlineOfOnlyWaiter returns the liveness deadline (ms, by Redis's
+// clock) of the one waiter "mu" has, read from its :d.
+func (e condEnv) deadlineOfOnlyWaiter() int64 {
+	e.t.Helper()
+	zs, err := e.RDB.ZRangeWithScores(context.Background(), e.Key("mu", "d"), 0, -1).Result()
+	if err != nil || len(zs) != 1 {
+		e.t.Fatalf("deadlines of mu: %v, %v; want one", zs, err)
+	}
+	return int64(zs[0].Score)
+}
+
+// pastRedisTime waits until Redis's clock is past at (ms).
+func (e condEnv) pastRedisTime(at int64) {
+	e.t.Helper()
+	e.WaitFor("Redis's clock to pass a deadline", func() bool {
+		now, err := e.RDB.Time(context.Background()).Result()
+		return err == nil && now.UnixMilli() > at+1
+	})
+}
+
 // startWait locks a fresh client's mutex and waits on its default
 // condition in a goroutine, once the condition has want-1 waiters; it
 // returns when the waiter is on the condition.
@@ -215,14 +235,9 @@ func TestCondSignalSkipsDead(t *testing.T) {
 		dead := fltest.Async(func() (*fairlock.Lease, error) { return semaphore.NewCond(dm).Wait(ctx, dl) })
 		e.WaitFor("the doomed waiter", func() bool { return e.waiters() == 1 })
 		faults.Down.Store(true) // the process dies
+		deadline := e.deadlineOfOnlyWaiter()
 		live := e.startWait(ctx, 2)
-		// Past the dead waiter's deadline, by Redis's clock.
-		key := e.Key("mu", "d")
-		e.WaitFor("the dead waiter's deadline", func() bool {
-			at, err := e.RDB.ZRangeWithScores(ctx, key, 0, 0).Result()
-			now, err2 := e.RDB.Time(ctx).Result()
-			return err == nil && err2 == nil && len(at) > 0 && int64(at[0].Score) < now.UnixMilli()-1
-		})
+		e.pastRedisTime(deadline)
 		e.signal(false, 1)
 		e.Release(e.Granted(live))
 		if e.waiters() != 0 {
@@ -350,12 +365,7 @@ func TestCondDeadWaiterFreesTheCapacity(t *testing.T) {
 		dead := fltest.Async(func() (*fairlock.Lease, error) { return semaphore.NewCond(dm).Wait(ctx, dl) })
 		e.WaitFor("the doomed waiter", func() bool { return e.waiters() == 1 })
 		faults.Down.Store(true) // the process dies
-		key := e.Key("mu", "d")
-		e.WaitFor("the dead waiter's deadline", func() bool {
-			at, err := e.RDB.ZRangeWithScores(ctx, key, 0, 0).Result()
-			now, err2 := e.RDB.Time(ctx).Result()
-			return err == nil && err2 == nil && len(at) > 0 && int64(at[0].Score) < now.UnixMilli()-1
-		})
+		e.pastRedisTime(e.deadlineOfOnlyWaiter())
 		l2, err := e.Client().Acquire(ctx, fairlock.Request{Name: "mu", Capacity: 2, Permits: 2})
 		if err != nil {
 			t.Fatalf("Acquire with capacity 2 once the only condition waiter is dead: %v", err)
