@@ -18,7 +18,8 @@
 --   lua/fast.lua      the fast paths of acquire and release
 -- Entries (one per script; KEYS, ARGV and reply in each header):
 -- acquire.lua (acquire, try), release.lua (release, renew, leave, wait),
--- lua/ops/refresh.lua, renew_batch.lua, signal.lua, pump.lua, status.lua.
+-- lua/ops/refresh.lua, renew_batch.lua, signal.lua, pump.lua, status.lua,
+-- leader.lua (an election's record).
 --
 -- A script serves one or more semaphores ("resources"); KEYS holds five
 -- keys for each, in this order (one resource's keys share one hash tag, so
