@@ -93,7 +93,7 @@ func TestLeaseContextEnds(t *testing.T) {
 		// The parent's values and cancellation still reach the context.
 		type key struct{}
 		parent, pcancel := context.WithCancel(context.WithValue(ctx, key{}, "v"))
-		l, err = c.Acquire(ctx, req)
+		l, err = c.Acquire(ctx, fairlock.Request{Name: "lctx2", Capacity: 1, Permits: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
