@@ -86,6 +86,16 @@ func condRefused(t *testing.T, ctx context.Context, holder, other *Client, name 
 	return err
 }
 
+// eventually waits until cond holds, failing t after 10s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 10s: %s", what)
+		}
+	}
+}
+
 // condWaiters returns how many tickets wait on the default condition of
 // the semaphore name.
 func condWaiters(t *testing.T, c *Client, rdb redis.Cmdable, name string) int64 {
@@ -222,9 +232,9 @@ func TestCondWaitRefusedReleases(t *testing.T) {
 				condRefused(t, ctx, holder, other, "refused", refuse, nil, want)
 				// (The release is sent again with backoff; when the wait ran,
 				// it released the lease itself.)
-				waitFor(t, func() bool { return refusedRelease.n.Load() <= -1 })
+				eventually(t, "the release sent (again) until it lands", func() bool { return refusedRelease.n.Load() <= -1 })
 				raw := b.Client(t)
-				waitFor(t, func() bool { return condWaiters(t, holder, raw, "refused") == 0 })
+				eventually(t, "no waiter on the condition", func() bool { return condWaiters(t, holder, raw, "refused") == 0 })
 			})
 		})
 	}

@@ -12,8 +12,8 @@ import (
 
 // LeaseContext of a lease that has ended returns a context already
 // cancelled, with the lease's Err as cause; a live lease's context is
-// cancelled by the time Release returns, with a cause matching
-// ErrNotHeld; cancel ends a live lease's context with context.Canceled
+// cancelled by the time its Done channel closes and Release returns, with
+// a cause matching ErrNotHeld; cancel ends a live lease's context with context.Canceled
 // and leaves the lease alone.
 func TestLeaseContextEnds(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
@@ -44,8 +44,23 @@ func TestLeaseContextEnds(t *testing.T) {
 			live[i], cancel = fairlock.LeaseContext(ctx, l)
 			defer cancel()
 		}
+		// Whoever sees Done closed finds the contexts ended.
+		liveAtDone := make(chan int, 1)
+		go func() {
+			<-l.Done()
+			n := 0
+			for _, lctx := range live {
+				if lctx.Err() == nil {
+					n++
+				}
+			}
+			liveAtDone <- n
+		}()
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
+		}
+		if n := <-liveAtDone; n > 0 {
+			t.Errorf("%d of %d contexts of a lease still live when its Done channel closed", n, len(live))
 		}
 		stillLive := 0
 		for i, lctx := range live {

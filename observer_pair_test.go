@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -358,5 +359,91 @@ func TestObserverPairsCondWaits(t *testing.T) {
 		}
 		pl.balanced(t, c1, raw, name, 0, 0)
 		pl.check(t)
+	})
+}
+
+// fakeAck is a go-redis hook that answers, in place of Redis, the WAIT
+// that WithReplicaAck pipelines after a script: all replicas acknowledged,
+// or none after a renewal while refuse is set.
+type fakeAck struct{ refuse atomic.Bool }
+
+func (f *fakeAck) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (f *fakeAck) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (f *fakeAck) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var keep []redis.Cmder
+		var waits []*redis.IntCmd
+		renew := false
+		for _, cmd := range cmds {
+			if w, ok := cmd.(*redis.IntCmd); ok && cmd.Name() == "wait" {
+				waits = append(waits, w)
+				continue
+			}
+			keep = append(keep, cmd)
+			renew = renew || runsOp(cmd, "renew")
+		}
+		err := next(ctx, keep)
+		for _, w := range waits {
+			if renew && f.refuse.Load() {
+				w.SetVal(0)
+			} else {
+				w.SetVal(1)
+			}
+		}
+		return err
+	}
+}
+
+// A grant that could not be confirmed on the replicas (WithReplicaAck) is
+// never handed to its caller: the observer sees the wait abandoned, and
+// nothing of a lease (which the client gives back unreported).
+func TestObserverUnconfirmedGrant(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		pl := newPairLog()
+		prefix := WithPrefix(redistest.Prefix(t))
+		holder, err := New(b.Client(t), prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer holder.Close()
+		ack := &fakeAck{}
+		ardb := b.Client(t)
+		ardb.AddHook(ack)
+		ac, err := New(ardb, prefix, WithObserver(pl), WithReplicaAck(1, time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ac.Close()
+		req := Request{Name: "unconfirmed", Capacity: 1, Permits: 1}
+		held, err := holder.Acquire(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			l, err := ac.Acquire(ctx, req)
+			if err == nil {
+				_ = l.Release(ctx)
+			}
+			done <- err
+		}()
+		waitQueued(t, holder, "unconfirmed", 1)
+		ack.refuse.Store(true)
+		if err := held.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrNotReplicated) {
+				t.Fatalf("Acquire whose grant was not confirmed = %v, want ErrNotReplicated", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("Acquire did not return within 10s")
+		}
+		pl.check(t)
+		if h, w := pl.counts(); h != 0 || w != 0 {
+			t.Fatalf("observed %d holders and %d waits after the acquisition failed", h, w)
+		}
 	})
 }
