@@ -9,22 +9,34 @@ import (
 
 // acquire runs Acquire (wait) and TryAcquire (!wait) for one or more
 // semaphores.
-func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (lease *Lease, err error) {
-	op, mode := "acquire", "acquire"
-	if !wait {
-		op, mode = "try acquire", "try"
-	}
+func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease, error) {
 	p, err := c.plan(reqs)
 	if err != nil {
 		names := make([]string, len(reqs))
 		for i, r := range reqs {
 			names[i] = r.Name
 		}
-		return nil, opError(op, names, err)
+		if !wait {
+			return nil, opError("try acquire", names, err)
+		}
+		return nil, opError("acquire", names, err)
 	}
-	var queued time.Time // when the request first joined a queue
 	if c.cfg.observer != nil {
 		p.id = eventIDs.Add(1)
+	}
+	return c.acquirePlan(ctx, p, wait, time.Time{})
+}
+
+// acquirePlan acquires p's semaphores: it runs acquire for a plan made and
+// given its event ID (p.id, 0 when unobserved). queued is when the
+// request began to wait, if it did before (its WaitStarted reported): a
+// condition's waiter that queues again.
+func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time.Time) (lease *Lease, err error) {
+	op, mode := "acquire", "acquire"
+	if !wait {
+		op, mode = "try acquire", "try"
+	}
+	if p.id != 0 {
 		defer func() { c.observeAcquire(p, queued, lease, err) }()
 	}
 	wrap := func(err error) error { return opError(op, p.names, err) }

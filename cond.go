@@ -2,12 +2,15 @@ package fairlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Condition variables. A condition is named by its semaphore (in practice
@@ -69,10 +72,29 @@ func (p plan) withCond(cond string) plan {
 // [ErrLeaseLost] (the lease had expired; nothing waits). When ctx ends,
 // CondWait returns an error matching ctx.Err() within the bounds of
 // [Client.Acquire], having left the condition (or the queue; a grant that
-// raced the cancellation is handed on) in the background. A Redis that
-// cannot be reached yields an error matching [ErrRedis]: the lease then
-// returns at its TTL, and a waiter the script did add is dropped at its
-// deadline. A closed client yields [ErrClosed].
+// raced the cancellation is handed on) in the background. A closed client
+// yields [ErrClosed].
+//
+// If Redis refuses the wait or cannot be reached (out of memory: a new
+// waiter takes memory, and the wait, unlike a release, is not run on a
+// full Redis; a dropped or refused connection; TRYAGAIN, LOADING,
+// READONLY, BUSY and their kin), CondWait releases the lease as
+// [Lease.Release] does: the release is sent at once (it runs on a full
+// Redis), and sent again in the background after an error that passes,
+// until it lands or the lease would have expired, so the next waiter does
+// not wait out the lease's TTL; a waiter the wait may have added to the
+// condition is withdrawn. It then returns an error matching [ErrRedis]
+// that wraps Redis's error and says the lease was released; the lease
+// counts as released (its Err matches ErrNotHeld). The error does not
+// match ErrNotHeld, which CondWait returns only for a lease released
+// before the call, nor ErrLeaseLost, unless the release found the lease
+// already expired.
+//
+// Each wait is an acquisition of its own for an [Observer]: the lease
+// given ends with LeaseReleased (or LeaseLost), and the wait reports
+// WaitStarted once the waiter is on the condition, then Granted with the
+// new lease or WaitAbandoned, under a new [Event.ID] that the new
+// lease's events carry.
 func (l *Lease) CondWait(ctx context.Context, cond string) (*Lease, error) {
 	c, p := l.c, l.p
 	wrap := func(err error) error { return opError("wait", p.names, err) }
@@ -98,32 +120,35 @@ func (l *Lease) CondWait(ctx context.Context, cond string) (*Lease, error) {
 		l.finish(ErrClosed)
 		return nil, wrap(err)
 	}
+	// The new lease is an acquisition of its own: its events carry an ID
+	// of their own.
+	np := p
+	if c.cfg.observer != nil {
+		np.id = eventIDs.Add(1)
+	}
 	fresh := w.ticket
+	release := p.releaseArgs("release", l.ticket, c, l.announced, l.tokens)
+	leave := cp.releaseArgs("leave", fresh, c, true, nil)
+	until := l.expiresBy()
 	args := p.waitArgs(l.ticket, c, l.announced, l.tokens, fresh, cond)
 	sent := time.Now()
 	o, ok := c.call(ctx, c.runner(cp.keys, args), func(outcome) {
 		// The script may have run, or not: release the lease (a resend
 		// finds its tombstone) and withdraw the new ticket.
-		c.cleanUp(ctx, p.releaseArgs("release", l.ticket, c, l.announced, l.tokens), p)
-		c.cleanUp(ctx, cp.releaseArgs("leave", fresh, c, true, nil), cp)
+		c.releaseSpent(ctx, release, p, until)
+		c.cleanUp(ctx, leave, cp)
 	})
 	l.released = true
 	l.mu.Unlock()
 	if !ok {
 		c.unregister(r, w)
-		l.finish(ErrNotHeld)
+		l.finish(errReleased)
 		return nil, wrap(ctx.Err())
 	}
 	rep, err := parseWaitReply(o.cmd)
 	if err != nil {
 		c.unregister(r, w)
-		if !isDialError(err) { // (then the call's late clean-up withdraws)
-			// The script may have run before the failure was seen.
-			c.withdraw(ctx, cp, fresh)
-		}
-		err = fail(ctx, "wait", p.names, err)
-		l.finish(fmt.Errorf("%w: wait failed: %w", ErrLeaseLost, err))
-		return nil, err
+		return nil, l.waitFailed(ctx, err, release, until, cp, fresh)
 	}
 	if rep.more {
 		c.pumpLater(p)
@@ -133,17 +158,83 @@ func (l *Lease) CondWait(ctx context.Context, cond string) (*Lease, error) {
 		l.finish(ErrLeaseLost)
 		return nil, wrap(ErrLeaseLost)
 	}
-	l.finish(ErrNotHeld)
+	l.finish(errReleased)
+	if np.id != 0 {
+		c.observe(Event{Kind: WaitStarted, Names: np.names, Permits: np.permits(), ID: np.id})
+	}
 	c.noteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clockSample{sent: sent, redis: rep.now})
 	tokens, deadline, again, err := c.awaitGrant(ctx, "wait", p, cp, r, w)
-	switch {
-	case err != nil:
-		return nil, err
-	case again:
-		// A spurious wakeup: lock again.
-		return c.acquire(ctx, []Request{p.first().req}, true)
+	if again {
+		// A spurious wakeup: lock again, as the same acquisition (whose
+		// end acquirePlan reports).
+		return c.acquirePlan(ctx, np, true, sent)
 	}
-	return c.newLease(ctx, p, fresh, tokens, deadline, true)
+	var lease *Lease
+	if err == nil {
+		lease, err = c.newLease(ctx, np, fresh, tokens, deadline, true)
+	}
+	if np.id != 0 {
+		c.observeAcquire(np, sent, lease, err)
+	}
+	return lease, err
+}
+
+// waitFailed ends a CondWait whose script failed with err, having run or
+// not (see CondWait): it releases the lease with the arguments release,
+// sending them again in the background until until after an error that
+// passes, withdraws the new ticket fresh from the condition (cp's) if the
+// script may have added it, and returns CondWait's error.
+func (l *Lease) waitFailed(ctx context.Context, err error, release []any, until time.Time, cp plan, fresh string) error {
+	c, p := l.c, l.p
+	if !errors.Is(err, ErrRedis) { // a dial error already says it
+		err = fmt.Errorf("%w: %w", ErrRedis, err)
+	}
+	wrap := func(format string, args ...any) error {
+		err := fmt.Errorf("%w; "+format, append([]any{err}, args...)...)
+		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+			err = fmt.Errorf("%w (%w)", err, ctxErr)
+		}
+		return opError("wait", p.names, err)
+	}
+	if isDialError(err) {
+		// The call goes on: its late clean-up releases the lease (and
+		// sends the release again) and withdraws the ticket when it ends.
+		l.finish(errReleased)
+		return wrap("the lease was released: the release is sent in the background until it lands or the lease would have expired")
+	}
+	var refused redis.Error
+	if !errors.As(err, &refused) {
+		// No reply from Redis: the connection failed once the command was
+		// sent, so the script may have run, and added the new ticket. (A
+		// script that replies with an error has written nothing.)
+		c.withdraw(ctx, cp, fresh)
+	}
+	o, ok := c.call(ctx, c.runner(p.keys, release), func(o outcome) {
+		if _, err := c.released(p, o.cmd); transient(err) {
+			c.resendLater(release, p, until)
+		}
+	})
+	if !ok {
+		l.finish(errReleased)
+		return wrap("the lease was released: the release goes on in the background")
+	}
+	n, rerr := c.released(p, o.cmd)
+	switch {
+	case rerr == nil && n == 1:
+		l.finish(errReleased)
+		return wrap("the lease was released")
+	case rerr == nil:
+		l.finish(ErrLeaseLost)
+		return wrap("%w: the lease had expired", ErrLeaseLost)
+	case transient(rerr):
+		if !isDialError(rerr) { // (then the call's late handler sends it again)
+			c.resendLater(release, p, until)
+		}
+		l.finish(errReleased)
+		return wrap("the lease was released: its release met %v and is sent again in the background until it lands or the lease would have expired", rerr)
+	}
+	l.finish(fmt.Errorf("%w: the wait and its release failed, the lease is no longer renewed: %w", ErrLeaseLost, rerr))
+	return wrap("its release failed too (%v): the lease is no longer renewed, and its permits return when its TTL runs out", rerr)
 }
 
 // CondSignal wakes the longest waiter of the condition variable cond of the

@@ -28,7 +28,8 @@ var (
 	ErrMaxHold error = &subError{"fairlock: maximum hold reached", ErrLeaseLost}
 
 	// ErrNotHeld is returned by Release on a lease that was already
-	// released, and is the cause reported by [Lease.Err] after a release.
+	// released, and matches the cause [Lease.Err] reports after a release
+	// ("fairlock: lease released").
 	ErrNotHeld = errors.New("fairlock: lease not held")
 
 	// ErrCapacityMismatch is returned when a semaphore is used with a

@@ -40,7 +40,7 @@ func ExampleClient_Acquire() {
 	fmt.Println(lease.Release(ctx), lease.Err())
 	// Output:
 	// reports 2 true
-	// <nil> fairlock: lease not held
+	// <nil> fairlock: lease released
 }
 
 // countingObserver counts a client's events by kind.

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -40,8 +39,18 @@ type Lease struct {
 	mu       sync.Mutex // serialises Release
 	released bool
 
-	granted time.Time   // local time the lease was handed to its caller
-	ended   atomic.Bool // set by the first finish
+	granted time.Time // local time the lease was handed to its caller
+
+	emu sync.Mutex
+	// ended is set by the first finish. quiet: the lease is not yet handed
+	// to its caller (a grant being confirmed on the replicas), so its end,
+	// should it come now, is not reported: the caller's acquisition
+	// reports that it failed instead.
+	ended, quiet bool                               // guarded by emu
+	subs         map[uint64]context.CancelCauseFunc // LeaseContexts to end with the lease; guarded by emu
+	nsubs        uint64                             // guarded by emu
+	subsEnded    bool                               // guarded by emu: subs were ended, none is added
+	cause        error                              // guarded by emu: why it ended, once subsEnded
 }
 
 // newLease wraps a grant and starts its renewal. deadline is the local
@@ -53,6 +62,9 @@ type Lease struct {
 // costs no extra script.
 func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []int64, deadline time.Time, announced bool) (*Lease, error) {
 	l := &Lease{c: c, p: p, ticket: ticket, tokens: tokens, granted: time.Now()}
+	// An announced grant with WithReplicaAck is the caller's only once
+	// confirmed.
+	l.quiet = announced && c.cfg.ackReplicas > 0
 	l.ctx, l.end = context.WithCancelCause(context.Background())
 	l.stopCtx, l.halt = context.WithCancel(context.Background())
 	l.idle = sync.NewCond(&l.rmu)
@@ -90,6 +102,13 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	l.rmu.Lock()
 	confirmed := !l.announced && !l.stopped
 	l.rmu.Unlock()
+	l.emu.Lock()
+	if confirmed && !l.ended {
+		l.quiet = false // from now on its end is reported
+	} else {
+		confirmed = false // (it may have ended, unreported, meanwhile)
+	}
+	l.emu.Unlock()
 	if !confirmed {
 		_ = l.Release(ctx)
 		return nil, opError("acquire", p.names, fmt.Errorf("%w: %w: the grant could not be confirmed on the replicas", ErrRedis, ErrNotReplicated))
@@ -142,7 +161,8 @@ func (l *Lease) Parts() []Part {
 func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err returns nil while the lease is held, and afterwards why it ended:
-// [ErrNotHeld] once released, an error matching [ErrLeaseLost] if it was
+// an error matching [ErrNotHeld] once released (by [Lease.Release] or
+// [Lease.CondWait]), an error matching [ErrLeaseLost] if it was
 // lost (also matching [ErrMaxHold] if it reached its cap on holding), or
 // [ErrClosed] if its client was closed.
 //
@@ -190,7 +210,7 @@ func (l *Lease) lapse(now time.Time) {
 // connection, a Cluster slot migrating, a server loading its data or
 // failing over: TRYAGAIN, LOADING, READONLY and their kin), Release returns
 // an error matching [ErrRedis] that says so, the lease counts as released
-// (Done closes, with [ErrNotHeld] as cause, and a later Release returns
+// (Done closes, with a cause matching [ErrNotHeld], and a later Release returns
 // ErrNotHeld), and the release is sent again in the background, with
 // backoff, until it lands or the lease would have expired anyway, so that
 // the next waiter does not wait out the lease's TTL. Sending a release
@@ -223,7 +243,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		// The release goes on in the background; the lease counts as
 		// released.
 		l.released = true
-		l.finish(ErrNotHeld)
+		l.finish(errReleased)
 		return opError("release", l.p.names, ctx.Err())
 	}
 	cmd, ackErr := o.cmd, o.ackErr
@@ -232,7 +252,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		// Released on the master; a failover now could bring the lease
 		// back until its TTL runs out.
 		l.released = true
-		l.finish(ErrNotHeld)
+		l.finish(errReleased)
 		return opError("release", l.p.names, ackErr)
 	}
 	if err != nil && transient(err) && ctx.Err() == nil {
@@ -240,7 +260,7 @@ func (l *Lease) Release(ctx context.Context) error {
 			l.c.resendLater(args, l.p, until)
 		}
 		l.released = true
-		l.finish(ErrNotHeld)
+		l.finish(errReleased)
 		if !errors.Is(err, ErrRedis) { // a dial error already says it
 			err = fmt.Errorf("%w: %w", ErrRedis, err)
 		}
@@ -259,8 +279,28 @@ func (l *Lease) Release(ctx context.Context) error {
 		l.finish(ErrLeaseLost)
 		return opError("release", l.p.names, ErrLeaseLost)
 	}
-	l.finish(ErrNotHeld)
+	l.finish(errReleased)
 	return nil
+}
+
+// errReleased is the cause a lease ends with when its holder released it
+// (by Release or CondWait): it matches ErrNotHeld.
+var errReleased error = &subError{"fairlock: lease released", ErrNotHeld}
+
+// releaseSpent sends the release args of a lease on p, best effort, under
+// a context that outlives ctx by up to one waiter TTL, and after an error
+// that passes (a refused connection included) sends it again in the
+// background until until, when the lease would have expired anyway. It
+// blocks; callers that must not, run it as a late outcome of call.
+func (c *Client) releaseSpent(ctx context.Context, args []any, p plan, until time.Time) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
+	defer cancel()
+	cmd, _ := c.run(ctx, p.keys, args...)
+	if _, err := c.released(p, cmd); transient(err) {
+		c.resendLater(args, p, until)
+	} else if err != nil {
+		c.logf(slog.LevelWarn, "fairlock: release failed; Redis ends the lease at its TTL", p.names, "", slog.Any("error", err))
+	}
 }
 
 // expiresBy returns the local time by which the lease has expired in
@@ -286,22 +326,38 @@ func (l *Lease) stopRenewal() {
 	}
 }
 
-// finish ends the lease with cause (the first cause given sticks) and
-// forgets it in its client.
+// finish ends the lease with cause (the first cause given sticks), forgets
+// it in its client, and ends its LeaseContexts, before it returns.
 func (l *Lease) finish(cause error) {
-	if !l.ended.CompareAndSwap(false, true) {
+	l.emu.Lock()
+	if l.ended {
+		l.emu.Unlock()
 		return
 	}
+	l.ended = true
+	quiet := l.quiet
+	l.emu.Unlock()
 	// Reported before Done closes, so whoever waits on Done sees it said.
 	held := time.Since(l.granted)
-	if errors.Is(cause, ErrNotHeld) {
+	switch {
+	case quiet:
+	case errors.Is(cause, ErrNotHeld):
 		l.c.observe(Event{Kind: LeaseReleased, Names: l.p.names, Permits: l.p.permits(), Held: held, ID: l.p.id})
-	} else {
+	default:
 		l.c.observe(Event{Kind: LeaseLost, Names: l.p.names, Permits: l.p.permits(), Held: held, Err: cause, ID: l.p.id})
 		if !errors.Is(cause, ErrClosed) {
 			l.c.logf(slog.LevelWarn, "fairlock: lease lost", l.p.names, strconv.FormatInt(l.tokens[0], 10),
 				slog.Duration("held", held), slog.Any("cause", cause))
 		}
+	}
+	// LeaseContexts end before Done closes, so whoever sees Done closed
+	// finds them ended.
+	l.emu.Lock()
+	subs := l.subs
+	l.subs, l.subsEnded, l.cause = nil, true, cause
+	l.emu.Unlock()
+	for _, end := range subs {
+		end(cause)
 	}
 	l.end(cause)
 	l.c.mu.Lock()
@@ -404,16 +460,43 @@ func (l *Lease) renew() {
 
 // LeaseContext returns a copy of parent that is also cancelled when lease
 // ends, with the lease's [Lease.Err] as cause (see [context.Cause]), so work
-// done under the lease can stop once the lease no longer protects it. Call
-// cancel when the work is done to free the resources it holds. It fails in
-// no way: a lease that has already ended gives a context cancelled at once.
+// done under the lease can stop once the lease no longer protects it. The
+// context is cancelled as the lease ends, before its Done channel closes
+// and before the call that ended it (Release, CondWait, Close) returns;
+// for a lease that has already ended (Err is not nil) it is returned
+// cancelled. Call cancel when the work is done to free the resources it
+// holds; it ends the context with [context.Canceled] and leaves the lease
+// alone. LeaseContext fails in no way: a nil lease gives a context
+// cancelled at once, with a cause matching [ErrInvalidArgument].
 // (It is not an [Option]; the options that set TTLs are WithLeaseTTL and
 // WithWaiterTTL.)
 func LeaseContext(parent context.Context, lease *Lease) (ctx context.Context, cancel context.CancelFunc) {
 	ctx, cancelCause := context.WithCancelCause(parent)
-	stop := context.AfterFunc(lease.ctx, func() { cancelCause(lease.Err()) })
+	cancel = func() { cancelCause(context.Canceled) }
+	if lease == nil {
+		cancelCause(fmt.Errorf("%w: LeaseContext of a nil lease", ErrInvalidArgument))
+		return ctx, cancel
+	}
+	l := lease
+	l.lapse(time.Now()) // a lease past its deadline has ended, its timers run or not
+	l.emu.Lock()
+	if l.subsEnded {
+		cause := l.cause
+		l.emu.Unlock()
+		cancelCause(cause)
+		return ctx, cancel
+	}
+	id := l.nsubs
+	l.nsubs++
+	if l.subs == nil {
+		l.subs = make(map[uint64]context.CancelCauseFunc)
+	}
+	l.subs[id] = cancelCause
+	l.emu.Unlock()
 	return ctx, func() {
-		stop()
+		l.emu.Lock()
+		delete(l.subs, id)
+		l.emu.Unlock()
 		cancelCause(context.Canceled)
 	}
 }

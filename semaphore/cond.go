@@ -63,7 +63,12 @@ func (c *Cond) Name() string { return c.name }
 // returns an error matching ctx.Err(). A lease that is not of this mutex
 // fails with [fairlock.ErrInvalidArgument] (the lease is kept), one
 // already released with [fairlock.ErrNotHeld], one that had expired with
-// [fairlock.ErrLeaseLost]. Its other errors are [fairlock.Lease.CondWait]'s.
+// [fairlock.ErrLeaseLost]. If Redis refuses the wait or cannot be reached
+// (out of memory, TRYAGAIN, READONLY, a lost connection...), Wait releases
+// the lease as [fairlock.Lease.Release] would, so the next locker does not
+// wait out the lease's TTL, and returns an error matching
+// [fairlock.ErrRedis] that says so. Its other errors are
+// [fairlock.Lease.CondWait]'s.
 func (c *Cond) Wait(ctx context.Context, lease *fairlock.Lease) (*fairlock.Lease, error) {
 	if err := c.check(); err != nil {
 		return nil, err
