@@ -333,10 +333,10 @@ func (c *Client) check(req Request) (keys, error) {
 // release or renew it.
 func newTicket() string { return rand.Text() }
 
-// Validate reports whether req is a request c can serve: a valid name, a
+// validate reports whether req is a request c can serve: a valid name, a
 // capacity in [1, MaxCapacity], permits in [1, capacity] and a MaxHold
 // that is not negative. It contacts no server.
-func (c *Client) Validate(req Request) error {
+func (c *Client) validate(req Request) error {
 	_, err := c.check(req)
 	return err
 }

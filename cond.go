@@ -22,11 +22,11 @@ import (
 // condition, the ticket is a waiter of its semaphore's room like any
 // other: the room's refresh keeps it alive and reports it dropped.
 
-// ValidateCondName reports whether name can name a condition variable: at
+// validateCondName reports whether name can name a condition variable: at
 // most [MaxNameLen] bytes of UTF-8 without control characters ("" is the
 // default condition). It contacts no server; an invalid name fails with
 // [ErrInvalidName].
-func ValidateCondName(name string) error {
+func validateCondName(name string) error {
 	switch {
 	case len(name) > MaxNameLen:
 		return fmt.Errorf("%w: condition name of %d bytes, longer than %d", ErrInvalidName, len(name), MaxNameLen)
@@ -55,22 +55,22 @@ func (p plan) withCond(cond string) plan {
 	return p
 }
 
-// CondWait releases the lease and waits on the condition variable cond of
+// condWait releases the lease and waits on the condition variable cond of
 // its semaphore, in one atomic step, so a signal sent after the release is
 // never missed. Once signalled, the waiter queues for the semaphore again,
-// behind those already queued, and CondWait returns the new lease that
+// behind those already queued, and condWait returns the new lease that
 // holds it. The lease given is spent whatever happens: on any error
-// CondWait returns a nil lease and the caller holds nothing.
+// condWait returns a nil lease and the caller holds nothing.
 //
-// CondWait may return without a signal (a spurious wakeup, as with any
+// condWait may return without a signal (a spurious wakeup, as with any
 // condition variable), having locked the semaphore again: when its waiter
 // was dropped because this process could not refresh it within the waiter
 // TTL. Callers check their condition in a loop.
 //
 // The lease must be of one semaphore, held, and not confirmed lost:
-// otherwise CondWait fails with [ErrInvalidArgument], [ErrNotHeld], or
+// otherwise condWait fails with [ErrInvalidArgument], [ErrNotHeld], or
 // [ErrLeaseLost] (the lease had expired; nothing waits). When ctx ends,
-// CondWait returns an error matching ctx.Err() within the bounds of
+// condWait returns an error matching ctx.Err() within the bounds of
 // [Client.Acquire], having left the condition (or the queue; a grant that
 // raced the cancellation is handed on) in the background. A closed client
 // yields [ErrClosed].
@@ -78,7 +78,7 @@ func (p plan) withCond(cond string) plan {
 // If Redis refuses the wait or cannot be reached (out of memory: a new
 // waiter takes memory, and the wait, unlike a release, is not run on a
 // full Redis; a dropped or refused connection; TRYAGAIN, LOADING,
-// READONLY, BUSY and their kin), CondWait releases the lease as
+// READONLY, BUSY and their kin), condWait releases the lease as
 // [Lease.Release] does: the release is sent at once (it runs on a full
 // Redis), and sent again in the background after an error that passes,
 // until it lands or the lease would have expired, so the next waiter does
@@ -86,7 +86,7 @@ func (p plan) withCond(cond string) plan {
 // condition is withdrawn. It then returns an error matching [ErrRedis]
 // that wraps Redis's error and says the lease was released; the lease
 // counts as released (its Err matches ErrNotHeld). The error does not
-// match ErrNotHeld, which CondWait returns only for a lease released
+// match ErrNotHeld, which condWait returns only for a lease released
 // before the call, nor ErrLeaseLost, unless the release found the lease
 // already expired.
 //
@@ -95,13 +95,13 @@ func (p plan) withCond(cond string) plan {
 // WaitStarted once the waiter is on the condition, then Granted with the
 // new lease or WaitAbandoned, under a new [Event.ID] that the new
 // lease's events carry.
-func (l *Lease) CondWait(ctx context.Context, cond string) (*Lease, error) {
+func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	c, p := l.c, l.p
 	wrap := func(err error) error { return opError("wait", p.names, err) }
 	if len(p.parts) != 1 {
 		return nil, wrap(fmt.Errorf("%w: a condition variable needs a lease of one semaphore, not %d", ErrInvalidArgument, len(p.parts)))
 	}
-	if err := ValidateCondName(cond); err != nil {
+	if err := validateCondName(cond); err != nil {
 		return nil, wrap(err)
 	}
 	cp := p.withCond(cond)
@@ -179,11 +179,11 @@ func (l *Lease) CondWait(ctx context.Context, cond string) (*Lease, error) {
 	return lease, err
 }
 
-// waitFailed ends a CondWait whose script failed with err, having run or
-// not (see CondWait): it releases the lease with the arguments release,
+// waitFailed ends a condWait whose script failed with err, having run or
+// not (see condWait): it releases the lease with the arguments release,
 // sending them again in the background until until after an error that
 // passes, withdraws the new ticket fresh from the condition (cp's) if the
-// script may have added it, and returns CondWait's error.
+// script may have added it, and returns condWait's error.
 func (l *Lease) waitFailed(ctx context.Context, err error, release []any, until time.Time, cp plan, fresh string) error {
 	c, p := l.c, l.p
 	if !errors.Is(err, ErrRedis) { // a dial error already says it
@@ -237,30 +237,19 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release []any, until 
 	return wrap("its release failed too (%v): the lease is no longer renewed, and its permits return when its TTL runs out", rerr)
 }
 
-// CondSignal wakes the longest waiter of the condition variable cond of the
-// semaphore name, if any: it moves to the semaphore's queue, behind those
-// already queued. Waiters whose process died (their waiter TTL passed
-// unrefreshed) are dropped on the way, never woken. It needs no lease and
-// returns how many waiters it woke (0 or 1).
+// signal wakes the longest waiter of the condition variable cond of the
+// semaphore name, if any (or, all, every waiter that waited when it was
+// called, in the order they began to wait, in several scripts of bounded
+// length): each moves to the semaphore's queue, behind those already
+// queued. Waiters whose process died (their waiter TTL passed unrefreshed)
+// are dropped on the way, never woken. It needs no lease and returns how
+// many waiters it woke (on an error, how many it had woken before).
+// Package semaphore's Cond.Signal and Cond.Broadcast are its face.
 //
-// An invalid name fails with [ErrInvalidName]. When ctx ends first,
-// CondSignal returns an error matching ctx.Err(); the signal may have been
-// delivered or not. A Redis that cannot be reached yields [ErrRedis], a
-// closed client [ErrClosed].
-func (c *Client) CondSignal(ctx context.Context, name, cond string) (int, error) {
-	return c.signal(ctx, name, cond, false)
-}
-
-// CondBroadcast wakes every waiter of the condition variable cond of the
-// semaphore name that waited when it was called, in the order they began
-// to wait; they queue for the semaphore behind those already queued. A
-// large set is woken in several scripts of bounded length. It needs no
-// lease and returns how many waiters it woke; on an error it returns how
-// many it had woken before. Its errors are [Client.CondSignal]'s.
-func (c *Client) CondBroadcast(ctx context.Context, name, cond string) (int, error) {
-	return c.signal(ctx, name, cond, true)
-}
-
+// An invalid name fails with [ErrInvalidName]. When ctx ends first, signal
+// returns an error matching ctx.Err(); the signal may have been delivered
+// or not. A Redis that cannot be reached yields [ErrRedis], a closed
+// client [ErrClosed].
 // maxSignalScripts bounds the scripts one signal or broadcast runs (each
 // drops or wakes up to the script budget).
 const maxSignalScripts = 100000
@@ -273,7 +262,7 @@ func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, 
 	wrap := func(err error) error { return opError(op, []string{name}, err) }
 	k, err := c.keys(name)
 	if err == nil {
-		err = ValidateCondName(cond)
+		err = validateCondName(cond)
 	}
 	if err != nil {
 		return 0, wrap(err)

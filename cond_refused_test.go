@@ -50,7 +50,7 @@ func condRefused(t *testing.T, ctx context.Context, holder, other *Client, name 
 	waitQueued(t, other, name, 1)
 	refuse()
 	start := time.Now()
-	nl, err := l.CondWait(ctx, "")
+	nl, err := l.condWait(ctx, "")
 	took := time.Since(start)
 	if nl != nil {
 		t.Errorf("a refused CondWait returned a lease (err %v)", err)

@@ -14,24 +14,7 @@ import (
 // election's mutex and changed by the engine's "leader" ops
 // (lua/ops/leader.lua), which check the recorded term against the
 // mutex's live lease by Redis's clock. The election package reaches them
-// through internal/engine.
-
-func init() {
-	engine.LeaderSet = func(ctx context.Context, c any, name string, term int64, value string, ttl time.Duration) (bool, error) {
-		return c.(*Client).leaderSet(ctx, name, term, value, ttl)
-	}
-	engine.LeaderClear = func(ctx context.Context, c any, name string, term int64) error {
-		return c.(*Client).leaderClear(ctx, name, term)
-	}
-	engine.LeaderGet = func(ctx context.Context, c any, name string) (engine.Leader, error) {
-		return c.(*Client).leaderGet(ctx, name)
-	}
-	engine.Transient = transient
-	engine.LeaderChannel = func(c any, name string) (string, error) {
-		k, err := c.(*Client).keys(name)
-		return leaderChannel(k), err
-	}
-}
+// through internal/engine (engine.go).
 
 // leaderKeys are the keys of the leader ops on the election name: the
 // mutex's, then the record.

@@ -162,7 +162,7 @@ func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err returns nil while the lease is held, and afterwards why it ended:
 // an error matching [ErrNotHeld] once released (by [Lease.Release] or
-// [Lease.CondWait]), an error matching [ErrLeaseLost] if it was
+// semaphore.Cond.Wait), an error matching [ErrLeaseLost] if it was
 // lost (also matching [ErrMaxHold] if it reached its cap on holding), or
 // [ErrClosed] if its client was closed.
 //

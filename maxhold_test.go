@@ -353,8 +353,8 @@ func TestMaxHoldHandsOnAtCap(t *testing.T) {
 	})
 }
 
-// A negative cap is refused, in the option, the request and
-// Validate; ErrMaxHold is a case of ErrLeaseLost, not the other way round.
+// A negative cap is refused, in the option and the request; ErrMaxHold is
+// a case of ErrLeaseLost, not the other way round.
 func TestMaxHoldInputs(t *testing.T) {
 	b := redistest.Mini(t)
 	e := fltest.New(t, b)
@@ -364,7 +364,6 @@ func TestMaxHoldInputs(t *testing.T) {
 	}
 	c := e.Client()
 	bad := fairlock.Request{Name: "neg", Capacity: 1, Permits: 1, MaxHold: -1}
-	fltest.IsErr(t, "Validate(MaxHold -1)", c.Validate(bad), fairlock.ErrInvalidArgument)
 	_, err := c.Acquire(ctx, bad)
 	fltest.IsErr(t, "Acquire(MaxHold -1)", err, fairlock.ErrInvalidArgument)
 	_, err = c.TryAcquireAll(ctx, fairlock.Request{Name: "{x}:1", Capacity: 1, Permits: 1}, fairlock.Request{Name: "{x}:2", Capacity: 1, Permits: 1, MaxHold: -1})

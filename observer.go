@@ -13,7 +13,7 @@ type EventKind int
 // The events a [Client] reports to its [Observer].
 const (
 	// WaitStarted: a request joined a queue (it was not granted at once),
-	// or a lease began to wait on a condition variable ([Lease.CondWait]).
+	// or a lease began to wait on a condition variable (semaphore.Cond.Wait).
 	WaitStarted EventKind = iota + 1
 	// Granted: a request was granted, at once (Wait is 0) or after
 	// waiting (Wait is how long: for a condition wait, on the condition
@@ -61,10 +61,10 @@ type Event struct {
 	Err error
 	// ID tells one acquisition's events from another's, concurrent ones on
 	// the same semaphores included: it is set once per call of Acquire,
-	// TryAcquire or CondWait, unique in this process (never 0), and
+	// TryAcquire or a condition wait (semaphore.Cond.Wait), unique in this process (never 0), and
 	// carried by the events of the lease that call returned. Each wait,
 	// and each lease, is reported from its start to its end once: a lease
-	// CondWait spends ends under its own ID, and the wait goes on under a
+	// a condition wait spends ends under its own ID, and the wait goes on under a
 	// new one. A grant the caller never receives (one that could not be
 	// confirmed on the replicas with WithReplicaAck) is reported as the
 	// wait abandoned, not as a lease.

@@ -161,7 +161,7 @@ type condResult struct {
 func condWaitAsync(ctx context.Context, l *Lease) <-chan condResult {
 	ch := make(chan condResult, 1)
 	go func() {
-		nl, err := l.CondWait(ctx, "")
+		nl, err := l.condWait(ctx, "")
 		ch <- condResult{nl, err}
 	}()
 	return ch
@@ -285,7 +285,7 @@ func TestObserverPairsCondWaits(t *testing.T) {
 			t.Fatal(err)
 		}
 		refuse.n.Store(1)
-		if _, err := l.CondWait(ctx, ""); !errors.Is(err, ErrRedis) {
+		if _, err := l.condWait(ctx, ""); !errors.Is(err, ErrRedis) {
 			t.Fatalf("refused CondWait = %v", err)
 		}
 		pl.balanced(t, c1, raw, name, 0, 0)

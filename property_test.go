@@ -1439,7 +1439,7 @@ func (m *machine) condWait(t *rapid.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	a.state, a.cancel, a.res, a.lease = waiting, cancel, make(chan acqResult, 1), nil
 	m.calls.Go(func() {
-		l, err := lease.CondWait(ctx, "")
+		l, err := lease.condWait(ctx, "")
 		a.res <- acqResult{l, err}
 	})
 	m.waitFor(t, fmt.Sprintf("process %d waits on the condition", a.id), func() bool {
@@ -1484,9 +1484,9 @@ func (m *machine) condSignal(t *rapid.T, all bool) {
 	var n int
 	var err error
 	if all {
-		n, err = m.obs.CondBroadcast(context.Background(), s.name, "")
+		n, err = m.obs.signal(context.Background(), s.name, "", true)
 	} else {
-		n, err = m.obs.CondSignal(context.Background(), s.name, "")
+		n, err = m.obs.signal(context.Background(), s.name, "", false)
 	}
 	if err != nil || n != len(woken) {
 		t.Fatalf("%s = %d, %v; the model wakes %d", op, n, err, len(woken))

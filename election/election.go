@@ -73,9 +73,10 @@ func New(c *fairlock.Client, name string) (*Election, error) {
 	if err != nil {
 		return nil, e.errorf("new", "%w", err)
 	}
-	sub, ok := c.Redis().(subscriber)
+	rdb := engine.Redis(c)
+	sub, ok := rdb.(subscriber)
 	if !ok {
-		return nil, e.errorf("new", "%w: %T", ErrNotSubscriber, c.Redis())
+		return nil, e.errorf("new", "%w: %T", ErrNotSubscriber, rdb)
 	}
 	e.sub, e.channel, e.ttl = sub, channel, c.LeaseTTL()
 	return e, nil

@@ -9,6 +9,7 @@ import (
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/fairlockotel"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/semaphore"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
@@ -58,13 +59,23 @@ type waitResult struct {
 	err error
 }
 
-func condWait(ctx context.Context, l *fairlock.Lease) <-chan waitResult {
+// condWait waits on the default condition of lease l's mutex, through c.
+func condWait(ctx context.Context, c *fairlock.Client, l *fairlock.Lease) <-chan waitResult {
 	ch := make(chan waitResult, 1)
 	go func() {
-		nl, err := l.CondWait(ctx, "")
+		nl, err := cond(c, l.Name()).Wait(ctx, l)
 		ch <- waitResult{nl, err}
 	}()
 	return ch
+}
+
+// cond returns the default condition of the mutex name, through c.
+func cond(c *fairlock.Client, name string) *semaphore.Cond {
+	m, err := semaphore.NewMutex(c, name)
+	if err != nil {
+		panic(err)
+	}
+	return semaphore.NewCond(m)
 }
 
 func (r *rig) receive(ch <-chan waitResult) waitResult {
@@ -115,12 +126,12 @@ func TestCondWaitsCounted(t *testing.T) {
 		}
 	}
 
-	w1 := condWait(ctx, acquire(c1))
+	w1 := condWait(ctx, c1, acquire(c1))
 	r.balanced(c1, raw, name, 0, 1)
-	w2 := condWait(ctx, acquire(c2))
+	w2 := condWait(ctx, c2, acquire(c2))
 	r.balanced(c1, raw, name, 0, 2)
 	cctx, cancel := context.WithCancel(ctx)
-	w3 := condWait(cctx, acquire(c1))
+	w3 := condWait(cctx, c1, acquire(c1))
 	r.balanced(c1, raw, name, 0, 3)
 	cancel()
 	if res := r.receive(w3); !errors.Is(res.err, context.Canceled) {
@@ -129,14 +140,14 @@ func TestCondWaitsCounted(t *testing.T) {
 	r.balanced(c1, raw, name, 0, 2)
 
 	// A signal wakes the first; it waits again; a broadcast wakes both.
-	if n, err := c2.CondSignal(ctx, name, ""); err != nil || n != 1 {
+	if n, err := cond(c2, name).Signal(ctx); err != nil || n != 1 {
 		t.Fatalf("CondSignal = %d, %v", n, err)
 	}
 	a := r.granted(w1)
 	r.balanced(c1, raw, name, 1, 1)
-	wa := condWait(ctx, a)
+	wa := condWait(ctx, c1, a)
 	r.balanced(c1, raw, name, 0, 2)
-	if n, err := c2.CondBroadcast(ctx, name, ""); err != nil || n != 2 {
+	if n, err := cond(c2, name).Broadcast(ctx); err != nil || n != 2 {
 		t.Fatalf("CondBroadcast = %d, %v", n, err)
 	}
 	b := r.granted(w2)
@@ -162,9 +173,9 @@ func TestCondWaitsCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wf := condWait(ctx, l)
+	wf := condWait(ctx, fc, l)
 	r.balanced(c1, raw, name, 0, 1)
-	if n, err := c2.CondSignal(ctx, name, ""); err != nil || n != 1 {
+	if n, err := cond(c2, name).Signal(ctx); err != nil || n != 1 {
 		t.Fatalf("CondSignal = %d, %v", n, err)
 	}
 	lost := r.granted(wf)
@@ -180,7 +191,7 @@ func TestCondWaitsCounted(t *testing.T) {
 
 	// Close ends a wait on the condition.
 	c3 := r.client(fairlock.WithWaiterTTL(time.Minute))
-	w4 := condWait(ctx, acquire(c3))
+	w4 := condWait(ctx, c3, acquire(c3))
 	r.balanced(c1, raw, name, 0, 1)
 	_ = c3.Close()
 	if res := r.receive(w4); !errors.Is(res.err, fairlock.ErrClosed) {

@@ -28,7 +28,7 @@
 // An acquisition that neither queued nor was granted (a TryAcquire that
 // found no room, bad arguments, Redis unreachable at the first call) is not
 // counted: the client reports no event for it. A condition wait
-// ([fairlock.Lease.CondWait], semaphore.Cond.Wait) is an acquisition of its
+// (semaphore.Cond.Wait) is an acquisition of its
 // own: the lease it gives up is released, and its wait runs from the wait
 // on the condition to the grant of the lease it returns.
 //

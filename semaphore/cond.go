@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/engine"
 )
 
 // Cond is a fair condition variable bound to one [Mutex], kept in Redis
@@ -40,7 +41,7 @@ func NewNamedCond(m *Mutex, name string) (*Cond, error) {
 	if m == nil {
 		return nil, fmt.Errorf("%w: nil mutex", fairlock.ErrInvalidArgument)
 	}
-	if err := fairlock.ValidateCondName(name); err != nil {
+	if err := engine.ValidateCondName(name); err != nil {
 		return nil, err
 	}
 	return &Cond{m: m, name: name}, nil
@@ -67,8 +68,13 @@ func (c *Cond) Name() string { return c.name }
 // (out of memory, TRYAGAIN, READONLY, a lost connection...), Wait releases
 // the lease as [fairlock.Lease.Release] would, so the next locker does not
 // wait out the lease's TTL, and returns an error matching
-// [fairlock.ErrRedis] that says so. Its other errors are
-// [fairlock.Lease.CondWait]'s.
+// [fairlock.ErrRedis] that says so. A closed client fails with
+// [fairlock.ErrClosed]. When ctx ends, Wait returns within the bounds of
+// [fairlock.Client.Acquire]; leaving the condition (or the queue, a grant
+// that raced the cancellation handed on) goes on in the background. To an
+// [fairlock.Observer] each Wait is an acquisition of its own: the lease
+// given ends with LeaseReleased, then WaitStarted, and Granted or
+// WaitAbandoned, under a new event ID.
 func (c *Cond) Wait(ctx context.Context, lease *fairlock.Lease) (*fairlock.Lease, error) {
 	if err := c.check(); err != nil {
 		return nil, err
@@ -76,28 +82,35 @@ func (c *Cond) Wait(ctx context.Context, lease *fairlock.Lease) (*fairlock.Lease
 	if lease == nil || len(lease.Parts()) != 1 || lease.Name() != c.m.s.name {
 		return nil, fmt.Errorf("%w: wait on a condition of %q needs a lease of that mutex", fairlock.ErrInvalidArgument, c.m.s.name)
 	}
-	return lease.CondWait(ctx, c.name)
+	l, err := engine.CondWait(ctx, lease, c.name)
+	nl, _ := l.(*fairlock.Lease)
+	return nl, err
 }
 
 // Signal wakes the longest waiter, if any, and reports how many it woke
 // (0 or 1). Waiters whose process died are dropped, never woken. It needs
-// no lease. Its errors are [fairlock.Client.CondSignal]'s: when ctx ends
-// first, the signal may or may not have been delivered.
+// no lease. A condition name fairlock cannot use fails with
+// [fairlock.ErrInvalidName], a Redis that cannot be reached with
+// [fairlock.ErrRedis], a closed client with [fairlock.ErrClosed]; when ctx
+// ends first, Signal returns an error matching ctx.Err(), and the signal
+// may or may not have been delivered. A Signal that go-redis sends again
+// (its reply lost) wakes nobody more.
 func (c *Cond) Signal(ctx context.Context) (int, error) {
 	if err := c.check(); err != nil {
 		return 0, err
 	}
-	return c.m.s.c.CondSignal(ctx, c.m.s.name, c.name)
+	return engine.Signal(ctx, c.m.s.c, c.m.s.name, c.name, false)
 }
 
 // Broadcast wakes every waiter there is when it is called, in the order
-// they began to wait, and reports how many it woke. It needs no lease. Its
-// errors are [fairlock.Client.CondBroadcast]'s.
+// they began to wait, and reports how many it woke (on an error, how many
+// it had woken before), in several scripts of bounded length for a large
+// set. It needs no lease. Its errors are [Cond.Signal]'s.
 func (c *Cond) Broadcast(ctx context.Context) (int, error) {
 	if err := c.check(); err != nil {
 		return 0, err
 	}
-	return c.m.s.c.CondBroadcast(ctx, c.m.s.name, c.name)
+	return engine.Signal(ctx, c.m.s.c, c.m.s.name, c.name, true)
 }
 
 func (c *Cond) check() error {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/engine"
 )
 
 // Semaphore is a weighted counting semaphore named in Redis. It holds no
@@ -59,7 +60,7 @@ func newSemaphore(op string, c *fairlock.Client, name string, capacity int64, op
 	}
 	// A request for one permit checks the name, capacity and options the
 	// way every later call will.
-	if err := c.Validate(s.request(1)); err != nil {
+	if err := engine.Validate(c, s.request(1)); err != nil {
 		return nil, fail(err)
 	}
 	return s, nil

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/engine"
 )
 
 // runCmd is "fairlock run": it runs a command while it holds a lease.
@@ -40,7 +41,7 @@ func runCmd(args []string, stderr io.Writer) int {
 	defer rdb.Close()
 	defer fc.Close()
 	req := fairlock.Request{Name: name, Capacity: *capacity, Permits: *permits}
-	if err := fc.Validate(req); err != nil {
+	if err := engine.Validate(fc, req); err != nil {
 		fmt.Fprintln(stderr, errLine(err))
 		return exitUsage
 	}

@@ -1,5 +1,7 @@
 // Package engine is how the packages built on fairlock's engine (package
-// election, and any later primitive) run the engine's ops: through its
+// semaphore's condition variables, package election, the command line, and
+// any later primitive) reach what the engine does not export, and run its
+// ops: through its
 // call path, so that their calls keep its promises (they return by their
 // context's end, run as the function library with its flags, wait for
 // replicas under WithReplicaAck, name another program's key). They run no
@@ -20,6 +22,22 @@ type Leader struct {
 }
 
 var (
+	// Validate reports whether req (a fairlock.Request) is a request c
+	// can serve; it contacts no server.
+	Validate func(c any, req any) error
+	// Redis returns the go-redis client c was made with.
+	Redis func(c any) any
+	// CondWait releases lease (a *fairlock.Lease) and waits on its
+	// semaphore's condition cond, returning the new lease (a
+	// *fairlock.Lease, or nil with the error).
+	CondWait func(ctx context.Context, lease any, cond string) (any, error)
+	// Signal wakes the longest waiter of the condition cond of the
+	// semaphore name (all: every waiter there was when it began) and
+	// returns how many it woke.
+	Signal func(ctx context.Context, c any, name, cond string, all bool) (int, error)
+	// ValidateCondName reports whether name can name a condition.
+	ValidateCondName func(name string) error
+
 	// LeaderSet records term and value as the leader of the election
 	// (mutex) name, for ttl, unless a higher term is recorded or term is
 	// not the mutex's live lease by Redis's clock; it reports whether the
