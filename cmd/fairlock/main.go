@@ -62,7 +62,9 @@ is lost, COMMAND gets SIGTERM, then SIGKILL after -grace, and elect exits 76.
 
 status shows who holds NAME (owner, permits, token, held for, time left),
 how many wait and for how long the oldest has, who waits (position, owner,
-permits, waiting since), and, if NAME is an election, its leader.
+permits, waiting since), and, if NAME is an election, its leader. With
+-watch it prints again at that interval until interrupted; while Redis
+cannot be reached it says so on stderr and keeps trying.
 
 On a failure fairlock prints one line to stderr; -v also logs fairlock's
 diagnostics there (lost leases, failing renewals, go-redis's connection
