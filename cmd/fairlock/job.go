@@ -29,10 +29,11 @@ func notifyForwarded(sigs chan<- os.Signal) {
 // the command's own, or exitLeaseLost if the lease ended first.
 //
 // The command runs as a job (see startJob): the signals that arrive on
-// sigs go to it, and, on Unix, to every process it starts. When the lease
-// ends (lost, or at -max-hold) the job gets SIGTERM, and SIGKILL grace
-// later if it still runs. runUnder returns once nothing of the job runs;
-// only then may the caller release the lease.
+// sigs go to it (with a supervisor, to its process group as well). When
+// the lease ends (lost, or at -max-hold) the job gets SIGTERM, and SIGKILL
+// grace later if it still runs. runUnder returns once nothing of the job
+// runs that the supervisor can see; only then may the caller release the
+// lease.
 func runUnder(lease *fairlock.Lease, command []string, sigs <-chan os.Signal, grace time.Duration, stderr io.Writer) int {
 	env := append(os.Environ(),
 		fmt.Sprintf("FAIRLOCK_TOKEN=%d", lease.Token()),

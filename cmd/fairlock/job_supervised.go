@@ -17,8 +17,9 @@ import (
 // and exits with its status once all of them are gone. fairlock gives the
 // supervisor its orders through a pipe: one byte per signal to send to the
 // job; the pipe's end, whether fairlock closed it or died (SIGKILL, the
-// OOM killer, a crash), orders SIGKILL to everything. So the command never
-// runs on after the fairlock that holds its lease.
+// OOM killer, a crash), orders SIGKILL to everything. So the command (and,
+// on Linux, everything it started) never runs on after the fairlock that
+// holds its lease.
 type job struct {
 	proc   *exec.Cmd // the supervisor
 	name   string    // the command's
