@@ -245,7 +245,7 @@ func TestRunSupervisorKilled(t *testing.T) {
 	reap(t, cmd)
 	_, sup, _, _, _ := procStat(cmd.pid)
 	if _, parent, _, _, _ := procStat(sup); parent != p.pid {
-		t.Fatalf("the command's parent %d is not fairlock's child (fairlock is %d)", sup, p.pid)
+		t.Fatalf("the command's parent (pid %d) is no supervisor started by fairlock (pid %d)", sup, p.pid)
 	}
 	if err := syscall.Kill(sup, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
