@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/fairlock/fairlock"
@@ -22,9 +21,13 @@ func electCmd(args []string, stderr io.Writer) int {
 	value := fs.String("value", "", "the value this candidate leads with, shown by status (default host:pid)")
 	wait := fs.Duration("w", 0, "give up campaigning after this long (exit 75); 0 waits forever")
 	ttl := fs.Duration("ttl", fairlock.DefaultLeaseTTL, "lease TTL: how long a crashed leader keeps leading")
-	grace := fs.Duration("grace", 10*time.Second, "after leadership is lost, how long COMMAND has between SIGTERM and SIGKILL")
+	grace := fs.Duration("grace", 10*time.Second, "after leadership is lost, or for what COMMAND leaves running, how long between SIGTERM and SIGKILL")
 	name, command, ok := commandArgs(fs, args, "elect", stderr)
 	if !ok {
+		return exitUsage
+	}
+	if *grace < 0 {
+		fmt.Fprintf(stderr, "fairlock elect: -grace %v is negative\n", *grace)
 		return exitUsage
 	}
 	rdb, fc, err := c.connect(fairlock.WithLeaseTTL(*ttl))
@@ -46,7 +49,7 @@ func electCmd(args []string, stderr io.Writer) int {
 
 	// While campaigning, SIGINT and SIGTERM end the wait (leaving the queue).
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	notifyForwarded(sigs)
 	defer signal.Stop(sigs)
 	l, code := interruptible(sigs, *wait, stderr, func(ctx context.Context) (*election.Leadership, error) {
 		return e.Campaign(ctx, *value)

@@ -42,6 +42,18 @@ lease's fencing token, keeps the lease alive while COMMAND runs, forwards
 SIGINT, SIGTERM, SIGHUP and SIGQUIT to it, releases when it exits, and exits
 with its status. It prints nothing but COMMAND's own output.
 
+COMMAND runs only while the lease is held, and so does every process it
+starts. Without a terminal COMMAND gets a process group of its own, and
+signals go to the whole group; in a terminal it stays in the shell's job,
+so that it can read the terminal. If the lease is lost (or reaches
+-max-hold), COMMAND gets SIGTERM so, and SIGKILL after -grace goes to every
+process it started. What COMMAND leaves running when it exits gets SIGTERM,
+then SIGKILL after -grace, before the lease is released. If fairlock itself
+dies, even by SIGKILL, they all get SIGKILL at once. (So on Linux;
+on macOS and the BSDs only COMMAND's process group is reached, and on
+Windows, AIX, Solaris and illumos only COMMAND, which outlives a killed
+fairlock.)
+
 elect campaigns in the leader election NAME (candidates are served first-in
 first-out) and runs COMMAND while this process leads, with FAIRLOCK_TOKEN set
 to its term; like run, it forwards signals, exits with COMMAND's status, and
@@ -50,7 +62,9 @@ is lost, COMMAND gets SIGTERM, then SIGKILL after -grace, and elect exits 76.
 
 status shows who holds NAME (owner, permits, token, held for, time left),
 how many wait and for how long the oldest has, who waits (position, owner,
-permits, waiting since), and, if NAME is an election, its leader.
+permits, waiting since), and, if NAME is an election, its leader. With
+-watch it prints again at that interval until interrupted; while Redis
+cannot be reached it says so on stderr and keeps trying.
 
 On a failure fairlock prints one line to stderr; -v also logs fairlock's
 diagnostics there (lost leases, failing renewals, go-redis's connection
@@ -61,8 +75,8 @@ redis://127.0.0.1:6379 (rediss:// for TLS; redis://user:password@host for ACL).
 
 Exit statuses of run and elect, besides COMMAND's own:
   64  bad usage            70  Redis or other error     75  not acquired (-n busy, -w timed out)
-  76  lease lost, or -max-hold reached, while COMMAND ran (COMMAND got SIGTERM,
-      then SIGKILL after -grace)
+  76  lease lost, or -max-hold reached, while COMMAND ran (COMMAND and what it
+      started got SIGTERM, then SIGKILL after -grace)
   127 COMMAND could not be started
 
 Examples:
@@ -92,6 +106,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return electCmd(args[1:], stderr)
 	case "status":
 		return statusCmd(args[1:], stdout, stderr)
+	case superviseCmdName:
+		return superviseCmd(args[1:], stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -47,8 +47,12 @@ type cli struct {
 }
 
 func newCLI(t *testing.T) *cli {
-	b := redistest.RealBackend(t)
-	c := &cli{t: t, url: "redis://" + b.Addr, prefix: redistest.Prefix(t), dir: t.TempDir()}
+	return newCLIOn(t, redistest.RealBackend(t).Addr)
+}
+
+// newCLIOn is newCLI on the Redis at addr.
+func newCLIOn(t *testing.T, addr string) *cli {
+	c := &cli{t: t, url: "redis://" + addr, prefix: redistest.Prefix(t), dir: t.TempDir()}
 	c.lib = c.client("lib")
 	return c
 }
@@ -154,7 +158,7 @@ func TestRunExitStatus(t *testing.T) {
 		t.Fatalf("exit status for a missing command = %d, want %d", got, exitNoCommand)
 	}
 	for _, args := range [][]string{
-		{"x"}, {"x", "--"}, {"x", "true"}, {"-capacity", "0", "x", "--", "true"}, {"-permits", "2", "x", "--", "true"}, {"", "--", "true"},
+		{"x"}, {"x", "--"}, {"x", "true"}, {"-capacity", "0", "x", "--", "true"}, {"-permits", "2", "x", "--", "true"}, {"", "--", "true"}, {"-grace", "-1s", "x", "--", "true"},
 	} {
 		if got := exit(t, c.cmd("run", args...)); got != exitUsage {
 			t.Fatalf("run %v = %d, want %d", args, got, exitUsage)

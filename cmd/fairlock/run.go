@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"syscall"
 	"time"
@@ -26,10 +25,14 @@ func runCmd(args []string, stderr io.Writer) int {
 	wait := fs.Duration("w", 0, "give up waiting after this long (exit 75); 0 waits forever")
 	nowait := fs.Bool("n", false, "do not wait: exit 75 at once if NAME is busy")
 	ttl := fs.Duration("ttl", fairlock.DefaultLeaseTTL, "lease TTL: how long a crashed fairlock keeps the lock")
-	grace := fs.Duration("grace", 10*time.Second, "after a lost lease, how long COMMAND has between SIGTERM and SIGKILL")
+	grace := fs.Duration("grace", 10*time.Second, "after a lost lease, or for what COMMAND leaves running, how long between SIGTERM and SIGKILL")
 	maxHold := fs.Duration("max-hold", 0, "end the lease this long after the grant even if COMMAND still runs (SIGTERM, exit 76); 0: no cap")
 	name, command, ok := commandArgs(fs, args, "run", stderr)
 	if !ok {
+		return exitUsage
+	}
+	if *grace < 0 {
+		fmt.Fprintf(stderr, "fairlock run: -grace %v is negative\n", *grace)
 		return exitUsage
 	}
 
@@ -48,7 +51,7 @@ func runCmd(args []string, stderr io.Writer) int {
 
 	// While waiting, SIGINT and SIGTERM end the wait (leaving the queue).
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	notifyForwarded(sigs)
 	defer signal.Stop(sigs)
 	lease, code := interruptible(sigs, *wait, stderr, func(ctx context.Context) (*fairlock.Lease, error) {
 		if *nowait {
@@ -128,56 +131,4 @@ func interruptible[T any](sigs <-chan os.Signal, wait time.Duration, stderr io.W
 		fmt.Fprintln(stderr, errLine(err))
 		return nil, exitError
 	}
-}
-
-// runUnder runs command while lease is held and returns the exit status.
-func runUnder(lease *fairlock.Lease, command []string, sigs <-chan os.Signal, grace time.Duration, stderr io.Writer) int {
-	cmd := exec.Command(command[0], command[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(),
-		fmt.Sprintf("FAIRLOCK_TOKEN=%d", lease.Token()),
-		"FAIRLOCK_NAME="+lease.Name())
-	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(stderr, errLine(err))
-		return exitNoCommand
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-
-	lost := false
-	var kill <-chan time.Time
-	for {
-		select {
-		case err := <-exited:
-			if lost {
-				return exitLeaseLost
-			}
-			return exitStatus(cmd, err)
-		case s := <-sigs:
-			_ = cmd.Process.Signal(s)
-		case <-lease.Done():
-			if lost {
-				continue
-			}
-			lost = true
-			fmt.Fprintf(stderr, "%s; stopping %s\n", errLine(lease.Err()), command[0])
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			kill = time.After(grace)
-		case <-kill:
-			_ = cmd.Process.Kill()
-		}
-	}
-}
-
-func exitStatus(cmd *exec.Cmd, err error) int {
-	if err == nil {
-		return 0
-	}
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return 128 + int(ws.Signal())
-	}
-	if code := cmd.ProcessState.ExitCode(); code >= 0 {
-		return code
-	}
-	return exitError
 }

@@ -6,12 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/engine"
 	"github.com/fairlock/fairlock/election"
 )
 
@@ -21,7 +25,7 @@ func statusCmd(args []string, stdout, stderr io.Writer) int {
 	var c common
 	c.register(fs, stderr)
 	asJSON := fs.Bool("json", false, "print JSON: one object per NAME, in an array")
-	watch := fs.Duration("watch", 0, "refresh at this interval until interrupted (0: print once)")
+	watch := fs.Duration("watch", 0, "print again at this interval until interrupted, riding out Redis failures (0: print once)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -37,42 +41,127 @@ func statusCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	defer rdb.Close()
 	defer fc.Close()
+	for _, name := range names {
+		if err := engine.Validate(fc, fairlock.Request{Name: name, Capacity: 1, Permits: 1}); err != nil {
+			fmt.Fprintln(stderr, errLine(err))
+			return exitUsage
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if *watch <= 0 {
+		all, err := readAll(ctx, fc, names)
+		if err != nil {
+			if ctx.Err() != nil {
+				return 0
+			}
+			fmt.Fprintln(stderr, errLine(err))
+			return exitError
+		}
+		if err := printStatus(stdout, all, *asJSON); err != nil {
+			fmt.Fprintln(stderr, errLine(err))
+			return exitError
+		}
+		return 0
+	}
+	return watchStatus(ctx, fc, names, *watch, *asJSON, stdout, stderr)
+}
+
+// watchStatus prints the status of names every interval until ctx ends
+// (status 0). On a terminal each table replaces the last. A failed read
+// (Redis restarting, unreachable, or slow past max(interval, 5s)) is said
+// on stderr, each time on a terminal, once per outage off one, and the
+// next round tries again.
+func watchStatus(ctx context.Context, fc *fairlock.Client, names []string, interval time.Duration, asJSON bool, stdout, stderr io.Writer) int {
+	term := !asJSON && isTerminal(stdout)
+	var down time.Time // when reads began to fail; zero while they work
+	t := time.NewTimer(0)
+	defer t.Stop()
 	for {
-		var all []status
-		for _, name := range names {
-			st, err := readStatus(ctx, fc, name)
-			if err != nil {
-				if ctx.Err() != nil {
-					return 0
-				}
-				fmt.Fprintln(stderr, errLine(err))
-				return exitError
-			}
-			all = append(all, st)
-		}
-		if *watch > 0 && !*asJSON {
-			fmt.Fprint(stdout, "\033[H\033[2J") // clear the screen
-		}
-		if *asJSON {
-			enc := json.NewEncoder(stdout)
-			if err := enc.Encode(all); err != nil {
-				fmt.Fprintln(stderr, errLine(err))
-				return exitError
-			}
-		} else {
-			printTable(stdout, all)
-		}
-		if *watch <= 0 {
-			return 0
-		}
 		select {
 		case <-ctx.Done():
 			return 0
-		case <-time.After(*watch):
+		case <-t.C:
 		}
+		rctx, cancel := context.WithTimeout(ctx, max(interval, 5*time.Second))
+		all, err := readAll(rctx, fc, names)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return 0
+		case err != nil:
+			if term {
+				fmt.Fprint(stdout, clearScreen)
+			}
+			if term || down.IsZero() {
+				what := "cannot reach Redis"
+				if !unreachable(err) {
+					what = "Redis did not give the status"
+				}
+				if !down.IsZero() {
+					what += " since " + down.Format(time.TimeOnly)
+				}
+				detail := strings.Replace(strings.TrimPrefix(errLine(err), "fairlock: "), "cannot reach Redis: ", "", 1)
+				fmt.Fprintf(stderr, "fairlock: %s, trying again every %v: %s\n", what, interval, detail)
+			}
+			if down.IsZero() {
+				down = time.Now()
+			}
+		default:
+			down = time.Time{}
+			if term {
+				fmt.Fprint(stdout, clearScreen)
+			}
+			if err := printStatus(stdout, all, asJSON); err != nil {
+				fmt.Fprintln(stderr, errLine(err))
+				return exitError
+			}
+		}
+		t.Reset(interval)
 	}
+}
+
+// unreachable reports whether err says Redis could not be reached or did
+// not answer in time (rather than answering with an error).
+func unreachable(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// clearScreen moves a terminal's cursor home and clears the screen.
+const clearScreen = "\033[H\033[2J"
+
+// isTerminal reports whether w is a terminal (a character device: a
+// terminal, or /dev/null, where clearing costs nothing).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// readAll reads the status of each of names.
+func readAll(ctx context.Context, fc *fairlock.Client, names []string) ([]status, error) {
+	var all []status
+	for _, name := range names {
+		st, err := readStatus(ctx, fc, name)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, st)
+	}
+	return all, nil
+}
+
+func printStatus(w io.Writer, all []status, asJSON bool) error {
+	if asJSON {
+		return json.NewEncoder(w).Encode(all)
+	}
+	printTable(w, all)
+	return nil
 }
 
 // status is what status prints of one NAME: the semaphore's Status and,
