@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
-	"github.com/fairlock/fairlock/internal/engine"
 	"github.com/fairlock/fairlock/election"
+	"github.com/fairlock/fairlock/internal/engine"
 )
 
 // statusCmd is "fairlock status": it prints semaphores' holders and waiters.
