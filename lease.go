@@ -395,6 +395,16 @@ func (l *Lease) renew() {
 		l.endAtCap(announced)
 		return
 	}
+	if now := time.Now(); !now.Before(l.deadline) {
+		// The renewal comes after the deadline: this process did not run
+		// in time (stopped, starved of CPU), whatever Redis did.
+		late := now.Sub(l.deadline).Round(time.Millisecond)
+		l.stopped = true
+		l.halt()
+		l.rmu.Unlock()
+		l.finish(opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: this process did not run until %v past the lease's deadline (stopped or starved of CPU)", ErrLeaseLost, late)))
+		return
+	}
 	l.renewing = true
 	deadline, announced := l.deadline, l.announced
 	l.rmu.Unlock()
@@ -434,10 +444,7 @@ func (l *Lease) renew() {
 	case err == nil:
 		lost = opError("renew", l.p.names, fmt.Errorf("%w: expired", ErrLeaseLost))
 	case !time.Now().Before(deadline):
-		if !errors.Is(err, ErrRedis) { // a dial error already says it
-			err = fmt.Errorf("%w: %w", ErrRedis, err)
-		}
-		lost = opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: %w", ErrLeaseLost, err))
+		lost = opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: %w", ErrLeaseLost, renewalFailure(err, sent, deadline, ttl)))
 	case l.pastCap(time.Now()):
 		atCap, l.stopped = true, true
 	default:
@@ -456,6 +463,25 @@ func (l *Lease) renew() {
 	if atCap {
 		l.endAtCap(announced)
 	}
+}
+
+// renewalFailure says why a renewal sent at sent failed to land before the
+// lease's deadline: the process, when it sent it more than a renewal
+// period late (a third of ttl before the deadline, where renewals go out
+// two thirds before), and a context deadline ended it; Redis, when it did
+// not answer in time or failed (err matches ErrRedis then).
+func renewalFailure(err error, sent, deadline time.Time, ttl time.Duration) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		left := deadline.Sub(sent).Round(time.Millisecond)
+		if left < ttl/renewDivisor {
+			return fmt.Errorf("this process ran late: its renewal went out only %v before the lease's deadline", left)
+		}
+		return fmt.Errorf("%w: Redis did not answer within the %v left before the lease's deadline", ErrRedis, left)
+	}
+	if !errors.Is(err, ErrRedis) { // a dial error already says it
+		err = fmt.Errorf("%w: %w", ErrRedis, err)
+	}
+	return err
 }
 
 // LeaseContext returns a copy of parent that is also cancelled when lease
