@@ -129,7 +129,7 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 		{"fast acquire's queued ticket not marked", "lua/fast.lua",
 			"    f = { 'nq', num(nq + 1), 'seq', ts, ticket, QUEUED }\n", "    f = { 'nq', num(nq + 1), 'seq', ts }\n", 0, true},
 		{"fast release's idle TTL", "lua/fast.lua",
-			"  local idle = not w and is_idle(nh - 1, nq, st[NC])\n", "  local idle = false\n", 0, true},
+			"  local idle = not w and is_idle(nh - 1, nq, nc)\n", "  local idle = false\n", 0, true},
 		// The rules themselves (lua/rules.lua and the general path), which
 		// both paths share: the property checker must see each.
 		{"barging", "lua/rules.lua",
@@ -160,7 +160,9 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 		{"queued at the head", "lua/grant.lua",
 			"  write('ZADD', r.Q, num(next_seq(r)), m)\n", "  write('ZADD', r.Q, '1', m)\n", 0, false},
 		{"condition waiter not refreshed", "lua/ops/refresh.lua",
-			"      write('ZADD', cv.E, num(now + wait), m)\n", "", 0, false},
+			"      wait_at(first, now + wait, m)\n", "", 0, false},
+		{"condition waiter not a user of its mutex", "acquire.lua",
+			"  if not r.cap or is_idle(r.nh, r.nq, r.nc) then\n", "  if not r.cap or is_idle(r.nh, r.nq, 0) then\n", 0, false},
 		{"cancelled condition waiter stays", "release.lua",
 			"          cond_drop(p.r, c, m)\n", "", 0, false},
 	} {

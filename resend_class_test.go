@@ -15,6 +15,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -168,4 +169,39 @@ func TestResentCallsActOnce(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestResentCallsCatchBrokenRules breaks, one at a time, what makes a
+// resent call act once, and checks that TestResentCallsActOnce's machine
+// catches each.
+func TestResentCallsCatchBrokenRules(t *testing.T) {
+	redistest.Long(t)
+	real := redistest.RealBackend(t) != nil
+	for _, tc := range []struct{ name, file, old, new string }{
+		{"a resent signal acts again", "lua/ops/signal.lua", "if is_signalled(r.grant) then", "if false then"},
+		{"a resent queued acquire queues again", "acquire.lua", "if g == QUEUED then\n", "if false then\n"},
+		{"a trim forgets the calling ticket's tombstone", "lua/resource.lua", "if r.grants[t] == nil and t ~= r.ticket then", "if r.grants[t] == nil then"},
+		{"a refresh does not report its own grants", "lua/ops/refresh.lua", "  if tokens then\n    out[#out + 1] = w.ticket", "  if false then\n    out[#out + 1] = w.ticket"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if !strings.Contains(source(tc.file), tc.old) {
+				t.Fatalf("%s no longer contains %q", tc.file, tc.old)
+			}
+			pair := newResendPair(t, real, true)
+			broken := mutate(tc.file, tc.old, tc.new)
+			for _, r := range pair.sides() {
+				r.scripts = newScripts(replayed(broken))
+			}
+			setFlag(t, "rapid.checks", "3000")
+			setFlag(t, "rapid.nofailfile", "true")
+			setFlag(t, "rapid.shrinktime", "2s")
+			rec := &recorder{name: t.Name()}
+			rapid.Check(rec, func(rt *rapid.T) { runCallMachine(rt, pair) })
+			if !rec.Failed() {
+				t.Fatalf("not caught in 3,000 machines")
+			}
+			first, _, _ := strings.Cut(rec.report(), "\n")
+			t.Logf("caught: %s", first)
+		})
+	}
 }
