@@ -1,8 +1,9 @@
 // Command bench measures fairlock side by side with redsync, redislock and a
 // hand-written SET NX lock, in one run, and prints the ratios that matter:
 // latency against a PING round trip, handoff against an idle PING,
-// throughput and fairness under contention, order of grants, and a
-// thousand waiters draining.
+// throughput and fairness under contention, order of grants, a thousand
+// waiters draining, and what each costs Redis (CPU, commands, memory,
+// connections) at scale.
 //
 // Usage:
 //
@@ -12,8 +13,9 @@
 //	go run . -redis 127.0.0.1:6380 # an existing server (keys under "bench:<run>:")
 //
 // Flags -scenarios and -duration choose what runs and for how long; -json
-// FILE writes the figures for machines. Tables go to stdout, one progress
-// line per scenario to stderr.
+// FILE writes the figures for machines; -svg DIR draws them as SVG files
+// in DIR and links them under the tables. Tables go to stdout, one
+// progress line per scenario to stderr.
 package main
 
 import (

@@ -128,7 +128,7 @@ func atScale(e *env) ([]*Table, []Target, error) {
 	t := &Table{Name: "scale", Title: "9. At scale: one process, 64 goroutines over M names, 100 µs critical sections",
 		Note: fmt.Sprintf("One process (one go-redis client, default pool) runs %d goroutines, each looping: acquire a name drawn at random from M, hold it %v (a spin), release; %v per implementation and M, the implementations in turn, with the run's keys deleted before each. "+
 			"Commands and Redis CPU (INFO cpu, main thread) are counted in the steady window (from a fifth of the run to 5%% before its end) and divided by its acquisitions. "+
-			"Memory: INFO memory's used_memory when the run starts (the process connected, no lock taken) and at the end of the steady window, so what the run's keys and the process's connections hold while it runs; ÷ acquisitions/s makes it bytes per sustained acquisition per second. "+
+			"Memory: INFO memory's used_memory when the run starts (the process's pool dialled by 64 PINGs at once, no lock taken) and at the end of the steady window: what the run's keys hold while it runs, and any connection the implementation dials besides its pool; ÷ acquisitions/s makes it bytes per sustained acquisition per second. "+
 			"Keys: DBSIZE at the same two moments. Connections: the most INFO clients' connected_clients saw above what it was before the process connected, sampled every 10 ms. Ran M = %s.",
 			goroutines, hold, e.cfg.duration, strings.Join(mapInts(ms, thousandsInt), ", ")),
 		Columns: []string{"M", "implementation", "acquisitions/s", "÷ best peer", "client commands / acq", "server commands / acq", "Redis CPU / acq", "÷ peers' median",
@@ -302,8 +302,14 @@ func (e *env) scaleRun(im impl, M, goroutines int, hold time.Duration) (scaleRes
 		keys = append(keys, e.admin.DBSize(context.Background()).Val())
 		return e.snap(cnt)
 	}
-	// The memory and keys before any lock, once the process has connected.
-	_ = ps[0].rdb.Ping(context.Background()).Err()
+	// The memory and keys before any lock, once the process has dialled its
+	// pool (64 goroutines at once fill it): what the run's state holds is
+	// what grows from here, and the connections fairlock dials besides.
+	var warm sync.WaitGroup
+	for range goroutines {
+		warm.Go(func() { _ = ps[0].rdb.Ping(context.Background()).Err() })
+	}
+	warm.Wait()
 	mem0, keys0 := e.usedMemory(), e.admin.DBSize(context.Background()).Val()
 	stopConns := e.connSampler(base)
 	loopProbed(one, e.cfg.duration, hold, 1<<62, st, probe, func(ctx context.Context, _ int, p *proc) (int64, func(context.Context) error, error) {
@@ -394,7 +400,7 @@ func manyNames(e *env) ([]*Table, []Target, error) {
 	const wait = 500 * time.Millisecond // from the waiters' start to the releases
 	limit := max(10*time.Second, 3*e.cfg.duration)
 	t := &Table{Name: "wake", Title: "10. Waiters over many names: K waiters, each on a name of its own",
-		Note: fmt.Sprintf("One process holds K names; another (one go-redis client) starts K goroutines, each waiting on one of them. %v later (and once fairlock has queued every waiter) the holder releases the names one after another, and each waiter releases as soon as it holds; stopped at %v. "+
+		Note: fmt.Sprintf("One process holds K names; another (one go-redis client) starts K goroutines, each waiting on one of them. %v later (and once fairlock has queued every waiter) the holder releases the names one after another, and each waiter releases as soon as it holds; stopped at %v. The run's keys are deleted before each implementation's run. "+
 			"Per acquisition: everything from the waiters' start to the last one's release (the wait, the peers' polling in it, fairlock's enqueues and refreshes, the releases, the wake-ups), divided by K; client commands are both processes'. "+
 			"Blocking reads (BLMPOP, BLPOP where the server lacks it): the calls and Redis's own time for them from INFO commandstats (usec ÷ calls, the block and the wake-up included), and the keys each waited on, counted on fairlock's blocking connections: the cost of a wake-up's blocking read as the names one listener covers grow. "+
 			"Connections: the waiting process's most at once. Holder takes K: the holder's K acquires, one after another, before the waiters start (not in the per-acquisition figures).", wait, limit),
@@ -484,6 +490,7 @@ func manyNames(e *env) ([]*Table, []Target, error) {
 // wakeRun runs one implementation at K waiters over K names.
 func (e *env) wakeRun(im impl, K int, wait, limit time.Duration) (wakeResult, error) {
 	ctx := context.Background()
+	e.cleanup() // no key of an earlier run expires (Redis CPU) during this one
 	r := wakeResult{k: K, cpu: math.NaN(), server: -1}
 	cnt := &counter{}
 	holder, closeH, err := e.procs(im, 1, cnt)
