@@ -503,7 +503,7 @@ func (p *panel) drawBars(b *svgBuf, sy *scale, left, right, bottom float64) {
 			}
 			b.f(`<rect x="%.2f" y="%.2f" width="%.2f" height="%.2f" fill="%s"%s><title>%s: %s</title></rect>`, x, min(y, y0), max(bw-0.5, 0.5), math.Abs(y0-y), fill, op, esc(bs.series[s]+" "+bs.groups[g]), esc(num(v)))
 			if bs.zeroMark && v == 0 {
-				b.f(`<line x1="%.2f" y1="%.1f" x2="%.2f" y2="%.1f" stroke="#D00000" stroke-width="%.1f"/>`, x+bw/2, y0+2, x+bw/2, y0+9, max(1.5, bw*0.6))
+				b.f(`<line x1="%.2f" y1="%.1f" x2="%.2f" y2="%.1f" stroke="#D00000" stroke-width="%.1f"/>`, x+bw/2, y0+1, x+bw/2, y0+6, min(max(1.5, bw*0.6), 6))
 			}
 			if bs.labels {
 				lab := compact(v)
