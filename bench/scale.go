@@ -111,7 +111,8 @@ func median(xs []float64) float64 {
 type scaleResult struct {
 	st        *loopStats
 	rate      float64
-	memDelta  int64 // used_memory, end of the steady window minus start; -1 unknown
+	memDelta  int64 // used_memory, end of the steady window minus start
+	memKnown  bool  // false where INFO memory does not say (miniredis)
 	keysDelta int64 // DBSIZE likewise
 	peakConns int
 }
@@ -130,7 +131,7 @@ func atScale(e *env) ([]*Table, []Target, error) {
 			"Commands and Redis CPU (INFO cpu, main thread) are counted in the steady window (from a fifth of the run to 5%% before its end) and divided by its acquisitions. "+
 			"Memory: INFO memory's used_memory when the run starts (the process's pool dialled by 64 PINGs at once, no lock taken) and at the end of the steady window: what the run's keys hold while it runs, and any connection the implementation dials besides its pool; ÷ acquisitions/s makes it bytes per sustained acquisition per second. "+
 			"Keys: DBSIZE at the same two moments. Connections: the most INFO clients' connected_clients saw above what it was before the process connected, sampled every 10 ms. Ran M = %s.",
-			goroutines, hold, e.cfg.duration, strings.Join(mapInts(ms, thousandsInt), ", ")),
+			goroutines, hold, scaleDuration(e), strings.Join(mapInts(ms, thousandsInt), ", ")),
 		Columns: []string{"M", "implementation", "acquisitions/s", "÷ best peer", "client commands / acq", "server commands / acq", "Redis CPU / acq", "÷ peers' median",
 			"used_memory Δ", "bytes per acq/s", "keys Δ", "connections", "longest wait", "overlaps"}}
 	var targets []Target
@@ -158,7 +159,7 @@ func atScale(e *env) ([]*Table, []Target, error) {
 		}},
 		{"connections per process", axis{label: "connections (most at once)", zero: true}, func(r scaleResult) float64 { return float64(r.peakConns) }},
 		{"Redis memory per sustained acquisition/s", axis{label: "used_memory Δ ÷ acquisitions/s (bytes)", zero: true}, func(r scaleResult) float64 {
-			if r.memDelta < 0 || r.rate == 0 {
+			if !r.memKnown || r.rate == 0 {
 				return math.NaN()
 			}
 			return float64(r.memDelta) / r.rate
@@ -195,7 +196,7 @@ func atScale(e *env) ([]*Table, []Target, error) {
 			cpuV, cpuS := st.cpuPerAcq()
 			cpuR := cpuV / medCPU
 			memS, perRateS := "n/a (embedded)", "n/a (embedded)"
-			if r.memDelta >= 0 {
+			if r.memKnown {
 				memS = bytesFmt(float64(r.memDelta))
 				perRateS = "n/a"
 				if r.rate > 0 {
@@ -210,7 +211,7 @@ func atScale(e *env) ([]*Table, []Target, error) {
 			putNum(d, "per_best_peer", vsBest)
 			putNum(d, "redis_cpu_us_per_acq", cpuV)
 			putNum(d, "redis_cpu_per_peers_median", cpuR)
-			if r.memDelta >= 0 {
+			if r.memKnown {
 				d["used_memory_delta"] = r.memDelta
 				if r.rate > 0 {
 					d["bytes_per_acq_per_s"] = float64(r.memDelta) / r.rate
@@ -280,6 +281,11 @@ func mapInts(xs []int, f func(int) string) []string {
 	return out
 }
 
+// scaleDuration is how long each run of the at-scale scenario lasts:
+// -duration, but at least long enough that its steady window sees
+// acquisitions when the first ones of thousands of names are slow.
+func scaleDuration(e *env) time.Duration { return max(e.cfg.duration, 250*time.Millisecond) }
+
 // scaleRun runs one implementation's part of the at-scale scenario.
 func (e *env) scaleRun(im impl, M, goroutines int, hold time.Duration) (scaleResult, error) {
 	e.cleanup() // no key of an earlier run expires (and frees memory) during this one
@@ -312,7 +318,7 @@ func (e *env) scaleRun(im impl, M, goroutines int, hold time.Duration) (scaleRes
 	warm.Wait()
 	mem0, keys0 := e.usedMemory(), e.admin.DBSize(context.Background()).Val()
 	stopConns := e.connSampler(base)
-	loopProbed(one, e.cfg.duration, hold, 1<<62, st, probe, func(ctx context.Context, _ int, p *proc) (int64, func(context.Context) error, error) {
+	loopProbed(one, scaleDuration(e), hold, 1<<62, st, probe, func(ctx context.Context, _ int, p *proc) (int64, func(context.Context) error, error) {
 		k := rand.IntN(M)
 		u, err := p.lock(ctx, "s"+strconv.Itoa(M)+":"+strconv.Itoa(k))
 		if err != nil {
@@ -330,9 +336,9 @@ func (e *env) scaleRun(im impl, M, goroutines int, hold time.Duration) (scaleRes
 	if st.err != nil {
 		return scaleResult{}, st.err
 	}
-	r := scaleResult{st: st, rate: float64(st.total()) / st.elapsed.Seconds(), memDelta: -1, peakConns: peak}
+	r := scaleResult{st: st, rate: float64(st.total()) / st.elapsed.Seconds(), peakConns: peak}
 	if len(mem) == 2 && mem0 >= 0 && mem[1] >= 0 {
-		r.memDelta = mem[1] - mem0
+		r.memDelta, r.memKnown = mem[1]-mem0, true
 	}
 	if len(keys) == 2 {
 		r.keysDelta = keys[1] - keys0
@@ -402,7 +408,7 @@ func manyNames(e *env) ([]*Table, []Target, error) {
 	t := &Table{Name: "wake", Title: "10. Waiters over many names: K waiters, each on a name of its own",
 		Note: fmt.Sprintf("One process holds K names; another (one go-redis client) starts K goroutines, each waiting on one of them. %v later (and once fairlock has queued every waiter) the holder releases the names one after another, and each waiter releases as soon as it holds; stopped at %v. The run's keys are deleted before each implementation's run. "+
 			"Per acquisition: everything from the waiters' start to the last one's release (the wait, the peers' polling in it, fairlock's enqueues and refreshes, the releases, the wake-ups), divided by K; client commands are both processes'. "+
-			"Blocking reads (BLMPOP, BLPOP where the server lacks it): the calls and Redis's own time for them from INFO commandstats (usec ÷ calls, the block and the wake-up included), and the keys each waited on, counted on fairlock's blocking connections: the cost of a wake-up's blocking read as the names one listener covers grow. "+
+			"Blocking reads (BLMPOP, BLPOP where the server lacks it): the calls and Redis's own time for them from INFO commandstats (usec ÷ calls, the block and the wake-up included), and the keys each waited on, counted on fairlock's blocking connections: the cost of a wake-up's blocking read as the names one listener covers grow (usec is wall-clock time inside the server: on a loaded machine a read the server was descheduled in counts long; table 10b's p50 is the steadier figure). "+
 			"Connections: the waiting process's most at once. Holder takes K: the holder's K acquires, one after another, before the waiters start (not in the per-acquisition figures).", wait, limit),
 		Columns: []string{"K", "implementation", "drained", "drain", "client commands / acq", "server commands / acq", "Redis CPU / acq", "÷ peers' median",
 			"blocking reads / acq", "keys per blocking read", "Redis µs per blocking read", "connections", "holder takes K"}}
@@ -622,8 +628,9 @@ func (e *env) bareBLPOP() (*Table, error) {
 	}
 	t := &Table{Name: "wake-read", Title: "10b. The blocking read alone: one " + strings.ToUpper(cmd) + " over K keys, woken by one RPUSH",
 		Note: fmt.Sprintf("A reference, not a lock: one client blocks in %s on K empty lists (the command fairlock's listeners use), another pushes onto one of them once INFO clients shows it blocked; %d wake-ups per K. "+
-			"Redis µs per read is INFO commandstats's usec ÷ calls (the block and the wake-up).", strings.ToUpper(cmd), wakeups),
-		Columns: []string{"keys", "Redis µs per read", "÷ 1 key's"}}
+			"Redis's time per read is INFO commandstats's usec (the block and the wake-up), read before and after each wake-up: the p50 of those, and the mean over all. "+
+			"usec is wall-clock time inside the server, so on a loaded machine a read the server was descheduled in counts long; the p50 leaves those out.", strings.ToUpper(cmd), wakeups),
+		Columns: []string{"keys", "Redis µs per read, p50", "mean", "p50 ÷ 1 key's"}}
 	var one float64
 	for _, K := range bareBLPOPKeys {
 		keys := make([]string, K)
@@ -631,7 +638,9 @@ func (e *env) bareBLPOP() (*Table, error) {
 			keys[k] = fmt.Sprintf("%sbare:{b}:%d", e.run, k)
 		}
 		st0 := e.commandStats()
+		var each []float64 // Redis's µs for each read
 		for w := range wakeups {
+			w0 := e.commandStats()
 			errc := make(chan error, 1)
 			go func() { errc <- read(keys) }()
 			for deadline := time.Now().Add(5 * time.Second); ; {
@@ -652,15 +661,18 @@ func (e *env) bareBLPOP() (*Table, error) {
 			if err := <-errc; err != nil {
 				return nil, fmt.Errorf("bare %s over %d keys: %w", cmd, K, err)
 			}
+			w1 := e.commandStats()
+			each = append(each, float64(w1[cmd].usec-w0[cmd].usec))
 		}
 		st1 := e.commandStats()
 		calls := st1[cmd].calls - st0[cmd].calls
-		per := float64(st1[cmd].usec-st0[cmd].usec) / float64(max(calls, 1))
+		mean := float64(st1[cmd].usec-st0[cmd].usec) / float64(max(calls, 1))
+		p50 := median(each)
 		if K == 1 {
-			one = per
+			one = p50
 		}
-		t.Rows = append(t.Rows, []string{thousandsInt(K), fmt.Sprintf("%.1f µs", per), f2(per / one)})
-		t.Data = append(t.Data, map[string]any{"keys": K, "command": cmd, "read_us": per, "calls": calls, "per_one_key": per / one})
+		t.Rows = append(t.Rows, []string{thousandsInt(K), fmt.Sprintf("%.0f µs", p50), fmt.Sprintf("%.1f µs", mean), f2(p50 / one)})
+		t.Data = append(t.Data, map[string]any{"keys": K, "command": cmd, "read_p50_us": p50, "read_mean_us": mean, "calls": calls, "per_one_key": p50 / one})
 	}
 	return t, nil
 }
@@ -669,7 +681,7 @@ func (e *env) bareBLPOP() (*Table, error) {
 // against K, and Redis's time per BLPOP against the keys it waits on.
 func wakeFigure(e *env, ks []int, res [][]wakeResult, bare *Table) *figure {
 	fg := &figure{name: "wake", title: "10. Waiters over many names: what a wake-up costs Redis",
-		subtitle: "K waiters in one process, each on a name of its own, all released together. Redis CPU per acquisition counts everything from the waiters' start to the last release, the peers' polling included; the blocking-read panel is fairlock's listener against a bare read over as many keys.",
+		subtitle: "K waiters in one process, each on a name of its own, all released together. Redis CPU per acquisition counts everything from the waiters' start to the last release, the peers' polling included; the blocking-read panel shows what one read costs Redis as its keys grow, and (dotted) how many keys fairlock's listener waited on at each K.",
 		cols:     2, panelW: 460, panelH: 300}
 	cpu := &panel{title: "Redis CPU per acquisition", x: axis{label: "K (waiters, each on its own name)", log: true}, y: axis{label: "Redis CPU per acquisition", zero: true, format: durUS}}
 	drain := &panel{title: "drain: first release to the last waiter's return", x: axis{label: "K (waiters, each on its own name)", log: true}, y: axis{label: "drain", log: true, format: durUS}}
@@ -686,30 +698,29 @@ func wakeFigure(e *env, ks []int, res [][]wakeResult, bare *Table) *figure {
 		cpu.lines = append(cpu.lines, c)
 		drain.lines = append(drain.lines, d)
 	}
-	blp := &panel{title: "Redis's time per blocking read (block and wake-up)", x: axis{label: "keys the read waits on", log: true}, y: axis{label: "Redis time per read", log: true, format: durUS}}
-	own := series{name: "fairlock", dots: true}
-	for ki := range ks {
+	blp := &panel{title: "Redis's time per blocking read (p50, bare; table 10b)", x: axis{label: "keys the read waits on", log: true}, y: axis{label: "Redis time per read", log: true, format: durUS}}
+	// Where fairlock's listener sat on that curve: the keys its blocking
+	// reads waited on, on average, at each K.
+	for ki, K := range ks {
 		for i, im := range e.impls {
-			r := res[ki][i]
-			if im.peer || im.reference || r.hookCalls == 0 || r.blpopCalls <= 0 {
-				continue
+			if r := res[ki][i]; !im.peer && !im.reference && r.hookCalls > 0 {
+				keys := float64(r.hookKeys) / float64(r.hookCalls)
+				blp.vlines = append(blp.vlines, marker{keys, fmt.Sprintf("fairlock at K=%s: %.0f keys", thousandsInt(K), keys)})
 			}
-			own.pts = append(own.pts, pt{float64(r.hookKeys) / float64(r.hookCalls), max(float64(r.blpopUS)/float64(r.blpopCalls), 0.1)})
 		}
 	}
-	slices.SortFunc(own.pts, func(a, b pt) int { return int(math.Copysign(1, a.x-b.x)) })
-	blp.lines = append(blp.lines, own)
 	if bare != nil {
 		fg.legend = append(fg.legend, "bare blocking read (reference)")
 		ref := series{name: "bare blocking read (reference)", dots: true}
 		for _, d := range bare.Data {
-			ref.pts = append(ref.pts, pt{float64(d["keys"].(int)), d["read_us"].(float64)})
+			ref.pts = append(ref.pts, pt{float64(d["keys"].(int)), d["read_p50_us"].(float64)})
 		}
 		blp.lines = append(blp.lines, ref)
+	} else {
+		blp.empty = "n/a on the embedded miniredis: run with -redis auto"
 	}
 	if !e.real {
 		cpu.empty = "n/a on the embedded miniredis: run with -redis auto"
-		blp.empty = cpu.empty
 	}
 	fg.panels = []*panel{cpu, blp, drain}
 	return fg
