@@ -113,7 +113,7 @@ func TestPromptErrorsCluster(t *testing.T) {
 // replaced) reports ErrRedis at once.
 func TestPromptErrorsSentinel(t *testing.T) {
 	redistest.Long(t)
-	redistest.RealBackend(t) // skips, or fails under CI, without redis-server
+	redistest.RealBackend(t)                           // skips, or fails under CI, without redis-server
 	set, err := redisserver.StartSentinel(time.Minute) // no failover while the test runs
 	if err != nil {
 		t.Fatal(err)
