@@ -81,7 +81,7 @@ type Client struct {
 	scripts *scripts
 	id      string        // identifies this client's wake lists; unguessable
 	done    chan struct{} // closed by Close
-	dials   *dialWatch    // dial failures on rdb; nil if it takes no hooks
+	dials   *dials        // has rdb's dials watched (prompt.go); nil if fairlock cannot see them
 
 	mu          sync.Mutex
 	closed      bool
@@ -171,7 +171,7 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 		pumping:   make(map[string]bool),
 		renewals:  make(map[string]*renewQueue),
 		listeners: make(map[string][]*listener),
-		dials:     newDialWatch(rdb),
+		dials:     watchDials(rdb),
 	}
 	c.tasksDone = sync.NewCond(&c.mu)
 	return c, nil
