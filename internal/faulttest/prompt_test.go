@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -260,5 +261,153 @@ func waitPool(t *testing.T, rdb *redis.Client, total, idle uint32) {
 			t.Fatalf("pool: %d connections, %d idle; want %d, %d idle", s.TotalConns, s.IdleConns, total, idle)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// A refused dial ends the commands that were waiting when it began, not
+// those that came after, which wait for dials of their own: call A's dial
+// is held, call B starts and waits for a dial of its own, then A's is
+// refused. A returns ErrRedis at once; B connects and gets its answer.
+func TestRefusedDialSparesLaterCalls(t *testing.T) {
+	srv := startServer(t)
+	closed := closedAddr(t)
+	var dials atomic.Int32
+	dialing := make(chan int32, 8)
+	holdA, holdB := make(chan struct{}), make(chan struct{})
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		n := dials.Add(1)
+		dialing <- n
+		switch n {
+		case 1: // A's
+			<-holdA
+			addr = closed
+		case 2: // B's
+			<-holdB
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}})
+	t.Cleanup(func() { rdb.Close() })
+	c, err := fairlock.New(rdb, fairlock.WithPrefix(redistest.Prefix(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	status := func(done chan<- error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := c.Status(ctx, "s")
+		done <- err
+	}
+	a, b := make(chan error, 1), make(chan error, 1)
+	go status(a)
+	if n := <-dialing; n != 1 {
+		t.Fatalf("dial %d first", n)
+	}
+	go status(b)
+	if n := <-dialing; n != 2 {
+		t.Fatalf("dial %d second", n)
+	}
+	close(holdA)
+	select {
+	case err := <-a:
+		if !errors.Is(err, fairlock.ErrRedis) {
+			t.Errorf("A, whose dial was refused: %v; want an error matching ErrRedis", err)
+		}
+	case <-time.After(promptBound):
+		t.Errorf("A, whose dial was refused, did not return within %v", promptBound)
+	}
+	close(holdB)
+	if err := <-b; err != nil {
+		t.Errorf("B, which waited for a dial of its own begun after A's: %v; want its answer", err)
+	}
+}
+
+// cutAfterAcquire is a connection that, once armed, lets an acquire
+// script through to Redis and then reads as closed by the server: the
+// script runs, its reply is lost.
+type cutAfterAcquire struct {
+	net.Conn
+	armed *atomic.Bool
+	cut   atomic.Bool
+}
+
+func (c *cutAfterAcquire) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if c.armed.Load() && strings.Contains(string(p), "acquire") {
+		c.armed.Store(false)
+		c.cut.Store(true)
+	}
+	return n, err
+}
+
+func (c *cutAfterAcquire) Read(p []byte) (int, error) {
+	if c.cut.Load() {
+		c.Conn.Close()
+		return 0, io.EOF
+	}
+	return c.Conn.Read(p)
+}
+
+// An Acquire whose script ran on a connection that then broke, and whose
+// retry's dial was refused, returns ErrRedis at once; its clean-up still
+// runs (the script may have run, as here) and, Redis reachable again,
+// gives the grant back at once rather than at its deadline.
+func TestCleanUpAfterADialError(t *testing.T) {
+	srv := startServer(t)
+	closed := closedAddr(t)
+	for _, deadline := range []bool{true, false} {
+		t.Run(fmt.Sprintf("deadline=%v", deadline), func(t *testing.T) {
+			var armed, refuse atomic.Bool
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				if refuse.CompareAndSwap(true, false) { // once
+					addr = closed
+				}
+				var d net.Dialer
+				conn, err := d.DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return &cutAfterAcquire{Conn: conn, armed: &armed}, nil
+			}})
+			t.Cleanup(func() { rdb.Close() })
+			c, err := fairlock.New(rdb, fairlock.WithPrefix(redistest.Prefix(t)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			ctx := context.Background()
+			// The library loaded, one connection open: the Acquire's
+			// retry must dial.
+			if _, err := c.Status(ctx, "x"); err != nil {
+				t.Fatal(err)
+			}
+			waitPool(t, rdb, 1, 1)
+			actx, cancel := ctx, context.CancelFunc(func() {})
+			if deadline {
+				actx, cancel = context.WithTimeout(ctx, 10*time.Second)
+			}
+			armed.Store(true)
+			refuse.Store(true)
+			start := time.Now()
+			_, err = c.Acquire(actx, fairlock.Request{Name: "x", Capacity: 1, Permits: 1})
+			took := time.Since(start)
+			cancel()
+			if !errors.Is(err, fairlock.ErrRedis) || took > promptBound {
+				t.Fatalf("Acquire whose reply was lost and whose redial was refused: %v after %v; want an error matching ErrRedis within %v", err, took.Round(time.Millisecond), promptBound)
+			}
+			// The script granted the permit; the clean-up gives it back.
+			var st fairlock.Status
+			for end := time.Now().Add(promptBound); ; {
+				st, err = c.Status(ctx, "x")
+				if err == nil && st.Held == 0 && st.Queued == 0 {
+					break
+				}
+				if time.Now().After(end) {
+					t.Fatalf("%v after the Acquire failed: %d held, %d queued (%v); want the grant given back", promptBound, st.Held, st.Queued, err)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
 	}
 }
