@@ -134,11 +134,21 @@ func (c *Client) spawn(f func()) {
 // [WithReplicaAck] on a client other than a *redis.Client (a
 // *redis.ClusterClient or *redis.Ring is refused).
 //
-// New adds a dial hook to the client it is given (when it takes hooks:
-// *redis.Client, *redis.ClusterClient, *redis.Ring), through which a
-// call waiting on its context learns that Redis refused a connection or
-// that its name did not resolve, and returns an error matching [ErrRedis]
-// at once rather than after go-redis's dial retries.
+// New adds a hook, once per go-redis client however many Clients are made
+// on it, to a *redis.Client (also a Sentinel failover client) or to each
+// node client of a *redis.ClusterClient (a node it makes later at once; a
+// node it made before New at the first call for a key that node serves
+// after a call has reached the Cluster). The hook stays for the go-redis
+// client's life and acts only on this package's commands. Through it a
+// call whose command waits for a connection that Redis refuses, or whose
+// host name does not resolve, returns an error matching [ErrRedis] at once,
+// with or without a deadline on its context, rather than after go-redis's
+// dial retries (seconds); a call whose command was already sent on a
+// working connection is not affected. (Once go-redis has stopped dialing a
+// server after many refusals in a row, it fails a command without a dial,
+// after its own retries: tens of milliseconds.) Other RedisClients (a
+// *redis.Ring, a wrapper) get no hook: their calls report such an error
+// when go-redis gives up.
 func New(rdb RedisClient, opts ...Option) (*Client, error) {
 	if rdb == nil || isNilPointer(rdb) {
 		return nil, opError("new", nil, fmt.Errorf("%w: nil redis client", ErrInvalidArgument))
@@ -198,7 +208,10 @@ func isNilPointer(v any) bool {
 // and the releases and withdrawals being sent again after an error that
 // passes (see [Lease.Release]): each is bounded by one waiter TTL from
 // Close, plus, for a command already sent to a Redis that does not answer,
-// go-redis's ReadTimeout. Close itself takes no context.
+// go-redis's ReadTimeout. Clean-up that Redis refuses a connection for
+// ends at once (see [New]), so after such errors Close returns at once.
+// The hook New added stays on the go-redis client. Close itself takes no
+// context.
 
 func (c *Client) Close() error {
 	c.mu.Lock()
@@ -251,8 +264,9 @@ func (c *Client) Close() error {
 // errors.Is(err, ctx.Err()) holds; leaving the queue (handing on a grant
 // that raced the cancellation) goes on in the background for up to one
 // waiter TTL (see [Client.Close]). A Redis that cannot be reached is
-// reported, as soon as go-redis gives up on it, with an error matching
-// [ErrRedis]. A request that can never be granted
+// reported with an error matching [ErrRedis]: at once when it refuses the
+// connection or its name does not resolve (see [New]), otherwise when
+// go-redis gives up on it. A request that can never be granted
 // (permits above the capacity) fails at once with [ErrInvalidArgument].
 //
 // Most programs use the semaphore package instead.

@@ -1,6 +1,7 @@
 package fairlock
 
 import (
+	"context"
 	"runtime"
 	"testing"
 	"time"
@@ -59,5 +60,44 @@ func TestHookRegistryForgetsCollectedClients(t *testing.T) {
 		}
 		runtime.GC()
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// The cost of watching a command: the hook on a command fairlock did not
+// mark, and marking a command and the hook on it, under a context that
+// cannot end and under one that can.
+func BenchmarkDialWatchProcess(b *testing.B) {
+	w := &dialWatch{waiting: make(map[uint64]context.CancelCauseFunc)}
+	hook := w.ProcessHook(func(ctx context.Context, cmd redis.Cmder) error {
+		select { // as go-redis does before it takes a pool turn
+		case <-ctx.Done():
+			return ctx.Err()
+		default:
+			return nil
+		}
+	})
+	cmd := redis.NewCmd(context.Background(), "ping")
+	deadline, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	d := new(dials)
+	for _, bc := range []struct {
+		name string
+		ctx  context.Context
+		mark bool
+	}{
+		{"unmarked", context.Background(), false},
+		{"marked", context.Background(), true},
+		{"marked-deadline", deadline, true},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				ctx := bc.ctx
+				if bc.mark {
+					ctx = d.mark(ctx, nil)
+				}
+				_ = hook(ctx, cmd)
+			}
+		})
 	}
 }
