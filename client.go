@@ -208,11 +208,11 @@ func isNilPointer(v any) bool {
 // and the releases and withdrawals being sent again after an error that
 // passes (see [Lease.Release]): each is bounded by one waiter TTL from
 // Close, plus, for a command already sent to a Redis that does not answer,
-// go-redis's ReadTimeout. Clean-up that Redis refuses a connection for
-// ends at once (see [New]), so after such errors Close returns at once.
-// The hook New added stays on the go-redis client. Close itself takes no
-// context.
-
+// go-redis's ReadTimeout. A withdrawal that Redis refuses a connection
+// for ends at once (see [New]) and is not sent again (the ticket ends at
+// its deadline), so Close does not wait for it; a release is sent again,
+// as above. The hook New added stays on the go-redis client. Close itself
+// takes no context.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
