@@ -109,14 +109,22 @@ func (d *dials) settle(cmd *redis.Cmd) {
 		return
 	}
 	err := cmd.Err()
-	var r refusal
-	var rerr redis.Error
-	switch {
-	case errors.As(err, &r):
+	if r, ok := err.(refusal); ok { // as the hook set it
 		cmd.SetErr(r.d)
-	case d.cluster != nil && (err == nil || errors.As(err, &rerr)):
+		return
+	}
+	if d.cluster != nil && !d.reached.Load() && answered(err) {
 		d.reached.Store(true)
 	}
+}
+
+// answered reports whether err, a command's, says Redis answered it.
+func answered(err error) bool {
+	if err == nil {
+		return true
+	}
+	var rerr redis.Error
+	return errors.As(err, &rerr)
 }
 
 // The hooked go-redis clients, process-wide, by weak pointer: an entry
@@ -166,14 +174,6 @@ func watchCluster(cc *redis.ClusterClient) {
 	// go-redis calls the function under its node table's lock, and
 	// watchClient takes hooked.mu: OnNewNode is called without it.
 	once.Do(func() { cc.OnNewNode(watchClient) })
-}
-
-// hookedCount returns how many go-redis clients and Cluster clients the
-// registry holds: for tests.
-func hookedCount() (clients, clusters int) {
-	hooked.mu.Lock()
-	defer hooked.mu.Unlock()
-	return len(hooked.clients), len(hooked.clusters)
 }
 
 // dialWatch is the hook on one go-redis client that dials.
@@ -293,6 +293,9 @@ func (e *dialError) Unwrap() []error { return []error{ErrRedis, e.err} }
 
 // isDialError reports whether err is a call's return at a dial failure.
 func isDialError(err error) bool {
+	if err == nil {
+		return false
+	}
 	var d *dialError
 	return errors.As(err, &d)
 }
