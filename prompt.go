@@ -35,8 +35,10 @@ import (
 // touched and gets Redis's answer; one that waits for a connection ends at
 // once. (go-redis dials on a goroutine of its own, under a context that
 // carries none of the command's values, so the hook cannot tell which
-// waiting command a dial was for: every command then waiting on that
-// go-redis client ends, as it would a moment later at its own refusal.)
+// waiting command a dial was for: every command listed before the dial
+// began and still waiting on that go-redis client ends, as it would a
+// moment later at its own refusal. A command listed after it waits for a
+// dial of its own.)
 // The command ends with a refusal, an error go-redis does not retry (a
 // Cluster client would try the node again, then others), which Client.run
 // turns into a dialError.
@@ -109,9 +111,12 @@ func (d *dials) settle(cmd *redis.Cmd) {
 		return
 	}
 	err := cmd.Err()
-	if r, ok := err.(refusal); ok { // as the hook set it
-		cmd.SetErr(r.d)
-		return
+	if err != nil {
+		var r refusal // (a hook of the caller's may have wrapped it)
+		if errors.As(err, &r) {
+			cmd.SetErr(r.d)
+			return
+		}
 	}
 	if d.cluster != nil && !d.reached.Load() && answered(err) {
 		d.reached.Store(true)
