@@ -147,7 +147,7 @@ func (c *Client) spawn(f func()) {
 // working connection is not affected. (Once go-redis has stopped dialing a
 // server after many refusals in a row, it fails a command without a dial,
 // after its own retries: tens of milliseconds.) Other RedisClients (a
-// *redis.Ring, a wrapper) get no hook: their calls report such an error
+// wrapper of the caller's) get no hook: their calls report such an error
 // when go-redis gives up.
 func New(rdb RedisClient, opts ...Option) (*Client, error) {
 	if rdb == nil || isNilPointer(rdb) {

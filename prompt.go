@@ -65,8 +65,8 @@ const maxKnownNodes = 1024
 
 // watchDials hooks rdb's dials (once per go-redis client, whatever the
 // number of Clients made on it) and returns what run needs to have its
-// calls watched, or nil when rdb is another RedisClient (a *redis.Ring, a
-// wrapper), whose dials fairlock does not see.
+// calls watched, or nil when rdb is another RedisClient (a wrapper of the
+// caller's), whose dials fairlock does not see.
 func watchDials(rdb RedisClient) *dials {
 	switch r := rdb.(type) {
 	case *redis.Client:
