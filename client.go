@@ -83,7 +83,7 @@ type Client struct {
 	scripts *scripts
 	id      string        // identifies this client's wake lists; unguessable
 	done    chan struct{} // closed by Close
-	dials   *dialWatch    // dial failures on rdb; nil if it takes no hooks
+	dials   *dials        // has rdb's dials watched (prompt.go); nil if fairlock cannot see them
 
 	mu          sync.Mutex
 	closed      bool
@@ -148,11 +148,21 @@ func (c *Client) spawn(f func()) {
 // wrapper that hides a Ring behind other methods cannot be recognised, and
 // is the caller's to avoid.
 //
-// New adds a dial hook to the client it is given (when it takes hooks:
-// *redis.Client, *redis.ClusterClient), through which a
-// call waiting on its context learns that Redis refused a connection or
-// that its name did not resolve, and returns an error matching [ErrRedis]
-// at once rather than after go-redis's dial retries.
+// New adds a hook, once per go-redis client however many Clients are made
+// on it, to a *redis.Client (also a Sentinel failover client) or to each
+// node client of a *redis.ClusterClient (a node it makes later at once; a
+// node it made before New at the first call for a key that node serves
+// after a call has reached the Cluster). The hook stays for the go-redis
+// client's life and acts only on this package's commands. Through it a
+// call whose command waits for a connection that Redis refuses, or whose
+// host name does not resolve, returns an error matching [ErrRedis] at once,
+// with or without a deadline on its context, rather than after go-redis's
+// dial retries (seconds); a call whose command was already sent on a
+// working connection is not affected. (Once go-redis has stopped dialing a
+// server after many refusals in a row, it fails a command without a dial,
+// after its own retries: tens of milliseconds.) Other RedisClients (a
+// wrapper of the caller's) get no hook: their calls report such an error
+// when go-redis gives up.
 func New(rdb RedisClient, opts ...Option) (*Client, error) {
 	if rdb == nil || isNilPointer(rdb) {
 		return nil, opError("new", nil, fmt.Errorf("%w: nil redis client", ErrInvalidArgument))
@@ -187,7 +197,7 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 		pumping:   make(map[string]bool),
 		renewals:  make(map[string]*renewQueue),
 		listeners: make(map[string][]*listener),
-		dials:     newDialWatch(rdb),
+		dials:     watchDials(rdb),
 	}
 	c.tasksDone = sync.NewCond(&c.mu)
 	return c, nil
@@ -214,8 +224,11 @@ func isNilPointer(v any) bool {
 // and the releases and withdrawals being sent again after an error that
 // passes (see [Lease.Release]): each is bounded by one waiter TTL from
 // Close, plus, for a command already sent to a Redis that does not answer,
-// go-redis's ReadTimeout. Close itself takes no context.
-
+// go-redis's ReadTimeout. A withdrawal that Redis refuses a connection
+// for ends at once (see [New]) and is not sent again (the ticket ends at
+// its deadline), so Close does not wait for it; a release is sent again,
+// as above. The hook New added stays on the go-redis client. Close itself
+// takes no context.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -267,8 +280,9 @@ func (c *Client) Close() error {
 // errors.Is(err, ctx.Err()) holds; leaving the queue (handing on a grant
 // that raced the cancellation) goes on in the background for up to one
 // waiter TTL (see [Client.Close]). A Redis that cannot be reached is
-// reported, as soon as go-redis gives up on it, with an error matching
-// [ErrRedis]. A request that can never be granted
+// reported with an error matching [ErrRedis]: at once when it refuses the
+// connection or its name does not resolve (see [New]), otherwise when
+// go-redis gives up on it. A request that can never be granted
 // (permits above the capacity) fails at once with [ErrInvalidArgument].
 //
 // Most programs use the semaphore package instead.
