@@ -197,8 +197,9 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release []any, until 
 		return opError("wait", p.names, err)
 	}
 	if isDialError(err) {
-		// The call goes on: its late clean-up releases the lease (and
-		// sends the release again) and withdraws the ticket when it ends.
+		// The call's late clean-up (run in the background, see call)
+		// releases the lease (and sends the release again) and withdraws
+		// the ticket.
 		l.finish(errReleased)
 		return wrap("the lease was released: the release is sent in the background until it lands or the lease would have expired")
 	}
