@@ -259,7 +259,7 @@ func (c *Client) Close() error {
 		// its timeout; an entry on its control list ends it now.
 		for _, l := range listening {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = nudgeScript.Run(ctx, c.rdb, []string{l.ctl}, ms(c.cfg.waiterTTL)).Err()
+			_ = nudgeScript.Run(ctx, c.rdb, []string{c.ctlOf(l)}, ms(c.cfg.waiterTTL)).Err()
 			cancel()
 		}
 	}

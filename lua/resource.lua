@@ -212,9 +212,16 @@ local function finish_one(r)
 end
 
 -- finish buffers every loaded resource's state and the wake-ups, then
--- applies the buffer. Nothing may fail after it.
+-- applies the buffer. Nothing may fail after it: the keys next_event will
+-- read after it (those whose bound is unknown or due) are proven first.
 local function finish()
-  for _, r in ipairs(loaded) do finish_one(r) end
+  for _, r in ipairs(loaded) do
+    finish_one(r)
+    if not r.off then
+      if r.nh > 0 and not nothing_due(r.hmin) and not proven[r.H] then must_be(r.H, 'zset') end
+      if r.nq + r.nc > 0 and not nothing_due(r.dmin) and not proven[r.D] then must_be(r.D, 'zset') end
+    end
+  end
   for _, list in ipairs(wake_lists) do expire_at(list, num(wakes[list]), true) end
   apply()
 end
