@@ -31,11 +31,11 @@ import (
 // this test's process can go without CPU for over half a second, and
 // miniredis, which serves in the test's process, for over a second (the
 // pool idle all the while). The waiters' grants last as long as their
-// tickets (a minute): when a thousand wake-ups come at once on a busy machine,
-// some are heard a second or two after their grant, and a grant that
-// lasted no longer would be taken with milliseconds left and lost before
-// its release lands, whatever the pool does. The held leases come from a
-// second client on the same pool, so that their TTL can differ.
+// tickets (a minute): when a thousand wake-ups come at once on a busy
+// machine, some are heard a second or two after their grant, and a grant
+// that lasted no longer would be taken with milliseconds left and lost
+// before its release lands, whatever the pool does. The held leases come
+// from a second client on the same pool, so that their TTL can differ.
 //
 // miniredis sorts all its keys on every command, also inside scripts, so
 // with 1,000 semaphores (5,000 keys) one script takes it 15-25 ms and the
