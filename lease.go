@@ -35,6 +35,7 @@ type Lease struct {
 	announced bool          // guarded by rmu: announced, not yet confirmed
 	maxHold   time.Duration // the cap on holding (see maxhold.go); 0 for none
 	holdEnd   time.Time     // when the cap ends the lease, locally; zero for none
+	capped    bool          // guarded by rmu: a renewal brought Redis's expiry to the cap
 
 	mu       sync.Mutex // serialises Release
 	released bool
@@ -190,10 +191,16 @@ func (l *Lease) lapse(now time.Time) {
 		l.rmu.Unlock()
 		return
 	}
-	deadline := l.deadline
+	deadline, capped := l.deadline, l.capped
 	l.stopped = true
 	l.halt()
 	l.rmu.Unlock()
+	if capped {
+		// Redis's expiry, brought to the cap, may come a tick or two
+		// before the cap on the local clock (see cappedRenewal).
+		l.finish(l.maxHoldErr())
+		return
+	}
 	l.finish(opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: its deadline passed %v ago", ErrLeaseLost, now.Sub(deadline).Round(time.Millisecond))))
 }
 
@@ -435,7 +442,7 @@ func (l *Lease) renew() {
 	switch {
 	case l.stopped:
 	case err == nil && n == 1:
-		l.deadline, l.announced = sent.Add(ttl), false
+		l.deadline, l.announced = expiresAfter(sent, ttl), false
 		l.timer.Reset(ttl / renewDivisor)
 		if capped {
 			l.cappedRenewal(sent, lease)
