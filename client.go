@@ -286,6 +286,11 @@ func (c *Client) Close() error {
 // (permits above the capacity) fails at once with [ErrInvalidArgument].
 //
 // Most programs use the semaphore package instead.
+//
+// Under a context that owns a live lease ([LeaseContext]) holding permits
+// of req's semaphore, a request for more than its capacity minus those
+// permits fails at once with [ErrDeadlock] (it could be granted only once
+// that lease ends), and nothing is sent to Redis.
 func (c *Client) Acquire(ctx context.Context, req Request) (*Lease, error) {
 	return c.acquire(ctx, []Request{req}, true)
 }

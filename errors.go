@@ -71,6 +71,19 @@ var (
 	// fairlock a key prefix of its own ([WithPrefix]).
 	ErrForeignKey error = &subError{"fairlock: key written by another program", ErrRedis}
 
+	// ErrDeadlock is returned at once by a call that would wait for
+	// permits the caller holds itself: its context carries a live lease
+	// (see [LeaseContext]) holding so many permits of a semaphore it asks
+	// for that the request cannot be granted while that lease is held (a
+	// mutex locked again, a write lock asked for under a read lock of the
+	// same RWMutex, more permits than the capacity minus those held).
+	// Nothing is sent to Redis for such a request. The error names the
+	// semaphore and the token of the lease that holds it. Calls that never
+	// wait (TryAcquire and the other Try calls) are not checked: they
+	// return [ErrNotAcquired] as for any busy semaphore. docs/guide.md
+	// ("Ownership") says what the check cannot see.
+	ErrDeadlock = errors.New("fairlock: deadlock")
+
 	// ErrClosed is returned by calls on a [Client] after Close.
 	ErrClosed = errors.New("fairlock: client closed")
 

@@ -493,8 +493,21 @@ func renewalFailure(err error, sent, deadline time.Time, ttl time.Duration) erro
 
 // LeaseContext returns a copy of parent that is also cancelled when lease
 // ends, with the lease's [Lease.Err] as cause (see [context.Cause]), so work
-// done under the lease can stop once the lease no longer protects it. The
-// context is cancelled as the lease ends, before its Done channel closes
+// done under the lease can stop once the lease no longer protects it.
+//
+// The context is also owned by the lease (and by the leases parent is
+// owned by, through LeaseContexts nested one in another): a waiting
+// acquisition under it ([Client.Acquire], [Client.AcquireAll] and the
+// calls of packages semaphore, multilock and election built on them)
+// that asks for permits the lease holds, more than the capacity minus
+// those held, fails at once with [ErrDeadlock] rather than wait for a
+// lease that cannot end while its holder waits: a mutex locked again, a
+// write lock asked for under a read lock of the same RWMutex. A lease
+// counts while its [Lease.Err] is nil. docs/guide.md ("Ownership") says
+// what the check cannot see: other contexts, other processes, other
+// go-redis clients.
+//
+// The context is cancelled as the lease ends, before its Done channel closes
 // and before the call that ended it (Release, CondWait, Close) returns;
 // for a lease that has already ended (Err is not nil) it is returned
 // cancelled. Call cancel when the work is done to free the resources it
@@ -511,6 +524,7 @@ func LeaseContext(parent context.Context, lease *Lease) (ctx context.Context, ca
 		return ctx, cancel
 	}
 	l := lease
+	ctx = withOwner(ctx, l)
 	l.lapse(time.Now()) // a lease past its deadline has ended, its timers run or not
 	l.emu.Lock()
 	if l.subsEnded {
