@@ -87,7 +87,7 @@ type Client struct {
 
 	mu          sync.Mutex
 	closed      bool
-	shut        *closing // the close that closed set; see close.go
+	shut        *closing         // the close that closed set; see close.go
 	rooms       map[string]*room // by keys.base
 	leases      map[*Lease]struct{}
 	pumping     map[string]bool        // keys.base of semaphores a background pump serves
