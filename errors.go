@@ -71,7 +71,9 @@ var (
 	// fairlock a key prefix of its own ([WithPrefix]).
 	ErrForeignKey error = &subError{"fairlock: key written by another program", ErrRedis}
 
-	// ErrClosed is returned by calls on a [Client] after Close.
+	// ErrClosed is returned by calls on a [Client] after Close (or
+	// Shutdown, or Abandon), and is the cause of the leases the close
+	// ended (see [Lease.Err]).
 	ErrClosed = errors.New("fairlock: client closed")
 
 	// ErrRedis wraps a failure reported by Redis or by the connection to it:
@@ -87,8 +89,8 @@ var (
 // ErrRedis, ...), the caller's context error, and, with ErrRedis, the
 // error go-redis reported.
 type Error struct {
-	Op    string   // "acquire", "try acquire", "release", "renew", "hold", "wait", "signal", "broadcast", "status", "new"
-	Names []string // the semaphores, in name order; none for "new"
+	Op    string   // "acquire", "try acquire", "release", "renew", "hold", "wait", "signal", "broadcast", "status", "new", "close", "shutdown"
+	Names []string // the semaphores, in name order; none for "new", "close" and "shutdown"
 	Err   error
 }
 
