@@ -206,6 +206,65 @@ func TestCloseRedisDown(t *testing.T) {
 	})
 }
 
+// refuseReleases is a go-redis hook that fails the first n release
+// scripts sent with a refused connection, an error that passes.
+type refuseReleases struct{ n, seen atomic.Int64 }
+
+func (r *refuseReleases) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (r *refuseReleases) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (r *refuseReleases) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if len(args) > 3 {
+			nkeys, _ := args[2].(int)
+			if i := 3 + nkeys; i < len(args) && args[i] == "release" && r.seen.Add(1) <= r.n.Load() {
+				err := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+				cmd.SetErr(err)
+				return err
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A release Close sends that meets an error that passes is sent again, with
+// backoff, until it lands: the next waiter is granted and Close returns
+// nil.
+func TestCloseSendsAgain(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		hook := &refuseReleases{}
+		rdb := b.Client(t)
+		rdb.AddHook(hook)
+		holder := e.ClientOn(rdb, fairlock.WithLeaseTTL(10*time.Second))
+		held, err := newSem(holder, "again", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiting := acquireAsync(ctx, newSem(e.Client(), "again", 1), 1)
+		e.WaitQueued("again", 1)
+		hook.n.Store(3)
+		start := time.Now()
+		if err := holder.Close(); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		l := e.Granted(waiting)
+		t.Logf("%s: the waiter was granted %v after Close began, its release refused %d times first", b.Name, time.Since(start), hook.n.Load())
+		if sent := hook.seen.Load(); sent < 4 {
+			t.Fatalf("the release was sent %d times, want 3 refused and one that landed", sent)
+		}
+		if time.Since(start) > 5*time.Second {
+			// Half the lease TTL: the release landed, the lease did not expire.
+			t.Fatalf("the waiter was granted %v after Close, want well under the lease TTL (10s)", time.Since(start))
+		}
+		fltest.IsErr(t, "Err() of the closed holder's lease", held.Err(), fairlock.ErrClosed)
+		e.Release(l)
+	})
+}
+
 // Close and Shutdown release every lease of a client holding a thousand,
 // a few at a time: Status, read by another client, shows none held.
 func TestCloseReleasesThousands(t *testing.T) {
