@@ -87,6 +87,7 @@ type Client struct {
 
 	mu          sync.Mutex
 	closed      bool
+	shut        *closing         // the close that closed set; see close.go
 	rooms       map[string]*room // by keys.base
 	leases      map[*Lease]struct{}
 	pumping     map[string]bool        // keys.base of semaphores a background pump serves
@@ -208,68 +209,48 @@ func isNilPointer(v any) bool {
 	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
-// Close stops the client: its blocked Acquire calls return [ErrClosed]
-// after leaving their queues, and later calls fail with ErrClosed.
+// Close closes the client gracefully: it releases the leases the client
+// holds, so that the next waiters are granted at once rather than when the
+// leases' TTL runs out, as a process should before it exits. Its blocked
+// Acquire calls (and condition waits) return [ErrClosed] after leaving
+// their queues, and later calls fail with ErrClosed.
 //
-// Close does not release leases still held. It stops renewing them, so
-// their Done channels close (with [ErrClosed] as cause) and Redis drops them
-// when their TTL runs out; Release still frees one at once, as before.
+// Each lease still held ends first, its Done channel closing (and its
+// LeaseContexts ending) with a cause matching ErrClosed, then its release
+// is sent. Close releases leases whose holders may still be working under
+// them: stop that work first, as you would finish writing before closing a
+// file; work that runs on reads Done or a [LeaseContext] and may overlap
+// the next holder's, which the fencing token guards against. A
+// [Lease.Release] after Close returns an error matching ErrClosed; one that
+// raced Close releases the lease once, whichever came first. Leases are
+// released in parallel (a few at a time), each sent again after an error
+// that passes, as [Lease.Release] does, until it lands, for at most one
+// waiter TTL ([WithWaiterTTL]) from Close.
+//
+// Close returns nil once every lease is released (a lease already lost or
+// expired counts) and every goroutine the client started has ended: the
+// clean-up that calls whose context ended left running (withdrawing a
+// ticket, finishing a release) and the releases and withdrawals being sent
+// again after an error that passes (see [Lease.Release]), each bounded by
+// one waiter TTL from Close, plus, for a command already sent to a Redis
+// that does not answer, go-redis's ReadTimeout. So Close returns within
+// that bound, Redis up or down. A withdrawal that Redis refuses a
+// connection for ends at once (see [New]) and is not sent again (the
+// ticket ends at its deadline), so Close does not wait for it. If some leases could not be released in
+// that time (Redis down), Close returns an error matching [ErrRedis] that
+// says how many; Redis ends them when their TTL runs out. Close takes no
+// context; [Client.Shutdown] is Close bounded by one, and
+// [Client.Abandon] closes without releasing, for leases that must outlive
+// the process. Close, Shutdown and Abandon may be called many times and
+// concurrently (see Shutdown).
+//
 // Close closes the go-redis client it built for its blocking reads, which
 // ends them at once; on another RedisClient it pushes an empty entry to
 // each blocked read's control list instead (if Redis cannot be reached,
-// such a read ends at its one-second timeout). Close waits for every
-// goroutine the client started, and is idempotent. It never closes the
-// client given to [New]. That includes the clean-up that calls whose
-// context ended left running (withdrawing a ticket, finishing a release)
-// and the releases and withdrawals being sent again after an error that
-// passes (see [Lease.Release]): each is bounded by one waiter TTL from
-// Close, plus, for a command already sent to a Redis that does not answer,
-// go-redis's ReadTimeout. A withdrawal that Redis refuses a connection
-// for ends at once (see [New]) and is not sent again (the ticket ends at
-// its deadline), so Close does not wait for it; a release is sent again,
-// as above. The hook New added stays on the go-redis client. Close itself
-// takes no context.
+// such a read ends at its one-second timeout). It never closes the client
+// given to [New]; the hook New added stays on it.
 func (c *Client) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil
-	}
-	c.closed = true
-	close(c.done)
-	var listening []*listener
-	for _, ls := range c.listeners {
-		listening = append(listening, ls...)
-	}
-	closeBlk := c.closeBlk
-	leases := make([]*Lease, 0, len(c.leases))
-	for l := range c.leases {
-		leases = append(leases, l)
-	}
-	c.mu.Unlock()
-
-	for _, l := range leases {
-		l.abandon(ErrClosed)
-	}
-	if closeBlk != nil {
-		// Closing its connections ends every BLPOP in flight.
-		_ = closeBlk()
-	} else {
-		// A listener blocked in BLPOP would otherwise stay blocked until
-		// its timeout; an entry on its control list ends it now.
-		for _, l := range listening {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = nudgeScript.Run(ctx, c.rdb, []string{c.ctlOf(l)}, ms(c.cfg.waiterTTL)).Err()
-			cancel()
-		}
-	}
-	c.wg.Wait()
-	c.mu.Lock()
-	for c.tasks > 0 {
-		c.tasksDone.Wait()
-	}
-	c.mu.Unlock()
-	return nil
+	return c.shutdown(context.Background(), true)
 }
 
 // Acquire waits in first-in first-out order for req.Permits permits of the

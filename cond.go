@@ -107,7 +107,11 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	cp := p.withCond(cond)
 	l.mu.Lock()
 	if l.released {
+		closed := l.closedBy
 		l.mu.Unlock()
+		if closed {
+			return nil, wrap(errClosedReleased)
+		}
 		return nil, wrap(ErrNotHeld)
 	}
 	l.stopRenewal()
@@ -115,9 +119,9 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	// the moment it is signalled finds it.
 	r, w, err := c.register(p, true)
 	if err != nil {
-		l.released = true
+		// The client is closing: the lease goes as its close says.
+		l.spendAtClose()
 		l.mu.Unlock()
-		l.finish(ErrClosed)
 		return nil, wrap(err)
 	}
 	// The new lease is an acquisition of its own: its events carry an ID

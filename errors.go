@@ -84,7 +84,9 @@ var (
 	// ("Ownership") says what the check cannot see.
 	ErrDeadlock = errors.New("fairlock: deadlock")
 
-	// ErrClosed is returned by calls on a [Client] after Close.
+	// ErrClosed is returned by calls on a [Client] after Close (or
+	// Shutdown, or Abandon), and is the cause of the leases the close
+	// ended (see [Lease.Err]).
 	ErrClosed = errors.New("fairlock: client closed")
 
 	// ErrRedis wraps a failure reported by Redis or by the connection to it:
@@ -100,8 +102,8 @@ var (
 // ErrRedis, ...), the caller's context error, and, with ErrRedis, the
 // error go-redis reported.
 type Error struct {
-	Op    string   // "acquire", "try acquire", "release", "renew", "hold", "wait", "signal", "broadcast", "status", "new"
-	Names []string // the semaphores, in name order; none for "new"
+	Op    string   // "acquire", "try acquire", "release", "renew", "hold", "wait", "signal", "broadcast", "status", "new", "close", "shutdown"
+	Names []string // the semaphores, in name order; none for "new", "close" and "shutdown"
 	Err   error
 }
 

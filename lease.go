@@ -39,6 +39,7 @@ type Lease struct {
 
 	mu       sync.Mutex // serialises Release
 	released bool
+	closedBy bool // released by its client's Close (guarded by mu)
 
 	granted time.Time // local time the lease was handed to its caller
 
@@ -112,6 +113,9 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	l.emu.Unlock()
 	if !confirmed {
 		_ = l.Release(ctx)
+		if c.isClosed() { // (Close may have released it meanwhile)
+			return nil, opError("acquire", p.names, ErrClosed)
+		}
 		return nil, opError("acquire", p.names, fmt.Errorf("%w: %w: the grant could not be confirmed on the replicas", ErrRedis, ErrNotReplicated))
 	}
 	return l, nil
@@ -158,14 +162,16 @@ func (l *Lease) Parts() []Part {
 
 // Done returns a channel that is closed when the lease ends: released,
 // expired, not renewed in time, at its cap on holding ([WithMaxHold]), or
-// abandoned by [Client.Close].
+// its client closed (released by [Client.Close] or [Client.Shutdown], or
+// left to expire by [Client.Abandon]).
 func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err returns nil while the lease is held, and afterwards why it ended:
 // an error matching [ErrNotHeld] once released (by [Lease.Release] or
 // semaphore.Cond.Wait), an error matching [ErrLeaseLost] if it was
 // lost (also matching [ErrMaxHold] if it reached its cap on holding), or
-// [ErrClosed] if its client was closed.
+// [ErrClosed] if its client was closed (Close and Shutdown release the
+// lease, Abandon leaves it to expire; the message says which).
 //
 // Err reads the clock: once the time by which Redis may have expired the
 // lease has passed without a renewal, Err ends the lease as lost, even if
@@ -208,7 +214,9 @@ func (l *Lease) lapse(now time.Time) {
 // hands them to the next waiters. It stops renewal before it returns. It returns an error matching
 // [ErrLeaseLost] if the lease had already expired or been dropped, so the
 // caller learns its critical section may have overlapped another holder's,
-// and [ErrNotHeld] if the lease was released before. If the lease had
+// and [ErrNotHeld] if the lease was released before, or an error matching
+// [ErrClosed] if its client's Close (or Shutdown) released it; after
+// [Client.Abandon], Release still releases the lease. If the lease had
 // reached its cap on holding ([WithMaxHold]) before Release, Release frees
 // whatever Redis still holds of it and returns an error matching
 // [ErrMaxHold] (and so ErrLeaseLost).
@@ -235,6 +243,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.released {
+		if l.closedBy {
+			return opError("release", l.p.names, errClosedReleased)
+		}
 		return opError("release", l.p.names, ErrNotHeld)
 	}
 	l.stopRenewal()
