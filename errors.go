@@ -36,7 +36,8 @@ var (
 	// capacity other than the one stored with it in Redis. The stored
 	// capacity holds until the semaphore is idle: no live holders and no
 	// live waiters (leases that expired and waiters whose process died are
-	// looked past).
+	// looked past: up to 400 of them per call; more are dropped by the
+	// calls with the stored capacity, or go with the keys' expiry).
 	ErrCapacityMismatch = errors.New("fairlock: capacity mismatch")
 
 	// ErrInvalidName is returned for a semaphore name fairlock cannot use:

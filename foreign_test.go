@@ -590,6 +590,12 @@ var foreignScenarios = []struct {
 		s.leader("leader_set", s.sems[0], y, "b")
 		s.leader("leader_clear", s.sems[0], y, "")
 	}},
+	{"resent queued acquire", []int64{1}, func(s *fscen, a, _, _, d *cproc) {
+		s.acquire("acquire", d, s.sems[:1], 1)      // holds for 300 ms
+		y := s.acquire("acquire", a, s.sems[:1], 1) // queued behind it
+		s.now += 400_000                            // the lease has expired, not yet dropped: its bound is due
+		s.resendAcquire("acquire", y)               // answers the next event, writing nothing
+	}},
 	{"tombstones", []int64{1}, func(s *fscen, a, b, _, _ *cproc) {
 		x := s.acquire("acquire", a, s.sems[:1], 1)
 		s.op("release", x)
@@ -668,6 +674,8 @@ var brokenGuards = []struct {
 		"if not refused[key] then redis.pcall('PEXPIRE', key, x.at) end", "redis.pcall('PEXPIRE', key, x.at)", false},
 	{"a read's WRONGTYPE is not named", "queue.lua",
 		"if type(msg) == 'string' and string.find(msg, 'WRONGTYPE', 1, true) then", "if false then", false},
+	{"a resent queued acquire reads the next event unproven", "acquire.lua",
+		"  prove_event_keys()\n  return { 2, now, next_event() }", "  return { 2, now, next_event() }", false},
 	{"an undeclared resource's keys are not looked at", "lua/resource.lua",
 		"    for i = KS, KT do reach(K[i], kind_of(i, 5)) end\n", "", false},
 }
