@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -237,6 +238,13 @@ func (r *room) maintain(stop chan struct{}) {
 // room of any size refreshes in scripts of bounded length.
 const refreshBatch = 128
 
+// refreshParallel is how many of a room's refresh scripts are in flight at
+// once. Sent one after the other, each waits its turn behind the other
+// commands in Redis and in the connection pool: with thousands of waiters
+// and their acquisitions in flight, a round of 20 scripts took longer than
+// a waiter's TTL, and the waiters it had not reached yet died.
+const refreshParallel = 8
+
 // refresh keeps r's waiters alive in Redis, runs the queue (dropping dead
 // waiters and expired leases, granting what fits), hands on what it learns
 // about r's tickets, and returns when it should run next.
@@ -267,12 +275,15 @@ func (r *room) refresh() (time.Duration, error) {
 	c.mu.Unlock()
 	next := c.refreshEvery()
 	var first error
-	for _, args := range batches {
+	var mu sync.Mutex // next, first
+	send := func(args []any) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 		sent := time.Now()
 		cmd, _ := c.run(ctx, r.k.list(), args...) // unreplicated refreshes are refreshed again
 		cancel()
 		rep, err := parseRefreshReply(cmd)
+		mu.Lock()
+		defer mu.Unlock()
 		if err == nil {
 			err = r.apply(rep, sent, &next)
 		}
@@ -280,6 +291,24 @@ func (r *room) refresh() (time.Duration, error) {
 			first = err
 		}
 	}
+	if len(batches) == 1 {
+		send(batches[0])
+		return next, first
+	}
+	var wg sync.WaitGroup
+	work := make(chan []any)
+	for range min(len(batches), refreshParallel) {
+		wg.Go(func() {
+			for args := range work {
+				send(args)
+			}
+		})
+	}
+	for _, args := range batches {
+		work <- args
+	}
+	close(work)
+	wg.Wait()
 	return next, first
 }
 
