@@ -219,8 +219,8 @@ func isNilPointer(v any) bool {
 // LeaseContexts ending) with a cause matching ErrClosed, then its release
 // is sent. Close releases leases whose holders may still be working under
 // them: stop that work first, as you would finish writing before closing a
-// file; work that runs on reads Done or a [LeaseContext] and may overlap
-// the next holder's, which the fencing token guards against. A
+// file. Work that keeps running should watch Done or a [LeaseContext]: it
+// may overlap the next holder's, which the fencing token guards against. A
 // [Lease.Release] after Close returns an error matching ErrClosed; one that
 // raced Close releases the lease once, whichever came first. Leases are
 // released in parallel (a few at a time), each sent again after an error
@@ -236,9 +236,10 @@ func isNilPointer(v any) bool {
 // that does not answer, go-redis's ReadTimeout. So Close returns within
 // that bound, Redis up or down. A withdrawal that Redis refuses a
 // connection for ends at once (see [New]) and is not sent again (the
-// ticket ends at its deadline), so Close does not wait for it. If some leases could not be released in
-// that time (Redis down), Close returns an error matching [ErrRedis] that
-// says how many; Redis ends them when their TTL runs out. Close takes no
+// ticket ends at its deadline), so Close does not wait for it. If some
+// leases could not be released in that time (Redis down), Close returns an
+// error matching [ErrRedis] that says how many; Redis ends them when their
+// TTL runs out. Close takes no
 // context; [Client.Shutdown] is Close bounded by one, and
 // [Client.Abandon] closes without releasing, for leases that must outlive
 // the process. Close, Shutdown and Abandon may be called many times and
