@@ -209,8 +209,15 @@ func (r *room) maintain(stop chan struct{}) {
 		r.due = time.Now().Add(never) // lowered by the result below or by schedule
 		c.mu.Unlock()
 
-		next, err := r.refresh()
+		next, answered, err := r.refresh()
 		now := time.Now()
+		if answered {
+			// Redis answered for this room: it is up, if busy. The
+			// tickets of a batch that failed may die at their deadlines;
+			// the next refresh that covers them reports them dropped,
+			// and they queue again.
+			lastOK = now
+		}
 		if err != nil {
 			// The waiters' tickets die at their deadlines if this lasts;
 			// their Acquire calls must not wait on in ignorance. A Redis
@@ -225,8 +232,6 @@ func (r *room) maintain(stop chan struct{}) {
 				r.failAll(fmt.Errorf("%w: waiters could not be kept alive for %v: %w", ErrRedis, c.cfg.waiterTTL, err))
 			}
 			next = min(next, c.cfg.waiterTTL/retryDivisor)
-		} else {
-			lastOK = now
 		}
 		c.mu.Lock()
 		r.scheduleLocked(next)
@@ -247,8 +252,11 @@ const refreshParallel = 8
 
 // refresh keeps r's waiters alive in Redis, runs the queue (dropping dead
 // waiters and expired leases, granting what fits), hands on what it learns
-// about r's tickets, and returns when it should run next.
-func (r *room) refresh() (time.Duration, error) {
+// about r's tickets, and returns when it should run next, whether any of
+// its scripts was answered, and the first error of those that failed. (A
+// round of many scripts may see some answered and some not: on a busy
+// Redis, those queued behind the others' traffic run out of time.)
+func (r *room) refresh() (next time.Duration, answered bool, first error) {
 	c := r.c
 	c.mu.Lock()
 	var batches [][]any
@@ -273,9 +281,8 @@ func (r *room) refresh() (time.Duration, error) {
 		batches = append(batches, args)
 	}
 	c.mu.Unlock()
-	next := c.refreshEvery()
-	var first error
-	var mu sync.Mutex // next, first
+	next = c.refreshEvery()
+	var mu sync.Mutex // next, answered, first
 	send := func(args []any) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 		sent := time.Now()
@@ -285,6 +292,7 @@ func (r *room) refresh() (time.Duration, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		if err == nil {
+			answered = true
 			err = r.apply(rep, sent, &next)
 		}
 		if err != nil && first == nil {
@@ -293,7 +301,7 @@ func (r *room) refresh() (time.Duration, error) {
 	}
 	if len(batches) == 1 {
 		send(batches[0])
-		return next, first
+		return next, answered, first
 	}
 	var wg sync.WaitGroup
 	work := make(chan []any)
@@ -309,7 +317,7 @@ func (r *room) refresh() (time.Duration, error) {
 	}
 	close(work)
 	wg.Wait()
-	return next, first
+	return next, answered, first
 }
 
 // apply hands on what a refresh reply says: the queue's next event and
