@@ -40,10 +40,20 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		defer func() { c.observeAcquire(p, queued, lease, err) }()
 	}
 	wrap := func(err error) error { return opError(op, p.names, err) }
+	// A wait for permits that a lease of ctx holds would wait on itself:
+	// refused before anything is sent. (The check reads those leases'
+	// clocks, which may end them, and ctx with them: so it comes first.)
+	var dead error
+	if wait {
+		dead = c.deadlock(ctx, op, p)
+	}
 	// A done context wins over permits that happen to be free, as in
 	// golang.org/x/sync/semaphore.
 	if err := ctx.Err(); err != nil {
 		return nil, wrap(err)
+	}
+	if dead != nil {
+		return nil, dead
 	}
 	for {
 		// A waiter registers before its script runs, so a grant announced

@@ -74,6 +74,7 @@ if g == QUEUED then
   -- run put it, and the first run did all there was to do then (its
   -- process's refresh keeps it alive and learns its grant). Nothing is
   -- written, so the resend leaves what one run left.
+  prove_event_keys()
   return { 2, now, next_event() }
 end
 

@@ -22,7 +22,17 @@ type pipeliner interface {
 // on the same connection, until the configured number of replicas has the
 // script's writes; the second result reports when they did not (the
 // script's own result and error are in the Cmd either way).
+//
+// The dial hooks watch the call (see prompt.go): if a dial it waits for is
+// refused, or Redis's name does not resolve, it ends at once with a
+// dialError.
 func (c *Client) run(ctx context.Context, keys []string, args ...any) (*redis.Cmd, error) {
+	cmd, ackErr := c.runWatched(c.dials.mark(ctx, keys), keys, args)
+	c.dials.settle(cmd)
+	return cmd, ackErr
+}
+
+func (c *Client) runWatched(ctx context.Context, keys []string, args []any) (*redis.Cmd, error) {
 	s, spec := c.scripts.forOp(args[0].(string))
 	if c.cfg.ackReplicas == 0 || !spec.ack {
 		return s.Run(ctx, c.rdb, keys, args...), nil
@@ -76,27 +86,35 @@ const grace = 30 * time.Millisecond
 // that does not answer waits for go-redis's ReadTimeout (3 s by default),
 // and go-redis retries a connection it cannot open for over a second.
 //
-// When ctx can end, do runs on a goroutine of the client's (see spawn).
-// If a dial fails first because Redis refused the connection or its name
-// did not resolve (see dialWatch), call returns ok true and an outcome
-// holding an error matching ErrRedis (isDialError), and late cleans up
-// after do as below.
+// When ctx can end, do runs on a goroutine of the client's (see spawn);
+// otherwise on the caller's.
 // If ctx ends first, call returns ok false and an outcome holding ctx's
 // error; the goroutine then hands do's outcome, when it arrives, to late
 // (if not nil), which cleans up after it: withdraws a ticket the script
 // queued or granted, or sends again a release that failed. late is given
 // the caller's context, ended; it must bound what it does itself.
+// If do ends because a dial it waited for failed (Redis refused the
+// connection or its name did not resolve; see run), call returns ok true
+// and that outcome, whose error matches ErrRedis (isDialError), and hands
+// it to late as well, in the background: an earlier attempt may have sent
+// the script.
 func (c *Client) call(ctx context.Context, do func(context.Context) outcome, late func(outcome)) (o outcome, ok bool) {
 	if ctx.Done() == nil {
-		return do(ctx), true
+		o := do(ctx)
+		if late != nil && isDialError(o.cmd.Err()) {
+			c.spawn(func() { late(o) })
+		}
+		return o, true
 	}
 	var state atomic.Int32 // 0 running, 1 handed to the caller, 2 abandoned by it
 	ch := make(chan outcome, 1)
-	unreachable := c.dials.next()
 	c.spawn(func() {
 		o := do(ctx)
 		if state.CompareAndSwap(0, 1) {
 			ch <- o
+			if late != nil && isDialError(o.cmd.Err()) {
+				late(o)
+			}
 		} else if late != nil {
 			late(o)
 		}
@@ -104,15 +122,6 @@ func (c *Client) call(ctx context.Context, do func(context.Context) outcome, lat
 	select {
 	case o := <-ch:
 		return o, true
-	case <-unreachable:
-		// Redis refused a connection, or its name did not resolve: say so
-		// now. The call goes on; late cleans up after it.
-		if !state.CompareAndSwap(0, 2) {
-			return <-ch, true
-		}
-		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(c.dials.failure())
-		return outcome{cmd: cmd}, true
 	case <-ctx.Done():
 	}
 	// A Redis that answers does so within the grace; the caller then

@@ -83,10 +83,11 @@ type Client struct {
 	scripts *scripts
 	id      string        // identifies this client's wake lists; unguessable
 	done    chan struct{} // closed by Close
-	dials   *dialWatch    // dial failures on rdb; nil if it takes no hooks
+	dials   *dials        // has rdb's dials watched (prompt.go); nil if fairlock cannot see them
 
 	mu          sync.Mutex
 	closed      bool
+	shut        *closing         // the close that closed set; see close.go
 	rooms       map[string]*room // by keys.base
 	leases      map[*Lease]struct{}
 	pumping     map[string]bool        // keys.base of semaphores a background pump serves
@@ -148,11 +149,21 @@ func (c *Client) spawn(f func()) {
 // wrapper that hides a Ring behind other methods cannot be recognised, and
 // is the caller's to avoid.
 //
-// New adds a dial hook to the client it is given (when it takes hooks:
-// *redis.Client, *redis.ClusterClient), through which a
-// call waiting on its context learns that Redis refused a connection or
-// that its name did not resolve, and returns an error matching [ErrRedis]
-// at once rather than after go-redis's dial retries.
+// New adds a hook, once per go-redis client however many Clients are made
+// on it, to a *redis.Client (also a Sentinel failover client) or to each
+// node client of a *redis.ClusterClient (a node it makes later at once; a
+// node it made before New at the first call for a key that node serves
+// after a call has reached the Cluster). The hook stays for the go-redis
+// client's life and acts only on this package's commands. Through it a
+// call whose command waits for a connection that Redis refuses, or whose
+// host name does not resolve, returns an error matching [ErrRedis] at once,
+// with or without a deadline on its context, rather than after go-redis's
+// dial retries (seconds); a call whose command was already sent on a
+// working connection is not affected. (Once go-redis has stopped dialing a
+// server after many refusals in a row, it fails a command without a dial,
+// after its own retries: tens of milliseconds.) Other RedisClients (a
+// wrapper of the caller's) get no hook: their calls report such an error
+// when go-redis gives up.
 func New(rdb RedisClient, opts ...Option) (*Client, error) {
 	if rdb == nil || isNilPointer(rdb) {
 		return nil, opError("new", nil, fmt.Errorf("%w: nil redis client", ErrInvalidArgument))
@@ -187,7 +198,7 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 		pumping:   make(map[string]bool),
 		renewals:  make(map[string]*renewQueue),
 		listeners: make(map[string][]*listener),
-		dials:     newDialWatch(rdb),
+		dials:     watchDials(rdb),
 	}
 	c.tasksDone = sync.NewCond(&c.mu)
 	return c, nil
@@ -198,65 +209,49 @@ func isNilPointer(v any) bool {
 	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
-// Close stops the client: its blocked Acquire calls return [ErrClosed]
-// after leaving their queues, and later calls fail with ErrClosed.
+// Close closes the client gracefully: it releases the leases the client
+// holds, so that the next waiters are granted at once rather than when the
+// leases' TTL runs out, as a process should before it exits. Its blocked
+// Acquire calls (and condition waits) return [ErrClosed] after leaving
+// their queues, and later calls fail with ErrClosed.
 //
-// Close does not release leases still held. It stops renewing them, so
-// their Done channels close (with [ErrClosed] as cause) and Redis drops them
-// when their TTL runs out; Release still frees one at once, as before.
+// Each lease still held ends first, its Done channel closing (and its
+// LeaseContexts ending) with a cause matching ErrClosed, then its release
+// is sent. Close releases leases whose holders may still be working under
+// them: stop that work first, as you would finish writing before closing a
+// file. Work that keeps running should watch Done or a [LeaseContext]: it
+// may overlap the next holder's, which the fencing token guards against. A
+// [Lease.Release] after Close returns an error matching ErrClosed; one that
+// raced Close releases the lease once, whichever came first. Leases are
+// released in parallel (a few at a time), each sent again after an error
+// that passes, as [Lease.Release] does, until it lands, for at most one
+// waiter TTL ([WithWaiterTTL]) from Close.
+//
+// Close returns nil once every lease is released (a lease already lost or
+// expired counts) and every goroutine the client started has ended: the
+// clean-up that calls whose context ended left running (withdrawing a
+// ticket, finishing a release) and the releases and withdrawals being sent
+// again after an error that passes (see [Lease.Release]), each bounded by
+// one waiter TTL from Close, plus, for a command already sent to a Redis
+// that does not answer, go-redis's ReadTimeout. So Close returns within
+// that bound, Redis up or down. A withdrawal that Redis refuses a
+// connection for ends at once (see [New]) and is not sent again (the
+// ticket ends at its deadline), so Close does not wait for it. If some
+// leases could not be released in that time (Redis down), Close returns an
+// error matching [ErrRedis] that says how many; Redis ends them when their
+// TTL runs out. Close takes no
+// context; [Client.Shutdown] is Close bounded by one, and
+// [Client.Abandon] closes without releasing, for leases that must outlive
+// the process. Close, Shutdown and Abandon may be called many times and
+// concurrently (see Shutdown).
+//
 // Close closes the go-redis client it built for its blocking reads, which
 // ends them at once; on another RedisClient it pushes an empty entry to
 // each blocked read's control list instead (if Redis cannot be reached,
-// such a read ends at its one-second timeout). Close waits for every
-// goroutine the client started, and is idempotent. It never closes the
-// client given to [New]. That includes the clean-up that calls whose
-// context ended left running (withdrawing a ticket, finishing a release)
-// and the releases and withdrawals being sent again after an error that
-// passes (see [Lease.Release]): each is bounded by one waiter TTL from
-// Close, plus, for a command already sent to a Redis that does not answer,
-// go-redis's ReadTimeout. Close itself takes no context.
-
+// such a read ends at its one-second timeout). It never closes the client
+// given to [New]; the hook New added stays on it.
 func (c *Client) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil
-	}
-	c.closed = true
-	close(c.done)
-	var listening []*listener
-	for _, ls := range c.listeners {
-		listening = append(listening, ls...)
-	}
-	closeBlk := c.closeBlk
-	leases := make([]*Lease, 0, len(c.leases))
-	for l := range c.leases {
-		leases = append(leases, l)
-	}
-	c.mu.Unlock()
-
-	for _, l := range leases {
-		l.abandon(ErrClosed)
-	}
-	if closeBlk != nil {
-		// Closing its connections ends every BLPOP in flight.
-		_ = closeBlk()
-	} else {
-		// A listener blocked in BLPOP would otherwise stay blocked until
-		// its timeout; an entry on its control list ends it now.
-		for _, l := range listening {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = nudgeScript.Run(ctx, c.rdb, []string{l.ctl}, ms(c.cfg.waiterTTL)).Err()
-			cancel()
-		}
-	}
-	c.wg.Wait()
-	c.mu.Lock()
-	for c.tasks > 0 {
-		c.tasksDone.Wait()
-	}
-	c.mu.Unlock()
-	return nil
+	return c.shutdown(context.Background(), true)
 }
 
 // Acquire waits in first-in first-out order for req.Permits permits of the
@@ -267,11 +262,17 @@ func (c *Client) Close() error {
 // errors.Is(err, ctx.Err()) holds; leaving the queue (handing on a grant
 // that raced the cancellation) goes on in the background for up to one
 // waiter TTL (see [Client.Close]). A Redis that cannot be reached is
-// reported, as soon as go-redis gives up on it, with an error matching
-// [ErrRedis]. A request that can never be granted
+// reported with an error matching [ErrRedis]: at once when it refuses the
+// connection or its name does not resolve (see [New]), otherwise when
+// go-redis gives up on it. A request that can never be granted
 // (permits above the capacity) fails at once with [ErrInvalidArgument].
 //
 // Most programs use the semaphore package instead.
+//
+// Under a context that owns a live lease ([LeaseContext]) holding permits
+// of req's semaphore, a request for more than its capacity minus those
+// permits fails at once with [ErrDeadlock] (it could be granted only once
+// that lease ends), and nothing is sent to Redis.
 func (c *Client) Acquire(ctx context.Context, req Request) (*Lease, error) {
 	return c.acquire(ctx, []Request{req}, true)
 }

@@ -114,7 +114,8 @@ func TestRedisDown(t *testing.T) {
 	}
 }
 
-// Close ends waits, stops renewal without releasing, and fails later calls.
+// Close ends waits, releases the leases it holds (their Done closed before
+// it returns), and fails later calls.
 func TestClose(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := fltest.New(t, b)
@@ -130,22 +131,69 @@ func TestClose(t *testing.T) {
 		if err := c.Close(); err != nil {
 			t.Fatalf("Close: %v", err)
 		}
+		select {
+		case <-held.Done():
+		default:
+			t.Fatal("the lease's Done is open after Close returned")
+		}
+		fltest.IsErr(t, "Err() after Close", held.Err(), fairlock.ErrClosed)
 		r := e.Receive(waiting)
 		fltest.IsErr(t, "Acquire blocked across Close", r.Err, fairlock.ErrClosed)
 		e.WaitQueued("close", 0)
-		e.WaitDone(held)
-		fltest.IsErr(t, "Err() after Close", held.Err(), fairlock.ErrClosed)
-		// The permit is still held in Redis until released.
-		if _, err := newSem(e.Client(), "close", 1).TryAcquire(ctx, 1); !errors.Is(err, fairlock.ErrNotAcquired) {
-			t.Fatalf("TryAcquire after holder's Close = %v, want ErrNotAcquired", err)
+		// The permit is free in Redis at once.
+		l, err := newSem(e.Client(), "close", 1).TryAcquire(ctx, 1)
+		if err != nil {
+			t.Fatalf("TryAcquire after holder's Close = %v, want the permit Close released", err)
 		}
-		if err := held.Release(ctx); err != nil {
-			t.Fatalf("Release after Close: %v", err)
-		}
+		e.Release(l)
+		fltest.IsErr(t, "Release after Close", held.Release(ctx), fairlock.ErrClosed)
 		_, err = s.Acquire(ctx, 1)
 		fltest.IsErr(t, "Acquire after Close", err, fairlock.ErrClosed)
 		if err := c.Close(); err != nil {
 			t.Fatalf("second Close: %v", err)
+		}
+		if err := c.Abandon(); err != nil {
+			t.Fatalf("Abandon after Close: %v", err)
+		}
+	})
+}
+
+// Abandon ends waits, stops renewal without releasing (the lease stays in
+// Redis until its TTL runs out, or its Release), and fails later calls.
+func TestAbandon(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		c := e.Client()
+		s := newSem(c, "abandon", 1)
+		held, err := s.Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiting := acquireAsync(ctx, s, 1)
+		e.WaitQueued("abandon", 1)
+		if err := c.Abandon(); err != nil {
+			t.Fatalf("Abandon: %v", err)
+		}
+		r := e.Receive(waiting)
+		fltest.IsErr(t, "Acquire blocked across Abandon", r.Err, fairlock.ErrClosed)
+		e.WaitQueued("abandon", 0)
+		e.WaitDone(held)
+		fltest.IsErr(t, "Err() after Abandon", held.Err(), fairlock.ErrClosed)
+		// The permit is still held in Redis until released.
+		if _, err := newSem(e.Client(), "abandon", 1).TryAcquire(ctx, 1); !errors.Is(err, fairlock.ErrNotAcquired) {
+			t.Fatalf("TryAcquire after holder's Abandon = %v, want ErrNotAcquired", err)
+		}
+		if err := held.Release(ctx); err != nil {
+			t.Fatalf("Release after Abandon: %v", err)
+		}
+		_, err = s.Acquire(ctx, 1)
+		fltest.IsErr(t, "Acquire after Abandon", err, fairlock.ErrClosed)
+		if err := c.Abandon(); err != nil {
+			t.Fatalf("second Abandon: %v", err)
+		}
+		if err := c.Close(); err != nil {
+			t.Fatalf("Close after Abandon: %v", err)
 		}
 	})
 }

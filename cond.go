@@ -107,7 +107,11 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	cp := p.withCond(cond)
 	l.mu.Lock()
 	if l.released {
+		closed := l.closedBy
 		l.mu.Unlock()
+		if closed {
+			return nil, wrap(errClosedReleased)
+		}
 		return nil, wrap(ErrNotHeld)
 	}
 	l.stopRenewal()
@@ -115,9 +119,9 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	// the moment it is signalled finds it.
 	r, w, err := c.register(p, true)
 	if err != nil {
-		l.released = true
+		// The client is closing: the lease goes as its close says.
+		l.spendAtClose()
 		l.mu.Unlock()
-		l.finish(ErrClosed)
 		return nil, wrap(err)
 	}
 	// The new lease is an acquisition of its own: its events carry an ID
@@ -197,8 +201,9 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release []any, until 
 		return opError("wait", p.names, err)
 	}
 	if isDialError(err) {
-		// The call goes on: its late clean-up releases the lease (and
-		// sends the release again) and withdraws the ticket when it ends.
+		// The call's late clean-up (run in the background, see call)
+		// releases the lease (and sends the release again) and withdraws
+		// the ticket.
 		l.finish(errReleased)
 		return wrap("the lease was released: the release is sent in the background until it lands or the lease would have expired")
 	}

@@ -21,12 +21,16 @@
 // Every blocking call returns by its context's end, Redis up or down, with
 // an error for which errors.Is(err, ctx.Err()) holds; what it left to do in
 // Redis (withdrawing a ticket, finishing a release) goes on in the
-// background, bounded, and [Client.Close] waits for it. Errors from Redis
+// background, bounded, and [Client.Close] waits for it. Close releases the
+// leases a client still holds, so that a process that exits hands them on
+// at once ([Client.Shutdown] bounds it by a context; [Client.Abandon]
+// leaves them to expire instead). Errors from Redis
 // or the connection match [ErrRedis]; a refused connection or a name that
-// does not resolve is reported at once. A release refused by an error that
-// passes (a migrating Cluster slot, a failover, a dropped connection) is
-// sent again in the background until it lands or the lease would have
-// expired anyway. With Redis at maxmemory, leases are still renewed and
+// does not resolve is reported at once, to the calls waiting for a
+// connection, not to those already sent (see [New]). A release refused by
+// an error that passes (a migrating Cluster slot, a failover, a dropped
+// connection) is sent again in the background until it lands or the lease
+// would have expired anyway. With Redis at maxmemory, leases are still renewed and
 // released and waiters kept alive; new requests are refused with
 // ErrRedis. A lease whose renewals fail ends (its Done closes) before
 // Redis can have given its permits to another; a process paused past its

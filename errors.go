@@ -36,7 +36,8 @@ var (
 	// capacity other than the one stored with it in Redis. The stored
 	// capacity holds until the semaphore is idle: no live holders and no
 	// live waiters (leases that expired and waiters whose process died are
-	// looked past).
+	// looked past: up to 400 of them per call; more are dropped by the
+	// calls with the stored capacity, or go with the keys' expiry).
 	ErrCapacityMismatch = errors.New("fairlock: capacity mismatch")
 
 	// ErrInvalidName is returned for a semaphore name fairlock cannot use:
@@ -71,7 +72,22 @@ var (
 	// fairlock a key prefix of its own ([WithPrefix]).
 	ErrForeignKey error = &subError{"fairlock: key written by another program", ErrRedis}
 
-	// ErrClosed is returned by calls on a [Client] after Close.
+	// ErrDeadlock is returned at once by a call that would wait for
+	// permits the caller holds itself: its context carries a live lease
+	// (see [LeaseContext]) holding so many permits of a semaphore it asks
+	// for that the request cannot be granted while that lease is held (a
+	// mutex locked again, a write lock asked for under a read lock of the
+	// same RWMutex, more permits than the capacity minus those held).
+	// Nothing is sent to Redis for such a request. The error names the
+	// semaphore and the token of the lease that holds it. Calls that never
+	// wait (TryAcquire and the other Try calls) are not checked: they
+	// return [ErrNotAcquired] as for any busy semaphore. docs/guide.md
+	// ("Ownership") says what the check cannot see.
+	ErrDeadlock = errors.New("fairlock: deadlock")
+
+	// ErrClosed is returned by calls on a [Client] after Close (or
+	// Shutdown, or Abandon), and is the cause of the leases the close
+	// ended (see [Lease.Err]).
 	ErrClosed = errors.New("fairlock: client closed")
 
 	// ErrRedis wraps a failure reported by Redis or by the connection to it:
@@ -87,8 +103,8 @@ var (
 // ErrRedis, ...), the caller's context error, and, with ErrRedis, the
 // error go-redis reported.
 type Error struct {
-	Op    string   // "acquire", "try acquire", "release", "renew", "hold", "wait", "signal", "broadcast", "status", "new"
-	Names []string // the semaphores, in name order; none for "new"
+	Op    string   // "acquire", "try acquire", "release", "renew", "hold", "wait", "signal", "broadcast", "status", "new", "close", "shutdown"
+	Names []string // the semaphores, in name order; none for "new", "close" and "shutdown"
 	Err   error
 }
 

@@ -35,9 +35,11 @@ type Lease struct {
 	announced bool          // guarded by rmu: announced, not yet confirmed
 	maxHold   time.Duration // the cap on holding (see maxhold.go); 0 for none
 	holdEnd   time.Time     // when the cap ends the lease, locally; zero for none
+	capped    bool          // guarded by rmu: a renewal brought Redis's expiry to the cap
 
 	mu       sync.Mutex // serialises Release
 	released bool
+	closedBy bool // released by its client's Close (guarded by mu)
 
 	granted time.Time // local time the lease was handed to its caller
 
@@ -111,6 +113,9 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	l.emu.Unlock()
 	if !confirmed {
 		_ = l.Release(ctx)
+		if c.isClosed() { // (Close may have released it meanwhile)
+			return nil, opError("acquire", p.names, ErrClosed)
+		}
 		return nil, opError("acquire", p.names, fmt.Errorf("%w: %w: the grant could not be confirmed on the replicas", ErrRedis, ErrNotReplicated))
 	}
 	return l, nil
@@ -157,14 +162,16 @@ func (l *Lease) Parts() []Part {
 
 // Done returns a channel that is closed when the lease ends: released,
 // expired, not renewed in time, at its cap on holding ([WithMaxHold]), or
-// abandoned by [Client.Close].
+// its client closed (released by [Client.Close] or [Client.Shutdown], or
+// left to expire by [Client.Abandon]).
 func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err returns nil while the lease is held, and afterwards why it ended:
 // an error matching [ErrNotHeld] once released (by [Lease.Release] or
 // semaphore.Cond.Wait), an error matching [ErrLeaseLost] if it was
 // lost (also matching [ErrMaxHold] if it reached its cap on holding), or
-// [ErrClosed] if its client was closed.
+// [ErrClosed] if its client was closed (Close and Shutdown release the
+// lease, Abandon leaves it to expire; the message says which).
 //
 // Err reads the clock: once the time by which Redis may have expired the
 // lease has passed without a renewal, Err ends the lease as lost, even if
@@ -190,10 +197,16 @@ func (l *Lease) lapse(now time.Time) {
 		l.rmu.Unlock()
 		return
 	}
-	deadline := l.deadline
+	deadline, capped := l.deadline, l.capped
 	l.stopped = true
 	l.halt()
 	l.rmu.Unlock()
+	if capped {
+		// Redis's expiry, brought to the cap, may come a tick or two
+		// before the cap on the local clock (see cappedRenewal).
+		l.finish(l.maxHoldErr())
+		return
+	}
 	l.finish(opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: its deadline passed %v ago", ErrLeaseLost, now.Sub(deadline).Round(time.Millisecond))))
 }
 
@@ -201,7 +214,9 @@ func (l *Lease) lapse(now time.Time) {
 // hands them to the next waiters. It stops renewal before it returns. It returns an error matching
 // [ErrLeaseLost] if the lease had already expired or been dropped, so the
 // caller learns its critical section may have overlapped another holder's,
-// and [ErrNotHeld] if the lease was released before. If the lease had
+// and [ErrNotHeld] if the lease was released before, or an error matching
+// [ErrClosed] if its client's Close (or Shutdown) released it; after
+// [Client.Abandon], Release still releases the lease. If the lease had
 // reached its cap on holding ([WithMaxHold]) before Release, Release frees
 // whatever Redis still holds of it and returns an error matching
 // [ErrMaxHold] (and so ErrLeaseLost).
@@ -228,6 +243,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.released {
+		if l.closedBy {
+			return opError("release", l.p.names, errClosedReleased)
+		}
 		return opError("release", l.p.names, ErrNotHeld)
 	}
 	l.stopRenewal()
@@ -435,7 +453,7 @@ func (l *Lease) renew() {
 	switch {
 	case l.stopped:
 	case err == nil && n == 1:
-		l.deadline, l.announced = sent.Add(ttl), false
+		l.deadline, l.announced = expiresAfter(sent, ttl), false
 		l.timer.Reset(ttl / renewDivisor)
 		if capped {
 			l.cappedRenewal(sent, lease)
@@ -486,8 +504,21 @@ func renewalFailure(err error, sent, deadline time.Time, ttl time.Duration) erro
 
 // LeaseContext returns a copy of parent that is also cancelled when lease
 // ends, with the lease's [Lease.Err] as cause (see [context.Cause]), so work
-// done under the lease can stop once the lease no longer protects it. The
-// context is cancelled as the lease ends, before its Done channel closes
+// done under the lease can stop once the lease no longer protects it.
+//
+// The context is also owned by the lease (and by the leases parent is
+// owned by, through LeaseContexts nested one in another): a waiting
+// acquisition under it ([Client.Acquire], [Client.AcquireAll] and the
+// calls of packages semaphore, multilock and election built on them)
+// that asks for permits the lease holds, more than the capacity minus
+// those held, fails at once with [ErrDeadlock] rather than wait for a
+// lease that cannot end while its holder waits: a mutex locked again, a
+// write lock asked for under a read lock of the same RWMutex. A lease
+// counts while its [Lease.Err] is nil. docs/guide.md ("Ownership") says
+// what the check cannot see: other contexts, other processes, other
+// go-redis clients.
+//
+// The context is cancelled as the lease ends, before its Done channel closes
 // and before the call that ended it (Release, CondWait, Close) returns;
 // for a lease that has already ended (Err is not nil) it is returned
 // cancelled. Call cancel when the work is done to free the resources it
@@ -504,6 +535,7 @@ func LeaseContext(parent context.Context, lease *Lease) (ctx context.Context, ca
 		return ctx, cancel
 	}
 	l := lease
+	ctx = withOwner(ctx, l)
 	l.lapse(time.Now()) // a lease past its deadline has ended, its timers run or not
 	l.emu.Lock()
 	if l.subsEnded {

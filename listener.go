@@ -136,7 +136,7 @@ func (c *Client) attachLocked(r *room) (nudge *listener) {
 		l = &listener{
 			group: g,
 			// In the slot and under the hash tag of the room's keys.
-			ctl:   c.cfg.prefix + "{" + hashTag(r.wakeKey) + "}:l:" + c.id + ":" + strconv.FormatUint(c.listenerSeq, 10),
+			ctl:   c.ctlName(r.wakeKey, c.listenerSeq),
 			rooms: make(map[string]*room),
 			swept: time.Now(),
 		}
@@ -155,6 +155,12 @@ func (c *Client) attachLocked(r *room) (nudge *listener) {
 	return nil
 }
 
+// ctlName names a listener's control list, numbered seq, in the slot and
+// under the hash tag of key.
+func (c *Client) ctlName(key string, seq uint64) string {
+	return c.cfg.prefix + "{" + hashTag(key) + "}:l:" + c.id + ":" + strconv.FormatUint(seq, 10)
+}
+
 // nudge ends l's BLPOP so that it starts again with its new keys. If it
 // fails, the new rooms are heard when the BLPOP times out (listenTimeout),
 // and their grants are found by their refresh in any case.
@@ -162,7 +168,14 @@ func (c *Client) nudge(l *listener, via RedisClient) {
 	defer c.wg.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 	defer cancel()
-	_ = nudgeScript.Run(ctx, via, []string{l.ctl}, ms(c.cfg.waiterTTL)).Err()
+	_ = nudgeScript.Run(ctx, via, []string{c.ctlOf(l)}, ms(c.cfg.waiterTTL)).Err()
+}
+
+// ctlOf returns l's control list (which leaveOutForeign may rename).
+func (c *Client) ctlOf(l *listener) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return l.ctl
 }
 
 // runListener is l's goroutine: it BLPOPs on l's keys and hands each grant
@@ -257,21 +270,29 @@ for i, k in ipairs(KEYS) do
 end
 return out`)
 
-// leaveOutForeign finds the wake keys among keys (ctl first) that hold
-// something other than a list, written by another program, and leaves
-// them out of l's blocking reads, saying so in the log. It reports
-// whether it found any.
+// leaveOutForeign finds the keys among keys (ctl first) that hold
+// something other than a list, written by another program: a wake key is
+// left out of l's blocking reads, the control list replaced by one of
+// another name; the log says so. It reports whether it found any.
 func (c *Client) leaveOutForeign(l *listener, blk RedisClient, keys []string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 	defer cancel()
-	types, err := typesScript.Run(ctx, blk, keys[1:]).StringSlice()
-	if err != nil || len(types) != len(keys)-1 {
+	types, err := typesScript.Run(ctx, blk, keys).StringSlice()
+	if err != nil || len(types) != len(keys) {
 		return false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	found := false
-	for i, t := range types {
+	if t := types[0]; t != "none" && t != "list" && keys[0] == l.ctl {
+		// The control list: the listener takes another name for it.
+		c.listenerSeq++
+		l.ctl = c.ctlName(keys[0], c.listenerSeq)
+		l.keys, found = nil, true
+		c.logf(slog.LevelError, "fairlock: a blocking read's control list holds a value another program wrote; the read takes another",
+			nil, "", slog.String("key", keys[0]), slog.String("type", t))
+	}
+	for i, t := range types[1:] {
 		k := keys[i+1]
 		if t == "none" || t == "list" {
 			continue

@@ -19,10 +19,23 @@ import (
 // Semantics 3: waiting never delays renewals or
 // releases. One process waits on 1,000 semaphores, held by another,
 // through a go-redis pool of 10 connections, and then takes a few leases
-// with a 300 ms TTL: every lease must stay alive for several TTLs, and
-// every waiter must be granted (and release its grant) once the other
-// process lets go. A blocking read per semaphore on the caller's pool would
-// take all ten connections and starve the renewals.
+// with a 3 s TTL through the same pool: every lease must stay alive for
+// two TTLs while the waiters wait, and on until every waiter has been
+// granted (and released its grant) once the other process lets go. A
+// blocking read per semaphore on the caller's pool would take all ten
+// connections and starve the renewals for good: each read holds its
+// connection for up to a second and queues for one again, so a renewal
+// (or the acquire itself) waits behind hundreds of them and the lease ends
+// at its first deadline, whatever its TTL. The TTL only sets how long a
+// stall of the whole machine the leases ride out: on a busy 2-core machine
+// this test's process can go without CPU for over half a second, and
+// miniredis, which serves in the test's process, for over a second (the
+// pool idle all the while). The waiters' grants last as long as their
+// tickets (a minute): when a thousand wake-ups come at once on a busy
+// machine, some are heard a second or two after their grant, and a grant
+// that lasted no longer would be taken with milliseconds left and lost
+// before its release lands, whatever the pool does. The held leases come
+// from a second client on the same pool, so that their TTL can differ.
 //
 // miniredis sorts all its keys on every command, also inside scripts, so
 // with 1,000 semaphores (5,000 keys) one script takes it 15-25 ms and the
@@ -30,24 +43,23 @@ import (
 // miniredis the process therefore waits on 100 semaphores: still ten times
 // the pool. The test also spares both servers load that plays no part in
 // the rule: the other process's leases last an hour, the waiters' TTL is
-// 30 s (one refresh per room per 10 s), each waiter releases its grant at
-// once, and the short-TTL leases are taken once the burst of acquire
-// scripts has been served.
+// a minute (one refresh per room per 20 s, none while the test runs), each
+// waiter releases its grant at once, and the short-TTL leases are taken
+// once the burst of acquire scripts has been served.
 func TestWaitingDoesNotStarveRenewals(t *testing.T) {
 	// Scripts as the library runs them, as when this test lived in
 	// semaphore/, without the half-run checker the package's TestMain
 	// sets: the rule tested is the listener's, and the checker's
-	// instrumented scripts only add to the load on Redis that the 300 ms
+	// instrumented scripts only add to the load on Redis that the
 	// leases' renewals must get through.
 	t.Cleanup(scripthook.Set(nil))
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		const held = 3
-		waiting, leaseTTL := 1000, 300*time.Millisecond
+		const held, leaseTTL, waiterTTL = 3, 3 * time.Second, time.Minute
+		waiting := 1000
 		if b.Mini != nil {
 			// miniredis runs every script on one interpreter, far slower
-			// under the race detector; a starved pool still loses a 1 s
-			// lease (go-redis waits 4 s for a connection).
-			waiting, leaseTTL = 100, time.Second
+			// under the race detector.
+			waiting = 100
 		}
 		e := fltest.New(t, b)
 		ctx := context.Background()
@@ -66,7 +78,8 @@ func TestWaitingDoesNotStarveRenewals(t *testing.T) {
 		t.Logf("%s: the other process took %d semaphores in %v", b.Name, waiting, time.Since(start))
 
 		rdb := b.Client(t, func(o *redis.Options) { o.PoolSize = 10 })
-		c := e.ClientOn(rdb, fairlock.WithLeaseTTL(leaseTTL), fairlock.WithWaiterTTL(30*time.Second))
+		c := e.ClientOn(rdb, fairlock.WithLeaseTTL(waiterTTL), fairlock.WithWaiterTTL(waiterTTL))
+		mine := e.ClientOn(rdb, fairlock.WithLeaseTTL(leaseTTL))
 
 		start = time.Now()
 		wctx, cancel := context.WithCancel(ctx)
@@ -108,7 +121,7 @@ func TestWaitingDoesNotStarveRenewals(t *testing.T) {
 
 		leases := make([]*fairlock.Lease, held)
 		for i := range leases {
-			l, err := newSem(c, fmt.Sprintf("mine%d", i), 1).Acquire(ctx, 1)
+			l, err := newSem(mine, fmt.Sprintf("mine%d", i), 1).Acquire(ctx, 1)
 			if err != nil {
 				t.Fatalf("held lease %d, taken while %d waiters wait: %v", i, waiting, err)
 			}
@@ -124,8 +137,9 @@ func TestWaitingDoesNotStarveRenewals(t *testing.T) {
 				}
 			}
 		}
-		// Several lease TTLs with every waiter blocked.
-		for range 5 {
+		// Two lease TTLs with every waiter blocked: a lease whose renewals
+		// cannot get through ends at its first deadline.
+		for range 2 {
 			time.Sleep(leaseTTL)
 			alive(fmt.Sprintf("while %d waiters wait", waiting))
 		}

@@ -10,7 +10,9 @@ import (
 // renewal: a lease is renewed only up to its cap, and its last renewal asks
 // Redis for just the time left, so Redis's own expiry, not the holder's
 // goodwill, ends it there. The holder's Done closes at the cap on the local
-// clock, which is never later than Redis's expiry (see clockSample).
+// clock. Redis's expiry, set in whole milliseconds of its clock, may come up
+// to two of them before the cap; Err reports the cap from then on (see
+// cappedRenewal).
 
 // maxHold returns the cap on holding p's lease: the earliest of its parts'
 // caps, each its Request.MaxHold or else def (the client's); 0 for none.
@@ -43,7 +45,7 @@ func (l *Lease) capHold(first time.Duration, announced bool) time.Duration {
 	if announced {
 		given = min(given, l.c.cfg.waiterTTL)
 	}
-	granted := l.deadline.Add(-given)
+	granted := l.deadline.Add(clockTick - given) // (see localDeadline)
 	if now := time.Now(); now.Before(granted) {
 		granted = now
 	}
@@ -72,9 +74,13 @@ func (l *Lease) renewalTTL(ttl time.Duration, sent time.Time) (d time.Duration, 
 
 // cappedRenewal notes a renewal, sent at sent for d, that brought Redis's
 // expiry to the cap: nothing more is renewed, and the timer ends the lease
-// at the cap. Called with rmu held.
+// at the cap. d is rounded down to whole milliseconds and Redis counts it
+// from its clock rounded down, so Redis may expire the lease up to two
+// ticks before the cap: the deadline says when, and Err reports the cap
+// from then on. Called with rmu held.
 func (l *Lease) cappedRenewal(sent time.Time, d time.Duration) {
-	l.deadline = sent.Add(d)
+	l.capped = true
+	l.deadline = expiresAfter(sent, d)
 	if l.deadline.After(l.holdEnd) {
 		// A 1 ms renewal sent past the cap.
 		l.deadline = l.holdEnd

@@ -27,9 +27,13 @@ const (
 	// LeaseReleased: the holder released a lease; Held is how long it was
 	// held.
 	LeaseReleased
-	// LeaseLost: a lease ended without a release (Err says why: expired,
-	// not renewed in time, dropped, or the client closed); Held is how long
-	// it was held.
+	// LeaseLost: a lease ended without its holder's release (Err says
+	// why: expired, not renewed in time, dropped, or the client closed);
+	// Held is how long it was held. A lease its client's Close or Shutdown
+	// released is lost to its holder, whose work under it was cut short,
+	// as one Abandon left to expire is: both report LeaseLost with an Err
+	// matching ErrClosed (its message says which), as the lease's own Err
+	// does; LeaseReleased is the holder's release alone.
 	LeaseLost
 )
 

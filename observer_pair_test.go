@@ -347,15 +347,26 @@ func TestObserverPairsCondWaits(t *testing.T) {
 			t.Fatalf("CondWait ended by Close = %v", r.err)
 		}
 		pl.balanced(t, c1, raw, name, 0, 0)
-		c4 := client(WithLeaseTTL(600 * time.Millisecond)) // Close abandons its lease to expire
+		c4 := client()
 		w5 := condWaitAsync(ctx, acquire(c4))
 		pl.balanced(t, c1, raw, name, 0, 1)
 		signal(false, 1)
 		closed := granted(t, w5)
 		pl.balanced(t, c1, raw, name, 1, 0)
-		_ = c4.Close()
+		_ = c4.Close() // releases the lease
 		if !errors.Is(closed.Err(), ErrClosed) {
 			t.Fatalf("lease of a closed client: %v", closed.Err())
+		}
+		pl.balanced(t, c1, raw, name, 0, 0)
+		c5 := client(WithLeaseTTL(600 * time.Millisecond)) // Abandon leaves its lease to expire
+		w6 := condWaitAsync(ctx, acquire(c5))
+		pl.balanced(t, c1, raw, name, 0, 1)
+		signal(false, 1)
+		abandoned := granted(t, w6)
+		pl.balanced(t, c1, raw, name, 1, 0)
+		_ = c5.Abandon()
+		if !errors.Is(abandoned.Err(), ErrClosed) {
+			t.Fatalf("lease of an abandoned client: %v", abandoned.Err())
 		}
 		pl.balanced(t, c1, raw, name, 0, 0)
 		pl.check(t)

@@ -129,11 +129,12 @@ func TestObserverEvents(t *testing.T) {
 			t.Fatalf("a wait abandoned (%v): %v, %+v", err, ks, es)
 		}
 
-		// A lease lost: its client stops renewing it.
+		// A lease its client's Close releases: lost to its holder, with
+		// ErrClosed.
 		_ = c.Close()
 		es = slices.DeleteFunc(rec.take(), func(e Event) bool { return e.Kind == LeaseRenewed })
 		if len(es) != 1 || es[0].Kind != LeaseLost || !errors.Is(es[0].Err, ErrClosed) {
-			t.Fatalf("lease abandoned by Close: %+v", es)
+			t.Fatalf("lease released by Close: %+v", es)
 		}
 		_ = l.Release(ctx)
 		if es := rec.take(); len(es) != 0 {

@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -208,8 +209,15 @@ func (r *room) maintain(stop chan struct{}) {
 		r.due = time.Now().Add(never) // lowered by the result below or by schedule
 		c.mu.Unlock()
 
-		next, err := r.refresh()
+		next, answered, err := r.refresh()
 		now := time.Now()
+		if answered {
+			// Redis answered for this room: it is up, if busy. The
+			// tickets of a batch that failed may die at their deadlines;
+			// the next refresh that covers them reports them dropped,
+			// and they queue again.
+			lastOK = now
+		}
 		if err != nil {
 			// The waiters' tickets die at their deadlines if this lasts;
 			// their Acquire calls must not wait on in ignorance. A Redis
@@ -224,8 +232,6 @@ func (r *room) maintain(stop chan struct{}) {
 				r.failAll(fmt.Errorf("%w: waiters could not be kept alive for %v: %w", ErrRedis, c.cfg.waiterTTL, err))
 			}
 			next = min(next, c.cfg.waiterTTL/retryDivisor)
-		} else {
-			lastOK = now
 		}
 		c.mu.Lock()
 		r.scheduleLocked(next)
@@ -237,10 +243,20 @@ func (r *room) maintain(stop chan struct{}) {
 // room of any size refreshes in scripts of bounded length.
 const refreshBatch = 128
 
+// refreshParallel is how many of a room's refresh scripts are in flight at
+// once. Sent one after the other, each waits its turn behind the other
+// commands in Redis and in the connection pool: with thousands of waiters
+// and their acquisitions in flight, a round of 20 scripts took longer than
+// a waiter's TTL, and the waiters it had not reached yet died.
+const refreshParallel = 8
+
 // refresh keeps r's waiters alive in Redis, runs the queue (dropping dead
 // waiters and expired leases, granting what fits), hands on what it learns
-// about r's tickets, and returns when it should run next.
-func (r *room) refresh() (time.Duration, error) {
+// about r's tickets, and returns when it should run next, whether any of
+// its scripts was answered, and the first error of those that failed. (A
+// round of many scripts may see some answered and some not: on a busy
+// Redis, those queued behind the others' traffic run out of time.)
+func (r *room) refresh() (next time.Duration, answered bool, first error) {
 	c := r.c
 	c.mu.Lock()
 	var batches [][]any
@@ -265,22 +281,43 @@ func (r *room) refresh() (time.Duration, error) {
 		batches = append(batches, args)
 	}
 	c.mu.Unlock()
-	next := c.refreshEvery()
-	var first error
-	for _, args := range batches {
+	next = c.refreshEvery()
+	var mu sync.Mutex // next, answered, first
+	send := func(args []any) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 		sent := time.Now()
 		cmd, _ := c.run(ctx, r.k.list(), args...) // unreplicated refreshes are refreshed again
 		cancel()
 		rep, err := parseRefreshReply(cmd)
+		mu.Lock()
+		defer mu.Unlock()
 		if err == nil {
+			answered = true
 			err = r.apply(rep, sent, &next)
 		}
 		if err != nil && first == nil {
 			first = err
 		}
 	}
-	return next, first
+	if len(batches) == 1 {
+		send(batches[0])
+		return next, answered, first
+	}
+	var wg sync.WaitGroup
+	work := make(chan []any)
+	for range min(len(batches), refreshParallel) {
+		wg.Go(func() {
+			for args := range work {
+				send(args)
+			}
+		})
+	}
+	for _, args := range batches {
+		work <- args
+	}
+	close(work)
+	wg.Wait()
+	return next, answered, first
 }
 
 // apply hands on what a refresh reply says: the queue's next event and

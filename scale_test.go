@@ -36,8 +36,11 @@ import (
 const (
 	// scriptBound is the longest a single script may run before a scale
 	// test fails: far above the 5 ms target, low enough to catch a script
-	// whose work grows with the queue.
-	scriptBound = 250 * time.Millisecond
+	// whose work grows with the queue. Slowlog times are wall time in
+	// Redis's process: the release that grants 100 waiters of 10,000 took
+	// 97 to 196 ms alone (Redis 7.4.1, Valkey 8.0.1) and 258 ms while CI's
+	// other tests shared the two cores, so the bound sits at twice that.
+	scriptBound = 500 * time.Millisecond
 	// scriptTarget is what each script should stay under; logged only.
 	scriptTarget = 5 * time.Millisecond
 )
@@ -680,6 +683,11 @@ func TestScaleExpiredLeases(t *testing.T) {
 	redistest.Long(t)
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		skipLarge(t, b)
+		if redistest.Race {
+			// Redis's work (100,000 leases); CI runs it without -race on
+			// the other servers.
+			t.Skip("100,000 leases run without the race detector")
+		}
 		e := newScaleEnv(t, b)
 		expiredFleet(t, e, 80000, 100000, 5*time.Second, true)
 	})

@@ -71,10 +71,10 @@ type Waiter struct {
 //
 // Status returns by ctx's end whatever state Redis is in, with an error
 // for which errors.Is(err, ctx.Err()) holds; it reports a Redis that
-// cannot be reached with an error matching [ErrRedis] as soon as go-redis
-// gives up on it. A reply it cannot read (keys under the prefix that
-// something other than fairlock wrote) also gives an error matching
-// ErrRedis. An invalid name fails at once with [ErrInvalidName]. Status
+// cannot be reached with an error matching [ErrRedis], at once when it
+// refuses the connection or its name does not resolve (see [New]). A
+// reply it cannot read (keys under the prefix that something other than
+// fairlock wrote) also gives an error matching ErrRedis. An invalid name fails at once with [ErrInvalidName]. Status
 // changes nothing in Redis.
 func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	k, err := c.keys(name)

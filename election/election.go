@@ -108,7 +108,10 @@ func (e *Election) mutex() fairlock.Request {
 // error matches [fairlock.ErrNotReplicated]. A candidate granted the mutex
 // but paused past its lease before recording its value is not recorded
 // (the record holds only the mutex's live lease, by Redis's clock); it then
-// queues again, at the back.
+// queues again, at the back. A leader campaigning again under the context
+// of its own leadership's lease ([fairlock.LeaseContext] of
+// [Leadership.Lease]) would wait for itself: Campaign fails at once with
+// [fairlock.ErrDeadlock].
 func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
 	if value == "" || len(value) > MaxValueLen {
 		return nil, e.errorf("campaign", "%w: value of %d bytes, want 1 to %d", fairlock.ErrInvalidArgument, len(value), MaxValueLen)

@@ -49,7 +49,10 @@ func (l *Leadership) Done() <-chan struct{} { return l.lease.Done() }
 // Err returns nil while leading, and afterwards why leadership ended, as
 // [fairlock.Lease.Err] says: [fairlock.ErrNotHeld] once resigned, an error
 // matching [fairlock.ErrLeaseLost] if it was lost, [fairlock.ErrClosed] if
-// the client was closed.
+// the client was closed ([fairlock.Client.Close] releases the election's
+// mutex, so the next candidate takes office at once, though no resignation
+// is published; [fairlock.Client.Abandon] leaves it until its lease
+// expires).
 func (l *Leadership) Err() error { return l.lease.Err() }
 
 // Lease returns the lease on the election's mutex that this leadership is.

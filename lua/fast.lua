@@ -126,17 +126,13 @@ local function fast_release(K, a)
   local ok = cap and n and used - n < cap and not trim_due(st[TNEXT]) and (nq + nc <= 0 or nothing_due(dmin))
   local head, w, after = nil, nil, used
   if ok and nq > 0 then
-    local quiet = nothing_due(dmin)
-    ok = quiet
-    if ok then
-      head = redis.call('ZRANGE', K[KQ], 0, 0)[1]
-      local hw = head and parse_waiter(head)
-      -- A head that is this very ticket (queued again while it holds: a
-      -- resent call) is left to the general path, whose grant replaces
-      -- the tombstone this release would leave.
-      local single = hw and not hw.parts and hw.ticket ~= ticket
-      w, ok = hw, single
-    end
+    head = redis.call('ZRANGE', K[KQ], 0, 0)[1]
+    local hw = head and parse_waiter(head)
+    -- A head that is this very ticket (queued again while it holds: a
+    -- resent call) is left to the general path, whose grant replaces
+    -- the tombstone this release would leave.
+    local single = hw and not hw.parts and hw.ticket ~= ticket
+    w, ok = hw, single
     if ok then
       after = used - n + w.n
       local only = fits_in(used - n, w.n, cap) and ((after >= cap and nothing_due(hmin)) or (after < cap and nq == 1))

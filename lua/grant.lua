@@ -121,16 +121,26 @@ local function purge_waiters(r)
     end
   end
   if #dead == 0 then return end
-  local marks = {}
-  if r.nc > 0 then marks = redis.call('HMGET', r.S, unpack(tickets)) end
+  local marks = redis.call('HMGET', r.S, unpack(tickets))
   for i, m in ipairs(dead) do
     budget = budget - 1
     local g = r.grants[tickets[i]]
     if g == nil then g = marks[i] end
-    if type(g) == 'string' and string.sub(g, 1, 1) == CONDITION then
+    if g == QUEUED then
+      drop_waiter(r, m)
+    elseif type(g) == 'string' and string.sub(g, 1, 1) == CONDITION then
       drop_cond_waiter(r, string.sub(g, 2), m)
     else
-      drop_waiter(r, m)
+      -- No mark (the state hash was lost, or the ticket left): a waiter
+      -- in the queue is dropped from it; anything else only leaves :d.
+      local queued = redis.call('ZSCORE', r.Q, m)
+      seen(r.Q)
+      if queued then
+        drop_waiter(r, m)
+      else
+        r.dgone[m] = true
+        write('ZREM', r.D, m)
+      end
     end
   end
 end

@@ -211,10 +211,25 @@ local function finish_one(r)
   expiring(r.keys, moved, idle, r.wrote_h, r.wrote_q, r.wrote_d, r.wrote_t, expire_at, at)
 end
 
+-- prove_event_keys proves the keys next_event will read (those whose
+-- bound is unknown or due), so that its reads cannot fail or read another
+-- program's value: a call that answers next_event calls it before its
+-- first write, or before it answers if it writes nothing.
+local function prove_event_keys()
+  for _, r in ipairs(loaded) do
+    if not r.off then
+      if r.nh > 0 and not nothing_due(r.hmin) and not proven[r.H] then must_be(r.H, 'zset') end
+      if r.nq + r.nc > 0 and not nothing_due(r.dmin) and not proven[r.D] then must_be(r.D, 'zset') end
+    end
+  end
+end
+
 -- finish buffers every loaded resource's state and the wake-ups, then
--- applies the buffer. Nothing may fail after it.
+-- applies the buffer. Nothing may fail after it: the keys next_event will
+-- read after it are proven first.
 local function finish()
   for _, r in ipairs(loaded) do finish_one(r) end
+  prove_event_keys()
   for _, list in ipairs(wake_lists) do expire_at(list, num(wakes[list]), true) end
   apply()
 end

@@ -37,24 +37,36 @@ func multiLock(ctx context.Context, c *fairlock.Client, i int) (func() error, er
 }
 
 // naive takes the left fork, then the right one: the textbook deadlock
-// once everybody holds a left fork. The pause between the two stands for
-// any work done in between; it makes the deadlock come quickly.
-func naive(ctx context.Context, c *fairlock.Client, i int) (func() error, error) {
-	left, _ := semaphore.NewMutex(c, fork(i))
-	right, _ := semaphore.NewMutex(c, fork(i+1))
-	l1, err := left.Lock(ctx)
-	if err != nil {
-		return nil, err
+// once everybody holds a left fork. At the first meal each philosopher,
+// holding its left fork, waits (a second at most) until all five hold
+// theirs, so the deadlock comes at once rather than by chance; FIFO
+// forks otherwise make it rare.
+func naive() strategy {
+	var seated atomic.Int32
+	allSeated := make(chan struct{})
+	return func(ctx context.Context, c *fairlock.Client, i int) (func() error, error) {
+		left, _ := semaphore.NewMutex(c, fork(i))
+		right, _ := semaphore.NewMutex(c, fork(i+1))
+		l1, err := left.Lock(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if seated.Add(1) == philosophers {
+			close(allSeated)
+		}
+		select {
+		case <-allSeated:
+		case <-time.After(time.Second):
+		}
+		l2, err := right.Lock(ctx)
+		if err != nil {
+			_ = l1.Release(context.Background())
+			return nil, err
+		}
+		return func() error {
+			return errors.Join(l2.Release(context.Background()), l1.Release(context.Background()))
+		}, nil
 	}
-	time.Sleep(5 * time.Millisecond)
-	l2, err := right.Lock(ctx)
-	if err != nil {
-		_ = l1.Release(context.Background())
-		return nil, err
-	}
-	return func() error {
-		return errors.Join(l2.Release(context.Background()), l1.Release(context.Background()))
-	}, nil
 }
 
 type diningResult struct {
@@ -179,7 +191,7 @@ func TestDiningPhilosophers(t *testing.T) {
 func TestDiningPhilosophersNaiveDeadlocks(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
-		r := dine(t, e, naive, 1_000_000, time.Second, time.Minute)
+		r := dine(t, e, naive(), 1_000_000, time.Second, time.Minute)
 		t.Logf("%s: naive table stopped after %d rounds: meals %v, deadlocked %v", b.Name, r.total, r.meals, r.deadlocked)
 		if r.err != nil {
 			t.Fatalf("a philosopher failed: %v", r.err)

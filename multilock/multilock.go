@@ -56,9 +56,15 @@ func Mutex(name string) Request { return Request{Name: name, Capacity: 1, Permit
 // [fairlock.ErrInvalidName], names in different Cluster slots with
 // [fairlock.ErrCrossSlot]. A capacity other than a stored one fails with
 // [fairlock.ErrCapacityMismatch], Redis failing with
-// [fairlock.ErrRedis], a closed client with [fairlock.ErrClosed]. A failed
-// Acquire holds nothing. The lease's Token, Permits and Name are the first
-// semaphore's (in name order); [fairlock.Lease.Parts] lists each.
+// [fairlock.ErrRedis], a closed client with [fairlock.ErrClosed]. Under a
+// context that owns a live lease of one of the semaphores (the one Do
+// passes to its function, or see [fairlock.LeaseContext]), holding so
+// many permits that the request could never be granted beside them (a
+// mutex held, for one), Acquire fails at once with
+// [fairlock.ErrDeadlock], naming that semaphore, and sends nothing. A
+// failed Acquire holds nothing. The lease's Token, Permits and Name are
+// the first semaphore's (in name order); [fairlock.Lease.Parts] lists
+// each.
 func Acquire(ctx context.Context, c *fairlock.Client, reqs ...Request) (*fairlock.Lease, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument)
@@ -68,7 +74,8 @@ func Acquire(ctx context.Context, c *fairlock.Client, reqs ...Request) (*fairloc
 
 // TryAcquire takes every request at once if all are free now and nobody
 // waits for any of them; otherwise it takes nothing and returns an error
-// matching [fairlock.ErrNotAcquired]. Its other errors are Acquire's.
+// matching [fairlock.ErrNotAcquired]. Its other errors are Acquire's, but
+// for [fairlock.ErrDeadlock]: it never waits.
 func TryAcquire(ctx context.Context, c *fairlock.Client, reqs ...Request) (*fairlock.Lease, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument)
@@ -77,7 +84,8 @@ func TryAcquire(ctx context.Context, c *fairlock.Client, reqs ...Request) (*fair
 }
 
 // Lock locks the mutexes names at once; see [Mutex] and [Acquire], whose
-// errors it returns.
+// errors it returns: [fairlock.ErrDeadlock] under the context of a lease
+// that holds one of them.
 func Lock(ctx context.Context, c *fairlock.Client, names ...string) (*fairlock.Lease, error) {
 	return Acquire(ctx, c, mutexes(names)...)
 }
@@ -108,7 +116,9 @@ func mutexes(names []string) []Request {
 // is cancelled, with the lease's error as cause, if any part of the lease
 // is lost while f runs. Do returns f's error joined with any error from
 // the release (ErrLeaseLost if the lease was lost); if Acquire fails, f
-// does not run and Do returns its error.
+// does not run and Do returns its error ([fairlock.ErrDeadlock] for a Do
+// within a Do that holds one of reqs' semaphores, when they do not fit
+// beside it).
 func Do(ctx context.Context, c *fairlock.Client, reqs []Request, f func(ctx context.Context) error) error {
 	lease, err := Acquire(ctx, c, reqs...)
 	if err != nil {

@@ -248,6 +248,45 @@ func ExampleRWMutex_Do() {
 	// read done: <nil>
 }
 
+// A read lock cannot be upgraded in place: Lock under the context of a
+// read lock would wait for that reader, its own caller, so it fails at
+// once with ErrDeadlock. Leave the read lock, take the write lock, and
+// read again under it.
+func ExampleRWMutex_RDo_upgrade() {
+	// A program connects to its own Redis; the example runs one in process.
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+	c, err := fairlock.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	rw, err := semaphore.NewRWMutex(c, "config")
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	err = rw.RDo(ctx, func(ctx context.Context) error {
+		// ... a read shows the config needs a change ...
+		return rw.Do(ctx, func(ctx context.Context) error { return nil })
+	})
+	fmt.Println("upgrade refused:", errors.Is(err, fairlock.ErrDeadlock))
+	err = rw.Do(ctx, func(ctx context.Context) error {
+		// ... read again, and change it if it still needs it ...
+		return nil
+	})
+	fmt.Println("write:", err)
+	// Output:
+	// upgrade refused: true
+	// write: <nil>
+}
+
 // WithMaxHold caps how long a job may hold its permits: the context Do
 // gives the job ends at the cap, and Do reports it.
 func ExampleWithMaxHold() {

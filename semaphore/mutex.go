@@ -24,7 +24,10 @@ func NewMutex(c *fairlock.Client, name string, opts ...Option) (*Mutex, error) {
 
 // Lock waits, in arrival order, until the mutex is free and returns the
 // lease that holds it, or an error matching ctx.Err() when ctx ends first
-// (having left the queue). Its other errors are [Semaphore.Acquire]'s.
+// (having left the queue). Under the context of a lease of this mutex
+// (inside [Mutex.Do], or see [fairlock.LeaseContext]) it would wait on
+// itself: it fails at once with [fairlock.ErrDeadlock]. Its other errors
+// are [Semaphore.Acquire]'s.
 func (m *Mutex) Lock(ctx context.Context) (*fairlock.Lease, error) { return m.s.Acquire(ctx, 1) }
 
 // TryLock locks the mutex if it is free and nobody waits for it; otherwise
@@ -36,7 +39,8 @@ func (m *Mutex) TryLock(ctx context.Context) (*fairlock.Lease, error) {
 
 // Do locks the mutex, runs f and unlocks it, as [Semaphore.Do]: f's
 // context ends if the lease is lost, and Do returns f's error joined with
-// the release's; if Lock fails, f does not run.
+// the release's; if Lock fails, f does not run (so a Do of this mutex
+// within f fails with [fairlock.ErrDeadlock]).
 func (m *Mutex) Do(ctx context.Context, f func(ctx context.Context) error) error {
 	return m.s.Do(ctx, 1, f)
 }

@@ -33,7 +33,12 @@ func NewRWMutex(c *fairlock.Client, name string, opts ...Option) (*RWMutex, erro
 
 // RLock waits, in arrival order, for a shared (read) lock and returns the
 // lease that holds it, or an error matching ctx.Err() when ctx ends first
-// (having left the queue). Its other errors are [Semaphore.Acquire]'s.
+// (having left the queue). Under the context of this mutex's write lock
+// it fails at once with [fairlock.ErrDeadlock]. Under a read lock's it is
+// let through, and granted when nobody waits; but it waits behind a
+// writer queued meanwhile, which waits for the first read lock: do not
+// take read locks recursively (docs/guide.md, "Ownership"). Its other
+// errors are [Semaphore.Acquire]'s.
 func (rw *RWMutex) RLock(ctx context.Context) (*fairlock.Lease, error) {
 	return rw.s.Acquire(ctx, 1)
 }
@@ -48,8 +53,11 @@ func (rw *RWMutex) TryRLock(ctx context.Context) (*fairlock.Lease, error) {
 
 // Lock waits, in arrival order, for the exclusive (write) lock and returns
 // the lease that holds it, or an error matching ctx.Err() when ctx ends
-// first (having left the queue). Its other errors are
-// [Semaphore.Acquire]'s.
+// first (having left the queue). A read lock cannot be upgraded: under
+// the context of a read or write lock of this mutex (inside
+// [RWMutex.RDo] or Do, or see [fairlock.LeaseContext]), Lock would wait
+// for its own caller, and fails at once with [fairlock.ErrDeadlock]. Its
+// other errors are [Semaphore.Acquire]'s.
 func (rw *RWMutex) Lock(ctx context.Context) (*fairlock.Lease, error) {
 	return rw.s.Acquire(ctx, MaxReaders)
 }

@@ -85,7 +85,11 @@ func (s *Semaphore) Capacity() int64 { return s.capacity }
 // than the stored one fails with [fairlock.ErrCapacityMismatch], Redis
 // failing with [fairlock.ErrRedis], a closed client with
 // [fairlock.ErrClosed]; a failed Acquire holds nothing (see
-// [fairlock.Client.Acquire]).
+// [fairlock.Client.Acquire]). Under a context that owns a live lease of
+// this semaphore (the one Do passes to its function, or see
+// [fairlock.LeaseContext]), n more than Capacity minus the permits it
+// holds could never be granted: Acquire fails at once with
+// [fairlock.ErrDeadlock] and sends nothing.
 func (s *Semaphore) Acquire(ctx context.Context, n int64) (*fairlock.Lease, error) {
 	return s.c.Acquire(ctx, s.request(n))
 }
@@ -93,7 +97,8 @@ func (s *Semaphore) Acquire(ctx context.Context, n int64) (*fairlock.Lease, erro
 // TryAcquire takes n permits if they are free and nobody waits for the
 // semaphore, without waiting. Otherwise it returns an error matching
 // [fairlock.ErrNotAcquired] and changes nothing. Its other errors are
-// Acquire's.
+// Acquire's, but for [fairlock.ErrDeadlock]: it never waits, so under the
+// context of its own lease it is busy as for anybody.
 func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (*fairlock.Lease, error) {
 	return s.c.TryAcquire(ctx, s.request(n))
 }
@@ -103,7 +108,9 @@ func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (*fairlock.Lease, e
 // is lost (or reaches its cap, [WithMaxHold]) while f runs, so f can stop
 // work it no longer protects. Do returns f's error joined with any error
 // from the release (one matching ErrLeaseLost if the lease was lost); if
-// Acquire fails, f does not run and Do returns its error.
+// Acquire fails, f does not run and Do returns its error: one matching
+// [fairlock.ErrDeadlock] for a Do within a Do of the same semaphore
+// whose permits do not fit beside the outer one's.
 func (s *Semaphore) Do(ctx context.Context, n int64, f func(ctx context.Context) error) error {
 	lease, err := s.Acquire(ctx, n)
 	if err != nil {

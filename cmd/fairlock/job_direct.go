@@ -44,6 +44,5 @@ const superviseCmdName = "_supervise"
 
 // superviseCmd is no command here.
 func superviseCmd(args []string, stderr io.Writer) int {
-	fmt.Fprintf(stderr, "fairlock: unknown command %q\n\n%s", superviseCmdName, usage)
-	return exitUsage
+	return unknownCommand(stderr, superviseCmdName)
 }

@@ -4,18 +4,23 @@
 //	fairlock run [flags] NAME -- COMMAND [ARGS...]
 //	fairlock elect [flags] NAME -- COMMAND [ARGS...]
 //	fairlock status [flags] NAME...
+//	fairlock help [COMMAND]
+//	fairlock version
 //
-// Run "fairlock -h" for the flags, exit statuses and examples.
+// Run "fairlock --help" for the flags, exit statuses and examples.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strings"
+	"time"
 
 	"github.com/fairlock/fairlock"
 	"github.com/redis/go-redis/v9"
@@ -31,16 +36,24 @@ const (
 	exitNoCommand = 127 // the command could not be started
 )
 
-const usage = `usage:
+// synopsis is the first part of the usage: how each command is called.
+const synopsis = `usage:
   fairlock run [flags] NAME -- COMMAND [ARGS...]
   fairlock elect [flags] NAME -- COMMAND [ARGS...]
   fairlock status [flags] NAME...
+  fairlock help [COMMAND]
+  fairlock version
+`
 
+// about is what "fairlock --help" says between the synopsis and the flags.
+const about = `
 run waits its turn for NAME (first-in first-out across every process and
 machine using the same Redis), runs COMMAND with FAIRLOCK_TOKEN set to the
 lease's fencing token, keeps the lease alive while COMMAND runs, forwards
 SIGINT, SIGTERM, SIGHUP and SIGQUIT to it, releases when it exits, and exits
-with its status. It prints nothing but COMMAND's own output.
+with its status. It prints nothing but COMMAND's own output, and a line on
+stderr when it gives up (-n, -w) or fails; -v says how long it waits, its
+place in line, and when it got the lock.
 
 COMMAND runs only while the lease is held, and so does every process it
 starts. Without a terminal COMMAND gets a process group of its own, and
@@ -62,33 +75,97 @@ is lost, COMMAND gets SIGTERM, then SIGKILL after -grace, and elect exits 76.
 
 status shows who holds NAME (owner, permits, token, held for, time left),
 how many wait and for how long the oldest has, who waits (position, owner,
-permits, waiting since), and, if NAME is an election, its leader. With
--watch it prints again at that interval until interrupted; while Redis
-cannot be reached it says so on stderr and keeps trying.
+permits, waiting for), and, if NAME is an election, its leader. An owner is
+host:pid for fairlock's own processes (and a library client's WithOwner
+label), else the start of its client id. With -watch it prints again at
+that interval until interrupted; while Redis cannot be reached it says so
+on stderr and keeps trying.
 
 On a failure fairlock prints one line to stderr; -v also logs fairlock's
 diagnostics there (lost leases, failing renewals, go-redis's connection
 errors).
 
-Redis is -redis URL, else $FAIRLOCK_REDIS_URL, else $REDIS_URL, else
-redis://127.0.0.1:6379 (rediss:// for TLS; redis://user:password@host for ACL).
+Redis is -redis ADDRESS, else $FAIRLOCK_REDIS_URL, else $REDIS_URL, else
+127.0.0.1:6379. ADDRESS is HOST[:PORT] (port 6379 by default),
+redis://[USER[:PASSWORD]@]HOST[:PORT][/DB], rediss://... for TLS, or
+unix:///PATH[?db=DB] (or just /PATH) for a Unix socket.
+`
+
+// outro is what "fairlock --help" says after the flags.
+const outro = `
+A flag goes before NAME, as -flag VALUE, -flag=VALUE or --flag VALUE. A
+DURATION is like 1m30s or 500ms, or a number of seconds (30, 2.5).
 
 Exit statuses of run and elect, besides COMMAND's own:
   64  bad usage            70  Redis or other error     75  not acquired (-n busy, -w timed out)
   76  lease lost, or -max-hold reached, while COMMAND ran (COMMAND and what it
       started got SIGTERM, then SIGKILL after -grace)
   127 COMMAND could not be started
+status exits 0, or 64 or 70.
 
 Examples:
   fairlock run nightly-report -- ./report.sh            # one at a time, in arrival order
   fairlock run -capacity 4 encoders -- ffmpeg -i in.mp4 out.webm
   fairlock run -n deploy -- ./deploy.sh || echo "a deploy is running"
   fairlock run -w 30s -ttl 1m backup -- pg_dump mydb -f dump.sql
+  fairlock run -v -redis redis.internal:6379 migrate -- ./migrate.sh   # says how long it waits
   fairlock run -max-hold 2h nightly-report -- ./report.sh   # a stuck report frees the lock after 2h
   fairlock elect -value "$(hostname):8080" scheduler -- ./scheduler
   fairlock status -json nightly-report encoders
   fairlock status -watch 1s encoders
 `
+
+// A command is one of fairlock's commands, as its help shows it.
+type command struct {
+	name    string
+	args    string // what follows the flags in its usage line
+	summary string // what its -h says before the flags
+	// own registers the command's own flags (not the common ones) on fs.
+	own  func(fs *flag.FlagSet)
+	main func(c *command, args []string, stdout, stderr io.Writer) int
+}
+
+var commands = []*command{
+	{
+		name: "run",
+		args: "NAME -- COMMAND [ARGS...]",
+		summary: `Waits its turn for NAME, runs COMMAND with FAIRLOCK_TOKEN set to the lease's
+fencing token while it holds the lock (and no longer), releases it when
+COMMAND exits, and exits with COMMAND's status.
+`,
+		own:  func(fs *flag.FlagSet) { new(runOptions).register(fs) },
+		main: runCmd,
+	},
+	{
+		name: "elect",
+		args: "NAME -- COMMAND [ARGS...]",
+		summary: `Campaigns in the leader election NAME (candidates are served first-in
+first-out), runs COMMAND with FAIRLOCK_TOKEN set to its term while this
+process leads (and no longer), resigns when COMMAND exits, and exits with
+COMMAND's status.
+`,
+		own:  func(fs *flag.FlagSet) { new(electOptions).register(fs) },
+		main: electCmd,
+	},
+	{
+		name: "status",
+		args: "NAME...",
+		summary: `Shows who holds each NAME and who waits for it, in a table or as JSON, and
+an election's leader.
+`,
+		own:  func(fs *flag.FlagSet) { new(statusOptions).register(fs) },
+		main: statusCmd,
+	},
+}
+
+func lookup(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -96,27 +173,145 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, synopsis+helpHint)
 		return exitUsage
 	}
 	switch args[0] {
-	case "run":
-		return runCmd(args[1:], stderr)
-	case "elect":
-		return electCmd(args[1:], stderr)
-	case "status":
-		return statusCmd(args[1:], stdout, stderr)
 	case superviseCmdName:
 		return superviseCmd(args[1:], stderr)
 	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, usage)
+		if args[0] == "help" && len(args) > 1 {
+			c := lookup(args[1])
+			if c == nil {
+				return unknownCommand(stderr, args[1])
+			}
+			c.help(stdout)
+			return 0
+		}
+		help(stdout)
+		return 0
+	case "-version", "--version", "-V", "version":
+		fmt.Fprintln(stdout, version())
 		return 0
 	}
-	fmt.Fprintf(stderr, "fairlock: unknown command %q\n\n%s", args[0], usage)
+	if c := lookup(args[0]); c != nil {
+		return c.main(c, args[1:], stdout, stderr)
+	}
+	return unknownCommand(stderr, args[0])
+}
+
+const helpHint = `Run "fairlock --help" for the flags, exit statuses and examples.
+`
+
+// unknownCommand says that name is no command, with the usage, on stderr.
+func unknownCommand(stderr io.Writer, name string) int {
+	fmt.Fprintf(stderr, "fairlock: unknown command %q\n\n%s\n%s", name, synopsis, helpHint)
 	return exitUsage
 }
 
-// common holds the flags both commands take.
+// help prints fairlock's whole help: every command and every flag.
+func help(w io.Writer) {
+	fmt.Fprint(w, synopsis, about, "\nFlags of every command:\n")
+	fs := flag.NewFlagSet("fairlock", flag.ContinueOnError)
+	new(common).register(fs)
+	printFlags(w, fs)
+	for _, c := range commands {
+		fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
+		c.own(fs)
+		fmt.Fprintf(w, "\nFlags of %s:\n", c.name)
+		printFlags(w, fs)
+	}
+	fmt.Fprint(w, outro)
+}
+
+// help prints the command's usage and every flag it takes.
+func (c *command) help(w io.Writer) {
+	fmt.Fprintf(w, "usage: fairlock %s [flags] %s\n\n%s\nFlags:\n", c.name, c.args, c.summary)
+	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
+	new(common).register(fs)
+	c.own(fs)
+	printFlags(w, fs)
+	fmt.Fprint(w, "\nA DURATION is like 1m30s or 500ms, or a number of seconds (30, 2.5).\n"+
+		"Run \"fairlock --help\" for every command, exit statuses and examples.\n")
+}
+
+// usageError prints the command's usage line on stderr, after the line
+// that said what was wrong, and returns exitUsage.
+func (c *command) usageError(stderr io.Writer) int {
+	fmt.Fprintf(stderr, "usage: fairlock %s [flags] %s\nRun \"fairlock %s -h\" for its flags.\n", c.name, c.args, c.name)
+	return exitUsage
+}
+
+// printFlags prints fs's flags as Go's tools do, with the value's name in
+// capitals: "  -w DURATION" and, on the next line, what it does.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		name, use := flag.UnquoteUsage(f)
+		switch _, dur := f.Value.(*durationValue); {
+		case dur:
+			name = "DURATION"
+		case name == "int":
+			name = "N"
+		case f.Name == "redis":
+			name = "ADDRESS"
+		}
+		line := "  -" + f.Name
+		if name != "" {
+			line += " " + strings.ToUpper(name)
+		}
+		fmt.Fprintf(w, "%s\n        %s", line, strings.ReplaceAll(use, "\n", "\n        "))
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "0s" && f.DefValue != "false" {
+			if g, ok := f.Value.(flag.Getter); ok && isString(g.Get()) {
+				fmt.Fprintf(w, " (default %q)", f.DefValue)
+			} else {
+				fmt.Fprintf(w, " (default %s)", f.DefValue)
+			}
+		}
+		fmt.Fprintln(w)
+	})
+}
+
+func isString(v any) bool {
+	_, ok := v.(string)
+	return ok
+}
+
+// version is fairlock's version line: the module's version, or "(devel)"
+// and the VCS revision for a build from a checkout, and the Go version.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "fairlock (unknown version)"
+	}
+	return versionOf(bi)
+}
+
+// versionOf is the version line of the binary bi describes.
+func versionOf(bi *debug.BuildInfo) string {
+	v := bi.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	var rev, modified string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value[:min(12, len(s.Value))]
+		case "vcs.modified":
+			modified = s.Value
+		}
+	}
+	line := "fairlock " + v
+	if rev != "" && !strings.Contains(v, rev) {
+		line += " " + rev
+		if modified == "true" {
+			line += "+dirty"
+		}
+	}
+	return line + " " + bi.GoVersion
+}
+
+// common holds the flags every command takes.
 type common struct {
 	url     string
 	prefix  string
@@ -124,11 +319,46 @@ type common struct {
 	stderr  io.Writer
 }
 
-func (c *common) register(fs *flag.FlagSet, stderr io.Writer) {
-	c.stderr = stderr
-	fs.StringVar(&c.url, "redis", "", "Redis URL (default $FAIRLOCK_REDIS_URL, $REDIS_URL, redis://127.0.0.1:6379)")
+func (c *common) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.url, "redis", "", "where Redis is: HOST[:PORT], redis://[USER[:PASSWORD]@]HOST[:PORT][/DB],\n"+
+		"rediss://... (TLS) or unix:///PATH (default: $FAIRLOCK_REDIS_URL,\nelse $REDIS_URL, else 127.0.0.1:6379)")
 	fs.StringVar(&c.prefix, "prefix", fairlock.DefaultPrefix, "key prefix shared by every user of the lock")
-	fs.BoolVar(&c.verbose, "v", false, "log fairlock's diagnostics (and go-redis's) to stderr")
+	fs.BoolVar(&c.verbose, "v", false, "log fairlock's diagnostics (and go-redis's) to stderr; run and elect also say\nhow long they wait, their place in line, and when they get NAME")
+}
+
+// parse parses the command's flags from args into fs, on which the common
+// flags and the command's own are registered. With -h it prints the
+// command's help and returns 0 and false; on a bad flag it prints what is
+// wrong and the usage on stderr and returns exitUsage and false.
+func (c *command) parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (int, bool) {
+	err := fs.Parse(args)
+	switch {
+	case err == nil:
+		return 0, true
+	case errors.Is(err, flag.ErrHelp):
+		c.help(stdout)
+		return 0, false
+	}
+	return c.usageError(stderr), false
+}
+
+// newFlagSet returns a flag set for the command c that prints a bad flag's
+// error on stderr and leaves the usage to c.parse.
+func newFlagSet(c *command, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("fairlock "+c.name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {}
+	return fs
+}
+
+// nonNegative reports, on stderr, a negative duration given to the flag
+// name of the command c; it returns false for one.
+func nonNegative(c *command, stderr io.Writer, name string, d time.Duration) bool {
+	if d < 0 {
+		fmt.Fprintf(stderr, "fairlock %s: -%s %v is negative\n", c.name, name, d)
+		return false
+	}
+	return true
 }
 
 // redisLog receives go-redis's internal logs (pool dial failures and the
@@ -156,20 +386,27 @@ func errLine(err error) string {
 	return "fairlock: " + strings.ReplaceAll(err.Error(), "fairlock: ", "")
 }
 
-// connect opens Redis and a fairlock client labelled with this host and pid.
-func (c *common) connect(opts ...fairlock.Option) (*redis.Client, *fairlock.Client, error) {
-	url := c.url
-	for _, env := range []string{"FAIRLOCK_REDIS_URL", "REDIS_URL"} {
-		if url == "" {
-			url = os.Getenv(env)
+// processLabel is how this process shows in status: host:pid, the host
+// name cut to 40 bytes and with the characters an owner label may not
+// hold made '_'. It is fairlock's owner label (fairlock.WithOwner) and
+// elect's default -value.
+func processLabel() string {
+	host, _ := os.Hostname()
+	host = strings.Map(func(r rune) rune {
+		if r <= ' ' || r == 0x7f || strings.ContainsRune("{}/", r) {
+			return '_'
 		}
-	}
-	if url == "" {
-		url = "redis://127.0.0.1:6379"
-	}
-	o, err := redis.ParseURL(url)
+		return r
+	}, host)
+	return fmt.Sprintf("%.40s:%d", host, os.Getpid())
+}
+
+// connect opens Redis and a fairlock client labelled with processLabel.
+// A bad address fails with an error matching errBadAddress.
+func (c *common) connect(opts ...fairlock.Option) (*redis.Client, *fairlock.Client, error) {
+	o, err := c.redisOptions()
 	if err != nil {
-		return nil, nil, fmt.Errorf("bad Redis URL: %w", err)
+		return nil, nil, err
 	}
 	log := c.logger()
 	redis.SetLogger(redisLog{log})
@@ -177,15 +414,7 @@ func (c *common) connect(opts ...fairlock.Option) (*redis.Client, *fairlock.Clie
 		opts = append(opts, fairlock.WithLogger(log))
 	}
 	rdb := redis.NewClient(o)
-	host, _ := os.Hostname()
-	host = strings.Map(func(r rune) rune {
-		if r <= ' ' || strings.ContainsRune("{}/", r) {
-			return '_'
-		}
-		return r
-	}, host)
-	label := fmt.Sprintf("%.40s:%d", host, os.Getpid())
-	fc, err := fairlock.New(rdb, append([]fairlock.Option{fairlock.WithPrefix(c.prefix), fairlock.WithOwner(label)}, opts...)...)
+	fc, err := fairlock.New(rdb, append([]fairlock.Option{fairlock.WithPrefix(c.prefix), fairlock.WithOwner(processLabel())}, opts...)...)
 	if err != nil {
 		rdb.Close()
 		return nil, nil, err
@@ -193,12 +422,21 @@ func (c *common) connect(opts ...fairlock.Option) (*redis.Client, *fairlock.Clie
 	return rdb, fc, nil
 }
 
-func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("fairlock "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usage+"\nflags of "+name+":\n")
-		fs.PrintDefaults()
+// closeWithin closes fc, waiting at most d for it: fc.Close waits for the
+// clean-up that calls left running (a withdrawal, a release sent again),
+// which against a Redis that does not answer lasts up to a waiter TTL
+// plus go-redis's read timeout. fairlock is about to exit, after which
+// Redis drops what was not cleaned up at its deadline.
+func closeWithin(fc *fairlock.Client, d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		fc.Close()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
 	}
-	return fs
 }

@@ -8,42 +8,53 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"syscall"
+	"strings"
 	"time"
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/engine"
 )
 
+// runOptions are run's own flags.
+type runOptions struct {
+	capacity, permits         int64
+	wait, ttl, grace, maxHold time.Duration
+	nowait                    bool
+}
+
+func (o *runOptions) register(fs *flag.FlagSet) {
+	fs.Int64Var(&o.capacity, "capacity", 1, "how many permits NAME has; 1 makes it a mutex")
+	fs.Int64Var(&o.permits, "permits", 1, "how many permits COMMAND takes")
+	durationVar(fs, &o.wait, "w", 0, "give up waiting after this long (exit 75); 0 waits forever")
+	fs.BoolVar(&o.nowait, "n", false, "do not wait: exit 75 at once if NAME is busy")
+	durationVar(fs, &o.ttl, "ttl", fairlock.DefaultLeaseTTL, "lease TTL: how long a crashed fairlock keeps the lock")
+	durationVar(fs, &o.grace, "grace", 10*time.Second, "after a lost lease, or for what COMMAND leaves running, how long between\nSIGTERM and SIGKILL")
+	durationVar(fs, &o.maxHold, "max-hold", 0, "end the lease this long after the grant even if COMMAND still runs\n(SIGTERM, exit 76); 0: no cap")
+}
+
 // runCmd is "fairlock run": it runs a command while it holds a lease.
-func runCmd(args []string, stderr io.Writer) int {
-	fs := newFlagSet("run", stderr)
-	var c common
-	c.register(fs, stderr)
-	capacity := fs.Int64("capacity", 1, "how many permits NAME has; 1 makes it a mutex")
-	permits := fs.Int64("permits", 1, "how many permits COMMAND takes")
-	wait := fs.Duration("w", 0, "give up waiting after this long (exit 75); 0 waits forever")
-	nowait := fs.Bool("n", false, "do not wait: exit 75 at once if NAME is busy")
-	ttl := fs.Duration("ttl", fairlock.DefaultLeaseTTL, "lease TTL: how long a crashed fairlock keeps the lock")
-	grace := fs.Duration("grace", 10*time.Second, "after a lost lease, or for what COMMAND leaves running, how long between SIGTERM and SIGKILL")
-	maxHold := fs.Duration("max-hold", 0, "end the lease this long after the grant even if COMMAND still runs (SIGTERM, exit 76); 0: no cap")
-	name, command, ok := commandArgs(fs, args, "run", stderr)
+func runCmd(cmd *command, args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet(cmd, stderr)
+	c := common{stderr: stderr}
+	c.register(fs)
+	var o runOptions
+	o.register(fs)
+	name, command, code, ok := commandArgs(cmd, fs, args, stdout, stderr)
 	if !ok {
-		return exitUsage
+		return code
 	}
-	if *grace < 0 {
-		fmt.Fprintf(stderr, "fairlock run: -grace %v is negative\n", *grace)
+	if !nonNegative(cmd, stderr, "w", o.wait) || !nonNegative(cmd, stderr, "grace", o.grace) {
 		return exitUsage
 	}
 
-	rdb, fc, err := c.connect(fairlock.WithLeaseTTL(*ttl), fairlock.WithMaxHold(*maxHold))
+	rdb, fc, err := c.connect(fairlock.WithLeaseTTL(o.ttl), fairlock.WithMaxHold(o.maxHold))
 	if err != nil {
 		fmt.Fprintln(stderr, errLine(err))
 		return exitUsage
 	}
 	defer rdb.Close()
-	defer fc.Close()
-	req := fairlock.Request{Name: name, Capacity: *capacity, Permits: *permits}
+	defer closeWithin(fc, closeWait)
+	req := fairlock.Request{Name: name, Capacity: o.capacity, Permits: o.permits}
 	if err := engine.Validate(fc, req); err != nil {
 		fmt.Fprintln(stderr, errLine(err))
 		return exitUsage
@@ -53,17 +64,18 @@ func runCmd(args []string, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 4)
 	notifyForwarded(sigs)
 	defer signal.Stop(sigs)
-	lease, code := interruptible(sigs, *wait, stderr, func(ctx context.Context) (*fairlock.Lease, error) {
-		if *nowait {
+	w := &waiter{fc: fc, name: name, nowait: o.nowait, wait: o.wait, verbose: c.verbose, stderr: stderr}
+	lease, code := take(w, sigs, func(ctx context.Context) (*fairlock.Lease, error) {
+		if o.nowait {
 			return fc.TryAcquire(ctx, req)
 		}
 		return fc.Acquire(ctx, req)
-	})
+	}, (*fairlock.Lease).Token)
 	if lease == nil {
 		return code
 	}
 
-	status := runUnder(lease, command, sigs, *grace, stderr)
+	status := runUnder(lease, command, sigs, o.grace, stderr)
 	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer rcancel()
 	if err := lease.Release(rctx); err != nil && status != exitLeaseLost {
@@ -76,59 +88,25 @@ func runCmd(args []string, stderr io.Writer) int {
 	return status
 }
 
+// closeWait bounds how long run, elect and status wait for their client's
+// clean-up as they exit (see closeWithin).
+const closeWait = 500 * time.Millisecond
+
 // commandArgs parses fs's flags from args and splits what follows into
-// NAME -- COMMAND [ARGS...]; it prints a usage line and returns ok false
-// when they do not fit.
-func commandArgs(fs *flag.FlagSet, args []string, verb string, stderr io.Writer) (name string, command []string, ok bool) {
-	if err := fs.Parse(args); err != nil {
-		return "", nil, false
+// NAME -- COMMAND [ARGS...]. When they do not fit, or with -h, it says so
+// and returns the exit status and ok false.
+func commandArgs(cmd *command, fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (name string, command []string, code int, ok bool) {
+	if code, ok := cmd.parse(fs, args, stdout, stderr); !ok {
+		return "", nil, code, false
 	}
 	rest := fs.Args()
-	if len(rest) < 3 || rest[1] != "--" {
-		fmt.Fprintf(stderr, "fairlock %s: want NAME -- COMMAND [ARGS...]\n", verb)
-		return "", nil, false
-	}
-	return rest[0], rest[2:], true
-}
-
-// interruptible runs take (an Acquire or a Campaign) with a context that
-// ends after wait (if > 0) or when a signal arrives on sigs. It returns
-// what take got, or nil and the exit status: exitNotGot when the wait ran
-// out or the permits were busy (TryAcquire), 128+signal when a signal ended
-// it, exitUsage for a bad argument, exitError otherwise.
-func interruptible[T any](sigs <-chan os.Signal, wait time.Duration, stderr io.Writer, take func(context.Context) (*T, error)) (*T, int) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if wait > 0 {
-		ctx, cancel = context.WithTimeout(ctx, wait)
-		defer cancel()
-	}
-	var interrupted os.Signal
-	stopWatch, watched := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(watched)
-		select {
-		case s := <-sigs:
-			interrupted = s
-			cancel()
-		case <-stopWatch:
-		}
-	}()
-	got, err := take(ctx)
-	close(stopWatch)
-	<-watched
 	switch {
-	case err == nil:
-		return got, 0
-	case errors.Is(err, fairlock.ErrInvalidArgument):
-		fmt.Fprintln(stderr, errLine(err))
-		return nil, exitUsage
-	case errors.Is(err, fairlock.ErrNotAcquired), errors.Is(err, context.DeadlineExceeded):
-		return nil, exitNotGot
-	case errors.Is(err, context.Canceled) && interrupted != nil:
-		return nil, 128 + int(interrupted.(syscall.Signal))
+	case len(rest) >= 2 && rest[1] != "--" && strings.HasPrefix(rest[1], "-") && rest[1] != "-":
+		fmt.Fprintf(stderr, "fairlock %s: %s after NAME: flags go before NAME\n", cmd.name, rest[1])
+	case len(rest) < 3 || rest[1] != "--":
+		fmt.Fprintf(stderr, "fairlock %s: want NAME -- COMMAND [ARGS...]\n", cmd.name)
 	default:
-		fmt.Fprintln(stderr, errLine(err))
-		return nil, exitError
+		return rest[0], rest[2:], 0, true
 	}
+	return "", nil, cmd.usageError(stderr), false
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -19,20 +20,42 @@ import (
 	"github.com/fairlock/fairlock/internal/engine"
 )
 
+// statusOptions are status's own flags.
+type statusOptions struct {
+	json  bool
+	watch time.Duration
+}
+
+func (o *statusOptions) register(fs *flag.FlagSet) {
+	fs.BoolVar(&o.json, "json", false, "print JSON: one object per NAME, in an array")
+	durationVar(fs, &o.watch, "watch", 0, "print again at this interval until interrupted, riding out Redis failures\n(0: print once)")
+}
+
 // statusCmd is "fairlock status": it prints semaphores' holders and waiters.
-func statusCmd(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("status", stderr)
-	var c common
-	c.register(fs, stderr)
-	asJSON := fs.Bool("json", false, "print JSON: one object per NAME, in an array")
-	watch := fs.Duration("watch", 0, "print again at this interval until interrupted, riding out Redis failures (0: print once)")
-	if err := fs.Parse(args); err != nil {
+func statusCmd(cmd *command, args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet(cmd, stderr)
+	c := common{stderr: stderr}
+	c.register(fs)
+	var o statusOptions
+	o.register(fs)
+	if code, ok := cmd.parse(fs, args, stdout, stderr); !ok {
+		return code
+	}
+	if !nonNegative(cmd, stderr, "watch", o.watch) {
 		return exitUsage
 	}
 	names := fs.Args()
 	if len(names) == 0 {
 		fmt.Fprintln(stderr, "fairlock status: want at least one NAME")
-		return exitUsage
+		return cmd.usageError(stderr)
+	}
+	if i := len(args) - len(names); i == 0 || args[i-1] != "--" {
+		for _, n := range names {
+			if strings.HasPrefix(n, "-") && n != "-" {
+				fmt.Fprintf(stderr, "fairlock status: %s after NAME: flags go before NAME (and -- before a NAME that starts with -)\n", n)
+				return cmd.usageError(stderr)
+			}
+		}
 	}
 	rdb, fc, err := c.connect()
 	if err != nil {
@@ -40,7 +63,7 @@ func statusCmd(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer rdb.Close()
-	defer fc.Close()
+	defer closeWithin(fc, closeWait)
 	for _, name := range names {
 		if err := engine.Validate(fc, fairlock.Request{Name: name, Capacity: 1, Permits: 1}); err != nil {
 			fmt.Fprintln(stderr, errLine(err))
@@ -49,7 +72,7 @@ func statusCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if *watch <= 0 {
+	if o.watch == 0 {
 		all, err := readAll(ctx, fc, names)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -58,13 +81,13 @@ func statusCmd(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, errLine(err))
 			return exitError
 		}
-		if err := printStatus(stdout, all, *asJSON); err != nil {
+		if err := printStatus(stdout, all, o.json); err != nil {
 			fmt.Fprintln(stderr, errLine(err))
 			return exitError
 		}
 		return 0
 	}
-	return watchStatus(ctx, fc, names, *watch, *asJSON, stdout, stderr)
+	return watchStatus(ctx, fc, names, o.watch, o.json, stdout, stderr)
 }
 
 // watchStatus prints the status of names every interval until ctx ends
@@ -211,15 +234,41 @@ func printTable(w io.Writer, all []status) {
 		if len(st.Holders) > 0 {
 			fmt.Fprintln(tw, "  HOLDER\tPERMITS\tTOKEN\tHELD FOR\tEXPIRES IN\t")
 			for _, h := range st.Holders {
-				fmt.Fprintf(tw, "  %s\t%d\t%d\t%v\t%v\t\n", h.Owner, h.Permits, h.Token, h.HeldFor.Round(time.Millisecond), h.ExpiresIn)
+				fmt.Fprintf(tw, "  %s\t%d\t%d\t%v\t%v\t\n", who(h.Owner), h.Permits, h.Token, h.HeldFor.Round(time.Millisecond), h.ExpiresIn)
 			}
 		}
 		if len(st.Waiters) > 0 {
-			fmt.Fprintln(tw, "  POSITION\tWAITER\tPERMITS\tWAITING SINCE\t")
+			fmt.Fprintln(tw, "  POSITION\tWAITER\tPERMITS\tWAITING FOR\t")
 			for j, wt := range st.Waiters {
-				fmt.Fprintf(tw, "  %d\t%s\t%d\t%s\t\n", j+1, wt.Owner, wt.Permits, wt.Since.Format(time.RFC3339Nano))
+				fmt.Fprintf(tw, "  %d\t%s\t%d\t%v\t\n", j+1, who(wt.Owner), wt.Permits, max(st.Time.Sub(wt.Since), 0).Round(time.Millisecond))
 			}
 		}
 	}
 	tw.Flush()
+}
+
+// who is how the status table shows a holder's or a waiter's owner (see
+// fairlock.Holder): its label as it is (host:pid for fairlock's own
+// processes); a client without a label, whose owner is its whole client
+// id, by the id's first 8 characters and an ellipsis. -json keeps the
+// owner whole.
+func who(owner string) string {
+	if isClientID(owner) {
+		return owner[:8] + "…"
+	}
+	return owner
+}
+
+// isClientID reports whether owner has the form of the id of a client
+// without a label: 26 characters of base32 (rand.Text).
+func isClientID(owner string) bool {
+	if len(owner) != 26 {
+		return false
+	}
+	for _, r := range owner {
+		if !('A' <= r && r <= 'Z' || '2' <= r && r <= '7') {
+			return false
+		}
+	}
+	return true
 }

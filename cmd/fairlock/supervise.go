@@ -30,8 +30,7 @@ func superviseCmd(args []string, stderr io.Writer) int {
 		grace, gerr = time.ParseDuration(args[0])
 	}
 	if err != nil || fi.Mode()&os.ModeNamedPipe == 0 || gerr != nil || len(args) < 3 || args[1] != "--" {
-		fmt.Fprintf(stderr, "fairlock: unknown command %q\n\n%s", superviseCmdName, usage)
-		return exitUsage
+		return unknownCommand(stderr, superviseCmdName)
 	}
 	syscall.CloseOnExec(3)
 	// On Linux COMMAND gets SIGKILL when the thread that started it ends

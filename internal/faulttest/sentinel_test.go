@@ -104,7 +104,11 @@ func TestSentinelFailover(t *testing.T) {
 	heldErr := held.Err()
 	relErr := held.Release(ctx)
 	t.Logf("replica promoted %v after the master was killed; the holder's lease: Err %v, Release %v", promoted.Round(time.Millisecond), heldErr, relErr)
-	if relErr != nil && !errors.Is(relErr, fairlock.ErrLeaseLost) {
+	// The lease may be lost with the master, or the release may reach the
+	// new master; a client that still dials the old one (its Sentinel has
+	// not yet told it) reports Redis unreachable, and the release is sent
+	// again in the background. Anything else is wrong.
+	if relErr != nil && !errors.Is(relErr, fairlock.ErrLeaseLost) && !errors.Is(relErr, fairlock.ErrRedis) {
 		t.Errorf("holder's Release after the failover: %v", relErr)
 	}
 	last := held.Token()

@@ -62,6 +62,10 @@ func specFromEnv() spec {
 //	hold: acquire once, print "acquired <token>", and hold until stdin
 //	      closes; if the lease ends first, print "done <cause>" and
 //	      "release <error>"
+//	close, shutdown, abandon: acquire once, print "acquired <token>",
+//	      and when stdin closes end the client holding the lease, by
+//	      Close, Shutdown (10 s) or Abandon, print "closed <error>" and
+//	      "lease <cause>", and exit
 func work(mode string) int {
 	s := specFromEnv()
 	redis.SetLogger(quiet{}) // Redis restarts on purpose; no redial logs
@@ -135,6 +139,27 @@ func work(mode string) int {
 			fmt.Printf("release %v\n", l.Release(context.Background()))
 			<-ctx.Done()
 		}
+		return 0
+	case "close", "shutdown", "abandon":
+		l, err := c.AcquireAll(ctx, reqs...)
+		if err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+		fmt.Println("acquired", l.Token())
+		<-ctx.Done()
+		switch mode {
+		case "close":
+			err = c.Close()
+		case "shutdown":
+			sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err = c.Shutdown(sctx)
+			scancel()
+		case "abandon":
+			err = c.Abandon()
+		}
+		fmt.Printf("closed %v\n", err)
+		fmt.Printf("lease %v\n", l.Err())
 		return 0
 	}
 	fmt.Println("error: unknown mode", mode)

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -188,4 +189,30 @@ func (e *Env) NotYet(ch <-chan Result, what string) {
 		e.T.Fatalf("%s returned early: lease=%v err=%v", what, r.Lease != nil, r.Err)
 	default:
 	}
+}
+
+// Deadlocked fails the test unless err is a *fairlock.Error of op on names
+// (in name order) matching [fairlock.ErrDeadlock] whose message says
+// which lease holds the semaphore: its token and the semaphore's name.
+func Deadlocked(t testing.TB, what string, err error, op string, names []string, token int64, held string) {
+	t.Helper()
+	var fe *fairlock.Error
+	switch {
+	case !errors.Is(err, fairlock.ErrDeadlock):
+		t.Fatalf("%s = %v, want an error matching ErrDeadlock", what, err)
+	case !errors.As(err, &fe) || fe.Op != op || fmt.Sprint(fe.Names) != fmt.Sprint(names):
+		t.Fatalf("%s = %#v, want a *fairlock.Error of %q on %q", what, err, op, names)
+	case !strings.Contains(err.Error(), fmt.Sprint(token)) || !strings.Contains(err.Error(), fmt.Sprintf("%q", held)) ||
+		!strings.Contains(err.Error(), "wait on itself"):
+		t.Fatalf("%s = %v, want it to name the lease's token %d, the semaphore %q and why", what, err, token, held)
+	}
+}
+
+// Bounded returns a context that ends after 10s, so that a wait that
+// should not happen fails the test rather than hang it; it is cancelled
+// when the test ends.
+func Bounded(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
 }

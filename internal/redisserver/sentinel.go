@@ -20,6 +20,14 @@ type Sentinel struct {
 // MasterName is the name the sentinels know the master by.
 const MasterName = "mymaster"
 
+// FailoverTimeout is the sentinels' failover-timeout. A sentinel that
+// started a failover, or voted for another's, tries none of its own for
+// twice this long; one that is not elected gives up after this long. A
+// failover that cannot finish (the votes split three ways, or the master
+// looked down with no replica fit to promote) thus delays the next by
+// twice this, not by minutes as with Sentinel's default.
+const FailoverTimeout = 3 * time.Second
+
 // SentinelAddrs returns the sentinels' addresses.
 func (s *Sentinel) SentinelAddrs() []string {
 	var out []string
@@ -66,8 +74,8 @@ func StartSentinel(downAfter time.Duration) (*Sentinel, error) {
 		}
 		conf := fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\n"+
 			"sentinel monitor %s 127.0.0.1 %d 2\nsentinel down-after-milliseconds %s %d\n"+
-			"sentinel failover-timeout %s 10000\nsentinel parallel-syncs %s 1\n",
-			port, dir, MasterName, set.Master.Port, MasterName, downAfter.Milliseconds(), MasterName, MasterName)
+			"sentinel failover-timeout %s %d\nsentinel parallel-syncs %s 1\n",
+			port, dir, MasterName, set.Master.Port, MasterName, downAfter.Milliseconds(), MasterName, FailoverTimeout.Milliseconds(), MasterName)
 		path := dir + "/sentinel.conf"
 		if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 			set.Stop()

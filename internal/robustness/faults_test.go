@@ -96,12 +96,33 @@ const (
 	promiseCluster  = "leases keep renewing through a slot move; no over-grant; a refused release is sent again"
 )
 
+// failoverWait is how long a failover fault waits for the sentinels to
+// name another master. A failover is named 1-2 s after the fault; one whose
+// election splits three ways (every sentinel votes for itself) is given up
+// after redisserver.FailoverTimeout and tried again twice that long after
+// it began, so the wait covers several such tries.
+const failoverWait = 30 * time.Second
+
 // failover returns a fault that injects f on the Sentinel set's current
-// master, once it has a replica in sync, and waits (up to 15 s) until the
-// sentinels name another master; its heal is f's (the old master comes
-// back, and the sentinels make it a replica).
+// master, once it has a replica in sync and the sentinels can fail it over,
+// and waits (up to failoverWait) until the sentinels name another master;
+// its heal is f's (the old master comes back, and the sentinels make it a
+// replica).
+//
+// Right after naming a new master, the sentinels may take it for down: each
+// counts its first ping from the switch, but reconnects to the new address
+// at most once per ping period (down-after, here), so that ping can be
+// answered late. They then start a failover of the new master, which has
+// no replica fit to promote (the old master is down or resyncing), abort
+// it, and start none for twice redisserver.FailoverTimeout. A fault
+// injected meanwhile would see no failover until that time is out, so the
+// next fault waits for it.
 func failover(f func(*testing.T, *env) func()) func(*testing.T, *env) func() {
 	return func(t *testing.T, e *env) func() {
+		if !e.switched.IsZero() {
+			// Sentinel adds up to a second of its own to the delay.
+			time.Sleep(time.Until(e.switched.Add(2*redisserver.FailoverTimeout + time.Second)))
+		}
 		sc := redis.NewSentinelClient(&redis.Options{Addr: e.sentinel.SentinelAddrs()[0]})
 		defer sc.Close()
 		master := func() string {
@@ -128,34 +149,37 @@ func failover(f func(*testing.T, *env) func()) func(*testing.T, *env) func() {
 		ok := synced(sctx, e.server.Addr) && known(sctx, e.sentinel.SentinelAddrs())
 		scancel()
 		if !ok {
-			t.Errorf("master %s has no replica in sync, known to every sentinel, within 20s", before)
+			t.Errorf("master %s not seen up by every sentinel with a replica in sync that they know, within 20s", before)
 		}
 		start := time.Now()
 		heal := f(t, e)
-		for time.Since(start) < 15*time.Second {
+		for time.Since(start) < failoverWait {
 			if m := master(); m != "" && m != before {
+				e.switched = time.Now()
 				e.measured("new master named after", time.Since(start))
 				return heal
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		t.Errorf("no failover within 15s of the fault (master %s)", before)
+		t.Errorf("no failover within %v of the fault (master %s)", failoverWait, before)
 		return heal
 	}
 }
 
-// known waits until every sentinel knows a replica in good health (or
-// ctx ends), and reports whether they do: a sentinel learns of a replica
-// from the master's INFO, every 10 s, and a failover with no replica it
-// knows of is aborted and not tried again for twice the failover timeout.
+// known waits until every sentinel sees the master up, with no failover
+// under way, and knows a replica in good health (or ctx ends), and reports
+// whether they do: a sentinel learns of a replica from the master's INFO,
+// every 10 s, and a failover with no replica it knows of is aborted and
+// not tried again for twice the failover timeout.
 func known(ctx context.Context, sentinels []string) bool {
 	for _, addr := range sentinels {
 		sc := redis.NewSentinelClient(&redis.Options{Addr: addr})
 		ok := false
 		for !ok && ctx.Err() == nil {
+			m, _ := sc.Master(ctx, redisserver.MasterName).Result()
 			rs, _ := sc.Replicas(ctx, redisserver.MasterName).Result()
 			for _, r := range rs {
-				if r["flags"] == "slave" && r["master-link-status"] == "ok" {
+				if m["flags"] == "master" && r["flags"] == "slave" && r["master-link-status"] == "ok" {
 					ok = true
 				}
 			}

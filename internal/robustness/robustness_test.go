@@ -72,6 +72,10 @@ type env struct {
 	proxies  []*Proxy
 	kids     []*kid
 
+	// switched is when the nemesis last saw the sentinels name a new
+	// master (see failover).
+	switched time.Time
+
 	mu     sync.Mutex
 	pauses []Pause
 	times  map[string][]time.Duration // what the faults measured, for the report

@@ -50,6 +50,8 @@ for i = 5, #ARGV, 3 do
       -- purge_waiters reads the deadlines as they were.
       first.fresh = first.fresh or {}
       first.fresh[m] = true
+      -- The condition's key lives as long as its waiters' deadlines.
+      cv.wrote = true
     else
       if at then
         cond_drop(first, cv, m) -- dead: its deadline came first

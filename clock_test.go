@@ -1,0 +1,103 @@
+package fairlock
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock/internal/redistest"
+)
+
+// The scripts read Redis's clock in whole milliseconds, rounded down, so
+// a script that reads redis may run as late as redis+1ms less a hair: a
+// lease it sets to expire at redis+d then expires d less that hair after
+// it ran. A local deadline must come before that, even for a script that
+// ran the moment it was sent.
+func TestLocalDeadlineAllowsForClockTick(t *testing.T) {
+	sent := time.Now()
+	const redis, d = int64(1_000_000), int64(300)
+	// The worst case: the script ran at local time sent, with Redis's
+	// clock at redis+1ms less a nanosecond; Redis reaches redis+d a
+	// nanosecond more than d-1ms later.
+	expiry := sent.Add(time.Duration(d)*time.Millisecond - time.Millisecond + time.Nanosecond)
+	if got := (clockSample{sent: sent, redis: redis}).localDeadline(redis + d); !got.Before(expiry) {
+		t.Fatalf("localDeadline = sent%+v, not before Redis's expiry at sent%+v", got.Sub(sent), expiry.Sub(sent))
+	}
+	if got := expiresAfter(sent, time.Duration(d)*time.Millisecond); !got.Before(expiry) {
+		t.Fatalf("expiresAfter = sent%+v, not before Redis's expiry at sent%+v", got.Sub(sent), expiry.Sub(sent))
+	}
+	// A TTL that is not whole milliseconds is sent rounded down.
+	if got := expiresAfter(sent, time.Duration(d)*time.Millisecond+999*time.Microsecond); !got.Before(expiry) {
+		t.Fatalf("expiresAfter(%dms+999µs) = sent%+v, not before Redis's expiry at sent%+v", d, got.Sub(sent), expiry.Sub(sent))
+	}
+}
+
+// On a real server on this machine (its TIME and the local wall clock are
+// one clock), every deadline a lease keeps comes before Redis's expiry of
+// it, to the microsecond: a grant's reply, a renewal's, and a grant
+// announced to a waiter. Each is off by a random part of Redis's
+// millisecond, so a deadline that forgets the rounding shows within a few
+// of the many tries.
+func TestLeaseDeadlineBeforeRedisExpiry(t *testing.T) {
+	b := redistest.RealBackend(t)
+	ctx := context.Background()
+	prefix := redistest.Prefix(t)
+	rdb := b.Client(t)
+	newClient := func() *Client {
+		c, err := New(b.Client(t), WithPrefix(prefix), WithLeaseTTL(time.Minute), WithWaiterTTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	a, w := newClient(), newClient()
+	req := Request{Name: "tick", Capacity: 1, Permits: 1}
+	k, err := a.keys(req.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, l *Lease) {
+		t.Helper()
+		zs, err := rdb.ZRangeWithScores(ctx, k.base+":h", 0, -1).Result()
+		if err != nil || len(zs) != 1 {
+			t.Fatalf("%s: holders %v (%v), want one", what, zs, err)
+		}
+		expiry := int64(zs[0].Score) * 1000 // µs, Redis's clock
+		if got := l.expiresBy().UnixMicro(); got >= expiry {
+			t.Fatalf("%s: the lease's deadline is %dµs after Redis's expiry of it", what, got-expiry)
+		}
+	}
+	for range 100 {
+		held, err := a.Acquire(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check("a grant", held)
+		held.renew()
+		check("a renewal", held)
+		got := make(chan *Lease, 1)
+		go func() {
+			l, err := w.Acquire(ctx, req)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- l
+		}()
+		waitFor(t, func() bool {
+			st, err := a.Status(ctx, req.Name)
+			return err == nil && st.Queued == 1
+		})
+		if err := held.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		l := <-got
+		if l == nil {
+			return
+		}
+		check("an announced grant", l)
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
