@@ -2,7 +2,7 @@ package fairlock_test
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,10 +33,12 @@ func TestRefreshPartlyAnsweredKeepsWaiters(t *testing.T) {
 		hook := &everyOtherRefresh{}
 		rdb := b.Client(t)
 		redistest.AddHook(t, rdb, hook)
-		// Refreshes every 100 ms; a refresh that fails is tried again
-		// 30 ms later; waiters fail once refreshes that time out have
-		// failed for three TTLs (900 ms).
-		const wttl = 300 * time.Millisecond
+		// Refreshes every third of the waiter TTL; a refresh that fails
+		// is tried again a tenth of it later; waiters fail once
+		// refreshes have failed for one TTL (three when they time out).
+		// (A grant must be confirmed within the waiter TTL too: under the
+		// race detector, miniredis needs a second.)
+		const wttl = time.Second
 		// Two refresh scripts per round (at most 128 tickets each).
 		const n = 200
 		s := newSem(e.ClientOn(rdb, fairlock.WithWaiterTTL(wttl)), "busy", 1)
@@ -44,17 +46,23 @@ func TestRefreshPartlyAnsweredKeepsWaiters(t *testing.T) {
 		for i := range chs {
 			chs[i] = acquireAsync(ctx, s, 1)
 		}
-		e.WaitQueued("busy", n)
+		// Armed once a round has refreshed them all (in two scripts):
+		// on a busy machine, the first rounds may find only the waiters
+		// whose acquire reply was handled.
+		hook.whole.Store(n - 128)
+		e.WaitFor("a refresh round covering every waiter", hook.seenWhole.Load)
 		hook.armed.Store(true)
-		time.Sleep(5 * wttl)
+		time.Sleep(5 * wttl / 2)
 		hook.armed.Store(false)
-		if got := hook.refused.Load(); got < 10 {
-			t.Fatalf("%d refresh scripts timed out; the test needs rounds with one of two failing", got)
+		// Rounds with a refused script for over a TTL: enough to fail
+		// the waiters had such rounds counted as failed.
+		if span := time.Duration(hook.last.Load() - hook.first.Load()); hook.refused.Load() < 2 || span < wttl {
+			t.Fatalf("%d refresh scripts refused over %v; the test needs refusals for over %v", hook.refused.Load(), span, wttl)
 		}
 		for i, ch := range chs {
 			select {
 			case r := <-ch:
-				t.Fatalf("waiter %d returned while the semaphore was held (%d refresh scripts timed out, one in every two): %v", i, hook.refused.Load(), r.Err)
+				t.Fatalf("waiter %d returned while the semaphore was held (%d refresh scripts refused, one in every two): %v", i, hook.refused.Load(), r.Err)
 			default:
 			}
 		}
@@ -71,12 +79,17 @@ func TestRefreshPartlyAnsweredKeepsWaiters(t *testing.T) {
 	})
 }
 
-// everyOtherRefresh, once armed, fails every other refresh script with a
-// timeout, as if it had waited too long behind other commands.
+// everyOtherRefresh, once armed, fails every other refresh script before
+// it is sent, as a busy pool or a broken connection would. Before, it
+// notes a refresh script of whole tickets (a round's second script when
+// every waiter is in it).
 type everyOtherRefresh struct {
-	armed   atomic.Bool
-	calls   atomic.Int64
-	refused atomic.Int64
+	whole       atomic.Int64
+	seenWhole   atomic.Bool
+	armed       atomic.Bool
+	calls       atomic.Int64
+	refused     atomic.Int64
+	first, last atomic.Int64 // when the first and the last were refused, in Unix ns
 }
 
 func (h *everyOtherRefresh) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -85,9 +98,15 @@ func (h *everyOtherRefresh) ProcessPipelineHook(next redis.ProcessPipelineHook) 
 }
 func (h *everyOtherRefresh) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if h.armed.Load() && isRefresh(cmd) && h.calls.Add(1)%2 == 1 {
+		if !h.armed.Load() && refreshTickets(cmd) == h.whole.Load() {
+			h.seenWhole.Store(true)
+		}
+		if h.armed.Load() && refreshTickets(cmd) >= 0 && h.calls.Add(1)%2 == 1 {
+			now := time.Now().UnixNano()
+			h.first.CompareAndSwap(0, now)
+			h.last.Store(now)
 			h.refused.Add(1)
-			err := fmt.Errorf("refresh held up behind other traffic: %w", context.DeadlineExceeded)
+			err := errors.New("refresh refused (injected): connection reset by peer")
 			cmd.SetErr(err)
 			return err
 		}
@@ -95,15 +114,18 @@ func (h *everyOtherRefresh) ProcessHook(next redis.ProcessHook) redis.ProcessHoo
 	}
 }
 
-// isRefresh reports whether cmd runs the engine's refresh op.
-func isRefresh(cmd redis.Cmder) bool {
+// refreshTickets returns how many tickets cmd refreshes if it runs the
+// engine's refresh op ("refresh", the client's id, two TTLs, then three
+// arguments per ticket), or -1.
+func refreshTickets(cmd redis.Cmder) int64 {
 	switch cmd.Name() {
 	case "fcall", "evalsha", "eval":
-		for _, a := range cmd.Args() {
+		args := cmd.Args()
+		for i, a := range args {
 			if a == "refresh" {
-				return true
+				return int64(len(args)-i-4) / 3
 			}
 		}
 	}
-	return false
+	return -1
 }
