@@ -3,6 +3,9 @@ package fairlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,8 +23,10 @@ import (
 // whose script failed may lose their tickets, and the next refresh that
 // covers them reports them dropped, so they queue again. Counting such a
 // round as a failure failed every waiter of the client with ErrRedis
-// ("waiters could not be kept alive") while Redis answered (10,000
-// waiters on Redis 7.4.1 with the machine's other core busy).
+// ("could not be kept alive") while Redis answered (10,000 waiters on
+// Redis 7.4.1 with the machine's other core busy). A waiter fails only
+// when every refresh that covered it failed for its liveness
+// (TestRefreshFailingForOneWaiterFailsIt).
 func TestRefreshPartlyAnsweredKeepsWaiters(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := fltest.New(t, b)
@@ -34,8 +39,8 @@ func TestRefreshPartlyAnsweredKeepsWaiters(t *testing.T) {
 		rdb := b.Client(t)
 		redistest.AddHook(t, rdb, hook)
 		// Refreshes every third of the waiter TTL; a refresh that fails
-		// is tried again a tenth of it later; waiters fail once
-		// refreshes have failed for one TTL (three when they time out).
+		// is tried again a tenth of it later; a waiter fails once the
+		// refreshes covering it have timed out for three TTLs.
 		// (A grant must be confirmed within the waiter TTL too: under the
 		// race detector, miniredis needs a second.)
 		const wttl = time.Second
@@ -52,17 +57,17 @@ func TestRefreshPartlyAnsweredKeepsWaiters(t *testing.T) {
 		hook.whole.Store(n - 128)
 		e.WaitFor("a refresh round covering every waiter", hook.seenWhole.Load)
 		hook.armed.Store(true)
-		time.Sleep(5 * wttl / 2)
+		time.Sleep(4 * wttl)
 		hook.armed.Store(false)
-		// Rounds with a refused script for over a TTL: enough to fail
-		// the waiters had such rounds counted as failed.
-		if span := time.Duration(hook.last.Load() - hook.first.Load()); hook.refused.Load() < 2 || span < wttl {
-			t.Fatalf("%d refresh scripts refused over %v; the test needs refusals for over %v", hook.refused.Load(), span, wttl)
+		// Rounds with a script timed out for over three TTLs: enough
+		// to fail the waiters had such rounds counted as failed.
+		if span := time.Duration(hook.last.Load() - hook.first.Load()); hook.refused.Load() < 2 || span < 3*wttl {
+			t.Fatalf("%d refresh scripts timed out over %v; the test needs them for over %v", hook.refused.Load(), span, 3*wttl)
 		}
 		for i, ch := range chs {
 			select {
 			case r := <-ch:
-				t.Fatalf("waiter %d returned while the semaphore was held (%d refresh scripts refused, one in every two): %v", i, hook.refused.Load(), r.Err)
+				t.Fatalf("waiter %d returned while the semaphore was held (%d refresh scripts timed out, one in every two): %v", i, hook.refused.Load(), r.Err)
 			default:
 			}
 		}
@@ -79,8 +84,8 @@ func TestRefreshPartlyAnsweredKeepsWaiters(t *testing.T) {
 	})
 }
 
-// everyOtherRefresh, once armed, fails every other refresh script before
-// it is sent, as a busy pool or a broken connection would. Before, it
+// everyOtherRefresh, once armed, fails every other refresh script with a
+// timeout before it is sent, as a busy pool would. Before, it
 // notes a refresh script of whole tickets (a round's second script when
 // every waiter is in it).
 type everyOtherRefresh struct {
@@ -106,7 +111,7 @@ func (h *everyOtherRefresh) ProcessHook(next redis.ProcessHook) redis.ProcessHoo
 			h.first.CompareAndSwap(0, now)
 			h.last.Store(now)
 			h.refused.Add(1)
-			err := errors.New("refresh refused (injected): connection reset by peer")
+			err := fmt.Errorf("refresh held up behind other traffic (injected): %w", context.DeadlineExceeded)
 			cmd.SetErr(err)
 			return err
 		}
@@ -128,4 +133,90 @@ func refreshTickets(cmd redis.Cmder) int64 {
 		}
 	}
 	return -1
+}
+
+// A refresh that fails for what it reaches for one waiter fails that
+// waiter, not the room. A multi-lock waiter's refresh also reaches its
+// other semaphores; there another program's key, say, refuses every
+// refresh script that covers it. Its ticket dies: its Acquire must end
+// with an error within its liveness rather than wait on in ignorance,
+// while the waiters beside it, refreshed in the scripts that were
+// answered, keep their places.
+func TestRefreshFailingForOneWaiterFailsIt(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		held, err := newSem(e.Client(), "pa", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hook := &refuseGroups{}
+		rdb := b.Client(t)
+		redistest.AddHook(t, rdb, hook)
+		const wttl = time.Second
+		c := e.ClientOn(rdb, fairlock.WithWaiterTTL(wttl))
+		s := newSem(c, "pa", 1)
+		const n = 150 // with the multi-lock waiter, two refresh scripts per round
+		chs := make([]<-chan fltest.Result, n)
+		for i := range chs {
+			chs[i] = acquireAsync(ctx, s, 1)
+		}
+		e.WaitQueued("pa", n)
+		multi := fltest.Async(func() (*fairlock.Lease, error) {
+			return c.AcquireAll(ctx, fairlock.Request{Name: "pa", Capacity: 1, Permits: 1}, fairlock.Request{Name: "pb", Capacity: 1, Permits: 1})
+		})
+		e.WaitQueued("pa", n+1)
+		start := time.Now()
+		r := e.Receive(multi)
+		if !errors.Is(r.Err, fairlock.ErrRedis) || !strings.Contains(r.Err.Error(), "refused (injected)") {
+			t.Fatalf("the multi-lock waiter whose refreshes all failed: %v, want an error matching ErrRedis with the refresh's", r.Err)
+		}
+		t.Logf("the multi-lock waiter failed %v after it queued, %d refresh scripts refused: %v", time.Since(start).Round(time.Millisecond), hook.refused.Load(), r.Err)
+		if hook.refused.Load() < 2 {
+			t.Fatalf("%d refresh scripts refused", hook.refused.Load())
+		}
+		// The others stay, over more than a liveness of refreshes.
+		time.Sleep(2 * wttl)
+		for i, ch := range chs {
+			select {
+			case r := <-ch:
+				t.Fatalf("waiter %d returned while the semaphore was held: %v", i, r.Err)
+			default:
+			}
+		}
+		all := make(chan fltest.Result, n)
+		for _, ch := range chs {
+			go func() { all <- <-ch }()
+		}
+		e.Release(held)
+		for range n {
+			e.Release(e.Granted(all))
+		}
+	})
+}
+
+// refuseGroups refuses every refresh script that covers a waiter of a
+// request over several semaphores (a ticket with a group).
+type refuseGroups struct{ refused atomic.Int64 }
+
+func (h *refuseGroups) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *refuseGroups) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *refuseGroups) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if refreshTickets(cmd) > 0 {
+			args := cmd.Args()
+			at := slices.Index(args, any("refresh"))
+			for i := at + 4; i+2 < len(args); i += 3 {
+				if g, _ := args[i+2].(string); g != "" {
+					h.refused.Add(1)
+					err := errors.New("refused (injected): another program's key at the waiter's other semaphore")
+					cmd.SetErr(err)
+					return err
+				}
+			}
+		}
+		return next(ctx, cmd)
+	}
 }
