@@ -701,8 +701,9 @@ func TestScaleWaitersStatus(t *testing.T) {
 		skipLarge(t, b)
 		if redistest.Race {
 			// 10,000 goroutines refreshing: the race detector could
-			// slow a round of them past the waiter TTL (seen once: 5,608 of 9,000 queued after 30 s). CI runs
-			// it without -race on the other servers.
+			// slow a round of them past the waiter TTL (seen once:
+			// 5,608 of 9,000 queued after 30 s). CI runs it without
+			// -race on the other servers.
 			t.Skip("10,000 refreshing waiters need a client without the race detector")
 		}
 		e := newScaleEnv(t, b)
