@@ -47,7 +47,7 @@ type waiter struct {
 	// alive is when the ticket was last known alive in Redis (queued, or
 	// a refresh that covered it answered), and failed the error of the
 	// refreshes that covered it since, if they all failed (both guarded
-	// by c.mu). See stale.
+	// by c.mu). See failStale.
 	alive  time.Time
 	failed error
 }
