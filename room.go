@@ -237,6 +237,11 @@ const refreshBatch = 128
 // waiters whose last refresh failed.
 const suspectScripts = 8
 
+// staleTimeouts is how many waiter TTLs a waiter's refreshes may time out,
+// all of them, before it fails though its semaphore's other scripts are
+// answered: a Redis that stays that busy for it is not coming back soon.
+const staleTimeouts = 10
+
 // refreshParallel is how many of a room's refresh scripts are in flight at
 // once. Sent one after the other, each waits its turn behind the other
 // commands in Redis and in the connection pool: with thousands of waiters
@@ -254,10 +259,12 @@ func (r *room) refresh() (next time.Duration, first error) {
 	c := r.c
 	c.mu.Lock()
 	// Waiters whose last refresh failed go in batches of their own,
-	// shuffled, in at most suspectScripts scripts: so the batches halve
-	// and more as the suspects dwindle, and one waiter whose refresh fails
-	// for what it reaches (see failStale) parts from the others within a
-	// few rounds (128, 16, 2, 1 tickets).
+	// shuffled, in at most suspectScripts scripts (of at most
+	// refreshBatch tickets), sent first: so the batches halve and more as
+	// the suspects dwindle, and one waiter whose refresh fails for what it
+	// reaches (see failStale) parts from the others within a few rounds
+	// (128, 16, 2, 1 tickets); and on a busy Redis the scripts that timed
+	// out are not the ones queued last again.
 	var batches [][]any
 	var args []any
 	var suspects []string
@@ -282,14 +289,16 @@ func (r *room) refresh() (next time.Duration, first error) {
 		batches = append(batches, args)
 	}
 	rand.Shuffle(len(suspects), func(i, j int) { suspects[i], suspects[j] = suspects[j], suspects[i] })
-	for chunk := range slices.Chunk(suspects, max(1, (len(suspects)+suspectScripts-1)/suspectScripts)) {
+	var lead [][]any
+	for chunk := range slices.Chunk(suspects, min(refreshBatch, max(1, (len(suspects)+suspectScripts-1)/suspectScripts))) {
 		args := c.refreshArgs(len(chunk))
 		for _, t := range chunk {
 			w := r.waiters[t]
 			args = appendRefreshed(args, t, w.permits, w.group)
 		}
-		batches = append(batches, args)
+		lead = append(lead, args)
 	}
+	batches = append(lead, batches...)
 	if len(batches) == 0 {
 		batches = append(batches, c.refreshArgs(0))
 	}
@@ -386,7 +395,8 @@ func (r *room) noteRefreshed(args []any, sent time.Time, err error) {
 // busy: its waiters fail once no script of the room has been answered for
 // three waiter TTLs either. While some are answered, Redis is up, and a
 // waiter whose ticket died meanwhile is reported gone by the next refresh
-// that covers it and queues again.
+// that covers it and queues again; but one whose refreshes have all timed
+// out for staleTimeouts waiter TTLs fails.
 func (r *room) failStale(now time.Time) {
 	c := r.c
 	var stale []*waiter
@@ -398,7 +408,8 @@ func (r *room) failStale(now time.Time) {
 		lost := now.Sub(w.alive) >= c.cfg.waiterTTL
 		if slow(w.failed) {
 			limit := 3 * c.cfg.waiterTTL
-			lost = now.Sub(w.alive) >= limit && now.Sub(r.answered) >= limit
+			lost = now.Sub(w.alive) >= limit && now.Sub(r.answered) >= limit ||
+				now.Sub(w.alive) >= staleTimeouts*c.cfg.waiterTTL
 		}
 		if lost {
 			delete(r.waiters, t)
