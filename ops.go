@@ -190,6 +190,9 @@ func appendRefreshed(args []any, ticket string, permits int64, group string) []a
 
 func refreshCount(args []any) int { return (len(args) - 4) / 3 }
 
+// refreshedTicket returns the i-th ticket of refresh args.
+func refreshedTicket(args []any, i int) string { return args[4+3*i].(string) }
+
 // refreshReply is "refresh"'s reply: the queue's next event (ms, -1 for
 // none), Redis's clock, and the tickets that no longer wait.
 type refreshReply struct {

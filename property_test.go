@@ -1146,7 +1146,7 @@ func (m *machine) heartbeat(t *rapid.T) {
 				continue // granted by an earlier heartbeat (settle checks it), or refreshed
 			}
 			refreshed[r] = true
-			if _, _, err := r.refresh(); err != nil {
+			if _, err := r.refresh(); err != nil {
 				t.Fatalf("process %d's refresh: %v", a.id, err)
 			}
 		}

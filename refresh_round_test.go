@@ -2,7 +2,10 @@ package fairlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,8 +23,10 @@ import (
 // whose script failed may lose their tickets, and the next refresh that
 // covers them reports them dropped, so they queue again. Counting such a
 // round as a failure failed every waiter of the client with ErrRedis
-// ("waiters could not be kept alive") while Redis answered (10,000
-// waiters on Redis 7.4.1 with the machine's other core busy).
+// ("could not be kept alive") while Redis answered (10,000 waiters on
+// Redis 7.4.1 with the machine's other core busy). A waiter fails only
+// when every refresh that covered it failed for its liveness
+// (TestRefreshFailingForOneWaiterFailsIt).
 func TestRefreshPartlyAnsweredKeepsWaiters(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := fltest.New(t, b)
@@ -33,10 +38,12 @@ func TestRefreshPartlyAnsweredKeepsWaiters(t *testing.T) {
 		hook := &everyOtherRefresh{}
 		rdb := b.Client(t)
 		redistest.AddHook(t, rdb, hook)
-		// Refreshes every 100 ms; a refresh that fails is tried again
-		// 30 ms later; waiters fail once refreshes that time out have
-		// failed for three TTLs (900 ms).
-		const wttl = 300 * time.Millisecond
+		// Refreshes every third of the waiter TTL; a refresh that fails
+		// is tried again a tenth of it later; a waiter fails once the
+		// refreshes covering it have timed out for three TTLs.
+		// (A grant must be confirmed within the waiter TTL too: under the
+		// race detector, miniredis needs a second.)
+		const wttl = time.Second
 		// Two refresh scripts per round (at most 128 tickets each).
 		const n = 200
 		s := newSem(e.ClientOn(rdb, fairlock.WithWaiterTTL(wttl)), "busy", 1)
@@ -44,12 +51,18 @@ func TestRefreshPartlyAnsweredKeepsWaiters(t *testing.T) {
 		for i := range chs {
 			chs[i] = acquireAsync(ctx, s, 1)
 		}
-		e.WaitQueued("busy", n)
+		// Armed once a round has refreshed them all (in two scripts):
+		// on a busy machine, the first rounds may find only the waiters
+		// whose acquire reply was handled.
+		hook.whole.Store(n - 128)
+		e.WaitFor("a refresh round covering every waiter", hook.seenWhole.Load)
 		hook.armed.Store(true)
-		time.Sleep(5 * wttl)
+		time.Sleep(4 * wttl)
 		hook.armed.Store(false)
-		if got := hook.refused.Load(); got < 10 {
-			t.Fatalf("%d refresh scripts timed out; the test needs rounds with one of two failing", got)
+		// Rounds with a script timed out for over three TTLs: enough
+		// to fail the waiters had such rounds counted as failed.
+		if span := time.Duration(hook.last.Load() - hook.first.Load()); hook.refused.Load() < 2 || span < 3*wttl {
+			t.Fatalf("%d refresh scripts timed out over %v; the test needs them for over %v", hook.refused.Load(), span, 3*wttl)
 		}
 		for i, ch := range chs {
 			select {
@@ -72,11 +85,16 @@ func TestRefreshPartlyAnsweredKeepsWaiters(t *testing.T) {
 }
 
 // everyOtherRefresh, once armed, fails every other refresh script with a
-// timeout, as if it had waited too long behind other commands.
+// timeout before it is sent, as a busy pool would. Before, it
+// notes a refresh script of whole tickets (a round's second script when
+// every waiter is in it).
 type everyOtherRefresh struct {
-	armed   atomic.Bool
-	calls   atomic.Int64
-	refused atomic.Int64
+	whole       atomic.Int64
+	seenWhole   atomic.Bool
+	armed       atomic.Bool
+	calls       atomic.Int64
+	refused     atomic.Int64
+	first, last atomic.Int64 // when the first and the last were refused, in Unix ns
 }
 
 func (h *everyOtherRefresh) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -85,9 +103,15 @@ func (h *everyOtherRefresh) ProcessPipelineHook(next redis.ProcessPipelineHook) 
 }
 func (h *everyOtherRefresh) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if h.armed.Load() && isRefresh(cmd) && h.calls.Add(1)%2 == 1 {
+		if !h.armed.Load() && refreshTickets(cmd) == h.whole.Load() {
+			h.seenWhole.Store(true)
+		}
+		if h.armed.Load() && refreshTickets(cmd) >= 0 && h.calls.Add(1)%2 == 1 {
+			now := time.Now().UnixNano()
+			h.first.CompareAndSwap(0, now)
+			h.last.Store(now)
 			h.refused.Add(1)
-			err := fmt.Errorf("refresh held up behind other traffic: %w", context.DeadlineExceeded)
+			err := fmt.Errorf("refresh held up behind other traffic (injected): %w", context.DeadlineExceeded)
 			cmd.SetErr(err)
 			return err
 		}
@@ -95,15 +119,104 @@ func (h *everyOtherRefresh) ProcessHook(next redis.ProcessHook) redis.ProcessHoo
 	}
 }
 
-// isRefresh reports whether cmd runs the engine's refresh op.
-func isRefresh(cmd redis.Cmder) bool {
+// refreshTickets returns how many tickets cmd refreshes if it runs the
+// engine's refresh op ("refresh", the client's id, two TTLs, then three
+// arguments per ticket), or -1.
+func refreshTickets(cmd redis.Cmder) int64 {
 	switch cmd.Name() {
 	case "fcall", "evalsha", "eval":
-		for _, a := range cmd.Args() {
+		args := cmd.Args()
+		for i, a := range args {
 			if a == "refresh" {
-				return true
+				return int64(len(args)-i-4) / 3
 			}
 		}
 	}
-	return false
+	return -1
+}
+
+// A refresh that fails for what it reaches for one waiter fails that
+// waiter, not the room. A multi-lock waiter's refresh also reaches its
+// other semaphores; there another program's key, say, refuses every
+// refresh script that covers it. Its ticket dies: its Acquire must end
+// with an error within its liveness rather than wait on in ignorance,
+// while the waiters beside it, refreshed in the scripts that were
+// answered, keep their places.
+func TestRefreshFailingForOneWaiterFailsIt(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		held, err := newSem(e.Client(), "pa", 1).Acquire(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hook := &refuseGroups{}
+		rdb := b.Client(t)
+		redistest.AddHook(t, rdb, hook)
+		const wttl = time.Second
+		c := e.ClientOn(rdb, fairlock.WithWaiterTTL(wttl))
+		s := newSem(c, "pa", 1)
+		const n = 150 // with the multi-lock waiter, two refresh scripts per round
+		chs := make([]<-chan fltest.Result, n)
+		for i := range chs {
+			chs[i] = acquireAsync(ctx, s, 1)
+		}
+		e.WaitQueued("pa", n)
+		multi := fltest.Async(func() (*fairlock.Lease, error) {
+			return c.AcquireAll(ctx, fairlock.Request{Name: "pa", Capacity: 1, Permits: 1}, fairlock.Request{Name: "pb", Capacity: 1, Permits: 1})
+		})
+		e.WaitQueued("pa", n+1)
+		start := time.Now()
+		r := e.Receive(multi)
+		if !errors.Is(r.Err, fairlock.ErrRedis) || !strings.Contains(r.Err.Error(), "refused (injected)") {
+			t.Fatalf("the multi-lock waiter whose refreshes all failed: %v, want an error matching ErrRedis with the refresh's", r.Err)
+		}
+		t.Logf("the multi-lock waiter failed %v after it queued, %d refresh scripts refused: %v", time.Since(start).Round(time.Millisecond), hook.refused.Load(), r.Err)
+		if hook.refused.Load() < 2 {
+			t.Fatalf("%d refresh scripts refused", hook.refused.Load())
+		}
+		// The others stay, over more than a liveness of refreshes.
+		time.Sleep(2 * wttl)
+		for i, ch := range chs {
+			select {
+			case r := <-ch:
+				t.Fatalf("waiter %d returned while the semaphore was held: %v", i, r.Err)
+			default:
+			}
+		}
+		all := make(chan fltest.Result, n)
+		for _, ch := range chs {
+			go func() { all <- <-ch }()
+		}
+		e.Release(held)
+		for range n {
+			e.Release(e.Granted(all))
+		}
+	})
+}
+
+// refuseGroups refuses every refresh script that covers a waiter of a
+// request over several semaphores (a ticket with a group).
+type refuseGroups struct{ refused atomic.Int64 }
+
+func (h *refuseGroups) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *refuseGroups) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *refuseGroups) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if refreshTickets(cmd) > 0 {
+			args := cmd.Args()
+			at := slices.Index(args, any("refresh"))
+			for i := at + 4; i+2 < len(args); i += 3 {
+				if g, _ := args[i+2].(string); g != "" {
+					h.refused.Add(1)
+					err := errors.New("refused (injected): another program's key at the waiter's other semaphore")
+					cmd.SetErr(err)
+					return err
+				}
+			}
+		}
+		return next(ctx, cmd)
+	}
 }

@@ -3,6 +3,8 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 )
@@ -30,6 +32,7 @@ type room struct {
 	stop      chan struct{} // closed when maintain must end
 	idleSince time.Time     // when its listener first saw it without waiters
 	clock     clockSample   // the latest reading of the semaphore's Redis clock
+	answered  time.Time     // when a script of the room last answered (see failStale)
 }
 
 type waiter struct {
@@ -41,6 +44,12 @@ type waiter struct {
 	// ticket. Only queued tickets are refreshed: a refresh that reached
 	// Redis before the ticket's own acquire script would report it gone.
 	queued bool
+	// alive is when the ticket was last known alive in Redis (queued, or
+	// a refresh that covered it answered), and failed the error of the
+	// refreshes that covered it since, if they all failed (both guarded
+	// by c.mu). See failStale.
+	alive  time.Time
+	failed error
 }
 
 // wakeup is what a waiter learns: granted (a token per semaphore), dropped
@@ -95,7 +104,8 @@ func (c *Client) unregister(r *room, w *waiter) {
 func (c *Client) noteQueued(r *room, w *waiter, next time.Duration, clock clockSample) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	w.queued = true
+	w.queued, w.alive = true, time.Now()
+	r.answered = w.alive
 	r.noteClockLocked(clock)
 	if c.closed {
 		return
@@ -186,7 +196,6 @@ func (r *room) maintain(stop chan struct{}) {
 	defer c.wg.Done()
 	timer := time.NewTimer(never) // reset below
 	defer timer.Stop()
-	lastOK := time.Now()
 	for {
 		c.mu.Lock()
 		due := r.due
@@ -209,28 +218,9 @@ func (r *room) maintain(stop chan struct{}) {
 		r.due = time.Now().Add(never) // lowered by the result below or by schedule
 		c.mu.Unlock()
 
-		next, answered, err := r.refresh()
-		now := time.Now()
-		if answered {
-			// Redis answered for this room: it is up, if busy. The
-			// tickets of a batch that failed may die at their deadlines;
-			// the next refresh that covers them reports them dropped,
-			// and they queue again.
-			lastOK = now
-		}
+		next, err := r.refresh()
 		if err != nil {
-			// The waiters' tickets die at their deadlines if this lasts;
-			// their Acquire calls must not wait on in ignorance. A Redis
-			// (or pool) that answers too slowly is given longer than one
-			// that cannot be reached: it is busy, and the next refresh
-			// that lands reports the tickets it dropped, which queue again.
-			limit := c.cfg.waiterTTL
-			if slow(err) {
-				limit = 3 * c.cfg.waiterTTL
-			}
-			if now.Sub(lastOK) >= limit {
-				r.failAll(fmt.Errorf("%w: waiters could not be kept alive for %v: %w", ErrRedis, c.cfg.waiterTTL, err))
-			}
+			r.failStale(time.Now())
 			next = min(next, c.cfg.waiterTTL/retryDivisor)
 		}
 		c.mu.Lock()
@@ -243,6 +233,15 @@ func (r *room) maintain(stop chan struct{}) {
 // room of any size refreshes in scripts of bounded length.
 const refreshBatch = 128
 
+// suspectScripts is the most refresh scripts a round sends for the
+// waiters whose last refresh failed.
+const suspectScripts = 8
+
+// staleTimeouts is how many waiter TTLs a waiter's refreshes may time out,
+// all of them, before it fails though its semaphore's other scripts are
+// answered: a Redis that stays that busy for it is not coming back soon.
+const staleTimeouts = 10
+
 // refreshParallel is how many of a room's refresh scripts are in flight at
 // once. Sent one after the other, each waits its turn behind the other
 // commands in Redis and in the connection pool: with thousands of waiters
@@ -252,17 +251,29 @@ const refreshParallel = 8
 
 // refresh keeps r's waiters alive in Redis, runs the queue (dropping dead
 // waiters and expired leases, granting what fits), hands on what it learns
-// about r's tickets, and returns when it should run next, whether any of
-// its scripts was answered, and the first error of those that failed. (A
-// round of many scripts may see some answered and some not: on a busy
+// about r's tickets, notes each queued waiter alive or failed, and returns
+// when it should run next and the first error of its scripts that failed.
+// (A round of many scripts may see some answered and some not: on a busy
 // Redis, those queued behind the others' traffic run out of time.)
-func (r *room) refresh() (next time.Duration, answered bool, first error) {
+func (r *room) refresh() (next time.Duration, first error) {
 	c := r.c
 	c.mu.Lock()
+	// Waiters whose last refresh failed go in batches of their own,
+	// shuffled, in at most suspectScripts scripts (of at most
+	// refreshBatch tickets), sent first: so the batches halve and more as
+	// the suspects dwindle, and one waiter whose refresh fails for what it
+	// reaches (see failStale) parts from the others within a few rounds
+	// (128, 16, 2, 1 tickets); and on a busy Redis the scripts that timed
+	// out are not the ones queued last again.
 	var batches [][]any
 	var args []any
+	var suspects []string
 	for t, w := range r.waiters {
 		if !w.queued {
+			continue
+		}
+		if w.failed != nil {
+			suspects = append(suspects, t)
 			continue
 		}
 		if args == nil {
@@ -274,25 +285,36 @@ func (r *room) refresh() (next time.Duration, answered bool, first error) {
 			args = nil
 		}
 	}
-	if args != nil || len(batches) == 0 {
-		if args == nil {
-			args = c.refreshArgs(0)
-		}
+	if args != nil {
 		batches = append(batches, args)
+	}
+	rand.Shuffle(len(suspects), func(i, j int) { suspects[i], suspects[j] = suspects[j], suspects[i] })
+	var lead [][]any
+	for chunk := range slices.Chunk(suspects, min(refreshBatch, max(1, (len(suspects)+suspectScripts-1)/suspectScripts))) {
+		args := c.refreshArgs(len(chunk))
+		for _, t := range chunk {
+			w := r.waiters[t]
+			args = appendRefreshed(args, t, w.permits, w.group)
+		}
+		lead = append(lead, args)
+	}
+	batches = append(lead, batches...)
+	if len(batches) == 0 {
+		batches = append(batches, c.refreshArgs(0))
 	}
 	c.mu.Unlock()
 	next = c.refreshEvery()
-	var mu sync.Mutex // next, answered, first
+	var mu sync.Mutex // next, first
 	send := func(args []any) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 		sent := time.Now()
 		cmd, _ := c.run(ctx, r.k.list(), args...) // unreplicated refreshes are refreshed again
 		cancel()
 		rep, err := parseRefreshReply(cmd)
+		r.noteRefreshed(args, sent, err)
 		mu.Lock()
 		defer mu.Unlock()
 		if err == nil {
-			answered = true
 			err = r.apply(rep, sent, &next)
 		}
 		if err != nil && first == nil {
@@ -301,7 +323,7 @@ func (r *room) refresh() (next time.Duration, answered bool, first error) {
 	}
 	if len(batches) == 1 {
 		send(batches[0])
-		return next, answered, first
+		return next, first
 	}
 	var wg sync.WaitGroup
 	work := make(chan []any)
@@ -317,7 +339,7 @@ func (r *room) refresh() (next time.Duration, answered bool, first error) {
 	}
 	close(work)
 	wg.Wait()
-	return next, answered, first
+	return next, first
 }
 
 // apply hands on what a refresh reply says: the queue's next event and
@@ -340,12 +362,62 @@ func (r *room) apply(rep refreshReply, sent time.Time, next *time.Duration) erro
 	return nil
 }
 
-func (r *room) failAll(err error) {
+// noteRefreshed notes the waiters of the refresh args alive at sent if
+// the refresh was answered (err nil), else failed with err.
+func (r *room) noteRefreshed(args []any, sent time.Time, err error) {
 	r.c.mu.Lock()
-	ws := r.waiters
-	r.waiters = make(map[string]*waiter)
-	r.c.mu.Unlock()
-	for _, w := range ws {
-		w.ch <- wakeup{err: err}
+	defer r.c.mu.Unlock()
+	if err == nil {
+		r.answered = sent
+	}
+	for i := range refreshCount(args) {
+		w := r.waiters[refreshedTicket(args, i)]
+		switch {
+		case w == nil:
+		case err == nil:
+			w.alive, w.failed = sent, nil
+		default:
+			w.failed = err
+		}
+	}
+}
+
+// failStale ends, with an error matching ErrRedis, the wait of each queued
+// waiter that refreshes can no longer keep alive: its ticket has died in
+// Redis, or will, and its Acquire must not wait on in ignorance.
+//
+// A waiter whose refreshes were all refused (an error Redis answered, or
+// a connection it could not make) since it was last known alive, one
+// waiter TTL ago, fails: so a refresh that fails for what it reaches for
+// one waiter, such as another program's key at a multi-lock's other
+// semaphore, fails that waiter, not the room (refresh parts it from the
+// others). A refresh that timed out says only that Redis, or the pool, is
+// busy: its waiters fail once no script of the room has been answered for
+// three waiter TTLs either. While some are answered, Redis is up, and a
+// waiter whose ticket died meanwhile is reported gone by the next refresh
+// that covers it and queues again; but one whose refreshes have all timed
+// out for staleTimeouts waiter TTLs fails.
+func (r *room) failStale(now time.Time) {
+	c := r.c
+	var stale []*waiter
+	c.mu.Lock()
+	for t, w := range r.waiters {
+		if !w.queued || w.failed == nil {
+			continue
+		}
+		lost := now.Sub(w.alive) >= c.cfg.waiterTTL
+		if slow(w.failed) {
+			limit := 3 * c.cfg.waiterTTL
+			lost = now.Sub(w.alive) >= limit && now.Sub(r.answered) >= limit ||
+				now.Sub(w.alive) >= staleTimeouts*c.cfg.waiterTTL
+		}
+		if lost {
+			delete(r.waiters, t)
+			stale = append(stale, w)
+		}
+	}
+	c.mu.Unlock()
+	for _, w := range stale {
+		w.ch <- wakeup{err: fmt.Errorf("%w: waiter could not be kept alive for %v: %w", ErrRedis, c.cfg.waiterTTL, w.failed)}
 	}
 }
