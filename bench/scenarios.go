@@ -263,9 +263,12 @@ func uncontended(e *env) ([]*Table, []Target, error) {
 		}
 		t.Data = append(t.Data, d)
 		if !im.peer && !im.reference {
-			targets = append(targets, timed(Target{"uncontended", "acquire p50 ≤ 1.3 × PING p50", f2(r) + " ×", r <= 1.3, false}))
+			targets = append(targets, timed(Target{"uncontended", "acquire p50 ≤ 1.10 × PING p50", f2(r) + " ×", r <= 1.10, false}))
 			if e.real {
-				targets = append(targets, timed(Target{"uncontended", "Redis CPU per acquire+release ≤ 1.3 × SET NX lock's", cpuR + " ×", cpuRatio <= 1.3, false}))
+				targets = append(targets, timed(Target{"uncontended", "Redis CPU per acquire+release ≤ 1.10 × SET NX lock's", cpuR + " ×", cpuRatio <= 1.10, false}))
+				if cpu.measured && cpu.calls[i] >= 0 {
+					targets = append(targets, Target{"uncontended", "server commands per acquire+release ≤ 8", f2(cpu.calls[i]), cpu.calls[i] <= 8, false})
+				}
 			}
 		}
 	}
@@ -480,7 +483,10 @@ func handoff(e *env) ([]*Table, []Target, error) {
 			us(relP50), us(quantile(rel[i], 0.99)), rrS, client, server, cpuS, strconv.Itoa(len(hand[i]))})
 		t.Data = append(t.Data, d)
 		if !im.peer {
-			targets = append(targets, timed(Target{"handoff", "handoff p50 ≤ 1.5 × idle-PING p50", f2(r) + " ×", r <= 1.5, false}))
+			targets = append(targets, timed(Target{"handoff", "handoff p50 ≤ 2.0 × idle-PING p50", f2(r) + " ×", r <= 2.0, false}))
+			if !math.IsNaN(rr) {
+				targets = append(targets, timed(Target{"handoff", "release call p50 ≤ 1.6 × best peer's release call", f2(rr) + " ×", rr <= 1.6, false}))
+			}
 		}
 	}
 	var names []string
@@ -803,8 +809,8 @@ func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]
 			// it waits, a matter of speed.
 			targets = append(targets, timed(Target{name, "N=64: requests per acquisition ≤ 2.2", f2(cpa), wacqs > 0 && cpa <= 2.2, false}))
 			if e.real && internal >= 0 {
-				ipa := float64(internal) / float64(max(wacqs, 1))
-				targets = append(targets, Target{name, "N=64: Lua-internal commands per acquisition ≤ 12", f2(ipa), wacqs > 0 && ipa <= 12, false})
+				spa := float64(st.win.server) / float64(max(wacqs, 1))
+				targets = append(targets, Target{name, "N=64: server commands per acquisition ≤ 10", f2(spa), wacqs > 0 && spa <= 10, false})
 			}
 		}
 	}

@@ -437,12 +437,18 @@ func (p *panel) draw(b *svgBuf, x0, y0, w, h int) {
 	for _, m := range p.hlines {
 		y := sy.px(m.at)
 		b.f(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333333" stroke-dasharray="2 3"/>`, left, y, right, y)
-		b.f(`<text x="%.1f" y="%.1f" text-anchor="end" fill="#333333" font-size="11">%s</text>`+"\n", right-2, y-4, esc(m.label))
+		b.f(`<text x="%.1f" y="%.1f" text-anchor="end" fill="#333333" font-size="11" paint-order="stroke" stroke="#ffffff" stroke-width="3">%s</text>`+"\n", right-2, y-4, esc(m.label))
 	}
 	for i, m := range p.vlines {
 		x := sx.px(m.at)
 		b.f(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333333" stroke-dasharray="2 3"/>`, x, top, x, bottom)
-		b.f(`<text x="%.1f" y="%.1f" fill="#333333" font-size="11">%s</text>`+"\n", x+3, top+12+float64(14*i), esc(m.label))
+		// A label reads away from the plot's nearer edge, on a white halo
+		// so that the curves it crosses do not hide it.
+		tx, anchor := x+3, "start"
+		if x > (left+right)/2 {
+			tx, anchor = x-3, "end"
+		}
+		b.f(`<text x="%.1f" y="%.1f" text-anchor="%s" fill="#333333" font-size="11" paint-order="stroke" stroke="#ffffff" stroke-width="3">%s</text>`+"\n", tx, top+12+float64(14*i), anchor, esc(m.label))
 	}
 	b.f("<g>")
 	for _, s := range p.lines {
