@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"encoding/xml"
 	"io"
 	"math"
 	"os"
@@ -68,7 +69,9 @@ func TestFlags(t *testing.T) {
 // The smoke run: every scenario, every implementation, briefly, on the
 // embedded Redis, checked through the JSON report.
 func TestSmokeEveryScenario(t *testing.T) {
-	rep := runJSON(t, "-duration", "60ms", "-max-queue", "100")
+	svgDir := filepath.Join(t.TempDir(), "img")
+	rep, report := runJSON(t, "-duration", "60ms", "-max-queue", "100", "-svg", svgDir)
+	checkFigures(t, rep, report, svgDir)
 	var names []string
 	for _, s := range rep.Scenarios {
 		names = append(names, s.Name)
@@ -160,7 +163,7 @@ func TestAutoBackend(t *testing.T) {
 		}
 		t.Skip(err)
 	}
-	rep := runJSON(t, "-redis", "auto", "-duration", "60ms", "-scenarios", "uncontended,fifo,drain,queue", "-impls", "fairlock,setnx", "-max-queue", "100")
+	rep, _ := runJSON(t, "-redis", "auto", "-duration", "60ms", "-scenarios", "uncontended,handoff,fifo,drain,queue,scale,wake", "-impls", "fairlock,setnx", "-max-queue", "100")
 	if !strings.HasPrefix(rep.Meta["backend"], "redis-server started on 127.0.0.1:") || rep.Meta["redis_version"] == "" {
 		t.Errorf("meta %v", rep.Meta)
 	}
@@ -188,10 +191,40 @@ func TestAutoBackend(t *testing.T) {
 		if s.Name == "drain" {
 			for _, d := range s.Data {
 				// A real server reports its connections and commands.
-				if d["server_cmds"].(float64) <= 0 || d["peak_connections"].(float64) <= 0 {
+				if d["server_cmds"].(float64) <= 0 || d["peak_connections"].(float64) <= 0 || d["redis_cpu_us_per_acq"] == nil {
 					t.Errorf("drain without server figures: %v", d)
 				}
 			}
+		}
+		// The handoff's release call beside the best peer's, and Redis's
+		// cost per handoff.
+		if s.Name == "handoff" {
+			for _, d := range s.Data {
+				if d["release_call_p50_us"] == nil || d["release_call_per_best_peer"] == nil || d["server_cmds_per_handoff"] == nil || d["redis_cpu_us_per_handoff"] == nil {
+					t.Errorf("handoff without the release call's figures or Redis's cost: %v", d)
+				}
+			}
+		}
+		// At scale and over many names: Redis CPU, commands, memory and
+		// connections per implementation.
+		if s.Name == "scale" || s.Name == "wake" {
+			for _, d := range s.Data {
+				cpu, _ := d["redis_cpu_us_per_acq"].(float64)
+				if cpu <= 0 || d["server_cmds"].(float64) <= 0 || d["peak_connections"].(float64) <= 0 {
+					t.Errorf("%s without Redis CPU, commands or connections: %v", s.Name, d)
+				}
+				if s.Name == "scale" && d["used_memory_delta"] == nil {
+					t.Errorf("scale without used_memory: %v", d)
+				}
+				// fairlock's listener's blocking reads are seen, and Redis's
+				// time for them.
+				if s.Name == "wake" && d["impl"] == "fairlock" && (d["blocking_read_keys_mean"] == nil || d["blocking_reads"].(float64) <= 0) {
+					t.Errorf("wake without fairlock's blocking reads: %v", d)
+				}
+			}
+		}
+		if s.Name == "wake-read" && len(s.Rows) != len(bareBLPOPKeys) {
+			t.Errorf("the bare blocking read: %d rows, want %d", len(s.Rows), len(bareBLPOPKeys))
 		}
 	}
 }
@@ -230,7 +263,7 @@ func TestParseCPU(t *testing.T) {
 	}
 }
 
-func runJSON(t *testing.T, args ...string) Report {
+func runJSON(t *testing.T, args ...string) (Report, string) {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "bench.json")
 	var out strings.Builder
@@ -248,5 +281,159 @@ func runJSON(t *testing.T, args ...string) Report {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatal(err)
 	}
-	return rep
+	return rep, out.String()
+}
+
+// checkFigures checks that every table that draws has its figures in dir,
+// each well-formed SVG with a title and its text, and linked from the
+// report.
+func checkFigures(t *testing.T, rep Report, md, dir string) {
+	t.Helper()
+	want := map[string][]string{
+		"uncontended": {"uncontended"}, "handoff": {"handoff"}, "drain": {"drain"}, "semaphore": {"semaphore"},
+		"dining": {"dining"}, "queue": {"queue"}, "scale": {"scale"}, "wake": {"wake"},
+		"contended": {"contended-n4", "contended-n16", "contended-n64"}, "contended-100us": {"contended-100us-n16", "contended-100us-n64"},
+	}
+	for _, s := range rep.Scenarios {
+		for _, name := range want[s.Name] {
+			file := filepath.Join(dir, name+".svg")
+			b, err := os.ReadFile(file)
+			if err != nil {
+				t.Errorf("scenario %s: %v", s.Name, err)
+				continue
+			}
+			checkSVG(t, name, b)
+			if link := "](" + filepath.ToSlash(file) + ")"; !strings.Contains(md, link) {
+				t.Errorf("the report does not link %s", file)
+			}
+		}
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, names := range want {
+		n += len(names)
+	}
+	if len(entries) != n {
+		t.Errorf("%d files in %s, want %d", len(entries), dir, n)
+	}
+}
+
+// checkSVG decodes b as XML: an svg root with a size, a title and some
+// text, and nothing that is not well-formed.
+func checkSVG(t *testing.T, name string, b []byte) {
+	t.Helper()
+	dec := xml.NewDecoder(strings.NewReader(string(b)))
+	depth, root, titled, texts, paths := 0, "", false, 0, 0
+	inTitle := false
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Errorf("%s.svg is not well-formed XML: %v", name, err)
+			return
+		}
+		switch x := tok.(type) {
+		case xml.StartElement:
+			if depth == 0 {
+				root = x.Name.Local
+				size := 0
+				for _, a := range x.Attr {
+					if a.Name.Local == "width" || a.Name.Local == "height" || a.Name.Local == "viewBox" {
+						size++
+					}
+				}
+				if x.Name.Space != "http://www.w3.org/2000/svg" || size != 3 {
+					t.Errorf("%s.svg: root %v without the SVG namespace, width, height and viewBox", name, x.Name)
+				}
+			}
+			inTitle = depth == 1 && x.Name.Local == "title"
+			switch x.Name.Local {
+			case "text":
+				texts++
+			case "path", "rect":
+				paths++
+			}
+			depth++
+		case xml.EndElement:
+			depth--
+			inTitle = false
+		case xml.CharData:
+			if inTitle && strings.TrimSpace(string(x)) != "" {
+				titled = true
+			}
+		}
+	}
+	if root != "svg" || !titled || texts < 5 || paths < 2 {
+		t.Errorf("%s.svg: root %q, title %v, %d texts, %d paths and rects", name, root, titled, texts, paths)
+	}
+}
+
+// Text that XML must escape stays text.
+func TestFigureEscapes(t *testing.T) {
+	hostile := `a < b & "c" > 'd'`
+	fg := &figure{name: "x", title: hostile, subtitle: hostile, cols: 2, legend: []string{hostile, "fairlock"},
+		panels: []*panel{
+			{title: hostile, x: axis{label: hostile, log: true, format: durUS}, y: axis{label: hostile, min: 0, max: 1},
+				lines: []series{cdf(hostile, []float64{3, 40, 500, 6000})}, vlines: []marker{{50, hostile}}},
+			{title: hostile, x: axis{label: hostile}, y: axis{label: hostile, zero: true},
+				bars: &bars{groups: []string{hostile, "b"}, series: []string{"fairlock", hostile}, vals: [][]float64{{1, 0}, {2, math.NaN()}}, labels: true, zeroMark: true}},
+			{title: hostile, empty: hostile},
+		}}
+	checkSVG(t, "escapes", fg.svg())
+	if strings.Count(string(fg.svg()), "a &lt; b &amp; &quot;c&quot; &gt; &#39;d&#39;") < 8 {
+		t.Errorf("the hostile text is not in the figure, escaped, in every place:\n%s", fg.svg())
+	}
+}
+
+func TestScales(t *testing.T) {
+	s := newScale(axis{log: true}, []float64{3, 4000, math.NaN(), -1}, 0, 100)
+	if !slices.Equal(s.ticks, []float64{1, 10, 100, 1000, 10000}) || s.px(1) != 0 || s.px(10000) != 100 || s.px(100) != 50 {
+		t.Errorf("log scale of 3..4000: ticks %v, px(1) %v, px(100) %v, px(10000) %v", s.ticks, s.px(1), s.px(100), s.px(10000))
+	}
+	s = newScale(axis{zero: true}, []float64{1203, 8558}, 100, 0)
+	if s.lo != 0 || s.hi != 10000 || s.ticks[1] != 2000 || s.px(0) != 100 || s.px(10000) != 0 {
+		t.Errorf("linear scale of 1203..8558 from zero: %v..%v, ticks %v", s.lo, s.hi, s.ticks)
+	}
+	if s := newScale(axis{}, nil, 0, 1); s.ok {
+		t.Error("a scale of nothing is drawn")
+	}
+	for _, tc := range []struct {
+		v    float64
+		want string
+	}{{8558, "8,558"}, {39.27, "39.3"}, {0.421, "0.42"}, {123456, "123k"}, {0, "0"}, {2.5e6, "2.5M"}} {
+		if got := compact(tc.v); got != tc.want {
+			t.Errorf("compact(%v) = %q, want %q", tc.v, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		v    float64
+		want string
+	}{{50, "50 µs"}, {2000, "2 ms"}, {1e6, "1 s"}, {250, "250 µs"}} {
+		if got := durUS(tc.v); got != tc.want {
+			t.Errorf("durUS(%v) = %q, want %q", tc.v, got, tc.want)
+		}
+	}
+}
+
+// A CDF climbs from 0 to 1 over the samples, at most 300 points.
+func TestCDF(t *testing.T) {
+	var xs []float64
+	for i := range 5000 {
+		xs = append(xs, float64(5000-i))
+	}
+	c := cdf("x", xs)
+	first, last := c.pts[0], c.pts[len(c.pts)-1]
+	if first != (pt{1, 0}) || last != (pt{5000, 1}) || len(c.pts) > 301 {
+		t.Errorf("cdf: first %v, last %v, %d points", first, last, len(c.pts))
+	}
+	for i := 1; i < len(c.pts); i++ {
+		if c.pts[i].x < c.pts[i-1].x || c.pts[i].y < c.pts[i-1].y {
+			t.Fatalf("cdf goes back at %d: %v, %v", i, c.pts[i-1], c.pts[i])
+		}
+	}
 }

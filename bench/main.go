@@ -1,8 +1,9 @@
 // Command bench measures fairlock side by side with redsync, redislock and a
 // hand-written SET NX lock, in one run, and prints the ratios that matter:
 // latency against a PING round trip, handoff against an idle PING,
-// throughput and fairness under contention, order of grants, and a
-// thousand waiters draining.
+// throughput and fairness under contention, order of grants, a thousand
+// waiters draining, and what each costs Redis (CPU, commands, memory,
+// connections) at scale.
 //
 // Usage:
 //
@@ -12,8 +13,9 @@
 //	go run . -redis 127.0.0.1:6380 # an existing server (keys under "bench:<run>:")
 //
 // Flags -scenarios and -duration choose what runs and for how long; -json
-// FILE writes the figures for machines. Tables go to stdout, one progress
-// line per scenario to stderr.
+// FILE writes the figures for machines; -svg DIR draws them as SVG files
+// in DIR and links them under the tables. Tables go to stdout, one
+// progress line per scenario to stderr.
 package main
 
 import (
@@ -24,6 +26,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -51,9 +55,10 @@ type config struct {
 	jsonFile  string
 	only      []string // implementations
 	maxQueue  int      // the queue scenario's largest queue
+	svgDir    string   // where the figures go; "" for none
 }
 
-var allScenarios = []string{"uncontended", "handoff", "contended", "contended-100us", "fifo", "drain", "semaphore", "dining", "queue", "floor"}
+var allScenarios = []string{"uncontended", "handoff", "contended", "contended-100us", "fifo", "drain", "semaphore", "dining", "queue", "floor", "scale", "wake"}
 
 func parse(args []string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -64,6 +69,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&scen, "scenarios", "all", "comma-separated scenarios: "+strings.Join(allScenarios, ", ")+", or all")
 	fs.DurationVar(&cfg.duration, "duration", time.Second, "time each implementation gets in each measurement")
 	fs.StringVar(&cfg.jsonFile, "json", "", "also write the results as JSON to this file")
+	fs.StringVar(&cfg.svgDir, "svg", "", "also draw the results as SVG figures into this directory (created if need be), and link them from the tables; relative to the directory the command runs in (bench/ under go -C bench)")
 	fs.StringVar(&only, "impls", "all", "comma-separated implementations: fairlock, redsync, redislock, setnx, or all")
 	fs.IntVar(&cfg.maxQueue, "max-queue", 0, "the queue scenario's largest queue: sizes 10, 100, ... 100000 up to this one; 0 for 10000 on a real server, 1000 on the embedded miniredis")
 	if err := fs.Parse(args); err != nil {
@@ -138,6 +144,8 @@ type Table struct {
 	Columns []string         `json:"columns"`
 	Rows    [][]string       `json:"rows"`
 	Data    []map[string]any `json:"data"`
+	// figs are drawn into -svg's directory and linked under the table.
+	figs []*figure
 }
 
 // Target is one of the benchmark's targets and whether this run met it.
@@ -186,6 +194,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		rep.Scenarios = append(rep.Scenarios, tables...)
 		rep.Targets = append(rep.Targets, targets...)
 		fmt.Fprintf(stderr, "bench: %s done in %v\n", name, time.Since(start).Round(time.Millisecond))
+	}
+	if cfg.svgDir != "" {
+		if err := writeFigures(cfg.svgDir, rep); err != nil {
+			return err
+		}
 	}
 	writeMarkdown(stdout, rep, e)
 	if cfg.jsonFile != "" {
@@ -336,6 +349,11 @@ func writeMarkdown(w io.Writer, rep *Report, e *env) {
 		fmt.Fprintln(w)
 		for _, r := range t.Rows {
 			fmt.Fprintf(w, "| %s |\n", strings.Join(r, " | "))
+		}
+		if e.cfg.svgDir != "" {
+			for _, fg := range t.figs {
+				fmt.Fprintf(w, "\n![%s](%s)\n", fg.title, path.Join(filepath.ToSlash(e.cfg.svgDir), fg.name+".svg"))
+			}
 		}
 	}
 	if len(rep.Targets) > 0 {

@@ -261,6 +261,7 @@ func queueScaling(e *env) ([]*Table, []Target, error) {
 	for _, ln := range lines {
 		_ = ln.cur.Release(context.Background())
 	}
+	t.figs = append(t.figs, queueFigure(t, refSize))
 	var targets []Target
 	if lastSize > sizes[0] {
 		what := fmt.Sprintf("p50 at %s waiters ÷ at %d ≤ 1.2 (TryAcquire, release; the %d-waiter reference alongside)", strconv.Itoa(lastSize), refSize, refSize)
@@ -270,4 +271,27 @@ func queueScaling(e *env) ([]*Table, []Target, error) {
 		targets = append(targets, timed(Target{"queue", what, f2(last[0]) + " ×, " + f2(last[1]) + " ×", last[0] <= 1.2 && last[1] <= 1.2, false}))
 	}
 	return []*Table{t}, targets, nil
+}
+
+// queueFigure draws table 7's p50s against the queue's length, each beside
+// its reference's.
+func queueFigure(t *Table, refSize int) *figure {
+	fg := &figure{name: "queue", title: "7. Queue length: latency as the queue grows",
+		subtitle: fmt.Sprintf("fairlock, one semaphore of capacity 1 with the given number of waiters; p50 of each call, and of the same call on a reference semaphore with %d waiters measured alongside (dashed).", refSize),
+		cols:     2, panelW: 460, panelH: 300, legend: []string{"fairlock", fmt.Sprintf("%d-waiter reference", refSize)}}
+	for _, k := range []struct{ title, key, refKey string }{
+		{"TryAcquire, refused (waiters queue)", "try_p50_us", "ref_try_p50_us"},
+		{"release that grants the head of the queue", "release_p50_us", "ref_release_p50_us"},
+	} {
+		own := series{name: "fairlock", dots: true}
+		rs := series{name: fmt.Sprintf("%d-waiter reference", refSize), dots: true}
+		for _, d := range t.Data {
+			w := float64(d["waiters"].(int))
+			own.pts = append(own.pts, pt{w, d[k.key].(float64)})
+			rs.pts = append(rs.pts, pt{w, d[k.refKey].(float64)})
+		}
+		fg.panels = append(fg.panels, &panel{title: k.title, x: axis{label: "waiters in the queue", log: true},
+			y: axis{label: "p50 latency", zero: true, format: durUS}, lines: []series{own, rs}})
+	}
+	return fg
 }

@@ -27,6 +27,8 @@ var scenarios = map[string]func(*env) ([]*Table, []Target, error){
 	"semaphore":       countingSemaphore,
 	"dining":          dining,
 	"floor":           floor,
+	"scale":           atScale,
+	"wake":            manyNames,
 }
 
 // counter is a go-redis hook counting the commands one process sends.
@@ -209,7 +211,15 @@ func uncontended(e *env) ([]*Table, []Target, error) {
 		}
 		source += fmt.Sprintf(", read before and after slices of %d cycles per implementation, interleaved, minus an empty slice's (the INFO calls'); server commands from INFO commandstats, scripts' inner commands included.", cpuBatch)
 	}
-	t := &Table{Name: "uncontended", Title: "1. Uncontended acquire + release",
+	var names []string
+	for _, im := range e.impls {
+		names = append(names, im.name)
+	}
+	pingMark := []marker{{micros(pingP50), "PING p50"}}
+	fig := cdfFigure("uncontended", "1. Uncontended acquire and release: latency distributions",
+		fmt.Sprintf("One process per implementation, one lock, nobody else; %d samples each, interleaved. A curve further left is faster; its height at a latency is the share of calls that took at most that long.", len(acq[0])),
+		2, []cdfPanel{{"acquire", names, acq, pingMark}, {"release", names, rel, pingMark}})
+	t := &Table{Name: "uncontended", Title: "1. Uncontended acquire + release", figs: []*figure{fig},
 		Note: fmt.Sprintf("One process per implementation, one lock, nobody else. PING p50 %s, p99 %s, measured in the same loop (%d samples). ", us(pingP50), us(quantile(pings, 0.99)), len(pings)) + source + refNote,
 		Columns: []string{"implementation", "acquire p50", "acquire p99", "release p50", "acquire p50 / PING p50", "commands per acquire+release",
 			"Redis CPU per acquire+release", "÷ setnx's", "server commands per acquire+release", "samples"}}
@@ -253,9 +263,12 @@ func uncontended(e *env) ([]*Table, []Target, error) {
 		}
 		t.Data = append(t.Data, d)
 		if !im.peer && !im.reference {
-			targets = append(targets, timed(Target{"uncontended", "acquire p50 ≤ 1.3 × PING p50", f2(r) + " ×", r <= 1.3, false}))
+			targets = append(targets, timed(Target{"uncontended", "acquire p50 ≤ 1.10 × PING p50", f2(r) + " ×", r <= 1.10, false}))
 			if e.real {
-				targets = append(targets, timed(Target{"uncontended", "Redis CPU per acquire+release ≤ 1.3 × SET NX lock's", cpuR + " ×", cpuRatio <= 1.3, false}))
+				targets = append(targets, timed(Target{"uncontended", "Redis CPU per acquire+release ≤ 1.10 × SET NX lock's", cpuR + " ×", cpuRatio <= 1.10, false}))
+				if cpu.measured && cpu.calls[i] >= 0 {
+					targets = append(targets, Target{"uncontended", "server commands per acquire+release ≤ 8", f2(cpu.calls[i]), cpu.calls[i] <= 8, false})
+				}
 			}
 		}
 	}
@@ -354,8 +367,10 @@ func handoff(e *env) ([]*Table, []Target, error) {
 	const idle = 20 * time.Millisecond // how long the waiter waits before the release
 	n := len(e.impls)
 	holders, waiters := make([]*proc, n), make([]*proc, n)
+	cnts := make([]*counter, n)
 	for i, im := range e.impls {
-		p, closeAll, err := e.procs(im, 2, &counter{})
+		cnts[i] = &counter{}
+		p, closeAll, err := e.procs(im, 2, cnts[i])
 		if err != nil {
 			return nil, nil, err
 		}
@@ -366,7 +381,14 @@ func handoff(e *env) ([]*Table, []Target, error) {
 	defer pinger.Close()
 	_ = pinger.Ping(ctx)
 	hand := make([][]time.Duration, n)
+	rel := make([][]time.Duration, n) // the release call itself
 	var pings []time.Duration
+	// Per cycle (the holder's acquire to the waiter's release, the wait
+	// between included): client commands, server commands and Redis CPU,
+	// summed over the measured cycles; the empty pair of readings taken
+	// each round is what the readings themselves cost.
+	cyc := make([][3]float64, n+1)
+	cycles := make([]int, n+1)
 	deadline := time.Now().Add(time.Duration(n) * e.cfg.duration)
 	for iter := 0; iter < 6 || time.Now().Before(deadline); iter++ {
 		time.Sleep(idle)
@@ -375,7 +397,17 @@ func handoff(e *env) ([]*Table, []Target, error) {
 			return nil, nil, err
 		}
 		pings = append(pings, time.Since(t0))
+		if e.real && iter > 0 {
+			s0 := e.snap(&counter{})
+			s1 := e.snap(&counter{})
+			cyc[n] = addSnap(cyc[n], s0, s1)
+			cycles[n]++
+		}
 		for _, i := range rotate(e.impls, iter) {
+			var s0 snap
+			if e.real {
+				s0 = e.snap(cnts[i])
+			}
 			unlock, err := holders[i].lock(ctx, "h")
 			if err != nil {
 				return nil, nil, err
@@ -397,30 +429,95 @@ func handoff(e *env) ([]*Table, []Target, error) {
 			if err := unlock(ctx); err != nil {
 				return nil, nil, err
 			}
+			released := time.Since(t0)
 			t1 := <-got
 			if err := <-done; err != nil {
 				return nil, nil, fmt.Errorf("%s waiter: %w", e.impls[i].name, err)
 			}
 			if iter > 0 {
 				hand[i] = append(hand[i], t1.Sub(t0))
+				rel[i] = append(rel[i], released)
+				if e.real {
+					cyc[i] = addSnap(cyc[i], s0, e.snap(cnts[i]))
+					cycles[i]++
+				}
 			}
 		}
 	}
 	ping := quantile(pings, 0.5)
+	bestRel := time.Duration(0)
+	for i, im := range e.impls {
+		if r := quantile(rel[i], 0.5); im.peer && (bestRel == 0 || r < bestRel) {
+			bestRel = r
+		}
+	}
 	t := &Table{Name: "handoff", Title: "2. Handoff: release to the blocked waiter's return",
-		Note:    fmt.Sprintf("The waiter has waited %v when the holder releases. Idle-PING: a PING after %v of silence on its connection, p50 %s.", idle, idle, us(ping)),
-		Columns: []string{"implementation", "handoff p50", "p99", "max", "p50 / idle-PING p50", "samples"}}
+		Note: fmt.Sprintf("The waiter has waited %v when the holder releases. Idle-PING: a PING after %v of silence on its connection, p50 %s. "+
+			"Release call: the releasing call's own latency (its connection idle for %v, a waiter to wake); ÷ best peer divides its p50 by the fastest peer's. "+
+			"Per handoff: from the holder's acquire to the waiter's release, the %v wait between included (the peers' polling in it counts); "+
+			"server commands from INFO commandstats, Redis CPU from INFO cpu (main thread), read around each cycle, minus what a reading with nothing between costs.", idle, idle, us(ping), idle, idle),
+		Columns: []string{"implementation", "handoff p50", "p99", "max", "p50 / idle-PING p50", "release call p50", "release call p99", "÷ best peer's release call",
+			"client commands / handoff", "server commands / handoff", "Redis CPU / handoff", "samples"}}
 	var targets []Target
 	for i, im := range e.impls {
 		r := ratio(quantile(hand[i], 0.5), ping)
-		t.Rows = append(t.Rows, []string{im.name, us(quantile(hand[i], 0.5)), us(quantile(hand[i], 0.99)), us(maxOf(hand[i])), f2(r), strconv.Itoa(len(hand[i]))})
-		t.Data = append(t.Data, map[string]any{"impl": im.name, "handoff_p50_us": micros(quantile(hand[i], 0.5)), "handoff_p99_us": micros(quantile(hand[i], 0.99)),
-			"handoff_max_us": micros(maxOf(hand[i])), "idle_ping_p50_us": micros(ping), "handoff_per_idle_ping": r, "samples": len(hand[i])})
+		relP50 := quantile(rel[i], 0.5)
+		rr := ratio(relP50, bestRel)
+		client, server, cpuS := "n/a (embedded)", "n/a (embedded)", "n/a (embedded)"
+		d := map[string]any{"impl": im.name, "handoff_p50_us": micros(quantile(hand[i], 0.5)), "handoff_p99_us": micros(quantile(hand[i], 0.99)),
+			"handoff_max_us": micros(maxOf(hand[i])), "idle_ping_p50_us": micros(ping), "handoff_per_idle_ping": r, "samples": len(hand[i]),
+			"release_call_p50_us": micros(relP50), "release_call_p99_us": micros(quantile(rel[i], 0.99))}
+		if !math.IsNaN(rr) {
+			d["release_call_per_best_peer"] = rr
+		}
+		if e.real && cycles[i] > 0 && cycles[n] > 0 {
+			per := perCycle(cyc[i], cycles[i], cyc[n], cycles[n])
+			client, server, cpuS = f2(per[0]), f2(per[1]), fmt.Sprintf("%.1f µs", per[2])
+			d["client_cmds_per_handoff"], d["server_cmds_per_handoff"], d["redis_cpu_us_per_handoff"] = per[0], per[1], per[2]
+		}
+		rrS := "n/a"
+		if !math.IsNaN(rr) {
+			rrS = f2(rr)
+		}
+		t.Rows = append(t.Rows, []string{im.name, us(quantile(hand[i], 0.5)), us(quantile(hand[i], 0.99)), us(maxOf(hand[i])), f2(r),
+			us(relP50), us(quantile(rel[i], 0.99)), rrS, client, server, cpuS, strconv.Itoa(len(hand[i]))})
+		t.Data = append(t.Data, d)
 		if !im.peer {
-			targets = append(targets, timed(Target{"handoff", "handoff p50 ≤ 1.5 × idle-PING p50", f2(r) + " ×", r <= 1.5, false}))
+			targets = append(targets, timed(Target{"handoff", "handoff p50 ≤ 2.0 × idle-PING p50", f2(r) + " ×", r <= 2.0, false}))
+			if !math.IsNaN(rr) {
+				targets = append(targets, timed(Target{"handoff", "release call p50 ≤ 1.6 × best peer's release call", f2(rr) + " ×", rr <= 1.6, false}))
+			}
 		}
 	}
+	var names []string
+	for _, im := range e.impls {
+		names = append(names, im.name)
+	}
+	t.figs = append(t.figs, cdfFigure("handoff", "2. Handoff: latency distributions",
+		fmt.Sprintf("A waiter has waited %v when the holder releases; %d handoffs per implementation. Left: from the release call's start to the waiter's return. Right: the release call itself.", idle, len(hand[0])),
+		2, []cdfPanel{{"release to the waiter's return", names, hand, []marker{{micros(ping), "idle-PING p50"}}},
+			{"the release call itself", names, rel, []marker{{micros(ping), "idle-PING p50"}}}}))
 	return []*Table{t}, targets, nil
+}
+
+// addSnap adds to sum the client commands, server commands and Redis CPU
+// (µs) between two readings.
+func addSnap(sum [3]float64, a, b snap) [3]float64 {
+	sum[0] += float64(b.client - a.client)
+	sum[1] += float64(b.server - a.server)
+	sum[2] += (b.cpu - a.cpu) * 1e6
+	return sum
+}
+
+// perCycle divides the sums over n cycles by n, less what an empty pair of
+// readings costs (empty over ne pairs); the client count has no such cost.
+func perCycle(sum [3]float64, n int, empty [3]float64, ne int) [3]float64 {
+	var out [3]float64
+	out[0] = sum[0] / float64(n)
+	for k := 1; k < 3; k++ {
+		out[k] = max(0, sum[k]/float64(n)-empty[k]/float64(ne))
+	}
+	return out
 }
 
 // loopStats is what processes looping acquire / hold / release saw.
@@ -436,7 +533,41 @@ type loopStats struct {
 	// Counted in the steady part of each run (see loop's probe): from a
 	// fifth of the run to just before its end, so that neither the
 	// processes' first requests nor the waits cut off at the end count.
-	win struct{ acqs, client, server int64 }
+	// cpu is Redis's CPU seconds; noCPU is set where a reading failed
+	// (miniredis), server -1 where commandstats did not say.
+	win struct {
+		acqs, client, server int64
+		cpu                  float64
+		noCPU                bool
+	}
+}
+
+// snap is what a probe reads: the commands sent so far by the processes
+// measured (client) and run by Redis in all (server, scripts' inner
+// commands included; -1 where INFO does not say), and Redis's CPU time
+// (cpuOK false where INFO cpu does not say).
+type snap struct {
+	client, server int64
+	cpu            float64 // seconds
+	cpuOK          bool
+}
+
+// snap reads cnt and the server's counters.
+func (e *env) snap(cnt *counter) snap {
+	s := snap{client: cnt.n.Load(), server: e.serverCalls()}
+	if c, ok := e.serverCPU(); ok && e.real {
+		s.cpu, s.cpuOK = c.seconds, true
+	}
+	return s
+}
+
+// cpuPerAcq writes the steady window's Redis CPU per acquisition.
+func (s *loopStats) cpuPerAcq() (float64, string) {
+	if s.win.noCPU || s.win.acqs == 0 {
+		return math.NaN(), "n/a (embedded)"
+	}
+	v := s.win.cpu * 1e6 / float64(s.win.acqs)
+	return v, fmt.Sprintf("%.1f µs", v)
 }
 
 func (s *loopStats) total() (n int64) {
@@ -454,10 +585,10 @@ func loop(ps []*proc, d, hold time.Duration, limit int64, st *loopStats,
 	loopProbed(ps, d, hold, limit, st, nil, take)
 }
 
-// loopProbed is loop with a probe of the commands sent so far (client,
-// and server, -1 if unknown), read at a fifth of the run and again 5% before
-// its end: st.win counts what happened between.
-func loopProbed(ps []*proc, d, hold time.Duration, limit int64, st *loopStats, probe func() (client, server int64),
+// loopProbed is loop with a probe of the commands sent so far and Redis's
+// CPU (see snap), read at a fifth of the run and again 5% before its end:
+// st.win counts what happened between.
+func loopProbed(ps []*proc, d, hold time.Duration, limit int64, st *loopStats, probe func() snap,
 	take func(ctx context.Context, i int, p *proc) (int64, func(context.Context) error, error)) {
 	if st.counts == nil {
 		st.counts = make([]int64, len(ps))
@@ -471,23 +602,27 @@ func loopProbed(ps []*proc, d, hold time.Duration, limit int64, st *loopStats, p
 	start := time.Now()
 	if probe != nil {
 		wg.Go(func() {
-			read := func() (acqs, client, server int64) {
+			read := func() (acqs int64, sn snap) {
 				mu.Lock()
 				acqs = st.total()
 				mu.Unlock()
-				client, server = probe()
-				return
+				return acqs, probe()
 			}
 			time.Sleep(d / 5)
-			a0, c0, s0 := read()
+			a0, s0 := read()
 			time.Sleep(time.Until(start.Add(d * 95 / 100)))
-			a1, c1, s1 := read()
+			a1, s1 := read()
 			st.win.acqs += a1 - a0
-			st.win.client += c1 - c0
-			if s0 < 0 || s1 < 0 || st.win.server < 0 {
+			st.win.client += s1.client - s0.client
+			if s0.server < 0 || s1.server < 0 || st.win.server < 0 {
 				st.win.server = -1
 			} else {
-				st.win.server += s1 - s0
+				st.win.server += s1.server - s0.server
+			}
+			if s0.cpuOK && s1.cpuOK {
+				st.win.cpu += s1.cpu - s0.cpu
+			} else {
+				st.win.noCPU = true
 			}
 		})
 	}
@@ -568,8 +703,8 @@ func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]
 	const parts = 3
 	t := &Table{Name: name, Title: title,
 		Note: fmt.Sprintf("Each implementation runs %v per N, in %d slices interleaved with the others. Longest wait includes waits cut off by the end of a slice; starved counts processes with no acquisition at all. "+
-			"Commands per acquisition are counted in the steady part of each slice (from a fifth of it to 5%% before its end), so that the processes' first requests and the waits cut off at its end do not count; server commands come from INFO commandstats and include the commands scripts run; Lua-internal is server minus client commands. A hold under 1 ms is a spin: time.Sleep rounds it up to about 1 ms in an otherwise idle process.", e.cfg.duration, parts),
-		Columns: []string{"N", "implementation", "acquisitions/s", "÷ best peer", "Jain", "starved", "longest wait", "longest wait / (N × mean hold)", "client commands / acq", "server commands / acq", "Lua-internal / acq", "overlaps"}}
+			"Commands per acquisition are counted in the steady part of each slice (from a fifth of it to 5%% before its end), so that the processes' first requests and the waits cut off at its end do not count; server commands come from INFO commandstats and include the commands scripts run; Lua-internal is server minus client commands; Redis CPU is INFO cpu's main thread over the same window, divided by its acquisitions. A hold under 1 ms is a spin: time.Sleep rounds it up to about 1 ms in an otherwise idle process.", e.cfg.duration, parts),
+		Columns: []string{"N", "implementation", "acquisitions/s", "÷ best peer", "Jain", "starved", "longest wait", "longest wait / (N × mean hold)", "client commands / acq", "server commands / acq", "Lua-internal / acq", "Redis CPU / acq", "overlaps"}}
 	var targets []Target
 	if refs, ok := e.fifoFloor(); ok {
 		e = e.withRefs(refs...)
@@ -591,7 +726,7 @@ func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]
 		}
 		for s := range parts {
 			for _, i := range rotate(e.impls, s) {
-				probe := func() (int64, int64) { return cnt[i].n.Load(), e.serverCalls() }
+				probe := func() snap { return e.snap(cnt[i]) }
 				loopProbed(ps[i], e.cfg.duration/parts, hold, 1, sts[i], probe, func(ctx context.Context, _ int, p *proc) (int64, func(context.Context) error, error) {
 					u, err := p.lock(ctx, fmt.Sprintf("%s%d", name, N))
 					return 1, u, err
@@ -609,6 +744,14 @@ func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]
 				best = max(best, rates[i])
 			}
 		}
+		var shares []shareRow
+		for i, im := range e.impls {
+			shares = append(shares, shareRow{im.name, sts[i].counts, fmt.Sprintf("%.0f acquisitions/s", rates[i])})
+		}
+		t.figs = append(t.figs, sharesFigure(fmt.Sprintf("%s-n%d", name, N),
+			fmt.Sprintf("%s: acquisitions per process, N = %d", strings.SplitN(title, ": ", 2)[0], N),
+			fmt.Sprintf("%d processes loop acquire / %v critical section / release on one lock, %v per implementation. One bar per process, sorted; 1 is a fair share (the implementation's acquisitions ÷ N). A red tick under the axis is a process that never acquired.", N, hold, e.cfg.duration),
+			shares))
 		for i, im := range e.impls {
 			st := sts[i]
 			acqs := st.total()
@@ -636,13 +779,17 @@ func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]
 			if st.win.server >= 0 {
 				internal = max(st.win.server-client, 0)
 			}
+			cpuV, cpuS := st.cpuPerAcq()
 			t.Rows = append(t.Rows, []string{strconv.Itoa(N), im.name, fmt.Sprintf("%.0f", rate), vsBestS, fmt.Sprintf("%.3f", j), strconv.Itoa(starved), us(st.maxWait), f2(waitRatio),
-				perAcq(client, wacqs), perAcq(st.win.server, wacqs), perAcq(internal, wacqs), strconv.FormatInt(st.overlaps, 10)})
+				perAcq(client, wacqs), perAcq(st.win.server, wacqs), perAcq(internal, wacqs), cpuS, strconv.FormatInt(st.overlaps, 10)})
 			d := map[string]any{"n": N, "impl": im.name, "hold_us": micros(hold), "acquisitions_per_s": rate, "jain": j, "starved": starved, "max_wait_us": micros(st.maxWait),
 				"mean_hold_us": micros(meanHold), "max_wait_per_n_hold": waitRatio, "client_cmds": client, "server_cmds": st.win.server,
 				"steady_acquisitions": wacqs, "acquisitions": acqs, "overlaps": st.overlaps, "per_process": st.counts}
 			if !math.IsNaN(vsBest) {
 				d["per_best_peer"] = vsBest
+			}
+			if !math.IsNaN(cpuV) {
+				d["redis_cpu_us_per_acq"] = cpuV
 			}
 			t.Data = append(t.Data, d)
 			if im.peer || im.reference || N != 64 {
@@ -662,8 +809,8 @@ func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]
 			// it waits, a matter of speed.
 			targets = append(targets, timed(Target{name, "N=64: requests per acquisition ≤ 2.2", f2(cpa), wacqs > 0 && cpa <= 2.2, false}))
 			if e.real && internal >= 0 {
-				ipa := float64(internal) / float64(max(wacqs, 1))
-				targets = append(targets, Target{name, "N=64: Lua-internal commands per acquisition ≤ 12", f2(ipa), wacqs > 0 && ipa <= 12, false})
+				spa := float64(st.win.server) / float64(max(wacqs, 1))
+				targets = append(targets, Target{name, "N=64: server commands per acquisition ≤ 10", f2(spa), wacqs > 0 && spa <= 10, false})
 			}
 		}
 	}
@@ -789,9 +936,17 @@ func drain(e *env) ([]*Table, []Target, error) {
 	t := &Table{Name: "drain", Title: "5. 1,000 goroutine waiters in one process: drain",
 		Note: fmt.Sprintf("One process (one go-redis client, default pool) starts %d goroutines on one lock while another holds it, then the holder releases; each waiter releases at once. "+
 			"Drain is the time from the release to the last waiter done, stopped at %v. Peak connections counts the waiting process's connections to Redis.", waiters, limit),
-		Columns: []string{"implementation", "drain", "drained", "client commands / acq", "server commands / acq", "peak connections", "pool size"}}
+		Columns: []string{"implementation", "drain", "drained", "client commands / acq", "server commands / acq", "Redis CPU / acq", "peak connections", "pool size"}}
 	var targets []Target
+	fig := &figure{name: "drain", title: "5. 1,000 goroutine waiters in one process: the drain over time",
+		subtitle: fmt.Sprintf("One process starts %d goroutines on one lock while another holds it; the holder releases at time 0 and each waiter releases as soon as it holds. The curve counts the waiters that have held the lock; the run stops at %v.", waiters, limit)}
+	pn := &panel{title: "waiters granted since the release", x: axis{label: "time since the release", log: true, format: durUS}, y: axis{label: "waiters granted", min: 0, max: waiters},
+		vlines: []marker{{micros(limit), "stopped"}}}
+	fig.panelW, fig.panelH = 900, 360
+	fig.panels = []*panel{pn}
+	t.figs = []*figure{fig}
 	for _, im := range e.impls {
+		fig.legend = append(fig.legend, im.name)
 		cnt := &counter{}
 		holder, closeH, err := e.procs(im, 1, &counter{})
 		if err != nil {
@@ -813,7 +968,9 @@ func drain(e *env) ([]*Table, []Target, error) {
 		ctx, cancel := context.WithCancel(context.Background())
 		var done atomic.Int64
 		var wg sync.WaitGroup
+		grants := make([]time.Time, waiters)
 		serverBefore := e.serverCalls()
+		cpuBefore, cpuOK0 := e.serverCPU()
 		peak := 0
 		stopSampling := make(chan struct{})
 		sampled := make(chan struct{})
@@ -836,7 +993,7 @@ func drain(e *env) ([]*Table, []Target, error) {
 				if err != nil {
 					return
 				}
-				done.Add(1)
+				grants[done.Add(1)-1] = time.Now()
 				_ = u(context.Background())
 			})
 		}
@@ -869,6 +1026,24 @@ func drain(e *env) ([]*Table, []Target, error) {
 		if after := e.serverCalls(); serverBefore >= 0 && after >= 0 {
 			server = after - serverBefore
 		}
+		cpuS, cpuV := "n/a (embedded)", math.NaN()
+		if cpuAfter, ok := e.serverCPU(); ok && cpuOK0 && e.real && drained > 0 {
+			cpuV = (cpuAfter.seconds - cpuBefore.seconds) * 1e6 / float64(drained)
+			cpuS = fmt.Sprintf("%.1f µs", cpuV)
+		}
+		var at []float64
+		for _, g := range grants[:drained] {
+			at = append(at, max(micros(g.Sub(t0)), 1))
+		}
+		slices.Sort(at)
+		line := series{name: im.name, step: true, pts: []pt{{at0(at), 0}}}
+		for k, v := range at {
+			line.pts = append(line.pts, pt{v, float64(k + 1)})
+		}
+		if drained < waiters {
+			line.pts = append(line.pts, pt{micros(limit), float64(drained)})
+		}
+		pn.lines = append(pn.lines, line)
 		pool := p.rdb.Options().PoolSize
 		closeW()
 		closeH()
@@ -877,9 +1052,13 @@ func drain(e *env) ([]*Table, []Target, error) {
 			drainS = "> " + us(limit)
 		}
 		t.Rows = append(t.Rows, []string{im.name, drainS, fmt.Sprintf("%d of %d", drained, waiters), perAcq(cnt.n.Load(), drained), perAcq(server, drained),
-			strconv.Itoa(peak), strconv.Itoa(pool)})
-		t.Data = append(t.Data, map[string]any{"impl": im.name, "drain_ms": float64(elapsed) / float64(time.Millisecond), "drained": drained, "waiters": waiters,
-			"client_cmds": cnt.n.Load(), "server_cmds": server, "peak_connections": peak, "pool_size": pool})
+			cpuS, strconv.Itoa(peak), strconv.Itoa(pool)})
+		d := map[string]any{"impl": im.name, "drain_ms": float64(elapsed) / float64(time.Millisecond), "drained": drained, "waiters": waiters,
+			"client_cmds": cnt.n.Load(), "server_cmds": server, "peak_connections": peak, "pool_size": pool}
+		if !math.IsNaN(cpuV) {
+			d["redis_cpu_us_per_acq"] = cpuV
+		}
+		t.Data = append(t.Data, d)
 		if !im.peer {
 			cpa := float64(cnt.n.Load()) / float64(max(drained, 1))
 			targets = append(targets,
@@ -934,6 +1113,9 @@ func countingSemaphore(e *env) ([]*Table, []Target, error) {
 	t := &Table{Name: "semaphore", Title: "6a. Counting semaphore: capacity 4, 16 processes, weights 1–3, 1 ms hold",
 		Note:    "fairlock only: its peers have no counting semaphore. Under FIFO each process gets its turn whatever its weight, so acquisitions per process should be equal (Jain over acquisitions).",
 		Columns: []string{"implementation", "acquisitions/s", "permits/s", "Jain (acquisitions)", "longest wait", "capacity exceeded"}}
+	t.figs = append(t.figs, sharesFigure("semaphore", "6a. Counting semaphore: acquisitions per process",
+		fmt.Sprintf("Capacity %d, %d processes asking for 1 to 3 permits, 1 ms hold, %v. One bar per process, sorted; 1 is a fair share.", capacity, procs, e.cfg.duration),
+		[]shareRow{{im.name, st.counts, fmt.Sprintf("%.0f acquisitions/s", float64(acqs)/st.elapsed.Seconds())}}))
 	t.Rows = append(t.Rows, []string{im.name, fmt.Sprintf("%.0f", float64(acqs)/st.elapsed.Seconds()), fmt.Sprintf("%.0f", float64(permits)/st.elapsed.Seconds()),
 		fmt.Sprintf("%.3f", j), us(st.maxWait), strconv.FormatInt(st.overlaps, 10)})
 	t.Data = append(t.Data, map[string]any{"impl": im.name, "acquisitions": acqs, "permits": permits, "seconds": st.elapsed.Seconds(), "jain": j,
@@ -949,8 +1131,10 @@ func dining(e *env) ([]*Table, []Target, error) {
 	n := len(e.impls)
 	ps := make([][]*proc, n)
 	sts := make([]*loopStats, n)
+	cnts := make([]*counter, n)
 	for i, im := range e.impls {
-		p, closeAll, err := e.procs(im, seats, &counter{})
+		cnts[i] = &counter{}
+		p, closeAll, err := e.procs(im, seats, cnts[i])
 		if err != nil {
 			return nil, nil, err
 		}
@@ -962,7 +1146,8 @@ func dining(e *env) ([]*Table, []Target, error) {
 		for _, i := range rotate(e.impls, s) {
 			var forks [seats]atomic.Int64
 			st := sts[i]
-			loop(ps[i], e.cfg.duration/2, time.Millisecond, 1<<62, st, func(ctx context.Context, j int, p *proc) (int64, func(context.Context) error, error) {
+			probe := func() snap { return e.snap(cnts[i]) }
+			loopProbed(ps[i], e.cfg.duration/2, time.Millisecond, 1<<62, st, probe, func(ctx context.Context, j int, p *proc) (int64, func(context.Context) error, error) {
 				u, err := p.lockBoth(ctx, forkOf(j), forkOf(j+1))
 				if err != nil {
 					return 0, nil, err
@@ -984,9 +1169,15 @@ func dining(e *env) ([]*Table, []Target, error) {
 		}
 	}
 	t := &Table{Name: "dining", Title: "6b. Dining philosophers: 5 processes, 5 forks, 1 ms meals",
-		Note:    "fairlock: multilock (both forks at once). Peers: lower-numbered fork first, then the other (the textbook deadlock-free order).",
-		Columns: []string{"implementation", "meals/s", "Jain", "min share of fair", "max share of fair", "longest wait", "fork held twice"}}
+		Note:    "fairlock: multilock (both forks at once). Peers: lower-numbered fork first, then the other (the textbook deadlock-free order). Commands and Redis CPU per meal are counted in the steady part of each run, as in table 3.",
+		Columns: []string{"implementation", "meals/s", "Jain", "min share of fair", "max share of fair", "longest wait", "client commands / meal", "server commands / meal", "Redis CPU / meal", "fork held twice"}}
 	var targets []Target
+	var shares []shareRow
+	for i, im := range e.impls {
+		shares = append(shares, shareRow{im.name, sts[i].counts, fmt.Sprintf("%.0f meals/s", float64(sts[i].total())/sts[i].elapsed.Seconds())})
+	}
+	t.figs = append(t.figs, sharesFigure("dining", "6b. Dining philosophers: meals per philosopher",
+		fmt.Sprintf("%d processes, %d forks, 1 ms meals, %v per implementation. One bar per philosopher, sorted; 1 is a fair share. fairlock takes both forks at once (multilock); the peers take the lower-numbered fork first.", seats, seats, e.cfg.duration), shares))
 	for i, im := range e.impls {
 		st := sts[i]
 		meals := st.total()
@@ -996,13 +1187,120 @@ func dining(e *env) ([]*Table, []Target, error) {
 			lo, hi = min(lo, float64(c)/fair), max(hi, float64(c)/fair)
 		}
 		j := jain(asFloats(st.counts))
+		cpuV, cpuS := st.cpuPerAcq()
 		t.Rows = append(t.Rows, []string{im.name, fmt.Sprintf("%.0f", float64(meals)/st.elapsed.Seconds()), fmt.Sprintf("%.3f", j), f2(lo), f2(hi), us(st.maxWait),
-			strconv.FormatInt(st.overlaps, 10)})
-		t.Data = append(t.Data, map[string]any{"impl": im.name, "meals": meals, "seconds": st.elapsed.Seconds(), "jain": j, "min_share": lo, "max_share": hi,
-			"max_wait_us": micros(st.maxWait), "overlaps": st.overlaps, "per_process": st.counts})
+			perAcq(st.win.client, st.win.acqs), perAcq(st.win.server, st.win.acqs), cpuS, strconv.FormatInt(st.overlaps, 10)})
+		d := map[string]any{"impl": im.name, "meals": meals, "seconds": st.elapsed.Seconds(), "jain": j, "min_share": lo, "max_share": hi,
+			"max_wait_us": micros(st.maxWait), "overlaps": st.overlaps, "per_process": st.counts, "client_cmds": st.win.client, "server_cmds": st.win.server,
+			"steady_meals": st.win.acqs}
+		if !math.IsNaN(cpuV) {
+			d["redis_cpu_us_per_acq"] = cpuV
+		}
+		t.Data = append(t.Data, d)
 		if !im.peer {
 			targets = append(targets, Target{"dining", "no fork held twice", strconv.FormatInt(st.overlaps, 10), st.overlaps == 0, false})
 		}
 	}
 	return []*Table{t}, targets, nil
+}
+
+// shareRow is one implementation's acquisitions per process.
+type shareRow struct {
+	impl   string
+	counts []int64
+	about  string // a figure for the panel's title
+}
+
+// sharesFigure draws a bar per process for each implementation, in panels
+// one above the other: the process's acquisitions over a fair share (the
+// implementation's mean), sorted, so that a starved process shows as a gap
+// at the right and a red tick.
+func sharesFigure(name, title, subtitle string, rows []shareRow) *figure {
+	fg := &figure{name: name, title: title, subtitle: subtitle, panelW: 900, panelH: 150}
+	top := 1.0
+	for _, r := range rows {
+		fg.legend = append(fg.legend, r.impl)
+		var sum int64
+		for _, c := range r.counts {
+			sum += c
+		}
+		for _, c := range r.counts {
+			if sum > 0 {
+				top = max(top, float64(c)*float64(len(r.counts))/float64(sum))
+			}
+		}
+	}
+	top = math.Ceil(top)
+	for _, r := range rows {
+		var sum int64
+		starved := 0
+		for _, c := range r.counts {
+			sum += c
+			if c == 0 {
+				starved++
+			}
+		}
+		sorted := slices.Clone(r.counts)
+		slices.SortFunc(sorted, func(a, b int64) int { return int(b - a) })
+		bs := &bars{series: []string{r.impl}, zeroMark: true}
+		for k, c := range sorted {
+			v := 0.0
+			if sum > 0 {
+				v = float64(c) * float64(len(r.counts)) / float64(sum)
+			}
+			bs.groups = append(bs.groups, "")
+			if len(sorted) <= 16 {
+				bs.groups[k] = strconv.Itoa(k + 1)
+			}
+			bs.vals = append(bs.vals, []float64{v})
+		}
+		fg.panels = append(fg.panels, &panel{
+			title: fmt.Sprintf("%s: %s, Jain %.3f, %d of %d starved", r.impl, r.about, jain(asFloats(r.counts)), starved, len(r.counts)),
+			x:     axis{label: "processes, most acquisitions first"},
+			y:     axis{label: "÷ fair share", min: 0, max: top},
+			bars:  bs, hlines: []marker{{1, "fair share"}},
+		})
+	}
+	return fg
+}
+
+// cdfPanel is one panel of latency distributions: samples[i] are
+// names[i]'s.
+type cdfPanel struct {
+	title   string
+	names   []string
+	samples [][]time.Duration
+	marks   []marker // vertical lines, in µs
+}
+
+// cdfFigure draws, per panel, each implementation's latency distribution
+// (share of calls at or below a latency) on a log axis.
+func cdfFigure(name, title, subtitle string, cols int, ps []cdfPanel) *figure {
+	fg := &figure{name: name, title: title, subtitle: subtitle, cols: cols, panelW: 460, panelH: 300}
+	seen := map[string]bool{}
+	for _, p := range ps {
+		pn := &panel{title: p.title, x: axis{label: "latency", log: true, format: durUS}, y: axis{label: "share of calls ≤ latency", min: 0, max: 1}, vlines: p.marks}
+		for i, n := range p.names {
+			if !seen[n] {
+				seen[n] = true
+				fg.legend = append(fg.legend, n)
+			}
+			us := make([]float64, len(p.samples[i]))
+			for k, d := range p.samples[i] {
+				us[k] = max(micros(d), 1)
+			}
+			pn.lines = append(pn.lines, cdf(n, us))
+		}
+		fg.panels = append(fg.panels, pn)
+	}
+	return fg
+}
+
+// at0 is where a count-over-time curve starts on a log axis: at its first
+// point, or at the axis's 1 µs when there is none.
+func at0(sorted []float64) float64 {
+	if len(sorted) == 0 {
+		return 1
+	}
+	return sorted[0]
 }
