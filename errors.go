@@ -72,6 +72,16 @@ var (
 	// fairlock a key prefix of its own ([WithPrefix]).
 	ErrForeignKey error = &subError{"fairlock: key written by another program", ErrRedis}
 
+	// ErrIncompatible reports that a semaphore's keys are in a layout
+	// another release of fairlock keeps, which this release does not
+	// read: a fleet being upgraded runs two releases on one name. The call
+	// that met them changed nothing in Redis; the error names the key and
+	// both layouts. It matches [ErrRedis] too, so code that retries Redis
+	// failures retries it; it lasts until the semaphore is idle and its
+	// keys have expired, or every process runs one release.
+	// docs/reliability.md ("Upgrading a fleet") says what an upgrade needs.
+	ErrIncompatible error = &subError{"fairlock: keys of another fairlock release", ErrRedis}
+
 	// ErrDeadlock is returned at once by a call that would wait for
 	// permits the caller holds itself: its context carries a live lease
 	// (see [LeaseContext]) holding so many permits of a semaphore it asks
@@ -92,7 +102,8 @@ var (
 
 	// ErrRedis wraps a failure reported by Redis or by the connection to it:
 	// network errors, OOM under maxmemory, a key of another program's in
-	// fairlock's key space ([ErrForeignKey]). The original error is
+	// fairlock's key space ([ErrForeignKey]), keys of another release's
+	// layout ([ErrIncompatible]). The original error is
 	// wrapped too, so errors.As still reaches it.
 	ErrRedis = errors.New("fairlock: redis error")
 )

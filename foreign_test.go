@@ -21,6 +21,11 @@ package fairlock
 //     random, a key and a type drawn before each call.
 // Both compare with the same call on a copy of the database without the
 // planted key (the clock is the recorded one: see replayed).
+//
+// Another release of fairlock is the same class with one more "type": a
+// state hash in another key layout (newerLayout: its 'layout' field set,
+// its other fields as they were), which every call that reads it must
+// refuse, naming it, before it writes anything.
 
 import (
 	"context"
@@ -64,10 +69,29 @@ func semKeys(s *csem, procs []*cproc) []fkey {
 	return append(k, fkey{s.base + ":ld", "hash"})
 }
 
+// newerLayout is the planted "type" of a state hash written by a release
+// of fairlock with another key layout.
+const newerLayout = "layout"
+
+// plantsFor returns the types that may be planted at k: every other type,
+// and for a state hash another release's layout.
+func plantsFor(k fkey) []string {
+	t := slices.DeleteFunc(slices.Clone(foreignTypes), func(t string) bool { return t == k.kind })
+	if strings.HasSuffix(k.key, ":s") {
+		t = append(t, newerLayout)
+	}
+	return t
+}
+
 // plantScript puts a value of type ARGV[1] at KEYS[1], replacing what is
-// there.
+// there; newerLayout marks the hash there as another layout's, keeping
+// its fields.
 var plantScript = redis.NewScript(`
 local k, t = KEYS[1], ARGV[1]
+if t == 'layout' then
+  redis.call('HSET', k, 'layout', '2')
+  return 1
+end
 redis.call('DEL', k)
 if t == 'string' then redis.call('SET', k, 'another program')
 elseif t == 'list' then redis.call('RPUSH', k, 'another program')
@@ -221,9 +245,12 @@ func (p *foreignPair) plantAndCheck(ctx context.Context, c call, step int, k fke
 	}
 	op := c.op()
 	p.planted[op]++
-	if cerr != nil && strings.HasPrefix(cerr.Error(), "FAIRLOCK_FOREIGN_KEY ") {
+	if cerr != nil && (strings.HasPrefix(cerr.Error(), "FAIRLOCK_FOREIGN_KEY ") || strings.HasPrefix(cerr.Error(), "FAIRLOCK_LAYOUT ")) {
 		p.refused[op]++
 		want := fmt.Sprintf("FAIRLOCK_FOREIGN_KEY %s %s %s", typ, k.kind, k.key)
+		if typ == newerLayout {
+			want = "FAIRLOCK_LAYOUT 2 1 " + k.key
+		}
 		switch {
 		case cerr.Error() != want:
 			return fmt.Errorf("%s: step %d: %s\nwith %s at %s: %q, want %q", p.backend, step, c, typ, k.key, cerr, want)
@@ -232,6 +259,11 @@ func (p *foreignPair) plantAndCheck(ctx context.Context, c call, step int, k fke
 				p.backend, step, c, typ, k.key, cerr, lineDiff(before, now))
 		}
 		return nil
+	}
+	if typ == newerLayout && slices.Contains(c.Keys, k.key) {
+		// A call on a semaphore reads its state: it must refuse another
+		// layout's, whatever it would have done (a read included).
+		return fmt.Errorf("%s: step %d: %s\nwith another release's layout at %s: not refused (%s)", p.backend, step, c, k.key, got)
 	}
 	switch {
 	case got != reply:
@@ -255,10 +287,15 @@ func (p *foreignPair) step(ctx context.Context, c call, step int) (any, error) {
 	switch {
 	case p.all:
 		for i, k := range p.candidates() {
-			others := slices.DeleteFunc(slices.Clone(foreignTypes), func(t string) bool { return t == k.kind })
+			others := plantsFor(k)
 			if p.oneType {
-				// One type per key and call, in turn.
+				// One type per key and call, in turn; another release's
+				// layout every time.
+				layout := others[len(others)-1] == newerLayout
 				others = others[(i+step)%len(others):][:1]
+				if layout && others[0] != newerLayout {
+					others = append(others, newerLayout)
+				}
 			}
 			for _, typ := range others {
 				plants, types = append(plants, k), append(types, typ)
@@ -267,7 +304,7 @@ func (p *foreignPair) step(ctx context.Context, c call, step int) (any, error) {
 	case p.rt != nil && rapid.IntRange(0, 2).Draw(p.rt, "plant") > 0:
 		cands := p.candidates()
 		k := cands[rapid.IntRange(0, len(cands)-1).Draw(p.rt, "planted key")]
-		typ := rapid.SampledFrom(slices.DeleteFunc(slices.Clone(foreignTypes), func(t string) bool { return t == k.kind })).Draw(p.rt, "planted type")
+		typ := rapid.SampledFrom(plantsFor(k)).Draw(p.rt, "planted type")
 		plants, types = []fkey{k}, []string{typ}
 	}
 	// The clean outcome, on the planted side before anything is planted.
@@ -683,6 +720,18 @@ var brokenGuards = []struct {
 		"  prove_event_keys()\n  return { 2, now, next_event() }", "  return { 2, now, next_event() }", false},
 	{"an undeclared resource's keys are not looked at", "lua/resource.lua",
 		"    for i = KS, KT do reach(K[i], kind_of(i, 5)) end\n", "", false},
+	{"another release's layout is read as this one's (fast paths)", "lua/members.lua",
+		"  check_layout(S, st[11])\n", "", true},
+	{"another release's layout is read as this one's (general path)", "lua/members.lua",
+		"  check_layout(S, st[11])\n", "", false},
+	{"an election reads another release's layout", "lua/ops/leader.lua",
+		"check_layout(KEYS[KS], redis.call('HGET', KEYS[KS], 'layout'))\n", "", false},
+	{"a status reads another release's layout", "lua/ops/status.lua",
+		"local r = declared()[1]\n", "LAYOUT = '2'\nlocal r = declared()[1]\nLAYOUT = '1'\n", false},
+	{"a pump runs another release's queue", "lua/ops/pump.lua",
+		"run_queues(declared())", "LAYOUT = '2'\nlocal rs = declared()\nLAYOUT = '1'\nrun_queues(rs)", false},
+	{"a batch of renewals reads another release's layout", "lua/ops/renew_batch.lua",
+		"local r = declared()[1]\n", "LAYOUT = '2'\nlocal r = declared()[1]\nLAYOUT = '1'\n", false},
 }
 
 // TestForeignKeysCatchBrokenGuards breaks each guard and runs the table

@@ -36,6 +36,7 @@ type Lease struct {
 	maxHold   time.Duration // the cap on holding (see maxhold.go); 0 for none
 	holdEnd   time.Time     // when the cap ends the lease, locally; zero for none
 	capped    bool          // guarded by rmu: a renewal brought Redis's expiry to the cap
+	renewErr  error         // guarded by rmu: the last renewal's error, if it failed (the lease ends with it if its deadline passes)
 
 	mu       sync.Mutex // serialises Release
 	released bool
@@ -417,9 +418,19 @@ func (l *Lease) renew() {
 		// The renewal comes after the deadline: this process did not run
 		// in time (stopped, starved of CPU), whatever Redis did.
 		late := now.Sub(l.deadline).Round(time.Millisecond)
+		failed := l.renewErr
 		l.stopped = true
 		l.halt()
 		l.rmu.Unlock()
+		if failed != nil {
+			// Renewals were failing, and their retries ran out with the
+			// lease's time: the last one's error says why.
+			if !errors.Is(failed, ErrRedis) {
+				failed = fmt.Errorf("%w: %w", ErrRedis, failed)
+			}
+			l.finish(opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: the renewals before its deadline failed: %w", ErrLeaseLost, failed)))
+			return
+		}
 		l.finish(opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: this process did not run until %v past the lease's deadline (stopped or starved of CPU)", ErrLeaseLost, late)))
 		return
 	}
@@ -453,6 +464,7 @@ func (l *Lease) renew() {
 	switch {
 	case l.stopped:
 	case err == nil && n == 1:
+		l.renewErr = nil
 		l.deadline, l.announced = expiresAfter(sent, ttl), false
 		l.timer.Reset(ttl / renewDivisor)
 		if capped {
@@ -462,11 +474,12 @@ func (l *Lease) renew() {
 	case err == nil:
 		lost = opError("renew", l.p.names, fmt.Errorf("%w: expired", ErrLeaseLost))
 	case !time.Now().Before(deadline):
-		lost = opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: %w", ErrLeaseLost, renewalFailure(err, sent, deadline, ttl)))
+		lost = opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: %w", ErrLeaseLost, renewalFailure(scriptError(err), sent, deadline, ttl)))
 	case l.pastCap(time.Now()):
 		atCap, l.stopped = true, true
 	default:
 		// Retry soon, but never past the deadline (nor the cap).
+		l.renewErr = scriptError(err)
 		l.timer.Reset(l.untilCap(min(ttl/retryDivisor, time.Until(deadline))))
 		l.c.logf(slog.LevelWarn, "fairlock: renewal failed; retrying until the lease's deadline", l.p.names,
 			strconv.FormatInt(l.tokens[0], 10), slog.Time("deadline", deadline), slog.Any("error", err))

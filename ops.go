@@ -301,6 +301,7 @@ func ints(cmd *redis.Cmd, into ...*int64) error {
 const (
 	capacityErrPrefix = "FAIRLOCK_CAPACITY "
 	foreignErrPrefix  = "FAIRLOCK_FOREIGN_KEY "
+	layoutErrPrefix   = "FAIRLOCK_LAYOUT "
 )
 
 // typeNames says what Redis's type names are, in messages.
@@ -325,9 +326,40 @@ func foreignKey(rest string) error {
 		ErrForeignKey, key, typeName(found), typeName(kept))
 }
 
+// incompatible reads a script's "FAIRLOCK_LAYOUT <found> <kept> <key>"
+// (queue.lua's LAYOUT) as an error matching ErrIncompatible.
+func incompatible(rest string) error {
+	found, rest, _ := strings.Cut(rest, " ")
+	kept, key, _ := strings.Cut(rest, " ")
+	return fmt.Errorf("%w: %q is in key layout %s, and this release keeps layout %s; nothing was changed (one name needs one layout: finish the upgrade, or let the semaphore go idle until its keys expire)",
+		ErrIncompatible, key, found, kept)
+}
+
+// scriptError returns err as fairlock's error when a script refused the
+// call for a reason it names (a key of another program's, keys of
+// another release's layout), wherever err came from, and err itself
+// otherwise. Errors met in the background (a waiter's refresh, a lease's
+// renewal) pass through it, so that the caller who finally sees them can
+// match them as a direct call's.
+func scriptError(err error) error {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return err
+	}
+	msg := rerr.Error()
+	if rest, ok := strings.CutPrefix(msg, foreignErrPrefix); ok {
+		return foreignKey(rest)
+	}
+	if rest, ok := strings.CutPrefix(msg, layoutErrPrefix); ok {
+		return incompatible(rest)
+	}
+	return err
+}
+
 // fail turns an error from Redis or the connection into fairlock's error
 // for op on the semaphores names (in the order the script took them). It is
-// the one place where Redis errors are mapped.
+// the one place where Redis errors become a call's (the errors a script
+// names, through scriptError, which the background paths use too).
 func fail(ctx context.Context, op string, names []string, err error) error {
 	// Only the caller's context makes a context error the caller's; an
 	// internal timeout means Redis did not answer in time.
@@ -348,8 +380,8 @@ func fail(ctx context.Context, op string, names []string, err error) error {
 		}
 		return opError(op, names, fmt.Errorf("%w: stored capacity is %s", ErrCapacityMismatch, stored))
 	}
-	if rest, ok := strings.CutPrefix(msg, foreignErrPrefix); ok {
-		return opError(op, names, foreignKey(rest))
+	if mapped := scriptError(err); mapped != err {
+		return opError(op, names, mapped)
 	}
 	if strings.HasPrefix(msg, "CROSSSLOT") {
 		return opError(op, names, fmt.Errorf("%w: %w", ErrCrossSlot, err))

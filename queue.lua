@@ -92,7 +92,10 @@
 --      a fast path may leave one key unproven only if its first write is
 --      to that key, so that its failure writes nothing. A key of another
 --      type fails the call with FAIRLOCK_FOREIGN_KEY, naming the key,
---      having written nothing (run_entry).
+--      having written nothing (run_entry). So does a state hash that
+--      another release of fairlock wrote in a layout of its own
+--      (FAIRLOCK_LAYOUT, see LAYOUT): each resource's state is read before
+--      anything is written, and the check comes with that read.
 --   3. A write that may still be refused goes through redis.pcall and is
 --      safe to lose: a wake-up (the waiter's refresh finds its grant), a
 --      key's TTL (set again by the next script). A wake list whose push
@@ -155,6 +158,18 @@ local pre, pre_call
 -- FOREIGN starts the error of a call that met a key of another type than
 -- fairlock keeps there: "FAIRLOCK_FOREIGN_KEY <found> <kept> <key>".
 local FOREIGN = 'FAIRLOCK_FOREIGN_KEY'
+
+-- LAYOUT is the layout of the keys these scripts keep. A state hash whose
+-- 'layout' field says another was written by another release of fairlock
+-- (none says this one: it is the layout of a hash without the field); a
+-- call that meets one fails with "FAIRLOCK_LAYOUT <found> <kept> <key>"
+-- having written nothing, so that releases with different layouts never
+-- both act on one semaphore (check_layout checks; run_entry replies). For
+-- that, a release with another layout keeps its state hash, with the
+-- field, for as long as any other key of the semaphore lives, or keeps
+-- its other keys under names this release does not use.
+local LAYOUT = '1'
+local LAYOUT_ERR = 'FAIRLOCK_LAYOUT'
 
 -- type_of returns the type of key, as TYPE names it ('none' if absent).
 local function type_of(key)
@@ -231,6 +246,8 @@ local function run_entry(body, K, A)
   local key, found, kept
   if type(res) == 'table' and res.fairlock_foreign then
     key, found, kept = res.fairlock_foreign, res.found, res.kept
+  elseif type(res) == 'table' and res.fairlock_layout then
+    return redis.error_reply(LAYOUT_ERR .. ' ' .. res.found .. ' ' .. LAYOUT .. ' ' .. res.fairlock_layout)
   else
     local msg = res
     if type(res) == 'table' then msg = res.err end

@@ -377,7 +377,7 @@ func (r *room) noteRefreshed(args []any, sent time.Time, err error) {
 		case err == nil:
 			w.alive, w.failed = sent, nil
 		default:
-			w.failed = err
+			w.failed = scriptError(err)
 		}
 	}
 }

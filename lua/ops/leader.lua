@@ -26,6 +26,9 @@ local extra = begin(KEYS)
 local rec = extra[1]
 declare_kind(#KEYS, 'hash')
 local op = ARGV[1]
+-- The mutex's lease is read below: in another release's layout it is
+-- refused, as every call on the mutex is.
+check_layout(KEYS[KS], redis.call('HGET', KEYS[KS], 'layout'))
 
 -- live_term reports whether the mutex has a live lease under token term.
 local function live_term(term)
