@@ -180,6 +180,12 @@ func (p *foreignPair) run(ctx context.Context, r *replayer, c call) (string, any
 	if err := r.prepare(ctx, c); err != nil {
 		return "", nil, err
 	}
+	return p.runPrepared(ctx, r, c)
+}
+
+// runPrepared runs c on r, whose clock prepare has set, and renders its
+// reply.
+func (p *foreignPair) runPrepared(ctx context.Context, r *replayer, c call) (string, any, error) {
 	out, err := runScript(ctx, r.scripts, r.rdb, c)
 	return fmt.Sprintf("%#v (error %v)", out, err), out, err
 }
@@ -225,17 +231,20 @@ func (p *foreignPair) plantAndCheck(ctx context.Context, c call, step int, k fke
 	if err := p.sync(ctx); err != nil {
 		return err
 	}
-	if err := plantScript.Run(ctx, p.inj.rdb, []string{k.key}, typ).Err(); err != nil {
+	// The clock first: it expires the keys due by the call's time, and a
+	// state hash marked as another layout's keeps its TTL, so it is
+	// marked after, to be there when the call runs.
+	if err := p.inj.prepare(ctx, c); err != nil {
 		return err
 	}
-	if err := p.inj.prepare(ctx, c); err != nil {
+	if err := plantScript.Run(ctx, p.inj.rdb, []string{k.key}, typ).Err(); err != nil {
 		return err
 	}
 	before, err := p.inj.dump(ctx, "")
 	if err != nil {
 		return err
 	}
-	got, _, cerr := p.run(ctx, p.inj, c)
+	got, _, cerr := p.runPrepared(ctx, p.inj, c)
 	if cerr != nil && strings.Contains(cerr.Error(), "WRONGTYPE") {
 		return fmt.Errorf("%s: step %d: %s\nwith %s at %s: %v (Redis's error, not fairlock's naming the key)", p.backend, step, c, typ, k.key, cerr)
 	}
