@@ -425,9 +425,6 @@ func (l *Lease) renew() {
 		if failed != nil {
 			// Renewals were failing, and their retries ran out with the
 			// lease's time: the last one's error says why.
-			if !errors.Is(failed, ErrRedis) {
-				failed = fmt.Errorf("%w: %w", ErrRedis, failed)
-			}
 			l.finish(opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: the renewals before its deadline failed: %w", ErrLeaseLost, failed)))
 			return
 		}
@@ -479,7 +476,7 @@ func (l *Lease) renew() {
 		atCap, l.stopped = true, true
 	default:
 		// Retry soon, but never past the deadline (nor the cap).
-		l.renewErr = scriptError(err)
+		l.renewErr = renewalFailure(scriptError(err), sent, deadline, ttl)
 		l.timer.Reset(l.untilCap(min(ttl/retryDivisor, time.Until(deadline))))
 		l.c.logf(slog.LevelWarn, "fairlock: renewal failed; retrying until the lease's deadline", l.p.names,
 			strconv.FormatInt(l.tokens[0], 10), slog.Time("deadline", deadline), slog.Any("error", err))
