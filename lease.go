@@ -37,6 +37,11 @@ type Lease struct {
 	holdEnd   time.Time     // when the cap ends the lease, locally; zero for none
 	capped    bool          // guarded by rmu: a renewal brought Redis's expiry to the cap
 	renewErr  error         // guarded by rmu: the last renewal's error, if it failed (the lease ends with it if its deadline passes)
+	// ending is why the lease ended, once the lease itself found so (its
+	// renewal, its cap, a lapse): set with stopped, before finish reports
+	// it and cancels its contexts, so Err reads it meanwhile. Guarded by
+	// rmu.
+	ending error
 
 	mu       sync.Mutex // serialises Release
 	released bool
@@ -179,36 +184,60 @@ func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 // the timers that would have ended it have not run yet (say, the process
 // was stopped past the lease's TTL and has just resumed). So nil from Err
 // means the lease was live in Redis when Err was called.
+//
+// An ending the lease finds itself (its renewal refused or too late, its
+// cap, the clock) is read by Err from the moment it is found, before Done
+// closes and before the observer hears of it; a Release or Close under way
+// in another goroutine ends the lease when its call returns.
 func (l *Lease) Err() error {
 	if err := context.Cause(l.ctx); err != nil {
 		return err
 	}
-	l.lapse(time.Now())
-	return context.Cause(l.ctx)
+	err := l.lapse(time.Now())
+	if cause := context.Cause(l.ctx); cause != nil {
+		return cause // (the first cause given sticks)
+	}
+	return err
 }
 
-// lapse ends the lease as lost if now is past its deadline, whatever its
-// renewal is doing: a renewal in flight is abandoned (its answer ignored,
-// as renew ignores one that comes after the deadline), and one still
-// scheduled returns at once when it runs. It takes no lock of the
-// scheduler's, so it works while the scheduler's timers are held up.
-func (l *Lease) lapse(now time.Time) {
+// lapse returns why the lease has ended if it has found so itself (see
+// ending), or nil while it may be live at now. Past its deadline, it ends
+// the lease as lost, whatever its renewal is doing: a renewal in flight
+// is abandoned (its answer ignored, as renew ignores one that comes after
+// the deadline), and one still scheduled returns at once when it runs. A
+// lease whose renewal a call that gives it up has stopped (Release, a
+// condition's wait, Close) is left to that call to end; past its deadline
+// lapse still returns the error. It takes no lock of the scheduler's, so
+// it works while the scheduler's timers are held up.
+func (l *Lease) lapse(now time.Time) error {
 	l.rmu.Lock()
-	if l.stopped || now.Before(l.deadline) {
+	if l.ending != nil || now.Before(l.deadline) {
+		err := l.ending
 		l.rmu.Unlock()
-		return
+		return err
 	}
-	deadline, capped := l.deadline, l.capped
-	l.stopped = true
-	l.halt()
+	// Redis's expiry, brought to the cap, may come a tick or two before
+	// the cap on the local clock (see cappedRenewal).
+	err := l.maxHoldErr()
+	if !l.capped {
+		err = opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: its deadline passed %v ago", ErrLeaseLost, now.Sub(l.deadline).Round(time.Millisecond)))
+	}
+	if l.stopped {
+		l.rmu.Unlock()
+		return err
+	}
+	l.endLocked(err)
 	l.rmu.Unlock()
-	if capped {
-		// Redis's expiry, brought to the cap, may come a tick or two
-		// before the cap on the local clock (see cappedRenewal).
-		l.finish(l.maxHoldErr())
-		return
-	}
-	l.finish(opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: its deadline passed %v ago", ErrLeaseLost, now.Sub(deadline).Round(time.Millisecond))))
+	l.finish(err)
+	return err
+}
+
+// endLocked stops the lease's renewal for good, for cause, which Err
+// reads from now on; the caller then calls finish(cause), without rmu.
+// Called with rmu held.
+func (l *Lease) endLocked(cause error) {
+	l.stopped, l.ending = true, cause
+	l.halt()
 }
 
 // Release frees the lease's permits, of all its semaphores at once, and
@@ -408,27 +437,25 @@ func (l *Lease) renew() {
 		return
 	}
 	if l.holdOver(time.Now()) {
-		l.stopped = true
-		announced := l.announced
+		cause, announced := l.maxHoldErr(), l.announced
+		l.endLocked(cause)
 		l.rmu.Unlock()
-		l.endAtCap(announced)
+		l.endAtCap(cause, announced)
 		return
 	}
 	if now := time.Now(); !now.Before(l.deadline) {
 		// The renewal comes after the deadline: this process did not run
 		// in time (stopped, starved of CPU), whatever Redis did.
 		late := now.Sub(l.deadline).Round(time.Millisecond)
-		failed := l.renewErr
-		l.stopped = true
-		l.halt()
-		l.rmu.Unlock()
-		if failed != nil {
+		lost := opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: this process did not run until %v past the lease's deadline (stopped or starved of CPU)", ErrLeaseLost, late))
+		if l.renewErr != nil {
 			// Renewals were failing, and their retries ran out with the
 			// lease's time: the last one's error says why.
-			l.finish(opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: the renewals before its deadline failed: %w", ErrLeaseLost, failed)))
-			return
+			lost = opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: the renewals before its deadline failed: %w", ErrLeaseLost, l.renewErr))
 		}
-		l.finish(opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: this process did not run until %v past the lease's deadline (stopped or starved of CPU)", ErrLeaseLost, late)))
+		l.endLocked(lost)
+		l.rmu.Unlock()
+		l.finish(lost)
 		return
 	}
 	l.renewing = true
@@ -456,8 +483,7 @@ func (l *Lease) renew() {
 	l.rmu.Lock()
 	l.renewing = false
 	l.idle.Broadcast()
-	var lost error
-	atCap := false
+	var lost, atCap error
 	switch {
 	case l.stopped:
 	case err == nil && n == 1:
@@ -473,7 +499,8 @@ func (l *Lease) renew() {
 	case !time.Now().Before(deadline):
 		lost = opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: %w", ErrLeaseLost, renewalFailure(scriptError(err), sent, deadline, ttl)))
 	case l.pastCap(time.Now()):
-		atCap, l.stopped = true, true
+		atCap = l.maxHoldErr()
+		l.endLocked(atCap)
 	default:
 		// Retry soon, but never past the deadline (nor the cap).
 		l.renewErr = renewalFailure(scriptError(err), sent, deadline, ttl)
@@ -482,14 +509,14 @@ func (l *Lease) renew() {
 			strconv.FormatInt(l.tokens[0], 10), slog.Time("deadline", deadline), slog.Any("error", err))
 	}
 	if lost != nil {
-		l.stopped = true
+		l.endLocked(lost)
 	}
 	l.rmu.Unlock()
 	if lost != nil {
 		l.finish(lost)
 	}
-	if atCap {
-		l.endAtCap(announced)
+	if atCap != nil {
+		l.endAtCap(atCap, announced)
 	}
 }
 

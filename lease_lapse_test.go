@@ -3,7 +3,9 @@ package fairlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -95,5 +97,132 @@ func TestRenewalFailureSaysWhose(t *testing.T) {
 		if errors.Is(got, ErrRedis) != tc.redis || !strings.Contains(got.Error(), tc.contains) {
 			t.Errorf("renewalFailure(%v, sent %v before the deadline) = %v; want ErrRedis %v, saying %q", tc.err, tc.left, got, tc.redis, tc.contains)
 		}
+	}
+}
+
+// holdingObserver holds up the first report of a lost lease until release
+// closes: the lease is then part-way through ending, its cause decided and
+// its context not yet cancelled.
+type holdingObserver struct {
+	once    sync.Once
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (o *holdingObserver) Observe(e Event) {
+	if e.Kind != LeaseLost {
+		return
+	}
+	o.once.Do(func() {
+		close(o.entered)
+		<-o.release
+	})
+}
+
+// Err reads nil only while the lease is live in Redis. Every way a lease
+// ends on its own decides so in one goroutine, then reports and cancels in
+// a while; an Err (which ownership checks read too) or a LeaseContext in
+// another goroutine meanwhile must already see it ended. (A holder resumed from a
+// stop past its lease runs its renewal timer and its own Err at once: an
+// Err that read nil there let it act beside the next holder.) Each row
+// ends a lease one way and holds the ending up at its report.
+func TestErrSeesALeaseThatIsEnding(t *testing.T) {
+	past := func(l *Lease) {
+		l.rmu.Lock()
+		l.deadline = time.Now().Add(-time.Millisecond)
+		l.rmu.Unlock()
+	}
+	for _, tc := range []struct {
+		name    string
+		maxHold time.Duration
+		want    error // ErrLeaseLost if nil
+		end     func(t *testing.T, b *redistest.Backend, l *Lease)
+	}{
+		{name: "its renewal runs past its deadline", end: func(t *testing.T, b *redistest.Backend, l *Lease) {
+			past(l)
+			l.renew()
+		}},
+		{name: "its renewals failed until its deadline", end: func(t *testing.T, b *redistest.Backend, l *Lease) {
+			l.rmu.Lock()
+			l.renewErr = fmt.Errorf("%w: refused", ErrRedis)
+			l.rmu.Unlock()
+			past(l)
+			l.renew()
+		}},
+		{name: "Redis answers its renewal: expired", end: func(t *testing.T, b *redistest.Backend, l *Lease) {
+			if err := b.Client(t).Del(context.Background(), l.p.keys...).Err(); err != nil {
+				t.Error(err)
+				return
+			}
+			l.renew()
+		}},
+		{name: "another Err finds it past its deadline", end: func(t *testing.T, b *redistest.Backend, l *Lease) {
+			past(l)
+			_ = l.Err()
+		}},
+		{name: "a LeaseContext finds it past its deadline", end: func(t *testing.T, b *redistest.Backend, l *Lease) {
+			past(l)
+			_, cancel := LeaseContext(context.Background(), l)
+			cancel()
+		}},
+		{name: "it reaches its cap on holding", maxHold: time.Minute, want: ErrMaxHold, end: func(t *testing.T, b *redistest.Backend, l *Lease) {
+			l.rmu.Lock()
+			l.holdEnd = time.Now().Add(-time.Millisecond)
+			l.deadline = l.holdEnd
+			l.rmu.Unlock()
+			l.renew()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+				obs := &holdingObserver{entered: make(chan struct{}), release: make(chan struct{})}
+				var released sync.Once
+				letGo := func() { released.Do(func() { close(obs.release) }) }
+				defer letGo()
+				opts := []Option{WithPrefix(redistest.Prefix(t)), WithLeaseTTL(time.Minute), WithObserver(obs)}
+				if tc.maxHold > 0 {
+					opts = append(opts, WithMaxHold(tc.maxHold))
+				}
+				c, err := New(b.Client(t), opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				l, err := c.Acquire(context.Background(), Request{Name: "ending", Capacity: 1, Permits: 1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ended := make(chan struct{})
+				go func() {
+					defer close(ended)
+					tc.end(t, b, l)
+				}()
+				select {
+				case <-obs.entered:
+				case <-ended:
+					t.Fatal("the lease did not end")
+				case <-time.After(10 * time.Second):
+					t.Fatal("the lease did not end within 10s")
+				}
+				err = l.Err()
+				ctx, cancel := LeaseContext(context.Background(), l)
+				letGo()
+				<-ended
+				defer cancel()
+				want := tc.want
+				if want == nil {
+					want = ErrLeaseLost
+				}
+				if !errors.Is(err, want) {
+					t.Errorf("Err() while the lease ends = %v; want %v", err, want)
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(10 * time.Second):
+					t.Error("a LeaseContext made while the lease ends was not cancelled with it")
+				}
+				<-l.Done()
+			})
+		})
 	}
 }

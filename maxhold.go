@@ -119,15 +119,16 @@ func (l *Lease) untilCap(d time.Duration) time.Duration {
 	return min(d, time.Until(l.holdEnd))
 }
 
-// endAtCap ends the lease at its cap: Done closes with ErrMaxHold, then
+// endAtCap ends the lease at its cap: Done closes with cause (see
+// maxHoldErr), then
 // the lease is released in the background (for up to one waiter TTL, as
 // any clean-up). Redis expires it about now anyway (its last renewal asked
 // for no more), so releasing changes no one's safety; it wakes the next
 // waiter now, whose timer may be set for the later expiry the lease had
 // before its last renewal shortened it, and frees a grant that outlasts
 // the cap because the renewal meant to shorten it failed.
-func (l *Lease) endAtCap(announced bool) {
-	l.finish(l.maxHoldErr())
+func (l *Lease) endAtCap(cause error, announced bool) {
+	l.finish(cause)
 	args := l.p.releaseArgs("release", l.ticket, l.c, announced, l.tokens)
 	l.c.spawn(func() { l.c.cleanUp(context.Background(), args, l.p) })
 }
