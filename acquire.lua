@@ -63,7 +63,7 @@ local function granted(code)
 end
 
 -- A resent call finds what the first one did: a grant (recorded in S until
--- released or confirmed), a tombstone (the grant has ended), or its place
+-- its lease ends), a tombstone (the grant has ended), or its place
 -- in the queue.
 local g = rs[1].grant
 if is_tomb(g) then return { 4 } end

@@ -35,10 +35,9 @@
 --                acquire and a refresh find);
 --                ticket -> "c" followed by the condition's name for every
 --                ticket waiting on a condition variable (in :c...);
---                ticket -> token of every live grant made at once, until
---                released, and of every grant announced on a wake list,
---                until its process confirms it: what a retried or
---                withdrawn call finds; and ticket -> "r" (released) or
+--                ticket -> token of every live grant, made at once or
+--                announced on a wake list, until its lease ends: what a
+--                retried or withdrawn call finds; and ticket -> "r" (released) or
 --                "x" (ended otherwise) for a while after a lease ends
 --                (tombstones), so that a resent call does not act twice.
 --                Tickets are upper-case base32 text, so they never clash

@@ -7,7 +7,9 @@
 --       "leave" and "wait", a condition's :c key may follow.
 -- ARGV: op, ticket, client, leaseMs, waiterMs, group ("" for one
 --       resource), announced ("1" if the grant was announced on a wake list
---       and not yet confirmed by a renewal), then permits, token for each
+--       and not yet confirmed by a renewal; the rules treat both alike, the
+--       record of either grant lasting as long as its lease), then permits,
+--       token for each
 --       resource; "wait" adds the new ticket and the condition's name
 --       (lua/args.lua's parse_release).
 -- Reply: {result, more}, more 1 when the queues have work left for later
@@ -47,7 +49,6 @@ local a = parse_release(ARGV, nres)
 local ckeys = begin(KEYS)
 
 local op, ticket, client, lease, wait, group = a[OP], a[TICKET], a[CLIENT], a[LEASE], a[WAIT], a[GROUP]
-local announced = is_announced(a)
 local fresh, cond = wait_args(a, nres)
 local rs = declared(ticket)
 local parts = {}
@@ -68,7 +69,6 @@ end
 if op == 'leave' then
   -- A grant this waiter has not heard of was announced, so S has its
   -- tokens.
-  announced = true
   for _, p in ipairs(parts) do
     local g = p.r.grant
     p.ts = is_token(g) and g or '0'
@@ -107,7 +107,7 @@ if result == 0 then
   for _, p in ipairs(parts) do
     if p.at then
       if op == 'renew' and live then
-        renew(p.r, p.hm, lease, ticket, announced)
+        renew(p.r, p.hm, lease)
       elseif (op == 'release' or op == 'wait') and live then
         drop_holder(p.r, p.hm, p.n, RELEASED)
       else

@@ -181,6 +181,7 @@ func TestResentCallsCatchBrokenRules(t *testing.T) {
 		{"a resent signal acts again", "lua/ops/signal.lua", "if is_signalled(r.grant) then", "if false then"},
 		{"a resent queued acquire queues again", "acquire.lua", "if g == QUEUED then\n", "if false then\n"},
 		{"a trim forgets the calling ticket's tombstone", "lua/resource.lua", "if r.grants[t] == nil and t ~= r.ticket then", "if r.grants[t] == nil then"},
+		{"a renewal forgets the grant's record", "lua/grant.lua", "  hold_at(r, now + ttl, m)\nend", "  hold_at(r, now + ttl, m)\n  record(r, (parse_holder(m)), false)\nend"},
 		{"a refresh does not report its own grants", "lua/ops/refresh.lua", "  if tokens then\n    out[#out + 1] = w.ticket", "  if false then\n    out[#out + 1] = w.ticket"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

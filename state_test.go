@@ -93,10 +93,11 @@ func TestCapacityMismatch(t *testing.T) {
 }
 
 // The state hash records each grant's token (for retried and withdrawn
-// calls) only until the grant is released or confirmed. On a semaphore that
-// never goes idle, so that its hash never expires, the records must not
-// pile up: after many grants made at once and handed over through the
-// queue, only the live ones remain.
+// calls) only while its lease lives: a grant made at once, and one handed
+// over through the queue and confirmed by its holder's renewal, until
+// released. On a semaphore that never goes idle, so that its hash never
+// expires, the records must not pile up: after many grants of both kinds,
+// only the live ones remain.
 func TestGrantRecordsDoNotPile(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := fltest.New(t, b)
@@ -146,8 +147,19 @@ func TestGrantRecordsDoNotPile(t *testing.T) {
 			if r.Err != nil {
 				t.Fatal(r.Err)
 			}
-			e.WaitFor("the handed-over grant confirmed", func() bool { return records() == 1 })
+			// Confirmed: its expiry moves from the waiter TTL to the
+			// lease's, like the pinned one's.
+			e.WaitFor("the handed-over grant confirmed", func() bool {
+				hs, err := e.RDB.ZRangeWithScores(ctx, e.Key("busy", "h"), 0, -1).Result()
+				return err == nil && len(hs) == 2 && int64(hs[0].Score) > time.Now().Add(time.Second).UnixMilli()
+			})
+			if n := records(); n != 2 {
+				t.Fatalf("%d grant records with two leases held", n)
+			}
 			e.Release(r.Lease)
+			if n := records(); n != 1 {
+				t.Fatalf("%d grant records once the handed-over lease was released, with one lease held", n)
+			}
 		}
 		if n := records(); n != 1 {
 			t.Fatalf("%d grant records after 40 grants came and went, with one lease held", n)

@@ -4,8 +4,9 @@
 -- ARGV, read by the names and functions below: a table built for the
 -- arguments would cost the fast paths more than the rest of their reading.
 
--- The leading arguments of acquire and release, by name.
-local OP, TICKET, CLIENT, LEASE, WAIT, GROUP, ANNOUNCED = 1, 2, 3, 4, 5, 6, 7
+-- The leading arguments of acquire and release, by name. (Release's
+-- seventh, announced, is read by no rule.)
+local OP, TICKET, CLIENT, LEASE, WAIT, GROUP = 1, 2, 3, 4, 5, 6
 
 -- parse_acquire reads an "acquire" or "try" for nres resources: op,
 -- ticket, client, leaseMs, waiterMs, group, then permits and capacity for
@@ -41,12 +42,6 @@ end
 local function part_of(a, i)
   local ns = a[6 + 2 * i]
   return tonumber(ns), ns, a[7 + 2 * i]
-end
-
--- is_announced reports whether release a is about a grant announced on a
--- wake list that its process has not confirmed yet.
-local function is_announced(a)
-  return a[ANNOUNCED] == '1'
 end
 
 -- wait_args returns a "wait"'s new ticket and condition name.

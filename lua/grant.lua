@@ -160,10 +160,12 @@ local function hold(r, ticket, n, ns, client, ttl)
 end
 
 -- renew extends ticket's live lease m on r to now + ttl; a grant
--- announced to it (on a wake list) is confirmed, its record forgotten.
-local function renew(r, m, ttl, ticket, announced)
+-- announced to it (on a wake list) is confirmed so. Its record (the
+-- token) stays until the lease ends, as a grant made at once keeps its
+-- own: a late copy of the acquire that queued the ticket must find the
+-- grant, not an unknown ticket to queue again.
+local function renew(r, m, ttl)
   hold_at(r, now + ttl, m)
-  if announced then record(r, ticket, false) end
 end
 
 -- fits reports whether n more permits of r fit now, purging expired leases

@@ -1,7 +1,7 @@
 -- renew_batch.lua: the entry of "renew_batch": renews leases of one
 -- process on one resource, each as release.lua's "renew" does one (see
--- grant.lua's renew): a live lease is extended to now + its leaseMs (and
--- its grant, if announced, confirmed); one that has expired is dropped,
+-- grant.lua's renew): a live lease is extended to now + its leaseMs (so
+-- its grant, if announced, is confirmed); one that has expired is dropped,
 -- never brought back.
 --
 -- KEYS: one resource's five keys.
@@ -15,7 +15,7 @@ local client = ARGV[2]
 local leases = {}
 for i = 3, #ARGV, 5 do
   leases[#leases + 1] = {
-    ticket = ARGV[i], n = tonumber(ARGV[i + 1]), announced = ARGV[i + 3] == '1', ttl = tonumber(ARGV[i + 4]),
+    ticket = ARGV[i], n = tonumber(ARGV[i + 1]), ttl = tonumber(ARGV[i + 4]),
     m = holder_member(ARGV[i], ARGV[i + 1], client, ARGV[i + 2]),
   }
 end
@@ -30,7 +30,7 @@ for j, l in ipairs(leases) do
   local t = tonumber(at[j])
   out[j] = 0
   if alive(t) then
-    renew(r, l.m, l.ttl, l.ticket, l.announced)
+    renew(r, l.m, l.ttl)
     out[j] = 1
   elseif t then
     drop_holder(r, l.m, l.n, ENDED)
