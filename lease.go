@@ -232,6 +232,17 @@ func (l *Lease) lapse(now time.Time) error {
 	return err
 }
 
+// endedBy returns why the lease ended, if it has, or found itself ended:
+// its first cause; nil while its end is not decided.
+func (l *Lease) endedBy() error {
+	if err := context.Cause(l.ctx); err != nil {
+		return err
+	}
+	l.rmu.Lock()
+	defer l.rmu.Unlock()
+	return l.ending
+}
+
 // endLocked stops the lease's renewal for good, for cause, which Err
 // reads from now on; the caller then calls finish(cause), without rmu.
 // Called with rmu held.
@@ -320,7 +331,9 @@ func (l *Lease) Release(ctx context.Context) error {
 		return err
 	}
 	l.released = true
-	if errors.Is(l.Err(), ErrMaxHold) {
+	if cause := l.endedBy(); errors.Is(cause, ErrMaxHold) {
+		// The cap ended the lease before Release stopped its renewal.
+		l.finish(cause) // (if its own finish has not yet run)
 		return opError("release", l.p.names, ErrMaxHold)
 	}
 	if n != 1 {
@@ -374,9 +387,16 @@ func (l *Lease) stopRenewal() {
 	}
 }
 
-// finish ends the lease with cause (the first cause given sticks), forgets
+// finish ends the lease with cause (the first cause given sticks, and
+// the end the lease found itself, see ending, comes before any), forgets
 // it in its client, and ends its LeaseContexts, before it returns.
 func (l *Lease) finish(cause error) {
+	l.rmu.Lock()
+	if l.ending != nil {
+		// The lease found itself ended first: Err has said so since.
+		cause = l.ending
+	}
+	l.rmu.Unlock()
 	l.emu.Lock()
 	if l.ended {
 		l.emu.Unlock()
@@ -384,7 +404,15 @@ func (l *Lease) finish(cause error) {
 	}
 	l.ended = true
 	quiet := l.quiet
+	// LeaseContexts end first, before the report (an observer's code may
+	// take its time) and before Done closes, so whoever sees Done closed
+	// finds them ended.
+	subs := l.subs
+	l.subs, l.subsEnded, l.cause = nil, true, cause
 	l.emu.Unlock()
+	for _, end := range subs {
+		end(cause)
+	}
 	// Reported before Done closes, so whoever waits on Done sees it said.
 	held := time.Since(l.granted)
 	switch {
@@ -397,15 +425,6 @@ func (l *Lease) finish(cause error) {
 			l.c.logf(slog.LevelWarn, "fairlock: lease lost", l.p.names, strconv.FormatInt(l.tokens[0], 10),
 				slog.Duration("held", held), slog.Any("cause", cause))
 		}
-	}
-	// LeaseContexts end before Done closes, so whoever sees Done closed
-	// finds them ended.
-	l.emu.Lock()
-	subs := l.subs
-	l.subs, l.subsEnded, l.cause = nil, true, cause
-	l.emu.Unlock()
-	for _, end := range subs {
-		end(cause)
 	}
 	l.end(cause)
 	l.c.mu.Lock()
@@ -573,10 +592,15 @@ func LeaseContext(parent context.Context, lease *Lease) (ctx context.Context, ca
 	}
 	l := lease
 	ctx = withOwner(ctx, l)
-	l.lapse(time.Now()) // a lease past its deadline has ended, its timers run or not
+	// A lease that has ended, or is past its deadline, its timers run or
+	// not, gives a context ended at once.
+	ending := l.lapse(time.Now())
 	l.emu.Lock()
-	if l.subsEnded {
+	if l.subsEnded || ending != nil {
 		cause := l.cause
+		if !l.subsEnded {
+			cause = ending
+		}
 		l.emu.Unlock()
 		cancelCause(cause)
 		return ctx, cancel

@@ -121,8 +121,9 @@ func (o *holdingObserver) Observe(e Event) {
 
 // Err reads nil only while the lease is live in Redis. Every way a lease
 // ends on its own decides so in one goroutine, then reports and cancels in
-// a while; an Err (which ownership checks read too) or a LeaseContext in
-// another goroutine meanwhile must already see it ended. (A holder resumed from a
+// a while; an Err (which ownership checks read too), a LeaseContext made
+// before, or one made meanwhile, in another goroutine, must already say it
+// ended. (A holder resumed from a
 // stop past its lease runs its renewal timer and its own Err at once: an
 // Err that read nil there let it act beside the next holder.) Each row
 // ends a lease one way and holds the ending up at its report.
@@ -192,6 +193,8 @@ func TestErrSeesALeaseThatIsEnding(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				before, cancelBefore := LeaseContext(context.Background(), l)
+				defer cancelBefore()
 				ended := make(chan struct{})
 				go func() {
 					defer close(ended)
@@ -206,6 +209,7 @@ func TestErrSeesALeaseThatIsEnding(t *testing.T) {
 				}
 				err = l.Err()
 				ctx, cancel := LeaseContext(context.Background(), l)
+				beforeErr, madeErr := before.Err(), ctx.Err()
 				letGo()
 				<-ended
 				defer cancel()
@@ -216,10 +220,11 @@ func TestErrSeesALeaseThatIsEnding(t *testing.T) {
 				if !errors.Is(err, want) {
 					t.Errorf("Err() while the lease ends = %v; want %v", err, want)
 				}
-				select {
-				case <-ctx.Done():
-				case <-time.After(10 * time.Second):
-					t.Error("a LeaseContext made while the lease ends was not cancelled with it")
+				if beforeErr == nil {
+					t.Error("a LeaseContext made before the lease ended is not cancelled while it ends")
+				}
+				if madeErr == nil {
+					t.Error("a LeaseContext made while the lease ends is returned live")
 				}
 				<-l.Done()
 			})

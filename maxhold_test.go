@@ -375,3 +375,35 @@ func TestMaxHoldInputs(t *testing.T) {
 		t.Fatal("errors.Is(ErrLeaseLost, ErrMaxHold) = true, want false")
 	}
 }
+
+// A Release sent before the cap whose answer comes after it (past the
+// lease's deadline, the cap's timer stopped by Release) still ends the
+// lease: Done closes, and Release says what Redis answered.
+func TestReleaseAcrossTheCapEndsTheLease(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		const d = 400 * time.Millisecond
+		gate := make(chan struct{})
+		c := clientWith(t, e, &opHook{op: "release", gate: gate}, fairlock.WithLeaseTTL(time.Second), fairlock.WithMaxHold(d))
+		start := time.Now()
+		l, err := c.Acquire(ctx, fairlock.Request{Name: "across", Capacity: 1, Permits: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(d / 2) // the renewal that brings Redis's expiry to the cap has landed
+		done := make(chan error, 1)
+		go func() { done <- l.Release(ctx) }()
+		time.Sleep(time.Until(start.Add(d + 100*time.Millisecond)))
+		close(gate) // the release reaches Redis past the cap
+		rerr := <-done
+		if !errors.Is(rerr, fairlock.ErrLeaseLost) {
+			t.Errorf("Release reaching Redis past the cap = %v; want ErrLeaseLost (Redis had expired it)", rerr)
+		}
+		select {
+		case <-l.Done():
+		case <-time.After(3 * time.Second):
+			t.Fatalf("Done not closed 3s after Release returned %v (Err %v)", rerr, l.Err())
+		}
+	})
+}
