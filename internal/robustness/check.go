@@ -96,6 +96,8 @@ type Limits struct {
 // Result is what Check found.
 type Result struct {
 	Acquired int // leases granted
+	// ByChild counts the leases granted to each child process.
+	ByChild  map[int]int
 	StoreOps int // reads and writes the store answered
 	Refused  int // reads and writes the store refused (fenced rejections)
 	Errors   int // fairlock calls that failed (any error)
@@ -121,6 +123,10 @@ func (r *Result) violate(format string, args ...any) {
 func Check(h History, finals map[string]Final, pauses []Pause, lim Limits) Result {
 	var res Result
 	res.Acquired = len(h.Leases)
+	res.ByChild = map[int]int{}
+	for _, l := range h.Leases {
+		res.ByChild[l.Child]++
+	}
 	var ops []porcupine.Operation
 	writes := map[string]int64{}
 	for _, op := range h.Ops {

@@ -75,6 +75,15 @@
 // the latest). Under -short only the fault-free run and the checks' own
 // tests run.
 //
+// # Rolling upgrades
+//
+// TestRollingUpgrade builds this package's test binary from the previous
+// release (previousRelease, a commit of this repository) and runs it as
+// two of the three children, beside one of this build, fault-free, with
+// every connection cut, and with a child of either release stopped past
+// its lease: two releases of fairlock on one Redis must keep the promises
+// of one.
+//
 // # Mutations
 //
 // [Mutations] breaks one rule of the Lua at a time (the capacity check,

@@ -62,6 +62,10 @@ type scenario struct {
 	// directly (their clients find the nodes through Sentinel or Cluster).
 	deploy     string
 	replicaAck int // WithReplicaAck's replicas in the children; 0 for none
+	// older, when set, is a test binary of this package built from the
+	// previous release (see upgrade_test.go): the even children run it,
+	// the others this build, so both releases share the semaphores.
+	older string
 }
 
 // env is a running scenario, as the nemesis sees it.
@@ -191,7 +195,11 @@ func run(t *testing.T, sc scenario) Result {
 		t.Fatalf("unknown deployment %q", sc.deploy)
 	}
 	for i := range children {
-		k := &kid{cmd: exec.Command(os.Args[0], "-test.run=^$")}
+		bin := os.Args[0]
+		if sc.older != "" && i%2 == 0 {
+			bin = sc.older
+		}
+		k := &kid{cmd: exec.Command(bin, "-test.run=^$")}
 		k.cmd.Env = append(os.Environ(),
 			"GORACE=atexit_sleep_ms=0", redisEnv(i), envAck+"="+strconv.Itoa(sc.replicaAck),
 			envChild+"="+strconv.Itoa(i), envStore+"="+store.URL(),
