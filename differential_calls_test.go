@@ -43,6 +43,7 @@ type cticket struct {
 	parts     []cpart
 	tokens    []string // holding: one per part
 	announced bool     // holding: granted on a wake list, not yet confirmed
+	heard     bool     // holding: granted on a wake list, confirmed or not
 	cond      string   // waiting on this condition ("c:" prefix) when set
 }
 
@@ -268,7 +269,7 @@ func (m *callMachine) learn(ticket, grant string) {
 	if len(f) < 2 {
 		return
 	}
-	tk.tokens, tk.announced, tk.cond = f[1:], true, ""
+	tk.tokens, tk.announced, tk.heard, tk.cond = f[1:], true, true, ""
 	m.holding = append(m.holding, tk)
 }
 
@@ -391,6 +392,85 @@ func (m *callMachine) resend(t *rapid.T) {
 	m.exec(call{Script: c.Script, Keys: c.Keys, Args: c.Args})
 }
 
+// resendAcquire sends an earlier acquire again, now, however long ago it
+// was first sent: a copy delayed in the network, which may come after
+// its grant was handed over, confirmed and released. A copy that comes
+// while its ticket's lease lives must find that grant (answer "granted
+// already", with its tokens) and so change nothing; it must not be taken
+// for a new request.
+func (m *callMachine) resendAcquire(t *rapid.T) {
+	var acquires []call
+	for _, c := range m.sent {
+		if len(c.Args) > 0 && (c.Args[0] == "acquire" || c.Args[0] == "try") {
+			acquires = append(acquires, c)
+		}
+	}
+	if len(acquires) == 0 {
+		t.Skip("no acquire sent")
+	}
+	// Most often a holder's, granted on a wake list if any: the copies
+	// that may be taken for new requests.
+	var holders, heard []call
+	for _, c := range acquires {
+		for _, tk := range m.holding {
+			if tk.ticket == c.Args[1] {
+				holders = append(holders, c)
+				if tk.heard {
+					heard = append(heard, c)
+				}
+			}
+		}
+	}
+	switch rapid.IntRange(0, 3).Draw(t, "whose") {
+	case 0:
+	case 1:
+		if len(holders) > 0 {
+			acquires = holders
+		}
+	default:
+		if len(heard) > 0 {
+			acquires = heard
+		} else if len(holders) > 0 {
+			acquires = holders
+		}
+	}
+	c := acquires[rapid.IntRange(0, len(acquires)-1).Draw(t, "acquire")]
+	var held *cticket
+	for _, tk := range m.holding {
+		if tk.ticket == c.Args[1] && m.live(tk) {
+			held = tk
+		}
+	}
+	if held != nil && held.announced && rapid.Bool().Draw(t, "confirmed first") {
+		// Its holder confirms the grant (a renewal), then the copy comes.
+		m.exec(call{Keys: partKeys(held.parts), Args: releaseArgs("renew", held, held.p.lease)})
+		held.announced = false
+	}
+	res, ok := m.exec(call{Script: c.Script, Keys: c.Keys, Args: c.Args}).([]any)
+	if held == nil || !ok {
+		return // (or refused: another program's key, say)
+	}
+	var tokens []string
+	for _, v := range res[min(3, len(res)):] {
+		tokens = append(tokens, fmt.Sprint(v))
+	}
+	if len(res) == 0 || res[0] != int64(acqGrantedBefore) || !slices.Equal(tokens, held.tokens) {
+		t.Fatalf("a late copy of the acquire of %s, whose lease (tokens %v) lives, answered %v: taken for a new request", held.ticket, held.tokens, res)
+	}
+}
+
+// live reports whether tk's lease lives on every part, by the first
+// database and the machine's clock.
+func (m *callMachine) live(tk *cticket) bool {
+	for i, p := range tk.parts {
+		at, err := m.pair.sides()[0].rdb.ZScore(m.ctx, p.sem.base+":h", fmt.Sprintf("%s %d %s %s", tk.ticket, p.n, tk.p.id, tk.tokens[i])).Result()
+		if err != nil || int64(at) <= m.nowMs() {
+			return false
+		}
+	}
+	return true
+}
+
 // advance moves the clock: a little, or just past the next time any of
 // the semaphores' sorted sets holds (a lease expiry, a waiter deadline, a
 // tombstone's end), or a long way.
@@ -453,20 +533,21 @@ func runCallMachine(rt *rapid.T, pair callSides, started ...func(*callMachine)) 
 		f(m)
 	}
 	rt.Repeat(map[string]func(*rapid.T){
-		"acquire":     m.acquire,
-		"release":     m.release,
-		"renew batch": m.renewBatch,
-		"leave":       m.leave,
-		"refresh":     m.refresh,
-		"hear":        m.hear,
-		"pump":        m.pump,
-		"status":      m.status,
-		"wait":        m.condWait,
-		"signal":      m.signal,
-		"resend":      m.resend,
-		"lapse":       m.lapse,
-		"advance":     m.advance,
-		"":            func(*rapid.T) {},
+		"acquire":      m.acquire,
+		"release":      m.release,
+		"renew batch":  m.renewBatch,
+		"leave":        m.leave,
+		"refresh":      m.refresh,
+		"hear":         m.hear,
+		"pump":         m.pump,
+		"status":       m.status,
+		"wait":         m.condWait,
+		"signal":       m.signal,
+		"resend":       m.resend,
+		"late acquire": m.resendAcquire,
+		"lapse":        m.lapse,
+		"advance":      m.advance,
+		"":             func(*rapid.T) {},
 	})
 	return len(m.sent)
 }

@@ -181,6 +181,8 @@ func TestResentCallsCatchBrokenRules(t *testing.T) {
 		{"a resent signal acts again", "lua/ops/signal.lua", "if is_signalled(r.grant) then", "if false then"},
 		{"a resent queued acquire queues again", "acquire.lua", "if g == QUEUED then\n", "if false then\n"},
 		{"a trim forgets the calling ticket's tombstone", "lua/resource.lua", "if r.grants[t] == nil and t ~= r.ticket then", "if r.grants[t] == nil then"},
+		{"a confirmation forgets a handed-over grant's record", "release.lua", "        renew(p.r, p.hm, lease)\n", "        renew(p.r, p.hm, lease)\n        if ARGV[7] == '1' then record(p.r, ticket, false) end\n"},
+		{"a batched confirmation forgets a handed-over grant's record", "lua/ops/renew_batch.lua", "    renew(r, l.m, l.ttl)\n", "    renew(r, l.m, l.ttl)\n    if ARGV[3 + 5 * (j - 1) + 3] == '1' then record(r, l.ticket, false) end\n"},
 		{"a renewal forgets the grant's record", "lua/grant.lua", "  hold_at(r, now + ttl, m)\nend", "  hold_at(r, now + ttl, m)\n  record(r, (parse_holder(m)), false)\nend"},
 		{"a refresh does not report its own grants", "lua/ops/refresh.lua", "  if tokens then\n    out[#out + 1] = w.ticket", "  if false then\n    out[#out + 1] = w.ticket"},
 	} {
