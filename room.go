@@ -50,6 +50,9 @@ type waiter struct {
 	// by c.mu). See failStale.
 	alive  time.Time
 	failed error
+	// alone: the last refresh that failed covered this waiter alone, so
+	// its failure is this waiter's own (guarded by c.mu).
+	alone bool
 }
 
 // wakeup is what a waiter learns: granted (a token per semaphore), dropped
@@ -375,9 +378,9 @@ func (r *room) noteRefreshed(args []any, sent time.Time, err error) {
 		switch {
 		case w == nil:
 		case err == nil:
-			w.alive, w.failed = sent, nil
+			w.alive, w.failed, w.alone = sent, nil, false
 		default:
-			w.failed = scriptError(err)
+			w.failed, w.alone = scriptError(err), refreshCount(args) == 1
 		}
 	}
 }
@@ -388,10 +391,14 @@ func (r *room) noteRefreshed(args []any, sent time.Time, err error) {
 //
 // A waiter whose refreshes were all refused (an error Redis answered, or
 // a connection it could not make) since it was last known alive, one
-// waiter TTL ago, fails: so a refresh that fails for what it reaches for
-// one waiter, such as another program's key at a multi-lock's other
-// semaphore, fails that waiter, not the room (refresh parts it from the
-// others). A refresh that timed out says only that Redis, or the pool, is
+// waiter TTL ago, fails if the last of them covered it alone; if that
+// covered others too, it fails three waiter TTLs after it was last
+// alive. So a refresh that fails for what it reaches for one waiter, such
+// as another program's key at a multi-lock's other semaphore, fails that
+// waiter, not the room: refresh parts the waiters of failed scripts into
+// smaller ones round by round (see refresh), the one at fault ends alone
+// and fails, and those that were beside it are answered again before
+// their limit. A refresh that timed out says only that Redis, or the pool, is
 // busy: its waiters fail once no script of the room has been answered for
 // three waiter TTLs either. While some are answered, Redis is up, and a
 // waiter whose ticket died meanwhile is reported gone by the next refresh
@@ -405,7 +412,7 @@ func (r *room) failStale(now time.Time) {
 		if !w.queued || w.failed == nil {
 			continue
 		}
-		lost := now.Sub(w.alive) >= c.cfg.waiterTTL
+		lost := now.Sub(w.alive) >= c.cfg.waiterTTL && w.alone || now.Sub(w.alive) >= 3*c.cfg.waiterTTL
 		if slow(w.failed) {
 			limit := 3 * c.cfg.waiterTTL
 			lost = now.Sub(w.alive) >= limit && now.Sub(r.answered) >= limit ||
@@ -418,6 +425,6 @@ func (r *room) failStale(now time.Time) {
 	}
 	c.mu.Unlock()
 	for _, w := range stale {
-		w.ch <- wakeup{err: fmt.Errorf("%w: waiter could not be kept alive for %v: %w", ErrRedis, c.cfg.waiterTTL, w.failed)}
+		w.ch <- wakeup{err: fmt.Errorf("%w: waiter could not be kept alive for %v: %w", ErrRedis, now.Sub(w.alive).Round(time.Millisecond), w.failed)}
 	}
 }
