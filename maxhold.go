@@ -120,9 +120,8 @@ func (l *Lease) untilCap(d time.Duration) time.Duration {
 }
 
 // endAtCap ends the lease at its cap: Done closes with cause (see
-// maxHoldErr), then
-// the lease is released in the background (for up to one waiter TTL, as
-// any clean-up). Redis expires it about now anyway (its last renewal asked
+// maxHoldErr), then the lease is released in the background (for up to
+// one waiter TTL, as any clean-up). Redis expires it about now anyway (its last renewal asked
 // for no more), so releasing changes no one's safety; it wakes the next
 // waiter now, whose timer may be set for the later expiry the lease had
 // before its last renewal shortened it, and frees a grant that outlasts
