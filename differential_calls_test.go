@@ -382,26 +382,43 @@ func (m *callMachine) lapse(t *rapid.T) {
 	m.holding = slices.Delete(m.holding, i, i+1)
 }
 
-// resend sends one of the last calls again, now.
+// copyWindow is how long after a call was sent a copy of it may still
+// run: within the shortest life of a tombstone (lua TOMB_MS / 2, 10 s,
+// less a margin), the promise that a call runs once covers it. (A copy
+// needs its connection open; go-redis closes one whose reply is late.)
+const copyWindow = 9500 * time.Millisecond
+
+// recent reports whether c was sent within copyWindow of the clock.
+func (m *callMachine) recent(c call) bool {
+	sec, _ := strconv.ParseInt(c.Time[0], 10, 64)
+	us, _ := strconv.ParseInt(c.Time[1], 10, 64)
+	return m.now-(sec*1e6+us) < copyWindow.Microseconds()
+}
+
+// resend sends one of the last calls again, now, if it was sent within
+// copyWindow.
 func (m *callMachine) resend(t *rapid.T) {
 	if len(m.sent) == 0 {
 		t.Skip("nothing sent")
 	}
 	back := rapid.IntRange(1, min(len(m.sent), 6)).Draw(t, "calls back")
 	c := m.sent[len(m.sent)-back]
+	if !m.recent(c) {
+		t.Skip("sent too long ago for a copy to run")
+	}
 	m.exec(call{Script: c.Script, Keys: c.Keys, Args: c.Args})
 }
 
-// resendAcquire sends an earlier acquire again, now, however long ago it
-// was first sent: a copy delayed in the network, which may come after
-// its grant was handed over, confirmed and released. A copy that comes
+// resendAcquire sends an earlier acquire again, now, any sent within
+// copyWindow: a copy delayed in the network, which may come after its
+// grant was handed over, confirmed and released. A copy that comes
 // while its ticket's lease lives must find that grant (answer "granted
 // already", with its tokens) and so change nothing; it must not be taken
 // for a new request.
 func (m *callMachine) resendAcquire(t *rapid.T) {
 	var acquires []call
 	for _, c := range m.sent {
-		if len(c.Args) > 0 && (c.Args[0] == "acquire" || c.Args[0] == "try") {
+		if len(c.Args) > 0 && (c.Args[0] == "acquire" || c.Args[0] == "try") && m.recent(c) {
 			acquires = append(acquires, c)
 		}
 	}
