@@ -32,9 +32,9 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease
 // request began to wait, if it did before (its WaitStarted reported): a
 // condition's waiter that queues again.
 func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time.Time) (lease *Lease, err error) {
-	op, mode := "acquire", "acquire"
+	op, mode := "acquire", opAcquire
 	if !wait {
-		op, mode = "try acquire", "try"
+		op, mode = "try acquire", opTry
 	}
 	if p.id != 0 {
 		defer func() { c.observeAcquire(p, queued, lease, err) }()
@@ -64,52 +64,43 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		}
 		sent := time.Now()
 		ticket := w.ticket
-		o, ok := c.call(ctx, c.runner(p.keys, p.acquireArgs(mode, ticket, c)), func(outcome) {
+		o, ok := c.call(ctx, c.runner(p.acquireCall(mode, ticket, c)), func(outcome) {
 			// The script may have queued or granted the ticket after the
 			// caller left, or before its reply was lost.
-			c.cleanUp(ctx, p.releaseArgs("leave", ticket, c, true, nil), p)
+			c.cleanUp(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p)
 		})
 		if !ok {
 			c.unregister(r, w)
 			return nil, wrap(ctx.Err())
 		}
-		cmd, ackErr := o.cmd, o.ackErr
-		res, err := cmd.Slice()
-		var code int64
-		if err == nil {
-			code, err = reply(res).int(0)
-		}
+		rep, err := parseAcquireReply(o.cmd, len(p.parts))
 		if err != nil {
 			c.unregister(r, w)
 			if !isDialError(err) { // (then the call's late clean-up withdraws)
-				// The script may have run before the failure was seen.
+				// The script may have run before the failure was seen,
+				// or ran and answered what this release cannot read.
 				c.withdraw(ctx, p, w.ticket)
 			}
 			return nil, fail(ctx, op, p.names, err)
 		}
-		switch code {
+		switch rep.code {
 		case acqGranted, acqGrantedBefore:
 			c.unregister(r, w)
-			now, g, err := parseGrantReply(res, len(p.parts))
-			if err != nil {
-				c.withdraw(ctx, p, w.ticket)
-				return nil, wrap(err)
-			}
-			if g.expiry <= now {
+			if rep.g.expiry <= rep.now {
 				// Granted by a run whose reply was lost, and expired
 				// since: ask again.
 				c.withdraw(ctx, p, w.ticket)
 				continue
 			}
-			if ackErr != nil {
+			if o.ackErr != nil {
 				// Granted on the master only: give it back.
-				c.giveBack(ctx, p, w.ticket, g.tokens)
-				return nil, wrap(ackErr)
+				c.giveBack(ctx, p, w.ticket, rep.g.tokens)
+				return nil, wrap(o.ackErr)
 			}
 			// A grant found by a resend lasts only the waiter TTL until
 			// confirmed, like an announced one.
-			deadline := clockSample{sent: sent, redis: now}.localDeadline(g.expiry)
-			return c.newLease(ctx, p, w.ticket, g.tokens, deadline, code == acqGrantedBefore)
+			deadline := clockSample{sent: sent, redis: rep.now}.localDeadline(rep.g.expiry)
+			return c.newLease(ctx, p, w.ticket, rep.g.tokens, deadline, rep.code == acqGrantedBefore)
 		case acqNotGranted:
 			c.unregister(r, w)
 			return nil, wrap(ErrNotAcquired)
@@ -117,30 +108,18 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 			// A resend found this request's grant over: ask again.
 			c.unregister(r, w)
 			continue
-		case acqQueued:
-		default:
+		}
+		// Queued.
+		if o.ackErr != nil {
 			c.unregister(r, w)
 			c.withdraw(ctx, p, w.ticket)
-			return nil, wrap(fmt.Errorf("%w: unknown reply %v from the acquire script", ErrRedis, res))
-		}
-		now, err := reply(res).int(1)
-		var next int64
-		if err == nil {
-			next, err = reply(res).int(2)
-		}
-		if err != nil || ackErr != nil {
-			c.unregister(r, w)
-			c.withdraw(ctx, p, w.ticket)
-			if err == nil {
-				err = ackErr
-			}
-			return nil, wrap(err)
+			return nil, wrap(o.ackErr)
 		}
 		if queued.IsZero() {
 			queued = sent
 			c.observe(Event{Kind: WaitStarted, Names: p.names, Permits: p.permits(), ID: p.id})
 		}
-		c.noteQueued(r, w, time.Duration(next)*time.Millisecond, clockSample{sent: sent, redis: now})
+		c.noteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clockSample{sent: sent, redis: rep.now})
 		tokens, deadline, again, err := c.awaitGrant(ctx, op, p, p, r, w)
 		switch {
 		case err != nil:
@@ -219,30 +198,30 @@ func (c *Client) observeAcquire(p plan, queued time.Time, lease *Lease, err erro
 // reached meanwhile, the ticket dies on its own: a waiter at its liveness
 // deadline, a grant when its lease expires.
 func (c *Client) withdraw(ctx context.Context, p plan, ticket string) {
-	c.letGo(ctx, p.releaseArgs("leave", ticket, c, true, nil), p)
+	c.letGo(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p)
 }
 
 // giveBack releases a grant its caller will not use, like withdraw.
 func (c *Client) giveBack(ctx context.Context, p plan, ticket string, tokens []int64) {
-	c.letGo(ctx, p.releaseArgs("release", ticket, c, false, tokens), p)
+	c.letGo(ctx, p.releaseCall(opRelease, ticket, c, false, tokens), p)
 }
 
-// letGo runs release.lua with args on p's semaphores, best effort, and
+// letGo runs oc (release.lua's) on p's semaphores, best effort, and
 // waits for it while ctx lasts, and a grace beyond. The script runs on a goroutine of the
 // client's (Close waits for it) under a context of its own that outlives
 // the caller's by up to one waiter TTL; once ctx ends (or if it already
 // has) and the grace passes, letGo returns and the call finishes in the background. A command
 // already sent to a Redis that does not answer can hold that goroutine up
 // to go-redis's ReadTimeout, which go-redis applies whatever the context.
-func (c *Client) letGo(ctx context.Context, args []any, p plan) {
+func (c *Client) letGo(ctx context.Context, oc opCall, p plan) {
 	if ctx.Done() == nil {
-		c.cleanUp(ctx, args, p)
+		c.cleanUp(ctx, oc, p)
 		return
 	}
 	done := make(chan struct{})
 	c.spawn(func() {
 		defer close(done)
-		c.cleanUp(ctx, args, p)
+		c.cleanUp(ctx, oc, p)
 	})
 	select {
 	case <-done:
@@ -257,22 +236,22 @@ func (c *Client) letGo(ctx context.Context, args []any, p plan) {
 	}
 }
 
-// cleanUp runs release.lua with args on p's semaphores, best effort, under
+// cleanUp runs oc (release.lua's) on p's semaphores, best effort, under
 // a context that outlives ctx by up to one waiter TTL. It blocks; callers
 // that must not, run it through letGo or as a late outcome of call.
-func (c *Client) cleanUp(ctx context.Context, args []any, p plan) {
+func (c *Client) cleanUp(ctx context.Context, oc opCall, p plan) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
 	defer cancel()
-	cmd, _ := c.run(ctx, p.keys, args...)
+	cmd, _ := c.run(ctx, oc)
 	if _, err := c.released(p, cmd); transient(err) && !unreachable(err) {
 		// It did not reach Redis: send it again until the ticket would
 		// have been dropped anyway. (A Redis that refuses connections, or
 		// whose name does not resolve, is not there to send it to; the
 		// ticket ends at its deadline.)
-		c.resendLater(args, p, time.Now().Add(c.cfg.waiterTTL))
+		c.resendLater(oc, p, time.Now().Add(c.cfg.waiterTTL))
 	} else if err != nil {
 		c.logf(slog.LevelWarn, "fairlock: clean-up failed; Redis drops the ticket at its deadline", p.names, "",
-			slog.String("op", fmt.Sprint(args[0])), slog.Any("error", err))
+			slog.String("op", oc.op.name), slog.Any("error", err))
 	}
 }
 
@@ -310,7 +289,7 @@ func (c *Client) pumpLater(p plan) {
 				default:
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
-				cmd, _ := c.run(ctx, k.list(), pumpArgs()...)
+				cmd, _ := c.run(ctx, pumpCall(k.list()))
 				cancel()
 				more, err := parsePumpReply(cmd)
 				if err != nil || !more {

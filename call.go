@@ -16,9 +16,9 @@ type pipeliner interface {
 	Pipeline() redis.Pipeliner
 }
 
-// run is the one way the client runs a script: the op args[0] names, on
-// keys, through the script that serves it (see ops). With WithReplicaAck,
-// for the ops whose writes must reach replicas (opSpec.ack), it also waits,
+// run is the one way the client runs a script: oc's op, on its keys, through
+// the script that serves it. With WithReplicaAck,
+// for the ops whose writes must reach replicas (op.ack), it also waits,
 // on the same connection, until the configured number of replicas has the
 // script's writes; the second result reports when they did not (the
 // script's own result and error are in the Cmd either way).
@@ -26,15 +26,15 @@ type pipeliner interface {
 // The dial hooks watch the call (see prompt.go): if a dial it waits for is
 // refused, or Redis's name does not resolve, it ends at once with a
 // dialError.
-func (c *Client) run(ctx context.Context, keys []string, args ...any) (*redis.Cmd, error) {
-	cmd, ackErr := c.runWatched(c.dials.mark(ctx, keys), keys, args)
+func (c *Client) run(ctx context.Context, oc opCall) (*redis.Cmd, error) {
+	cmd, ackErr := c.runWatched(c.dials.mark(ctx, oc.keys), oc)
 	c.dials.settle(cmd)
 	return cmd, ackErr
 }
 
-func (c *Client) runWatched(ctx context.Context, keys []string, args []any) (*redis.Cmd, error) {
-	s, spec := c.scripts.forOp(args[0].(string))
-	if c.cfg.ackReplicas == 0 || !spec.ack {
+func (c *Client) runWatched(ctx context.Context, oc opCall) (*redis.Cmd, error) {
+	s, keys, args := c.scripts.forOp(oc.op), oc.keys, oc.args
+	if c.cfg.ackReplicas == 0 || !oc.op.ack {
 		return s.Run(ctx, c.rdb, keys, args...), nil
 	}
 	p := c.rdb.(pipeliner) // checked by New
@@ -66,10 +66,10 @@ type outcome struct {
 	ackErr error
 }
 
-// runner returns a call of run on keys and args, for call.
-func (c *Client) runner(keys []string, args []any) func(context.Context) outcome {
+// runner returns a call of run on oc, for call.
+func (c *Client) runner(oc opCall) func(context.Context) outcome {
 	return func(ctx context.Context) outcome {
-		cmd, ackErr := c.run(ctx, keys, args...)
+		cmd, ackErr := c.run(ctx, oc)
 		return outcome{cmd, ackErr}
 	}
 }

@@ -210,30 +210,30 @@ func (l *Lease) releaseAtClose(by time.Time) error {
 		l.mu.Unlock()
 		return nil
 	}
-	args, until := l.endAtClose(by)
+	oc, until := l.endAtClose(by)
 	l.mu.Unlock()
-	return l.c.sendUntil(args, l.p, until)
+	return l.c.sendUntil(oc, l.p, until)
 }
 
 // endAtClose stops renewing the lease, marks it released by Close and ends
 // it (with errClosedReleased, unless it had already ended), and returns
 // its release's arguments and until when to send them: by, or the lease's
 // deadline if sooner. Called with l.mu held, on a lease not released.
-func (l *Lease) endAtClose(by time.Time) (args []any, until time.Time) {
+func (l *Lease) endAtClose(by time.Time) (oc opCall, until time.Time) {
 	l.stopRenewal()
 	l.released, l.closedBy = true, true
-	args = l.p.releaseArgs("release", l.ticket, l.c, l.announced, l.tokens)
+	oc = l.p.releaseCall(opRelease, l.ticket, l.c, l.announced, l.tokens)
 	until = minTime(l.expiresBy(), by)
 	l.finish(errClosedReleased)
-	return args, until
+	return oc, until
 }
 
-// sendUntil runs the release args on p's semaphores, and again after an
+// sendUntil runs the release oc on p's semaphores, and again after an
 // error that passes (with resendLater's backoff), until it lands or until.
 // It returns nil once it landed (whatever it found: a lease expired
 // meanwhile is no error), or the last error. With WithReplicaAck, a
 // release Redis's master ran counts as landed.
-func (c *Client) sendUntil(args []any, p plan, until time.Time) error {
+func (c *Client) sendUntil(oc opCall, p plan, until time.Time) error {
 	wait := resendFirst
 	var err error
 	for {
@@ -244,7 +244,7 @@ func (c *Client) sendUntil(args []any, p plan, until time.Time) error {
 			break
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), until)
-		cmd, _ := c.run(ctx, p.keys, args...)
+		cmd, _ := c.run(ctx, oc)
 		_, err = c.released(p, cmd)
 		cancel()
 		if err == nil {
@@ -283,9 +283,9 @@ func (l *Lease) spendAtClose() {
 		l.finish(errClosedAbandoned)
 		return
 	}
-	args, until := l.endAtClose(s.by)
+	oc, until := l.endAtClose(s.by)
 	c.spawn(func() {
-		if err := c.sendUntil(args, l.p, until); err != nil {
+		if err := c.sendUntil(oc, l.p, until); err != nil {
 			s.fail(err)
 		}
 	})

@@ -131,12 +131,12 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 		np.id = eventIDs.Add(1)
 	}
 	fresh := w.ticket
-	release := p.releaseArgs("release", l.ticket, c, l.announced, l.tokens)
-	leave := cp.releaseArgs("leave", fresh, c, true, nil)
+	release := p.releaseCall(opRelease, l.ticket, c, l.announced, l.tokens)
+	leave := cp.releaseCall(opLeave, fresh, c, true, nil)
 	until := l.expiresBy()
-	args := p.waitArgs(l.ticket, c, l.announced, l.tokens, fresh, cond)
+	wait := p.waitCall(cp, l.ticket, c, l.announced, l.tokens, fresh, cond)
 	sent := time.Now()
-	o, ok := c.call(ctx, c.runner(cp.keys, args), func(outcome) {
+	o, ok := c.call(ctx, c.runner(wait), func(outcome) {
 		// The script may have run, or not: release the lease (a resend
 		// finds its tombstone) and withdraw the new ticket.
 		c.releaseSpent(ctx, release, p, until)
@@ -188,7 +188,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 // sending them again in the background until until after an error that
 // passes, withdraws the new ticket fresh from the condition (cp's) if the
 // script may have added it, and returns condWait's error.
-func (l *Lease) waitFailed(ctx context.Context, err error, release []any, until time.Time, cp plan, fresh string) error {
+func (l *Lease) waitFailed(ctx context.Context, err error, release opCall, until time.Time, cp plan, fresh string) error {
 	c, p := l.c, l.p
 	if !errors.Is(err, ErrRedis) { // a dial error already says it
 		err = fmt.Errorf("%w: %w", ErrRedis, err)
@@ -214,7 +214,7 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release []any, until 
 		// script that replies with an error has written nothing.)
 		c.withdraw(ctx, cp, fresh)
 	}
-	o, ok := c.call(ctx, c.runner(p.keys, release), func(o outcome) {
+	o, ok := c.call(ctx, c.runner(release), func(o outcome) {
 		if _, err := c.released(p, o.cmd); transient(err) {
 			c.resendLater(release, p, until)
 		}
@@ -285,7 +285,7 @@ func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, 
 	for range maxSignalScripts {
 		// Each script has an id of its own, which a resend (go-redis's)
 		// carries too: the resend finds the first run's reply.
-		o, ok := c.call(ctx, c.runner(keys, signalArgs(cond, all, bound, newTicket())), nil)
+		o, ok := c.call(ctx, c.runner(signalCall(keys, cond, all, bound, newTicket())), nil)
 		if !ok {
 			return total, wrap(ctx.Err())
 		}

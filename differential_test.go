@@ -124,12 +124,11 @@ func runScript(ctx context.Context, set *scripts, rdb RedisClient, c call) (any,
 	for i, a := range c.Args {
 		args[i] = a
 	}
-	spec, ok := ops[c.op()]
-	if !ok {
+	o := opNamed(c.op())
+	if o == nil {
 		return nil, fmt.Errorf("no script serves op %q", c.op())
 	}
-	s := set.byEntry[spec.entry]
-	return s.Run(ctx, rdb, c.Keys, args...).Result()
+	return set.forOp(o).Run(ctx, rdb, c.Keys, args...).Result()
 }
 
 // onLine makes Lua source take no line of its own, so that a transformed

@@ -316,9 +316,9 @@ func TestFunctionLibraryRecovers(t *testing.T) {
 
 	// Another fairlock version's library (a rolling upgrade): each client
 	// loads its own, and neither replaces the other.
-	other := &scripts{lib: newLibrary(entries, changed("queue.lua", "\n-- another version")), byEntry: map[string]*script{}}
-	for name, s := range c.scripts.byEntry {
-		other.byEntry[name] = &script{set: other, eval: s.eval, fn: other.lib.fns[name]}
+	other := &scripts{lib: newLibrary(entries, changed("queue.lua", "\n-- another version"))}
+	for i, s := range c.scripts.list {
+		other.list = append(other.list, &script{set: other, eval: s.eval, fn: other.lib.fns[entries[i].name]})
 	}
 	oc := fnClient(t, b.Client(t), false)
 	oc.scripts = other
@@ -366,8 +366,8 @@ func TestFunctionLibraryRefused(t *testing.T) {
 		c := fnClient(t, rdb, false)
 		broken := newLibrary(entries, changed("queue.lua", "\nlocal = 1"))
 		c.scripts.lib = broken
-		for name, s := range c.scripts.byEntry {
-			s.fn = broken.fns[name]
+		for i, s := range c.scripts.list {
+			s.fn = broken.fns[entries[i].name]
 		}
 		coreScenarios(t, c)
 		if !c.scripts.evalOnly.Load() || s.get("function load") != 1 || s.get("fcall") != 1 {

@@ -24,9 +24,10 @@ func leaderKeys(k keys) []string {
 
 func leaderChannel(k keys) string { return k.base + ":ld:c" }
 
-// leaderRun runs one leader op on the election name, by ctx's end, with
-// the arguments args gives for the election's keys.
-func (c *Client) leaderRun(ctx context.Context, op, name string, args func(k keys) []any) (*redis.Cmd, error, error) {
+// leaderRun runs the leader op lo on the election name, by ctx's end,
+// with the arguments args gives for the election's keys (after the op's
+// name); op names the call in errors.
+func (c *Client) leaderRun(ctx context.Context, op string, lo *op, name string, args func(k keys) []any) (*redis.Cmd, error, error) {
 	k, err := c.keys(name)
 	if err != nil {
 		return nil, nil, opError(op, []string{name}, err)
@@ -34,7 +35,8 @@ func (c *Client) leaderRun(ctx context.Context, op, name string, args func(k key
 	if c.isClosed() {
 		return nil, nil, opError(op, []string{name}, ErrClosed)
 	}
-	o, _ := c.call(ctx, c.runner(leaderKeys(k), args(k)), nil)
+	a := args(k)
+	o, _ := c.call(ctx, c.runner(newCall(lo, leaderKeys(k), len(a)).with(a...)), nil)
 	if err := o.cmd.Err(); err != nil {
 		return nil, nil, fail(ctx, op, []string{name}, err)
 	}
@@ -43,8 +45,8 @@ func (c *Client) leaderRun(ctx context.Context, op, name string, args func(k key
 
 func (c *Client) leaderSet(ctx context.Context, name string, term int64, value string, ttl time.Duration) (bool, error) {
 	const op = "record leader"
-	cmd, ackErr, err := c.leaderRun(ctx, op, name, func(k keys) []any {
-		return []any{"leader_set", term, value, ms(ttl), leaderChannel(k)}
+	cmd, ackErr, err := c.leaderRun(ctx, op, opLeaderSet, name, func(k keys) []any {
+		return []any{term, value, ms(ttl), leaderChannel(k)}
 	})
 	if err != nil {
 		return false, err
@@ -61,15 +63,15 @@ func (c *Client) leaderSet(ctx context.Context, name string, term int64, value s
 }
 
 func (c *Client) leaderClear(ctx context.Context, name string, term int64) error {
-	_, _, err := c.leaderRun(ctx, "clear leader", name, func(k keys) []any {
-		return []any{"leader_clear", term, "", 1, leaderChannel(k)}
+	_, _, err := c.leaderRun(ctx, "clear leader", opLeaderClear, name, func(k keys) []any {
+		return []any{term, "", 1, leaderChannel(k)}
 	})
 	return err
 }
 
 func (c *Client) leaderGet(ctx context.Context, name string) (engine.Leader, error) {
 	const op = "read leader"
-	cmd, _, err := c.leaderRun(ctx, op, name, func(keys) []any { return []any{"leader_get"} })
+	cmd, _, err := c.leaderRun(ctx, op, opLeaderGet, name, func(keys) []any { return nil })
 	if err != nil {
 		return engine.Leader{}, err
 	}

@@ -290,12 +290,12 @@ func (l *Lease) Release(ctx context.Context) error {
 		return opError("release", l.p.names, ErrNotHeld)
 	}
 	l.stopRenewal()
-	args := l.p.releaseArgs("release", l.ticket, l.c, l.announced, l.tokens)
+	rel := l.p.releaseCall(opRelease, l.ticket, l.c, l.announced, l.tokens)
 	until := l.expiresBy()
-	o, ok := l.c.call(ctx, l.c.runner(l.p.keys, args), func(o outcome) {
+	o, ok := l.c.call(ctx, l.c.runner(rel), func(o outcome) {
 		if _, err := l.c.released(l.p, o.cmd); transient(err) { // hands on work the script left
 			// The release did not reach Redis: send it again.
-			l.c.resendLater(args, l.p, until)
+			l.c.resendLater(rel, l.p, until)
 		}
 	})
 	if !ok {
@@ -316,7 +316,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	if err != nil && transient(err) && ctx.Err() == nil {
 		if !isDialError(err) { // (then the call's late handler sends it again)
-			l.c.resendLater(args, l.p, until)
+			l.c.resendLater(rel, l.p, until)
 		}
 		l.released = true
 		l.finish(errReleased)
@@ -348,17 +348,17 @@ func (l *Lease) Release(ctx context.Context) error {
 // (by Release or CondWait): it matches ErrNotHeld.
 var errReleased error = &subError{"fairlock: lease released", ErrNotHeld}
 
-// releaseSpent sends the release args of a lease on p, best effort, under
+// releaseSpent sends the release oc of a lease on p, best effort, under
 // a context that outlives ctx by up to one waiter TTL, and after an error
 // that passes (a refused connection included) sends it again in the
 // background until until, when the lease would have expired anyway. It
 // blocks; callers that must not, run it as a late outcome of call.
-func (c *Client) releaseSpent(ctx context.Context, args []any, p plan, until time.Time) {
+func (c *Client) releaseSpent(ctx context.Context, oc opCall, p plan, until time.Time) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
 	defer cancel()
-	cmd, _ := c.run(ctx, p.keys, args...)
+	cmd, _ := c.run(ctx, oc)
 	if _, err := c.released(p, cmd); transient(err) {
-		c.resendLater(args, p, until)
+		c.resendLater(oc, p, until)
 	} else if err != nil {
 		c.logf(slog.LevelWarn, "fairlock: release failed; Redis ends the lease at its TTL", p.names, "", slog.Any("error", err))
 	}
@@ -490,8 +490,7 @@ func (l *Lease) renew() {
 	if l.batchable() && !capped {
 		n, err = l.c.renewBatched(ctx, l, announced, lease)
 	} else {
-		args := l.p.releaseArgsTTL("renew", l.ticket, l.c, announced, l.tokens, lease)
-		o, _ := l.c.call(ctx, l.c.runner(l.p.keys, args), nil)
+		o, _ := l.c.call(ctx, l.c.runner(l.p.releaseCallTTL(opRenew, l.ticket, l.c, announced, l.tokens, lease)), nil)
 		n, err = l.c.released(l.p, o.cmd)
 		if err == nil && n == 1 && o.ackErr != nil {
 			err = o.ackErr // renewed on the master only: try again

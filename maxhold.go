@@ -128,8 +128,8 @@ func (l *Lease) untilCap(d time.Duration) time.Duration {
 // the cap because the renewal meant to shorten it failed.
 func (l *Lease) endAtCap(cause error, announced bool) {
 	l.finish(cause)
-	args := l.p.releaseArgs("release", l.ticket, l.c, announced, l.tokens)
-	l.c.spawn(func() { l.c.cleanUp(context.Background(), args, l.p) })
+	rel := l.p.releaseCall(opRelease, l.ticket, l.c, announced, l.tokens)
+	l.c.spawn(func() { l.c.cleanUp(context.Background(), rel, l.p) })
 }
 
 // maxHoldErr is the cause a lease ends with at its cap.

@@ -15,8 +15,8 @@ import (
 // gives, one function each (the Lua side documents both in the header of
 // the op's entry: acquire.lua, release.lua, lua/ops/*.lua), the members
 // the replies carry, and the one place where a script's errors become
-// fairlock's. Which script serves an op, and whether WithReplicaAck waits
-// for it, is in scripts.go's ops; Client.run runs them. The ops are called
+// fairlock's. The ops themselves (which script serves each, and whether
+// WithReplicaAck waits for it) are in scripts.go; Client.run runs them. The ops are called
 // from acquire.go (acquire, try, leave, pump), lease.go (release, renew),
 // renew.go (renew_batch), room.go (refresh), status.go (status) and
 // cond.go (wait, signal).
@@ -30,52 +30,90 @@ const (
 	acqEnded         = 4 // this request's grant ended before this call ran
 )
 
-// parseGrantReply reads {code, nowMs, expiryMs, token...}.
-func parseGrantReply(res []any, parts int) (now int64, g grant, err error) {
+// acquireReply is acquire.lua's reply: its code, Redis's clock (ms), and
+// by the code the grant (acqGranted, acqGrantedBefore) or when the queue's
+// next event is due (acqQueued, ms from now).
+type acquireReply struct {
+	code, now, next int64
+	g               grant
+}
+
+// parseAcquireReply reads acquire.lua's reply to a request for parts
+// semaphores: {1 or 3, nowMs, expiryMs, token...}, {2, nowMs,
+// nextEventMs}, {0} or {4}. The error is the command's, or a reply that
+// does not read as one of those (matching ErrRedis).
+func parseAcquireReply(cmd *redis.Cmd, parts int) (acquireReply, error) {
+	var r acquireReply
+	res, err := cmd.Slice()
+	if err != nil {
+		return r, err
+	}
+	bad := func(err error) (acquireReply, error) {
+		return r, fmt.Errorf("%w: acquire script reply %v: %w", ErrRedis, res, err)
+	}
+	if r.code, err = reply(res).int(0); err != nil {
+		return bad(err)
+	}
+	switch r.code {
+	case acqNotGranted, acqEnded:
+		return r, nil
+	case acqQueued:
+		if r.now, err = reply(res).int(1); err == nil {
+			r.next, err = reply(res).int(2)
+		}
+		if err != nil {
+			return bad(err)
+		}
+		return r, nil
+	case acqGranted, acqGrantedBefore:
+	default:
+		return bad(fmt.Errorf("unknown code %d", r.code))
+	}
 	if len(res) != 3+parts {
-		return 0, grant{}, fmt.Errorf("%w: grant reply %v for %d semaphores", ErrRedis, res, parts)
+		return bad(fmt.Errorf("a grant for %d semaphores", parts))
+	}
+	if r.now, err = reply(res).int(1); err != nil {
+		return bad(err)
 	}
 	f := make([]string, 0, 1+parts)
 	for _, v := range res[2:] {
 		f = append(f, fmt.Sprint(v))
 	}
-	now, err = reply(res).int(1)
-	if err == nil {
-		g, err = parseGrant(f)
+	if r.g, err = parseGrant(f); err != nil {
+		return bad(err)
 	}
-	return now, g, err
+	return r, nil
 }
 
-// acquireArgs renders the arguments of acquire.lua's "acquire" and "try".
-func (p plan) acquireArgs(op, ticket string, c *Client) []any {
-	args := make([]any, 0, 6+2*len(p.parts))
-	args = append(args, op, ticket, c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL), p.group)
+// acquireCall is acquire.lua's o ("acquire" or "try") for ticket on p's
+// semaphores.
+func (p plan) acquireCall(o *op, ticket string, c *Client) opCall {
+	oc := newCall(o, p.keys, 5+2*len(p.parts)).with(ticket, c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL), p.group)
 	for _, pt := range p.parts {
-		args = append(args, pt.req.Permits, pt.req.Capacity)
+		oc.args = append(oc.args, pt.req.Permits, pt.req.Capacity)
 	}
-	return args
+	return oc
 }
 
-// releaseArgs renders the arguments of release.lua for op on p's
-// semaphores held under ticket with the given tokens (zeros for "leave").
-func (p plan) releaseArgs(op, ticket string, c *Client, announced bool, tokens []int64) []any {
-	return p.releaseArgsTTL(op, ticket, c, announced, tokens, c.cfg.leaseTTL)
+// releaseCall is release.lua's o on p's semaphores held under ticket with
+// the given tokens (nil, zeros, for "leave").
+func (p plan) releaseCall(o *op, ticket string, c *Client, announced bool, tokens []int64) opCall {
+	return p.releaseCallTTL(o, ticket, c, announced, tokens, c.cfg.leaseTTL)
 }
 
-// releaseArgsTTL is releaseArgs with the lease TTL given: only "renew" may
+// releaseCallTTL is releaseCall with the lease TTL given: only "renew" may
 // ask for another than the client's (a cap on holding), since the other
 // ops find a waiter by a member that contains the TTL it queued with.
-func (p plan) releaseArgsTTL(op, ticket string, c *Client, announced bool, tokens []int64, ttl time.Duration) []any {
-	args := make([]any, 0, 7+2*len(p.parts))
-	args = append(args, op, ticket, c.id, ms(ttl), ms(c.cfg.waiterTTL), p.group, boolArg(announced))
+func (p plan) releaseCallTTL(o *op, ticket string, c *Client, announced bool, tokens []int64, ttl time.Duration) opCall {
+	oc := newCall(o, p.keys, 6+2*len(p.parts)).with(ticket, c.id, ms(ttl), ms(c.cfg.waiterTTL), p.group, boolArg(announced))
 	for i, pt := range p.parts {
 		var tok int64
 		if tokens != nil {
 			tok = tokens[i]
 		}
-		args = append(args, pt.req.Permits, tok)
+		oc.args = append(oc.args, pt.req.Permits, tok)
 	}
-	return args
+	return oc
 }
 
 // released reads release.lua's reply {result, more}; when the script left
@@ -123,11 +161,13 @@ func (c *Client) renewedBatch(p plan, o outcome, n int) ([]int64, error) {
 	return out, nil
 }
 
-// waitArgs renders the arguments of release.lua's "wait": a release of
-// the lease held under ticket, and the new ticket fresh waiting on the
-// condition cond.
-func (p plan) waitArgs(ticket string, c *Client, announced bool, tokens []int64, fresh, cond string) []any {
-	return append(p.releaseArgs("wait", ticket, c, announced, tokens), fresh, cond)
+// waitCall is release.lua's "wait" on cp's keys (p's and the
+// condition's): a release of the lease held under ticket on p's
+// semaphores, and the new ticket fresh waiting on the condition cond.
+func (p plan) waitCall(cp plan, ticket string, c *Client, announced bool, tokens []int64, fresh, cond string) opCall {
+	oc := p.releaseCall(opWait, ticket, c, announced, tokens).with(fresh, cond)
+	oc.keys = cp.keys
+	return oc
 }
 
 // waitReply is "wait"'s reply: result 1 (the new ticket waits) or 0 (the
@@ -147,16 +187,16 @@ func parseWaitReply(cmd *redis.Cmd) (waitReply, error) {
 	return r, err
 }
 
-// signalArgs renders the arguments of "signal" (lua/ops/signal.lua) on
-// the condition cond: one waiter, or all (a broadcast) whose sequence is
-// at most bound ("" on the first call); id is unique to the call (a
-// ticket), so that a resend finds the first run's reply.
-func signalArgs(cond string, all bool, bound, id string) []any {
+// signalCall is "signal" (lua/ops/signal.lua) on keys, of the condition
+// cond: one waiter, or all (a broadcast) whose sequence is at most bound
+// ("" on the first call); id is unique to the call (a ticket), so that a
+// resend finds the first run's reply.
+func signalCall(keys []string, cond string, all bool, bound, id string) opCall {
 	mode := "1"
 	if all {
 		mode = "all"
 	}
-	return []any{"signal", cond, mode, bound, id}
+	return newCall(opSignal, keys, 4).with(cond, mode, bound, id)
 }
 
 // signalReply is "signal"'s reply: waiters woken, whether the condition
@@ -181,7 +221,7 @@ func parseSignalReply(cmd *redis.Cmd) (signalReply, error) {
 // refreshCount counts them.
 func (c *Client) refreshArgs(n int) []any {
 	args := make([]any, 0, 4+3*n)
-	return append(args, "refresh", c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL))
+	return append(args, opRefresh.name, c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL))
 }
 
 func appendRefreshed(args []any, ticket string, permits int64, group string) []any {
@@ -236,20 +276,19 @@ func parseRefreshReply(cmd *redis.Cmd) (refreshReply, error) {
 	return r, nil
 }
 
-// renewBatchArgs renders the arguments of "renew_batch"
-// (lua/ops/renew_batch.lua) for leases of one semaphore.
-func (c *Client) renewBatchArgs(batch []*renewReq) []any {
-	args := make([]any, 0, 2+5*len(batch))
-	args = append(args, "renew_batch", c.id)
+// renewBatchCall is "renew_batch" (lua/ops/renew_batch.lua) on keys, for
+// leases of that one semaphore.
+func (c *Client) renewBatchCall(keys []string, batch []*renewReq) opCall {
+	oc := newCall(opRenewBatch, keys, 1+5*len(batch)).with(c.id)
 	for _, r := range batch {
-		args = append(args, r.l.ticket, r.l.p.parts[0].req.Permits, r.l.tokens[0], boolArg(r.announced), ms(r.ttl))
+		oc.args = append(oc.args, r.l.ticket, r.l.p.parts[0].req.Permits, r.l.tokens[0], boolArg(r.announced), ms(r.ttl))
 	}
-	return args
+	return oc
 }
 
-// pumpArgs renders the arguments of "pump" (lua/ops/pump.lua);
-// parsePumpReply reads whether work is left still.
-func pumpArgs() []any { return []any{"pump"} }
+// pumpCall is "pump" (lua/ops/pump.lua) on keys; parsePumpReply reads
+// whether work is left still.
+func pumpCall(keys []string) opCall { return newCall(opPump, keys, 0) }
 
 func parsePumpReply(cmd *redis.Cmd) (more bool, err error) {
 	var m int64
@@ -257,8 +296,8 @@ func parsePumpReply(cmd *redis.Cmd) (more bool, err error) {
 	return m == 1, err
 }
 
-// statusArgs renders the arguments of "status" (lua/ops/status.lua).
-func statusArgs() []any { return []any{"status"} }
+// statusCall is "status" (lua/ops/status.lua) on keys.
+func statusCall(keys []string) opCall { return newCall(opStatus, keys, 0) }
 
 // holderMember reads a holder's member as the scripts write it
 // (lua/members.lua): "ticket permits client token".

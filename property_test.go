@@ -1104,7 +1104,7 @@ func (m *machine) settle(t *rapid.T) {
 		// its reply's next event is 0 while work is left, and a waiting
 		// process refreshes again at once, as this does.
 		for i := 0; ; i++ {
-			res, err := m.obs.scripts.byEntry["refresh"].Run(context.Background(), m.rdb, s.k.list(), "refresh", m.obs.id,
+			res, err := m.obs.scripts.named("refresh").Run(context.Background(), m.rdb, s.k.list(), "refresh", m.obs.id,
 				ms(m.leaseTTL()), ms(m.waiterTTL())).Slice()
 			if err != nil {
 				t.Fatalf("observer's refresh: %v", err)

@@ -107,12 +107,12 @@ func (c *Client) sendRenewals(q *renewQueue) {
 		}
 		c.mu.Unlock()
 
-		args := c.renewBatchArgs(batch)
+		oc := c.renewBatchCall(q.k.list(), batch)
 		if deadline.IsZero() {
 			deadline = time.Now().Add(c.cfg.leaseTTL)
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		o, _ := c.call(ctx, c.runner(q.k.list(), args), nil)
+		o, _ := c.call(ctx, c.runner(oc), nil)
 		cancel()
 		results, err := c.renewedBatch(batch[0].l.p, o, len(batch))
 		for i, r := range batch {

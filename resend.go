@@ -48,12 +48,12 @@ const (
 	resendMost  = 500 * time.Millisecond
 )
 
-// resendLater sends args (a release or a leave, which tombstones and queue
+// resendLater sends oc (a release or a leave, which tombstones and queue
 // marks make safe to send twice) on p's semaphores again in the
 // background, with backoff, until it lands, fails for good, or until
 // (when the lease would have expired, or the waiter been dropped, anyway).
 // Close waits for it, at most a waiter TTL past Close.
-func (c *Client) resendLater(args []any, p plan, until time.Time) {
+func (c *Client) resendLater(oc opCall, p plan, until time.Time) {
 	c.spawn(func() {
 		done := c.done
 		wait := resendFirst
@@ -61,7 +61,7 @@ func (c *Client) resendLater(args []any, p plan, until time.Time) {
 			left := time.Until(until)
 			if left <= 0 {
 				c.logf(slog.LevelWarn, "fairlock: gave up sending again; Redis ends it at its deadline", p.names, "",
-					slog.String("op", opName(args)), slog.Int("attempts", attempt-1))
+					slog.String("op", oc.op.name), slog.Int("attempts", attempt-1))
 				return
 			}
 			t := time.NewTimer(min(wait+rand.N(wait), left))
@@ -75,26 +75,19 @@ func (c *Client) resendLater(args []any, p plan, until time.Time) {
 				continue
 			}
 			ctx, cancel := context.WithDeadline(context.Background(), until)
-			cmd, _ := c.run(ctx, p.keys, args...)
+			cmd, _ := c.run(ctx, oc)
 			_, err := c.released(p, cmd)
 			cancel()
 			if err == nil || !transient(err) {
 				if err != nil {
 					c.logf(slog.LevelWarn, "fairlock: sending again failed; Redis ends it at its deadline", p.names, "",
-						slog.String("op", opName(args)), slog.Any("error", err))
+						slog.String("op", oc.op.name), slog.Any("error", err))
 				}
 				return
 			}
 			wait = min(2*wait, resendMost)
 		}
 	})
-}
-
-func opName(args []any) string {
-	if s, ok := args[0].(string); ok {
-		return s
-	}
-	return ""
 }
 
 func minTime(a, b time.Time) time.Time {

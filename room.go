@@ -311,7 +311,7 @@ func (r *room) refresh() (next time.Duration, first error) {
 	send := func(args []any) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 		sent := time.Now()
-		cmd, _ := c.run(ctx, r.k.list(), args...) // unreplicated refreshes are refreshed again
+		cmd, _ := c.run(ctx, opCall{op: opRefresh, keys: r.k.list(), args: args}) // unreplicated refreshes are refreshed again
 		cancel()
 		rep, err := parseRefreshReply(cmd)
 		r.noteRefreshed(args, sent, err)

@@ -53,32 +53,79 @@ var entries = []entry{
 	{"leader_get", "lua/ops/leader.lua", "no-writes"},
 }
 
-// An opSpec says how the client runs one op (ARGV[1] of every script).
-type opSpec struct {
-	entry string
-	// ack: with WithReplicaAck, the op's writes are waited for (WAIT on
-	// the same connection) before its reply counts. A pump goes on with
-	// work an acked op left, and the next acked op covers it; a status
-	// writes nothing.
-	ack bool
+// An op is one operation of the engine's scripts: what ARGV[1] names, the
+// entry whose script serves it, and whether WithReplicaAck waits for its
+// writes (WAIT on the same connection) before its reply counts. A pump
+// goes on with work an acked op left, and the next acked op covers it; a
+// status and an election's read write nothing.
+type op struct {
+	name  string
+	entry int // index in entries
+	ack   bool
 }
 
-// ops is every op a client sends, in one place.
-var ops = map[string]opSpec{
-	"acquire":      {"acquire", true},
-	"try":          {"acquire", true},
-	"release":      {"release", true},
-	"renew":        {"release", true},
-	"leave":        {"release", true},
-	"wait":         {"wait", true},
-	"refresh":      {"refresh", true},
-	"renew_batch":  {"renew_batch", true},
-	"signal":       {"signal", true},
-	"pump":         {"pump", false},
-	"status":       {"status", false},
-	"leader_set":   {"leader", true},
-	"leader_clear": {"leader", true},
-	"leader_get":   {"leader_get", false},
+// The ops a client sends, each once.
+var (
+	opAcquire     = newOp("acquire", "acquire", true)
+	opTry         = newOp("try", "acquire", true)
+	opRelease     = newOp("release", "release", true)
+	opRenew       = newOp("renew", "release", true)
+	opLeave       = newOp("leave", "release", true)
+	opWait        = newOp("wait", "wait", true)
+	opRefresh     = newOp("refresh", "refresh", true)
+	opRenewBatch  = newOp("renew_batch", "renew_batch", true)
+	opSignal      = newOp("signal", "signal", true)
+	opPump        = newOp("pump", "pump", false)
+	opStatus      = newOp("status", "status", false)
+	opLeaderSet   = newOp("leader_set", "leader", true)
+	opLeaderClear = newOp("leader_clear", "leader", true)
+	opLeaderGet   = newOp("leader_get", "leader_get", false)
+)
+
+// allOps lists the ops, for opNamed.
+var allOps = []*op{opAcquire, opTry, opRelease, opRenew, opLeave, opWait, opRefresh, opRenewBatch, opSignal, opPump, opStatus, opLeaderSet, opLeaderClear, opLeaderGet}
+
+// opNamed returns the op called name, or nil: for tests, which replay
+// recorded calls.
+func opNamed(name string) *op {
+	for _, o := range allOps {
+		if o.name == name {
+			return o
+		}
+	}
+	return nil
+}
+
+// newOp returns the op name served by the entry named entry.
+func newOp(name, entry string, ack bool) *op {
+	for i, e := range entries {
+		if e.name == entry {
+			return &op{name: name, entry: i, ack: ack}
+		}
+	}
+	panic("fairlock: no entry " + entry + " serves op " + name)
+}
+
+// An opCall is one op ready to send: the keys it declares and its
+// arguments, which begin with the op's name (ARGV[1] of every script).
+type opCall struct {
+	op   *op
+	keys []string
+	args []any
+}
+
+// newCall starts a call of o on keys with room for n arguments after the
+// op's name.
+func newCall(o *op, keys []string, n int) opCall {
+	args := make([]any, 1, 1+n)
+	args[0] = o.name
+	return opCall{op: o, keys: keys, args: args}
+}
+
+// with returns oc with args appended.
+func (oc opCall) with(args ...any) opCall {
+	oc.args = append(oc.args, args...)
+	return oc
 }
 
 // source returns the text of one of the scripts' files.
@@ -115,8 +162,8 @@ func entryBody(src string) string {
 // not seen it yet. A Client has its own scripts, since what it learns of
 // its Redis (that functions are missing) holds for that Redis only.
 type scripts struct {
-	byEntry map[string]*script
-	lib     *library // nil: EVAL only (a test transform is set)
+	list []*script // by index in entries
+	lib  *library  // nil: EVAL only (a test transform is set)
 	// evalOnly is set for good once the Redis showed it cannot run the
 	// library (no FCALL, or the library does not load there).
 	evalOnly atomic.Bool
@@ -128,13 +175,18 @@ type scripts struct {
 	loads     atomic.Uint64 // loads done
 }
 
-// forOp returns the script that serves op, and how op is run.
-func (set *scripts) forOp(op string) (*script, opSpec) {
-	spec, ok := ops[op]
-	if !ok {
-		panic("fairlock: no script serves op " + op)
+// forOp returns the script that serves o.
+func (set *scripts) forOp(o *op) *script { return set.list[o.entry] }
+
+// named returns the script of the entry called name (tests run entries
+// by name).
+func (set *scripts) named(name string) *script {
+	for i, e := range entries {
+		if e.name == name {
+			return set.list[i]
+		}
 	}
-	return set.byEntry[spec.entry], spec
+	panic("fairlock: no entry " + name)
 }
 
 // load loads the library where rdb may need it (see library.load). Calls
@@ -201,13 +253,13 @@ func newScripts(transform func(string) string) *scripts {
 	if transform != nil {
 		k = newCode(transform)
 	}
-	s := &scripts{lib: k.lib, byEntry: map[string]*script{}}
+	s := &scripts{lib: k.lib}
 	for _, e := range entries {
 		sc := &script{set: s, eval: k.evals[e.name], flagged: k.flagged[e.name]}
 		if k.lib != nil {
 			sc.fn = k.lib.fns[e.name]
 		}
-		s.byEntry[e.name] = sc
+		s.list = append(s.list, sc)
 	}
 	return s
 }

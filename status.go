@@ -82,7 +82,7 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 		return Status{}, opError("status", []string{name}, err)
 	}
 	o, _ := c.call(ctx, func(ctx context.Context) outcome {
-		cmd, _ := c.run(ctx, k.list(), statusArgs()...)
+		cmd, _ := c.run(ctx, statusCall(k.list()))
 		return outcome{cmd: cmd}
 	}, nil)
 	res, err := o.cmd.Slice()
