@@ -59,6 +59,8 @@ func TestFlags(t *testing.T) {
 		{"-impls", "zookeeper"},
 		{"-max-queue", "9"},
 		{"extra"},
+		// Client-side caching: not on the embedded miniredis.
+		{"-impls", "rueidislock", "-scenarios", "uncontended"},
 	} {
 		if err := run(args, io.Discard, io.Discard); err == nil {
 			t.Errorf("run(%q) succeeded", args)
@@ -225,6 +227,43 @@ func TestAutoBackend(t *testing.T) {
 		}
 		if s.Name == "wake-read" && len(s.Rows) != len(bareBLPOPKeys) {
 			t.Errorf("the bare blocking read: %d rows, want %d", len(s.Rows), len(bareBLPOPKeys))
+		}
+	}
+}
+
+// The peers on rueidis and valkey-go run every scenario on a real server:
+// their locks exclude (no overlap), their commands are counted through
+// their own clients, and a waiter is woken (drain, wake), not left to its
+// lock's TTL.
+func TestOtherClientsPeers(t *testing.T) {
+	if _, err := redisserver.Binary("redis-server"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true and no redis-server: %v", err)
+		}
+		t.Skip(err)
+	}
+	rep, _ := runJSON(t, "-redis", "auto", "-duration", "100ms", "-scenarios", "uncontended,handoff,contended,drain,dining,wake", "-impls", "rueidislock,valkeylock", "-max-queue", "100")
+	seen := map[string]bool{}
+	for _, s := range rep.Scenarios {
+		for _, d := range s.Data {
+			im, _ := d["impl"].(string)
+			seen[s.Name+" "+im] = true
+			if o, ok := d["overlaps"].(float64); ok && o != 0 {
+				t.Errorf("%s, %s: %v overlaps", s.Name, im, o)
+			}
+			if c, ok := d["client_cmds"].(float64); ok && c <= 0 {
+				t.Errorf("%s, %s: %v client commands counted", s.Name, im, c)
+			}
+			if s.Name == "drain" && d["drained"] != nil && d["drained"] != d["waiters"] {
+				t.Errorf("drain, %s: %v", im, d)
+			}
+		}
+	}
+	for _, sc := range []string{"uncontended", "handoff", "contended", "drain", "wake"} {
+		for _, im := range []string{"rueidislock", "valkeylock"} {
+			if !seen[sc+" "+im] {
+				t.Errorf("%s has no row of %s", sc, im)
+			}
 		}
 	}
 }

@@ -10,6 +10,8 @@ require (
 	github.com/fairlock/fairlock v0.0.0
 	github.com/go-redsync/redsync/v4 v4.18.1
 	github.com/redis/go-redis/v9 v9.23.0
+	github.com/redis/rueidis v1.0.79
+	github.com/valkey-io/valkey-go v1.0.79
 )
 
 require (

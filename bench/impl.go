@@ -41,7 +41,13 @@ type impl struct {
 	// reference marks a row that is neither fairlock nor a peer: a floor
 	// measured beside them (see floor.go).
 	reference bool
-	open      func(rdb *redis.Client, prefix string) (locker, error)
+	// realOnly: the implementation needs what the embedded miniredis
+	// lacks (client-side caching), so it runs on real servers only.
+	realOnly bool
+	// client names the Redis client an implementation makes for itself
+	// on each process's address ("" for the process's go-redis client).
+	client string
+	open     func(rdb *redis.Client, prefix string) (locker, error)
 }
 
 func impls() []impl {
@@ -54,6 +60,10 @@ func impls() []impl {
 			open: openRedislock},
 		{name: "setnx", peer: true, about: "SET NX PX, sleep 10 ms and retry; release by compare-and-delete script",
 			open: openSetNX},
+		{name: "rueidislock", peer: true, realOnly: true, client: "rueidis", about: "rueidis v1.0.79's rueidislock, one Redis (KeyMajority 1), KeyValidity 10s, NOLOOP tracking where the server has it; waits by client-side caching (the server tells it when the key changes); its own rueidis client per process; real servers only",
+			open: openRueidislock},
+		{name: "valkeylock", peer: true, realOnly: true, client: "valkey-go", about: "valkey-go v1.0.79's valkeylock, set as rueidislock (its fork); real servers only",
+			open: openValkeylock},
 	}
 }
 

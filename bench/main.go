@@ -126,6 +126,7 @@ type env struct {
 	admin      *redis.Client // for INFO; not counted
 	run        string        // key prefix of this run
 	impls      []impl
+	skipped    []string // implementations this server cannot run
 	stderr     io.Writer
 }
 
@@ -177,10 +178,22 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer stop()
+	if info, err := e.admin.Info(context.Background(), "server").Result(); err == nil {
+		serverVersion = infoField(info, "redis_version")
+	}
 	for _, im := range impls() {
-		if len(cfg.only) == 0 || slices.Contains(cfg.only, im.name) {
-			e.impls = append(e.impls, im)
+		asked := slices.Contains(cfg.only, im.name)
+		if len(cfg.only) > 0 && !asked {
+			continue
 		}
+		if im.realOnly && !e.real {
+			if asked {
+				return fmt.Errorf("%s runs on a real server only (-redis auto or host:port)", im.name)
+			}
+			e.skipped = append(e.skipped, im.name)
+			continue
+		}
+		e.impls = append(e.impls, im)
 	}
 
 	rep := &Report{Meta: e.meta()}
@@ -262,6 +275,9 @@ func (e *env) meta() map[string]string {
 		"cpus":     fmt.Sprint(runtime.NumCPU()),
 		"cpu":      cpuModel(),
 		"duration": e.cfg.duration.String(),
+	}
+	if len(e.skipped) > 0 {
+		m["not run here"] = strings.Join(e.skipped, ", ") + " (they need client-side caching, which the embedded miniredis lacks: run with -redis auto)"
 	}
 	if info, err := e.admin.Info(context.Background(), "server").Result(); err == nil {
 		if v := infoField(info, "redis_version"); v != "" {

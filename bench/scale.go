@@ -317,8 +317,13 @@ func (e *env) scaleRun(im impl, M, goroutines int, hold time.Duration) (scaleRes
 	// The memory and keys before any lock, once the process has dialled its
 	// pool (64 goroutines at once fill it): what the run's state holds is
 	// what grows from here, and the connections fairlock dials besides.
+	// (An implementation on a client of its own, which it dialled when
+	// made, leaves the process's go-redis pool alone.)
 	var warm sync.WaitGroup
 	for range goroutines {
+		if im.client != "" {
+			break
+		}
 		warm.Go(func() { _ = ps[0].rdb.Ping(context.Background()).Err() })
 	}
 	warm.Wait()
@@ -518,8 +523,10 @@ func (e *env) wakeRun(im impl, K int, wait, limit time.Duration) (wakeResult, er
 	defer closeH()
 	// The waiting process: for fairlock, its queued waiters counted and
 	// its blocking connections' BLPOPs too.
-	wrdb := redis.NewClient(&redis.Options{Addr: e.addr})
-	wrdb.AddHook(cnt)
+	// A client of the implementation's own (rueidis's) dials when it is
+	// made: its connections count from before.
+	ownBase := e.connectedClients()
+	wrdb := counted(redis.NewClient(&redis.Options{Addr: e.addr}), cnt)
 	defer wrdb.Close()
 	queued := &queuedCounter{}
 	bl := &blpopCounter{}
@@ -546,6 +553,9 @@ func (e *env) wakeRun(im impl, K int, wait, limit time.Duration) (wakeResult, er
 	}
 	r.take = time.Since(taking)
 	base := e.connectedClients() // the waiting process has not connected yet
+	if im.client != "" {
+		base = ownBase
+	}
 	stopConns := e.connSampler(base)
 	s0, st0 := e.snap(cnt), e.commandStats()
 	wctx, cancel := context.WithCancel(ctx)

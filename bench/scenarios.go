@@ -67,8 +67,7 @@ func (e *env) procs(im impl, n int, cnt *counter) ([]*proc, func(), error) {
 		}
 	}
 	for range n {
-		rdb := redis.NewClient(&redis.Options{Addr: e.addr})
-		rdb.AddHook(cnt)
+		rdb := counted(redis.NewClient(&redis.Options{Addr: e.addr}), cnt)
 		l, err := im.open(rdb, e.run+im.name+":")
 		if err != nil {
 			rdb.Close()
@@ -952,19 +951,22 @@ func drain(e *env) ([]*Table, []Target, error) {
 		if err != nil {
 			return nil, nil, err
 		}
+		key := "d"
+		unlock, err := holder[0].lock(context.Background(), key)
+		if err != nil {
+			closeH()
+			return nil, nil, err
+		}
+		// The waiting process does not exist yet; everybody else has
+		// their connections. (A client that dials when it is made, as
+		// rueidis's, counts from here.)
+		base := e.connectedClients()
 		wp, closeW, err := e.procs(im, 1, cnt)
 		if err != nil {
 			closeH()
 			return nil, nil, err
 		}
 		p := wp[0]
-		key := "d"
-		unlock, err := holder[0].lock(context.Background(), key)
-		if err != nil {
-			return nil, nil, err
-		}
-		// The waiting process has no connection yet; everybody else has.
-		base := e.connectedClients()
 		ctx, cancel := context.WithCancel(context.Background())
 		var done atomic.Int64
 		var wg sync.WaitGroup
@@ -1045,6 +1047,10 @@ func drain(e *env) ([]*Table, []Target, error) {
 		}
 		pn.lines = append(pn.lines, line)
 		pool := p.rdb.Options().PoolSize
+		poolS := strconv.Itoa(pool)
+		if im.client != "" {
+			poolS = "n/a (" + im.client + ")" // not go-redis's pool
+		}
 		closeW()
 		closeH()
 		drainS := us(elapsed)
@@ -1052,9 +1058,12 @@ func drain(e *env) ([]*Table, []Target, error) {
 			drainS = "> " + us(limit)
 		}
 		t.Rows = append(t.Rows, []string{im.name, drainS, fmt.Sprintf("%d of %d", drained, waiters), perAcq(cnt.n.Load(), drained), perAcq(server, drained),
-			cpuS, strconv.Itoa(peak), strconv.Itoa(pool)})
+			cpuS, strconv.Itoa(peak), poolS})
 		d := map[string]any{"impl": im.name, "drain_ms": float64(elapsed) / float64(time.Millisecond), "drained": drained, "waiters": waiters,
-			"client_cmds": cnt.n.Load(), "server_cmds": server, "peak_connections": peak, "pool_size": pool}
+			"client_cmds": cnt.n.Load(), "server_cmds": server, "peak_connections": peak}
+		if im.client == "" {
+			d["pool_size"] = pool
+		}
 		if !math.IsNaN(cpuV) {
 			d["redis_cpu_us_per_acq"] = cpuV
 		}
