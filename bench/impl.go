@@ -47,7 +47,7 @@ type impl struct {
 	// client names the Redis client an implementation makes for itself
 	// on each process's address ("" for the process's go-redis client).
 	client string
-	open     func(rdb *redis.Client, prefix string) (locker, error)
+	open   func(rdb *redis.Client, prefix string) (locker, error)
 }
 
 func impls() []impl {
