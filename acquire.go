@@ -73,7 +73,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 			c.unregister(r, w)
 			return nil, wrap(ctx.Err())
 		}
-		rep, err := parseAcquireReply(o.cmd, len(p.parts))
+		rep, err := parseAcquireReply(o.res, len(p.parts))
 		if err != nil {
 			c.unregister(r, w)
 			if !isDialError(err) { // (then the call's late clean-up withdraws)
@@ -242,8 +242,8 @@ func (c *Client) letGo(ctx context.Context, oc opCall, p plan) {
 func (c *Client) cleanUp(ctx context.Context, oc opCall, p plan) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
 	defer cancel()
-	cmd, _ := c.run(ctx, oc)
-	if _, err := c.released(p, cmd); transient(err) && !unreachable(err) {
+	res, _ := c.run(ctx, oc)
+	if _, err := c.released(p, res); transient(err) && !unreachable(err) {
 		// It did not reach Redis: send it again until the ticket would
 		// have been dropped anyway. (A Redis that refuses connections, or
 		// whose name does not resolve, is not there to send it to; the
@@ -289,9 +289,9 @@ func (c *Client) pumpLater(p plan) {
 				default:
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
-				cmd, _ := c.run(ctx, pumpCall(k.list()))
+				res, _ := c.run(ctx, pumpCall(k.list()))
 				cancel()
-				more, err := parsePumpReply(cmd)
+				more, err := parsePumpReply(res)
 				if err != nil || !more {
 					return
 				}

@@ -26,10 +26,33 @@ type pipeliner interface {
 // The dial hooks watch the call (see prompt.go): if a dial it waits for is
 // refused, or Redis's name does not resolve, it ends at once with a
 // dialError.
-func (c *Client) run(ctx context.Context, oc opCall) (*redis.Cmd, error) {
+func (c *Client) run(ctx context.Context, oc opCall) (result, error) {
 	cmd, ackErr := c.runWatched(c.dials.mark(ctx, oc.keys), oc)
-	c.dials.settle(cmd)
-	return cmd, ackErr
+	return result{val: cmd.Val(), err: c.dials.settle(cmd.Err())}, ackErr
+}
+
+// A result is what a script call came to, as plain Go values: its reply
+// (nil, int64, string, or []any of those) or the error that stood in its
+// way. The script layer (scripts.go, functions.go) runs the call on the
+// Redis client; everything above run reads results only.
+type result struct {
+	val any
+	err error
+}
+
+// Err returns the call's error.
+func (r result) Err() error { return r.err }
+
+// Slice returns the reply, an array, or the call's error.
+func (r result) Slice() ([]any, error) {
+	if r.err != nil {
+		return nil, r.err
+	}
+	s, ok := r.val.([]any)
+	if !ok {
+		return nil, fmt.Errorf("%w: script reply %v is not an array", ErrRedis, r.val)
+	}
+	return s, nil
 }
 
 func (c *Client) runWatched(ctx context.Context, oc opCall) (*redis.Cmd, error) {
@@ -62,15 +85,15 @@ func (c *Client) runWatched(ctx context.Context, oc opCall) (*redis.Cmd, error) 
 
 // outcome is what run returned.
 type outcome struct {
-	cmd    *redis.Cmd
+	res    result
 	ackErr error
 }
 
 // runner returns a call of run on oc, for call.
 func (c *Client) runner(oc opCall) func(context.Context) outcome {
 	return func(ctx context.Context) outcome {
-		cmd, ackErr := c.run(ctx, oc)
-		return outcome{cmd, ackErr}
+		res, ackErr := c.run(ctx, oc)
+		return outcome{res, ackErr}
 	}
 }
 
@@ -101,7 +124,7 @@ const grace = 30 * time.Millisecond
 func (c *Client) call(ctx context.Context, do func(context.Context) outcome, late func(outcome)) (o outcome, ok bool) {
 	if ctx.Done() == nil {
 		o := do(ctx)
-		if late != nil && isDialError(o.cmd.Err()) {
+		if late != nil && isDialError(o.res.Err()) {
 			c.spawn(func() { late(o) })
 		}
 		return o, true
@@ -112,7 +135,7 @@ func (c *Client) call(ctx context.Context, do func(context.Context) outcome, lat
 		o := do(ctx)
 		if state.CompareAndSwap(0, 1) {
 			ch <- o
-			if late != nil && isDialError(o.cmd.Err()) {
+			if late != nil && isDialError(o.res.Err()) {
 				late(o)
 			}
 		} else if late != nil {
@@ -135,8 +158,6 @@ func (c *Client) call(ctx context.Context, do func(context.Context) outcome, lat
 		if !state.CompareAndSwap(0, 2) {
 			return <-ch, true // the outcome came as the grace ended: use it
 		}
-		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(ctx.Err())
-		return outcome{cmd: cmd}, false
+		return outcome{res: result{err: ctx.Err()}}, false
 	}
 }

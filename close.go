@@ -244,8 +244,8 @@ func (c *Client) sendUntil(oc opCall, p plan, until time.Time) error {
 			break
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), until)
-		cmd, _ := c.run(ctx, oc)
-		_, err = c.released(p, cmd)
+		res, _ := c.run(ctx, oc)
+		_, err = c.released(p, res)
 		cancel()
 		if err == nil {
 			return nil

@@ -149,7 +149,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 		l.finish(errReleased)
 		return nil, wrap(ctx.Err())
 	}
-	rep, err := parseWaitReply(o.cmd)
+	rep, err := parseWaitReply(o.res)
 	if err != nil {
 		c.unregister(r, w)
 		return nil, l.waitFailed(ctx, err, release, until, cp, fresh)
@@ -215,7 +215,7 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release opCall, until
 		c.withdraw(ctx, cp, fresh)
 	}
 	o, ok := c.call(ctx, c.runner(release), func(o outcome) {
-		if _, err := c.released(p, o.cmd); transient(err) {
+		if _, err := c.released(p, o.res); transient(err) {
 			c.resendLater(release, p, until)
 		}
 	})
@@ -223,7 +223,7 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release opCall, until
 		l.finish(errReleased)
 		return wrap("the lease was released: the release goes on in the background")
 	}
-	n, rerr := c.released(p, o.cmd)
+	n, rerr := c.released(p, o.res)
 	switch {
 	case rerr == nil && n == 1:
 		l.finish(errReleased)
@@ -289,7 +289,7 @@ func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, 
 		if !ok {
 			return total, wrap(ctx.Err())
 		}
-		rep, err := parseSignalReply(o.cmd)
+		rep, err := parseSignalReply(o.res)
 		if err != nil {
 			return total, fail(ctx, op, p.names, err)
 		}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/internal/engine"
-	"github.com/redis/go-redis/v9"
 )
 
 // An election's leader record (package election) is kept beside the
@@ -27,20 +26,20 @@ func leaderChannel(k keys) string { return k.base + ":ld:c" }
 // leaderRun runs the leader op lo on the election name, by ctx's end,
 // with the arguments args gives for the election's keys (after the op's
 // name); op names the call in errors.
-func (c *Client) leaderRun(ctx context.Context, op string, lo *op, name string, args func(k keys) []any) (*redis.Cmd, error, error) {
+func (c *Client) leaderRun(ctx context.Context, op string, lo *op, name string, args func(k keys) []any) (result, error, error) {
 	k, err := c.keys(name)
 	if err != nil {
-		return nil, nil, opError(op, []string{name}, err)
+		return result{}, nil, opError(op, []string{name}, err)
 	}
 	if c.isClosed() {
-		return nil, nil, opError(op, []string{name}, ErrClosed)
+		return result{}, nil, opError(op, []string{name}, ErrClosed)
 	}
 	a := args(k)
 	o, _ := c.call(ctx, c.runner(newCall(lo, leaderKeys(k), len(a)).with(a...)), nil)
-	if err := o.cmd.Err(); err != nil {
-		return nil, nil, fail(ctx, op, []string{name}, err)
+	if err := o.res.Err(); err != nil {
+		return result{}, nil, fail(ctx, op, []string{name}, err)
 	}
-	return o.cmd, o.ackErr, nil
+	return o.res, o.ackErr, nil
 }
 
 func (c *Client) leaderSet(ctx context.Context, name string, term int64, value string, ttl time.Duration) (bool, error) {

@@ -293,7 +293,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	rel := l.p.releaseCall(opRelease, l.ticket, l.c, l.announced, l.tokens)
 	until := l.expiresBy()
 	o, ok := l.c.call(ctx, l.c.runner(rel), func(o outcome) {
-		if _, err := l.c.released(l.p, o.cmd); transient(err) { // hands on work the script left
+		if _, err := l.c.released(l.p, o.res); transient(err) { // hands on work the script left
 			// The release did not reach Redis: send it again.
 			l.c.resendLater(rel, l.p, until)
 		}
@@ -305,8 +305,8 @@ func (l *Lease) Release(ctx context.Context) error {
 		l.finish(errReleased)
 		return opError("release", l.p.names, ctx.Err())
 	}
-	cmd, ackErr := o.cmd, o.ackErr
-	n, err := l.c.released(l.p, cmd)
+	res, ackErr := o.res, o.ackErr
+	n, err := l.c.released(l.p, res)
 	if err == nil && n == 1 && ackErr != nil {
 		// Released on the master; a failover now could bring the lease
 		// back until its TTL runs out.
@@ -356,8 +356,8 @@ var errReleased error = &subError{"fairlock: lease released", ErrNotHeld}
 func (c *Client) releaseSpent(ctx context.Context, oc opCall, p plan, until time.Time) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
 	defer cancel()
-	cmd, _ := c.run(ctx, oc)
-	if _, err := c.released(p, cmd); transient(err) {
+	res, _ := c.run(ctx, oc)
+	if _, err := c.released(p, res); transient(err) {
 		c.resendLater(oc, p, until)
 	} else if err != nil {
 		c.logf(slog.LevelWarn, "fairlock: release failed; Redis ends the lease at its TTL", p.names, "", slog.Any("error", err))
@@ -491,7 +491,7 @@ func (l *Lease) renew() {
 		n, err = l.c.renewBatched(ctx, l, announced, lease)
 	} else {
 		o, _ := l.c.call(ctx, l.c.runner(l.p.releaseCallTTL(opRenew, l.ticket, l.c, announced, l.tokens, lease)), nil)
-		n, err = l.c.released(l.p, o.cmd)
+		n, err = l.c.released(l.p, o.res)
 		if err == nil && n == 1 && o.ackErr != nil {
 			err = o.ackErr // renewed on the master only: try again
 		}

@@ -42,9 +42,9 @@ type acquireReply struct {
 // semaphores: {1 or 3, nowMs, expiryMs, token...}, {2, nowMs,
 // nextEventMs}, {0} or {4}. The error is the command's, or a reply that
 // does not read as one of those (matching ErrRedis).
-func parseAcquireReply(cmd *redis.Cmd, parts int) (acquireReply, error) {
+func parseAcquireReply(out result, parts int) (acquireReply, error) {
 	var r acquireReply
-	res, err := cmd.Slice()
+	res, err := out.Slice()
 	if err != nil {
 		return r, err
 	}
@@ -119,8 +119,8 @@ func (p plan) releaseCallTTL(o *op, ticket string, c *Client, announced bool, to
 // released reads release.lua's reply {result, more}; when the script left
 // work for later (a long queue to grant, many leases to purge), it has the
 // rest done in the background.
-func (c *Client) released(p plan, cmd *redis.Cmd) (int64, error) {
-	res, err := cmd.Slice()
+func (c *Client) released(p plan, out result) (int64, error) {
+	res, err := out.Slice()
 	var n, more int64
 	if err == nil {
 		n, err = reply(res).int(0)
@@ -137,7 +137,7 @@ func (c *Client) released(p plan, cmd *redis.Cmd) (int64, error) {
 // renewedBatch reads a renew_batch reply {{result...}, more}, handing on
 // work the script left.
 func (c *Client) renewedBatch(p plan, o outcome, n int) ([]int64, error) {
-	res, err := o.cmd.Slice()
+	res, err := o.res.Slice()
 	if err != nil {
 		return nil, err
 	}
@@ -179,10 +179,10 @@ type waitReply struct {
 	now, next int64
 }
 
-func parseWaitReply(cmd *redis.Cmd) (waitReply, error) {
+func parseWaitReply(out result) (waitReply, error) {
 	var r waitReply
 	var more int64
-	err := ints(cmd, &r.result, &more, &r.now, &r.next)
+	err := ints(out, &r.result, &more, &r.now, &r.next)
 	r.more = more == 1
 	return r, err
 }
@@ -208,10 +208,10 @@ type signalReply struct {
 	bound          string
 }
 
-func parseSignalReply(cmd *redis.Cmd) (signalReply, error) {
+func parseSignalReply(out result) (signalReply, error) {
 	var r signalReply
 	var cmore, more, bound int64
-	err := ints(cmd, &r.woken, &cmore, &more, &bound)
+	err := ints(out, &r.woken, &cmore, &more, &bound)
 	r.condMore, r.more, r.bound = cmore == 1, more == 1, strconv.FormatInt(bound, 10)
 	return r, err
 }
@@ -247,9 +247,9 @@ type refreshed struct {
 	grant  *grant
 }
 
-func parseRefreshReply(cmd *redis.Cmd) (refreshReply, error) {
+func parseRefreshReply(out result) (refreshReply, error) {
 	var r refreshReply
-	res, err := cmd.Slice()
+	res, err := out.Slice()
 	if err == nil {
 		r.next, err = reply(res).int(0)
 	}
@@ -290,9 +290,9 @@ func (c *Client) renewBatchCall(keys []string, batch []*renewReq) opCall {
 // whether work is left still.
 func pumpCall(keys []string) opCall { return newCall(opPump, keys, 0) }
 
-func parsePumpReply(cmd *redis.Cmd) (more bool, err error) {
+func parsePumpReply(out result) (more bool, err error) {
 	var m int64
-	err = ints(cmd, &m)
+	err = ints(out, &m)
 	return m == 1, err
 }
 
@@ -326,8 +326,8 @@ func waiterMember(m string) (client string, permits int64, err error) {
 }
 
 // ints reads a script's array reply into integers, in order.
-func ints(cmd *redis.Cmd, into ...*int64) error {
-	res, err := cmd.Slice()
+func ints(out result, into ...*int64) error {
+	res, err := out.Slice()
 	for i, v := range into {
 		if err != nil {
 			break

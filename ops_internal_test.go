@@ -1,27 +1,19 @@
 package fairlock
 
 import (
-	"context"
 	"errors"
 	"testing"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Every reply acquire.lua documents reads as its code says, and a reply
 // that does not read as one of them is an error matching ErrRedis, never a
 // grant with missing tokens or a queued wait with no clock.
 func TestParseAcquireReply(t *testing.T) {
-	cmd := func(v ...any) *redis.Cmd {
-		c := redis.NewCmd(context.Background())
-		c.SetVal(v)
-		return c
-	}
-	failed := redis.NewCmd(context.Background())
-	failed.SetErr(errors.New("connection reset"))
+	cmd := func(v ...any) result { return result{val: v} }
+	failed := result{err: errors.New("connection reset")}
 	for _, tc := range []struct {
 		name  string
-		cmd   *redis.Cmd
+		cmd   result
 		parts int
 		want  acquireReply // when ok
 		ok    bool

@@ -104,23 +104,23 @@ func (d *dials) mark(ctx context.Context, keys []string) context.Context {
 	return ctx
 }
 
-// settle turns the refusal a watched call's command ended with into the
-// call's dialError, and notes, on a Cluster, that a call reached it.
-func (d *dials) settle(cmd *redis.Cmd) {
+// settle returns the error a watched call's command ended with, the
+// call's dialError in place of a refusal, and notes, on a Cluster, that a
+// call reached it.
+func (d *dials) settle(err error) error {
 	if d == nil {
-		return
+		return err
 	}
-	err := cmd.Err()
 	if err != nil {
 		var r refusal // (a hook of the caller's may have wrapped it)
 		if errors.As(err, &r) {
-			cmd.SetErr(r.d)
-			return
+			return r.d
 		}
 	}
 	if d.cluster != nil && !d.reached.Load() && answered(err) {
 		d.reached.Store(true)
 	}
+	return err
 }
 
 // answered reports whether err, a command's, says Redis answered it.

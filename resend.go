@@ -75,8 +75,8 @@ func (c *Client) resendLater(oc opCall, p plan, until time.Time) {
 				continue
 			}
 			ctx, cancel := context.WithDeadline(context.Background(), until)
-			cmd, _ := c.run(ctx, oc)
-			_, err := c.released(p, cmd)
+			res, _ := c.run(ctx, oc)
+			_, err := c.released(p, res)
 			cancel()
 			if err == nil || !transient(err) {
 				if err != nil {

@@ -311,9 +311,9 @@ func (r *room) refresh() (next time.Duration, first error) {
 	send := func(args []any) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 		sent := time.Now()
-		cmd, _ := c.run(ctx, opCall{op: opRefresh, keys: r.k.list(), args: args}) // unreplicated refreshes are refreshed again
+		res, _ := c.run(ctx, opCall{op: opRefresh, keys: r.k.list(), args: args}) // unreplicated refreshes are refreshed again
 		cancel()
-		rep, err := parseRefreshReply(cmd)
+		rep, err := parseRefreshReply(res)
 		r.noteRefreshed(args, sent, err)
 		mu.Lock()
 		defer mu.Unlock()

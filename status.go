@@ -82,10 +82,10 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 		return Status{}, opError("status", []string{name}, err)
 	}
 	o, _ := c.call(ctx, func(ctx context.Context) outcome {
-		cmd, _ := c.run(ctx, statusCall(k.list()))
-		return outcome{cmd: cmd}
+		res, _ := c.run(ctx, statusCall(k.list()))
+		return outcome{res: res}
 	}, nil)
-	res, err := o.cmd.Slice()
+	res, err := o.res.Slice()
 	if err != nil {
 		return Status{}, fail(ctx, "status", []string{name}, err)
 	}
