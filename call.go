@@ -28,7 +28,7 @@ type pipeliner interface {
 // dialError.
 func (c *Client) run(ctx context.Context, oc opCall) (result, error) {
 	cmd, ackErr := c.runWatched(c.dials.mark(ctx, oc.keys), oc)
-	return result{val: cmd.Val(), err: c.dials.settle(cmd.Err())}, ackErr
+	return resultOf(cmd, c.dials.settle(cmd.Err())), ackErr
 }
 
 // A result is what a script call came to, as plain Go values: its reply

@@ -9,8 +9,6 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Condition variables. A condition is named by its semaphore (in practice
@@ -207,7 +205,7 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release opCall, until
 		l.finish(errReleased)
 		return wrap("the lease was released: the release is sent in the background until it lands or the lease would have expired")
 	}
-	var refused redis.Error
+	var refused *errorReply
 	if !errors.As(err, &refused) {
 		// No reply from Redis: the connection failed once the command was
 		// sent, so the script may have run, and added the new ticket. (A

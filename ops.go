@@ -7,8 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // The Go side of each script op: the arguments it takes and the reply it
@@ -381,11 +379,11 @@ func incompatible(rest string) error {
 // renewal) pass through it, so that the caller who finally sees them can
 // match them as a direct call's.
 func scriptError(err error) error {
-	var rerr redis.Error
+	var rerr *errorReply
 	if !errors.As(err, &rerr) {
 		return err
 	}
-	msg := rerr.Error()
+	msg := rerr.reply
 	if rest, ok := strings.CutPrefix(msg, foreignErrPrefix); ok {
 		return foreignKey(rest)
 	}

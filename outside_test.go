@@ -151,3 +151,47 @@ func TestExamplesUsePublicPackages(t *testing.T) {
 		t.Fatalf("found %d files with examples; the walk is broken", examples)
 	}
 }
+
+// goRedisFiles are the root package's files that talk to go-redis: the
+// script call (call.go, goredis.go, scripts.go, functions.go), the
+// listeners' blocking reads, the dial watch, and the client kinds
+// (client.go, plan.go, ring.go). Everything else in the engine reads
+// fairlock's own values and errors (a result, an errorReply), which is
+// the seam another Redis client plugs into: this list only shrinks.
+var goRedisFiles = map[string]bool{
+	"call.go": true, "client.go": true, "functions.go": true, "goredis.go": true, "listener.go": true,
+	"plan.go": true, "prompt.go": true, "ring.go": true, "scripts.go": true,
+}
+
+// No file of the root package beyond goRedisFiles imports go-redis, and
+// each of those still does (a file freed of it leaves the list).
+func TestGoRedisStaysAtTheEdge(t *testing.T) {
+	paths, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	imports := map[string]bool{}
+	for _, path := range paths {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range f.Imports {
+			if p, _ := strconv.Unquote(imp.Path.Value); strings.HasPrefix(p, "github.com/redis/go-redis/") {
+				imports[path] = true
+			}
+		}
+		if imports[path] && !goRedisFiles[path] {
+			t.Errorf("%s imports go-redis: the engine above the script call reads fairlock's values and errors only (see goredis.go)", path)
+		}
+	}
+	for path := range goRedisFiles {
+		if !imports[path] {
+			t.Errorf("%s no longer imports go-redis: take it off goRedisFiles", path)
+		}
+	}
+}

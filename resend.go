@@ -10,8 +10,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // transient reports whether err, from a script call, is one that passes:
@@ -25,9 +23,9 @@ func transient(err error) bool {
 	if err == nil {
 		return false
 	}
-	var rerr redis.Error
+	var rerr *errorReply
 	if errors.As(err, &rerr) {
-		msg := rerr.Error()
+		msg := rerr.reply
 		for _, p := range []string{"TRYAGAIN", "LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "MOVED", "ASK", "BUSY", "NOREPLICAS"} {
 			if strings.HasPrefix(msg, p+" ") || msg == p {
 				return true
@@ -101,6 +99,6 @@ func minTime(a, b time.Time) time.Time {
 // slowly, rather than that Redis could not be reached.
 func slow(err error) bool {
 	var ne net.Error
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout) ||
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errPoolTimeout) ||
 		(errors.As(err, &ne) && ne.Timeout())
 }

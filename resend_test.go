@@ -45,9 +45,53 @@ func TestTransient(t *testing.T) {
 		{redis.ErrClosed, false},
 		{nil, false},
 	} {
-		if got := transient(tc.err); got != tc.want {
+		if got := transient(fromClient(tc.err)); got != tc.want {
 			t.Errorf("transient(%v) = %v, want %v", tc.err, got, tc.want)
 		}
+	}
+}
+
+// An error from go-redis reads the same after fromClient (its text, and
+// errors.As finding go-redis's error for a caller who matches it), while
+// the engine reads a server's reply and a pool timeout as its own.
+func TestFromClient(t *testing.T) {
+	reply := fmt.Errorf("a hook's words: %w", replyError("READONLY You can't write against a read only replica."))
+	for _, tc := range []struct {
+		name      string
+		err       error
+		reply     string // the server's words, or "" for no error reply
+		slow      bool
+		transient bool
+	}{
+		{"an error reply, wrapped by a hook", reply, "READONLY You can't write against a read only replica.", false, true},
+		{"a script's refusal", replyError("FAIRLOCK_CAPACITY 3 1"), "FAIRLOCK_CAPACITY 3 1", false, false},
+		{"the pool's timeout", redis.ErrPoolTimeout, "", true, false},
+		{"a closed client", redis.ErrClosed, "", false, false},
+		{"a connection reset", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), "", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := fromClient(tc.err)
+			if got.Error() != tc.err.Error() {
+				t.Errorf("text %q, want %q", got, tc.err)
+			}
+			if !errors.Is(got, tc.err) {
+				t.Errorf("%v does not match the client's error", got)
+			}
+			var er *errorReply
+			if ok := errors.As(got, &er); ok != (tc.reply != "") || ok && er.reply != tc.reply {
+				t.Errorf("error reply %v (%+v), want %q", ok, er, tc.reply)
+			}
+			var rerr redis.Error
+			if errors.As(got, &rerr) != (tc.reply != "") {
+				t.Errorf("errors.As(%v, redis.Error) = %v", got, !(tc.reply != ""))
+			}
+			if slow(got) != tc.slow || transient(got) != tc.transient {
+				t.Errorf("slow %v, transient %v; want %v, %v", slow(got), transient(got), tc.slow, tc.transient)
+			}
+		})
+	}
+	if fromClient(nil) != nil {
+		t.Error("fromClient(nil) is not nil")
 	}
 }
 
