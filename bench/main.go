@@ -293,7 +293,8 @@ func (e *env) meta() map[string]string {
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, d := range bi.Deps {
 			switch d.Path {
-			case "github.com/go-redsync/redsync/v4", "github.com/bsm/redislock", "github.com/redis/go-redis/v9", "github.com/alicebob/miniredis/v2":
+			case "github.com/go-redsync/redsync/v4", "github.com/bsm/redislock", "github.com/redis/go-redis/v9", "github.com/alicebob/miniredis/v2",
+				"github.com/redis/rueidis", "github.com/valkey-io/valkey-go":
 				m[d.Path] = d.Version
 			case "github.com/fairlock/fairlock":
 				m[d.Path] = "this checkout"
