@@ -16,12 +16,12 @@ type pipeliner interface {
 	Pipeline() redis.Pipeliner
 }
 
-// run is the one way the client runs a script: oc's op, on its keys, through
-// the script that serves it. With WithReplicaAck,
-// for the ops whose writes must reach replicas (op.ack), it also waits,
-// on the same connection, until the configured number of replicas has the
-// script's writes; the second result reports when they did not (the
-// script's own result and error are in the Cmd either way).
+// run is the one way the client runs a script: oc's op, on its keys,
+// through the script that serves it. With WithReplicaAck, for the ops
+// whose writes must reach replicas (op.ack), it also waits, on the same
+// connection, until the configured number of replicas has the script's
+// writes; the second result reports when they did not (the script's own
+// reply and error are in the result either way).
 //
 // The dial hooks watch the call (see prompt.go): if a dial it waits for is
 // refused, or Redis's name does not resolve, it ends at once with a
