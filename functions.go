@@ -38,11 +38,7 @@ type library struct {
 // the slot of every key, declared or not).
 func newLibrary(entries []entry, read func(file string) string) *library {
 	var body strings.Builder
-	body.WriteString(read("queue.lua"))
-	for _, f := range includes {
-		body.WriteString("\n")
-		body.WriteString(read(f))
-	}
+	body.WriteString(prelude(read))
 	files := map[string]int{} // entry file -> index in bodies
 	var bodies []string
 	for _, e := range entries {

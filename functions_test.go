@@ -495,3 +495,51 @@ func waitQueued(t *testing.T, c *Client, name string, n int64) {
 	}
 	t.Fatalf("%d requests did not queue for %q", n, name)
 }
+
+// luaMaxLocals is Lua 5.1's limit of local variables in one function
+// (LUAI_MAXVARS): the function library defines the whole prelude, and a
+// local for each entry file, inside one function (define), and an EVAL
+// script is one chunk.
+const luaMaxLocals = 200
+
+// preludeLocals counts the names the prelude declares at its top level
+// ("local a, b = ...", "local function f").
+func preludeLocals(src string) int {
+	n := 0
+	for _, line := range strings.Split(src, "\n") {
+		rest, ok := strings.CutPrefix(line, "local ")
+		if !ok {
+			continue
+		}
+		if strings.HasPrefix(rest, "function ") {
+			n++
+			continue
+		}
+		rest, _, _ = strings.Cut(rest, "--")
+		rest, _, _ = strings.Cut(rest, "=")
+		n += len(strings.Split(rest, ","))
+	}
+	return n
+}
+
+// The scripts stay clear of Lua's limit of locals in one function, with
+// room for a few more definitions: past it, no script compiles. When this
+// fails, group a file's definitions into a module table (one local).
+func TestPreludeLocalsLeaveRoom(t *testing.T) {
+	files := map[string]bool{}
+	for _, e := range entries {
+		files[e.file] = true
+	}
+	n := preludeLocals(prelude(source)) + len(files)
+	t.Logf("%d locals in the function library's define (Lua's limit: %d)", n, luaMaxLocals)
+	if n > luaMaxLocals-20 {
+		t.Errorf("%d top-level locals in the prelude and the entries' bodies; Lua refuses more than %d in one function", n, luaMaxLocals)
+	}
+	// The counter's own example. (Checked against Redis 7.4.1: the library
+	// loads with the prelude padded to 200 locals, and FUNCTION LOAD
+	// refuses it at 201, "function at line 3 has more than 200 local
+	// variables".)
+	if got := preludeLocals("local a, b = 1, 2 -- x, y\nlocal function f() end\n  local inner = 1\nlocal c"); got != 4 {
+		t.Errorf("preludeLocals counts %d in its own example, want 4", got)
+	}
+}

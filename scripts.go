@@ -140,11 +140,19 @@ func source(file string) string {
 // scriptSource returns the EVAL source of entry e: queue.lua, the
 // includes, then e's file as the body that queue.lua's run_entry runs.
 func scriptSource(e entry) string {
-	parts := []string{source("queue.lua")}
+	return prelude(source) + "\n" + entryBody(source(e.file))
+}
+
+// prelude is the code every script defines before its entry: queue.lua,
+// then the includes in order, each file's text as read returns it. The
+// EVAL scripts and the function library (newLibrary) are both made of
+// it, assembled here only.
+func prelude(read func(file string) string) string {
+	parts := []string{read("queue.lua")}
 	for _, f := range includes {
-		parts = append(parts, source(f))
+		parts = append(parts, read(f))
 	}
-	return strings.Join(parts, "\n") + "\n" + entryBody(source(e.file))
+	return strings.Join(parts, "\n")
 }
 
 // entryBody wraps an entry file's text as the function run_entry runs
