@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"encoding/xml"
+	"errors"
 	"io"
 	"math"
 	"os"
@@ -474,5 +476,45 @@ func TestCDF(t *testing.T) {
 		if c.pts[i].x < c.pts[i-1].x || c.pts[i].y < c.pts[i-1].y {
 			t.Fatalf("cdf goes back at %d: %v, %v", i, c.pts[i-1], c.pts[i])
 		}
+	}
+}
+
+// A rueidislock or valkeylock wait whose wake-up is lost begins again
+// after rewaitAfter rather than hanging the run; a lock taken lasts until
+// unlock, and the caller's context still bounds the wait.
+func TestLockUntilUnlockBeginsALostWaitAgain(t *testing.T) {
+	attempts := 0
+	var held context.Context
+	take := func(ctx context.Context) (func(), error) {
+		attempts++
+		if attempts == 1 {
+			<-ctx.Done() // a wake-up that never comes
+			return nil, ctx.Err()
+		}
+		held = ctx
+		return func() {}, nil
+	}
+	start := time.Now()
+	unlock, err := lockUntilUnlock(context.Background(), take)
+	if err != nil || attempts != 2 {
+		t.Fatalf("lockUntilUnlock: %v after %d attempts", err, attempts)
+	}
+	if d := time.Since(start); d < rewaitAfter || d > 3*rewaitAfter {
+		t.Errorf("taken after %v; want about %v", d, rewaitAfter)
+	}
+	time.Sleep(rewaitAfter + 100*time.Millisecond)
+	if held.Err() != nil {
+		t.Fatalf("the lock's context ended before unlock: %v", held.Err())
+	}
+	_ = unlock(context.Background())
+	if held.Err() == nil {
+		t.Error("the lock's context lives on after unlock")
+	}
+	// The caller's context ends a wait that never wakes.
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	never := func(ctx context.Context) (func(), error) { <-ctx.Done(); return nil, ctx.Err() }
+	if _, err := lockUntilUnlock(ctx, never); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a wait past its context: %v", err)
 	}
 }

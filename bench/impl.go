@@ -60,7 +60,7 @@ func impls() []impl {
 			open: openRedislock},
 		{name: "setnx", peer: true, about: "SET NX PX, sleep 10 ms and retry; release by compare-and-delete script",
 			open: openSetNX},
-		{name: "rueidislock", peer: true, realOnly: true, client: "rueidis", about: "rueidis v1.0.79's rueidislock, one Redis (KeyMajority 1), KeyValidity 10s, NOLOOP tracking where the server has it; waits by client-side caching (the server tells it when the key changes); its own rueidis client per process; real servers only",
+		{name: "rueidislock", peer: true, realOnly: true, client: "rueidis", about: "rueidis v1.0.79's rueidislock, one Redis (KeyMajority 1), KeyValidity 10s, NOLOOP tracking where the server has it; waits by client-side caching (the server tells it when the key changes), a wait that hears nothing for 1 s begun again (a wake-up can be lost); its own rueidis client per process; real servers only",
 			open: openRueidislock},
 		{name: "valkeylock", peer: true, realOnly: true, client: "valkey-go", about: "valkey-go v1.0.79's valkeylock, set as rueidislock (its fork); real servers only",
 			open: openValkeylock},

@@ -93,27 +93,50 @@ func (r *rueidisLocker) lock(ctx context.Context, key string) (func(context.Cont
 // its context ends, as the other implementations' locks hold: ctx bounds
 // the wait, and the lock, once taken, lasts until unlock (or its TTL, its
 // holder gone), whatever becomes of ctx.
+//
+// A wait that hears nothing for rewaitAfter begins again. Both packages
+// wait for the server's invalidation of the lock's key with no timeout of
+// their own, and that wake-up can be lost: in the handoff scenario under
+// the race detector a valkeylock waiter slept for 7 minutes after its
+// holder had released (its goroutine parked in WithContext, on its gate).
+// Begun again, such a wait shows as one of about rewaitAfter.
 func lockUntilUnlock(ctx context.Context, take func(context.Context) (unlock func(), err error)) (func(context.Context) error, error) {
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, cancel)
-	unlock, err := take(lctx)
-	if !stop() { // ctx ended while waiting
-		if err == nil {
-			unlock()
+	for {
+		// The attempt's context has no deadline (the packages shorten a
+		// lock to its context's deadline): a timer cancels it instead.
+		actx, acancel := context.WithCancel(lctx)
+		t := time.AfterFunc(rewaitAfter, acancel)
+		unlock, err := take(actx)
+		inTime := t.Stop()
+		switch {
+		case err == nil && inTime && stop():
+			return func(context.Context) error {
+				unlock()
+				acancel()
+				cancel()
+				return nil
+			}, nil
+		case err == nil:
+			unlock() // taken as ctx or the timer ended the attempt
 		}
-		cancel()
-		return nil, ctx.Err()
+		acancel()
+		if ctx.Err() != nil {
+			cancel()
+			return nil, ctx.Err()
+		}
+		if err != nil && inTime {
+			stop()
+			cancel()
+			return nil, err
+		}
 	}
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	return func(context.Context) error {
-		unlock()
-		cancel()
-		return nil
-	}, nil
 }
+
+// rewaitAfter is how long a rueidislock or valkeylock wait may hear
+// nothing before it begins again (see lockUntilUnlock).
+const rewaitAfter = time.Second
 
 func (r *rueidisLocker) lockBoth(ctx context.Context, a, b string) (func(context.Context) error, error) {
 	return bothInOrder(ctx, r, a, b)
