@@ -72,15 +72,25 @@ func TestNoRenewalAfterRelease(t *testing.T) {
 		cnt := fltest.NewCounter()
 		rdb := b.Client(t)
 		redistest.AddHook(t, rdb, cnt)
-		const ttl = 30 * time.Millisecond
+		// Renewals come every ttl/3. The lease must outlive a process
+		// starved of CPU for a while (a loaded CI machine, the race
+		// detector): with a 30 ms TTL, a 100 ms stall ended it by its
+		// deadline before any renewal was sent, and the test waited for
+		// renewals that a lost lease never sends.
+		const ttl = 600 * time.Millisecond
 		l, err := newSem(e.ClientOn(rdb, fairlock.WithLeaseTTL(ttl)), "stop", 1).Acquire(context.Background(), 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.WaitFor("two renewals", func() bool { return renewCount(cnt) >= 2 })
+		e.WaitFor("two renewals", func() bool {
+			if err := l.Err(); err != nil {
+				t.Fatalf("the lease ended before two renewals: %v", err)
+			}
+			return renewCount(cnt) >= 2
+		})
 		e.Release(l)
 		after := renewCount(cnt)
-		time.Sleep(5 * ttl)
+		time.Sleep(2 * ttl) // six renewal intervals
 		if got := renewCount(cnt); got != after {
 			t.Fatalf("%d renewals after Release returned", got-after)
 		}
