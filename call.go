@@ -6,35 +6,64 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"strconv"
 )
 
-// pipeliner is what WithReplicaAck needs of a client besides RedisClient:
-// a pipeline, whose commands share one connection, so that WAIT covers the
-// script before it. *redis.Client (also Sentinel failover) has it.
-type pipeliner interface {
-	Pipeline() redis.Pipeliner
+// run is the one way the client runs a script: oc's op, on its keys,
+// through the script that serves it, on the client's Backend. With
+// WithReplicaAck, for the ops whose writes must reach replicas (op.ack),
+// it also waits, on the same connection, until the configured number of
+// replicas has the script's writes; the second result reports when they
+// did not (the script's own reply and error are in the result either
+// way).
+func (c *Client) run(ctx context.Context, oc opCall) (result, error) {
+	s, keys, args := c.scripts.forOp(oc.op), oc.keys, renderArgs(oc.args)
+	if c.cfg.ackReplicas == 0 || !oc.op.ack {
+		return s.run(ctx, c.b, c.info.Functions, func(sc Script) result {
+			v, err := c.b.Script(ctx, sc)
+			return result{v, err}
+		}, keys, args), nil
+	}
+	var acked int64
+	var waitErr error
+	res := s.run(ctx, c.b, c.info.Functions, func(sc Script) result {
+		var r result
+		r.val, acked, r.err, waitErr = c.b.ScriptWait(ctx, sc, c.cfg.ackReplicas, c.cfg.ackTimeout)
+		return r
+	}, keys, args)
+	switch {
+	case res.err != nil:
+		return res, nil
+	case waitErr != nil:
+		return res, fmt.Errorf("%w: %w: WAIT: %w", ErrRedis, ErrNotReplicated, waitErr)
+	case acked < int64(c.cfg.ackReplicas):
+		return res, fmt.Errorf("%w: %w: %d of %d replicas acknowledged within %v", ErrRedis, ErrNotReplicated, acked, c.cfg.ackReplicas, c.cfg.ackTimeout)
+	}
+	return res, nil
 }
 
-// run is the one way the client runs a script: oc's op, on its keys,
-// through the script that serves it. With WithReplicaAck, for the ops
-// whose writes must reach replicas (op.ack), it also waits, on the same
-// connection, until the configured number of replicas has the script's
-// writes; the second result reports when they did not (the script's own
-// reply and error are in the result either way).
-//
-// The dial hooks watch the call (see prompt.go): if a dial it waits for is
-// refused, or Redis's name does not resolve, it ends at once with a
-// dialError.
-func (c *Client) run(ctx context.Context, oc opCall) (result, error) {
-	cmd, ackErr := c.runWatched(c.dials.mark(ctx, oc.keys), oc)
-	return resultOf(cmd, c.dials.settle(cmd.Err())), ackErr
+// renderArgs renders a call's arguments as the strings Redis receives:
+// strings as they are, integers in decimal.
+func renderArgs(args []any) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		switch v := a.(type) {
+		case string:
+			out[i] = v
+		case int64:
+			out[i] = strconv.FormatInt(v, 10)
+		case int:
+			out[i] = strconv.Itoa(v)
+		default:
+			out[i] = fmt.Sprint(v)
+		}
+	}
+	return out
 }
 
 // A result is what a script call came to, as plain Go values: its reply
 // (nil, int64, string, or []any of those) or the error that stood in its
-// way. The script layer (scripts.go, functions.go) runs the call on the
-// Redis client; everything above run reads results only.
+// way. The Backend runs the call; everything above run reads results only.
 type result struct {
 	val any
 	err error
@@ -55,32 +84,21 @@ func (r result) Slice() ([]any, error) {
 	return s, nil
 }
 
-func (c *Client) runWatched(ctx context.Context, oc opCall) (*redis.Cmd, error) {
-	s, keys, args := c.scripts.forOp(oc.op), oc.keys, oc.args
-	if c.cfg.ackReplicas == 0 || !oc.op.ack {
-		return s.Run(ctx, c.rdb, keys, args...), nil
+// Strings returns the reply, an array of strings, or the call's error.
+func (r result) Strings() ([]string, error) {
+	s, err := r.Slice()
+	if err != nil {
+		return nil, err
 	}
-	p := c.rdb.(pipeliner) // checked by New
-	var wait *redis.IntCmd
-	cmd := s.run(ctx, c.rdb, func(send func(redis.Scripter) *redis.Cmd) *redis.Cmd {
-		pipe := p.Pipeline()
-		cmd := send(pipe)
-		wait = redis.NewIntCmd(ctx, "wait", c.cfg.ackReplicas, c.cfg.ackTimeout.Milliseconds())
-		_ = pipe.Process(ctx, wait)
-		_, _ = pipe.Exec(ctx)
-		return cmd
-	}, keys, args)
-	if cmd.Err() != nil {
-		return cmd, nil
+	out := make([]string, len(s))
+	for i, v := range s {
+		str, ok := v.(string)
+		if !ok {
+			return nil, fmt.Errorf("%w: script reply %v is not an array of strings", ErrRedis, r.val)
+		}
+		out[i] = str
 	}
-	acked, err := wait.Result()
-	switch {
-	case err != nil:
-		return cmd, fmt.Errorf("%w: %w: WAIT: %w", ErrRedis, ErrNotReplicated, err)
-	case acked < int64(c.cfg.ackReplicas):
-		return cmd, fmt.Errorf("%w: %w: %d of %d replicas acknowledged within %v", ErrRedis, ErrNotReplicated, acked, c.cfg.ackReplicas, c.cfg.ackTimeout)
-	}
-	return cmd, nil
+	return out, nil
 }
 
 // outcome is what run returned.

@@ -10,28 +10,6 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/internal/scripthook"
-	"github.com/redis/go-redis/v9"
-)
-
-// RedisClient is the part of a go-redis v9 client that fairlock uses.
-// *redis.Client (also as returned by redis.NewFailoverClient for Sentinel)
-// and *redis.ClusterClient satisfy it. On those two, where Redis has
-// functions (7.0 and later, Valkey), fairlock runs its scripts as a
-// function library that it loads on each server (FUNCTION LOAD, on every
-// Cluster master) the first time one lacks it; elsewhere, and on any other
-// RedisClient, through the Scripter methods (EVALSHA, EVAL).
-//
-// A *redis.Ring satisfies it too, but [New] refuses it: a Ring moves a
-// shard's keys to another shard when it thinks that shard is down, so two
-// processes could hold one lock.
-type RedisClient interface {
-	redis.Scripter
-	BLPop(ctx context.Context, timeout time.Duration, keys ...string) *redis.StringSliceCmd
-}
-
-var (
-	_ RedisClient = (*redis.Client)(nil)
-	_ RedisClient = (*redis.ClusterClient)(nil)
 )
 
 // MaxCapacity is the largest semaphore capacity. Scripts count permits in
@@ -78,12 +56,12 @@ type Request struct {
 // A Client is safe for concurrent use. It holds no per-acquisition state;
 // each grant is a [Lease].
 type Client struct {
-	rdb     RedisClient
+	b       Backend     // where the scripts run
+	info    BackendInfo // b's
 	cfg     config
 	scripts *scripts
 	id      string        // identifies this client's wake lists; unguessable
 	done    chan struct{} // closed by Close
-	dials   *dials        // has rdb's dials watched (prompt.go); nil if fairlock cannot see them
 
 	mu          sync.Mutex
 	closed      bool
@@ -94,8 +72,8 @@ type Client struct {
 	renewals    map[string]*renewQueue // by keys.base: renewals waiting for a batch
 	listeners   map[string][]*listener // by listenGroup
 	listenerSeq uint64                 // names listeners' control lists
-	blk         RedisClient            // where listeners block; see blockingLocked
-	closeBlk    func() error           // closes blk if the Client built it
+	blk         Backend                // where listeners block; see blockingLocked
+	closeBlk    func() error           // closes blk if the Client's Backend made it
 	noBLMPop    atomic.Bool            // blk's server lacks BLMPOP: listeners use BLPOP
 
 	wg sync.WaitGroup // goroutines the client starts (renewal timers are
@@ -128,67 +106,27 @@ func (c *Client) spawn(f func()) {
 	}()
 }
 
-// New returns a Client that keeps its semaphores in rdb. It starts no
-// goroutine, opens no connection and sends nothing to Redis until first
-// used. Its first wait builds a second go-redis client from rdb's options
-// for its blocking reads (see [Client] for the connections it uses); rdb
-// itself stays the caller's to close, after the Client. New fails with
-// [ErrInvalidArgument] for a nil rdb, an invalid option, or
-// [WithReplicaAck] on a client other than a *redis.Client (a
-// *redis.ClusterClient is refused).
-//
-// New refuses a go-redis Ring with [ErrInvalidArgument]. A Ring marks a
-// shard down after a few failed heartbeats and sends its keys to another
-// shard, so a client cut off from the shard that keeps a lock would be
-// granted it on another shard while its holder keeps it on the first: two
-// holders. Use a *redis.ClusterClient, a Sentinel failover client, or one
-// *redis.Client per shard with the names you place on it yourself. New
-// recognises a *redis.Ring and any type that shows Ring's own methods
-// (Options returning *redis.RingOptions, or both SetAddrs and
-// GetShardClientForKey), as a struct embedding a *redis.Ring does; a
-// wrapper that hides a Ring behind other methods cannot be recognised, and
-// is the caller's to avoid.
-//
-// New adds a hook, once per go-redis client however many Clients are made
-// on it, to a *redis.Client (also a Sentinel failover client) or to each
-// node client of a *redis.ClusterClient (a node it makes later at once; a
-// node it made before New at the first call for a key that node serves
-// after a call has reached the Cluster). The hook stays for the go-redis
-// client's life and acts only on this package's commands. Through it a
-// call whose command waits for a connection that Redis refuses, or whose
-// host name does not resolve, returns an error matching [ErrRedis] at once,
-// with or without a deadline on its context, rather than after go-redis's
-// dial retries (seconds); a call whose command was already sent on a
-// working connection is not affected. (Once go-redis has stopped dialing a
-// server after many refusals in a row, it fails a command without a dial,
-// after its own retries: tens of milliseconds.) Other RedisClients (a
-// wrapper of the caller's) get no hook: their calls report such an error
-// when go-redis gives up.
-func New(rdb RedisClient, opts ...Option) (*Client, error) {
-	if rdb == nil || isNilPointer(rdb) {
-		return nil, opError("new", nil, fmt.Errorf("%w: nil redis client", ErrInvalidArgument))
-	}
-	if err := ringError(rdb); err != nil {
-		return nil, opError("new", nil, err)
-	}
+// newClient returns a Client on b. rdb is the go-redis client b wraps,
+// or nil: it names the client in WithReplicaAck's refusal.
+func newClient(b Backend, rdb RedisClient, opts []Option) (*Client, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, opError("new", nil, err)
 	}
-	if cfg.ackReplicas > 0 {
-		// A Cluster pipeline spreads its commands over several
-		// connections, so a WAIT in it would not follow the script's writes.
-		_, cluster := rdb.(*redis.ClusterClient)
-		if _, ok := rdb.(pipeliner); !ok || cluster {
+	info := b.Info()
+	if cfg.ackReplicas > 0 && !info.Wait {
+		if rdb != nil {
 			return nil, opError("new", nil, fmt.Errorf("%w: WithReplicaAck needs a *redis.Client (single node or Sentinel failover), not %T", ErrInvalidArgument, rdb))
 		}
+		return nil, opError("new", nil, fmt.Errorf("%w: WithReplicaAck needs a backend that can send WAIT after a script on one connection; %T cannot", ErrInvalidArgument, b))
 	}
 	id := rand.Text()
 	if cfg.owner != "" {
 		id = cfg.owner + "/" + id
 	}
 	c := &Client{
-		rdb:       rdb,
+		b:         b,
+		info:      info,
 		cfg:       cfg,
 		scripts:   newScripts(scripthook.Get()),
 		id:        id,
@@ -198,7 +136,6 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 		pumping:   make(map[string]bool),
 		renewals:  make(map[string]*renewQueue),
 		listeners: make(map[string][]*listener),
-		dials:     watchDials(rdb),
 	}
 	c.tasksDone = sync.NewCond(&c.mu)
 	return c, nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -178,7 +179,7 @@ func (c *Client) stop(s *closing, leases []*Lease, listening []*listener, closeB
 		// its timeout; an entry on its control list ends it now.
 		for _, l := range listening {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = nudgeScript.Run(ctx, c.rdb, []string{c.ctlOf(l)}, ms(c.cfg.waiterTTL)).Err()
+			_ = nudgeScript.on(ctx, c.b, []string{c.ctlOf(l)}, strconv.FormatInt(ms(c.cfg.waiterTTL), 10))
 			cancel()
 		}
 	}

@@ -205,8 +205,7 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release opCall, until
 		l.finish(errReleased)
 		return wrap("the lease was released: the release is sent in the background until it lands or the lease would have expired")
 	}
-	var refused *errorReply
-	if !errors.As(err, &refused) {
+	if _, refused := replyOf(err); !refused {
 		// No reply from Redis: the connection failed once the command was
 		// sent, so the script may have run, and added the new ticket. (A
 		// script that replies with an error has written nothing.)

@@ -12,7 +12,7 @@ import (
 // need no exported hook of the engine's and run no script of their own.
 func init() {
 	engine.Validate = func(c any, req any) error { return c.(*Client).validate(req.(Request)) }
-	engine.Redis = func(c any) any { return c.(*Client).rdb }
+	engine.Redis = func(c any) any { return c.(*Client).client() }
 	engine.CondWait = func(ctx context.Context, lease any, cond string) (any, error) {
 		l, err := lease.(*Lease).condWait(ctx, cond)
 		if l == nil {

@@ -4,11 +4,8 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // library is the engine's scripts as one Redis function library (Redis 7.0
@@ -74,23 +71,6 @@ func newLibrary(entries []entry, read func(file string) string) *library {
 	return l
 }
 
-// fcaller runs a function: go-redis's clients and pipelines.
-type fcaller interface {
-	FCall(ctx context.Context, function string, keys []string, args ...any) *redis.Cmd
-}
-
-// canLoad reports whether the client runs the library on rdb: only on the
-// go-redis clients whose servers it knows how to reach, to load the
-// library there. Another RedisClient (a wrapper of the caller's) runs the
-// scripts through its own Scripter methods, EVALSHA and EVAL.
-func canLoad(rdb RedisClient) bool {
-	switch rdb.(type) {
-	case *redis.Client, *redis.ClusterClient:
-		return true
-	}
-	return false
-}
-
 // A failure is what an FCALL's error says of the function.
 type failure int
 
@@ -102,11 +82,10 @@ const (
 
 // fcallFailure reads an FCALL's error.
 func fcallFailure(err error) failure {
-	var rerr redis.Error
-	if err == nil || !errors.As(err, &rerr) {
+	msg, ok := replyOf(err)
+	if !ok {
 		return fnRan
 	}
-	msg := rerr.Error()
 	switch {
 	case strings.HasPrefix(msg, "ERR Function not found"):
 		return fnMissing
@@ -125,32 +104,25 @@ const (
 	loadRefused                   // never on this Redis: the library does not compile, or FUNCTION is not allowed
 )
 
-// load loads the library on every server of rdb that may serve a key: the
-// node, or every Cluster master (the slot's owner may have changed since it
-// was last seen: ForEachMaster reloads the slot map). A library of that
-// name already there is the same code (the name is its hash), so "already
-// exists" is success.
-func (l *library) load(ctx context.Context, rdb RedisClient) loadResult {
-	one := func(ctx context.Context, c *redis.Client) error {
-		err := c.FunctionLoad(ctx, l.code).Err()
-		if err != nil && strings.Contains(err.Error(), "already exists") {
-			return nil
-		}
-		return err
-	}
-	var err error
-	switch r := rdb.(type) {
-	case *redis.Client:
-		err = one(ctx, r)
-	case *redis.ClusterClient:
-		err = r.ForEachMaster(ctx, one)
-	}
-	var rerr redis.Error
+// load loads the library on every server of b that may serve a key: the
+// node, or every Cluster master (the slot's owner may have changed since
+// it was last seen). A library of that name already there is the same
+// code (the name is its hash), so "already exists" is success (see
+// Backend.LoadLibrary).
+func (l *library) load(ctx context.Context, b Backend) loadResult {
+	err := b.LoadLibrary(ctx, l.code)
+	msg, reply := replyOf(err)
 	switch {
 	case err == nil:
 		return loadOK
-	case errors.As(err, &rerr) && (strings.HasPrefix(rerr.Error(), "ERR") || strings.HasPrefix(rerr.Error(), "NOPERM")):
+	case reply && (strings.HasPrefix(msg, "ERR") || strings.HasPrefix(msg, "NOPERM")):
 		return loadRefused
 	}
 	return loadFailed
+}
+
+// sha1Hex returns the SHA-1 of s in hex, as EVALSHA names a script.
+func sha1Hex(s string) string {
+	h := sha1.Sum([]byte(s))
+	return hex.EncodeToString(h[:])
 }

@@ -1,23 +1,285 @@
 package fairlock
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"strings"
+	"time"
 
+	"github.com/fairlock/fairlock/internal/listenhook"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
-// The go-redis side of the script call: what run turns a go-redis
-// command's outcome into, so that the engine above it reads fairlock's
-// own values and errors only (call.go's result, errorReply, errPoolTimeout).
+// The go-redis v9 Backend: what New makes of the client it is given. With
+// prompt.go (dial errors reported at once) and ring.go (a Ring refused),
+// it is all of the engine that knows go-redis.
 
-// resultOf returns what cmd, a script call, came to, its error passed
-// through fromClient.
-func resultOf(cmd *redis.Cmd, err error) result {
-	return result{val: cmd.Val(), err: fromClient(err)}
+// RedisClient is the part of a go-redis v9 client that fairlock uses.
+// *redis.Client (also as returned by redis.NewFailoverClient for Sentinel)
+// and *redis.ClusterClient satisfy it. On those two, where Redis has
+// functions (7.0 and later, Valkey), fairlock runs its scripts as a
+// function library that it loads on each server (FUNCTION LOAD, on every
+// Cluster master) the first time one lacks it; elsewhere, and on any other
+// RedisClient, through the Scripter methods (EVALSHA, EVAL).
+//
+// A *redis.Ring satisfies it too, but [New] refuses it: a Ring moves a
+// shard's keys to another shard when it thinks that shard is down, so two
+// processes could hold one lock.
+type RedisClient interface {
+	redis.Scripter
+	BLPop(ctx context.Context, timeout time.Duration, keys ...string) *redis.StringSliceCmd
+}
+
+var (
+	_ RedisClient = (*redis.Client)(nil)
+	_ RedisClient = (*redis.ClusterClient)(nil)
+)
+
+// New returns a Client that keeps its semaphores in rdb. It starts no
+// goroutine, opens no connection and sends nothing to Redis until first
+// used. Its first wait builds a second go-redis client from rdb's options
+// for its blocking reads (see [Client] for the connections it uses); rdb
+// itself stays the caller's to close, after the Client. New fails with
+// [ErrInvalidArgument] for a nil rdb, an invalid option, or
+// [WithReplicaAck] on a client other than a *redis.Client (a
+// *redis.ClusterClient is refused).
+//
+// New refuses a go-redis Ring with [ErrInvalidArgument]. A Ring marks a
+// shard down after a few failed heartbeats and sends its keys to another
+// shard, so a client cut off from the shard that keeps a lock would be
+// granted it on another shard while its holder keeps it on the first: two
+// holders. Use a *redis.ClusterClient, a Sentinel failover client, or one
+// *redis.Client per shard with the names you place on it yourself. New
+// recognises a *redis.Ring and any type that shows Ring's own methods
+// (Options returning *redis.RingOptions, or both SetAddrs and
+// GetShardClientForKey), as a struct embedding a *redis.Ring does; a
+// wrapper that hides a Ring behind other methods cannot be recognised, and
+// is the caller's to avoid.
+//
+// New adds a hook, once per go-redis client however many Clients are made
+// on it, to a *redis.Client (also a Sentinel failover client) or to each
+// node client of a *redis.ClusterClient (a node it makes later at once; a
+// node it made before New at the first call for a key that node serves
+// after a call has reached the Cluster). The hook stays for the go-redis
+// client's life and acts only on this package's commands. Through it a
+// call whose command waits for a connection that Redis refuses, or whose
+// host name does not resolve, returns an error matching [ErrRedis] at once,
+// with or without a deadline on its context, rather than after go-redis's
+// dial retries (seconds); a call whose command was already sent on a
+// working connection is not affected. (Once go-redis has stopped dialing a
+// server after many refusals in a row, it fails a command without a dial,
+// after its own retries: tens of milliseconds.) Other RedisClients (a
+// wrapper of the caller's) get no hook: their calls report such an error
+// when go-redis gives up.
+func New(rdb RedisClient, opts ...Option) (*Client, error) {
+	if rdb == nil || isNilPointer(rdb) {
+		return nil, opError("new", nil, fmt.Errorf("%w: nil redis client", ErrInvalidArgument))
+	}
+	if err := ringError(rdb); err != nil {
+		return nil, opError("new", nil, err)
+	}
+	return newClient(newGoRedis(rdb), rdb, opts)
+}
+
+// goRedis is a go-redis client as a Backend.
+type goRedis struct {
+	rdb   RedisClient
+	dials *dials // has rdb's dials watched (prompt.go); nil if fairlock cannot see them
+}
+
+var _ Backend = (*goRedis)(nil)
+
+// newGoRedis returns rdb as a Backend, its dials watched (see prompt.go).
+func newGoRedis(rdb RedisClient) *goRedis {
+	return &goRedis{rdb: rdb, dials: watchDials(rdb)}
+}
+
+// client returns the Redis client c sends its commands through: the
+// go-redis client given to New, or the Backend given to NewWithBackend.
+func (c *Client) client() any {
+	if g, ok := c.b.(*goRedis); ok {
+		return g.rdb
+	}
+	return c.b
+}
+
+// pipeliner is what ScriptWait needs of a client besides RedisClient: a
+// pipeline, whose commands share one connection, so that WAIT covers the
+// script before it. *redis.Client (also Sentinel failover) has it.
+type pipeliner interface {
+	Pipeline() redis.Pipeliner
+}
+
+// fcaller is a go-redis client that can call a function.
+type fcaller interface {
+	FCall(ctx context.Context, function string, keys []string, args ...any) *redis.Cmd
+}
+
+func (g *goRedis) Info() BackendInfo {
+	switch g.rdb.(type) {
+	case *redis.Client:
+		// A Cluster pipeline spreads its commands over several
+		// connections, so a WAIT in it would not follow the script's
+		// writes: only a *redis.Client (single or Sentinel) waits.
+		return BackendInfo{Layout: LayoutSingle, Functions: true, Wait: true}
+	case *redis.ClusterClient:
+		return BackendInfo{Layout: LayoutCluster, Functions: true}
+	}
+	return BackendInfo{Layout: LayoutOther}
+}
+
+// send sends s on on (the client, or a pipeline of it).
+func (g *goRedis) send(ctx context.Context, on redis.Scripter, s Script) *redis.Cmd {
+	args := make([]any, len(s.Args))
+	for i, a := range s.Args {
+		args[i] = a
+	}
+	switch s.Command {
+	case FCall:
+		if f, ok := on.(fcaller); ok {
+			return f.FCall(ctx, s.Name, s.Keys, args...)
+		}
+	case EvalSHA:
+		return on.EvalSha(ctx, s.Name, s.Keys, args...)
+	case Eval:
+		return on.Eval(ctx, s.Name, s.Keys, args...)
+	}
+	cmd := redis.NewCmd(ctx)
+	cmd.SetErr(fmt.Errorf("%w: script command %d on %T", errors.ErrUnsupported, s.Command, on))
+	return cmd
+}
+
+// The dial hooks watch each script call (see prompt.go): if a dial it
+// waits for is refused, or Redis's name does not resolve, it ends at once
+// with a dialError.
+func (g *goRedis) Script(ctx context.Context, s Script) (any, error) {
+	cmd := g.send(g.dials.mark(ctx, s.Keys), g.rdb, s)
+	return cmd.Val(), fromClient(g.dials.settle(cmd.Err()))
+}
+
+func (g *goRedis) ScriptWait(ctx context.Context, s Script, replicas int, timeout time.Duration) (any, int64, error, error) {
+	p, ok := g.rdb.(pipeliner)
+	if !ok {
+		err := fmt.Errorf("%w: WAIT on %T", errors.ErrUnsupported, g.rdb)
+		return nil, 0, err, err
+	}
+	ctx = g.dials.mark(ctx, s.Keys)
+	pipe := p.Pipeline()
+	cmd := g.send(ctx, pipe, s)
+	wait := redis.NewIntCmd(ctx, "wait", replicas, timeout.Milliseconds())
+	_ = pipe.Process(ctx, wait)
+	_, _ = pipe.Exec(ctx)
+	return cmd.Val(), wait.Val(), fromClient(g.dials.settle(cmd.Err())), fromClient(wait.Err())
+}
+
+func (g *goRedis) LoadLibrary(ctx context.Context, code string) error {
+	one := func(ctx context.Context, c *redis.Client) error {
+		err := c.FunctionLoad(ctx, code).Err()
+		if err != nil && strings.Contains(err.Error(), "already exists") {
+			return nil
+		}
+		return err
+	}
+	switch r := g.rdb.(type) {
+	case *redis.Client:
+		return fromClient(one(ctx, r))
+	case *redis.ClusterClient:
+		return fromClient(r.ForEachMaster(ctx, one))
+	}
+	return fmt.Errorf("%w: FUNCTION LOAD on %T", errors.ErrUnsupported, g.rdb)
+}
+
+type blmpopper interface {
+	BLMPop(ctx context.Context, timeout time.Duration, direction string, count int64, keys ...string) *redis.KeyValuesCmd
+}
+
+func (g *goRedis) BlockingPop(ctx context.Context, timeout time.Duration, count int, keys []string) (string, []string, error) {
+	if count > 0 {
+		mp, ok := g.rdb.(blmpopper)
+		if !ok {
+			return "", nil, fmt.Errorf("%w: BLMPOP on %T", errors.ErrUnsupported, g.rdb)
+		}
+		key, vals, err := mp.BLMPop(ctx, timeout, "left", int64(count), keys...).Result()
+		if errors.Is(err, redis.Nil) {
+			return "", nil, nil
+		}
+		return key, vals, fromClient(err)
+	}
+	res, err := g.rdb.BLPop(ctx, timeout, keys...).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return "", nil, nil
+	case err != nil:
+		return "", nil, fromClient(err)
+	case len(res) != 2:
+		return "", nil, fmt.Errorf("%w: BLPOP replied %q", ErrRedis, res)
+	}
+	return res[0], res[1:], nil
+}
+
+type lpopCounter interface {
+	LPopCount(ctx context.Context, key string, count int) *redis.StringSliceCmd
+}
+
+func (g *goRedis) Pop(ctx context.Context, key string, count int) ([]string, error) {
+	lp, ok := g.rdb.(lpopCounter)
+	if !ok {
+		return nil, fmt.Errorf("%w: LPOP with a count on %T", errors.ErrUnsupported, g.rdb)
+	}
+	got, err := lp.LPopCount(ctx, key, count).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	return got, fromClient(err)
+}
+
+// listenPoolSize bounds the blocking client's connections per node. Each
+// listener holds one while it blocks; the bound is far above what a
+// process needs (one connection per 512 semaphores, per slot on Cluster).
+const listenPoolSize = 4096
+
+// Blocking builds, for a *redis.Client or *redis.ClusterClient, a second
+// go-redis client of the same kind from rdb's options: its own pool (up
+// to listenPoolSize connections per node, dialed as needed), none of the
+// caller's hooks, and no maintenance notifications (a blocking read must
+// not be moved or cut by them). Other RedisClients block on themselves.
+func (g *goRedis) Blocking() (Backend, func() error, error) {
+	type blocking interface {
+		RedisClient
+		AddHook(redis.Hook)
+		Close() error
+	}
+	var b blocking
+	switch r := g.rdb.(type) {
+	case *redis.Client:
+		o := *r.Options()
+		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = listenPoolSize, 0, 0, 0
+		o.MaintNotificationsConfig, o.PushNotificationProcessor = noMaint(), nil
+		b = redis.NewClient(&o)
+	case *redis.ClusterClient:
+		o := *r.Options()
+		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = listenPoolSize, 0, 0, 0
+		o.MaintNotificationsConfig, o.PushNotificationProcessor = noMaint(), nil
+		b = redis.NewClusterClient(&o)
+	default:
+		return g, nil, nil
+	}
+	for _, h := range listenhook.For(g.rdb) {
+		b.AddHook(h)
+	}
+	return &goRedis{rdb: b}, b.Close, nil
+}
+
+// noMaint turns off go-redis's maintenance notifications (RESP3 push
+// messages that hand a connection over during a server's upgrade).
+func noMaint() *maintnotifications.Config {
+	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 }
 
 // fromClient returns err, from go-redis, as the engine reads it: a
-// server's error reply as an *errorReply, go-redis's pool timeout as
+// server's error reply as a *ReplyError, go-redis's pool timeout as
 // matching errPoolTimeout, and the rest (connection errors, a context's)
 // as it is. The go-redis error stays in the chain, for a caller who
 // matches it.
@@ -27,23 +289,12 @@ func fromClient(err error) error {
 	case err == nil:
 		return nil
 	case errors.As(err, &rerr):
-		return &errorReply{reply: rerr.Error(), err: err}
+		return &ReplyError{Reply: rerr.Error(), Err: err}
 	case errors.Is(err, redis.ErrPoolTimeout):
 		return &kindError{err: err, kind: errPoolTimeout}
 	}
 	return err
 }
-
-// An errorReply is the server's error reply to a call: a script's own
-// (FAIRLOCK_...), or Redis refusing it (READONLY, MOVED, OOM...). Its text
-// is the client's error's; reply is the server's words.
-type errorReply struct {
-	reply string
-	err   error
-}
-
-func (e *errorReply) Error() string { return e.err.Error() }
-func (e *errorReply) Unwrap() error { return e.err }
 
 // errPoolTimeout is a client's connection pool that had no connection
 // free in time.

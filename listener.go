@@ -2,29 +2,16 @@ package fairlock
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"runtime"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/fairlock/fairlock/internal/listenhook"
-	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
-const (
-	// maxListenKeys caps the wake lists one BLPOP waits on. A full
-	// listener leaves new rooms to another listener of its group.
-	maxListenKeys = 512
-	// listenPoolSize caps the connections of the blocking client fairlock
-	// builds (per node on Cluster). Each listener holds one while it
-	// blocks; nudges take one for a moment. go-redis dials them only when
-	// needed.
-	listenPoolSize = 4096
-)
+// maxListenKeys caps the wake lists one BLPOP waits on. A full listener
+// leaves new rooms to another listener of its group.
+const maxListenKeys = 512
 
 // A listener receives the grants of up to maxListenKeys rooms of one
 // client with one BLPOP at a time, on one connection of the client's
@@ -57,65 +44,37 @@ type listener struct {
 }
 
 // listenGroup returns the group of a wake list: the keys of one group may
-// share a BLPOP. For a RedisClient other than the two go-redis clients,
-// whose routing fairlock cannot know, every wake list is a group of its
-// own: one BLPOP per semaphore, as the client routes single-key commands.
+// share a BLPOP. For a Backend whose placement fairlock cannot know
+// (LayoutOther), every wake list is a group of its own: one BLPOP per
+// semaphore, as the client routes single-key commands.
 func (c *Client) listenGroup(wakeKey string) string {
-	switch c.rdb.(type) {
-	case *redis.Client:
+	switch c.info.Layout {
+	case LayoutSingle:
 		return ""
-	case *redis.ClusterClient:
+	case LayoutCluster:
 		return strconv.Itoa(keySlot(wakeKey))
 	}
 	return wakeKey
 }
 
-// blockingLocked returns the client the listeners block on, building it on
-// first use: a go-redis client of the caller's kind made from the caller's
-// options, with a pool of its own, so blocked reads never hold the caller's
-// connections. It carries none of the caller's hooks (tests add theirs
-// through internal/listenhook), push notification processor or
-// maintenance notification settings (off). Any other RedisClient is used as it is, and
-// its blocked reads do hold its connections. c.mu is held.
-func (c *Client) blockingLocked() RedisClient {
+// blockingLocked returns the Backend the listeners block on, asking the
+// client's Backend for it on first use (see Backend.Blocking: for
+// go-redis, a client of the caller's kind with a pool of its own, so
+// blocked reads never hold the caller's connections). If the Backend
+// cannot make one, the listeners block on it. c.mu is held.
+func (c *Client) blockingLocked() Backend {
 	if c.blk != nil {
 		return c.blk
 	}
-	// blocking is what the built client offers besides RedisClient.
-	type blocking interface {
-		RedisClient
-		AddHook(redis.Hook)
-		Close() error
+	blk, closeBlk, err := c.b.Blocking()
+	if err != nil || blk == nil {
+		if err != nil {
+			c.logf(slog.LevelWarn, "fairlock: no client of its own for blocking reads; they use the client's connections", nil, "", slog.Any("error", err))
+		}
+		blk, closeBlk = c.b, nil
 	}
-	var b blocking
-	switch r := c.rdb.(type) {
-	case *redis.Client:
-		o := *r.Options()
-		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = listenPoolSize, 0, 0, 0
-		o.MaintNotificationsConfig, o.PushNotificationProcessor = noMaint(), nil
-		b = redis.NewClient(&o)
-	case *redis.ClusterClient:
-		o := *r.Options()
-		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = listenPoolSize, 0, 0, 0
-		o.MaintNotificationsConfig, o.PushNotificationProcessor = noMaint(), nil
-		b = redis.NewClusterClient(&o)
-	default:
-		c.blk = c.rdb
-		return c.blk
-	}
-	for _, h := range listenhook.For(c.rdb) {
-		b.AddHook(h)
-	}
-	c.blk, c.closeBlk = b, b.Close
+	c.blk, c.closeBlk = blk, closeBlk
 	return c.blk
-}
-
-// noMaint turns go-redis's maintenance notifications off for the blocking
-// client. The caller's client may rewrite its own setting while it
-// connects (so copying it would race), and a blocked read has nothing to
-// learn from them: a connection that breaks is dialed again.
-func noMaint() *maintnotifications.Config {
-	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 }
 
 // attachLocked gives the running room r to a listener of its group,
@@ -164,11 +123,11 @@ func (c *Client) ctlName(key string, seq uint64) string {
 // nudge ends l's BLPOP so that it starts again with its new keys. If it
 // fails, the new rooms are heard when the BLPOP times out (listenTimeout),
 // and their grants are found by their refresh in any case.
-func (c *Client) nudge(l *listener, via RedisClient) {
+func (c *Client) nudge(l *listener, via Backend) {
 	defer c.wg.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 	defer cancel()
-	_ = nudgeScript.Run(ctx, via, []string{c.ctlOf(l)}, ms(c.cfg.waiterTTL)).Err()
+	_ = nudgeScript.on(ctx, via, []string{c.ctlOf(l)}, strconv.FormatInt(ms(c.cfg.waiterTTL), 10))
 }
 
 // ctlOf returns l's control list (which leaveOutForeign may rename).
@@ -180,7 +139,7 @@ func (c *Client) ctlOf(l *listener) string {
 
 // runListener is l's goroutine: it BLPOPs on l's keys and hands each grant
 // to its room, until l has no room left or c closes.
-func (c *Client) runListener(l *listener, blk RedisClient) {
+func (c *Client) runListener(l *listener, blk Backend) {
 	defer c.wg.Done()
 	backoff := time.NewTimer(0)
 	defer backoff.Stop()
@@ -218,10 +177,12 @@ func (c *Client) runListener(l *listener, blk RedisClient) {
 			}
 		}
 		c.mu.Unlock()
-		if delay > 0 && (err == nil || errors.Is(err, redis.Nil)) {
+		if delay > 0 && err == nil {
 			c.logf(slog.LevelInfo, "fairlock: blocking read recovered", nil, "", slog.Int("semaphores", len(keys)-1))
 		}
 		switch {
+		case err == nil && key == "": // timed out
+			delay = 0
 		case err == nil:
 			delay = 0
 			if r != nil {
@@ -235,9 +196,7 @@ func (c *Client) runListener(l *listener, blk RedisClient) {
 				// its next read: a handoff need not wait for that write.
 				runtime.Gosched()
 			}
-		case errors.Is(err, redis.Nil): // timed out
-			delay = 0
-		case strings.HasPrefix(err.Error(), "WRONGTYPE"):
+		case wrongType(err):
 			// Another program wrote one of the wake keys: leave it out.
 			if c.leaveOutForeign(l, blk, keys) {
 				continue
@@ -262,7 +221,7 @@ func (c *Client) runListener(l *listener, blk RedisClient) {
 }
 
 // typesScript returns the type of each of KEYS (TYPE): a read.
-var typesScript = redis.NewScript(`local out = {}
+var typesScript = newEvalCode(`local out = {}
 for i, k in ipairs(KEYS) do
   local t = redis.call('TYPE', k)
   if type(t) == 'table' then t = t.ok end
@@ -274,10 +233,10 @@ return out`)
 // something other than a list, written by another program: a wake key is
 // left out of l's blocking reads, the control list replaced by one of
 // another name; the log says so. It reports whether it found any.
-func (c *Client) leaveOutForeign(l *listener, blk RedisClient, keys []string) bool {
+func (c *Client) leaveOutForeign(l *listener, blk Backend, keys []string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 	defer cancel()
-	types, err := typesScript.Run(ctx, blk, keys).StringSlice()
+	types, err := typesScript.on(ctx, blk, keys).Strings()
 	if err != nil || len(types) != len(keys) {
 		return false
 	}
@@ -362,60 +321,39 @@ func (c *Client) isClosed() bool {
 // LPOP count).
 const drainBatch = 128
 
-// blmpopper is the part of a go-redis client that pops many entries of the
-// first non-empty of several lists, blocking (BLMPOP, Redis 7.0 or later).
-type blmpopper interface {
-	BLMPop(ctx context.Context, timeout time.Duration, direction string, count int64, keys ...string) *redis.KeyValuesCmd
-}
-
 // blockingPop waits up to listenTimeout for entries on the first non-empty
-// list of keys and returns them. Where the server has BLMPOP, one command
-// takes up to drainBatch entries (many is true: there is nothing to drain);
-// where it does not (Redis 6.2, miniredis), the client falls back to BLPOP
-// for good, one entry, which drain follows. A timeout is redis.Nil.
-func (c *Client) blockingPop(blk RedisClient, keys []string) (key string, vals []string, many bool, err error) {
-	if mp, ok := blk.(blmpopper); ok && !c.noBLMPop.Load() {
-		key, vals, err = mp.BLMPop(context.Background(), listenTimeout, "left", drainBatch, keys...).Result()
-		if err == nil || !unknownCommand(err) {
+// list of keys and returns them, or no key when none came. Where the
+// server has BLMPOP, one command takes up to drainBatch entries (many is
+// true: there is nothing to drain); where it does not (Redis 6.2,
+// miniredis), the client falls back to BLPOP for good, one entry, which
+// drain follows.
+func (c *Client) blockingPop(blk Backend, keys []string) (key string, vals []string, many bool, err error) {
+	if !c.noBLMPop.Load() {
+		key, vals, err = blk.BlockingPop(context.Background(), listenTimeout, drainBatch, keys)
+		if err == nil || !unsupported(err) {
 			return key, vals, true, err
 		}
 		c.noBLMPop.Store(true)
 	}
-	res, err := blk.BLPop(context.Background(), listenTimeout, keys...).Result()
-	if err == nil && len(res) != 2 {
-		err = fmt.Errorf("%w: BLPOP replied %q", ErrRedis, res)
-	}
-	if err != nil {
-		return "", nil, false, err
-	}
-	return res[0], res[1:], false, nil
+	key, vals, err = blk.BlockingPop(context.Background(), listenTimeout, 0, keys)
+	return key, vals, false, err
 }
 
-// unknownCommand reports whether err is Redis's (or miniredis's) refusal
-// of a command it does not have.
-func unknownCommand(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re) && strings.Contains(strings.ToLower(re.Error()), "unknown command")
-}
-
-// lpopCounter is the part of a go-redis client that pops several list
-// entries at once (LPOP with a count, Redis 6.2 or later).
-type lpopCounter interface {
-	LPopCount(ctx context.Context, key string, count int) *redis.StringSliceCmd
+// wrongType reports whether err is Redis's refusal of a command on a key
+// that holds another type.
+func wrongType(err error) bool {
+	msg, ok := replyOf(err)
+	return ok && strings.HasPrefix(msg, "WRONGTYPE")
 }
 
 // drain hands r every wake-up already waiting on its wake list key, many
 // per command: after a release granted thousands of one process's waiters,
 // their wake-ups arrive together, and one BLPOP each would cost a round
 // trip each. A failure leaves them to the next BLPOP.
-func (c *Client) drain(blk RedisClient, key string, r *room) {
-	lp, ok := blk.(lpopCounter)
-	if !ok {
-		return
-	}
+func (c *Client) drain(blk Backend, key string, r *room) {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
-		got, err := lp.LPopCount(ctx, key, drainBatch).Result()
+		got, err := blk.Pop(ctx, key, drainBatch)
 		cancel()
 		if err != nil {
 			return

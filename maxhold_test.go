@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -150,7 +151,8 @@ func (h *renewals) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	return next
 }
 func (h *renewals) note(arg any) {
-	if ms, ok := arg.(int64); ok {
+	s, _ := arg.(string) // the arguments go-redis sends, as the engine renders them
+	if ms, err := strconv.ParseInt(s, 10, 64); err == nil {
 		h.mu.Lock()
 		h.ttl = append(h.ttl, ms)
 		h.mu.Unlock()

@@ -379,11 +379,10 @@ func incompatible(rest string) error {
 // renewal) pass through it, so that the caller who finally sees them can
 // match them as a direct call's.
 func scriptError(err error) error {
-	var rerr *errorReply
-	if !errors.As(err, &rerr) {
+	msg, ok := replyOf(err)
+	if !ok {
 		return err
 	}
-	msg := rerr.reply
 	if rest, ok := strings.CutPrefix(msg, foreignErrPrefix); ok {
 		return foreignKey(rest)
 	}

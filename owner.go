@@ -82,15 +82,16 @@ func (c *Client) deadlock(ctx context.Context, op string, p plan) error {
 }
 
 // sameRedis reports whether a and b send their commands through the same
-// go-redis client, so that a name means the same keys to both once their
-// key bases agree. Two go-redis clients are never the same, even on one
-// Redis: fairlock cannot tell where a client connects.
+// Redis client (go-redis's, or a Backend), so that a name means the same
+// keys to both once their key bases agree. Two clients are never the
+// same, even on one Redis: fairlock cannot tell where a client connects.
 func sameRedis(a, b *Client) bool {
 	if a == b {
 		return true
 	}
-	va, vb := reflect.ValueOf(a.rdb), reflect.ValueOf(b.rdb)
-	// A RedisClient of a type that cannot be compared (a struct holding a
+	ca, cb := a.client(), b.client()
+	va, vb := reflect.ValueOf(ca), reflect.ValueOf(cb)
+	// A client of a type that cannot be compared (a struct holding a
 	// slice) is never the same as another: == would panic.
-	return va.Type() == vb.Type() && va.Comparable() && vb.Comparable() && a.rdb == b.rdb
+	return va.Type() == vb.Type() && va.Comparable() && vb.Comparable() && ca == cb
 }

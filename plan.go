@@ -5,8 +5,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // MaxResources is the most semaphores one request may lock at once.
@@ -59,7 +57,7 @@ func (c *Client) plan(reqs []Request) (plan, error) {
 	if len(p.parts) == 1 {
 		return p, nil
 	}
-	if _, ok := c.rdb.(*redis.ClusterClient); ok {
+	if c.info.Layout == LayoutCluster {
 		if err := sameSlot(p.parts); err != nil {
 			return plan{}, err
 		}

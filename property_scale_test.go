@@ -106,7 +106,7 @@ func (m *machine) newCrowd(ttl time.Duration) *crowd {
 
 // member adds an actor to the crowd, asking for n of s.
 func (m *machine) member(cr *crowd, s *msem, n int64) *actor {
-	a := &actor{id: len(m.actors), c: cr.c, rdb: cr.c.rdb.(*redis.Client), cut: cr.cut, crowd: cr}
+	a := &actor{id: len(m.actors), c: cr.c, rdb: goRedisOf(cr.c).(*redis.Client), cut: cr.cut, crowd: cr}
 	a.parts, a.sem, a.n = []mpart{{s, n}}, s, n
 	m.actors = append(m.actors, a)
 	cr.members = append(cr.members, a)

@@ -575,7 +575,7 @@ func (m *machine) spawn(t *rapid.T) {
 	} else {
 		c = m.newClient(cu)
 	}
-	a := &actor{id: len(m.actors), c: c, rdb: c.rdb.(*redis.Client), cut: cu}
+	a := &actor{id: len(m.actors), c: c, rdb: goRedisOf(c).(*redis.Client), cut: cu}
 	m.actors = append(m.actors, a)
 	m.byCID[c.id] = a
 	m.logf("process %d starts (lease TTL %v, waiter TTL %v)", a.id, a.leaseTTL(), a.waiterTTL())

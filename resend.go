@@ -23,9 +23,7 @@ func transient(err error) bool {
 	if err == nil {
 		return false
 	}
-	var rerr *errorReply
-	if errors.As(err, &rerr) {
-		msg := rerr.reply
+	if msg, ok := replyOf(err); ok {
 		for _, p := range []string{"TRYAGAIN", "LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "MOVED", "ASK", "BUSY", "NOREPLICAS"} {
 			if strings.HasPrefix(msg, p+" ") || msg == p {
 				return true

@@ -77,8 +77,8 @@ func TestFromClient(t *testing.T) {
 			if !errors.Is(got, tc.err) {
 				t.Errorf("%v does not match the client's error", got)
 			}
-			var er *errorReply
-			if ok := errors.As(got, &er); ok != (tc.reply != "") || ok && er.reply != tc.reply {
+			var er *ReplyError
+			if ok := errors.As(got, &er); ok != (tc.reply != "") || ok && er.Reply != tc.reply {
 				t.Errorf("error reply %v (%+v), want %q", ok, er, tc.reply)
 			}
 			var rerr redis.Error

@@ -3,12 +3,9 @@ package fairlock
 import (
 	"context"
 	"embed"
-	"errors"
 	"strings"
 	"sync"
 	"sync/atomic"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // The scripts' sources (queue.lua's header maps them). Each entry's script
@@ -197,17 +194,17 @@ func (set *scripts) named(name string) *script {
 	panic("fairlock: no entry " + name)
 }
 
-// load loads the library where rdb may need it (see library.load). Calls
-// that find it missing together load it once: a call that waited for
-// another's load takes that one as its own.
-func (set *scripts) load(ctx context.Context, rdb RedisClient) loadResult {
+// load loads the library through b (see library.load). Calls that find
+// it missing together load it once: a call that waited for another's load
+// takes that one as its own.
+func (set *scripts) load(ctx context.Context, b Backend) loadResult {
 	seen := set.loads.Load()
 	set.loadMu.Lock()
 	defer set.loadMu.Unlock()
 	if set.loads.Load() != seen {
 		return loadOK
 	}
-	r := set.lib.load(ctx, rdb)
+	r := set.lib.load(ctx, b)
 	if r == loadOK {
 		set.loads.Add(1)
 	}
@@ -218,29 +215,29 @@ func (set *scripts) load(ctx context.Context, rdb RedisClient) loadResult {
 // function in the library.
 type script struct {
 	set  *scripts
-	eval *redis.Script
+	eval *evalCode
 	// flagged is eval with its entry's flags declared ("#!lua flags=...",
 	// Redis 7 and later), or nil for an entry without flags.
-	flagged *redis.Script
+	flagged *evalCode
 	fn      string
 }
 
 // code is what scripts are made of, built once per transform.
 type code struct {
-	evals, flagged map[string]*redis.Script
+	evals, flagged map[string]*evalCode
 	lib            *library
 }
 
 func newCode(transform func(string) string) *code {
-	k := &code{evals: map[string]*redis.Script{}, flagged: map[string]*redis.Script{}}
+	k := &code{evals: map[string]*evalCode{}, flagged: map[string]*evalCode{}}
 	for _, e := range entries {
 		src := scriptSource(e)
 		if transform != nil {
 			src = transform(src)
 		}
-		k.evals[e.name] = redis.NewScript(src)
+		k.evals[e.name] = newEvalCode(src)
 		if e.flags != "" {
-			k.flagged[e.name] = redis.NewScript("#!lua flags=" + e.flags + "\n" + src)
+			k.flagged[e.name] = newEvalCode("#!lua flags=" + e.flags + "\n" + src)
 		}
 	}
 	// The test transforms (internal/halfrun, broken rules) rewrite EVAL
@@ -272,43 +269,34 @@ func newScripts(transform func(string) string) *scripts {
 	return s
 }
 
-// Run runs s on rdb with keys and args and returns its reply, without
-// WithReplicaAck's WAIT: for tests. The client runs its scripts through
-// Client.run.
-func (s *script) Run(ctx context.Context, rdb RedisClient, keys []string, args ...any) *redis.Cmd {
-	return s.run(ctx, rdb, func(send func(redis.Scripter) *redis.Cmd) *redis.Cmd { return send(rdb) }, keys, args)
-}
-
-// run is the one place where a script runs, whatever the path. exec sends
-// the one command send makes, on rdb itself or in a pipeline (with a WAIT
-// after it on the same connection; see Client.run), and returns it.
+// run is the one place where a script runs, whatever the path. send sends
+// one script command through b (alone, or with a WAIT after it on the
+// same connection; see Client.run) and returns what it came to.
 //
-// With functions: FCALL; a Redis without the library (a new server, FUNCTION
-// FLUSH, a Cluster slot's new owner) gets it loaded, and the call is sent
-// again, as EVAL if FCALL still finds no function. A Redis without FCALL
-// (miniredis, Redis 6.2) or on which the library does not load makes the
-// client use EVAL from then on. A failed FCALL ran nothing, so sending the
-// call again cannot apply it twice.
+// With functions (b can load them): FCALL; a Redis without the library (a
+// new server, FUNCTION FLUSH, a Cluster slot's new owner) gets it loaded,
+// and the call is sent again, as EVAL if FCALL still finds no function. A
+// Redis without FCALL (miniredis, Redis 6.2) or on which the library does
+// not load makes the client use EVAL from then on. A failed FCALL ran
+// nothing, so sending the call again cannot apply it twice.
 //
 // With EVAL: an entry with flags (allow-oom, no-writes) declares them in a
 // "#!lua flags=" line, as its function does; a server that cannot compile
 // that line (miniredis, Redis 6.2) refused the script before running it,
 // and the client runs its scripts without flags from then on.
-func (s *script) run(ctx context.Context, rdb RedisClient, exec func(func(redis.Scripter) *redis.Cmd) *redis.Cmd, keys []string, args []any) *redis.Cmd {
+func (s *script) run(ctx context.Context, b Backend, functions bool, send func(Script) result, keys, args []string) result {
 	set := s.set
-	if set.lib != nil && !set.evalOnly.Load() && canLoad(rdb) {
-		fcall := func(on redis.Scripter) *redis.Cmd {
-			return on.(fcaller).FCall(ctx, s.fn, keys, args...)
-		}
-		cmd := exec(fcall)
-		switch fcallFailure(cmd.Err()) {
+	if set.lib != nil && functions && !set.evalOnly.Load() {
+		fcall := Script{Command: FCall, Name: s.fn, Keys: keys, Args: args}
+		r := send(fcall)
+		switch fcallFailure(r.err) {
 		case fnRan:
-			return cmd
+			return r
 		case fnMissing:
-			switch set.load(ctx, rdb) {
+			switch set.load(ctx, b) {
 			case loadOK:
-				if cmd = exec(fcall); fcallFailure(cmd.Err()) != fnMissing {
-					return cmd
+				if r = send(fcall); fcallFailure(r.err) != fnMissing {
+					return r
 				}
 			case loadRefused:
 				set.evalOnly.Store(true)
@@ -318,33 +306,24 @@ func (s *script) run(ctx context.Context, rdb RedisClient, exec func(func(redis.
 		}
 	}
 	if s.flagged != nil && !set.noShebang.Load() {
-		cmd := evalRun(ctx, s.flagged, exec, keys, args)
-		if !shebangRefused(cmd.Err()) {
-			return cmd
+		r := s.flagged.run(send, keys, args)
+		if !shebangRefused(r.err) {
+			return r
 		}
 		set.noShebang.Store(true)
 	}
-	return evalRun(ctx, s.eval, exec, keys, args)
-}
-
-// evalRun runs es as EVALSHA, and as EVAL when Redis does not have it.
-func evalRun(ctx context.Context, es *redis.Script, exec func(func(redis.Scripter) *redis.Cmd) *redis.Cmd, keys []string, args []any) *redis.Cmd {
-	cmd := exec(func(on redis.Scripter) *redis.Cmd { return es.EvalSha(ctx, on, keys, args...) })
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmd = exec(func(on redis.Scripter) *redis.Cmd { return es.Eval(ctx, on, keys, args...) })
-	}
-	return cmd
+	return s.eval.run(send, keys, args)
 }
 
 // shebangRefused reports whether err says the server cannot compile a
 // script's "#!lua" line (it has no script flags): the script did not run.
 func shebangRefused(err error) bool {
-	var rerr redis.Error
-	return errors.As(err, &rerr) && strings.Contains(rerr.Error(), "compiling script") && strings.Contains(rerr.Error(), "'#'")
+	msg, ok := replyOf(err)
+	return ok && strings.Contains(msg, "compiling script") && strings.Contains(msg, "'#'")
 }
 
 // nudgeScript pushes an empty wake-up onto a wake list, to end a blocked
 // BLPOP at once when a client closes. It changes no semaphore state.
-var nudgeScript = redis.NewScript(`redis.call('RPUSH', KEYS[1], '')
+var nudgeScript = newEvalCode(`redis.call('RPUSH', KEYS[1], '')
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1`)
