@@ -1,0 +1,59 @@
+package fairlockrueidis_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/election"
+	"github.com/fairlock/fairlock/fairlockrueidis"
+	"github.com/fairlock/fairlock/internal/conformance"
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/redis/rueidis"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// The behaviour every Backend must show (internal/conformance), through
+// rueidis: on miniredis, a real server and a Cluster.
+func TestConformance(t *testing.T) {
+	conformance.RunAll(t, func(t *testing.T, s conformance.Server) func(testing.TB, ...fairlock.Option) *fairlock.Client {
+		opt := rueidis.ClientOption{InitAddress: s.Addrs}
+		if s.Mini {
+			// miniredis has no client-side caching, which rueidis
+			// turns on over RESP3.
+			opt.DisableCache = true
+		}
+		rdb, err := rueidis.NewClient(opt)
+		if err != nil {
+			t.Fatalf("rueidis on %v: %v", s.Addrs, err)
+		}
+		t.Cleanup(rdb.Close)
+		return func(t testing.TB, opts ...fairlock.Option) *fairlock.Client {
+			c, err := fairlockrueidis.New(rdb, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+	})
+}
+
+// An election needs go-redis's Pub/Sub for now: on a rueidis client New
+// says so, rather than failing later.
+func TestElectionRefused(t *testing.T) {
+	b := redistest.Mini(t)
+	rdb, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{b.Addr}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	c, err := fairlockrueidis.New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := election.New(c, "leader"); !errors.Is(err, election.ErrNotSubscriber) {
+		t.Fatalf("election.New = %v, want ErrNotSubscriber", err)
+	}
+}

@@ -1,0 +1,19 @@
+module github.com/fairlock/fairlock/fairlockvalkey
+
+go 1.26.8
+
+replace github.com/fairlock/fairlock => ../
+
+require (
+	github.com/alicebob/miniredis/v2 v2.40.0
+	github.com/fairlock/fairlock v0.0.0
+	github.com/valkey-io/valkey-go v1.0.79
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/redis/go-redis/v9 v9.23.0 // indirect
+	github.com/yuin/gopher-lua v1.1.1 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+)

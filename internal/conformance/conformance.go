@@ -1,0 +1,589 @@
+// Package conformance is the behaviour every fairlock Backend must show,
+// as one suite that each client's tests run: go-redis's in the root
+// package, rueidis's and valkey-go's in their modules. Each test drives
+// fairlock's public API through the client under test and checks Redis
+// through an admin go-redis client of the same server.
+package conformance
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/redisserver"
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// Target is one Redis, reached through the client under test.
+type Target struct {
+	// Open returns a fairlock Client on the Redis through the client
+	// under test. The suite closes it.
+	Open func(t testing.TB, opts ...fairlock.Option) *fairlock.Client
+	// Admin is a go-redis client of the same Redis, for the suite's own
+	// reads and writes.
+	Admin redis.UniversalClient
+	// Cluster: the Redis is a Cluster.
+	Cluster bool
+	// Mini: the Redis is miniredis (which has no command statistics).
+	Mini bool
+	// Functions: the server has FCALL (Redis 7.0 or later, Valkey), so
+	// the client must run the engine's scripts as functions.
+	Functions bool
+}
+
+// Run runs the suite on tg.
+func Run(t *testing.T, tg Target) {
+	for _, tc := range []struct {
+		name string
+		run  func(*testing.T, Target)
+	}{
+		{"Basics", basics},
+		{"FIFO", fifo},
+		{"CapacityNeverExceeded", capacity},
+		{"CancelledWaitLeaves", cancelled},
+		{"WakeUps", wakeUps},
+		{"ScriptErrors", scriptErrors},
+		{"ForeignKey", foreignKey},
+		{"Renewal", renewal},
+		{"AcquireAll", acquireAll},
+		{"ManyWaiters", manyWaiters},
+		{"CloseHandsOn", closeHandsOn},
+		{"ScriptPath", scriptPath},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tc.run(t, tg) })
+	}
+}
+
+// name returns a semaphore name of its own for t, under one hash tag (so
+// that every name of a test shares a Cluster slot).
+func name(t testing.TB, tag string, suffix string) string {
+	return "{conf" + tag + "}:" + strings.ReplaceAll(t.Name(), "/", ".") + suffix
+}
+
+func newTag() string { return rand.Text()[:10] }
+
+func open(t testing.TB, tg Target, opts ...fairlock.Option) *fairlock.Client {
+	t.Helper()
+	c := tg.Open(t, opts...)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func ctxFor(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// waitFor polls cond until it holds, failing t after 10 s.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func queued(t testing.TB, c *fairlock.Client, n string) int64 {
+	st, err := c.Status(context.Background(), n)
+	if err != nil {
+		t.Errorf("Status(%q): %v", n, err)
+	}
+	return st.Queued
+}
+
+// A lease is granted, counted, refused to a second taker, released once.
+func basics(t *testing.T, tg Target) {
+	ctx := ctxFor(t, 20*time.Second)
+	c := open(t, tg)
+	n := name(t, newTag(), "")
+	req := fairlock.Request{Name: n, Capacity: 1, Permits: 1}
+	l, err := c.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Token() <= 0 {
+		t.Errorf("token %d, want a positive fencing token", l.Token())
+	}
+	if _, err := c.TryAcquire(ctx, req); !errors.Is(err, fairlock.ErrNotAcquired) {
+		t.Errorf("TryAcquire while held = %v, want ErrNotAcquired", err)
+	}
+	st, err := c.Status(ctx, n)
+	if err != nil || st.Held != 1 || st.InUse != 1 || st.Capacity != 1 {
+		t.Errorf("Status = %+v, %v; want one lease holding 1 of 1", st, err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, fairlock.ErrNotHeld) {
+		t.Errorf("second Release = %v, want ErrNotHeld", err)
+	}
+	l2, err := c.TryAcquire(ctx, req)
+	if err != nil {
+		t.Fatalf("TryAcquire after release: %v", err)
+	}
+	if l2.Token() <= l.Token() {
+		t.Errorf("token %d after %d, want it to grow", l2.Token(), l.Token())
+	}
+	_ = l2.Release(ctx)
+}
+
+// Waiters from another process are granted in the order they queued, each
+// woken by the release before it.
+func fifo(t *testing.T, tg Target) {
+	ctx := ctxFor(t, 30*time.Second)
+	holder, waiters := open(t, tg), open(t, tg)
+	n := name(t, newTag(), "")
+	req := fairlock.Request{Name: n, Capacity: 1, Permits: 1}
+	l, err := holder.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const k = 8
+	order := make(chan int, k)
+	var wg sync.WaitGroup
+	for i := range k {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w, err := waiters.Acquire(ctx, req)
+			if err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				return
+			}
+			order <- i
+			_ = w.Release(ctx)
+		}()
+		waitFor(t, fmt.Sprintf("waiter %d to queue", i), func() bool { return queued(t, holder, n) == int64(i+1) })
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(order)
+	want := 0
+	for got := range order {
+		if got != want {
+			t.Fatalf("waiter %d granted in place %d", got, want)
+		}
+		want++
+	}
+	if want != k {
+		t.Fatalf("%d of %d waiters granted", want, k)
+	}
+}
+
+// A release wakes the waiter it grants: a chain of handoffs between two
+// processes completes long before any waiter's refresh (every 30 s here),
+// which would find a grant whose wake-up was lost.
+func wakeUps(t *testing.T, tg Target) {
+	const waiterTTL = 90 * time.Second // a waiter refreshes every 30 s
+	ctx := ctxFor(t, 10*time.Second)
+	a, b := open(t, tg, fairlock.WithWaiterTTL(waiterTTL)), open(t, tg, fairlock.WithWaiterTTL(waiterTTL))
+	n := name(t, newTag(), "")
+	req := fairlock.Request{Name: n, Capacity: 1, Permits: 1}
+	held, err := a.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, next := range []*fairlock.Client{b, a, b, a, b, a} {
+		got := make(chan *fairlock.Lease, 1)
+		go func() {
+			l, err := next.Acquire(ctx, req)
+			if err != nil {
+				t.Errorf("handoff %d: %v (a wait that outlasts the test's 10 s waited for a refresh: its wake-up was lost)", i, err)
+			}
+			got <- l
+		}()
+		waitFor(t, "the waiter to queue", func() bool { return queued(t, a, n) == 1 })
+		if err := held.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if held = <-got; held == nil {
+			return
+		}
+	}
+	_ = held.Release(ctx)
+}
+
+// Never more permits held than the capacity, from three processes.
+func capacity(t *testing.T, tg Target) {
+	ctx := ctxFor(t, 60*time.Second)
+	n := name(t, newTag(), "")
+	const capa, workers, rounds = 3, 12, 10
+	clients := []*fairlock.Client{open(t, tg), open(t, tg), open(t, tg)}
+	var inUse, most atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := clients[w%len(clients)]
+			for range rounds {
+				l, err := c.Acquire(ctx, fairlock.Request{Name: n, Capacity: capa, Permits: 1})
+				if err != nil {
+					t.Errorf("Acquire: %v", err)
+					return
+				}
+				now := inUse.Add(1)
+				for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+				}
+				time.Sleep(time.Millisecond)
+				inUse.Add(-1)
+				if err := l.Release(ctx); err != nil {
+					t.Errorf("Release: %v", err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if m := most.Load(); m > capa {
+		t.Fatalf("%d permits held at once, capacity %d", m, capa)
+	}
+}
+
+// A wait whose context ends returns the context's error and leaves the
+// queue, so the next request is granted.
+func cancelled(t *testing.T, tg Target) {
+	ctx := ctxFor(t, 20*time.Second)
+	c := open(t, tg)
+	n := name(t, newTag(), "")
+	req := fairlock.Request{Name: n, Capacity: 1, Permits: 1}
+	l, err := c.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err = c.Acquire(wctx, req)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire past its deadline = %v, want DeadlineExceeded", err)
+	}
+	waitFor(t, "the cancelled waiter to leave", func() bool { return queued(t, c, n) == 0 })
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := c.TryAcquire(ctx, req)
+	if err != nil {
+		t.Fatalf("TryAcquire after the holder left: %v", err)
+	}
+	_ = l2.Release(ctx)
+}
+
+// A script's refusal reaches the caller as fairlock's error.
+func scriptErrors(t *testing.T, tg Target) {
+	ctx := ctxFor(t, 20*time.Second)
+	c := open(t, tg)
+	n := name(t, newTag(), "")
+	l, err := c.Acquire(ctx, fairlock.Request{Name: n, Capacity: 1, Permits: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Release(ctx) }()
+	_, err = c.TryAcquire(ctx, fairlock.Request{Name: n, Capacity: 2, Permits: 1})
+	if !errors.Is(err, fairlock.ErrCapacityMismatch) {
+		t.Fatalf("TryAcquire with another capacity = %v, want ErrCapacityMismatch", err)
+	}
+}
+
+// A semaphore key that another program overwrote is reported as such,
+// and nothing is granted.
+func foreignKey(t *testing.T, tg Target) {
+	ctx := ctxFor(t, 20*time.Second)
+	c := open(t, tg)
+	tag := newTag()
+	n := name(t, tag, "")
+	req := fairlock.Request{Name: n, Capacity: 1, Permits: 1}
+	l, err := c.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := keysOf(t, tg, tag)
+	if len(keys) == 0 {
+		t.Fatal("no key holds the semaphore")
+	}
+	for _, k := range keys {
+		if err := tg.Admin.Set(ctx, k, "another program's", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = c.TryAcquire(ctx, req)
+	if !errors.Is(err, fairlock.ErrForeignKey) {
+		t.Fatalf("TryAcquire on overwritten keys %v = %v, want ErrForeignKey", keys, err)
+	}
+	_ = l.Release(ctx)
+	for _, k := range keys {
+		_ = tg.Admin.Del(ctx, k).Err()
+	}
+}
+
+// keysOf returns the keys under hash tag tag.
+func keysOf(t testing.TB, tg Target, tag string) []string {
+	t.Helper()
+	ctx := context.Background()
+	pattern := "*{conf" + tag + "}*"
+	var mu sync.Mutex
+	var keys []string
+	scan := func(ctx context.Context, rdb *redis.Client) error {
+		got, err := rdb.Keys(ctx, pattern).Result()
+		mu.Lock()
+		keys = append(keys, got...)
+		mu.Unlock()
+		return err
+	}
+	var err error
+	switch a := tg.Admin.(type) {
+	case *redis.ClusterClient:
+		err = a.ForEachMaster(ctx, scan)
+	case *redis.Client:
+		err = scan(ctx, a)
+	default:
+		t.Fatalf("admin client %T", tg.Admin)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+// A lease held past several TTLs is kept by its renewals.
+func renewal(t *testing.T, tg Target) {
+	ctx := ctxFor(t, 20*time.Second)
+	c, other := open(t, tg, fairlock.WithLeaseTTL(300*time.Millisecond)), open(t, tg)
+	n := name(t, newTag(), "")
+	req := fairlock.Request{Name: n, Capacity: 1, Permits: 1}
+	l, err := c.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if err := l.Err(); err != nil {
+		t.Fatalf("lease ended after three TTLs: %v", err)
+	}
+	if _, err := other.TryAcquire(ctx, req); !errors.Is(err, fairlock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire by another process = %v, want ErrNotAcquired", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// AcquireAll takes several semaphores at once, and releases them all.
+func acquireAll(t *testing.T, tg Target) {
+	ctx := ctxFor(t, 20*time.Second)
+	c := open(t, tg)
+	tag := newTag()
+	a, b := name(t, tag, ".a"), name(t, tag, ".b")
+	l, err := c.AcquireAll(ctx, fairlock.Request{Name: a, Capacity: 1, Permits: 1}, fairlock.Request{Name: b, Capacity: 2, Permits: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.TryAcquire(ctx, fairlock.Request{Name: b, Capacity: 2, Permits: 1}); !errors.Is(err, fairlock.ErrNotAcquired) {
+		t.Errorf("TryAcquire of a part = %v, want ErrNotAcquired", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := c.TryAcquireAll(ctx, fairlock.Request{Name: a, Capacity: 1, Permits: 1}, fairlock.Request{Name: b, Capacity: 2, Permits: 2})
+	if err != nil {
+		t.Fatalf("TryAcquireAll after release: %v", err)
+	}
+	_ = l2.Release(ctx)
+}
+
+// Hundreds of waiters of one process are all granted: their wake-ups
+// arrive many at a time.
+func manyWaiters(t *testing.T, tg Target) {
+	ctx := ctxFor(t, 60*time.Second)
+	holder, c := open(t, tg), open(t, tg)
+	n := name(t, newTag(), "")
+	const k, capa = 300, 100
+	req := fairlock.Request{Name: n, Capacity: capa, Permits: capa}
+	l, err := holder.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var granted atomic.Int64
+	var wg sync.WaitGroup
+	release := make(chan struct{})
+	for range k {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w, err := c.Acquire(ctx, fairlock.Request{Name: n, Capacity: capa, Permits: 1})
+			if err != nil {
+				t.Errorf("Acquire: %v", err)
+				return
+			}
+			granted.Add(1)
+			<-release
+			_ = w.Release(ctx)
+		}()
+	}
+	waitFor(t, "every waiter to queue", func() bool { return queued(t, holder, n) == k })
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the first hundred grants", func() bool { return granted.Load() == capa })
+	close(release)
+	wg.Wait()
+	if g := granted.Load(); g != k {
+		t.Fatalf("%d of %d waiters granted", g, k)
+	}
+}
+
+// Close releases the leases a client holds: a waiter of another process
+// is granted at once.
+func closeHandsOn(t *testing.T, tg Target) {
+	ctx := ctxFor(t, 20*time.Second)
+	c := tg.Open(t)
+	other := open(t, tg)
+	n := name(t, newTag(), "")
+	req := fairlock.Request{Name: n, Capacity: 1, Permits: 1}
+	if _, err := c.Acquire(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		l, err := other.Acquire(ctx, req)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	waitFor(t, "the waiter to queue", func() bool { return queued(t, other, n) == 1 })
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiter after Close: %v", err)
+	}
+}
+
+// On a server with functions the client runs the engine's scripts as
+// functions (FCALL), and through EVALSHA elsewhere.
+func scriptPath(t *testing.T, tg Target) {
+	if tg.Mini {
+		t.Skip("miniredis keeps no command statistics")
+	}
+	ctx := ctxFor(t, 20*time.Second)
+	c := open(t, tg)
+	n := name(t, newTag(), "")
+	calls := func() map[string]int64 {
+		out := map[string]int64{}
+		var mu sync.Mutex // ForEachMaster calls add at once on every node
+		add := func(ctx context.Context, rdb *redis.Client) error {
+			info, err := rdb.Info(ctx, "commandstats").Result()
+			mu.Lock()
+			defer mu.Unlock()
+			for _, line := range strings.Split(info, "\n") {
+				var cmd string
+				var n int64
+				line = strings.TrimSpace(line)
+				if rest, ok := strings.CutPrefix(line, "cmdstat_"); ok {
+					cmd, rest, _ = strings.Cut(rest, ":calls=")
+					rest, _, _ = strings.Cut(rest, ",")
+					_, _ = fmt.Sscan(rest, &n)
+					out[cmd] += n
+				}
+			}
+			return err
+		}
+		var err error
+		switch a := tg.Admin.(type) {
+		case *redis.ClusterClient:
+			err = a.ForEachMaster(ctx, add)
+		case *redis.Client:
+			err = add(ctx, a)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	before := calls()
+	for range 3 {
+		l, err := c.Acquire(ctx, fairlock.Request{Name: n, Capacity: 1, Permits: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := calls()
+	cmd := "evalsha"
+	if tg.Functions {
+		cmd = "fcall"
+	}
+	if d := after[cmd] - before[cmd]; d < 6 {
+		t.Fatalf("%d %s calls for three acquire+release cycles, want at least 6 (%v)", d, cmd, after)
+	}
+}
+
+// Server is one Redis the suite runs on.
+type Server struct {
+	Addrs   []string // the server's address, or a Cluster's nodes'
+	Cluster bool
+	Mini    bool // miniredis
+}
+
+// Dial returns how to open fairlock Clients on s through the client under
+// test (the suite closes each), or skips t when that client cannot speak
+// to s.
+type Dial func(t *testing.T, s Server) func(t testing.TB, opts ...fairlock.Option) *fairlock.Client
+
+// RunAll runs the suite through dial on miniredis, on the real server
+// (internal/redistest's) and on a three-node Cluster of its build.
+func RunAll(t *testing.T, dial Dial) {
+	t.Run("miniredis", func(t *testing.T) {
+		b := redistest.Mini(t)
+		open := dial(t, Server{Addrs: []string{b.Addr}, Mini: true})
+		admin := redis.NewClient(&redis.Options{Addr: b.Addr})
+		defer admin.Close()
+		Run(t, Target{Open: open, Admin: admin, Mini: true})
+	})
+	t.Run("redis", func(t *testing.T) {
+		b := redistest.RealBackend(t)
+		open := dial(t, Server{Addrs: []string{b.Addr}})
+		admin := redis.NewClient(&redis.Options{Addr: b.Addr})
+		defer admin.Close()
+		Run(t, Target{Open: open, Admin: admin, Functions: hasFunctions()})
+	})
+	t.Run("cluster", func(t *testing.T) {
+		redistest.RealBackend(t)
+		redistest.Long(t)
+		cl, err := redisserver.StartCluster(3)
+		if err != nil {
+			t.Fatalf("starting the cluster: %v", err)
+		}
+		defer cl.Stop()
+		open := dial(t, Server{Addrs: cl.Addrs(), Cluster: true})
+		admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+		defer admin.Close()
+		Run(t, Target{Open: open, Admin: admin, Cluster: true, Functions: hasFunctions()})
+	})
+}
+
+// hasFunctions reports whether the real server has FCALL: Redis 7.0 or
+// later, or Valkey.
+func hasFunctions() bool {
+	b, ok := redistest.Server()
+	if !ok {
+		return false
+	}
+	var major int
+	_, _ = fmt.Sscanf(b.Version, "%d", &major)
+	return b.Name == "Valkey" || major >= 7
+}
