@@ -2,6 +2,7 @@ package fairlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -101,6 +102,22 @@ func (r result) Strings() ([]string, error) {
 	return out, nil
 }
 
+// settle returns o, the outcome handed to call's caller, and true; or,
+// when o's error is ctx's own, ctx's error and false, as when ctx ended
+// before the outcome came, with o handed to late. A client that honours
+// deadlines itself (rueidis, valkey-go) stops waiting for the answer when
+// ctx ends: the script may have run all the same.
+func (c *Client) settle(ctx context.Context, o outcome, late func(outcome)) (outcome, bool) {
+	err := ctx.Err()
+	if err == nil || o.res.err == nil || !errors.Is(o.res.err, err) {
+		return o, true
+	}
+	if late != nil {
+		c.spawn(func() { late(o) })
+	}
+	return outcome{res: result{err: err}}, false
+}
+
 // outcome is what run returned.
 type outcome struct {
 	res    result
@@ -162,7 +179,7 @@ func (c *Client) call(ctx context.Context, do func(context.Context) outcome, lat
 	})
 	select {
 	case o := <-ch:
-		return o, true
+		return c.settle(ctx, o, late)
 	case <-ctx.Done():
 	}
 	// A Redis that answers does so within the grace; the caller then
@@ -171,10 +188,10 @@ func (c *Client) call(ctx context.Context, do func(context.Context) outcome, lat
 	defer t.Stop()
 	select {
 	case o := <-ch:
-		return o, true
+		return c.settle(ctx, o, late)
 	case <-t.C:
 		if !state.CompareAndSwap(0, 2) {
-			return <-ch, true // the outcome came as the grace ended: use it
+			return c.settle(ctx, <-ch, late) // the outcome came as the grace ended: use it
 		}
 		return outcome{res: result{err: ctx.Err()}}, false
 	}

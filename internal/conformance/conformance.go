@@ -50,6 +50,7 @@ func Run(t *testing.T, tg Target) {
 		{"CapacityNeverExceeded", capacity},
 		{"CancelledWaitLeaves", cancelled},
 		{"WakeUps", wakeUps},
+		{"DeadlineDuringCall", deadlineDuringCall},
 		{"ScriptErrors", scriptErrors},
 		{"ForeignKey", foreignKey},
 		{"Renewal", renewal},
@@ -215,6 +216,44 @@ func wakeUps(t *testing.T, tg Target) {
 		}
 	}
 	_ = held.Release(ctx)
+}
+
+// A call whose context ends while its script is on its way (deadlines of
+// a few hundred microseconds) returns the context's error, not a Redis
+// error, whether or not the client stops waiting for the answer itself;
+// and what the script may have done is undone: no lease is left behind.
+func deadlineDuringCall(t *testing.T, tg Target) {
+	c := open(t, tg)
+	n := name(t, newTag(), "")
+	req := fairlock.Request{Name: n, Capacity: 1, Permits: 1}
+	ended := 0
+	for i := range 300 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i%30)*50*time.Microsecond)
+		l, err := c.TryAcquire(ctx, req)
+		cancel()
+		switch {
+		case err == nil:
+			if rerr := l.Release(context.Background()); rerr != nil {
+				t.Fatalf("Release: %v", rerr)
+			}
+		case errors.Is(err, fairlock.ErrNotAcquired):
+			// Held by what an ended call's script did, until undone.
+		case errors.Is(err, context.DeadlineExceeded):
+			ended++
+			if errors.Is(err, fairlock.ErrRedis) {
+				t.Fatalf("a call whose deadline passed = %v: it matches ErrRedis", err)
+			}
+		default:
+			t.Fatalf("TryAcquire = %v", err)
+		}
+	}
+	if ended == 0 {
+		t.Log("no deadline passed during a call")
+	}
+	waitFor(t, "what the ended calls left to be undone", func() bool {
+		st, err := c.Status(context.Background(), n)
+		return err == nil && st.Held == 0 && st.Queued == 0
+	})
 }
 
 // Never more permits held than the capacity, from three processes.
