@@ -41,6 +41,10 @@ type impl struct {
 	// reference marks a row that is neither fairlock nor a peer: a floor
 	// measured beside them (see floor.go).
 	reference bool
+	// variant marks fairlock on another Redis client than go-redis: its
+	// rows are measured beside fairlock's own, which alone the targets
+	// judge.
+	variant bool
 	// realOnly: the implementation needs what the embedded miniredis
 	// lacks (client-side caching), so it runs on real servers only.
 	realOnly bool
@@ -54,6 +58,10 @@ func impls() []impl {
 	return []impl{
 		{name: "fairlock", about: "semaphore.Mutex (capacity 1); multilock for two locks; lease TTL 10s, waiter TTL 3s",
 			open: openFairlock},
+		{name: "fairlock-rueidis", variant: true, client: "rueidis", about: "fairlock as above, on a rueidis v1.0.79 client of its own per process (fairlockrueidis; no client-side caching, which fairlock does not use)",
+			open: openFairlockRueidis},
+		{name: "fairlock-valkey", variant: true, client: "valkey-go", about: "fairlock as above, on a valkey-go v1.0.79 client of its own per process (fairlockvalkey)",
+			open: openFairlockValkey},
 		{name: "redsync", peer: true, about: "redsync v4, one pool, default retry delay (random 50–250 ms), tries unlimited, expiry 10s",
 			open: openRedsync},
 		{name: "redislock", peer: true, about: "bsm/redislock, RetryStrategy LinearBackoff(100ms) as in its package example, TTL 10s",
@@ -66,6 +74,10 @@ func impls() []impl {
 			open: openValkeylock},
 	}
 }
+
+// ownRow reports whether im is fairlock on go-redis: the row the targets
+// judge.
+func (im impl) ownRow() bool { return !im.peer && !im.reference && !im.variant }
 
 // inOrder returns a before b in name order.
 func inOrder(a, b string) (string, string) {
@@ -92,14 +104,17 @@ func bothInOrder(ctx context.Context, l locker, a, b string) (func(context.Conte
 
 // fairlock
 
-type fairlockLocker struct{ c *fairlock.Client }
+type fairlockLocker struct {
+	c     *fairlock.Client
+	after func() // closes the Redis client the locker made, if it made one
+}
 
 func openFairlock(rdb *redis.Client, prefix string) (locker, error) {
 	c, err := fairlock.New(rdb, fairlock.WithPrefix(prefix), fairlock.WithLeaseTTL(leaseTTL))
 	if err != nil {
 		return nil, err
 	}
-	return &fairlockLocker{c}, nil
+	return &fairlockLocker{c: c}, nil
 }
 
 func (f *fairlockLocker) lock(ctx context.Context, key string) (func(context.Context) error, error) {
@@ -122,7 +137,12 @@ func (f *fairlockLocker) lockBoth(ctx context.Context, a, b string) (func(contex
 	return l.Release, nil
 }
 
-func (f *fairlockLocker) close() { _ = f.c.Close() }
+func (f *fairlockLocker) close() {
+	_ = f.c.Close()
+	if f.after != nil {
+		f.after()
+	}
+}
 
 // redsync
 

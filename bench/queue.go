@@ -46,7 +46,7 @@ func (c *countQueued) Observe(ev fairlock.Event) {
 func queueScaling(e *env) ([]*Table, []Target, error) {
 	var im impl
 	for _, x := range e.impls {
-		if !x.peer {
+		if x.ownRow() {
 			im = x
 		}
 	}

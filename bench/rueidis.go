@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/fairlockrueidis"
+	"github.com/fairlock/fairlock/fairlockvalkey"
 	"strconv"
 	"strings"
 	"sync"
@@ -143,6 +146,34 @@ func (r *rueidisLocker) lockBoth(ctx context.Context, a, b string) (func(context
 }
 
 func (r *rueidisLocker) close() { r.l.Close() }
+
+// fairlock on rueidis and valkey-go
+
+func openFairlockRueidis(rdb *redis.Client, prefix string) (locker, error) {
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{rdb.Options().Addr}, DisableCache: true})
+	if err != nil {
+		return nil, fmt.Errorf("rueidis: %w", err)
+	}
+	fc, err := fairlockrueidis.New(&rueidisCounted{Client: c, cnt: counterOf(rdb)}, fairlock.WithPrefix(prefix), fairlock.WithLeaseTTL(leaseTTL))
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &fairlockLocker{c: fc, after: c.Close}, nil
+}
+
+func openFairlockValkey(rdb *redis.Client, prefix string) (locker, error) {
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{rdb.Options().Addr}, DisableCache: true})
+	if err != nil {
+		return nil, fmt.Errorf("valkey-go: %w", err)
+	}
+	fc, err := fairlockvalkey.New(&valkeyCounted{Client: c, cnt: counterOf(rdb)}, fairlock.WithPrefix(prefix), fairlock.WithLeaseTTL(leaseTTL))
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &fairlockLocker{c: fc, after: c.Close}, nil
+}
 
 // rueidisCounted counts the commands a rueidis client sends (a cached
 // read answered from the client's cache is not sent).

@@ -224,7 +224,7 @@ func atScale(e *env) ([]*Table, []Target, error) {
 				}
 			}
 			t.Data = append(t.Data, d)
-			if im.peer || im.reference {
+			if !im.ownRow() {
 				continue
 			}
 			targets = append(targets, Target{"scale", fmt.Sprintf("M=%s: no overlap", thousandsInt(M)), strconv.FormatInt(st.overlaps, 10), st.overlaps == 0, false})
@@ -484,7 +484,7 @@ func manyNames(e *env) ([]*Table, []Target, error) {
 				d["blocking_read_keys_mean"] = float64(r.hookKeys) / float64(r.hookCalls)
 			}
 			t.Data = append(t.Data, d)
-			if im.peer || im.reference || K != ks[len(ks)-1] {
+			if !im.ownRow() || K != ks[len(ks)-1] {
 				continue
 			}
 			cpuMeasured := "n/a (embedded)"
@@ -531,14 +531,14 @@ func (e *env) wakeRun(im impl, K int, wait, limit time.Duration) (wakeResult, er
 	queued := &queuedCounter{}
 	bl := &blpopCounter{}
 	var waiter locker
-	isFairlock := !im.peer && !im.reference
+	isFairlock := im.ownRow()
 	if isFairlock {
 		defer listenhook.Add(wrdb, bl)()
 		c, err := fairlock.New(wrdb, fairlock.WithPrefix(e.run+im.name+":"), fairlock.WithLeaseTTL(leaseTTL), fairlock.WithObserver(queued))
 		if err != nil {
 			return r, err
 		}
-		waiter = &fairlockLocker{c}
+		waiter = &fairlockLocker{c: c}
 	} else if waiter, err = im.open(wrdb, e.run+im.name+":"); err != nil {
 		return r, err
 	}
@@ -725,7 +725,7 @@ func wakeFigure(e *env, ks []int, res [][]wakeResult, bare *Table) *figure {
 	// reads waited on, on average, at each K.
 	for ki, K := range ks {
 		for i, im := range e.impls {
-			if r := res[ki][i]; !im.peer && !im.reference && r.hookCalls > 0 {
+			if r := res[ki][i]; im.ownRow() && r.hookCalls > 0 {
 				keys := float64(r.hookKeys) / float64(r.hookCalls)
 				blp.vlines = append(blp.vlines, marker{keys, fmt.Sprintf("fairlock at K=%s: %.0f keys", thousandsInt(K), keys)})
 			}

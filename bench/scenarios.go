@@ -261,7 +261,7 @@ func uncontended(e *env) ([]*Table, []Target, error) {
 			}
 		}
 		t.Data = append(t.Data, d)
-		if !im.peer && !im.reference {
+		if im.ownRow() {
 			targets = append(targets, timed(Target{"uncontended", "acquire p50 ≤ 1.10 × PING p50", f2(r) + " ×", r <= 1.10, false}))
 			if e.real {
 				targets = append(targets, timed(Target{"uncontended", "Redis CPU per acquire+release ≤ 1.10 × SET NX lock's", cpuR + " ×", cpuRatio <= 1.10, false}))
@@ -481,7 +481,7 @@ func handoff(e *env) ([]*Table, []Target, error) {
 		t.Rows = append(t.Rows, []string{im.name, us(quantile(hand[i], 0.5)), us(quantile(hand[i], 0.99)), us(maxOf(hand[i])), f2(r),
 			us(relP50), us(quantile(rel[i], 0.99)), rrS, client, server, cpuS, strconv.Itoa(len(hand[i]))})
 		t.Data = append(t.Data, d)
-		if !im.peer {
+		if im.ownRow() {
 			targets = append(targets, timed(Target{"handoff", "handoff p50 ≤ 2.0 × idle-PING p50", f2(r) + " ×", r <= 2.0, false}))
 			if !math.IsNaN(rr) {
 				targets = append(targets, timed(Target{"handoff", "release call p50 ≤ 1.6 × best peer's release call", f2(rr) + " ×", rr <= 1.6, false}))
@@ -791,7 +791,7 @@ func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]
 				d["redis_cpu_us_per_acq"] = cpuV
 			}
 			t.Data = append(t.Data, d)
-			if im.peer || im.reference || N != 64 {
+			if !im.ownRow() || N != 64 {
 				continue
 			}
 			targets = append(targets,
@@ -862,7 +862,7 @@ func fifo(e *env) ([]*Table, []Target, error) {
 		mean := float64(inversions[i]) / float64(rounds[i])
 		t.Rows = append(t.Rows, []string{im.name, strconv.Itoa(rounds[i]), strconv.Itoa(inversions[i]), f2(mean), f2(mean / float64(pairs))})
 		t.Data = append(t.Data, map[string]any{"impl": im.name, "rounds": rounds[i], "inversions": inversions[i], "waiters": waiters})
-		if !im.peer {
+		if im.ownRow() {
 			targets = append(targets, Target{"fifo", "order inversions = 0", strconv.Itoa(inversions[i]), inversions[i] == 0, false})
 		}
 	}
@@ -1068,7 +1068,7 @@ func drain(e *env) ([]*Table, []Target, error) {
 			d["redis_cpu_us_per_acq"] = cpuV
 		}
 		t.Data = append(t.Data, d)
-		if !im.peer {
+		if im.ownRow() {
 			cpa := float64(cnt.n.Load()) / float64(max(drained, 1))
 			targets = append(targets,
 				timed(Target{"drain", "1,000 waiters drain ≤ 0.5 s", drainS, drained == waiters && elapsed <= 500*time.Millisecond, false}),
@@ -1085,7 +1085,7 @@ func countingSemaphore(e *env) ([]*Table, []Target, error) {
 	const capacity, procs = 4, 16
 	var im impl
 	for _, x := range e.impls {
-		if !x.peer {
+		if x.ownRow() {
 			im = x
 		}
 	}
@@ -1206,7 +1206,7 @@ func dining(e *env) ([]*Table, []Target, error) {
 			d["redis_cpu_us_per_acq"] = cpuV
 		}
 		t.Data = append(t.Data, d)
-		if !im.peer {
+		if im.ownRow() {
 			targets = append(targets, Target{"dining", "no fork held twice", strconv.FormatInt(st.overlaps, 10), st.overlaps == 0, false})
 		}
 	}
