@@ -108,8 +108,17 @@ func (r result) Strings() ([]string, error) {
 // deadlines itself (rueidis, valkey-go) stops waiting for the answer when
 // ctx ends: the script may have run all the same.
 func (c *Client) settle(ctx context.Context, o outcome, late func(outcome)) (outcome, bool) {
+	if o.res.err == nil || !errors.Is(o.res.err, context.DeadlineExceeded) && !errors.Is(o.res.err, context.Canceled) {
+		return o, true
+	}
 	err := ctx.Err()
-	if err == nil || o.res.err == nil || !errors.Is(o.res.err, err) {
+	if dl, ok := ctx.Deadline(); err == nil && ok && !time.Now().Before(dl) {
+		// The client saw the deadline pass before ctx's own timer
+		// ended it, a moment from now.
+		<-ctx.Done()
+		err = ctx.Err()
+	}
+	if err == nil || !errors.Is(o.res.err, err) {
 		return o, true
 	}
 	if late != nil {
