@@ -2,6 +2,8 @@ package fairlock
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -26,3 +28,22 @@ func goRedisOf(c *Client) RedisClient { return c.b.(*goRedis).rdb }
 // NoTransform has the clients a test makes run the scripts unchanged
 // (without the package's half-run checker), for the external tests.
 var NoTransform = noTransform
+
+// renderArgs renders a test's script arguments as the strings Redis
+// receives: strings as they are, integers in decimal.
+func renderArgs(args []any) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		switch v := a.(type) {
+		case string:
+			out[i] = v
+		case int64:
+			out[i] = strconv.FormatInt(v, 10)
+		case int:
+			out[i] = strconv.Itoa(v)
+		default:
+			out[i] = fmt.Sprint(v)
+		}
+	}
+	return out
+}

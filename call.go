@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
-
-	"strconv"
 )
 
 // run is the one way the client runs a script: oc's op, on its keys,
@@ -18,7 +16,7 @@ import (
 // did not (the script's own reply and error are in the result either
 // way).
 func (c *Client) run(ctx context.Context, oc opCall) (result, error) {
-	s, keys, args := c.scripts.forOp(oc.op), oc.keys, renderArgs(oc.args)
+	s, keys, args := c.scripts.forOp(oc.op), oc.keys, oc.args
 	if c.cfg.ackReplicas == 0 || !oc.op.ack {
 		return s.run(ctx, c.b, c.info.Functions, func(sc Script) result {
 			v, err := c.b.Script(ctx, sc)
@@ -41,25 +39,6 @@ func (c *Client) run(ctx context.Context, oc opCall) (result, error) {
 		return res, fmt.Errorf("%w: %w: %d of %d replicas acknowledged within %v", ErrRedis, ErrNotReplicated, acked, c.cfg.ackReplicas, c.cfg.ackTimeout)
 	}
 	return res, nil
-}
-
-// renderArgs renders a call's arguments as the strings Redis receives:
-// strings as they are, integers in decimal.
-func renderArgs(args []any) []string {
-	out := make([]string, len(args))
-	for i, a := range args {
-		switch v := a.(type) {
-		case string:
-			out[i] = v
-		case int64:
-			out[i] = strconv.FormatInt(v, 10)
-		case int:
-			out[i] = strconv.Itoa(v)
-		default:
-			out[i] = fmt.Sprint(v)
-		}
-	}
-	return out
 }
 
 // A result is what a script call came to, as plain Go values: its reply

@@ -60,8 +60,10 @@ type Client struct {
 	info    BackendInfo // b's
 	cfg     config
 	scripts *scripts
-	id      string        // identifies this client's wake lists; unguessable
-	done    chan struct{} // closed by Close
+	id      string // identifies this client's wake lists; unguessable
+	// The lease and waiter TTLs as script arguments, rendered once.
+	leaseMs, waiterMs string
+	done              chan struct{} // closed by Close
 
 	mu          sync.Mutex
 	closed      bool
@@ -130,6 +132,8 @@ func newClient(b Backend, rdb RedisClient, opts []Option) (*Client, error) {
 		cfg:       cfg,
 		scripts:   newScripts(scripthook.Get()),
 		id:        id,
+		leaseMs:   msArg(cfg.leaseTTL),
+		waiterMs:  msArg(cfg.waiterTTL),
 		done:      make(chan struct{}),
 		rooms:     make(map[string]*room),
 		leases:    make(map[*Lease]struct{}),

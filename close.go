@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -179,7 +178,7 @@ func (c *Client) stop(s *closing, leases []*Lease, listening []*listener, closeB
 		// its timeout; an entry on its control list ends it now.
 		for _, l := range listening {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = nudgeScript.on(ctx, c.b, []string{c.ctlOf(l)}, strconv.FormatInt(ms(c.cfg.waiterTTL), 10))
+			_ = nudgeScript.on(ctx, c.b, []string{c.ctlOf(l)}, c.waiterMs)
 			cancel()
 		}
 	}

@@ -26,7 +26,7 @@ func leaderChannel(k keys) string { return k.base + ":ld:c" }
 // leaderRun runs the leader op lo on the election name, by ctx's end,
 // with the arguments args gives for the election's keys (after the op's
 // name); op names the call in errors.
-func (c *Client) leaderRun(ctx context.Context, op string, lo *op, name string, args func(k keys) []any) (result, error, error) {
+func (c *Client) leaderRun(ctx context.Context, op string, lo *op, name string, args func(k keys) []string) (result, error, error) {
 	k, err := c.keys(name)
 	if err != nil {
 		return result{}, nil, opError(op, []string{name}, err)
@@ -44,8 +44,8 @@ func (c *Client) leaderRun(ctx context.Context, op string, lo *op, name string, 
 
 func (c *Client) leaderSet(ctx context.Context, name string, term int64, value string, ttl time.Duration) (bool, error) {
 	const op = "record leader"
-	cmd, ackErr, err := c.leaderRun(ctx, op, opLeaderSet, name, func(k keys) []any {
-		return []any{term, value, ms(ttl), leaderChannel(k)}
+	cmd, ackErr, err := c.leaderRun(ctx, op, opLeaderSet, name, func(k keys) []string {
+		return []string{itoa(term), value, msArg(ttl), leaderChannel(k)}
 	})
 	if err != nil {
 		return false, err
@@ -62,15 +62,15 @@ func (c *Client) leaderSet(ctx context.Context, name string, term int64, value s
 }
 
 func (c *Client) leaderClear(ctx context.Context, name string, term int64) error {
-	_, _, err := c.leaderRun(ctx, "clear leader", opLeaderClear, name, func(k keys) []any {
-		return []any{term, "", 1, leaderChannel(k)}
+	_, _, err := c.leaderRun(ctx, "clear leader", opLeaderClear, name, func(k keys) []string {
+		return []string{itoa(term), "", "1", leaderChannel(k)}
 	})
 	return err
 }
 
 func (c *Client) leaderGet(ctx context.Context, name string) (engine.Leader, error) {
 	const op = "read leader"
-	cmd, _, err := c.leaderRun(ctx, op, opLeaderGet, name, func(keys) []any { return nil })
+	cmd, _, err := c.leaderRun(ctx, op, opLeaderGet, name, func(keys) []string { return nil })
 	if err != nil {
 		return engine.Leader{}, err
 	}

@@ -127,7 +127,7 @@ func (c *Client) nudge(l *listener, via Backend) {
 	defer c.wg.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 	defer cancel()
-	_ = nudgeScript.on(ctx, via, []string{c.ctlOf(l)}, strconv.FormatInt(ms(c.cfg.waiterTTL), 10))
+	_ = nudgeScript.on(ctx, via, []string{c.ctlOf(l)}, c.waiterMs)
 }
 
 // ctlOf returns l's control list (which leaveOutForeign may rename).

@@ -86,9 +86,9 @@ func parseAcquireReply(out result, parts int) (acquireReply, error) {
 // acquireCall is acquire.lua's o ("acquire" or "try") for ticket on p's
 // semaphores.
 func (p plan) acquireCall(o *op, ticket string, c *Client) opCall {
-	oc := newCall(o, p.keys, 5+2*len(p.parts)).with(ticket, c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL), p.group)
+	oc := newCall(o, p.keys, 5+2*len(p.parts)).with(ticket, c.id, c.leaseMs, c.waiterMs, p.group)
 	for _, pt := range p.parts {
-		oc.args = append(oc.args, pt.req.Permits, pt.req.Capacity)
+		oc.args = append(oc.args, itoa(pt.req.Permits), itoa(pt.req.Capacity))
 	}
 	return oc
 }
@@ -103,13 +103,17 @@ func (p plan) releaseCall(o *op, ticket string, c *Client, announced bool, token
 // ask for another than the client's (a cap on holding), since the other
 // ops find a waiter by a member that contains the TTL it queued with.
 func (p plan) releaseCallTTL(o *op, ticket string, c *Client, announced bool, tokens []int64, ttl time.Duration) opCall {
-	oc := newCall(o, p.keys, 6+2*len(p.parts)).with(ticket, c.id, ms(ttl), ms(c.cfg.waiterTTL), p.group, boolArg(announced))
+	lease := c.leaseMs
+	if ttl != c.cfg.leaseTTL {
+		lease = msArg(ttl)
+	}
+	oc := newCall(o, p.keys, 6+2*len(p.parts)).with(ticket, c.id, lease, c.waiterMs, p.group, boolArg(announced))
 	for i, pt := range p.parts {
 		var tok int64
 		if tokens != nil {
 			tok = tokens[i]
 		}
-		oc.args = append(oc.args, pt.req.Permits, tok)
+		oc.args = append(oc.args, itoa(pt.req.Permits), itoa(tok))
 	}
 	return oc
 }
@@ -217,19 +221,19 @@ func parseSignalReply(out result) (signalReply, error) {
 // refreshArgs starts the arguments of "refresh" (lua/ops/refresh.lua),
 // with room for n tickets; appendRefreshed adds one ticket, and
 // refreshCount counts them.
-func (c *Client) refreshArgs(n int) []any {
-	args := make([]any, 0, 4+3*n)
-	return append(args, opRefresh.name, c.id, ms(c.cfg.leaseTTL), ms(c.cfg.waiterTTL))
+func (c *Client) refreshArgs(n int) []string {
+	args := make([]string, 0, 4+3*n)
+	return append(args, opRefresh.name, c.id, c.leaseMs, c.waiterMs)
 }
 
-func appendRefreshed(args []any, ticket string, permits int64, group string) []any {
-	return append(args, ticket, permits, group)
+func appendRefreshed(args []string, ticket string, permits int64, group string) []string {
+	return append(args, ticket, itoa(permits), group)
 }
 
-func refreshCount(args []any) int { return (len(args) - 4) / 3 }
+func refreshCount(args []string) int { return (len(args) - 4) / 3 }
 
 // refreshedTicket returns the i-th ticket of refresh args.
-func refreshedTicket(args []any, i int) string { return args[4+3*i].(string) }
+func refreshedTicket(args []string, i int) string { return args[4+3*i] }
 
 // refreshReply is "refresh"'s reply: the queue's next event (ms, -1 for
 // none), Redis's clock, and the tickets that no longer wait.
@@ -279,7 +283,7 @@ func parseRefreshReply(out result) (refreshReply, error) {
 func (c *Client) renewBatchCall(keys []string, batch []*renewReq) opCall {
 	oc := newCall(opRenewBatch, keys, 1+5*len(batch)).with(c.id)
 	for _, r := range batch {
-		oc.args = append(oc.args, r.l.ticket, r.l.p.parts[0].req.Permits, r.l.tokens[0], boolArg(r.announced), ms(r.ttl))
+		oc.args = append(oc.args, r.l.ticket, itoa(r.l.p.parts[0].req.Permits), itoa(r.l.tokens[0]), boolArg(r.announced), msArg(r.ttl))
 	}
 	return oc
 }
@@ -489,6 +493,12 @@ func parseTokens(f []string) ([]int64, error) {
 func ms(d time.Duration) int64 {
 	return max(int64(d/time.Millisecond), 1)
 }
+
+// msArg renders d as a script argument: whole milliseconds, at least 1.
+func msArg(d time.Duration) string { return strconv.FormatInt(ms(d), 10) }
+
+// itoa renders n as a script argument.
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // boolArg renders a bool as a script argument.
 func boolArg(b bool) string {

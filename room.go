@@ -268,8 +268,8 @@ func (r *room) refresh() (next time.Duration, first error) {
 	// reaches (see failStale) parts from the others within a few rounds
 	// (128, 16, 2, 1 tickets); and on a busy Redis the scripts that timed
 	// out are not the ones queued last again.
-	var batches [][]any
-	var args []any
+	var batches [][]string
+	var args []string
 	var suspects []string
 	for t, w := range r.waiters {
 		if !w.queued {
@@ -292,7 +292,7 @@ func (r *room) refresh() (next time.Duration, first error) {
 		batches = append(batches, args)
 	}
 	rand.Shuffle(len(suspects), func(i, j int) { suspects[i], suspects[j] = suspects[j], suspects[i] })
-	var lead [][]any
+	var lead [][]string
 	for chunk := range slices.Chunk(suspects, min(refreshBatch, max(1, (len(suspects)+suspectScripts-1)/suspectScripts))) {
 		args := c.refreshArgs(len(chunk))
 		for _, t := range chunk {
@@ -308,7 +308,7 @@ func (r *room) refresh() (next time.Duration, first error) {
 	c.mu.Unlock()
 	next = c.refreshEvery()
 	var mu sync.Mutex // next, first
-	send := func(args []any) {
+	send := func(args []string) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 		sent := time.Now()
 		res, _ := c.run(ctx, opCall{op: opRefresh, keys: r.k.list(), args: args}) // unreplicated refreshes are refreshed again
@@ -329,7 +329,7 @@ func (r *room) refresh() (next time.Duration, first error) {
 		return next, first
 	}
 	var wg sync.WaitGroup
-	work := make(chan []any)
+	work := make(chan []string)
 	for range min(len(batches), refreshParallel) {
 		wg.Go(func() {
 			for args := range work {
@@ -367,7 +367,7 @@ func (r *room) apply(rep refreshReply, sent time.Time, next *time.Duration) erro
 
 // noteRefreshed notes the waiters of the refresh args alive at sent if
 // the refresh was answered (err nil), else failed with err.
-func (r *room) noteRefreshed(args []any, sent time.Time, err error) {
+func (r *room) noteRefreshed(args []string, sent time.Time, err error) {
 	r.c.mu.Lock()
 	defer r.c.mu.Unlock()
 	if err == nil {

@@ -108,19 +108,19 @@ func newOp(name, entry string, ack bool) *op {
 type opCall struct {
 	op   *op
 	keys []string
-	args []any
+	args []string // as Redis receives them
 }
 
 // newCall starts a call of o on keys with room for n arguments after the
 // op's name.
 func newCall(o *op, keys []string, n int) opCall {
-	args := make([]any, 1, 1+n)
+	args := make([]string, 1, 1+n)
 	args[0] = o.name
 	return opCall{op: o, keys: keys, args: args}
 }
 
 // with returns oc with args appended.
-func (oc opCall) with(args ...any) opCall {
+func (oc opCall) with(args ...string) opCall {
 	oc.args = append(oc.args, args...)
 	return oc
 }
