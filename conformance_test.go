@@ -14,20 +14,20 @@ import (
 // server has them), without the package's half-run checker.
 func TestConformance(t *testing.T) {
 	fairlock.NoTransform(t)
-	conformance.RunAll(t, func(t *testing.T, s conformance.Server) func(testing.TB, ...fairlock.Option) *fairlock.Client {
-		var rdb fairlock.RedisClient
-		if s.Cluster {
+	conformance.RunAll(t, func(t *testing.T, s conformance.Server) func(...fairlock.Option) (*fairlock.Client, error) {
+		var rdb interface {
+			fairlock.RedisClient
+			Close() error
+		}
+		switch {
+		case s.Cluster:
 			rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.Addrs})
-		} else {
+		case s.MasterName != "":
+			rdb = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: s.MasterName, SentinelAddrs: s.Addrs})
+		default:
 			rdb = redis.NewClient(&redis.Options{Addr: s.Addrs[0]})
 		}
-		t.Cleanup(func() { _ = rdb.(interface{ Close() error }).Close() })
-		return func(t testing.TB, opts ...fairlock.Option) *fairlock.Client {
-			c, err := fairlock.New(rdb, opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return c
-		}
+		t.Cleanup(func() { _ = rdb.Close() })
+		return func(opts ...fairlock.Option) (*fairlock.Client, error) { return fairlock.New(rdb, opts...) }
 	})
 }

@@ -17,25 +17,22 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 // The behaviour every Backend must show (internal/conformance), through
 // rueidis: on miniredis, a real server and a Cluster.
 func TestConformance(t *testing.T) {
-	conformance.RunAll(t, func(t *testing.T, s conformance.Server) func(testing.TB, ...fairlock.Option) *fairlock.Client {
+	conformance.RunAll(t, func(t *testing.T, s conformance.Server) func(...fairlock.Option) (*fairlock.Client, error) {
 		opt := rueidis.ClientOption{InitAddress: s.Addrs}
+		if s.MasterName != "" {
+			opt.Sentinel = rueidis.SentinelOption{MasterSet: s.MasterName}
+		}
 		if s.Mini {
-			// miniredis has no client-side caching, which rueidis
+			// miniredis has no client-side caching, which the client
 			// turns on over RESP3.
 			opt.DisableCache = true
 		}
 		rdb, err := rueidis.NewClient(opt)
 		if err != nil {
-			t.Fatalf("rueidis on %v: %v", s.Addrs, err)
+			t.Fatalf("%v: %v", s.Addrs, err)
 		}
 		t.Cleanup(rdb.Close)
-		return func(t testing.TB, opts ...fairlock.Option) *fairlock.Client {
-			c, err := fairlockrueidis.New(rdb, opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return c
-		}
+		return func(opts ...fairlock.Option) (*fairlock.Client, error) { return fairlockrueidis.New(rdb, opts...) }
 	})
 }
 

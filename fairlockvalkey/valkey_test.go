@@ -17,25 +17,22 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 // The behaviour every Backend must show (internal/conformance), through
 // valkey-go: on miniredis, a real server and a Cluster.
 func TestConformance(t *testing.T) {
-	conformance.RunAll(t, func(t *testing.T, s conformance.Server) func(testing.TB, ...fairlock.Option) *fairlock.Client {
+	conformance.RunAll(t, func(t *testing.T, s conformance.Server) func(...fairlock.Option) (*fairlock.Client, error) {
 		opt := valkey.ClientOption{InitAddress: s.Addrs}
+		if s.MasterName != "" {
+			opt.Sentinel = valkey.SentinelOption{MasterSet: s.MasterName}
+		}
 		if s.Mini {
-			// miniredis has no client-side caching, which valkey-go
+			// miniredis has no client-side caching, which the client
 			// turns on over RESP3.
 			opt.DisableCache = true
 		}
 		rdb, err := valkey.NewClient(opt)
 		if err != nil {
-			t.Fatalf("valkey-go on %v: %v", s.Addrs, err)
+			t.Fatalf("%v: %v", s.Addrs, err)
 		}
 		t.Cleanup(rdb.Close)
-		return func(t testing.TB, opts ...fairlock.Option) *fairlock.Client {
-			c, err := fairlockvalkey.New(rdb, opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return c
-		}
+		return func(opts ...fairlock.Option) (*fairlock.Client, error) { return fairlockvalkey.New(rdb, opts...) }
 	})
 }
 

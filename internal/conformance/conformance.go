@@ -25,8 +25,8 @@ import (
 // Target is one Redis, reached through the client under test.
 type Target struct {
 	// Open returns a fairlock Client on the Redis through the client
-	// under test. The suite closes it.
-	Open func(t testing.TB, opts ...fairlock.Option) *fairlock.Client
+	// under test, or New's error. The suite closes it.
+	Open func(opts ...fairlock.Option) (*fairlock.Client, error)
 	// Admin is a go-redis client of the same Redis, for the suite's own
 	// reads and writes.
 	Admin redis.UniversalClient
@@ -34,6 +34,8 @@ type Target struct {
 	Cluster bool
 	// Mini: the Redis is miniredis (which has no command statistics).
 	Mini bool
+	// Replicas: the Redis has this many replicas (a Sentinel set's).
+	Replicas int
 	// Functions: the server has FCALL (Redis 7.0 or later, Valkey), so
 	// the client must run the engine's scripts as functions.
 	Functions bool
@@ -58,6 +60,7 @@ func Run(t *testing.T, tg Target) {
 		{"ManyWaiters", manyWaiters},
 		{"CloseHandsOn", closeHandsOn},
 		{"ScriptPath", scriptPath},
+		{"ReplicaAck", replicaAck},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, tg) })
 	}
@@ -73,7 +76,10 @@ func newTag() string { return rand.Text()[:10] }
 
 func open(t testing.TB, tg Target, opts ...fairlock.Option) *fairlock.Client {
 	t.Helper()
-	c := tg.Open(t, opts...)
+	c, err := tg.Open(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -486,7 +492,10 @@ func manyWaiters(t *testing.T, tg Target) {
 // is granted at once.
 func closeHandsOn(t *testing.T, tg Target) {
 	ctx := ctxFor(t, 20*time.Second)
-	c := tg.Open(t)
+	c, err := tg.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
 	other := open(t, tg)
 	n := name(t, newTag(), "")
 	req := fairlock.Request{Name: n, Capacity: 1, Permits: 1}
@@ -507,6 +516,39 @@ func closeHandsOn(t *testing.T, tg Target) {
 	}
 	if err := <-got; err != nil {
 		t.Fatalf("waiter after Close: %v", err)
+	}
+}
+
+// WithReplicaAck waits for the replica on every write: on a Sentinel set
+// a lease is granted and released with the replica's acknowledgement. On
+// a Cluster New refuses it (a script and its WAIT cannot share a
+// connection there).
+func replicaAck(t *testing.T, tg Target) {
+	ack := fairlock.WithReplicaAck(1, 2*time.Second)
+	if tg.Cluster {
+		if c, err := tg.Open(ack); !errors.Is(err, fairlock.ErrInvalidArgument) {
+			if c != nil {
+				_ = c.Close()
+			}
+			t.Fatalf("New with WithReplicaAck on a Cluster = %v, want ErrInvalidArgument", err)
+		}
+		return
+	}
+	if tg.Replicas == 0 {
+		t.Skip("no replica")
+	}
+	ctx := ctxFor(t, 20*time.Second)
+	c := open(t, tg, ack)
+	n := name(t, newTag(), "")
+	req := fairlock.Request{Name: n, Capacity: 1, Permits: 1}
+	for range 3 {
+		l, err := c.Acquire(ctx, req)
+		if err != nil {
+			t.Fatalf("Acquire with replica acks: %v", err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("Release with replica acks: %v", err)
+		}
 	}
 }
 
@@ -573,18 +615,22 @@ func scriptPath(t *testing.T, tg Target) {
 
 // Server is one Redis the suite runs on.
 type Server struct {
-	Addrs   []string // the server's address, or a Cluster's nodes'
-	Cluster bool
-	Mini    bool // miniredis
+	Addrs []string // the server's address, a Cluster's nodes', or a Sentinel set's sentinels'
+	// MasterName is the master's name for the sentinels; "" but for a
+	// Sentinel set.
+	MasterName string
+	Cluster    bool
+	Mini       bool // miniredis
 }
 
 // Dial returns how to open fairlock Clients on s through the client under
 // test (the suite closes each), or skips t when that client cannot speak
 // to s.
-type Dial func(t *testing.T, s Server) func(t testing.TB, opts ...fairlock.Option) *fairlock.Client
+type Dial func(t *testing.T, s Server) func(opts ...fairlock.Option) (*fairlock.Client, error)
 
 // RunAll runs the suite through dial on miniredis, on the real server
-// (internal/redistest's) and on a three-node Cluster of its build.
+// (internal/redistest's), on a Sentinel set (a master, a replica, three
+// sentinels) and on a three-node Cluster of its build.
 func RunAll(t *testing.T, dial Dial) {
 	t.Run("miniredis", func(t *testing.T) {
 		b := redistest.Mini(t)
@@ -599,6 +645,19 @@ func RunAll(t *testing.T, dial Dial) {
 		admin := redis.NewClient(&redis.Options{Addr: b.Addr})
 		defer admin.Close()
 		Run(t, Target{Open: open, Admin: admin, Functions: hasFunctions()})
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		redistest.RealBackend(t)
+		redistest.Long(t)
+		set, err := redisserver.StartSentinel(time.Minute)
+		if err != nil {
+			t.Fatalf("starting the Sentinel set: %v", err)
+		}
+		defer set.Stop()
+		open := dial(t, Server{Addrs: set.SentinelAddrs(), MasterName: redisserver.MasterName})
+		admin := redis.NewClient(&redis.Options{Addr: set.Master.Addr})
+		defer admin.Close()
+		Run(t, Target{Open: open, Admin: admin, Functions: hasFunctions(), Replicas: 1})
 	})
 	t.Run("cluster", func(t *testing.T) {
 		redistest.RealBackend(t)
