@@ -191,3 +191,37 @@ func (e *evalCode) on(ctx context.Context, b Backend, keys []string, args ...str
 		return result{v, err}
 	}, keys, args)
 }
+
+// A Subscriber is a Backend that can subscribe to a pub/sub channel:
+// package election's Observe needs one. The go-redis, rueidis and
+// valkey-go Backends are Subscribers.
+type Subscriber interface {
+	// Subscribe returns a subscription to channel. It may subscribe at
+	// its first Receive.
+	Subscribe(ctx context.Context, channel string) (Subscription, error)
+}
+
+// A Subscription receives the messages of one pub/sub channel on a
+// connection of its own.
+type Subscription interface {
+	// Receive waits up to timeout for the next event and returns it: a
+	// message's payload, or subscribed true when the subscription was made
+	// or made again (messages published while it was not were missed). It
+	// returns ok false when the timeout passed with neither (having made
+	// sure the connection still answers), and an error when the connection
+	// failed: the next Receive subscribes again. A Receive blocked when
+	// ctx ends returns at once.
+	Receive(ctx context.Context, timeout time.Duration) (payload string, subscribed, ok bool, err error)
+	// Close ends the subscription and any Receive blocked on it.
+	Close() error
+}
+
+// subscribe returns a subscription to channel through c's Backend, or an
+// error matching errors.ErrUnsupported when it cannot subscribe.
+func (c *Client) subscribe(ctx context.Context, channel string) (Subscription, error) {
+	s, ok := c.b.(Subscriber)
+	if !ok || !c.canSubscribe() {
+		return nil, fmt.Errorf("%w: %T cannot subscribe", errors.ErrUnsupported, c.client())
+	}
+	return s.Subscribe(ctx, channel)
+}

@@ -64,6 +64,9 @@ type Client struct {
 	// The lease and waiter TTLs as script arguments, rendered once.
 	leaseMs, waiterMs string
 	done              chan struct{} // closed by Close
+	// closing ends when done closes: the context of the blocking reads.
+	closing    context.Context
+	closeReads context.CancelFunc
 
 	mu          sync.Mutex
 	closed      bool
@@ -141,6 +144,7 @@ func newClient(b Backend, rdb RedisClient, opts []Option) (*Client, error) {
 		renewals:  make(map[string]*renewQueue),
 		listeners: make(map[string][]*listener),
 	}
+	c.closing, c.closeReads = context.WithCancel(context.Background())
 	c.tasksDone = sync.NewCond(&c.mu)
 	return c, nil
 }

@@ -104,6 +104,7 @@ func (c *Client) shutdown(ctx context.Context, release bool) error {
 		c.shut = s
 		c.closed = true
 		close(c.done) // blocked waits leave their queues
+		c.closeReads()
 		var listening []*listener
 		for _, ls := range c.listeners {
 			listening = append(listening, ls...)

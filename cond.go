@@ -212,7 +212,7 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release opCall, until
 		c.withdraw(ctx, cp, fresh)
 	}
 	o, ok := c.call(ctx, c.runner(release), func(o outcome) {
-		if _, err := c.released(p, o.res); transient(err) {
+		if _, err := c.released(p, o.res); transient(err) || cutShort(err) {
 			c.resendLater(release, p, until)
 		}
 	})

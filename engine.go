@@ -12,7 +12,14 @@ import (
 // need no exported hook of the engine's and run no script of their own.
 func init() {
 	engine.Validate = func(c any, req any) error { return c.(*Client).validate(req.(Request)) }
-	engine.Redis = func(c any) any { return c.(*Client).client() }
+	engine.Subscribe = func(ctx context.Context, c any, channel string) (any, error) {
+		s, err := c.(*Client).subscribe(ctx, channel)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+	engine.CanSubscribe = func(c any) bool { return c.(*Client).canSubscribe() }
 	engine.CondWait = func(ctx context.Context, lease any, cond string) (any, error) {
 		l, err := lease.(*Lease).condWait(ctx, cond)
 		if l == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -104,6 +105,56 @@ func (c *Client) client() any {
 	}
 	return c.b
 }
+
+// pubsuber is a go-redis client that can subscribe: *redis.Client and
+// *redis.ClusterClient.
+type pubsuber interface {
+	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
+}
+
+// canSubscribe reports whether c's Backend can subscribe to a channel.
+func (c *Client) canSubscribe() bool {
+	if g, ok := c.b.(*goRedis); ok {
+		_, ok = g.rdb.(pubsuber)
+		return ok
+	}
+	_, ok := c.b.(Subscriber)
+	return ok
+}
+
+func (g *goRedis) Subscribe(ctx context.Context, channel string) (Subscription, error) {
+	ps, ok := g.rdb.(pubsuber)
+	if !ok {
+		return nil, fmt.Errorf("%w: %T cannot subscribe", errors.ErrUnsupported, g.rdb)
+	}
+	return goRedisSub{ps.Subscribe(ctx, channel)}, nil
+}
+
+// goRedisSub is a go-redis PubSub as a Subscription. go-redis reconnects
+// and subscribes again by itself, and says so with a subscription message.
+type goRedisSub struct{ ps *redis.PubSub }
+
+func (s goRedisSub) Receive(ctx context.Context, timeout time.Duration) (string, bool, bool, error) {
+	msg, err := s.ps.ReceiveTimeout(ctx, timeout)
+	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() && ctx.Err() == nil {
+			// Silence: a dead connection fails here or at the next read.
+			_ = s.ps.Ping(ctx)
+			return "", false, false, nil
+		}
+		return "", false, false, err
+	}
+	switch m := msg.(type) {
+	case *redis.Subscription:
+		return "", m.Kind == "subscribe", m.Kind == "subscribe", nil
+	case *redis.Message:
+		return m.Payload, false, true, nil
+	}
+	return "", false, false, nil // a PING's answer
+}
+
+func (s goRedisSub) Close() error { return s.ps.Close() }
 
 // pipeliner is what ScriptWait needs of a client besides RedisClient: a
 // pipeline, whose commands share one connection, so that WAIT covers the

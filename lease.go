@@ -293,8 +293,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	rel := l.p.releaseCall(opRelease, l.ticket, l.c, l.announced, l.tokens)
 	until := l.expiresBy()
 	o, ok := l.c.call(ctx, l.c.runner(rel), func(o outcome) {
-		if _, err := l.c.released(l.p, o.res); transient(err) { // hands on work the script left
-			// The release did not reach Redis: send it again.
+		if _, err := l.c.released(l.p, o.res); transient(err) || cutShort(err) { // hands on work the script left
+			// The release did not reach Redis, or the caller's context
+			// ended before it was sent: send it again.
 			l.c.resendLater(rel, l.p, until)
 		}
 	})

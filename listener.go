@@ -327,15 +327,22 @@ const drainBatch = 128
 // true: there is nothing to drain); where it does not (Redis 6.2,
 // miniredis), the client falls back to BLPOP for good, one entry, which
 // drain follows.
+//
+// The read's context ends a waiter TTL after its timeout, or when c
+// closes: a client that gives a blocking read no deadline of its own
+// (rueidis, valkey-go) cannot hang on a Redis that stopped answering, nor
+// keep Close waiting for it.
 func (c *Client) blockingPop(blk Backend, keys []string) (key string, vals []string, many bool, err error) {
+	ctx, cancel := context.WithTimeout(c.closing, listenTimeout+c.cfg.waiterTTL)
+	defer cancel()
 	if !c.noBLMPop.Load() {
-		key, vals, err = blk.BlockingPop(context.Background(), listenTimeout, drainBatch, keys)
+		key, vals, err = blk.BlockingPop(ctx, listenTimeout, drainBatch, keys)
 		if err == nil || !unsupported(err) {
 			return key, vals, true, err
 		}
 		c.noBLMPop.Store(true)
 	}
-	key, vals, err = blk.BlockingPop(context.Background(), listenTimeout, 0, keys)
+	key, vals, err = blk.BlockingPop(ctx, listenTimeout, 0, keys)
 	return key, vals, false, err
 }
 

@@ -204,3 +204,72 @@ func TestGoRedisStaysAtTheEdge(t *testing.T) {
 		}
 	}
 }
+
+// redisClientLibs are the Go Redis client libraries a Backend wraps.
+var redisClientLibs = []string{
+	"github.com/redis/go-redis/", "github.com/redis/rueidis", "github.com/valkey-io/valkey-go",
+	"github.com/gomodule/redigo", "github.com/mediocregopher/radix",
+}
+
+// mayImportClients are the places of the repository that may import a
+// Redis client library: the Backends (go-redis's in the root package's
+// goRedisFiles, with its test hook internal/listenhook; the rueidis and
+// valkey-go modules), the programs (they choose their client), and the
+// test harness. The library's packages (the root's other files,
+// semaphore, multilock, election, fairlockotel, internal/engine) reach
+// Redis through a Backend only.
+var mayImportClients = []string{
+	"fairlockrueidis/", "fairlockvalkey/", "internal/listenhook/",
+	"cmd/", "examples/", "bench/",
+	"internal/conformance/", "internal/faulttest/", "internal/fltest/", "internal/halfrun/",
+	"internal/redisserver/", "internal/redistest/", "internal/robustness/",
+}
+
+// No file of the repository outside mayImportClients (and goRedisFiles)
+// imports a Redis client library; the walk also finds that the library's
+// packages are there to check.
+func TestRedisClientsOnlyInBackends(t *testing.T) {
+	fset := token.NewFileSet()
+	checked := map[string]bool{}
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") || goRedisFiles[path] {
+			return nil
+		}
+		for _, p := range mayImportClients {
+			if strings.HasPrefix(path, p) {
+				return nil
+			}
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		checked[filepath.Dir(path)] = true
+		for _, imp := range f.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			for _, lib := range redisClientLibs {
+				if strings.HasPrefix(p, lib) {
+					t.Errorf("%s imports %s: outside a Backend, the library speaks to Redis through fairlock.Backend", path, p)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{".", "semaphore", "multilock", "election", "fairlockotel", "internal/engine"} {
+		if !checked[dir] {
+			t.Errorf("%s was not checked: the walk is broken", dir)
+		}
+	}
+}

@@ -37,6 +37,13 @@ func transient(err error) bool {
 		errors.Is(err, context.DeadlineExceeded)
 }
 
+// cutShort reports whether err is a context's: a call cut short by its
+// caller's context, which may not have been sent at all (go-redis checks
+// the context before it sends).
+func cutShort(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
 // Resends back off from resendFirst, doubling up to resendMost, with
 // jitter.
 const (

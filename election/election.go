@@ -11,7 +11,6 @@ import (
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/engine"
-	"github.com/redis/go-redis/v9"
 )
 
 var (
@@ -20,31 +19,22 @@ var (
 	// not yet recorded its value (Campaign has not returned).
 	ErrNoLeader = errors.New("election: no leader")
 
-	// ErrNotSubscriber is returned by [New] for a Redis client that cannot
-	// subscribe to pub/sub channels, which [Election.Observe] needs.
+	// ErrNotSubscriber is returned by [New] for a Client whose Redis
+	// client cannot subscribe to pub/sub channels, which
+	// [Election.Observe] needs (a Backend that is not a
+	// [fairlock.Subscriber], or a wrapper of a go-redis client without
+	// Subscribe).
 	ErrNotSubscriber = errors.New("election: redis client cannot subscribe")
 )
 
 // MaxValueLen is the longest value, in bytes, a candidate may campaign with.
 const MaxValueLen = 4096
 
-// subscriber is the part of a go-redis client Observe uses. *redis.Client
-// and *redis.ClusterClient have it.
-type subscriber interface {
-	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
-}
-
-var (
-	_ subscriber = (*redis.Client)(nil)
-	_ subscriber = (*redis.ClusterClient)(nil)
-)
-
 // Election is a named election kept in Redis by a [fairlock.Client]. It
 // holds no per-campaign state, is safe for concurrent use, and is cheap:
 // it may be created per call.
 type Election struct {
 	c       *fairlock.Client
-	sub     subscriber
 	name    string
 	channel string        // where changes are published
 	ttl     time.Duration // the lease TTL; the record lasts twice as long
@@ -73,12 +63,10 @@ func New(c *fairlock.Client, name string) (*Election, error) {
 	if err != nil {
 		return nil, e.errorf("new", "%w", err)
 	}
-	rdb := engine.Redis(c)
-	sub, ok := rdb.(subscriber)
-	if !ok {
-		return nil, e.errorf("new", "%w: %T", ErrNotSubscriber, rdb)
+	if !engine.CanSubscribe(c) {
+		return nil, e.errorf("new", "%w: %s", ErrNotSubscriber, "its Redis client has no pub/sub")
 	}
-	e.sub, e.channel, e.ttl = sub, channel, c.LeaseTTL()
+	e.channel, e.ttl = channel, c.LeaseTTL()
 	return e, nil
 }
 

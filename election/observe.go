@@ -3,12 +3,12 @@ package election
 import (
 	"context"
 	"errors"
-	"net"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/engine"
 )
 
 // healthEvery is how long an observer's subscription may stay silent
@@ -28,8 +28,8 @@ const healthEvery = 30 * time.Second
 //
 // Mechanism: Observe subscribes to the election's pub/sub channel, where
 // a new leader's Campaign and a Resign publish in the same script that
-// changes the record. After every subscription and resubscription (go-redis
-// reconnects and subscribes again after a lost connection) it reads the
+// changes the record. After every subscription and resubscription (the
+// client reconnects and subscribes again after a lost connection) it reads the
 // leader with [Election.Leader] and delivers it if it changed, so an
 // observer that was disconnected, or that subscribed after a change, still
 // delivers the latest leader; the changes it missed in between are not
@@ -47,14 +47,19 @@ const healthEvery = 30 * time.Second
 // when ctx ends.
 func (e *Election) Observe(ctx context.Context) <-chan Info {
 	ch := make(chan Info)
-	ps := e.sub.Subscribe(ctx, e.channel)
-	stop := context.AfterFunc(ctx, func() { _ = ps.Close() }) // ends a blocked Receive
+	s, err := engine.Subscribe(ctx, e.c, e.channel)
+	if err != nil { // (New checked that the client can subscribe)
+		close(ch)
+		return ch
+	}
+	sub := s.(fairlock.Subscription)
+	stop := context.AfterFunc(ctx, func() { _ = sub.Close() }) // ends a blocked Receive
 	go func() {
 		defer close(ch)
 		defer stop()
-		defer ps.Close()
+		defer sub.Close()
 		o := observer{e: e, ch: ch}
-		o.run(ctx, ps)
+		o.run(ctx, sub)
 	}()
 	return ch
 }
@@ -67,7 +72,7 @@ type observer struct {
 	newest int64 // the highest term delivered
 }
 
-func (o *observer) run(ctx context.Context, ps *redis.PubSub) {
+func (o *observer) run(ctx context.Context, sub fairlock.Subscription) {
 	retry := time.NewTimer(0)
 	<-retry.C
 	backoff := 50 * time.Millisecond
@@ -100,39 +105,34 @@ func (o *observer) run(ctx context.Context, ps *redis.PubSub) {
 				return
 			}
 		}
-		msg, err := ps.ReceiveTimeout(ctx, healthEvery)
+		payload, subscribed, ok, err := sub.Receive(ctx, healthEvery)
 		if ctx.Err() != nil {
 			return
 		}
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				_ = ps.Ping(ctx) // a dead connection fails here or at the next read
-				continue
-			}
-			// go-redis dials and subscribes again on the next Receive.
+			// The subscription subscribes again on the next Receive.
 			if !wait() {
 				return
 			}
 			continue
 		}
+		if !ok { // silence, the connection checked
+			continue
+		}
 		backoff = 50 * time.Millisecond
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			if m.Kind == "subscribe" {
-				resync = true
-			}
-		case *redis.Message:
-			info, ok := parse(m.Payload)
-			if !ok || info.Term == 0 {
-				// A resignation: whether a successor took office at once
-				// is in the record.
-				resync = true
-				continue
-			}
-			if !o.deliver(ctx, info) {
-				return
-			}
+		if subscribed {
+			resync = true
+			continue
+		}
+		info, ok := parse(payload)
+		if !ok || info.Term == 0 {
+			// A resignation: whether a successor took office at once
+			// is in the record.
+			resync = true
+			continue
+		}
+		if !o.deliver(ctx, info) {
+			return
 		}
 	}
 }

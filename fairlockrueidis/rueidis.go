@@ -15,8 +15,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/fairlock/fairlock"
@@ -64,37 +69,77 @@ func (b backend) script(s fairlock.Script) (cmd rueidis.Completed, err error) {
 	return b.rdb.B().Arbitrary(name, s.Name, strconv.Itoa(len(s.Keys))).Keys(s.Keys...).Args(s.Args...).Build(), nil
 }
 
+// maxResends is how many times a script lost on its way (its connection
+// closed under it) is sent again at once, as go-redis does by default
+// (MaxRetries 3): rueidis sends nothing twice by itself. The engine's
+// scripts may run twice (a resent call finds what the first run did).
+const maxResends = 3
+
 func (b backend) Script(ctx context.Context, s fairlock.Script) (any, error) {
-	cmd, err := b.script(s)
-	if err != nil {
-		return nil, err
+	for attempt := 0; ; attempt++ {
+		cmd, err := b.script(s) // rueidis recycles a command once sent
+		if err != nil {
+			return nil, err
+		}
+		v, err := value(b.rdb.Do(ctx, cmd))
+		if attempt == maxResends || !lostOnTheWay(ctx, err) {
+			return v, err
+		}
 	}
-	return value(b.rdb.Do(ctx, cmd))
+}
+
+// lostOnTheWay reports whether err says the command's connection closed
+// under it (the server restarted, killed the client, or a proxy cut it),
+// or ended while ctx still runs: rueidis dials once for every caller
+// waiting for a connection, under the first one's context, so another
+// caller's deadline can end a dial this command waited for. Sending it
+// again may land.
+func lostOnTheWay(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil {
+		return false
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return false // ctx's own deadline, a moment before ctx says so
+	}
+	var ne net.Error
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) || errors.As(err, &ne) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
 func (b backend) ScriptWait(ctx context.Context, s fairlock.Script, replicas int, timeout time.Duration) (any, int64, error, error) {
-	cmd, err := b.script(s)
-	if err != nil {
-		return nil, 0, err, err
+	for attempt := 0; ; attempt++ {
+		cmd, err := b.script(s)
+		if err != nil {
+			return nil, 0, err, err
+		}
+		// WAIT blocks, so rueidis sends the pair on a dedicated connection.
+		wait := b.rdb.B().Wait().Numreplicas(int64(replicas)).Timeout(timeout.Milliseconds()).Build()
+		res := b.rdb.DoMulti(ctx, cmd, wait)
+		v, err := value(res[0])
+		if attempt < maxResends && lostOnTheWay(ctx, err) {
+			continue
+		}
+		waitErr := errOf(res[1])
+		var acked int64
+		if waitErr == nil {
+			acked, waitErr = res[1].AsInt64()
+		}
+		return v, acked, err, waitErr
 	}
-	// WAIT blocks, so rueidis sends the pair on a dedicated connection.
-	wait := b.rdb.B().Wait().Numreplicas(int64(replicas)).Timeout(timeout.Milliseconds()).Build()
-	res := b.rdb.DoMulti(ctx, cmd, wait)
-	v, err := value(res[0])
-	acked, waitErr := res[1].AsInt64()
-	return v, acked, err, fromClient(waitErr)
 }
 
 func (b backend) LoadLibrary(ctx context.Context, code string) error {
 	if b.rdb.Mode() != rueidis.ClientModeCluster {
-		return loaded(b.rdb.Do(ctx, b.rdb.B().FunctionLoad().FunctionCode(code).Build()).Error())
+		return loaded(errOf(b.rdb.Do(ctx, b.rdb.B().FunctionLoad().FunctionCode(code).Build())))
 	}
 	// Every node rueidis knows; a replica refuses the write (READONLY),
 	// which leaves it to its primary.
 	var errs []error
 	for _, node := range b.rdb.Nodes() {
-		err := loaded(node.Do(ctx, node.B().FunctionLoad().FunctionCode(code).Build()).Error())
-		if msg, ok := reply(err); ok && strings.HasPrefix(msg, "READONLY") {
+		err := loaded(errOf(node.Do(ctx, node.B().FunctionLoad().FunctionCode(code).Build())))
+		var rerr *fairlock.ReplyError
+		if errors.As(err, &rerr) && strings.HasPrefix(rerr.Reply, "READONLY") {
 			continue
 		}
 		errs = append(errs, err)
@@ -107,24 +152,33 @@ func loaded(err error) error {
 	if err != nil && strings.Contains(err.Error(), "already exists") {
 		return nil
 	}
-	return fromClient(err)
+	return err
 }
 
 func (b backend) BlockingPop(ctx context.Context, timeout time.Duration, count int, keys []string) (string, []string, error) {
 	if count > 0 {
 		cmd := b.rdb.B().Blmpop().Timeout(timeout.Seconds()).Numkeys(int64(len(keys))).Key(keys...).Left().Count(int64(count)).Build()
-		kv, err := b.rdb.Do(ctx, cmd).AsLMPop()
+		res := b.rdb.Do(ctx, cmd)
+		if err := errOf(res); err != nil {
+			if rueidis.IsRedisNil(err) {
+				return "", nil, nil
+			}
+			return "", nil, err
+		}
+		kv, err := res.AsLMPop()
+		return kv.Key, kv.Values, err
+	}
+	res := b.rdb.Do(ctx, b.rdb.B().Blpop().Key(keys...).Timeout(timeout.Seconds()).Build())
+	if err := errOf(res); err != nil {
 		if rueidis.IsRedisNil(err) {
 			return "", nil, nil
 		}
-		return kv.Key, kv.Values, fromClient(err)
+		return "", nil, err
 	}
-	got, err := b.rdb.Do(ctx, b.rdb.B().Blpop().Key(keys...).Timeout(timeout.Seconds()).Build()).AsStrSlice()
+	got, err := res.AsStrSlice()
 	switch {
-	case rueidis.IsRedisNil(err):
-		return "", nil, nil
 	case err != nil:
-		return "", nil, fromClient(err)
+		return "", nil, err
 	case len(got) != 2:
 		return "", nil, fmt.Errorf("%w: BLPOP replied %q", fairlock.ErrRedis, got)
 	}
@@ -132,11 +186,14 @@ func (b backend) BlockingPop(ctx context.Context, timeout time.Duration, count i
 }
 
 func (b backend) Pop(ctx context.Context, key string, count int) ([]string, error) {
-	got, err := b.rdb.Do(ctx, b.rdb.B().Lpop().Key(key).Count(int64(count)).Build()).AsStrSlice()
-	if rueidis.IsRedisNil(err) {
-		return nil, nil
+	res := b.rdb.Do(ctx, b.rdb.B().Lpop().Key(key).Count(int64(count)).Build())
+	if err := errOf(res); err != nil {
+		if rueidis.IsRedisNil(err) {
+			return nil, nil
+		}
+		return nil, err
 	}
-	return got, fromClient(err)
+	return res.AsStrSlice()
 }
 
 // Blocking returns b itself: rueidis sends blocking commands on
@@ -145,13 +202,13 @@ func (b backend) Blocking() (fairlock.Backend, func() error, error) { return b, 
 
 // value returns a reply as fairlock reads it: nil, int64, string or []any.
 func value(res rueidis.RedisResult) (any, error) {
-	msg, err := res.ToMessage()
-	if err != nil {
+	if err := errOf(res); err != nil {
 		if rueidis.IsRedisNil(err) {
 			return nil, nil
 		}
-		return nil, fromClient(err)
+		return nil, err
 	}
+	msg, _ := res.ToMessage()
 	return plain(msg)
 }
 
@@ -184,34 +241,150 @@ func plain(m rueidis.RedisMessage) (any, error) {
 		return out, nil
 	}
 	if err := m.Error(); err != nil {
-		return nil, fromClient(err)
+		raw, _ := m.ToString()
+		return nil, &fairlock.ReplyError{Reply: raw, Err: err}
 	}
 	return m.ToAny()
 }
 
-// fromClient returns err, from rueidis, as fairlock reads it: a Redis
-// error reply as a *fairlock.ReplyError with the server's words, the rest
-// as it is.
-func fromClient(err error) error {
-	msg, ok := reply(err)
-	if !ok {
+// errOf returns res's error as fairlock reads it: a Redis error reply as
+// a *fairlock.ReplyError holding the reply as Redis sent it (rueidis's
+// own error drops a leading "ERR "), rueidis.Nil for a nil reply, the
+// rest (a connection's, a context's) as rueidis returned it.
+func errOf(res rueidis.RedisResult) error {
+	msg, err := res.ToMessage()
+	if _, ok := rueidis.IsRedisErr(err); !ok {
 		return err
 	}
-	return &fairlock.ReplyError{Reply: msg, Err: err}
+	raw, _ := msg.ToString()
+	if raw == "" {
+		raw = err.Error()
+	}
+	return &fairlock.ReplyError{Reply: raw, Err: err}
 }
 
-// reply returns the server's words of err, a Redis error reply. rueidis
-// drops the "ERR " that begins a generic error; reply puts it back, so a
-// reply reads as Redis sent it: an error code (an upper-case word:
-// WRONGTYPE, MOVED, NOSCRIPT, FAIRLOCK_CAPACITY...) begins every other.
-func reply(err error) (string, bool) {
-	var rerr *rueidis.RedisError
-	if err == nil || !errors.As(err, &rerr) || rerr.IsNil() {
-		return "", false
+// Subscribe returns a subscription to channel on a dedicated connection
+// of rdb's, made at the first Receive and made again after it fails.
+func (b backend) Subscribe(ctx context.Context, channel string) (fairlock.Subscription, error) {
+	return &subscription{rdb: b.rdb, channel: channel, events: make(chan subEvent, subBuffer), closed: make(chan struct{})}, nil
+}
+
+// subBuffer bounds the events a subscription holds for its reader. Past
+// it, the messages are dropped and the reader is told to read the state
+// afresh, as after a resubscription.
+const subBuffer = 64
+
+type subEvent struct {
+	payload    string
+	subscribed bool
+}
+
+type subscription struct {
+	rdb     rueidis.Client
+	channel string
+	events  chan subEvent
+	closed  chan struct{}
+
+	mu     sync.Mutex
+	done   bool
+	conn   rueidis.DedicatedClient
+	cancel func()       // gives conn back
+	lost   <-chan error // closed when conn's hooks will not be called again
+	missed atomic.Bool  // events were dropped since the reader last heard
+}
+
+func (s *subscription) push(e subEvent) {
+	select {
+	case s.events <- e:
+	default:
+		s.missed.Store(true)
 	}
-	msg := rerr.Error()
-	if code, _, _ := strings.Cut(msg, " "); code == "" || strings.ToUpper(code) != code || strings.ContainsAny(code, ":.") {
-		msg = "ERR " + msg
+}
+
+// connect subscribes on a dedicated connection; the subscription's
+// confirmation arrives as an event.
+func (s *subscription) connect(ctx context.Context) (<-chan error, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return nil, errors.New("fairlock: subscription closed")
 	}
-	return msg, true
+	if s.conn != nil {
+		return s.lost, nil
+	}
+	conn, cancel := s.rdb.Dedicate()
+	lost := conn.SetPubSubHooks(rueidis.PubSubHooks{
+		OnMessage: func(m rueidis.PubSubMessage) { s.push(subEvent{payload: m.Message}) },
+		OnSubscription: func(m rueidis.PubSubSubscription) {
+			if m.Kind == "subscribe" {
+				s.push(subEvent{subscribed: true})
+			}
+		},
+	})
+	if err := errOf(conn.Do(ctx, conn.B().Subscribe().Channel(s.channel).Build())); err != nil {
+		cancel()
+		return nil, err
+	}
+	s.conn, s.cancel, s.lost = conn, cancel, lost
+	return lost, nil
+}
+
+// drop gives back the connection that failed, so that the next Receive
+// subscribes on another.
+func (s *subscription) drop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.conn, s.cancel, s.lost = nil, nil, nil
+}
+
+func (s *subscription) Receive(ctx context.Context, timeout time.Duration) (string, bool, bool, error) {
+	lost, err := s.connect(ctx)
+	if err != nil {
+		return "", false, false, err
+	}
+	if s.missed.Swap(false) {
+		return "", true, true, nil
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case e := <-s.events:
+		return e.payload, e.subscribed, true, nil
+	case err, ok := <-lost:
+		s.drop()
+		if !ok || err == nil {
+			err = errors.New("fairlock: subscription's connection lost")
+		}
+		return "", false, false, err
+	case <-t.C:
+		// Silence: make sure the connection still answers.
+		s.mu.Lock()
+		conn := s.conn
+		s.mu.Unlock()
+		if conn != nil {
+			if err := errOf(conn.Do(ctx, conn.B().Ping().Build())); err != nil && ctx.Err() == nil {
+				s.drop()
+				return "", false, false, err
+			}
+		}
+		return "", false, false, nil
+	case <-ctx.Done():
+		return "", false, false, ctx.Err()
+	case <-s.closed:
+		return "", false, false, errors.New("fairlock: subscription closed")
+	}
+}
+
+func (s *subscription) Close() error {
+	s.mu.Lock()
+	if !s.done {
+		s.done = true
+		close(s.closed)
+	}
+	s.mu.Unlock()
+	s.drop()
+	return nil
 }

@@ -1,11 +1,9 @@
 package fairlockrueidis_test
 
 import (
-	"errors"
 	"testing"
 
 	"github.com/fairlock/fairlock"
-	"github.com/fairlock/fairlock/election"
 	"github.com/fairlock/fairlock/fairlockrueidis"
 	"github.com/fairlock/fairlock/internal/conformance"
 	"github.com/fairlock/fairlock/internal/redistest"
@@ -34,23 +32,4 @@ func TestConformance(t *testing.T) {
 		t.Cleanup(rdb.Close)
 		return func(opts ...fairlock.Option) (*fairlock.Client, error) { return fairlockrueidis.New(rdb, opts...) }
 	})
-}
-
-// An election needs go-redis's Pub/Sub for now: on a rueidis client New
-// says so, rather than failing later.
-func TestElectionRefused(t *testing.T) {
-	b := redistest.Mini(t)
-	rdb, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{b.Addr}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rdb.Close()
-	c, err := fairlockrueidis.New(rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := election.New(c, "leader"); !errors.Is(err, election.ErrNotSubscriber) {
-		t.Fatalf("election.New = %v, want ErrNotSubscriber", err)
-	}
 }

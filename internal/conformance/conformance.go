@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/election"
 	"github.com/fairlock/fairlock/internal/redisserver"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -61,6 +62,9 @@ func Run(t *testing.T, tg Target) {
 		{"CloseHandsOn", closeHandsOn},
 		{"ScriptPath", scriptPath},
 		{"ReplicaAck", replicaAck},
+		{"Election", electionObserved},
+		{"ConnectionsKilled", connectionsKilled},
+		{"ReleaseCancelled", releaseCancelled},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, tg) })
 	}
@@ -552,6 +556,176 @@ func replicaAck(t *testing.T, tg Target) {
 	}
 }
 
+// An observer of an election, on one process, hears each leader another
+// process's candidates take office as, and the resignation between: the
+// Backend's pub/sub carries the changes.
+func electionObserved(t *testing.T, tg Target) {
+	ctx := ctxFor(t, 30*time.Second)
+	watcher, candidates := open(t, tg), open(t, tg)
+	n := name(t, newTag(), "")
+	watch, err := election.New(watcher, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := election.New(candidates, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	octx, stop := context.WithCancel(ctx)
+	defer stop()
+	seen := watch.Observe(octx)
+	next := func(what string) election.Info {
+		t.Helper()
+		select {
+		case info, ok := <-seen:
+			if !ok {
+				t.Fatalf("Observe's channel closed, waiting for %s", what)
+			}
+			return info
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		return election.Info{}
+	}
+	for _, value := range []string{"first", "second"} {
+		l, err := run.Campaign(ctx, value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The observer may deliver "no leader" first, if it subscribed
+		// before any leader; then the leader.
+		info := next("the leader " + value)
+		if info.Term == 0 {
+			info = next("the leader " + value)
+		}
+		if info.Value != value || info.Term != l.Term() {
+			t.Fatalf("observed %+v, want %q in term %d", info, value, l.Term())
+		}
+		if err := l.Resign(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if info := next("the resignation"); info.Term != 0 {
+			t.Fatalf("observed %+v after the resignation, want no leader", info)
+		}
+	}
+}
+
+// When Redis closes the client's connections (a restart, its idle
+// timeout, a proxy, CLIENT KILL), the next calls still succeed, as they
+// do on go-redis, which sends a command again on a connection closed
+// under it; and a call whose context is fine succeeds beside one whose
+// deadline ends while both wait for the new connection.
+func connectionsKilled(t *testing.T, tg Target) {
+	if tg.Mini {
+		t.Skip("miniredis has no CLIENT KILL")
+	}
+	ctx := ctxFor(t, 60*time.Second)
+	c := open(t, tg)
+	n := name(t, newTag(), "")
+	kill := func() {
+		do := func(ctx context.Context, rdb *redis.Client) error {
+			return rdb.Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err()
+		}
+		var err error
+		switch a := tg.Admin.(type) {
+		case *redis.ClusterClient:
+			err = a.ForEachMaster(ctx, do)
+		case *redis.Client:
+			err = do(ctx, a)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 20 {
+		kill()
+		l, err := c.Acquire(ctx, fairlock.Request{Name: n, Capacity: 1, Permits: 1})
+		if err != nil {
+			t.Fatalf("round %d: Acquire after the connections were closed: %v", i, err)
+		}
+		kill()
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("round %d: Release after the connections were closed: %v", i, err)
+		}
+	}
+	for i := range 300 {
+		kill()
+		short, cancel := context.WithTimeout(ctx, time.Duration(50+i%50*8)*time.Microsecond)
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			if l, err := c.TryAcquire(short, fairlock.Request{Name: n + ".short", Capacity: 100, Permits: 1}); err == nil {
+				_ = l.Release(ctx)
+			}
+		})
+		l, err := c.TryAcquire(ctx, fairlock.Request{Name: n, Capacity: 100, Permits: 1})
+		wg.Wait()
+		cancel()
+		if err != nil {
+			t.Fatalf("round %d: TryAcquire beside a call whose deadline ended: %v", i, err)
+		}
+		_ = l.Release(ctx)
+	}
+}
+
+// A Release whose context has already ended returns the context's error
+// and releases in the background: the permits come back at once, not
+// at the lease's TTL.
+func releaseCancelled(t *testing.T, tg Target) {
+	c := open(t, tg, fairlock.WithLeaseTTL(time.Minute))
+	n := name(t, newTag(), "")
+	req := fairlock.Request{Name: n, Capacity: 1, Permits: 1}
+	for _, end := range []string{"cancelled", "deadline passed"} {
+		l, err := c.Acquire(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		if end == "deadline passed" {
+			ctx, cancel = context.WithDeadline(context.Background(), time.Now())
+		}
+		cancel()
+		if err := l.Release(ctx); !errors.Is(err, ctx.Err()) {
+			t.Fatalf("Release under a context %s = %v, want its error", end, err)
+		}
+		waitFor(t, "the release sent in the background ("+end+")", func() bool {
+			st, err := c.Status(context.Background(), n)
+			return err == nil && st.Held == 0
+		})
+	}
+}
+
+// Close returns while Redis is stalled (SIGSTOP) and a listener is
+// blocked reading from it: within its bound (a waiter TTL, here 2 s,
+// plus the time to give up on the commands in flight), whatever the
+// client.
+func closeWhenStalled(t *testing.T, open func(...fairlock.Option) (*fairlock.Client, error), srv *redisserver.Server) {
+	c, err := open(fairlock.WithWaiterTTL(2*time.Second), fairlock.WithLeaseTTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := fairlock.Request{Name: "stalled", Capacity: 1, Permits: 1}
+	if _, err := c.Acquire(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithCancel(context.Background())
+	defer wcancel()
+	go func() { _, _ = c.Acquire(wctx, req) }()
+	waitFor(t, "the waiter to queue", func() bool { return queued(t, c, "stalled") == 1 })
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Resume() }()
+	done := make(chan error, 1)
+	go func() { done <- c.Close() }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		_ = srv.Resume()
+		<-done
+		t.Fatal("Close still blocked 15 s after it was called, Redis stalled")
+	}
+}
+
 // On a server with functions the client runs the engine's scripts as
 // functions (FCALL), and through EVALSHA elsewhere.
 func scriptPath(t *testing.T, tg Target) {
@@ -645,6 +819,15 @@ func RunAll(t *testing.T, dial Dial) {
 		admin := redis.NewClient(&redis.Options{Addr: b.Addr})
 		defer admin.Close()
 		Run(t, Target{Open: open, Admin: admin, Functions: hasFunctions()})
+	})
+	t.Run("stalled", func(t *testing.T) {
+		redistest.RealBackend(t)
+		srv, err := redisserver.Start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Stop()
+		closeWhenStalled(t, dial(t, Server{Addrs: []string{srv.Addr}}), srv)
 	})
 	t.Run("sentinel", func(t *testing.T) {
 		redistest.RealBackend(t)

@@ -25,8 +25,11 @@ var (
 	// Validate reports whether req (a fairlock.Request) is a request c
 	// can serve; it contacts no server.
 	Validate func(c any, req any) error
-	// Redis returns the go-redis client c was made with.
-	Redis func(c any) any
+	// Subscribe returns a subscription to channel through c's Backend (a
+	// fairlock.Subscription), or an error matching errors.ErrUnsupported.
+	Subscribe func(ctx context.Context, c any, channel string) (any, error)
+	// CanSubscribe reports whether c's Backend can subscribe.
+	CanSubscribe func(c any) bool
 	// CondWait releases lease (a *fairlock.Lease) and waits on its
 	// semaphore's condition cond, returning the new lease (a
 	// *fairlock.Lease, or nil with the error).
