@@ -380,7 +380,6 @@ func foreignKey(t *testing.T, tg Target) {
 // keysOf returns the keys under hash tag tag.
 func keysOf(t testing.TB, tg Target, tag string) []string {
 	t.Helper()
-	ctx := context.Background()
 	pattern := "*{conf" + tag + "}*"
 	var mu sync.Mutex
 	var keys []string
@@ -391,19 +390,27 @@ func keysOf(t testing.TB, tg Target, tag string) []string {
 		mu.Unlock()
 		return err
 	}
+	onEachMaster(t, tg, scan)
+	return keys
+}
+
+// onEachMaster runs do on the admin client of each master: the server,
+// or every Cluster master at once.
+func onEachMaster(t testing.TB, tg Target, do func(context.Context, *redis.Client) error) {
+	t.Helper()
+	ctx := context.Background()
 	var err error
 	switch a := tg.Admin.(type) {
 	case *redis.ClusterClient:
-		err = a.ForEachMaster(ctx, scan)
+		err = a.ForEachMaster(ctx, do)
 	case *redis.Client:
-		err = scan(ctx, a)
+		err = do(ctx, a)
 	default:
 		t.Fatalf("admin client %T", tg.Admin)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	return keys
 }
 
 // A lease held past several TTLs is kept by its renewals.
@@ -626,16 +633,7 @@ func connectionsKilled(t *testing.T, tg Target) {
 		do := func(ctx context.Context, rdb *redis.Client) error {
 			return rdb.Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err()
 		}
-		var err error
-		switch a := tg.Admin.(type) {
-		case *redis.ClusterClient:
-			err = a.ForEachMaster(ctx, do)
-		case *redis.Client:
-			err = do(ctx, a)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		onEachMaster(t, tg, do)
 	}
 	for i := range 20 {
 		kill()
@@ -755,16 +753,7 @@ func scriptPath(t *testing.T, tg Target) {
 			}
 			return err
 		}
-		var err error
-		switch a := tg.Admin.(type) {
-		case *redis.ClusterClient:
-			err = a.ForEachMaster(ctx, add)
-		case *redis.Client:
-			err = add(ctx, a)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		onEachMaster(t, tg, add)
 		return out
 	}
 	before := calls()
