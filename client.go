@@ -63,10 +63,11 @@ type Client struct {
 	id      string // identifies this client's wake lists; unguessable
 	// The lease and waiter TTLs as script arguments, rendered once.
 	leaseMs, waiterMs string
-	done              chan struct{} // closed by Close
-	// closing ends when done closes: the context of the blocking reads.
-	closing    context.Context
-	closeReads context.CancelFunc
+	// closing ends at Close (closeAll ends it): the context of the
+	// blocking reads; done is its Done channel.
+	closing  context.Context
+	closeAll context.CancelFunc
+	done     <-chan struct{}
 
 	mu          sync.Mutex
 	closed      bool
@@ -137,14 +138,14 @@ func newClient(b Backend, rdb RedisClient, opts []Option) (*Client, error) {
 		id:        id,
 		leaseMs:   msArg(cfg.leaseTTL),
 		waiterMs:  msArg(cfg.waiterTTL),
-		done:      make(chan struct{}),
 		rooms:     make(map[string]*room),
 		leases:    make(map[*Lease]struct{}),
 		pumping:   make(map[string]bool),
 		renewals:  make(map[string]*renewQueue),
 		listeners: make(map[string][]*listener),
 	}
-	c.closing, c.closeReads = context.WithCancel(context.Background())
+	c.closing, c.closeAll = context.WithCancel(context.Background())
+	c.done = c.closing.Done()
 	c.tasksDone = sync.NewCond(&c.mu)
 	return c, nil
 }

@@ -103,8 +103,7 @@ func (c *Client) shutdown(ctx context.Context, release bool) error {
 		s = &closing{release: release, by: time.Now().Add(c.cfg.waiterTTL), done: make(chan struct{})}
 		c.shut = s
 		c.closed = true
-		close(c.done) // blocked waits leave their queues
-		c.closeReads()
+		c.closeAll() // blocked waits leave their queues, blocking reads end
 		var listening []*listener
 		for _, ls := range c.listeners {
 			listening = append(listening, ls...)
