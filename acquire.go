@@ -64,7 +64,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		}
 		sent := time.Now()
 		ticket := w.ticket
-		o, ok := c.call(ctx, c.runner(p.acquireCall(mode, ticket, c)), func(outcome) {
+		o, ok := c.calls.op(ctx, p.acquireCall(mode, ticket, c), func(outcome) {
 			// The script may have queued or granted the ticket after the
 			// caller left, or before its reply was lost.
 			c.cleanUp(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p)
@@ -242,7 +242,7 @@ func (c *Client) letGo(ctx context.Context, oc opCall, p plan) {
 func (c *Client) cleanUp(ctx context.Context, oc opCall, p plan) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
 	defer cancel()
-	res, _ := c.run(ctx, oc)
+	res, _ := c.calls.run(ctx, oc)
 	if _, err := c.released(p, res); transient(err) && !unreachable(err) {
 		// It did not reach Redis: send it again until the ticket would
 		// have been dropped anyway. (A Redis that refuses connections, or
@@ -289,7 +289,7 @@ func (c *Client) pumpLater(p plan) {
 				default:
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
-				res, _ := c.run(ctx, pumpCall(k.list()))
+				res, _ := c.calls.run(ctx, pumpCall(k.list()))
 				cancel()
 				more, err := parsePumpReply(res)
 				if err != nil || !more {

@@ -29,6 +29,13 @@ func goRedisOf(c *Client) RedisClient { return c.b.(*goRedis).rdb }
 // (without the package's half-run checker), for the external tests.
 var NoTransform = noTransform
 
+// SetTestTransform is setTestTransform, for the external tests.
+var SetTestTransform = setTestTransform
+
+// HasTestTransform reports whether the clients made now pass their scripts
+// through a transform by default (setTestTransform).
+func HasTestTransform() bool { return testTransform.Load() != nil }
+
 // renderArgs renders a test's script arguments as the strings Redis
 // receives: strings as they are, integers in decimal.
 func renderArgs(args []any) []string {

@@ -8,6 +8,22 @@ import (
 	"time"
 )
 
+// caller is a client's script call path, the one way its ops reach
+// Redis: run sends an op's script through the Backend (and waits for
+// replicas under WithReplicaAck), call bounds a call by its context and
+// hands what comes after it to clean-up. Everything above it speaks in
+// ops (opCall) and outcomes; nothing else of the client sends a script.
+type caller struct {
+	b           Backend
+	info        BackendInfo // b's
+	scripts     *scripts
+	ackReplicas int // WithReplicaAck's; 0 for none
+	ackTimeout  time.Duration
+	// spawn runs a function on a goroutine the client's Close waits for
+	// (Client.spawn): a call's own, and its clean-up.
+	spawn func(func())
+}
+
 // run is the one way the client runs a script: oc's op, on its keys,
 // through the script that serves it, on the client's Backend. With
 // WithReplicaAck, for the ops whose writes must reach replicas (op.ack),
@@ -15,9 +31,9 @@ import (
 // replicas has the script's writes; the second result reports when they
 // did not (the script's own reply and error are in the result either
 // way).
-func (c *Client) run(ctx context.Context, oc opCall) (result, error) {
+func (c *caller) run(ctx context.Context, oc opCall) (result, error) {
 	s, keys, args := c.scripts.forOp(oc.op), oc.keys, oc.args
-	if c.cfg.ackReplicas == 0 || !oc.op.ack {
+	if c.ackReplicas == 0 || !oc.op.ack {
 		return s.run(ctx, c.b, c.info.Functions, func(sc Script) result {
 			v, err := c.b.Script(ctx, sc)
 			return result{v, err}
@@ -27,7 +43,7 @@ func (c *Client) run(ctx context.Context, oc opCall) (result, error) {
 	var waitErr error
 	res := s.run(ctx, c.b, c.info.Functions, func(sc Script) result {
 		var r result
-		r.val, acked, r.err, waitErr = c.b.ScriptWait(ctx, sc, c.cfg.ackReplicas, c.cfg.ackTimeout)
+		r.val, acked, r.err, waitErr = c.b.ScriptWait(ctx, sc, c.ackReplicas, c.ackTimeout)
 		return r
 	}, keys, args)
 	switch {
@@ -35,8 +51,8 @@ func (c *Client) run(ctx context.Context, oc opCall) (result, error) {
 		return res, nil
 	case waitErr != nil:
 		return res, fmt.Errorf("%w: %w: WAIT: %w", ErrRedis, ErrNotReplicated, waitErr)
-	case acked < int64(c.cfg.ackReplicas):
-		return res, fmt.Errorf("%w: %w: %d of %d replicas acknowledged within %v", ErrRedis, ErrNotReplicated, acked, c.cfg.ackReplicas, c.cfg.ackTimeout)
+	case acked < int64(c.ackReplicas):
+		return res, fmt.Errorf("%w: %w: %d of %d replicas acknowledged within %v", ErrRedis, ErrNotReplicated, acked, c.ackReplicas, c.ackTimeout)
 	}
 	return res, nil
 }
@@ -86,7 +102,7 @@ func (r result) Strings() ([]string, error) {
 // before the outcome came, with o handed to late. A client that honours
 // deadlines itself (rueidis, valkey-go) stops waiting for the answer when
 // ctx ends: the script may have run all the same.
-func (c *Client) settle(ctx context.Context, o outcome, late func(outcome)) (outcome, bool) {
+func (c *caller) settle(ctx context.Context, o outcome, late func(outcome)) (outcome, bool) {
 	if o.res.err == nil || !errors.Is(o.res.err, context.DeadlineExceeded) && !errors.Is(o.res.err, context.Canceled) {
 		return o, true
 	}
@@ -112,12 +128,13 @@ type outcome struct {
 	ackErr error
 }
 
-// runner returns a call of run on oc, for call.
-func (c *Client) runner(oc opCall) func(context.Context) outcome {
-	return func(ctx context.Context) outcome {
+// op runs oc through call: bounded by ctx, late given what came after
+// it (see call).
+func (c *caller) op(ctx context.Context, oc opCall, late func(outcome)) (outcome, bool) {
+	return c.call(ctx, func(ctx context.Context) outcome {
 		res, ackErr := c.run(ctx, oc)
 		return outcome{res, ackErr}
-	}
+	}, late)
 }
 
 // grace is how long a call whose context ended still waits for an answer
@@ -144,7 +161,7 @@ const grace = 30 * time.Millisecond
 // and that outcome, whose error matches ErrRedis (isDialError), and hands
 // it to late as well, in the background: an earlier attempt may have sent
 // the script.
-func (c *Client) call(ctx context.Context, do func(context.Context) outcome, late func(outcome)) (o outcome, ok bool) {
+func (c *caller) call(ctx context.Context, do func(context.Context) outcome, late func(outcome)) (o outcome, ok bool) {
 	if ctx.Done() == nil {
 		o := do(ctx)
 		if late != nil && isDialError(o.res.Err()) {

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/fairlock/fairlock/internal/scripthook"
 )
 
 // MaxCapacity is the largest semaphore capacity. Scripts count permits in
@@ -56,11 +54,12 @@ type Request struct {
 // A Client is safe for concurrent use. It holds no per-acquisition state;
 // each grant is a [Lease].
 type Client struct {
-	b       Backend     // where the scripts run
-	info    BackendInfo // b's
-	cfg     config
-	scripts *scripts
-	id      string // identifies this client's wake lists; unguessable
+	b     Backend     // where the scripts run (through calls) and listeners block
+	info  BackendInfo // b's
+	cfg   config
+	calls *caller  // the script call path
+	renew *renewer // batches the leases' renewals
+	id    string   // identifies this client's wake lists; unguessable
 	// The lease and waiter TTLs as script arguments, rendered once.
 	leaseMs, waiterMs string
 	// closing ends at Close (closeAll ends it): the context of the
@@ -75,7 +74,6 @@ type Client struct {
 	rooms       map[string]*room // by keys.base
 	leases      map[*Lease]struct{}
 	pumping     map[string]bool        // keys.base of semaphores a background pump serves
-	renewals    map[string]*renewQueue // by keys.base: renewals waiting for a batch
 	listeners   map[string][]*listener // by listenGroup
 	listenerSeq uint64                 // names listeners' control lists
 	blk         Backend                // where listeners block; see blockingLocked
@@ -134,17 +132,19 @@ func newClient(b Backend, rdb RedisClient, opts []Option) (*Client, error) {
 		b:         b,
 		info:      info,
 		cfg:       cfg,
-		scripts:   newScripts(scripthook.Get()),
 		id:        id,
 		leaseMs:   msArg(cfg.leaseTTL),
 		waiterMs:  msArg(cfg.waiterTTL),
 		rooms:     make(map[string]*room),
 		leases:    make(map[*Lease]struct{}),
 		pumping:   make(map[string]bool),
-		renewals:  make(map[string]*renewQueue),
 		listeners: make(map[string][]*listener),
 	}
+	c.calls = &caller{b: b, info: info, scripts: newScripts(cfg.transform),
+		ackReplicas: cfg.ackReplicas, ackTimeout: cfg.ackTimeout, spawn: c.spawn}
 	c.closing, c.closeAll = context.WithCancel(context.Background())
+	c.renew = &renewer{calls: c.calls, closing: c.closing, id: id, leaseTTL: cfg.leaseTTL,
+		more: c.pumpLater, queues: make(map[string]*renewQueue)}
 	c.done = c.closing.Done()
 	c.tasksDone = sync.NewCond(&c.mu)
 	return c, nil

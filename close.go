@@ -244,7 +244,7 @@ func (c *Client) sendUntil(oc opCall, p plan, until time.Time) error {
 			break
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), until)
-		res, _ := c.run(ctx, oc)
+		res, _ := c.calls.run(ctx, oc)
 		_, err = c.released(p, res)
 		cancel()
 		if err == nil {

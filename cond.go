@@ -134,7 +134,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	until := l.expiresBy()
 	wait := p.waitCall(cp, l.ticket, c, l.announced, l.tokens, fresh, cond)
 	sent := time.Now()
-	o, ok := c.call(ctx, c.runner(wait), func(outcome) {
+	o, ok := c.calls.op(ctx, wait, func(outcome) {
 		// The script may have run, or not: release the lease (a resend
 		// finds its tombstone) and withdraw the new ticket.
 		c.releaseSpent(ctx, release, p, until)
@@ -211,7 +211,7 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release opCall, until
 		// script that replies with an error has written nothing.)
 		c.withdraw(ctx, cp, fresh)
 	}
-	o, ok := c.call(ctx, c.runner(release), func(o outcome) {
+	o, ok := c.calls.op(ctx, release, func(o outcome) {
 		if _, err := c.released(p, o.res); transient(err) || cutShort(err) {
 			c.resendLater(release, p, until)
 		}
@@ -282,7 +282,7 @@ func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, 
 	for range maxSignalScripts {
 		// Each script has an id of its own, which a resend (go-redis's)
 		// carries too: the resend finds the first run's reply.
-		o, ok := c.call(ctx, c.runner(signalCall(keys, cond, all, bound, newTicket())), nil)
+		o, ok := c.calls.op(ctx, signalCall(keys, cond, all, bound, newTicket()), nil)
 		if !ok {
 			return total, wrap(ctx.Err())
 		}

@@ -4,7 +4,7 @@ package fairlock
 // path would do in its place. Histories of script calls are recorded from
 // real runs (the property machine, the scale scenarios), then replayed
 // twice, call by call, on two empty databases: once with the fast paths on
-// and once with them off (internal/scripthook.NoFastPaths). After every
+// and once with them off (internal/testhook.NoFastPaths). After every
 // call the two replies and the two databases (every key, every field,
 // member and score, every list entry, every key's expiry to the
 // millisecond) must be equal.
@@ -37,7 +37,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock/internal/redisserver"
 	"github.com/fairlock/fairlock/internal/redistest"
-	"github.com/fairlock/fairlock/internal/scripthook"
+	"github.com/fairlock/fairlock/internal/testhook"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )
@@ -135,7 +135,7 @@ func runScript(ctx context.Context, set *scripts, rdb RedisClient, c call) (any,
 // script keeps its line numbers.
 func onLine(lua string) string { return strings.ReplaceAll(lua, "\n", " ") }
 
-// recording returns a transform for scripthook that records every call of
+// recording returns a transform (setTestTransform) that records every call of
 // the scripts it is given, after passing them through inner (if not nil):
 // when a script first reads Redis's TIME, it pushes the call (script,
 // keys, arguments, the time read) onto the list logKey.
@@ -395,7 +395,7 @@ func newReplayPair(t testing.TB, real bool, inner func(string) string) *replayPa
 	return &replayPair{
 		backend: name,
 		fast:    mk("fast paths on", dbFast, replayed(compose(inner, countFast))),
-		general: mk("fast paths off", dbGeneral, replayed(compose(inner, scripthook.NoFastPaths))),
+		general: mk("fast paths off", dbGeneral, replayed(compose(inner, testhook.NoFastPaths))),
 	}
 }
 
@@ -658,7 +658,7 @@ func RecordAndReplay(t *testing.T, b *redistest.Backend, inner func(string) stri
 	ctx := context.Background()
 	rdb := b.Client(t)
 	logKey := "fltest:log:" + rand.Text()
-	restore := scripthook.Set(recording(logKey, inner))
+	restore := setTestTransform(recording(logKey, inner))
 	run()
 	restore()
 	calls, err := readLog(ctx, rdb, logKey)
@@ -711,7 +711,7 @@ func replayPairs(t testing.TB, inner func(string) string) []*replayPair {
 func diffMachines(t *testing.T, tb rapid.TB, b *redistest.Backend, pairs []*replayPair, checks int, inner func(string) string, run func(*rapid.T, *redistest.Backend)) {
 	ctx := context.Background()
 	logKey := "fltest:log:" + rand.Text()
-	defer scripthook.Set(recording(logKey, inner))()
+	defer setTestTransform(recording(logKey, inner))()
 	rdb := b.Client(t)
 	if checks > 0 {
 		setFlag(t, "rapid.checks", strconv.Itoa(checks))

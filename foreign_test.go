@@ -41,7 +41,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock/internal/redistest"
-	"github.com/fairlock/fairlock/internal/scripthook"
+	"github.com/fairlock/fairlock/internal/testhook"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )
@@ -141,7 +141,7 @@ func newForeignPair(t testing.TB, real, fast bool, broken func(string) string) *
 		m.SetTime(time.Now()) // fixed, so that expiries read back exactly
 		addr, dbClean, dbInj = m.Addr(), 1, 2
 	}
-	inner := scripthook.NoFastPaths
+	inner := testhook.NoFastPaths
 	if fast {
 		inner = nil
 		name += ", fast paths on"

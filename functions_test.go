@@ -17,7 +17,6 @@ import (
 
 	"github.com/fairlock/fairlock/internal/redisserver"
 	"github.com/fairlock/fairlock/internal/redistest"
-	"github.com/fairlock/fairlock/internal/scripthook"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -28,10 +27,11 @@ type sent struct {
 	n  map[string]int
 }
 
-func countSent(t *testing.T, rdb interface{ AddHook(redis.Hook) }) *sent {
+// countSent adds a counter to rdb and returns it with the Option that
+// adds it to the blocking client of a Client built on rdb.
+func countSent(rdb interface{ AddHook(redis.Hook) }) (*sent, Option) {
 	s := &sent{n: map[string]int{}}
-	redistest.AddHook(t, rdb, s)
-	return s
+	return s, redistest.AddHook[Option](rdb, s)
 }
 
 func (s *sent) add(pipe bool, cmds ...redis.Cmder) {
@@ -71,7 +71,7 @@ func (s *sent) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 
 // noTransform runs the test's clients without the halfrun transform that
 // TestMain sets, which would keep them on EVAL.
-func noTransform(t *testing.T) { t.Cleanup(scripthook.Set(nil)) }
+func noTransform(t *testing.T) { t.Cleanup(setTestTransform(nil)) }
 
 // fnClient returns a client on rdb with a prefix of the test's own; with
 // evalOnly it is forced onto EVAL, as on a Redis without functions.
@@ -81,7 +81,7 @@ func fnClient(t *testing.T, rdb RedisClient, evalOnly bool, opts ...Option) *Cli
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.scripts.evalOnly.Store(evalOnly)
+	c.calls.scripts.evalOnly.Store(evalOnly)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -212,8 +212,8 @@ func TestScriptPaths(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rdb := b.Client(t)
-			s := countSent(t, rdb)
-			c := fnClient(t, rdb, tc.evalOnly, WithLeaseTTL(time.Second))
+			s, counted := countSent(rdb)
+			c := fnClient(t, rdb, tc.evalOnly, counted, WithLeaseTTL(time.Second))
 			// A first call loads what the server lacks (a NOSCRIPT or a
 			// missing function is not counted as a call by every server).
 			if _, err := c.Status(context.Background(), "warm"); err != nil {
@@ -255,8 +255,8 @@ func TestScriptPathWithoutFunctions(t *testing.T) {
 	b := redistest.Mini(t)
 	noTransform(t)
 	rdb := b.Client(t)
-	s := countSent(t, rdb)
-	c := fnClient(t, rdb, false)
+	s, counted := countSent(rdb)
+	c := fnClient(t, rdb, false, counted)
 	coreScenarios(t, c)
 	if n := s.get("fcall"); n != 1 {
 		t.Fatalf("client sent %d FCALLs to a Redis without them, want 1: %v", n, s.n)
@@ -264,7 +264,7 @@ func TestScriptPathWithoutFunctions(t *testing.T) {
 	if s.get("evalsha") == 0 || s.get("function load") != 0 {
 		t.Fatalf("commands sent: %v, want EVALSHA and no FUNCTION LOAD", s.n)
 	}
-	if !c.scripts.evalOnly.Load() {
+	if !c.calls.scripts.evalOnly.Load() {
 		t.Fatal("the client did not settle on EVAL")
 	}
 }
@@ -277,8 +277,8 @@ func TestFunctionLibraryRecovers(t *testing.T) {
 	ctx := context.Background()
 	admin := b.Client(t)
 	rdb := b.Client(t)
-	s := countSent(t, rdb)
-	c := fnClient(t, rdb, false)
+	s, counted := countSent(rdb)
+	c := fnClient(t, rdb, false, counted)
 	acquire := func(what string) {
 		t.Helper()
 		l, err := c.Acquire(ctx, Request{Name: "back", Capacity: 1, Permits: 1})
@@ -310,31 +310,31 @@ func TestFunctionLibraryRecovers(t *testing.T) {
 		return false
 	}
 	acquire("first")
-	if !has(c.scripts.lib.name) {
-		t.Fatalf("libraries %v, want %s", libraries(), c.scripts.lib.name)
+	if !has(c.calls.scripts.lib.name) {
+		t.Fatalf("libraries %v, want %s", libraries(), c.calls.scripts.lib.name)
 	}
 
 	// Another fairlock version's library (a rolling upgrade): each client
 	// loads its own, and neither replaces the other.
 	other := &scripts{lib: newLibrary(entries, changed("queue.lua", "\n-- another version"))}
-	for i, s := range c.scripts.list {
+	for i, s := range c.calls.scripts.list {
 		other.list = append(other.list, &script{set: other, eval: s.eval, fn: other.lib.fns[entries[i].name]})
 	}
 	oc := fnClient(t, b.Client(t), false)
-	oc.scripts = other
+	oc.calls.scripts = other
 	coreScenarios(t, oc)
 	acquire("beside another version")
-	if !has(c.scripts.lib.name) || !has(other.lib.name) {
-		t.Fatalf("libraries %v, want both %s and %s", libraries(), c.scripts.lib.name, other.lib.name)
+	if !has(c.calls.scripts.lib.name) || !has(other.lib.name) {
+		t.Fatalf("libraries %v, want both %s and %s", libraries(), c.calls.scripts.lib.name, other.lib.name)
 	}
-	if other.evalOnly.Load() || c.scripts.evalOnly.Load() {
+	if other.evalOnly.Load() || c.calls.scripts.evalOnly.Load() {
 		t.Fatal("a client fell back to EVAL beside another version")
 	}
 
 	// An operator flushes the functions, or deletes fairlock's library.
 	for _, wipe := range []func() error{
 		func() error { return admin.FunctionFlush(ctx).Err() },
-		func() error { return admin.FunctionDelete(ctx, c.scripts.lib.name).Err() },
+		func() error { return admin.FunctionDelete(ctx, c.calls.scripts.lib.name).Err() },
 	} {
 		if err := wipe(); err != nil {
 			t.Fatal(err)
@@ -344,11 +344,11 @@ func TestFunctionLibraryRecovers(t *testing.T) {
 		if s.get("function load") != loads+1 {
 			t.Fatalf("FUNCTION LOADs %d, want one more than %d", s.get("function load"), loads)
 		}
-		if !has(c.scripts.lib.name) {
+		if !has(c.calls.scripts.lib.name) {
 			t.Fatalf("library not loaded again: %v", libraries())
 		}
 	}
-	if c.scripts.evalOnly.Load() || s.get("evalsha") != 0 {
+	if c.calls.scripts.evalOnly.Load() || s.get("evalsha") != 0 {
 		t.Fatalf("the client left functions: %v", s.n)
 	}
 }
@@ -362,16 +362,16 @@ func TestFunctionLibraryRefused(t *testing.T) {
 
 	t.Run("does not load", func(t *testing.T) {
 		rdb := b.Client(t)
-		s := countSent(t, rdb)
-		c := fnClient(t, rdb, false)
+		s, counted := countSent(rdb)
+		c := fnClient(t, rdb, false, counted)
 		broken := newLibrary(entries, changed("queue.lua", "\nlocal = 1"))
-		c.scripts.lib = broken
-		for i, s := range c.scripts.list {
+		c.calls.scripts.lib = broken
+		for i, s := range c.calls.scripts.list {
 			s.fn = broken.fns[entries[i].name]
 		}
 		coreScenarios(t, c)
-		if !c.scripts.evalOnly.Load() || s.get("function load") != 1 || s.get("fcall") != 1 {
-			t.Fatalf("evalOnly %v after %v, want one FCALL, one FUNCTION LOAD, then EVAL", c.scripts.evalOnly.Load(), s.n)
+		if !c.calls.scripts.evalOnly.Load() || s.get("function load") != 1 || s.get("fcall") != 1 {
+			t.Fatalf("evalOnly %v after %v, want one FCALL, one FUNCTION LOAD, then EVAL", c.calls.scripts.evalOnly.Load(), s.n)
 		}
 	})
 
@@ -383,11 +383,11 @@ func TestFunctionLibraryRefused(t *testing.T) {
 		}
 		t.Cleanup(func() { admin.Do(ctx, "ACL", "DELUSER", user) })
 		rdb := b.Client(t, func(o *redis.Options) { o.Username, o.Password = user, "pw" })
-		s := countSent(t, rdb)
-		c := fnClient(t, rdb, false)
+		s, counted := countSent(rdb)
+		c := fnClient(t, rdb, false, counted)
 		coreScenarios(t, c)
-		if !c.scripts.evalOnly.Load() || s.get("fcall") != 1 {
-			t.Fatalf("evalOnly %v after %v, want one FCALL, then EVAL", c.scripts.evalOnly.Load(), s.n)
+		if !c.calls.scripts.evalOnly.Load() || s.get("fcall") != 1 {
+			t.Fatalf("evalOnly %v after %v, want one FCALL, then EVAL", c.calls.scripts.evalOnly.Load(), s.n)
 		}
 	})
 }
@@ -478,7 +478,7 @@ func TestFullRedisKeepsLocks(t *testing.T) {
 			if err != nil || st.InUse != 2 || st.Held != 2 || st.Queued != 0 {
 				t.Fatalf("Status after: in use %d, held %d, queued %d (%v); want 2, 2, 0", st.InUse, st.Held, st.Queued, err)
 			}
-			if !evalOnly && c.scripts.evalOnly.Load() {
+			if !evalOnly && c.calls.scripts.evalOnly.Load() {
 				t.Fatal("the client fell back to EVAL")
 			}
 		})

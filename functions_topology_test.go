@@ -34,8 +34,8 @@ func TestFunctionsReplicaAck(t *testing.T) {
 	rb := &redistest.Backend{Name: "replica", Addr: replica.Addr}
 
 	rdb := mb.Client(t)
-	s := countSent(t, rdb)
-	c := fnClient(t, rdb, false, WithReplicaAck(1, 10*time.Second))
+	s, counted := countSent(rdb)
+	c := fnClient(t, rdb, false, counted, WithReplicaAck(1, 10*time.Second))
 	coreScenarios(t, c)
 	// Status, which writes nothing, runs alone.
 	if s.get("pipe fcall") == 0 || s.get("pipe wait") != s.get("pipe fcall") || s.get("evalsha") != 0 {
@@ -47,8 +47,8 @@ func TestFunctionsReplicaAck(t *testing.T) {
 		t.Fatal(err)
 	}
 	prdb := rb.Client(t)
-	ps := countSent(t, prdb)
-	pc := fnClient(t, prdb, false)
+	ps, pcounted := countSent(prdb)
+	pc := fnClient(t, prdb, false, pcounted)
 	coreScenarios(t, pc)
 	if ps.get("fcall") == 0 || ps.get("function load") != 0 || ps.get("evalsha") != 0 {
 		t.Fatalf("commands sent to the promoted replica: %v, want FCALL without FUNCTION LOAD", ps.n)
@@ -74,7 +74,7 @@ func TestFunctionsCluster(t *testing.T) {
 	}
 	defer c.Close()
 	coreScenarios(t, c)
-	lib := c.scripts.lib.name
+	lib := c.calls.scripts.lib.name
 	nodeHas := func(i int) bool {
 		n := redis.NewClient(&redis.Options{Addr: cl.Nodes[i].Addr})
 		defer n.Close()
@@ -120,7 +120,7 @@ func TestFunctionsCluster(t *testing.T) {
 	if !nodeHas(to) {
 		t.Fatal("the slot's new owner did not get the library")
 	}
-	if c.scripts.evalOnly.Load() {
+	if c.calls.scripts.evalOnly.Load() {
 		t.Fatal("the client fell back to EVAL")
 	}
 }

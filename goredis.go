@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/testhook"
 	"net"
 	"strings"
 	"time"
 
-	"github.com/fairlock/fairlock/internal/listenhook"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 )
@@ -81,13 +81,38 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 	if err := ringError(rdb); err != nil {
 		return nil, opError("new", nil, err)
 	}
-	return newClient(newGoRedis(rdb), rdb, opts)
+	g := newGoRedis(rdb)
+	c, err := newClient(g, rdb, opts)
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range c.cfg.blockingHooks {
+		g.hooks = append(g.hooks, h.(redis.Hook))
+	}
+	return c, nil
+}
+
+// The options tests reach through internal/testhook.
+func init() {
+	testhook.TransformOption = func(f func(string) string) any { return withTransform(f) }
+	testhook.BlockingHooksOption = func(hooks ...redis.Hook) any { return withBlockingHooks(hooks...) }
+}
+
+// withBlockingHooks adds hooks to the go-redis client New builds for the
+// client's blocking reads (tests only; see internal/testhook).
+func withBlockingHooks(hooks ...redis.Hook) Option {
+	return func(c *config) {
+		for _, h := range hooks {
+			c.blockingHooks = append(c.blockingHooks, h)
+		}
+	}
 }
 
 // goRedis is a go-redis client as a Backend.
 type goRedis struct {
 	rdb   RedisClient
-	dials *dials // has rdb's dials watched (prompt.go); nil if fairlock cannot see them
+	dials *dials       // has rdb's dials watched (prompt.go); nil if fairlock cannot see them
+	hooks []redis.Hook // for the client Blocking builds (withBlockingHooks)
 }
 
 var _ Backend = (*goRedis)(nil)
@@ -317,7 +342,7 @@ func (g *goRedis) Blocking() (Backend, func() error, error) {
 	default:
 		return g, nil, nil
 	}
-	for _, h := range listenhook.For(g.rdb) {
+	for _, h := range g.hooks {
 		b.AddHook(h)
 	}
 	return &goRedis{rdb: b}, b.Close, nil

@@ -35,7 +35,7 @@ func (c *Client) leaderRun(ctx context.Context, op string, lo *op, name string, 
 		return result{}, nil, opError(op, []string{name}, ErrClosed)
 	}
 	a := args(k)
-	o, _ := c.call(ctx, c.runner(newCall(lo, leaderKeys(k), len(a)).with(a...)), nil)
+	o, _ := c.calls.op(ctx, newCall(lo, leaderKeys(k), len(a)).with(a...), nil)
 	if err := o.res.Err(); err != nil {
 		return result{}, nil, fail(ctx, op, []string{name}, err)
 	}

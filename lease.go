@@ -292,7 +292,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.stopRenewal()
 	rel := l.p.releaseCall(opRelease, l.ticket, l.c, l.announced, l.tokens)
 	until := l.expiresBy()
-	o, ok := l.c.call(ctx, l.c.runner(rel), func(o outcome) {
+	o, ok := l.c.calls.op(ctx, rel, func(o outcome) {
 		if _, err := l.c.released(l.p, o.res); transient(err) || cutShort(err) { // hands on work the script left
 			// The release did not reach Redis, or the caller's context
 			// ended before it was sent: send it again.
@@ -357,7 +357,7 @@ var errReleased error = &subError{"fairlock: lease released", ErrNotHeld}
 func (c *Client) releaseSpent(ctx context.Context, oc opCall, p plan, until time.Time) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
 	defer cancel()
-	res, _ := c.run(ctx, oc)
+	res, _ := c.calls.run(ctx, oc)
 	if _, err := c.released(p, res); transient(err) {
 		c.resendLater(oc, p, until)
 	} else if err != nil {
@@ -489,9 +489,9 @@ func (l *Lease) renew() {
 	var n int64
 	var err error
 	if l.batchable() && !capped {
-		n, err = l.c.renewBatched(ctx, l, announced, lease)
+		n, err = l.c.renew.renewBatched(ctx, l, announced, lease)
 	} else {
-		o, _ := l.c.call(ctx, l.c.runner(l.p.releaseCallTTL(opRenew, l.ticket, l.c, announced, l.tokens, lease)), nil)
+		o, _ := l.c.calls.op(ctx, l.p.releaseCallTTL(opRenew, l.ticket, l.c, announced, l.tokens, lease), nil)
 		n, err = l.c.released(l.p, o.res)
 		if err == nil && n == 1 && o.ackErr != nil {
 			err = o.ackErr // renewed on the master only: try again

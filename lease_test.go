@@ -71,14 +71,14 @@ func TestNoRenewalAfterRelease(t *testing.T) {
 		e := fltest.New(t, b)
 		cnt := fltest.NewCounter()
 		rdb := b.Client(t)
-		redistest.AddHook(t, rdb, cnt)
+		hooked := redistest.AddHook[fairlock.Option](rdb, cnt)
 		// Renewals come every ttl/3. The lease must outlive a process
 		// starved of CPU for a while (a loaded CI machine, the race
 		// detector): with a 30 ms TTL, a 100 ms stall ended it by its
 		// deadline before any renewal was sent, and the test waited for
 		// renewals that a lost lease never sends.
 		const ttl = 600 * time.Millisecond
-		l, err := newSem(e.ClientOn(rdb, fairlock.WithLeaseTTL(ttl)), "stop", 1).Acquire(context.Background(), 1)
+		l, err := newSem(e.ClientOn(rdb, hooked, fairlock.WithLeaseTTL(ttl)), "stop", 1).Acquire(context.Background(), 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -289,10 +289,10 @@ func TestRefreshIgnoresTicketsNotYetQueued(t *testing.T) {
 		}
 		cnt, slow := fltest.NewCounter(), &slowAcquire{}
 		rdb := b.Client(t)
-		redistest.AddHook(t, rdb, cnt)
-		redistest.AddHook(t, rdb, slow)
+		counted := redistest.AddHook[fairlock.Option](rdb, cnt)
+		slowed := redistest.AddHook[fairlock.Option](rdb, slow)
 		const wttl = 150 * time.Millisecond // refreshes every 50ms
-		s := newSem(e.ClientOn(rdb, fairlock.WithWaiterTTL(wttl)), "ghost", 1)
+		s := newSem(e.ClientOn(rdb, counted, slowed, fairlock.WithWaiterTTL(wttl)), "ghost", 1)
 		first := acquireAsync(ctx, s, 1)
 		e.WaitQueued("ghost", 1) // the room now refreshes on its own
 		slow.delay.Store(int64(wttl))

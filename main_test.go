@@ -7,7 +7,6 @@ import (
 
 	"github.com/fairlock/fairlock/internal/halfrun"
 	"github.com/fairlock/fairlock/internal/redistest"
-	"github.com/fairlock/fairlock/internal/scripthook"
 )
 
 // TestMain sets what every test of the package runs under: a few hundred
@@ -26,6 +25,6 @@ func TestMain(m *testing.M) {
 		}
 		_ = flag.Set("rapid.checks", checks)
 	}
-	scripthook.Set(halfrun.Transform)
+	setTestTransform(halfrun.Transform)
 	redistest.Main(m)
 }

@@ -46,8 +46,8 @@ func (h *opHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // clientWith returns a fairlock client whose go-redis client has hook h.
 func clientWith(t *testing.T, e *fltest.Env, h redis.Hook, opts ...fairlock.Option) *fairlock.Client {
 	rdb := e.B.Client(t)
-	redistest.AddHook(t, rdb, h)
-	return e.ClientOn(rdb, opts...)
+	hooked := redistest.AddHook[fairlock.Option](rdb, h)
+	return e.ClientOn(rdb, append([]fairlock.Option{hooked}, opts...)...)
 }
 
 // capDone waits for l's Done, failing the test after within, and returns
@@ -196,9 +196,9 @@ func TestMaxHoldLastRenewalLandsAtCap(t *testing.T) {
 		const ttl, d = 1500 * time.Millisecond, 1550 * time.Millisecond
 		rdb := b.Client(t)
 		rec := &renewals{}
-		redistest.AddHook(t, rdb, rec)
-		redistest.AddHook(t, rdb, &opHook{op: "release", fail: true})
-		c := e.ClientOn(rdb, fairlock.WithLeaseTTL(ttl), fairlock.WithMaxHold(d))
+		recorded := redistest.AddHook[fairlock.Option](rdb, rec)
+		failed := redistest.AddHook[fairlock.Option](rdb, &opHook{op: "release", fail: true})
+		c := e.ClientOn(rdb, recorded, failed, fairlock.WithLeaseTTL(ttl), fairlock.WithMaxHold(d))
 		start := time.Now()
 		l, err := c.Acquire(ctx, fairlock.Request{Name: "last", Capacity: 1, Permits: 1})
 		if err != nil {

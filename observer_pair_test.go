@@ -293,9 +293,9 @@ func TestObserverPairsCondWaits(t *testing.T) {
 		// A lease a wait returned is lost: its process is cut off.
 		faults := &redistest.Faults{}
 		frdb := b.Client(t)
-		redistest.AddHook(t, frdb, faults)
+		faulty := redistest.AddHook[Option](frdb, faults)
 		t.Cleanup(faults.Hear)
-		fc, err := New(frdb, prefix, WithObserver(pl), WithLeaseTTL(600*time.Millisecond), WithWaiterTTL(600*time.Millisecond))
+		fc, err := New(frdb, prefix, faulty, WithObserver(pl), WithLeaseTTL(600*time.Millisecond), WithWaiterTTL(600*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -136,31 +136,28 @@ func (c *Client) released(p plan, out result) (int64, error) {
 	return n, err
 }
 
-// renewedBatch reads a renew_batch reply {{result...}, more}, handing on
-// work the script left.
-func (c *Client) renewedBatch(p plan, o outcome, n int) ([]int64, error) {
+// renewedBatch reads a renew_batch reply {{result...}, more} for n leases:
+// each one's result, and whether the script left work for later.
+func renewedBatch(o outcome, n int) (results []int64, more bool, err error) {
 	res, err := o.res.Slice()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	more, err := reply(res).int(1)
+	m, err := reply(res).int(1)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	list, _ := res[0].([]any)
 	if len(list) != n {
-		return nil, fmt.Errorf("%w: renewal reply %v for %d leases", ErrRedis, res, n)
+		return nil, false, fmt.Errorf("%w: renewal reply %v for %d leases", ErrRedis, res, n)
 	}
 	out := make([]int64, n)
 	for i := range list {
 		if out[i], err = reply(list).int(i); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
-	if more == 1 {
-		c.pumpLater(p)
-	}
-	return out, nil
+	return out, m == 1, nil
 }
 
 // waitCall is release.lua's "wait" on cp's keys (p's and the
@@ -279,9 +276,9 @@ func parseRefreshReply(out result) (refreshReply, error) {
 }
 
 // renewBatchCall is "renew_batch" (lua/ops/renew_batch.lua) on keys, for
-// leases of that one semaphore.
-func (c *Client) renewBatchCall(keys []string, batch []*renewReq) opCall {
-	oc := newCall(opRenewBatch, keys, 1+5*len(batch)).with(c.id)
+// leases of that one semaphore held by the client id.
+func renewBatchCall(id string, keys []string, batch []*renewReq) opCall {
+	oc := newCall(opRenewBatch, keys, 1+5*len(batch)).with(id)
 	for _, r := range batch {
 		oc.args = append(oc.args, r.l.ticket, itoa(r.l.p.parts[0].req.Permits), itoa(r.l.tokens[0]), boolArg(r.announced), msArg(r.ttl))
 	}

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode"
 )
@@ -47,6 +48,12 @@ type config struct {
 
 	observer Observer     // WithObserver; nil for none
 	logger   *slog.Logger // WithLogger; nil for none
+
+	// Set by tests only (internal/testhook): a transform of the scripts'
+	// sources, and go-redis hooks (redis.Hook) for the blocking client
+	// New builds.
+	transform     func(src string) string
+	blockingHooks []any
 }
 
 // maxOwnerLen bounds the label set with [WithOwner].
@@ -132,6 +139,9 @@ func WithMaxHold(d time.Duration) Option {
 
 func newConfig(opts []Option) (config, error) {
 	cfg := config{prefix: DefaultPrefix, leaseTTL: DefaultLeaseTTL, waiterTTL: DefaultWaiterTTL}
+	if f := testTransform.Load(); f != nil {
+		cfg.transform = *f
+	}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
@@ -173,4 +183,26 @@ func WithObserver(o Observer) Option {
 // The default is no logging; a nil l means none.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger = l }
+}
+
+// withTransform passes the source of each of the client's scripts through
+// f (tests only; see internal/testhook). A nil f runs them as they are.
+func withTransform(f func(src string) string) Option {
+	return func(c *config) { c.transform = f }
+}
+
+// testTransform is this package's own tests' default for withTransform
+// (main_test.go sets internal/halfrun's check), which a client's options
+// override. Nothing outside the package can set it.
+var testTransform atomic.Pointer[func(string) string]
+
+// setTestTransform sets testTransform for the clients made from now on
+// and returns a function that restores the one before.
+func setTestTransform(f func(string) string) (restore func()) {
+	var p *func(string) string
+	if f != nil {
+		p = &f
+	}
+	old := testTransform.Swap(p)
+	return func() { testTransform.Store(old) }
 }

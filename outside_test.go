@@ -213,13 +213,14 @@ var redisClientLibs = []string{
 
 // mayImportClients are the places of the repository that may import a
 // Redis client library: the Backends (go-redis's in the root package's
-// goRedisFiles, with its test hook internal/listenhook; the rueidis and
+// goRedisFiles, with internal/testhook, which builds its test options,
+// go-redis hooks on its blocking client among them; the rueidis and
 // valkey-go modules), the programs (they choose their client), and the
 // test harness. The library's packages (the root's other files,
 // semaphore, multilock, election, fairlockotel, internal/engine) reach
 // Redis through a Backend only.
 var mayImportClients = []string{
-	"fairlockrueidis/", "fairlockvalkey/", "internal/listenhook/",
+	"fairlockrueidis/", "fairlockvalkey/", "internal/testhook/",
 	"cmd/", "examples/", "bench/",
 	"internal/conformance/", "internal/faulttest/", "internal/fltest/", "internal/halfrun/",
 	"internal/redisserver/", "internal/redistest/", "internal/robustness/",

@@ -19,9 +19,9 @@ func TestDeadlockLockedAgain(t *testing.T) {
 		e := fltest.New(t, b)
 		cnt := fltest.NewCounter()
 		rdb := b.Client(t)
-		redistest.AddHook(t, rdb, cnt)
+		counted := redistest.AddHook[fairlock.Option](rdb, cnt)
 		// A long TTL: no renewal is sent while the test counts commands.
-		c := e.ClientOn(rdb, fairlock.WithLeaseTTL(time.Minute))
+		c := e.ClientOn(rdb, counted, fairlock.WithLeaseTTL(time.Minute))
 		mu := newSem(c, "again", 1)
 		l, err := mu.Acquire(context.Background(), 1)
 		if err != nil {

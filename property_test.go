@@ -30,9 +30,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/internal/halfrun"
-	"github.com/fairlock/fairlock/internal/listenhook"
 	"github.com/fairlock/fairlock/internal/redistest"
-	"github.com/fairlock/fairlock/internal/scripthook"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )
@@ -216,7 +214,7 @@ func breakScript(t *testing.T, file, old, new string) func() {
 	if !strings.Contains(source(file), old) {
 		t.Fatalf("%s no longer contains %q", file, old)
 	}
-	return scripthook.Set(mutate(file, old, new))
+	return setTestTransform(mutate(file, old, new))
 }
 
 // mutate returns a script transform that replaces old by new in one
@@ -442,7 +440,6 @@ type machine struct {
 	known   map[string]bool // tickets the model has learned
 	clients []*Client
 	calls   sync.WaitGroup // Acquire calls running in goroutines
-	unhook  []func()       // forget the hooks of the processes' blocking clients
 }
 
 func (m *machine) nowMs() int64 { return m.now.UnixMilli() }
@@ -480,9 +477,6 @@ func runMachine(rt *rapid.T, b *redistest.Backend, cfg mconfig) {
 			a.rdb.Close()
 		}
 		cfg.stats.add(m.seen)
-		for _, f := range m.unhook {
-			f()
-		}
 	}()
 	for i := range rapid.IntRange(1, 2).Draw(rt, "semaphores") {
 		capGen := rapid.Int64Range(1, cfg.maxCap)
@@ -546,13 +540,14 @@ func (m *machine) newClient(hook redis.Hook) *Client {
 
 func (m *machine) newClientTTL(hook redis.Hook, ttl, wttl time.Duration) *Client {
 	rdb := redis.NewClient(&redis.Options{Addr: m.b.Addr})
+	var blocking Option
 	if hook != nil {
 		// The hook reaches the client's BLPOPs too, which run on a
 		// go-redis client of their own.
 		rdb.AddHook(hook)
-		m.unhook = append(m.unhook, listenhook.Add(rdb, hook))
+		blocking = withBlockingHooks(hook)
 	}
-	c, err := New(rdb, WithPrefix(m.prefix), WithLeaseTTL(ttl), WithWaiterTTL(wttl))
+	c, err := New(rdb, WithPrefix(m.prefix), WithLeaseTTL(ttl), WithWaiterTTL(wttl), blocking)
 	if err != nil {
 		m.t.Fatal(err)
 	}
@@ -1104,7 +1099,7 @@ func (m *machine) settle(t *rapid.T) {
 		// its reply's next event is 0 while work is left, and a waiting
 		// process refreshes again at once, as this does.
 		for i := 0; ; i++ {
-			res, err := m.obs.scripts.named("refresh").Run(context.Background(), m.rdb, s.k.list(), "refresh", m.obs.id,
+			res, err := m.obs.calls.scripts.named("refresh").Run(context.Background(), m.rdb, s.k.list(), "refresh", m.obs.id,
 				ms(m.leaseTTL()), ms(m.waiterTTL())).Slice()
 			if err != nil {
 				t.Fatalf("observer's refresh: %v", err)

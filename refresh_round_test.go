@@ -37,7 +37,7 @@ func TestRefreshPartlyAnsweredKeepsWaiters(t *testing.T) {
 		}
 		hook := &everyOtherRefresh{}
 		rdb := b.Client(t)
-		redistest.AddHook(t, rdb, hook)
+		hooked := redistest.AddHook[fairlock.Option](rdb, hook)
 		// Refreshes every third of the waiter TTL; a refresh that fails
 		// is tried again a tenth of it later; a waiter fails once the
 		// refreshes covering it have timed out for three TTLs.
@@ -46,7 +46,7 @@ func TestRefreshPartlyAnsweredKeepsWaiters(t *testing.T) {
 		const wttl = time.Second
 		// Two refresh scripts per round (at most 128 tickets each).
 		const n = 200
-		s := newSem(e.ClientOn(rdb, fairlock.WithWaiterTTL(wttl)), "busy", 1)
+		s := newSem(e.ClientOn(rdb, hooked, fairlock.WithWaiterTTL(wttl)), "busy", 1)
 		chs := make([]<-chan fltest.Result, n)
 		for i := range chs {
 			chs[i] = acquireAsync(ctx, s, 1)
@@ -152,9 +152,9 @@ func TestRefreshFailingForOneWaiterFailsIt(t *testing.T) {
 		}
 		hook := &refuseGroups{}
 		rdb := b.Client(t)
-		redistest.AddHook(t, rdb, hook)
+		hooked := redistest.AddHook[fairlock.Option](rdb, hook)
 		const wttl = time.Second
-		c := e.ClientOn(rdb, fairlock.WithWaiterTTL(wttl))
+		c := e.ClientOn(rdb, hooked, fairlock.WithWaiterTTL(wttl))
 		s := newSem(c, "pa", 1)
 		const n = 150 // with the multi-lock waiter, two refresh scripts per round
 		chs := make([]<-chan fltest.Result, n)

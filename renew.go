@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -24,7 +25,7 @@ type renewReq struct {
 	ttl       time.Duration // what the renewal asks for (less at a cap on holding)
 	deadline  time.Time     // the lease's: the batch must answer before it
 	done      chan renewResult
-	taken     bool // guarded by c.mu: in a batch being sent
+	taken     bool // guarded by renewer.mu: in a batch being sent
 }
 
 type renewResult struct {
@@ -38,31 +39,47 @@ type renewQueue struct {
 	reqs []*renewReq
 }
 
+// renewer batches a client's renewals: it holds each semaphore's queue of
+// renewals waiting for the next batch, and sends the batches through the
+// client's call path.
+type renewer struct {
+	calls    *caller
+	closing  context.Context // the client's: no renewal is taken once it ends
+	id       string          // the client's, which holds the leases
+	leaseTTL time.Duration   // a batch's deadline when no renewal has one
+	// more hands on the work a batch's script left for later
+	// (Client.pumpLater).
+	more func(plan)
+
+	mu     sync.Mutex
+	queues map[string]*renewQueue // by keys.base
+}
+
 // batchable reports whether l renews in batches.
 func (l *Lease) batchable() bool { return len(l.p.parts) == 1 && l.c.cfg.ackReplicas == 0 }
 
 // renewBatched renews l for ttl in the next batch of its semaphore and
 // returns the script's answer for it. It returns by ctx's end: a renewal not yet sent
 // is then withdrawn; one on its way is waited for a grace, as call does.
-func (c *Client) renewBatched(ctx context.Context, l *Lease, announced bool, ttl time.Duration) (int64, error) {
+func (c *renewer) renewBatched(ctx context.Context, l *Lease, announced bool, ttl time.Duration) (int64, error) {
 	deadline, _ := ctx.Deadline()
 	req := &renewReq{l: l, announced: announced, ttl: ttl, deadline: deadline, done: make(chan renewResult, 1)}
 	k := l.p.parts[0].k
 	c.mu.Lock()
-	if c.closed {
+	if c.closing.Err() != nil {
 		c.mu.Unlock()
 		return 0, ErrClosed
 	}
-	q := c.renewals[k.base]
+	q := c.queues[k.base]
 	start := q == nil
 	if start {
 		q = &renewQueue{k: k}
-		c.renewals[k.base] = q
+		c.queues[k.base] = q
 	}
 	q.reqs = append(q.reqs, req)
 	c.mu.Unlock()
 	if start {
-		c.spawn(func() { c.sendRenewals(q) })
+		c.calls.spawn(func() { c.sendRenewals(q) })
 	}
 	select {
 	case r := <-req.done:
@@ -87,12 +104,12 @@ func (c *Client) renewBatched(ctx context.Context, l *Lease, announced bool, ttl
 }
 
 // sendRenewals sends q's renewals in batches until none is left.
-func (c *Client) sendRenewals(q *renewQueue) {
+func (c *renewer) sendRenewals(q *renewQueue) {
 	for {
 		c.mu.Lock()
 		n := min(len(q.reqs), renewBatchMax)
 		if n == 0 {
-			delete(c.renewals, q.k.base)
+			delete(c.queues, q.k.base)
 			c.mu.Unlock()
 			return
 		}
@@ -107,14 +124,17 @@ func (c *Client) sendRenewals(q *renewQueue) {
 		}
 		c.mu.Unlock()
 
-		oc := c.renewBatchCall(q.k.list(), batch)
+		oc := renewBatchCall(c.id, q.k.list(), batch)
 		if deadline.IsZero() {
-			deadline = time.Now().Add(c.cfg.leaseTTL)
+			deadline = time.Now().Add(c.leaseTTL)
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		o, _ := c.call(ctx, c.runner(oc), nil)
+		o, _ := c.calls.op(ctx, oc, nil)
 		cancel()
-		results, err := c.renewedBatch(batch[0].l.p, o, len(batch))
+		results, more, err := renewedBatch(o, len(batch))
+		if more {
+			c.more(batch[0].l.p)
+		}
 		for i, r := range batch {
 			if err != nil {
 				r.done <- renewResult{err: err}

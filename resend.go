@@ -78,7 +78,7 @@ func (c *Client) resendLater(oc opCall, p plan, until time.Time) {
 				continue
 			}
 			ctx, cancel := context.WithDeadline(context.Background(), until)
-			res, _ := c.run(ctx, oc)
+			res, _ := c.calls.run(ctx, oc)
 			_, err := c.released(p, res)
 			cancel()
 			if err == nil || !transient(err) {

@@ -21,7 +21,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock/internal/redistest"
-	"github.com/fairlock/fairlock/internal/scripthook"
+	"github.com/fairlock/fairlock/internal/testhook"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )
@@ -45,7 +45,7 @@ func newResendPair(t testing.TB, real, fast bool) *resendPair {
 		m.SetTime(time.Now()) // fixed, so that expiries read back exactly
 		addr, dbOnce, dbTwice = m.Addr(), 1, 2
 	}
-	inner := scripthook.NoFastPaths
+	inner := testhook.NoFastPaths
 	if fast {
 		inner = nil
 		name += ", fast paths on"

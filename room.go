@@ -311,7 +311,7 @@ func (r *room) refresh() (next time.Duration, first error) {
 	send := func(args []string) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 		sent := time.Now()
-		res, _ := c.run(ctx, opCall{op: opRefresh, keys: r.k.list(), args: args}) // unreplicated refreshes are refreshed again
+		res, _ := c.calls.run(ctx, opCall{op: opRefresh, keys: r.k.list(), args: args}) // unreplicated refreshes are refreshed again
 		cancel()
 		rep, err := parseRefreshReply(res)
 		r.noteRefreshed(args, sent, err)

@@ -28,7 +28,6 @@ import (
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/halfrun"
 	"github.com/fairlock/fairlock/internal/redistest"
-	"github.com/fairlock/fairlock/internal/scripthook"
 	"github.com/fairlock/fairlock/semaphore"
 	"github.com/redis/go-redis/v9"
 )
@@ -57,10 +56,10 @@ type scaleEnv struct {
 // fails the test on any half run recorded under its prefix.
 func newScaleEnv(t *testing.T, b *redistest.Backend) *scaleEnv {
 	t.Helper()
-	if scripthook.Get() == nil {
+	if !fairlock.HasTestTransform() {
 		// (Under RecordAndReplay the recording passes scripts through
 		// halfrun's transform itself.)
-		t.Cleanup(scripthook.Set(halfrun.Transform))
+		t.Cleanup(fairlock.SetTestTransform(halfrun.Transform))
 	}
 	e := &scaleEnv{t: t, b: b, rdb: b.Client(t), prefix: redistest.Prefix(t)}
 	halfrun.Check(t, e.rdb, e.prefix+"*")

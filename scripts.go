@@ -252,7 +252,7 @@ func newCode(transform func(string) string) *code {
 var defaultCode = newCode(nil)
 
 // newScripts returns a client's scripts, passing each source through
-// transform when it is not nil (tests only; see internal/scripthook).
+// transform when it is not nil (tests only; see internal/testhook).
 func newScripts(transform func(string) string) *scripts {
 	k := defaultCode
 	if transform != nil {

@@ -81,8 +81,8 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	if err != nil {
 		return Status{}, opError("status", []string{name}, err)
 	}
-	o, _ := c.call(ctx, func(ctx context.Context) outcome {
-		res, _ := c.run(ctx, statusCall(k.list()))
+	o, _ := c.calls.call(ctx, func(ctx context.Context) outcome {
+		res, _ := c.calls.run(ctx, statusCall(k.list()))
 		return outcome{res: res}
 	}, nil)
 	res, err := o.res.Slice()

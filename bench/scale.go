@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
-	"github.com/fairlock/fairlock/internal/listenhook"
+	"github.com/fairlock/fairlock/internal/testhook"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -533,8 +533,8 @@ func (e *env) wakeRun(im impl, K int, wait, limit time.Duration) (wakeResult, er
 	var waiter locker
 	isFairlock := im.ownRow()
 	if isFairlock {
-		defer listenhook.Add(wrdb, bl)()
-		c, err := fairlock.New(wrdb, fairlock.WithPrefix(e.run+im.name+":"), fairlock.WithLeaseTTL(leaseTTL), fairlock.WithObserver(queued))
+		c, err := fairlock.New(wrdb, fairlock.WithPrefix(e.run+im.name+":"), fairlock.WithLeaseTTL(leaseTTL), fairlock.WithObserver(queued),
+			testhook.BlockingHooks[fairlock.Option](bl))
 		if err != nil {
 			return r, err
 		}

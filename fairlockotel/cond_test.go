@@ -161,9 +161,9 @@ func TestCondWaitsCounted(t *testing.T) {
 	// A lease a wait returned is lost: its process is cut off.
 	faults := &redistest.Faults{}
 	frdb := r.b.Client(t)
-	redistest.AddHook(t, frdb, faults)
+	faulty := redistest.AddHook[fairlock.Option](frdb, faults)
 	t.Cleanup(faults.Hear)
-	fc, err := fairlock.New(frdb, fairlock.WithPrefix(r.prefix), fairlock.WithObserver(r.obs),
+	fc, err := fairlock.New(frdb, faulty, fairlock.WithPrefix(r.prefix), fairlock.WithObserver(r.obs),
 		fairlock.WithLeaseTTL(600*time.Millisecond), fairlock.WithWaiterTTL(time.Minute))
 	if err != nil {
 		t.Fatal(err)

@@ -1,16 +1,47 @@
 package fairlockvalkey_test
 
 import (
+	"os"
 	"testing"
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/fairlockvalkey"
 	"github.com/fairlock/fairlock/internal/conformance"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/robustness"
 	"github.com/valkey-io/valkey-go"
 )
 
-func TestMain(m *testing.M) { redistest.Main(m) }
+// TestMain runs the tests, or, in a child of internal/robustness's runs
+// (which build this binary), that child's traffic through valkey.
+func TestMain(m *testing.M) {
+	if robustness.IsChild() {
+		os.Exit(robustness.ChildMain(dial))
+	}
+	redistest.Main(m)
+}
+
+// dial is internal/robustness's Dial through valkey.
+func dial(tg robustness.Target, opts ...fairlock.Option) (*fairlock.Client, func(), error) {
+	opt := valkey.ClientOption{InitAddress: []string{tg.Addr}}
+	switch {
+	case len(tg.Sentinels) > 0:
+		opt.InitAddress = tg.Sentinels
+		opt.Sentinel = valkey.SentinelOption{MasterSet: tg.MasterName}
+	case len(tg.Cluster) > 0:
+		opt.InitAddress = tg.Cluster
+	}
+	rdb, err := valkey.NewClient(opt)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := fairlockvalkey.New(rdb, opts...)
+	if err != nil {
+		rdb.Close()
+		return nil, nil, err
+	}
+	return c, rdb.Close, nil
+}
 
 // The behaviour every Backend must show (internal/conformance), through
 // valkey-go: on miniredis, a real server and a Cluster.

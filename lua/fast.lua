@@ -15,7 +15,7 @@
 -- TestFastPathsMatchGeneralPath proves each equal to the general path.
 
 -- FAST_PATHS lets the commonest calls take their fast path.
--- internal/scripthook.NoFastPaths turns it off in tests, so that every
+-- internal/testhook.NoFastPaths turns it off in tests, so that every
 -- call takes the general path and the two can be compared.
 local FAST_PATHS = true
 

@@ -29,8 +29,8 @@ func p99(ds []time.Duration) time.Duration {
 	return s[len(s)*99/100]
 }
 
-func benchClient(b *testing.B, rdb fairlock.RedisClient, prefix string) *fairlock.Client {
-	c, err := fairlock.New(rdb, fairlock.WithPrefix(prefix))
+func benchClient(b *testing.B, rdb fairlock.RedisClient, prefix string, opts ...fairlock.Option) *fairlock.Client {
+	c, err := fairlock.New(rdb, append([]fairlock.Option{fairlock.WithPrefix(prefix)}, opts...)...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -141,10 +141,10 @@ func BenchmarkDrain1000(b *testing.B) {
 	prefix := redistest.Prefix(b)
 	cnt := fltest.NewCounter()
 	rdb := be.Client(b)
-	redistest.AddHook(b, rdb, cnt)
+	counted := redistest.AddHook[fairlock.Option](rdb, cnt)
 	inspect := be.Client(b)
 	hold := benchSem(b, benchClient(b, be.Client(b), prefix), "d", 1)
-	s := benchSem(b, benchClient(b, rdb, prefix), "d", 1)
+	s := benchSem(b, benchClient(b, rdb, prefix, counted), "d", 1)
 	ctx := context.Background()
 	const n = 1000
 	var drain []time.Duration

@@ -407,8 +407,8 @@ func TestCondResentSignalWakesOnce(t *testing.T) {
 		first := e.startWait(ctx, 1)
 		second := e.startWait(ctx, 2)
 		rdb := b.Client(t)
-		redistest.AddHook(t, rdb, resendSignals{})
-		cond := semaphore.NewCond(e.mutex(e.ClientOn(rdb)))
+		resent := redistest.AddHook[fairlock.Option](rdb, resendSignals{})
+		cond := semaphore.NewCond(e.mutex(e.ClientOn(rdb, resent)))
 		n, err := cond.Signal(ctx)
 		if err != nil || n != 1 {
 			t.Fatalf("Signal, sent twice = %d, %v; want 1", n, err)

@@ -26,7 +26,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock"
-	"github.com/fairlock/fairlock/internal/listenhook"
+	"github.com/fairlock/fairlock/internal/testhook"
 	"github.com/fairlock/fairlock/semaphore"
 	"github.com/redis/go-redis/v9"
 )
@@ -219,13 +219,12 @@ func (d *demo) drain(n int) error {
 	prefix := fairlock.WithPrefix("fairlock-demo:drain:")
 	hc, _, hstop := d.process(prefix)
 	defer hstop()
-	c, rdb, stop := d.process(prefix)
-	defer stop()
-	cnt := &counter{}
-	rdb.AddHook(cnt)
 	// fairlock's BLPOPs run on a go-redis client of its own, built from
 	// rdb's options on the first wait; count them there too.
-	defer listenhook.Add(rdb, cnt)()
+	cnt := &counter{}
+	c, rdb, stop := d.process(prefix, testhook.BlockingHooks[fairlock.Option](cnt))
+	defer stop()
+	rdb.AddHook(cnt)
 	hm, _ := semaphore.NewMutex(hc, "jobs")
 	m, _ := semaphore.NewMutex(c, "jobs")
 	held, err := hm.Lock(ctx)

@@ -31,8 +31,8 @@ func TestBadInputAndFaults(t *testing.T) {
 	newClient := func(opts ...fairlock.Option) (*fairlock.Client, *redistest.Faults) {
 		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: "secret"})
 		f := &redistest.Faults{}
-		redistest.AddHook(t, rdb, f)
-		c, err := fairlock.New(rdb, append([]fairlock.Option{fairlock.WithPrefix("bad:")}, opts...)...)
+		faulty := redistest.AddHook[fairlock.Option](rdb, f)
+		c, err := fairlock.New(rdb, append([]fairlock.Option{fairlock.WithPrefix("bad:"), faulty}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -102,8 +102,8 @@ func TestReleaseResentAfterTransientError(t *testing.T) {
 			defer cancel()
 			h := &refuseReleases{err: tc.err, ran: tc.ran}
 			rdb := e.B.Client(t)
-			redistest.AddHook(t, rdb, h)
-			holder := e.ClientOn(rdb, fairlock.WithLeaseTTL(60*time.Second))
+			hooked := redistest.AddHook[fairlock.Option](rdb, h)
+			holder := e.ClientOn(rdb, hooked, fairlock.WithLeaseTTL(60*time.Second))
 			waiter := e.Client()
 			req := fairlock.Request{Name: "r", Capacity: 1, Permits: 1}
 			l, err := holder.Acquire(ctx, req)
@@ -179,8 +179,8 @@ func TestReleaseNotResentAfterLastingError(t *testing.T) {
 	ctx := context.Background()
 	h := &refuseReleases{err: redisErr("ERR Error running script (call to f_x): @user_script:1: bad")}
 	rdb := e.B.Client(t)
-	redistest.AddHook(t, rdb, h)
-	c := e.ClientOn(rdb, fairlock.WithLeaseTTL(60*time.Second))
+	hooked := redistest.AddHook[fairlock.Option](rdb, h)
+	c := e.ClientOn(rdb, hooked, fairlock.WithLeaseTTL(60*time.Second))
 	l, err := c.Acquire(ctx, fairlock.Request{Name: "r", Capacity: 1, Permits: 1})
 	if err != nil {
 		t.Fatal(err)

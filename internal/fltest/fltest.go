@@ -54,8 +54,8 @@ func (e *Env) FaultyClient(opts ...fairlock.Option) (*fairlock.Client, *redistes
 	e.T.Helper()
 	f := &redistest.Faults{}
 	rdb := e.B.Client(e.T)
-	redistest.AddHook(e.T, rdb, f)
-	c := e.ClientOn(rdb, opts...)
+	faulty := redistest.AddHook[fairlock.Option](rdb, f)
+	c := e.ClientOn(rdb, append([]fairlock.Option{faulty}, opts...)...)
 	// Cleanups run last-in first-out: let held BLPOPs go before Close.
 	e.T.Cleanup(f.Hear)
 	return c, f

@@ -13,7 +13,7 @@
 //
 // and pushes that message onto the list <KEYS[1]>:halfrun, which [Check]
 // reads. Errors before any write pass through unchanged. Install the
-// transform with internal/scripthook for the clients a test creates.
+// transform with internal/testhook's option on the clients a test creates.
 package halfrun
 
 import (

@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/fairlock/fairlock/internal/listenhook"
+	"github.com/fairlock/fairlock/internal/testhook"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -152,10 +152,11 @@ func (f *Faults) Hear() {
 	}
 }
 
-// AddHook adds h to rdb and to the blocking clients fairlock builds for rdb
-// (see internal/listenhook), for the rest of the test. Tests use it instead
-// of rdb.AddHook so that faults and counters also reach fairlock's BLPOPs.
-func AddHook(t testing.TB, rdb interface{ AddHook(redis.Hook) }, h redis.Hook) {
+// AddHook adds h to rdb and returns the fairlock.Option (O) that adds h
+// to the blocking client a fairlock client built on rdb makes (see
+// internal/testhook): pass it to fairlock.New, so that faults and
+// counters also reach that client's BLPOPs.
+func AddHook[O any](rdb interface{ AddHook(redis.Hook) }, h redis.Hook) O {
 	rdb.AddHook(h)
-	t.Cleanup(listenhook.Add(rdb, h))
+	return testhook.BlockingHooks[O](h)
 }

@@ -5,10 +5,14 @@
 //
 // # Traffic
 //
-// The test binary re-executes itself as child processes. Each is one
-// fairlock.Client, talking to Redis through a TCP proxy of its own, and
-// runs four workers, each a loop of acquire, read-modify-write on the
-// fenced store, release:
+// Three child processes each run one fairlock.Client, talking to Redis
+// through a TCP proxy of its own, each on a different Go Redis client: the
+// test binary re-executed (go-redis), and the test binaries of
+// fairlockrueidis and fairlockvalkey, which the run builds and whose
+// TestMain runs [ChildMain] through their [Dial]. So every fault meets
+// every client, and the three share the semaphores. A fault that strikes
+// one child strikes each in turn. Each child runs four workers, each a
+// loop of acquire, read-modify-write on the fenced store, release:
 //
 //   - a mutex (semaphore.NewMutex) guarding one register;
 //   - a semaphore of capacity 3, taking 1 to 3 permits: a holder of all 3
@@ -87,6 +91,6 @@
 // # Mutations
 //
 // [Mutations] breaks one rule of the Lua at a time (the capacity check,
-// the token sequence) through internal/scripthook in the children, and
+// the token sequence) through internal/testhook in the children, and
 // TestMutationsCaught requires the checks to fail.
 package robustness

@@ -48,23 +48,24 @@ var faults = []struct {
 				}
 			}
 		}}},
-	{scenario: scenario{name: "proxy latency 400ms, one client", promise: promiseBounded, hold: 1500 * time.Millisecond,
+	{scenario: scenario{name: "proxy latency 400ms, one client", promise: promiseBounded, hold: 1500 * time.Millisecond, eachChild: true,
 		fault: func(t *testing.T, e *env) func() {
-			e.proxies[0].SetLatency(400 * time.Millisecond)
-			return func() { e.proxies[0].SetLatency(0) }
+			p := e.proxies[e.target]
+			p.SetLatency(400 * time.Millisecond)
+			return func() { p.SetLatency(0) }
 		}}},
-	{scenario: scenario{name: "proxy stall 1.5s, one client", promise: promiseBounded, hold: 1500 * time.Millisecond,
-		fault: func(t *testing.T, e *env) func() { return e.proxies[0].Stall() }}},
+	{scenario: scenario{name: "proxy stall 1.5s, one client", promise: promiseBounded, hold: 1500 * time.Millisecond, eachChild: true,
+		fault: func(t *testing.T, e *env) func() { return e.proxies[e.target].Stall() }}},
 	{scenario: scenario{name: "proxy stall 1.5s, all clients", promise: promiseBounded, hold: 1500 * time.Millisecond,
 		fault: func(t *testing.T, e *env) func() { return all(e, (*Proxy).Stall) }}},
-	{scenario: scenario{name: "proxy cut 1.5s, one client", promise: promiseBounded, hold: 1500 * time.Millisecond,
-		fault: func(t *testing.T, e *env) func() { return e.proxies[0].Cut() }}},
+	{scenario: scenario{name: "proxy cut 1.5s, one client", promise: promiseBounded, hold: 1500 * time.Millisecond, eachChild: true,
+		fault: func(t *testing.T, e *env) func() { return e.proxies[e.target].Cut() }}},
 	{scenario: scenario{name: "proxy cut 1.5s, all clients", promise: promiseBounded, hold: 1500 * time.Millisecond,
 		fault: func(t *testing.T, e *env) func() { return all(e, (*Proxy).Cut) }}},
 	// Right after SIGCONT, before the lease's timers have run, Lease.Err
 	// must already read the lease lost: a violation here is a failure.
-	{scenario: scenario{name: "client SIGSTOP 1.5s (lease 1s)", promise: promisePaused, hold: 1500 * time.Millisecond,
-		fault: func(t *testing.T, e *env) func() { return e.stop(t, 0) }}},
+	{scenario: scenario{name: "client SIGSTOP 1.5s (lease 1s)", promise: promisePaused, hold: 1500 * time.Millisecond, eachChild: true,
+		fault: func(t *testing.T, e *env) func() { return e.stop(t, e.target) }}},
 	{scenario: scenario{name: "Redis paused 1.5s", promise: promiseBounded, hold: 1500 * time.Millisecond, fault: pause}},
 	{scenario: scenario{name: "Redis killed, restarted 500ms later, appendfsync always", promise: promiseKept,
 		hold: 500 * time.Millisecond, redisArgs: []string{"--appendonly", "yes", "--appendfsync", "always"},

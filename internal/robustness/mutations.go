@@ -25,7 +25,7 @@ var Mutations = map[string]Mutation{
 		"  return math.max(seq, now_us - now_us % 1000000)\n"},
 }
 
-// Transform returns the script transform (for internal/scripthook.Set)
+// Transform returns the script transform (for internal/testhook.Transform)
 // that applies m to a script's source, or nil when the source does not
 // contain m.Old.
 func (m Mutation) Transform() func(string) string {

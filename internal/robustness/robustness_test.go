@@ -26,10 +26,63 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(envChild) != "" {
-		os.Exit(childMain())
+	if IsChild() {
+		os.Exit(ChildMain(GoRedis))
 	}
-	redistest.Main(m)
+	redistest.MainWith(m, func() {
+		if clientsDir != "" {
+			os.RemoveAll(clientsDir)
+		}
+	})
+}
+
+// A clientBinary is a test binary whose children speak to Redis through
+// one Go Redis client.
+type clientBinary struct{ client, path string }
+
+// The modules of the other clients' Backends, whose test binaries run
+// ChildMain through their Dial (see their TestMain).
+var clientModules = []struct{ client, dir string }{
+	{"rueidis", "fairlockrueidis"},
+	{"valkey-go", "fairlockvalkey"},
+}
+
+var (
+	clientsOnce sync.Once
+	clientBins  []clientBinary
+	clientsErr  error
+	clientsDir  string
+)
+
+// clientBinaries returns the binaries a run's children take turns
+// between: this one (go-redis) and each of clientModules' test binaries,
+// built once per process (with the race detector when this binary has
+// it), so that every fault meets every client, on the same semaphores.
+func clientBinaries(t *testing.T) []clientBinary {
+	clientsOnce.Do(func() {
+		clientBins = []clientBinary{{"go-redis", os.Args[0]}}
+		if clientsDir, clientsErr = os.MkdirTemp("", "fairlock-robustness-"); clientsErr != nil {
+			return
+		}
+		for _, m := range clientModules {
+			out := filepath.Join(clientsDir, m.dir+".test")
+			args := []string{"test", "-c", "-o", out}
+			if redistest.Race {
+				args = append(args, "-race")
+			}
+			cmd := exec.Command("go", append(args, ".")...)
+			cmd.Dir = filepath.Join("..", "..", m.dir)
+			if b, err := cmd.CombinedOutput(); err != nil {
+				clientsErr = fmt.Errorf("build %s's test binary in %s: %v\n%s", m.client, m.dir, err, b)
+				return
+			}
+			clientBins = append(clientBins, clientBinary{m.client, out})
+		}
+	})
+	if clientsErr != nil {
+		t.Fatal(clientsErr)
+	}
+	return clientBins
 }
 
 // Timing of the traffic, for the short run.
@@ -53,9 +106,12 @@ type scenario struct {
 	promise   string   // what the docs promise under this fault
 	redisArgs []string // extra redis-server arguments
 	// fault injects one fault and returns its heal; nil for a fault-free run.
-	fault    func(t *testing.T, e *env) (heal func())
-	hold     time.Duration // how long a fault lasts before it is healed
-	mutation string        // a Mutations name the children run with
+	fault func(t *testing.T, e *env) (heal func())
+	hold  time.Duration // how long a fault lasts before it is healed
+	// eachChild: the fault strikes one child (env.target), each child in
+	// turn, so that it meets each client under test.
+	eachChild bool
+	mutation  string // a Mutations name the children run with
 	// deploy is the Redis deployment: "" for one server behind a proxy per
 	// child, "sentinel" for a master, a replica and three sentinels,
 	// "cluster" for three masters; the children reach the last two
@@ -75,6 +131,7 @@ type env struct {
 	cluster  *redisserver.Cluster
 	proxies  []*Proxy
 	kids     []*kid
+	target   int // the child a one-child fault strikes this round
 
 	// switched is when the nemesis last saw the sentinels name a new
 	// master (see failover).
@@ -194,12 +251,15 @@ func run(t *testing.T, sc scenario) Result {
 	default:
 		t.Fatalf("unknown deployment %q", sc.deploy)
 	}
+	bins := clientBinaries(t)
+	if sc.older != "" {
+		bins = []clientBinary{{"older release", sc.older}, {"go-redis", os.Args[0]}}
+	}
+	var who []string
 	for i := range children {
-		bin := os.Args[0]
-		if sc.older != "" && i%2 == 0 {
-			bin = sc.older
-		}
-		k := &kid{cmd: exec.Command(bin, "-test.run=^$")}
+		bin := bins[i%len(bins)]
+		who = append(who, fmt.Sprintf("child %d: %s", i, bin.client))
+		k := &kid{cmd: exec.Command(bin.path, "-test.run=^$")}
 		k.cmd.Env = append(os.Environ(),
 			"GORACE=atexit_sleep_ms=0", redisEnv(i), envAck+"="+strconv.Itoa(sc.replicaAck),
 			envChild+"="+strconv.Itoa(i), envStore+"="+store.URL(),
@@ -216,8 +276,12 @@ func run(t *testing.T, sc scenario) Result {
 		e.kids = append(e.kids, k)
 	}
 	calm, n := timing()
+	if sc.eachChild {
+		n = max(n, children)
+	}
 	time.Sleep(calm)
-	for range n {
+	for round := range n {
+		e.target = round % children
 		if sc.fault != nil {
 			heal := sc.fault(t, e)
 			time.Sleep(sc.hold)
@@ -247,6 +311,14 @@ func run(t *testing.T, sc scenario) Result {
 	}
 	res := Check(h, store.Finals(), e.pauses, Limits{Slack: slack, Linearizability: time.Minute})
 	res.Notes = e.notes()
+	t.Logf("%s (%s)", sc.name, strings.Join(who, ", "))
+	for i := range children {
+		if res.ByChild[i] == 0 {
+			// Every client under test must have been through the
+			// fault, not only present.
+			t.Errorf("%s: no lease granted to child %d (%s)", sc.name, i, bins[i%len(bins)].client)
+		}
+	}
 	t.Logf("%s: %d leases, %d store calls, %d refused by fencing, %d leases lost, %d fairlock errors %v, latest return after a deadline %v, %d violations",
 		sc.name, res.Acquired, res.StoreOps, res.Refused, res.Lost, res.Errors, res.ErrorKinds, res.MaxLate, len(res.Violations))
 	return res

@@ -15,7 +15,7 @@ import (
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/redisserver"
-	"github.com/fairlock/fairlock/internal/scripthook"
+	"github.com/fairlock/fairlock/internal/testhook"
 	"github.com/fairlock/fairlock/multilock"
 	"github.com/fairlock/fairlock/semaphore"
 	"github.com/redis/go-redis/v9"
@@ -47,46 +47,83 @@ const (
 	multiB    = "{ml}:b"
 )
 
-// childMain runs a child: four workers (mutex, semaphore, read-write mutex,
-// multi-lock), each a loop of acquire, read-modify-write on the fenced
-// store, release, recorded in the history file, until stdin closes.
-func childMain() int {
-	idx, _ := strconv.Atoi(os.Getenv(envChild))
-	dur := func(k string) time.Duration { d, _ := time.ParseDuration(os.Getenv(k)); return d }
-	if m := os.Getenv(envMutation); m != "" {
-		mut, ok := Mutations[m]
-		if !ok {
-			fmt.Fprintln(os.Stderr, "unknown mutation", m)
-			return 2
-		}
-		scripthook.Set(mut.Transform())
-	}
+// A Target is the Redis a child is given: one address (through the
+// child's proxy), a Sentinel set's sentinels, or a Cluster's nodes.
+type Target struct {
+	Addr       string
+	Sentinels  []string // with MasterName
+	MasterName string
+	Cluster    []string
+}
+
+// Dial returns a fairlock Client, made with opts, on tg through the Redis
+// client under test, and a function that closes that Redis client (after
+// the fairlock Client is closed).
+type Dial func(tg Target, opts ...fairlock.Option) (*fairlock.Client, func(), error)
+
+// IsChild reports whether this process was started as a child of a
+// robustness run: its TestMain then runs [ChildMain] in place of the
+// tests.
+func IsChild() bool { return os.Getenv(envChild) != "" }
+
+// GoRedis is the Dial of go-redis's clients: *redis.Client, the Sentinel
+// failover client and *redis.ClusterClient.
+func GoRedis(tg Target, opts ...fairlock.Option) (*fairlock.Client, func(), error) {
 	redis.SetLogger(quietLogger{})
 	var rdb interface {
 		fairlock.RedisClient
 		Close() error
 	}
 	switch {
-	case os.Getenv(envSentinels) != "":
-		rdb = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: redisserver.MasterName,
-			SentinelAddrs: strings.Split(os.Getenv(envSentinels), ",")})
-	case os.Getenv(envCluster) != "":
-		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(os.Getenv(envCluster), ",")})
+	case len(tg.Sentinels) > 0:
+		rdb = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: tg.MasterName, SentinelAddrs: tg.Sentinels})
+	case len(tg.Cluster) > 0:
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: tg.Cluster})
 	default:
-		rdb = redis.NewClient(&redis.Options{Addr: os.Getenv(envAddr)})
+		rdb = redis.NewClient(&redis.Options{Addr: tg.Addr})
 	}
-	defer rdb.Close()
+	c, err := fairlock.New(rdb, opts...)
+	if err != nil {
+		rdb.Close()
+		return nil, nil, err
+	}
+	return c, func() { rdb.Close() }, nil
+}
+
+// ChildMain runs a child through dial and returns its exit code: four
+// workers (mutex, semaphore, read-write mutex, multi-lock), each a loop of
+// acquire, read-modify-write on the fenced store, release, recorded in
+// the history file, until stdin closes.
+func ChildMain(dial Dial) int {
+	idx, _ := strconv.Atoi(os.Getenv(envChild))
+	dur := func(k string) time.Duration { d, _ := time.ParseDuration(os.Getenv(k)); return d }
+	var mutation fairlock.Option
+	if m := os.Getenv(envMutation); m != "" {
+		mut, ok := Mutations[m]
+		if !ok {
+			fmt.Fprintln(os.Stderr, "unknown mutation", m)
+			return 2
+		}
+		mutation = testhook.Transform[fairlock.Option](mut.Transform())
+	}
+	tg := Target{Addr: os.Getenv(envAddr)}
+	if s := os.Getenv(envSentinels); s != "" {
+		tg = Target{Sentinels: strings.Split(s, ","), MasterName: redisserver.MasterName}
+	} else if s := os.Getenv(envCluster); s != "" {
+		tg = Target{Cluster: strings.Split(s, ",")}
+	}
 	opts := []fairlock.Option{fairlock.WithPrefix(os.Getenv(envPrefix)),
 		fairlock.WithLeaseTTL(dur(envLease)), fairlock.WithWaiterTTL(dur(envWaiter)),
-		fairlock.WithOwner(fmt.Sprintf("child%d", idx))}
+		fairlock.WithOwner(fmt.Sprintf("child%d", idx)), mutation}
 	if n, _ := strconv.Atoi(os.Getenv(envAck)); n > 0 {
 		opts = append(opts, fairlock.WithReplicaAck(n, 500*time.Millisecond))
 	}
-	c, err := fairlock.New(rdb, opts...)
+	c, closeRedis, err := dial(tg, opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 1
 	}
+	defer closeRedis()
 	defer c.Close()
 	f, err := os.OpenFile(os.Getenv(envHist), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {

@@ -1,0 +1,52 @@
+// Package testhook builds the options that fairlock's tests, its demo and
+// its bench pass to a Client and no program outside this module can: a
+// transform of the source of every script the client runs (to break a rule
+// on purpose, to instrument every redis.call, to turn the fast paths off),
+// and go-redis hooks on the connections of its blocking reads (fault
+// injection, command counters), which belong to a go-redis client fairlock
+// builds and carries none of the caller's hooks.
+//
+// Each is a fairlock.Option for one client, not a setting of the process:
+// the root package sets the functions below when it is initialised, and
+// they return the option as any, since this package cannot import
+// fairlock. [Transform] and [BlockingHooks] assert it back.
+package testhook
+
+import (
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	// TransformOption returns a fairlock.Option that passes the source of
+	// each of the client's scripts (queue.lua and its includes with the
+	// entry, whole) through f. A client with a transform runs its scripts
+	// by EVAL only.
+	TransformOption func(f func(src string) string) any
+	// BlockingHooksOption returns a fairlock.Option that adds hooks to the
+	// go-redis client a client built by fairlock.New makes for its
+	// blocking reads (a Backend of another client ignores it).
+	BlockingHooksOption func(hooks ...redis.Hook) any
+)
+
+// Transform returns TransformOption(f) as O (fairlock.Option).
+func Transform[O any](f func(src string) string) O { return TransformOption(f).(O) }
+
+// BlockingHooks returns BlockingHooksOption(hooks...) as O (fairlock.Option).
+func BlockingHooks[O any](hooks ...redis.Hook) O { return BlockingHooksOption(hooks...).(O) }
+
+// fastPathsOn is the line of queue.lua that turns the scripts' fast paths
+// on.
+const fastPathsOn = "local FAST_PATHS = true\n"
+
+// NoFastPaths returns src with the scripts' fast paths turned off: every
+// call then takes the general path. Tests compose it with other transforms
+// to compare the two paths. It panics if src has no fast-path switch, so
+// that a test cannot believe it turned off what no longer exists.
+func NoFastPaths(src string) string {
+	if !strings.Contains(src, fastPathsOn) {
+		panic("testhook: the script has no fast-path switch (" + strings.TrimSpace(fastPathsOn) + ")")
+	}
+	return strings.Replace(src, fastPathsOn, "local FAST_PATHS = false\n", 1)
+}
