@@ -65,6 +65,7 @@ func Run(t *testing.T, tg Target) {
 		{"Election", electionObserved},
 		{"ConnectionsKilled", connectionsKilled},
 		{"ReleaseCancelled", releaseCancelled},
+		{"Property", property},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, tg) })
 	}
