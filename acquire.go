@@ -58,7 +58,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 	for {
 		// A waiter registers before its script runs, so a grant announced
 		// the moment it is queued finds it.
-		r, w, err := c.register(p, wait)
+		r, w, err := c.waits.register(p, wait)
 		if err != nil {
 			return nil, wrap(err)
 		}
@@ -70,12 +70,12 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 			c.cleanUp(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p)
 		})
 		if !ok {
-			c.unregister(r, w)
+			c.waits.unregister(r, w)
 			return nil, wrap(ctx.Err())
 		}
 		rep, err := parseAcquireReply(o.res, len(p.parts))
 		if err != nil {
-			c.unregister(r, w)
+			c.waits.unregister(r, w)
 			if !isDialError(err) { // (then the call's late clean-up withdraws)
 				// The script may have run before the failure was seen,
 				// or ran and answered what this release cannot read.
@@ -85,7 +85,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		}
 		switch rep.code {
 		case acqGranted, acqGrantedBefore:
-			c.unregister(r, w)
+			c.waits.unregister(r, w)
 			if rep.g.expiry <= rep.now {
 				// Granted by a run whose reply was lost, and expired
 				// since: ask again.
@@ -102,16 +102,16 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 			deadline := clockSample{sent: sent, redis: rep.now}.localDeadline(rep.g.expiry)
 			return c.newLease(ctx, p, w.ticket, rep.g.tokens, deadline, rep.code == acqGrantedBefore)
 		case acqNotGranted:
-			c.unregister(r, w)
+			c.waits.unregister(r, w)
 			return nil, wrap(ErrNotAcquired)
 		case acqEnded:
 			// A resend found this request's grant over: ask again.
-			c.unregister(r, w)
+			c.waits.unregister(r, w)
 			continue
 		}
 		// Queued.
 		if o.ackErr != nil {
-			c.unregister(r, w)
+			c.waits.unregister(r, w)
 			c.withdraw(ctx, p, w.ticket)
 			return nil, wrap(o.ackErr)
 		}
@@ -119,7 +119,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 			queued = sent
 			c.observe(Event{Kind: WaitStarted, Names: p.names, Permits: p.permits(), ID: p.id})
 		}
-		c.noteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clockSample{sent: sent, redis: rep.now})
+		c.waits.noteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clockSample{sent: sent, redis: rep.now})
 		tokens, deadline, again, err := c.awaitGrant(ctx, op, p, p, r, w)
 		switch {
 		case err != nil:
@@ -169,7 +169,7 @@ func (c *Client) awaitGrant(ctx context.Context, op string, p, leave plan, r *ro
 	case <-ctx.Done():
 	case <-c.done:
 	}
-	c.unregister(r, w)
+	c.waits.unregister(r, w)
 	c.withdraw(ctx, leave, w.ticket)
 	if err := ctx.Err(); err != nil {
 		return nil, time.Time{}, false, opError(op, p.names, err)

@@ -215,13 +215,3 @@ type Subscription interface {
 	// Close ends the subscription and any Receive blocked on it.
 	Close() error
 }
-
-// subscribe returns a subscription to channel through c's Backend, or an
-// error matching errors.ErrUnsupported when it cannot subscribe.
-func (c *Client) subscribe(ctx context.Context, channel string) (Subscription, error) {
-	s, ok := c.b.(Subscriber)
-	if !ok || !c.canSubscribe() {
-		return nil, fmt.Errorf("%w: %T cannot subscribe", errors.ErrUnsupported, c.client())
-	}
-	return s.Subscribe(ctx, channel)
-}

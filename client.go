@@ -3,10 +3,11 @@ package fairlock
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -59,6 +60,7 @@ type Client struct {
 	cfg   config
 	calls *caller  // the script call path
 	renew *renewer // batches the leases' renewals
+	waits *waits   // where acquisitions wait for their grants
 	id    string   // identifies this client's wake lists; unguessable
 	// The lease and waiter TTLs as script arguments, rendered once.
 	leaseMs, waiterMs string
@@ -68,17 +70,11 @@ type Client struct {
 	closeAll context.CancelFunc
 	done     <-chan struct{}
 
-	mu          sync.Mutex
-	closed      bool
-	shut        *closing         // the close that closed set; see close.go
-	rooms       map[string]*room // by keys.base
-	leases      map[*Lease]struct{}
-	pumping     map[string]bool        // keys.base of semaphores a background pump serves
-	listeners   map[string][]*listener // by listenGroup
-	listenerSeq uint64                 // names listeners' control lists
-	blk         Backend                // where listeners block; see blockingLocked
-	closeBlk    func() error           // closes blk if the Client's Backend made it
-	noBLMPop    atomic.Bool            // blk's server lacks BLMPOP: listeners use BLPOP
+	mu      sync.Mutex
+	closed  bool
+	shut    *shutdownState // the close that closed set; see close.go
+	leases  map[*Lease]struct{}
+	pumping map[string]bool // keys.base of semaphores a background pump serves
 
 	wg sync.WaitGroup // goroutines the client starts (renewal timers are
 	// stopped through each lease instead)
@@ -129,23 +125,24 @@ func newClient(b Backend, rdb RedisClient, opts []Option) (*Client, error) {
 		id = cfg.owner + "/" + id
 	}
 	c := &Client{
-		b:         b,
-		info:      info,
-		cfg:       cfg,
-		id:        id,
-		leaseMs:   msArg(cfg.leaseTTL),
-		waiterMs:  msArg(cfg.waiterTTL),
-		rooms:     make(map[string]*room),
-		leases:    make(map[*Lease]struct{}),
-		pumping:   make(map[string]bool),
-		listeners: make(map[string][]*listener),
+		b:        b,
+		info:     info,
+		cfg:      cfg,
+		id:       id,
+		leaseMs:  msArg(cfg.leaseTTL),
+		waiterMs: msArg(cfg.waiterTTL),
+		leases:   make(map[*Lease]struct{}),
+		pumping:  make(map[string]bool),
 	}
 	c.calls = &caller{b: b, info: info, scripts: newScripts(cfg.transform),
 		ackReplicas: cfg.ackReplicas, ackTimeout: cfg.ackTimeout, spawn: c.spawn}
 	c.closing, c.closeAll = context.WithCancel(context.Background())
+	c.done = c.closing.Done()
+	c.waits = &waits{mu: &c.mu, wg: &c.wg, closing: c.closing, done: c.done, calls: c.calls, b: b, info: info,
+		cfg: &c.cfg, id: id, leaseMs: c.leaseMs, waiterMs: c.waiterMs, logf: c.logf,
+		rooms: make(map[string]*room), listeners: make(map[string][]*listener)}
 	c.renew = &renewer{calls: c.calls, closing: c.closing, id: id, leaseTTL: cfg.leaseTTL,
 		more: c.pumpLater, queues: make(map[string]*renewQueue)}
-	c.done = c.closing.Done()
 	c.tasksDone = sync.NewCond(&c.mu)
 	return c, nil
 }
@@ -275,15 +272,57 @@ func (c *Client) check(req Request) (keys, error) {
 	return k, nil
 }
 
-// newTicket returns a fresh, unguessable ticket id (more than 128 random
-// bits). Only the holder of a Lease knows its ticket, so nobody else can
-// release or renew it.
-func newTicket() string { return rand.Text() }
-
 // validate reports whether req is a request c can serve: a valid name, a
 // capacity in [1, MaxCapacity], permits in [1, capacity] and a MaxHold
 // that is not negative. It contacts no server.
 func (c *Client) validate(req Request) error {
 	_, err := c.check(req)
 	return err
+}
+
+// isClosed reports whether Close has begun.
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// keys returns the keys of the semaphore name under the client's prefix
+// (see keysFor).
+func (c *Client) keys(name string) (keys, error) { return keysFor(c.cfg.prefix, name) }
+
+// observe reports an event, if the client has an observer.
+func (c *Client) observe(e Event) {
+	if c.cfg.observer != nil {
+		c.cfg.observer.Observe(e)
+	}
+}
+
+// logf logs msg at level with the semaphore names, the client's owner label
+// and, if not "", the ticket's token, when the client has a logger.
+func (c *Client) logf(level slog.Level, msg string, names []string, token string, attrs ...slog.Attr) {
+	l := c.cfg.logger
+	if l == nil || !l.Enabled(context.Background(), level) {
+		return
+	}
+	if names != nil {
+		attrs = append(attrs, slog.Any("semaphores", names))
+	}
+	if c.cfg.owner != "" {
+		attrs = append(attrs, slog.String("owner", c.cfg.owner))
+	}
+	if token != "" {
+		attrs = append(attrs, slog.String("token", token))
+	}
+	l.LogAttrs(context.Background(), level, msg, attrs...)
+}
+
+// subscribe returns a subscription to channel through c's Backend, or an
+// error matching errors.ErrUnsupported when it cannot subscribe.
+func (c *Client) subscribe(ctx context.Context, channel string) (Subscription, error) {
+	s, ok := c.b.(Subscriber)
+	if !ok || !c.canSubscribe() {
+		return nil, fmt.Errorf("%w: %T cannot subscribe", errors.ErrUnsupported, c.client())
+	}
+	return s.Subscribe(ctx, channel)
 }

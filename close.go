@@ -23,9 +23,9 @@ import (
 // the connection pool that other clients of the same go-redis client use.
 const closeFanOut = 16
 
-// closing is one close of a client: set, with Client.closed, by the first
+// shutdownState is one close of a client: set, with Client.closed, by the first
 // Close, Shutdown or Abandon.
-type closing struct {
+type shutdownState struct {
 	release bool          // release the leases (Close, Shutdown), or leave them (Abandon)
 	by      time.Time     // when releases give up: one waiter TTL from the close
 	done    chan struct{} // closed when the close's work has ended
@@ -37,7 +37,7 @@ type closing struct {
 }
 
 // fail notes a release that did not land, for err.
-func (s *closing) fail(err error) {
+func (s *shutdownState) fail(err error) {
 	s.failed.Add(1)
 	s.lastErr.Store(err)
 }
@@ -100,15 +100,15 @@ func (c *Client) shutdown(ctx context.Context, release bool) error {
 	c.mu.Lock()
 	s := c.shut
 	if s == nil {
-		s = &closing{release: release, by: time.Now().Add(c.cfg.waiterTTL), done: make(chan struct{})}
+		s = &shutdownState{release: release, by: time.Now().Add(c.cfg.waiterTTL), done: make(chan struct{})}
 		c.shut = s
-		c.closed = true
+		c.closed, c.waits.closed = true, true
 		c.closeAll() // blocked waits leave their queues, blocking reads end
 		var listening []*listener
-		for _, ls := range c.listeners {
+		for _, ls := range c.waits.listeners {
 			listening = append(listening, ls...)
 		}
-		closeBlk := c.closeBlk
+		closeBlk := c.waits.closeBlk
 		leases := make([]*Lease, 0, len(c.leases))
 		for l := range c.leases {
 			leases = append(leases, l)
@@ -145,7 +145,7 @@ func (c *Client) shutdown(ctx context.Context, release bool) error {
 // stop does the close's work: it releases or abandons leases, ends the
 // blocking reads of listening, and waits for every goroutine the client
 // started; then it closes s.done.
-func (c *Client) stop(s *closing, leases []*Lease, listening []*listener, closeBlk func() error) {
+func (c *Client) stop(s *shutdownState, leases []*Lease, listening []*listener, closeBlk func() error) {
 	var releases sync.WaitGroup
 	if s.release {
 		work := make(chan *Lease)
@@ -178,7 +178,7 @@ func (c *Client) stop(s *closing, leases []*Lease, listening []*listener, closeB
 		// its timeout; an entry on its control list ends it now.
 		for _, l := range listening {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = nudgeScript.on(ctx, c.b, []string{c.ctlOf(l)}, c.waiterMs)
+			_ = nudgeScript.on(ctx, c.b, []string{c.waits.ctlOf(l)}, c.waiterMs)
 			cancel()
 		}
 	}

@@ -115,7 +115,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	l.stopRenewal()
 	// The waiter registers before its script runs, so a grant announced
 	// the moment it is signalled finds it.
-	r, w, err := c.register(p, true)
+	r, w, err := c.waits.register(p, true)
 	if err != nil {
 		// The client is closing: the lease goes as its close says.
 		l.spendAtClose()
@@ -143,20 +143,20 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	l.released = true
 	l.mu.Unlock()
 	if !ok {
-		c.unregister(r, w)
+		c.waits.unregister(r, w)
 		l.finish(errReleased)
 		return nil, wrap(ctx.Err())
 	}
 	rep, err := parseWaitReply(o.res)
 	if err != nil {
-		c.unregister(r, w)
+		c.waits.unregister(r, w)
 		return nil, l.waitFailed(ctx, err, release, until, cp, fresh)
 	}
 	if rep.more {
 		c.pumpLater(p)
 	}
 	if rep.result != 1 {
-		c.unregister(r, w)
+		c.waits.unregister(r, w)
 		l.finish(ErrLeaseLost)
 		return nil, wrap(ErrLeaseLost)
 	}
@@ -164,7 +164,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	if np.id != 0 {
 		c.observe(Event{Kind: WaitStarted, Names: np.names, Permits: np.permits(), ID: np.id})
 	}
-	c.noteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clockSample{sent: sent, redis: rep.now})
+	c.waits.noteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clockSample{sent: sent, redis: rep.now})
 	tokens, deadline, again, err := c.awaitGrant(ctx, "wait", p, cp, r, w)
 	if again {
 		// A spurious wakeup: lock again, as the same acquisition (whose

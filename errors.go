@@ -1,10 +1,14 @@
 package fairlock
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 var (
@@ -154,4 +158,62 @@ func labelOf(names []string) string {
 		return strconv.Quote(names[0])
 	}
 	return fmt.Sprintf("%q", names)
+}
+
+// transient reports whether err, from a script call, is one that passes:
+// the call was refused or lost on its way (a connection dropped or
+// refused, a Cluster slot migrating or moved, a server loading its data,
+// a replica promoted or demoted, a cluster or master down, a server busy
+// with a script) and sending it again later may land. A script's own
+// error reply (FAIRLOCK_..., a wrong key type), out-of-memory and a closed
+// go-redis client are not: sending again gives the same answer.
+func transient(err error) bool {
+	if err == nil {
+		return false
+	}
+	if msg, ok := replyOf(err); ok {
+		for _, p := range []string{"TRYAGAIN", "LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "MOVED", "ASK", "BUSY", "NOREPLICAS"} {
+			if strings.HasPrefix(msg, p+" ") || msg == p {
+				return true
+			}
+		}
+		return false
+	}
+	var nerr net.Error
+	return errors.As(err, &nerr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, context.DeadlineExceeded)
+}
+
+// cutShort reports whether err is a context's: a call cut short by its
+// caller's context, which may not have been sent at all (go-redis checks
+// the context before it sends).
+func cutShort(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// slow reports whether err says Redis or the connection pool answered too
+// slowly, rather than that Redis could not be reached.
+func slow(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errPoolTimeout) ||
+		(errors.As(err, &ne) && ne.Timeout())
+}
+
+// dialError is the error of a call that ended when a dial failed: it
+// matches ErrRedis. Whether the call's script ran is not known (an earlier
+// attempt of go-redis's may have sent it on a connection that then broke),
+// so its clean-up runs when the call ends, in the background (see call).
+type dialError struct{ err error }
+
+func (e *dialError) Error() string   { return fmt.Sprintf("%v: cannot reach Redis: %v", ErrRedis, e.err) }
+func (e *dialError) Unwrap() []error { return []error{ErrRedis, e.err} }
+
+// isDialError reports whether err is a call's return at a dial failure.
+func isDialError(err error) bool {
+	if err == nil {
+		return false
+	}
+	var d *dialError
+	return errors.As(err, &d)
 }

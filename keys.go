@@ -1,6 +1,7 @@
 package fairlock
 
 import (
+	"crypto/rand"
 	"fmt"
 	"strings"
 	"unicode"
@@ -36,7 +37,22 @@ func hashTag(s string) string {
 	return s[open+1 : open+1+end]
 }
 
-// keys validates a semaphore name and returns the semaphore's keys.
+// list returns the keys every script takes, in the order queue.lua's
+// header gives.
+func (k keys) list() []string { return k.all }
+
+// wake returns the list on which grants to one client's tickets arrive.
+func (k keys) wake(client string) string {
+	return k.base + ":w:" + client
+}
+
+// newTicket returns a fresh, unguessable ticket id (more than 128 random
+// bits). Only the holder of a Lease knows its ticket, so nobody else can
+// release or renew it.
+func newTicket() string { return rand.Text() }
+
+// keysFor validates a semaphore name and returns the keys of that
+// semaphore under prefix.
 //
 // A name that carries its own hash tag ("{acct}:17") is used as is, so names
 // that share a tag share a Cluster slot (which multi-locks need). Any other
@@ -51,7 +67,7 @@ func hashTag(s string) string {
 //     different Cluster slots.
 //
 // The prefix cannot hold braces (newConfig), so it never changes the tag.
-func (c *Client) keys(name string) (keys, error) {
+func keysFor(prefix, name string) (keys, error) {
 	tag := hashTag(name)
 	switch {
 	case name == "":
@@ -67,18 +83,9 @@ func (c *Client) keys(name string) (keys, error) {
 	case tag == "" && strings.IndexByte(name, '}') >= 0:
 		return keys{}, fmt.Errorf("%w: %q contains '}' but no hash tag (a non-empty {tag}); remove the '}' or give the name a tag, such as \"{x}:a}b\"", ErrInvalidName, name)
 	}
-	base := c.cfg.prefix + "{" + name + "}"
+	base := prefix + "{" + name + "}"
 	if tag != "" {
-		base = c.cfg.prefix + name
+		base = prefix + name
 	}
 	return keys{base: base, all: []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}}, nil
-}
-
-// list returns the keys every script takes, in the order queue.lua's
-// header gives.
-func (k keys) list() []string { return k.all }
-
-// wake returns the list on which grants to one client's tickets arrive.
-func (k keys) wake(client string) string {
-	return k.base + ":w:" + client
 }

@@ -15,7 +15,7 @@ const maxListenKeys = 512
 
 // A listener receives the grants of up to maxListenKeys rooms of one
 // client with one BLPOP at a time, on one connection of the client's
-// blocking client (see [Client.blockingLocked]), never on the caller's
+// blocking client (see [waits.blockingLocked]), never on the caller's
 // pool, so waiting on any number of semaphores cannot delay renewals or
 // releases. The rooms of one listener share a group: the keys one BLPOP may
 // take together (any on a single node, one hash slot on Cluster).
@@ -47,7 +47,7 @@ type listener struct {
 // share a BLPOP. For a Backend whose placement fairlock cannot know
 // (LayoutOther), every wake list is a group of its own: one BLPOP per
 // semaphore, as the client routes single-key commands.
-func (c *Client) listenGroup(wakeKey string) string {
+func (c *waits) listenGroup(wakeKey string) string {
 	switch c.info.Layout {
 	case LayoutSingle:
 		return ""
@@ -62,7 +62,7 @@ func (c *Client) listenGroup(wakeKey string) string {
 // go-redis, a client of the caller's kind with a pool of its own, so
 // blocked reads never hold the caller's connections). If the Backend
 // cannot make one, the listeners block on it. c.mu is held.
-func (c *Client) blockingLocked() Backend {
+func (c *waits) blockingLocked() Backend {
 	if c.blk != nil {
 		return c.blk
 	}
@@ -81,7 +81,7 @@ func (c *Client) blockingLocked() Backend {
 // starting one if none has space. It returns the listener to nudge, if
 // its BLPOP may be blocked without r's wake list. c.mu is held and c is
 // not closed.
-func (c *Client) attachLocked(r *room) (nudge *listener) {
+func (c *waits) attachLocked(r *room) (nudge *listener) {
 	g := c.listenGroup(r.wakeKey)
 	var l *listener
 	for _, x := range c.listeners[g] {
@@ -116,14 +116,14 @@ func (c *Client) attachLocked(r *room) (nudge *listener) {
 
 // ctlName names a listener's control list, numbered seq, in the slot and
 // under the hash tag of key.
-func (c *Client) ctlName(key string, seq uint64) string {
+func (c *waits) ctlName(key string, seq uint64) string {
 	return c.cfg.prefix + "{" + hashTag(key) + "}:l:" + c.id + ":" + strconv.FormatUint(seq, 10)
 }
 
 // nudge ends l's BLPOP so that it starts again with its new keys. If it
 // fails, the new rooms are heard when the BLPOP times out (listenTimeout),
 // and their grants are found by their refresh in any case.
-func (c *Client) nudge(l *listener, via Backend) {
+func (c *waits) nudge(l *listener, via Backend) {
 	defer c.wg.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 	defer cancel()
@@ -131,7 +131,7 @@ func (c *Client) nudge(l *listener, via Backend) {
 }
 
 // ctlOf returns l's control list (which leaveOutForeign may rename).
-func (c *Client) ctlOf(l *listener) string {
+func (c *waits) ctlOf(l *listener) string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return l.ctl
@@ -139,7 +139,7 @@ func (c *Client) ctlOf(l *listener) string {
 
 // runListener is l's goroutine: it BLPOPs on l's keys and hands each grant
 // to its room, until l has no room left or c closes.
-func (c *Client) runListener(l *listener, blk Backend) {
+func (c *waits) runListener(l *listener, blk Backend) {
 	defer c.wg.Done()
 	backoff := time.NewTimer(0)
 	defer backoff.Stop()
@@ -233,7 +233,7 @@ return out`)
 // something other than a list, written by another program: a wake key is
 // left out of l's blocking reads, the control list replaced by one of
 // another name; the log says so. It reports whether it found any.
-func (c *Client) leaveOutForeign(l *listener, blk Backend, keys []string) bool {
+func (c *waits) leaveOutForeign(l *listener, blk Backend, keys []string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 	defer cancel()
 	types, err := typesScript.on(ctx, blk, keys).Strings()
@@ -269,7 +269,7 @@ func (c *Client) leaveOutForeign(l *listener, blk Backend, keys []string) bool {
 // sweepLocked stops the rooms of l that have had no waiter for
 // listenTimeout, looking at most four times per listenTimeout. c.mu is
 // held.
-func (c *Client) sweepLocked(l *listener) {
+func (c *waits) sweepLocked(l *listener) {
 	now := time.Now()
 	if now.Sub(l.swept) < listenTimeout/4 {
 		return
@@ -291,7 +291,7 @@ func (c *Client) sweepLocked(l *listener) {
 }
 
 // dropListenerLocked stops l's remaining rooms and forgets l. c.mu is held.
-func (c *Client) dropListenerLocked(l *listener) {
+func (c *waits) dropListenerLocked(l *listener) {
 	for _, r := range l.rooms {
 		c.stopRoomLocked(r)
 	}
@@ -311,7 +311,7 @@ func (c *Client) dropListenerLocked(l *listener) {
 }
 
 // isClosed reports whether Close has begun.
-func (c *Client) isClosed() bool {
+func (c *waits) isClosed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.closed
@@ -332,7 +332,7 @@ const drainBatch = 128
 // closes: a client that gives a blocking read no deadline of its own
 // (rueidis, valkey-go) cannot hang on a Redis that stopped answering, nor
 // keep Close waiting for it.
-func (c *Client) blockingPop(blk Backend, keys []string) (key string, vals []string, many bool, err error) {
+func (c *waits) blockingPop(blk Backend, keys []string) (key string, vals []string, many bool, err error) {
 	ctx, cancel := context.WithTimeout(c.closing, listenTimeout+c.cfg.waiterTTL)
 	defer cancel()
 	if !c.noBLMPop.Load() {
@@ -357,7 +357,7 @@ func wrongType(err error) bool {
 // per command: after a release granted thousands of one process's waiters,
 // their wake-ups arrive together, and one BLPOP each would cost a round
 // trip each. A failure leaves them to the next BLPOP.
-func (c *Client) drain(blk Backend, key string, r *room) {
+func (c *waits) drain(blk Backend, key string, r *room) {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 		got, err := blk.Pop(ctx, key, drainBatch)

@@ -1,8 +1,6 @@
 package fairlock
 
 import (
-	"context"
-	"log/slog"
 	"sync/atomic"
 	"time"
 )
@@ -89,13 +87,6 @@ type Observer interface {
 // observer never repeat one.
 var eventIDs atomic.Uint64
 
-// observe reports an event, if the client has an observer.
-func (c *Client) observe(e Event) {
-	if c.cfg.observer != nil {
-		c.cfg.observer.Observe(e)
-	}
-}
-
 // permits lists a plan's permits in name order.
 func (p plan) permits() []int64 {
 	out := make([]int64, len(p.parts))
@@ -103,23 +94,4 @@ func (p plan) permits() []int64 {
 		out[i] = pt.req.Permits
 	}
 	return out
-}
-
-// logf logs msg at level with the semaphore names, the client's owner label
-// and, if not "", the ticket's token, when the client has a logger.
-func (c *Client) logf(level slog.Level, msg string, names []string, token string, attrs ...slog.Attr) {
-	l := c.cfg.logger
-	if l == nil || !l.Enabled(context.Background(), level) {
-		return
-	}
-	if names != nil {
-		attrs = append(attrs, slog.Any("semaphores", names))
-	}
-	if c.cfg.owner != "" {
-		attrs = append(attrs, slog.String("owner", c.cfg.owner))
-	}
-	if token != "" {
-		attrs = append(attrs, slog.String("token", token))
-	}
-	l.LogAttrs(context.Background(), level, msg, attrs...)
 }

@@ -218,7 +218,7 @@ func parseSignalReply(out result) (signalReply, error) {
 // refreshArgs starts the arguments of "refresh" (lua/ops/refresh.lua),
 // with room for n tickets; appendRefreshed adds one ticket, and
 // refreshCount counts them.
-func (c *Client) refreshArgs(n int) []string {
+func (c *waits) refreshArgs(n int) []string {
 	args := make([]string, 0, 4+3*n)
 	return append(args, opRefresh.name, c.id, c.leaseMs, c.waiterMs)
 }

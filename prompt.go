@@ -3,7 +3,6 @@ package fairlock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"runtime"
 	"sync"
@@ -286,21 +285,3 @@ func (w *dialWatch) watch(ctx context.Context, do func(context.Context) error) e
 type refusal struct{ d *dialError }
 
 func (r refusal) Error() string { return r.d.Error() }
-
-// dialError is the error of a call that ended when a dial failed: it
-// matches ErrRedis. Whether the call's script ran is not known (an earlier
-// attempt of go-redis's may have sent it on a connection that then broke),
-// so its clean-up runs when the call ends, in the background (see call).
-type dialError struct{ err error }
-
-func (e *dialError) Error() string   { return fmt.Sprintf("%v: cannot reach Redis: %v", ErrRedis, e.err) }
-func (e *dialError) Unwrap() []error { return []error{ErrRedis, e.err} }
-
-// isDialError reports whether err is a call's return at a dial failure.
-func isDialError(err error) bool {
-	if err == nil {
-		return false
-	}
-	var d *dialError
-	return errors.As(err, &d)
-}

@@ -635,7 +635,7 @@ func (m *machine) diagnose(a *actor) string {
 	list, _ := m.rdb.LRange(ctx, wake, 0, -1).Result()
 	ttl, _ := m.rdb.PTTL(ctx, wake).Result()
 	a.c.mu.Lock()
-	r := a.c.rooms[a.sem.k.base]
+	r := a.c.waits.rooms[a.sem.k.base]
 	room := "no room"
 	if r != nil {
 		room = fmt.Sprintf("room running=%v waiters=%d", r.running, len(r.waiters))
@@ -775,7 +775,7 @@ func (m *machine) begin(t *rapid.T, a *actor, parts []mpart, grant bool) {
 func (m *machine) newQueued(a *actor) string {
 	a.c.mu.Lock()
 	defer a.c.mu.Unlock()
-	if r := a.c.rooms[a.sem.k.base]; r != nil {
+	if r := a.c.waits.rooms[a.sem.k.base]; r != nil {
 		for tk, w := range r.waiters {
 			if w.queued && !m.known[tk] {
 				return tk
@@ -1135,7 +1135,7 @@ func (m *machine) heartbeat(t *rapid.T) {
 			}
 		case waiting:
 			a.c.mu.Lock()
-			r := a.c.rooms[a.sem.k.base]
+			r := a.c.waits.rooms[a.sem.k.base]
 			a.c.mu.Unlock()
 			if r == nil || refreshed[r] {
 				continue // granted by an earlier heartbeat (settle checks it), or refreshed

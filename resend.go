@@ -2,47 +2,10 @@ package fairlock
 
 import (
 	"context"
-	"errors"
-	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
-	"strings"
-	"syscall"
 	"time"
 )
-
-// transient reports whether err, from a script call, is one that passes:
-// the call was refused or lost on its way (a connection dropped or
-// refused, a Cluster slot migrating or moved, a server loading its data,
-// a replica promoted or demoted, a cluster or master down, a server busy
-// with a script) and sending it again later may land. A script's own
-// error reply (FAIRLOCK_..., a wrong key type), out-of-memory and a closed
-// go-redis client are not: sending again gives the same answer.
-func transient(err error) bool {
-	if err == nil {
-		return false
-	}
-	if msg, ok := replyOf(err); ok {
-		for _, p := range []string{"TRYAGAIN", "LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "MOVED", "ASK", "BUSY", "NOREPLICAS"} {
-			if strings.HasPrefix(msg, p+" ") || msg == p {
-				return true
-			}
-		}
-		return false
-	}
-	var nerr net.Error
-	return errors.As(err, &nerr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, context.DeadlineExceeded)
-}
-
-// cutShort reports whether err is a context's: a call cut short by its
-// caller's context, which may not have been sent at all (go-redis checks
-// the context before it sends).
-func cutShort(err error) bool {
-	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
-}
 
 // Resends back off from resendFirst, doubling up to resendMost, with
 // jitter.
@@ -98,12 +61,4 @@ func minTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
-}
-
-// slow reports whether err says Redis or the connection pool answered too
-// slowly, rather than that Redis could not be reached.
-func slow(err error) bool {
-	var ne net.Error
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errPoolTimeout) ||
-		(errors.As(err, &ne) && ne.Timeout())
 }

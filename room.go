@@ -3,9 +3,11 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -14,13 +16,42 @@ import (
 // the block at once. go-redis rounds shorter timeouts up to a second anyway.
 const listenTimeout = time.Second
 
+// waits is how a client's acquisitions wait for their grants: a room per
+// semaphore waited on (its waiters, their liveness refresh, the queue's
+// timed events) and the listeners (listener.go) whose blocking reads hear
+// the grants. It shares the client's lock, and reaches Redis through the
+// client's call path (refreshes) and Backend (blocking reads, nudges).
+type waits struct {
+	mu      *sync.Mutex     // the client's
+	wg      *sync.WaitGroup // the client's: goroutines Close waits for
+	closing context.Context // the client's: ends at Close
+	done    <-chan struct{} // closing's
+	calls   *caller
+	b       Backend
+	info    BackendInfo
+	cfg     *config
+	id      string // the client's: names its wake and control lists
+	// The TTLs as script arguments (the client's).
+	leaseMs, waiterMs string
+	logf              func(level slog.Level, msg string, names []string, token string, attrs ...slog.Attr)
+
+	// Guarded by mu.
+	closed      bool                   // Close has begun: no room starts
+	rooms       map[string]*room       // by keys.base
+	listeners   map[string][]*listener // by listenGroup
+	listenerSeq uint64                 // names listeners' control lists
+	blk         Backend                // where listeners block; see blockingLocked
+	closeBlk    func() error           // closes blk if the Client's Backend made it
+	noBLMPop    atomic.Bool            // blk's server lacks BLMPOP: listeners use BLPOP
+}
+
 // A room gathers one client's waiters on one semaphore. While it has
 // waiters it belongs to one of the client's listeners (listener.go), whose
 // blocking read receives every grant to them, and it runs maintain, which
 // refreshes their liveness and runs the queue when a lease or a waiter
 // deadline passes.
 type room struct {
-	c       *Client
+	c       *waits
 	k       keys
 	wakeKey string
 	kick    chan struct{} // wakes maintain to look at due again
@@ -67,7 +98,7 @@ type wakeup struct {
 
 // register makes a ticket for one acquisition; when it may wait, the
 // ticket also gets a waiter in the room of its first semaphore.
-func (c *Client) register(p plan, wait bool) (*room, *waiter, error) {
+func (c *waits) register(p plan, wait bool) (*room, *waiter, error) {
 	k := p.first().k
 	w := &waiter{ticket: newTicket(), permits: p.first().req.Permits, group: p.group, ch: make(chan wakeup, 1)}
 	c.mu.Lock()
@@ -87,7 +118,7 @@ func (c *Client) register(p plan, wait bool) (*room, *waiter, error) {
 	return r, w, nil
 }
 
-func (c *Client) unregister(r *room, w *waiter) {
+func (c *waits) unregister(r *room, w *waiter) {
 	if r == nil {
 		return
 	}
@@ -104,7 +135,7 @@ func (c *Client) unregister(r *room, w *waiter) {
 // after the given time (the queue's next event, or < 0 for none). A room
 // that starts running may nudge its listener, in the background. clock is
 // the reading of Redis's clock the acquire script reported.
-func (c *Client) noteQueued(r *room, w *waiter, next time.Duration, clock clockSample) {
+func (c *waits) noteQueued(r *room, w *waiter, next time.Duration, clock clockSample) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	w.queued, w.alive = true, time.Now()
@@ -127,7 +158,7 @@ func (c *Client) noteQueued(r *room, w *waiter, next time.Duration, clock clockS
 	r.scheduleLocked(next)
 }
 
-func (c *Client) refreshEvery() time.Duration { return c.cfg.waiterTTL / renewDivisor }
+func (c *waits) refreshEvery() time.Duration { return c.cfg.waiterTTL / renewDivisor }
 
 // noteClockLocked keeps the latest reading of Redis's clock.
 func (r *room) noteClockLocked(s clockSample) {
@@ -153,7 +184,7 @@ func (r *room) scheduleLocked(next time.Duration) {
 // stopRoomLocked ends r's maintain and, once r has no waiters, forgets r,
 // so a later waiter starts afresh. r's listener has let it go. c.mu is
 // held.
-func (c *Client) stopRoomLocked(r *room) {
+func (c *waits) stopRoomLocked(r *room) {
 	if !r.running {
 		return
 	}

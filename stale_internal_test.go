@@ -40,7 +40,7 @@ func TestFailStaleJudgesEachWaiter(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := &waiter{ticket: "T", queued: true, alive: now.Add(-tc.since), failed: refused, alone: tc.alone, ch: make(chan wakeup, 1)}
-			r := &room{c: c, waiters: map[string]*waiter{"T": w}, answered: now}
+			r := &room{c: c.waits, waiters: map[string]*waiter{"T": w}, answered: now}
 			r.failStale(now)
 			select {
 			case wk := <-w.ch:
