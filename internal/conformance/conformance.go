@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,6 +41,8 @@ type Target struct {
 	// Functions: the server has FCALL (Redis 7.0 or later, Valkey), so
 	// the client must run the engine's scripts as functions.
 	Functions bool
+	// Skip names tests of the suite to leave out.
+	Skip []string
 }
 
 // Run runs the suite on tg.
@@ -67,6 +70,9 @@ func Run(t *testing.T, tg Target) {
 		{"ReleaseCancelled", releaseCancelled},
 		{"Property", property},
 	} {
+		if slices.Contains(tg.Skip, tc.name) {
+			continue
+		}
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, tg) })
 	}
 }
@@ -795,20 +801,21 @@ type Dial func(t *testing.T, s Server) func(opts ...fairlock.Option) (*fairlock.
 // RunAll runs the suite through dial on miniredis, on the real server
 // (internal/redistest's), on a Sentinel set (a master, a replica, three
 // sentinels) and on a three-node Cluster of its build.
-func RunAll(t *testing.T, dial Dial) {
+// The tests named in skip are left out.
+func RunAll(t *testing.T, dial Dial, skip ...string) {
 	t.Run("miniredis", func(t *testing.T) {
 		b := redistest.Mini(t)
 		open := dial(t, Server{Addrs: []string{b.Addr}, Mini: true})
 		admin := redis.NewClient(&redis.Options{Addr: b.Addr})
 		defer admin.Close()
-		Run(t, Target{Open: open, Admin: admin, Mini: true})
+		Run(t, Target{Open: open, Admin: admin, Mini: true, Skip: skip})
 	})
 	t.Run("redis", func(t *testing.T) {
 		b := redistest.RealBackend(t)
 		open := dial(t, Server{Addrs: []string{b.Addr}})
 		admin := redis.NewClient(&redis.Options{Addr: b.Addr})
 		defer admin.Close()
-		Run(t, Target{Open: open, Admin: admin, Functions: hasFunctions()})
+		Run(t, Target{Open: open, Admin: admin, Functions: hasFunctions(), Skip: skip})
 	})
 	t.Run("stalled", func(t *testing.T) {
 		redistest.RealBackend(t)
@@ -830,7 +837,7 @@ func RunAll(t *testing.T, dial Dial) {
 		open := dial(t, Server{Addrs: set.SentinelAddrs(), MasterName: redisserver.MasterName})
 		admin := redis.NewClient(&redis.Options{Addr: set.Master.Addr})
 		defer admin.Close()
-		Run(t, Target{Open: open, Admin: admin, Functions: hasFunctions(), Replicas: 1})
+		Run(t, Target{Open: open, Admin: admin, Functions: hasFunctions(), Replicas: 1, Skip: skip})
 	})
 	t.Run("cluster", func(t *testing.T) {
 		redistest.RealBackend(t)
@@ -843,7 +850,7 @@ func RunAll(t *testing.T, dial Dial) {
 		open := dial(t, Server{Addrs: cl.Addrs(), Cluster: true})
 		admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
 		defer admin.Close()
-		Run(t, Target{Open: open, Admin: admin, Cluster: true, Functions: hasFunctions()})
+		Run(t, Target{Open: open, Admin: admin, Cluster: true, Functions: hasFunctions(), Skip: skip})
 	})
 }
 
