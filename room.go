@@ -42,7 +42,8 @@ type waits struct {
 	listenerSeq uint64                 // names listeners' control lists
 	blk         Backend                // where listeners block; see blockingLocked
 	closeBlk    func() error           // closes blk if the Client's Backend made it
-	noBLMPop    atomic.Bool            // blk's server lacks BLMPOP: listeners use BLPOP
+
+	noBLMPop atomic.Bool // blk's server lacks BLMPOP: listeners use BLPOP
 }
 
 // A room gathers one client's waiters on one semaphore. While it has

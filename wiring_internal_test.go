@@ -3,6 +3,7 @@ package fairlock
 import (
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/fairlock/fairlock/internal/redistest"
 )
@@ -18,11 +19,31 @@ func TestClientPartsWired(t *testing.T) {
 		"waits.blk":      true, // made on the first wait (blockingLocked)
 		"waits.closeBlk": true,
 	}
-	c, err := New(redistest.Mini(t).Client(t))
+	c, err := New(redistest.Mini(t).Client(t), WithLeaseTTL(7*time.Second), WithWaiterTTL(3*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	// The settings the parts copy are the client's.
+	for _, tc := range []struct {
+		name      string
+		got, want any
+	}{
+		{"calls.ackReplicas", c.calls.ackReplicas, c.cfg.ackReplicas},
+		{"calls.ackTimeout", c.calls.ackTimeout, c.cfg.ackTimeout},
+		{"renew.leaseTTL", c.renew.leaseTTL, c.cfg.leaseTTL},
+		{"renew.id", c.renew.id, c.id},
+		{"waits.id", c.waits.id, c.id},
+		{"waits.leaseMs", c.waits.leaseMs, c.leaseMs},
+		{"waits.waiterMs", c.waits.waiterMs, c.waiterMs},
+		{"waits.done", c.waits.done, c.done},
+		{"waits.closing", c.waits.closing, c.closing},
+		{"renew.closing", c.renew.closing, c.closing},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s = %v, want the client's %v", tc.name, tc.got, tc.want)
+		}
+	}
 	for name, part := range map[string]any{"calls": c.calls, "renew": c.renew, "waits": c.waits} {
 		v := reflect.ValueOf(part).Elem()
 		for i := range v.NumField() {

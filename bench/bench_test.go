@@ -519,3 +519,25 @@ func TestLockUntilUnlockBeginsALostWaitAgain(t *testing.T) {
 		t.Errorf("a wait past its context: %v", err)
 	}
 }
+
+// A figure that could not be measured (NaN) or a ratio to zero (an
+// infinity) leaves the JSON report valid: null in its place. (The smoke
+// run failed with "json: unsupported value: NaN" on a busy machine.)
+func TestJSONReportHoldsUnmeasuredFigures(t *testing.T) {
+	rep := &Report{Scenarios: []*Table{{Name: "x", Data: []map[string]any{
+		{"impl": "fairlock", "cpu": math.NaN(), "ratio": math.Inf(1), "low": math.Inf(-1), "ok": 1.5},
+	}}}}
+	jsonSafe(rep)
+	b, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	d := back.Scenarios[0].Data[0]
+	if d["cpu"] != nil || d["ratio"] != nil || d["low"] != nil || d["ok"] != 1.5 || d["impl"] != "fairlock" {
+		t.Errorf("after the round trip: %v", d)
+	}
+}

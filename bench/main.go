@@ -25,6 +25,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -215,6 +216,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	writeMarkdown(stdout, rep, e)
 	if cfg.jsonFile != "" {
+		jsonSafe(rep)
 		b, err := json.MarshalIndent(rep, "", "  ")
 		if err != nil {
 			return err
@@ -224,6 +226,21 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// jsonSafe replaces the figures JSON cannot hold (NaN and infinities: a
+// measurement that could not be made, such as Redis CPU on a server that
+// gives none, or a ratio to zero) with null.
+func jsonSafe(rep *Report) {
+	for _, t := range rep.Scenarios {
+		for _, d := range t.Data {
+			for k, v := range d {
+				if f, ok := v.(float64); ok && (math.IsNaN(f) || math.IsInf(f, 0)) {
+					d[k] = nil
+				}
+			}
+		}
+	}
 }
 
 // start connects to (or starts) the Redis to measure.

@@ -26,8 +26,8 @@ var Mutations = map[string]Mutation{
 }
 
 // Transform returns the script transform (for internal/testhook.Transform)
-// that applies m to a script's source, or nil when the source does not
-// contain m.Old.
+// that applies m to a script's source; a source without m.Old passes
+// unchanged (TestMutationTargetsExist keeps every target in place).
 func (m Mutation) Transform() func(string) string {
 	return func(src string) string { return strings.ReplaceAll(src, m.Old, m.New) }
 }
