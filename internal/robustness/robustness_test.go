@@ -251,9 +251,11 @@ func run(t *testing.T, sc scenario) Result {
 	default:
 		t.Fatalf("unknown deployment %q", sc.deploy)
 	}
-	bins := clientBinaries(t)
-	if sc.older != "" {
-		bins = []clientBinary{{"older release", sc.older}, {"go-redis", os.Args[0]}}
+	// The upgrade's children are the two releases (this one on go-redis),
+	// the others one per client.
+	bins := []clientBinary{{"older release", sc.older}, {"go-redis", os.Args[0]}}
+	if sc.older == "" {
+		bins = clientBinaries(t)
 	}
 	var who []string
 	for i := range children {
