@@ -59,7 +59,7 @@ func TestAdversaryCondWaiterOutlivesItsKey(t *testing.T) {
 				t.Fatalf("after %d s the waiter's refresh reports it gone: %v", i+1, gone)
 			}
 		}
-		dump, err := s.pair.clean.dump(s.ctx, "")
+		dump, err := s.pair.clean.Dump(s.ctx, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -113,7 +113,7 @@ func TestAdversaryLostCondWaiterStarvesTheQueue(t *testing.T) {
 		gone, _ := res[1].([]any)
 		w := s.acquire("try", s.procs[4], s.sems, 1)
 		s.must()
-		dump, _ := s.pair.clean.dump(s.ctx, "")
+		dump, _ := s.pair.clean.Dump(s.ctx, "")
 		if len(gone) == 0 {
 			t.Errorf("z (%s) heads the queue of a free mutex and is not granted; the database:\n%s", z.ticket, dump)
 		}
@@ -143,7 +143,7 @@ func TestAdversaryStateLostCondWaiterStarvesTheQueue(t *testing.T) {
 			t.Fatal("y was not granted the free mutex")
 		}
 		// The state hash is lost (evicted alone).
-		if err := s.pair.clean.rdb.Del(s.ctx, sem.base+":s").Err(); err != nil {
+		if err := s.pair.clean.RDB.Del(s.ctx, sem.base+":s").Err(); err != nil {
 			t.Fatal(err)
 		}
 		z := s.acquire("acquire", pc, s.sems, 1) // queued behind y
@@ -157,7 +157,7 @@ func TestAdversaryStateLostCondWaiterStarvesTheQueue(t *testing.T) {
 		gone, _ := res[1].([]any)
 		w := s.acquire("try", s.procs[4], s.sems, 1)
 		s.must()
-		dump, _ := s.pair.clean.dump(s.ctx, "")
+		dump, _ := s.pair.clean.Dump(s.ctx, "")
 		if len(gone) == 0 {
 			t.Errorf("z (%s) heads the queue of a free mutex and is not granted; the database:\n%s", z.ticket, dump)
 		}

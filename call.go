@@ -201,3 +201,18 @@ func (c *caller) call(ctx context.Context, do func(context.Context) outcome, lat
 		return outcome{res: result{err: ctx.Err()}}, false
 	}
 }
+
+// runRaw runs the script that serves the op named op with keys and args as
+// they are, through the Backend alone: no WAIT, no resend (tests only;
+// see internal/testhook).
+func (c *caller) runRaw(ctx context.Context, op string, keys, args []string) (any, error) {
+	o := opNamed(op)
+	if o == nil {
+		return nil, fmt.Errorf("fairlock: no script serves op %q", op)
+	}
+	r := c.scripts.forOp(o).run(ctx, c.b, c.info.Functions, func(s Script) result {
+		v, err := c.b.Script(ctx, s)
+		return result{v, err}
+	}, keys, args)
+	return r.val, r.err
+}

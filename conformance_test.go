@@ -12,8 +12,10 @@ import (
 // go-redis: the suite the rueidis and valkey-go modules run on theirs.
 // Its clients run the scripts as their users' do (functions where the
 // server has them), without the package's half-run checker. The suite's
-// property test is left out: the package's own (property_test.go) checks
-// go-redis against a fuller model, with crashes and Redis's clock moved.
+// property and differential tests are left out: the package's own
+// (property_test.go, differential_test.go) check go-redis against a fuller
+// model, with crashes and Redis's clock moved, and replay far more
+// histories.
 func TestConformance(t *testing.T) {
 	fairlock.NoTransform(t)
 	conformance.RunAll(t, func(t *testing.T, s conformance.Server) func(...fairlock.Option) (*fairlock.Client, error) {
@@ -31,5 +33,5 @@ func TestConformance(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = rdb.Close() })
 		return func(opts ...fairlock.Option) (*fairlock.Client, error) { return fairlock.New(rdb, opts...) }
-	}, "Property")
+	}, "Property", "Differential")
 }

@@ -68,7 +68,7 @@ type callSides interface {
 	sides() []*replayer
 }
 
-func (p *replayPair) sides() []*replayer { return []*replayer{p.fast, p.general} }
+func (p replayPair) sides() []*replayer { return []*replayer{p.Fast, p.General} }
 
 // callMachine is one run's state.
 type callMachine struct {
@@ -282,11 +282,11 @@ func (m *callMachine) hear(t *rapid.T) {
 		sides := m.pair.sides()
 		got := make([][]string, len(sides))
 		for j, r := range sides {
-			got[j], _ = r.rdb.LPopCount(m.ctx, list, 1000).Result()
+			got[j], _ = r.RDB.LPopCount(m.ctx, list, 1000).Result()
 		}
 		for j := 1; j < len(sides); j++ {
 			if !slices.Equal(got[0], got[j]) {
-				t.Fatalf("wake list %s: %s %q, %s %q", list, sides[0].name, got[0], sides[j].name, got[j])
+				t.Fatalf("wake list %s: %s %q, %s %q", list, sides[0].Name, got[0], sides[j].Name, got[j])
 			}
 		}
 		for _, w := range got[0] {
@@ -363,7 +363,7 @@ func (m *callMachine) lapse(t *rapid.T) {
 	i := rapid.IntRange(0, len(m.holding)-1).Draw(t, "holder")
 	tk := m.holding[i]
 	s := tk.parts[rapid.IntRange(0, len(tk.parts)-1).Draw(t, "part")].sem
-	zs, err := m.pair.sides()[0].rdb.ZRangeWithScores(m.ctx, s.base+":d", 0, 2).Result()
+	zs, err := m.pair.sides()[0].RDB.ZRangeWithScores(m.ctx, s.base+":d", 0, 2).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,7 +484,7 @@ func (m *callMachine) resendAcquire(t *rapid.T) {
 // database and the machine's clock.
 func (m *callMachine) live(tk *cticket) bool {
 	for i, p := range tk.parts {
-		at, err := m.pair.sides()[0].rdb.ZScore(m.ctx, p.sem.base+":h", fmt.Sprintf("%s %d %s %s", tk.ticket, p.n, tk.p.id, tk.tokens[i])).Result()
+		at, err := m.pair.sides()[0].RDB.ZScore(m.ctx, p.sem.base+":h", fmt.Sprintf("%s %d %s %s", tk.ticket, p.n, tk.p.id, tk.tokens[i])).Result()
 		if err != nil || int64(at) <= m.nowMs() {
 			return false
 		}
@@ -506,7 +506,7 @@ func (m *callMachine) advance(t *rapid.T) {
 		var next []int64
 		for _, s := range m.sems {
 			for _, k := range s.keys()[2:] {
-				zs, err := m.pair.sides()[0].rdb.ZRangeWithScores(m.ctx, k, 0, -1).Result()
+				zs, err := m.pair.sides()[0].RDB.ZRangeWithScores(m.ctx, k, 0, -1).Result()
 				if err != nil {
 					continue
 				}
@@ -532,7 +532,7 @@ func (m *callMachine) advance(t *rapid.T) {
 func runCallMachine(rt *rapid.T, pair callSides, started ...func(*callMachine)) int {
 	ctx := context.Background()
 	for _, r := range pair.sides() {
-		if err := r.rdb.FlushDB(ctx).Err(); err != nil {
+		if err := r.RDB.FlushDB(ctx).Err(); err != nil {
 			rt.Fatal(err)
 		}
 	}
@@ -588,8 +588,8 @@ func diffCalls(t *testing.T, tb rapid.TB, checks int, inner func(string) string)
 		rapid.Check(tb, func(rt *rapid.T) {
 			n := runCallMachine(rt, p)
 			calls += n
-			fast += p.fastCount(context.Background())
+			fast += p.FastCount(context.Background())
 		})
-		t.Logf("%s: %d calls (%d answered by a fast path)", p.backend, calls, fast)
+		t.Logf("%s: %d calls (%d answered by a fast path)", p.Backend, calls, fast)
 	}
 }

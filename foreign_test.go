@@ -149,13 +149,9 @@ func newForeignPair(t testing.TB, real, fast bool, broken func(string) string) *
 		name += ", fast paths off"
 	}
 	mk := func(side string, db int, transform func(string) string) *replayer {
-		rdb := redis.NewClient(&redis.Options{Addr: addr, DB: db})
-		t.Cleanup(func() {
-			rdb.FlushDB(context.Background())
-			rdb.Close()
-		})
-		rdb.FlushDB(context.Background())
-		return &replayer{name: side, rdb: rdb, scripts: newScripts(replayed(transform))}
+		r := newReplayer(t, side, addr, db, replayed(transform))
+		r.RDB.FlushDB(context.Background())
+		return r
 	}
 	// The clean side runs the scripts as they are; the planted side with a
 	// guard broken, when a test breaks one.
@@ -169,15 +165,15 @@ func (p *foreignPair) sides() []*replayer { return []*replayer{p.clean, p.inj} }
 
 // sync makes the planted side a copy of the clean one.
 func (p *foreignPair) sync(ctx context.Context) error {
-	if err := p.inj.rdb.FlushDB(ctx).Err(); err != nil {
+	if err := p.inj.RDB.FlushDB(ctx).Err(); err != nil {
 		return err
 	}
-	return copyScript.Run(ctx, p.clean.rdb, nil, p.inj.rdb.Options().DB).Err()
+	return copyScript.Run(ctx, p.clean.RDB, nil, p.inj.RDB.Options().DB).Err()
 }
 
 // run runs c on r at c's clock and renders its reply.
 func (p *foreignPair) run(ctx context.Context, r *replayer, c call) (string, any, error) {
-	if err := r.prepare(ctx, c); err != nil {
+	if err := r.Prepare(ctx, c); err != nil {
 		return "", nil, err
 	}
 	return p.runPrepared(ctx, r, c)
@@ -186,7 +182,7 @@ func (p *foreignPair) run(ctx context.Context, r *replayer, c call) (string, any
 // runPrepared runs c on r, whose clock prepare has set, and renders its
 // reply.
 func (p *foreignPair) runPrepared(ctx context.Context, r *replayer, c call) (string, any, error) {
-	out, err := runScript(ctx, r.scripts, r.rdb, c)
+	out, err := r.Run(ctx, c)
 	return fmt.Sprintf("%#v (error %v)", out, err), out, err
 }
 
@@ -234,13 +230,13 @@ func (p *foreignPair) plantAndCheck(ctx context.Context, c call, step int, k fke
 	// The clock first: it expires the keys due by the call's time, and a
 	// state hash marked as another layout's keeps its TTL, so it is
 	// marked after, to be there when the call runs.
-	if err := p.inj.prepare(ctx, c); err != nil {
+	if err := p.inj.Prepare(ctx, c); err != nil {
 		return err
 	}
-	if err := plantScript.Run(ctx, p.inj.rdb, []string{k.key}, typ).Err(); err != nil {
+	if err := plantScript.Run(ctx, p.inj.RDB, []string{k.key}, typ).Err(); err != nil {
 		return err
 	}
-	before, err := p.inj.dump(ctx, "")
+	before, err := p.inj.Dump(ctx, "")
 	if err != nil {
 		return err
 	}
@@ -248,11 +244,11 @@ func (p *foreignPair) plantAndCheck(ctx context.Context, c call, step int, k fke
 	if cerr != nil && strings.Contains(cerr.Error(), "WRONGTYPE") {
 		return fmt.Errorf("%s: step %d: %s\nwith %s at %s: %v (Redis's error, not fairlock's naming the key)", p.backend, step, c, typ, k.key, cerr)
 	}
-	now, err := p.inj.dump(ctx, "")
+	now, err := p.inj.Dump(ctx, "")
 	if err != nil {
 		return err
 	}
-	op := c.op()
+	op := c.Op()
 	p.planted[op]++
 	if cerr != nil && (strings.HasPrefix(cerr.Error(), "FAIRLOCK_FOREIGN_KEY ") || strings.HasPrefix(cerr.Error(), "FAIRLOCK_LAYOUT ")) {
 		p.refused[op]++
@@ -324,7 +320,7 @@ func (p *foreignPair) step(ctx context.Context, c call, step int) (any, error) {
 	if err != nil && !strings.Contains(err.Error(), "FAIRLOCK_") {
 		return nil, fmt.Errorf("%s: step %d: %s: %w", p.backend, step, c, err)
 	}
-	after, err := p.inj.dump(ctx, "")
+	after, err := p.inj.Dump(ctx, "")
 	if err != nil {
 		return nil, err
 	}
@@ -421,7 +417,7 @@ func (s *fscen) hear(p *cproc, sem *csem, tks ...*cticket) {
 	if s.err != nil {
 		return
 	}
-	got, err := s.pair.clean.rdb.LPopCount(s.ctx, sem.base+":w:"+p.id, 100).Result()
+	got, err := s.pair.clean.RDB.LPopCount(s.ctx, sem.base+":w:"+p.id, 100).Result()
 	if err != nil && err != redis.Nil {
 		s.err = err
 		return
@@ -657,7 +653,7 @@ func runForeignScenario(t *testing.T, pair *foreignPair, i int) error {
 	ctx := context.Background()
 	sc := foreignScenarios[i]
 	for _, r := range pair.sides() {
-		if err := r.rdb.FlushDB(ctx).Err(); err != nil {
+		if err := r.RDB.FlushDB(ctx).Err(); err != nil {
 			return err
 		}
 	}

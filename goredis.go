@@ -96,6 +96,10 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 func init() {
 	testhook.TransformOption = func(f func(string) string) any { return withTransform(f) }
 	testhook.BlockingHooksOption = func(hooks ...redis.Hook) any { return withBlockingHooks(hooks...) }
+	testhook.EntryName = entryOf
+	testhook.RunScript = func(ctx context.Context, client any, op string, keys, args []string) (any, error) {
+		return client.(*Client).calls.runRaw(ctx, op, keys, args)
+	}
 }
 
 // withBlockingHooks adds hooks to the go-redis client New builds for the

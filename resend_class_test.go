@@ -22,7 +22,6 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/testhook"
-	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )
 
@@ -52,14 +51,7 @@ func newResendPair(t testing.TB, real, fast bool) *resendPair {
 	} else {
 		name += ", fast paths off"
 	}
-	mk := func(side string, db int) *replayer {
-		rdb := redis.NewClient(&redis.Options{Addr: addr, DB: db})
-		t.Cleanup(func() {
-			rdb.FlushDB(context.Background())
-			rdb.Close()
-		})
-		return &replayer{name: side, rdb: rdb, scripts: newScripts(replayed(inner))}
-	}
+	mk := func(side string, db int) *replayer { return newReplayer(t, side, addr, db, replayed(inner)) }
 	return &resendPair{backend: name, once: mk("sent once", dbOnce), twice: mk("sent twice", dbTwice), resent: map[string]int{}}
 }
 
@@ -114,27 +106,27 @@ func callerOutcome(op string, out any, err error) string {
 
 func (p *resendPair) step(ctx context.Context, c call, step int) (any, error) {
 	for _, r := range p.sides() {
-		if err := r.prepare(ctx, c); err != nil {
+		if err := r.Prepare(ctx, c); err != nil {
 			return nil, err
 		}
 	}
-	out, cerr := runScript(ctx, p.once.scripts, p.once.rdb, c)
+	out, cerr := p.once.Run(ctx, c)
 	if cerr != nil && !isFairlockError(cerr) {
 		return nil, fmt.Errorf("%s: step %d: %s: %w", p.backend, step, c, cerr)
 	}
-	if _, err := runScript(ctx, p.twice.scripts, p.twice.rdb, c); err != nil && !isFairlockError(err) {
+	if _, err := p.twice.Run(ctx, c); err != nil && !isFairlockError(err) {
 		return nil, fmt.Errorf("%s: step %d: %s: first run: %w", p.backend, step, c, err)
 	}
-	again, err2 := runScript(ctx, p.twice.scripts, p.twice.rdb, c)
-	p.resent[c.op()]++
-	if a, b := callerOutcome(c.op(), out, cerr), callerOutcome(c.op(), again, err2); a != b {
+	again, err2 := p.twice.Run(ctx, c)
+	p.resent[c.Op()]++
+	if a, b := callerOutcome(c.Op(), out, cerr), callerOutcome(c.Op(), again, err2); a != b {
 		return nil, fmt.Errorf("%s: step %d: %s\nsent once: %s\nsent twice, the second reply: %s", p.backend, step, c, a, b)
 	}
-	a, err := p.once.dump(ctx, "")
+	a, err := p.once.Dump(ctx, "")
 	if err != nil {
 		return nil, err
 	}
-	b, err := p.twice.dump(ctx, "")
+	b, err := p.twice.Dump(ctx, "")
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +192,7 @@ func TestResentCallsCatchBrokenRules(t *testing.T) {
 			pair := newResendPair(t, real, true)
 			broken := mutate(tc.file, tc.old, tc.new)
 			for _, r := range pair.sides() {
-				r.scripts = newScripts(replayed(broken))
+				r.Run = scriptRunner(r.RDB, replayed(broken))
 			}
 			setFlag(t, "rapid.checks", "3000")
 			setFlag(t, "rapid.nofailfile", "true")

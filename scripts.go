@@ -125,6 +125,17 @@ func (oc opCall) with(args ...string) opCall {
 	return oc
 }
 
+// entryOf names the entry whose whole script source (scriptSource) src
+// is, or "" (tests only; see internal/testhook).
+func entryOf(src string) string {
+	for _, e := range entries {
+		if strings.HasSuffix(src, entryBody(source(e.file))) {
+			return e.name
+		}
+	}
+	return ""
+}
+
 // source returns the text of one of the scripts' files.
 func source(file string) string {
 	b, err := luaFiles.ReadFile(file)

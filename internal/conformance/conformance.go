@@ -41,6 +41,10 @@ type Target struct {
 	// Functions: the server has FCALL (Redis 7.0 or later, Valkey), so
 	// the client must run the engine's scripts as functions.
 	Functions bool
+	// OpenAt returns how to open Clients through the client under test
+	// on another plain server, at addr (the differential test's replay
+	// servers); nil where the suite has no such use.
+	OpenAt func(t *testing.T, addr string) func(opts ...fairlock.Option) (*fairlock.Client, error)
 	// Skip names tests of the suite to leave out.
 	Skip []string
 }
@@ -69,6 +73,7 @@ func Run(t *testing.T, tg Target) {
 		{"ConnectionsKilled", connectionsKilled},
 		{"ReleaseCancelled", releaseCancelled},
 		{"Property", property},
+		{"Differential", differentialRuns},
 	} {
 		if slices.Contains(tg.Skip, tc.name) {
 			continue
@@ -731,6 +736,83 @@ func closeWhenStalled(t *testing.T, open func(...fairlock.Option) (*fairlock.Cli
 	}
 }
 
+// promptBound is how soon a call must report a Redis that went away
+// (connections refused): a third of the 1.5 s deadline it runs under.
+const promptBound = 500 * time.Millisecond
+
+// Once Redis has gone away (killed: every connection closed, every new
+// one refused), every call returns an error matching ErrRedis well before
+// its 1.5 s deadline, and as soon without a deadline: Acquire, TryAcquire,
+// AcquireAll, Status and a lease's Release. Close then returns too. What a
+// client does with a refused connection (dial again at once, wait,
+// report) is its own; the engine must see it as Redis unreachable, not
+// wait for the caller's deadline.
+func promptWhenDown(t *testing.T, open func(...fairlock.Option) (*fairlock.Client, error), srv *redisserver.Server) {
+	c, err := open(fairlock.WithLeaseTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := fairlock.Request{Name: "{down}:p", Capacity: 1, Permits: 1}
+	var leases []*fairlock.Lease
+	for i := range 2 {
+		l, err := c.Acquire(ctxFor(t, 10*time.Second), fairlock.Request{Name: fmt.Sprintf("{down}:held%d", i), Capacity: 1, Permits: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	srv.Kill()
+	calls := []struct {
+		name string
+		run  func(ctx context.Context, deadline bool) error
+	}{
+		{"Acquire", func(ctx context.Context, _ bool) error { _, err := c.Acquire(ctx, req); return err }},
+		{"TryAcquire", func(ctx context.Context, _ bool) error { _, err := c.TryAcquire(ctx, req); return err }},
+		{"AcquireAll", func(ctx context.Context, _ bool) error {
+			_, err := c.AcquireAll(ctx, req, fairlock.Request{Name: "{down}:2", Capacity: 1, Permits: 1})
+			return err
+		}},
+		{"Status", func(ctx context.Context, _ bool) error { _, err := c.Status(ctx, req.Name); return err }},
+		{"Release", func(ctx context.Context, deadline bool) error {
+			if deadline {
+				return leases[0].Release(ctx)
+			}
+			return leases[1].Release(ctx)
+		}},
+	}
+	for _, cl := range calls {
+		for _, deadline := range []bool{true, false} {
+			ctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if deadline {
+				ctx, cancel = context.WithTimeout(ctx, 1500*time.Millisecond)
+			}
+			start := time.Now()
+			done := make(chan error, 1)
+			go func() { done <- cl.run(ctx, deadline) }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s (deadline %v) still running 10 s after Redis went away", cl.name, deadline)
+			}
+			took := time.Since(start)
+			cancel()
+			t.Logf("%s (deadline %v) returned after %v: %v", cl.name, deadline, took.Round(time.Millisecond), err)
+			if !errors.Is(err, fairlock.ErrRedis) || took > promptBound {
+				t.Errorf("%s (deadline %v) returned after %v with %v; want an error matching ErrRedis within %v",
+					cl.name, deadline, took.Round(time.Millisecond), err, promptBound)
+			}
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Close() }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close still blocked 10 s after it was called, Redis gone")
+	}
+}
+
 // On a server with functions the client runs the engine's scripts as
 // functions (FCALL), and through EVALSHA elsewhere.
 func scriptPath(t *testing.T, tg Target) {
@@ -815,7 +897,10 @@ func RunAll(t *testing.T, dial Dial, skip ...string) {
 		open := dial(t, Server{Addrs: []string{b.Addr}})
 		admin := redis.NewClient(&redis.Options{Addr: b.Addr})
 		defer admin.Close()
-		Run(t, Target{Open: open, Admin: admin, Functions: hasFunctions(), Skip: skip})
+		openAt := func(t *testing.T, addr string) func(...fairlock.Option) (*fairlock.Client, error) {
+			return dial(t, Server{Addrs: []string{addr}})
+		}
+		Run(t, Target{Open: open, Admin: admin, Functions: hasFunctions(), OpenAt: openAt, Skip: skip})
 	})
 	t.Run("stalled", func(t *testing.T) {
 		redistest.RealBackend(t)
@@ -825,6 +910,15 @@ func RunAll(t *testing.T, dial Dial, skip ...string) {
 		}
 		defer srv.Stop()
 		closeWhenStalled(t, dial(t, Server{Addrs: []string{srv.Addr}}), srv)
+	})
+	t.Run("down", func(t *testing.T) {
+		redistest.RealBackend(t)
+		srv, err := redisserver.Start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Stop()
+		promptWhenDown(t, dial(t, Server{Addrs: []string{srv.Addr}}), srv)
 	})
 	t.Run("sentinel", func(t *testing.T) {
 		redistest.RealBackend(t)

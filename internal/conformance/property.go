@@ -37,17 +37,7 @@ import (
 // far longer); crashes and lapsed leases are the root package's property
 // test's and the robustness suite's (on every client too).
 func property(t *testing.T, tg Target) {
-	n := 25
-	if testing.Short() {
-		n = 50 // rapid runs a fifth of the checks with -short: 10
-	}
-	checks := flag.Lookup("rapid.checks")
-	if checks == nil {
-		t.Fatal("rapid's -rapid.checks flag is not registered")
-	}
-	old := checks.Value.String()
-	_ = checks.Value.Set(strconv.Itoa(n))
-	t.Cleanup(func() { _ = checks.Value.Set(old) })
+	setChecks(t, 25, 10)
 	for _, path := range []struct {
 		name string
 		opts []fairlock.Option
@@ -68,6 +58,22 @@ func property(t *testing.T, tg Target) {
 			}
 		})
 	}
+}
+
+// setChecks has rapid run full checks, or short under -short, until t
+// ends.
+func setChecks(t *testing.T, full, short int) {
+	checks := flag.Lookup("rapid.checks")
+	if checks == nil {
+		t.Fatal("rapid's -rapid.checks flag is not registered")
+	}
+	n := full
+	if testing.Short() {
+		n = short * 5 // rapid runs a fifth of -rapid.checks with -short
+	}
+	old := checks.Value.String()
+	_ = checks.Value.Set(strconv.Itoa(n))
+	t.Cleanup(func() { _ = checks.Value.Set(old) })
 }
 
 // pStats counts what the machines reached, over all runs.

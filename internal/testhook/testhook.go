@@ -13,6 +13,7 @@
 package testhook
 
 import (
+	"context"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -28,6 +29,16 @@ var (
 	// go-redis client a client built by fairlock.New makes for its
 	// blocking reads (a Backend of another client ignores it).
 	BlockingHooksOption func(hooks ...redis.Hook) any
+	// EntryName names the entry (acquire, release...) whose script src
+	// is, the whole source a transform is given; "" for none.
+	EntryName func(src string) string
+	// RunScript runs the script that serves op on client (a
+	// *fairlock.Client) with keys and args as they are, through the
+	// client's Backend and its scripts (a transform's, if it has one),
+	// without WithReplicaAck's WAIT or any resend, and returns the
+	// Backend's reply: the differential test's replays run recorded calls
+	// through it.
+	RunScript func(ctx context.Context, client any, op string, keys, args []string) (any, error)
 )
 
 // Transform returns TransformOption(f) as O (fairlock.Option).
