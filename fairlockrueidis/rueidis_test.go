@@ -7,21 +7,26 @@ import (
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/fairlockrueidis"
 	"github.com/fairlock/fairlock/internal/conformance"
+	"github.com/fairlock/fairlock/internal/faulttest"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/robustness"
 	"github.com/redis/rueidis"
 )
 
-// TestMain runs the tests, or, in a child of internal/robustness's runs
-// (which build this binary), that child's traffic through rueidis.
+// TestMain runs the tests, or, in a child of internal/robustness's runs or
+// a worker of internal/faulttest's tests (which build this binary), that
+// process's traffic through rueidis.
 func TestMain(m *testing.M) {
 	if robustness.IsChild() {
 		os.Exit(robustness.ChildMain(dial))
 	}
+	if faulttest.IsWorker() {
+		os.Exit(faulttest.WorkerMain(dial))
+	}
 	redistest.Main(m)
 }
 
-// dial is internal/robustness's Dial through rueidis.
+// dial is the child processes' Dial (internal/clients) through rueidis.
 func dial(tg robustness.Target, opts ...fairlock.Option) (*fairlock.Client, func(), error) {
 	opt := rueidis.ClientOption{InitAddress: []string{tg.Addr}}
 	switch {

@@ -7,21 +7,26 @@ import (
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/fairlockvalkey"
 	"github.com/fairlock/fairlock/internal/conformance"
+	"github.com/fairlock/fairlock/internal/faulttest"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/robustness"
 	"github.com/valkey-io/valkey-go"
 )
 
-// TestMain runs the tests, or, in a child of internal/robustness's runs
-// (which build this binary), that child's traffic through valkey.
+// TestMain runs the tests, or, in a child of internal/robustness's runs or
+// a worker of internal/faulttest's tests (which build this binary), that
+// process's traffic through valkey.
 func TestMain(m *testing.M) {
 	if robustness.IsChild() {
 		os.Exit(robustness.ChildMain(dial))
 	}
+	if faulttest.IsWorker() {
+		os.Exit(faulttest.WorkerMain(dial))
+	}
 	redistest.Main(m)
 }
 
-// dial is internal/robustness's Dial through valkey.
+// dial is the child processes' Dial (internal/clients) through valkey.
 func dial(tg robustness.Target, opts ...fairlock.Option) (*fairlock.Client, func(), error) {
 	opt := valkey.ClientOption{InitAddress: []string{tg.Addr}}
 	switch {

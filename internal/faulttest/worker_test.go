@@ -2,181 +2,57 @@ package faulttest
 
 import (
 	"bufio"
-	"context"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/clients"
 	"github.com/fairlock/fairlock/internal/redistest"
-	"github.com/redis/go-redis/v9"
 )
 
 func TestMain(m *testing.M) {
-	if mode := os.Getenv("FAIRLOCK_WORKER"); mode != "" {
-		os.Exit(work(mode))
+	if IsWorker() {
+		os.Exit(WorkerMain(clients.GoRedis))
 	}
-	redistest.Main(m)
-}
-
-// spec is what a worker process is told, through its environment.
-type spec struct {
-	addr, prefix, name string
-	capacity, permits  int64
-	lease, waiter      time.Duration
-	hold               time.Duration // loop: time in the critical section
-	log                string        // loop: the occupancy log
-}
-
-func (s spec) env(mode string) []string {
-	return append(os.Environ(),
-		// Under -race, a process sleeps a second before it exits unless
-		// told not to.
-		"GORACE=atexit_sleep_ms=0",
-		"FAIRLOCK_WORKER="+mode,
-		"FL_ADDR="+s.addr, "FL_PREFIX="+s.prefix, "FL_NAME="+s.name,
-		"FL_CAP="+strconv.FormatInt(s.capacity, 10), "FL_PERMITS="+strconv.FormatInt(s.permits, 10),
-		"FL_LEASE="+s.lease.String(), "FL_WAITER="+s.waiter.String(),
-		"FL_HOLD="+s.hold.String(), "FL_LOG="+s.log)
-}
-
-func specFromEnv() spec {
-	d := func(k string) time.Duration { v, _ := time.ParseDuration(os.Getenv(k)); return v }
-	n := func(k string) int64 { v, _ := strconv.ParseInt(os.Getenv(k), 10, 64); return v }
-	return spec{addr: os.Getenv("FL_ADDR"), prefix: os.Getenv("FL_PREFIX"), name: os.Getenv("FL_NAME"),
-		capacity: n("FL_CAP"), permits: n("FL_PERMITS"), lease: d("FL_LEASE"), waiter: d("FL_WAITER"),
-		hold: d("FL_HOLD"), log: os.Getenv("FL_LOG")}
-}
-
-// work runs a worker process. It stops when its stdin closes.
-//
-//	loop: acquire (all names at once, for a list), log "enter" for each,
-//	      hold, log "exit" for each, release; on errors log "error" and
-//	      try again
-//	hold: acquire once, print "acquired <token>", and hold until stdin
-//	      closes; if the lease ends first, print "done <cause>" and
-//	      "release <error>"
-//	close, shutdown, abandon: acquire once, print "acquired <token>",
-//	      and when stdin closes end the client holding the lease, by
-//	      Close, Shutdown (10 s) or Abandon, print "closed <error>" and
-//	      "lease <cause>", and exit
-func work(mode string) int {
-	s := specFromEnv()
-	redis.SetLogger(quiet{}) // Redis restarts on purpose; no redial logs
-	rdb := redis.NewClient(&redis.Options{Addr: s.addr})
-	c, err := fairlock.New(rdb, fairlock.WithPrefix(s.prefix), fairlock.WithLeaseTTL(s.lease),
-		fairlock.WithWaiterTTL(s.waiter), fairlock.WithOwner(fmt.Sprintf("pid%d", os.Getpid())))
-	if err != nil {
-		fmt.Println("error", err)
-		return 1
-	}
-	defer c.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		cancel()
-	}()
-	// A name list "a,b" asks for all of them at once (a multi-lock).
-	var reqs []fairlock.Request
-	names := strings.Split(s.name, ",")
-	for _, n := range names {
-		reqs = append(reqs, fairlock.Request{Name: n, Capacity: s.capacity, Permits: s.permits})
-	}
-	switch mode {
-	case "loop":
-		f, err := os.OpenFile(s.log, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-		if err != nil {
-			fmt.Println("error", err)
-			return 1
-		}
-		defer f.Close()
-		// One write per line, O_APPEND: lines of all workers land whole
-		// and in the order their writes ran.
-		logf := func(format string, args ...any) {
-			_, _ = fmt.Fprintf(f, "%d %d "+format+"\n", append([]any{time.Now().UnixMicro(), os.Getpid()}, args...)...)
-		}
-		for ctx.Err() == nil {
-			actx, acancel := context.WithTimeout(ctx, 5*time.Second)
-			l, err := c.AcquireAll(actx, reqs...)
-			acancel()
-			if err != nil {
-				if ctx.Err() == nil {
-					logf("error %q", err.Error())
-					time.Sleep(20 * time.Millisecond)
-				}
-				continue
-			}
-			for _, p := range l.Parts() {
-				logf("enter %d %d %s", p.Token, p.Permits, p.Name)
-			}
-			time.Sleep(s.hold)
-			for _, p := range l.Parts() {
-				logf("exit %d %d %s", p.Token, p.Permits, p.Name)
-			}
-			if err := l.Release(context.Background()); err != nil {
-				logf("release %q", err.Error())
-			}
-		}
-		return 0
-	case "hold":
-		l, err := c.AcquireAll(ctx, reqs...)
-		if err != nil {
-			fmt.Println("error", err)
-			return 1
-		}
-		fmt.Println("acquired", l.Token())
-		select {
-		case <-ctx.Done():
-			_ = l.Release(context.Background())
-		case <-l.Done():
-			fmt.Printf("done %v\n", l.Err())
-			fmt.Printf("release %v\n", l.Release(context.Background()))
-			<-ctx.Done()
-		}
-		return 0
-	case "close", "shutdown", "abandon":
-		l, err := c.AcquireAll(ctx, reqs...)
-		if err != nil {
-			fmt.Println("error", err)
-			return 1
-		}
-		fmt.Println("acquired", l.Token())
-		<-ctx.Done()
-		switch mode {
-		case "close":
-			err = c.Close()
-		case "shutdown":
-			sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-			err = c.Shutdown(sctx)
-			scancel()
-		case "abandon":
-			err = c.Abandon()
-		}
-		fmt.Printf("closed %v\n", err)
-		fmt.Printf("lease %v\n", l.Err())
-		return 0
-	}
-	fmt.Println("error: unknown mode", mode)
-	return 1
+	redistest.MainWith(m, clients.Cleanup)
 }
 
 // A worker is a running worker process, seen from the test.
 type worker struct {
-	t     *testing.T
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	lines chan string
+	t      *testing.T
+	client string // the Go Redis client it runs
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  chan string
 }
 
+// turns counts the workers started on each semaphore (prefix and names),
+// so that the workers of one semaphore take turns between the clients.
+var turns = struct {
+	sync.Mutex
+	n map[string]int
+}{n: map[string]int{}}
+
+// start starts a worker process told s. The workers of a semaphore take
+// turns between the Go Redis clients (clients.Binaries): go-redis (this
+// binary), rueidis and valkey-go, each through its own module's test
+// binary; so the processes that compete for one semaphore speak to Redis
+// through different clients.
 func start(t *testing.T, mode string, s spec) *worker {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	bins := clients.Binaries(t)
+	turns.Lock()
+	turn := turns.n[s.prefix+s.name]
+	turns.n[s.prefix+s.name]++
+	turns.Unlock()
+	bin := bins[turn%len(bins)]
+	cmd := exec.Command(bin.Path, "-test.run=^$")
 	cmd.Env = s.env(mode)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
@@ -190,7 +66,8 @@ func start(t *testing.T, mode string, s spec) *worker {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	w := &worker{t: t, cmd: cmd, stdin: stdin, lines: make(chan string, 16)}
+	t.Logf("worker %d: %s", cmd.Process.Pid, bin.Client)
+	w := &worker{t: t, client: bin.Client, cmd: cmd, stdin: stdin, lines: make(chan string, 16)}
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
@@ -213,14 +90,14 @@ func (w *worker) expect(prefix string, timeout time.Duration) string {
 	select {
 	case l, ok := <-w.lines:
 		if !ok {
-			w.t.Fatalf("worker %d ended; expected %q", w.cmd.Process.Pid, prefix)
+			w.t.Fatalf("worker %d (%s) ended; expected %q", w.cmd.Process.Pid, w.client, prefix)
 		}
 		if !strings.HasPrefix(l, prefix) {
-			w.t.Fatalf("worker %d said %q; expected %q", w.cmd.Process.Pid, l, prefix)
+			w.t.Fatalf("worker %d (%s) said %q; expected %q", w.cmd.Process.Pid, w.client, l, prefix)
 		}
 		return strings.TrimSpace(strings.TrimPrefix(l, prefix))
 	case <-time.After(timeout):
-		w.t.Fatalf("worker %d said nothing for %v; expected %q", w.cmd.Process.Pid, timeout, prefix)
+		w.t.Fatalf("worker %d (%s) said nothing for %v; expected %q", w.cmd.Process.Pid, w.client, timeout, prefix)
 	}
 	return ""
 }
@@ -251,13 +128,9 @@ func (w *worker) stop(timeout time.Duration) {
 	select {
 	case err := <-done:
 		if err != nil {
-			w.t.Errorf("worker %d: %v", w.cmd.Process.Pid, err)
+			w.t.Errorf("worker %d (%s): %v", w.cmd.Process.Pid, w.client, err)
 		}
 	case <-time.After(timeout):
-		w.t.Fatalf("worker %d did not exit within %v of being told to", w.cmd.Process.Pid, timeout)
+		w.t.Fatalf("worker %d (%s) did not exit within %v of being told to", w.cmd.Process.Pid, w.client, timeout)
 	}
 }
-
-type quiet struct{}
-
-func (quiet) Printf(context.Context, string, ...any) {}

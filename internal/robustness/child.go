@@ -14,11 +14,11 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/clients"
 	"github.com/fairlock/fairlock/internal/redisserver"
 	"github.com/fairlock/fairlock/internal/testhook"
 	"github.com/fairlock/fairlock/multilock"
 	"github.com/fairlock/fairlock/semaphore"
-	"github.com/redis/go-redis/v9"
 )
 
 // The environment a child process is started with.
@@ -47,48 +47,21 @@ const (
 	multiB    = "{ml}:b"
 )
 
-// A Target is the Redis a child is given: one address (through the
-// child's proxy), a Sentinel set's sentinels, or a Cluster's nodes.
-type Target struct {
-	Addr       string
-	Sentinels  []string // with MasterName
-	MasterName string
-	Cluster    []string
-}
+// A Target is the Redis a child is given (through the child's proxy, for
+// one address).
+type Target = clients.Target
 
-// Dial returns a fairlock Client, made with opts, on tg through the Redis
-// client under test, and a function that closes that Redis client (after
-// the fairlock Client is closed).
-type Dial func(tg Target, opts ...fairlock.Option) (*fairlock.Client, func(), error)
+// Dial returns a fairlock Client on a Target through the Redis client
+// under test (see clients.Dial).
+type Dial = clients.Dial
 
 // IsChild reports whether this process was started as a child of a
 // robustness run: its TestMain then runs [ChildMain] in place of the
 // tests.
 func IsChild() bool { return os.Getenv(envChild) != "" }
 
-// GoRedis is the Dial of go-redis's clients: *redis.Client, the Sentinel
-// failover client and *redis.ClusterClient.
-func GoRedis(tg Target, opts ...fairlock.Option) (*fairlock.Client, func(), error) {
-	redis.SetLogger(quietLogger{})
-	var rdb interface {
-		fairlock.RedisClient
-		Close() error
-	}
-	switch {
-	case len(tg.Sentinels) > 0:
-		rdb = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: tg.MasterName, SentinelAddrs: tg.Sentinels})
-	case len(tg.Cluster) > 0:
-		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: tg.Cluster})
-	default:
-		rdb = redis.NewClient(&redis.Options{Addr: tg.Addr})
-	}
-	c, err := fairlock.New(rdb, opts...)
-	if err != nil {
-		rdb.Close()
-		return nil, nil, err
-	}
-	return c, func() { rdb.Close() }, nil
-}
+// GoRedis is the Dial of go-redis's clients.
+var GoRedis = clients.GoRedis
 
 // ChildMain runs a child through dial and returns its exit code: four
 // workers (mutex, semaphore, read-write mutex, multi-lock), each a loop of
@@ -152,10 +125,6 @@ func ChildMain(dial Dial) int {
 	wg.Wait()
 	return 0
 }
-
-type quietLogger struct{}
-
-func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // worker is one traffic loop of a child.
 type worker struct {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/internal/clients"
 	"github.com/fairlock/fairlock/internal/redisserver"
 	"github.com/fairlock/fairlock/internal/redistest"
 )
@@ -29,60 +30,7 @@ func TestMain(m *testing.M) {
 	if IsChild() {
 		os.Exit(ChildMain(GoRedis))
 	}
-	redistest.MainWith(m, func() {
-		if clientsDir != "" {
-			os.RemoveAll(clientsDir)
-		}
-	})
-}
-
-// A clientBinary is a test binary whose children speak to Redis through
-// one Go Redis client.
-type clientBinary struct{ client, path string }
-
-// The modules of the other clients' Backends, whose test binaries run
-// ChildMain through their Dial (see their TestMain).
-var clientModules = []struct{ client, dir string }{
-	{"rueidis", "fairlockrueidis"},
-	{"valkey-go", "fairlockvalkey"},
-}
-
-var (
-	clientsOnce sync.Once
-	clientBins  []clientBinary
-	clientsErr  error
-	clientsDir  string
-)
-
-// clientBinaries returns the binaries a run's children take turns
-// between: this one (go-redis) and each of clientModules' test binaries,
-// built once per process (with the race detector when this binary has
-// it), so that every fault meets every client, on the same semaphores.
-func clientBinaries(t *testing.T) []clientBinary {
-	clientsOnce.Do(func() {
-		clientBins = []clientBinary{{"go-redis", os.Args[0]}}
-		if clientsDir, clientsErr = os.MkdirTemp("", "fairlock-robustness-"); clientsErr != nil {
-			return
-		}
-		for _, m := range clientModules {
-			out := filepath.Join(clientsDir, m.dir+".test")
-			args := []string{"test", "-c", "-o", out}
-			if redistest.Race {
-				args = append(args, "-race")
-			}
-			cmd := exec.Command("go", append(args, ".")...)
-			cmd.Dir = filepath.Join("..", "..", m.dir)
-			if b, err := cmd.CombinedOutput(); err != nil {
-				clientsErr = fmt.Errorf("build %s's test binary in %s: %v\n%s", m.client, m.dir, err, b)
-				return
-			}
-			clientBins = append(clientBins, clientBinary{m.client, out})
-		}
-	})
-	if clientsErr != nil {
-		t.Fatal(clientsErr)
-	}
-	return clientBins
+	redistest.MainWith(m, clients.Cleanup)
 }
 
 // Timing of the traffic, for the short run.
@@ -253,15 +201,15 @@ func run(t *testing.T, sc scenario) Result {
 	}
 	// The upgrade's children are the two releases (this one on go-redis),
 	// the others one per client.
-	bins := []clientBinary{{"older release", sc.older}, {"go-redis", os.Args[0]}}
+	bins := []clients.Binary{{Client: "older release", Path: sc.older}, {Client: "go-redis", Path: os.Args[0]}}
 	if sc.older == "" {
-		bins = clientBinaries(t)
+		bins = clients.Binaries(t)
 	}
 	var who []string
 	for i := range children {
 		bin := bins[i%len(bins)]
-		who = append(who, fmt.Sprintf("child %d: %s", i, bin.client))
-		k := &kid{cmd: exec.Command(bin.path, "-test.run=^$")}
+		who = append(who, fmt.Sprintf("child %d: %s", i, bin.Client))
+		k := &kid{cmd: exec.Command(bin.Path, "-test.run=^$")}
 		k.cmd.Env = append(os.Environ(),
 			"GORACE=atexit_sleep_ms=0", redisEnv(i), envAck+"="+strconv.Itoa(sc.replicaAck),
 			envChild+"="+strconv.Itoa(i), envStore+"="+store.URL(),
@@ -323,7 +271,7 @@ func run(t *testing.T, sc scenario) Result {
 	t.Logf("%s (%s)", sc.name, strings.Join(who, ", "))
 	for i := range children {
 		if res.ByChild[i] == 0 {
-			t.Errorf("%s: no lease granted to child %d (%s)", sc.name, i, bins[i%len(bins)].client)
+			t.Errorf("%s: no lease granted to child %d (%s)", sc.name, i, bins[i%len(bins)].Client)
 		}
 	}
 	if sc.eachChild && sc.fault != nil {
@@ -337,7 +285,7 @@ func run(t *testing.T, sc scenario) Result {
 		}
 		for i, ok := range after {
 			if !ok {
-				t.Errorf("%s: child %d (%s) took no lease after its fault was healed", sc.name, i, bins[i%len(bins)].client)
+				t.Errorf("%s: child %d (%s) took no lease after its fault was healed", sc.name, i, bins[i%len(bins)].Client)
 			}
 		}
 	}
