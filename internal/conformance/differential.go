@@ -13,14 +13,17 @@ import (
 	"pgregory.net/rapid"
 )
 
-// Differential is the differential test (internal/differential) through
-// the client under test: the property machine's runs (see Property) are
-// recorded as the scripts received them from this client, then replayed
-// call by call, with calls sent again and a pause drawn, through this
-// client on two servers of their own: one with the fast paths on, one with
-// them off. Every reply, and every key after every call, must be equal on
-// both. So the arguments as this client renders them, and the replies as
-// it converts them, meet both paths.
+// Differential is the differential test (internal/differential) on
+// histories this client made: the property machine's runs (see Property)
+// are recorded as the scripts received them from this client, then
+// replayed call by call, with calls sent again and a pause drawn, through
+// this client (by EVALSHA and EVAL, as a client with a transform runs its
+// scripts) on two servers of their own: one with the fast paths on, one
+// with them off. Every reply, and every key after every call, must be
+// equal on both. It proves the two paths equal on the arguments as this
+// client renders them; a client that renders them wrongly, or converts a
+// reply wrongly, fails Property and the behaviour tests, which compare
+// with what the model and Redis hold.
 //
 // It runs on the plain server only (the replay servers are plain ones); the
 // root package's differential test replays far more histories (crashes,
@@ -33,16 +36,19 @@ func differentialRuns(t *testing.T, tg Target) {
 	setChecks(t, 15, 3)
 	pair := &differential.Pair{Backend: "redis-server through the client under test"}
 	fast, general := differential.Transforms(nil)
+	// Both servers allow DEBUG (a digest per key), or neither does (a
+	// server before 7.0 has no such setting): the dumps compare alike.
+	var debugArgs []string
+	if srv, err := redisserver.Start("--enable-debug-command", "local"); err == nil {
+		srv.Stop()
+		debugArgs = []string{"--enable-debug-command", "local"}
+	}
 	for _, side := range []struct {
 		r         **differential.Replayer
 		name      string
 		transform func(string) string
 	}{{&pair.Fast, "fast paths on", fast}, {&pair.General, "fast paths off", general}} {
-		srv, err := redisserver.Start("--enable-debug-command", "local")
-		debug := err == nil
-		if !debug { // a server before 7.0 has no such setting
-			srv, err = redisserver.Start()
-		}
+		srv, err := redisserver.Start(debugArgs...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -54,7 +60,7 @@ func differentialRuns(t *testing.T, tg Target) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = c.Close() })
-		*side.r = &differential.Replayer{Name: side.name, RDB: rdb, Run: differential.ClientRunner(c), Debug: debug}
+		*side.r = &differential.Replayer{Name: side.name, RDB: rdb, Run: differential.ClientRunner(c), Debug: debugArgs != nil}
 	}
 	logKey := "fltest:log:" + rand.Text()
 	record := []fairlock.Option{testhook.Transform[fairlock.Option](differential.Recording(logKey, nil))}
@@ -76,8 +82,18 @@ func differentialRuns(t *testing.T, tg Target) {
 		calls += len(history)
 		fastCalls += pair.FastCount(ctx)
 	})
-	t.Logf("%d histories, %d calls (%d answered by a fast path) replayed", runs, calls, fastCalls)
-	if calls == 0 || fastCalls == 0 || fastCalls == calls {
-		t.Errorf("%d calls replayed, %d of them answered by a fast path: the replays compare too little", calls, fastCalls)
+	steps := 0
+	for _, n := range pair.Steps {
+		steps += n
+	}
+	t.Logf("%d histories of %d calls; %d calls replayed on each side (resends included), %d answered by a fast path; by op: %v",
+		runs, calls, steps, fastCalls, pair.Steps)
+	for _, op := range []string{"acquire", "try", "release", "leave"} {
+		if pair.Steps[op] == 0 {
+			t.Errorf("no %s call replayed: the replays compare too little", op)
+		}
+	}
+	if fastCalls == 0 || fastCalls >= steps {
+		t.Errorf("%d of %d calls answered by a fast path: the replays compare too little", fastCalls, steps)
 	}
 }

@@ -53,7 +53,7 @@ const (
 
 // Call is one recorded script call.
 type Call struct {
-	Script string   `json:"s"` // the name of its entry (testhook.EntryName)
+	Script string   `json:"s"` // its script's name (testhook.EntryName)
 	Keys   []string `json:"k"`
 	Args   []string `json:"a"`
 	Time   []string `json:"t"` // Redis's TIME as the script read it: seconds, microseconds
@@ -122,9 +122,9 @@ func onLine(lua string) string { return strings.ReplaceAll(lua, "\n", " ") }
 // Recording returns a transform (testhook.Transform) that records every call of
 // the scripts it is given, after passing them through inner (if not nil):
 // when a script first reads Redis's TIME, it pushes the call (script,
-// keys, arguments, the time read) onto the list logKey. A script that
-// declares itself read-only (no-writes: Status, a leader's read), which
-// Redis 7 forbids to write, is not recorded: it changes nothing.
+// keys, arguments, the time read) onto the list logKey. The reads (ops
+// status and leader_get, whose scripts declare no writes, which Redis 7
+// then forbids) are not recorded: they change nothing.
 func Recording(logKey string, inner func(string) string) func(string) string {
 	return func(src string) string {
 		name := testhook.EntryName(src)
@@ -141,7 +141,8 @@ for i, v in ipairs(ARGV) do __rec_argv[i] = v end
 local function __rec_time(cmd, res)
   if cmd == 'TIME' and not __rec_done and type(res) == 'table' and not res.err then
     __rec_done = true
-    redis.pcall('RPUSH', %q, cjson.encode({ s = %q, k = KEYS, a = __rec_argv, t = res }))
+    if __rec_argv[1] == 'status' or __rec_argv[1] == 'leader_get' then return res end
+    redis.call('RPUSH', %q, cjson.encode({ s = %q, k = KEYS, a = __rec_argv, t = res }))
   end
   return res
 end
@@ -348,13 +349,15 @@ func (r *Replayer) Dump(ctx context.Context, mode string) (string, error) {
 	return b.String(), nil
 }
 
-// A Pair is the two replayers of one server (Backend names it): fast
+// A Pair is two replayers (Backend names where they run): fast
 // paths on (their scripts passed through Replayed(Compose(inner,
 // CountFast))), and off (Replayed(Compose(inner, testhook.NoFastPaths))),
 // where inner is the same for both: a mutation under test, or nil.
 type Pair struct {
 	Backend       string
 	Fast, General *Replayer
+	// Steps counts the calls Step has run (resends included), by op.
+	Steps map[string]int
 }
 
 // Transforms returns the transforms of a Pair's two sides' scripts (see
@@ -367,6 +370,10 @@ func Transforms(inner func(string) string) (fast, general func(string) string) {
 // their replies and their databases after it, and returns the reply, or
 // an error that shows the difference.
 func (p *Pair) Step(ctx context.Context, c Call, step int) (any, error) {
+	if p.Steps == nil {
+		p.Steps = map[string]int{}
+	}
+	p.Steps[c.Op()]++
 	var replies [2]string
 	var res any
 	before, _ := p.General.Dump(ctx, "")

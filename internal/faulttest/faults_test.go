@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -56,6 +57,19 @@ type occupancy struct {
 	enters, violations, errors int
 	releaseErrors              int // Release returned an error
 	entersAt                   []int64
+	byPid                      map[int64][]int64 // each process's enters (µs)
+}
+
+// idle names the workers of ws that entered no critical section at or
+// after since (µs): each one's client must serve it.
+func (o occupancy) idle(ws []*worker, since int64) []string {
+	var out []string
+	for _, w := range ws {
+		if !slices.ContainsFunc(o.byPid[int64(w.cmd.Process.Pid)], func(at int64) bool { return at >= since }) {
+			out = append(out, fmt.Sprintf("worker %d (%s)", w.cmd.Process.Pid, w.client))
+		}
+	}
+	return out
 }
 
 func readLog(t *testing.T, path string, capacity int64) occupancy {
@@ -65,7 +79,7 @@ func readLog(t *testing.T, path string, capacity int64) occupancy {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var o occupancy
+	o := occupancy{byPid: map[int64][]int64{}}
 	inUse := map[string]int64{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
@@ -87,6 +101,7 @@ func readLog(t *testing.T, path string, capacity int64) occupancy {
 			inUse[name] += n
 			o.enters++
 			o.entersAt = append(o.entersAt, at)
+			o.byPid[pid] = append(o.byPid[pid], at)
 			if inUse[name] > capacity {
 				o.violations++
 			}
@@ -125,6 +140,15 @@ func TestChurn(t *testing.T) {
 	}
 	for _, s := range []spec{mutex, sem, multi} {
 		o := readLog(t, s.log, s.capacity)
+		var mine []*worker
+		for _, w := range ws {
+			if w.spec.log == s.log {
+				mine = append(mine, w)
+			}
+		}
+		if idle := o.idle(mine, 0); len(idle) > 0 {
+			t.Errorf("%s: %v entered no critical section", s.name, idle)
+		}
 		t.Logf("%s (capacity %d): %d processes, %d acquisitions, %d violations, %d errors", s.name, s.capacity, procs, o.enters, o.violations, o.errors+o.releaseErrors)
 		if o.violations > 0 || o.errors+o.releaseErrors > 0 || o.enters < procs {
 			t.Errorf("%s: %d acquisitions, %d violations, %d acquire and %d release errors", s.name, o.enters, o.violations, o.errors, o.releaseErrors)
@@ -317,6 +341,10 @@ func TestRedisRestart(t *testing.T) {
 	}
 	if resumed > time.Second {
 		t.Errorf("work resumed %v after Redis was back", resumed)
+	}
+	// Each process's client came back too.
+	if idle := o.idle(ws, back.UnixMicro()); len(idle) > 0 {
+		t.Errorf("%v acquired nothing in the 2 s after Redis was back", idle)
 	}
 	// Everything was released: the whole capacity is free.
 	c := client(t, s)

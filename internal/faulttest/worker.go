@@ -51,7 +51,8 @@ func specFromEnv() spec {
 }
 
 // WorkerMain runs a worker process (see IsWorker) through dial and returns
-// its exit code. It stops when its stdin closes.
+// its exit code. It prints "ready" once its client is made, then works by
+// its mode, and stops when its stdin closes.
 //
 //	loop: acquire (all names at once, for a list), log "enter" for each,
 //	      hold, log "exit" for each, release; on errors log "error" and
@@ -74,6 +75,7 @@ func WorkerMain(dial clients.Dial) int {
 	}
 	defer closeRedis()
 	defer c.Close()
+	fmt.Println("ready")
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		_, _ = io.Copy(io.Discard, os.Stdin)

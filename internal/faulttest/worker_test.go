@@ -27,29 +27,39 @@ func TestMain(m *testing.M) {
 type worker struct {
 	t      *testing.T
 	client string // the Go Redis client it runs
+	spec   spec   // what it was told
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	lines  chan string
 }
 
 // turns counts the workers started on each semaphore (prefix and names),
-// so that the workers of one semaphore take turns between the clients.
+// so that the workers of one semaphore take turns between the clients;
+// each semaphore's first worker takes the turn after the previous
+// semaphore's, so that a test's roles (the first holder, the paused one,
+// the one that closes) fall to each client over the suite.
 var turns = struct {
 	sync.Mutex
-	n map[string]int
+	n    map[string]int
+	sems int
 }{n: map[string]int{}}
 
-// start starts a worker process told s. The workers of a semaphore take
-// turns between the Go Redis clients (clients.Binaries): go-redis (this
-// binary), rueidis and valkey-go, each through its own module's test
-// binary; so the processes that compete for one semaphore speak to Redis
-// through different clients.
+// start starts a worker process told s, and waits until it has made its
+// client. The workers of a semaphore take turns between the Go Redis
+// clients (clients.Binaries): go-redis (this binary), rueidis and
+// valkey-go, each through its own module's test binary; so the processes
+// that compete for one semaphore speak to Redis through different
+// clients.
 func start(t *testing.T, mode string, s spec) *worker {
 	t.Helper()
 	bins := clients.Binaries(t)
 	turns.Lock()
-	turn := turns.n[s.prefix+s.name]
-	turns.n[s.prefix+s.name]++
+	turn, ok := turns.n[s.prefix+s.name]
+	if !ok {
+		turn = turns.sems
+		turns.sems++
+	}
+	turns.n[s.prefix+s.name] = turn + 1
 	turns.Unlock()
 	bin := bins[turn%len(bins)]
 	cmd := exec.Command(bin.Path, "-test.run=^$")
@@ -67,7 +77,7 @@ func start(t *testing.T, mode string, s spec) *worker {
 		t.Fatal(err)
 	}
 	t.Logf("worker %d: %s", cmd.Process.Pid, bin.Client)
-	w := &worker{t: t, client: bin.Client, cmd: cmd, stdin: stdin, lines: make(chan string, 16)}
+	w := &worker{t: t, client: bin.Client, spec: s, cmd: cmd, stdin: stdin, lines: make(chan string, 16)}
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
@@ -80,6 +90,8 @@ func start(t *testing.T, mode string, s spec) *worker {
 		_ = w.cmd.Process.Kill()
 		_ = w.cmd.Wait()
 	})
+	// A binary whose TestMain ran no worker would exit without a word.
+	w.expect("ready", 30*time.Second)
 	return w
 }
 

@@ -30,7 +30,9 @@ var (
 	// blocking reads (a Backend of another client ignores it).
 	BlockingHooksOption func(hooks ...redis.Hook) any
 	// EntryName names the entry (acquire, release...) whose script src
-	// is, the whole source a transform is given; "" for none.
+	// is, the whole source a transform is given; "" for none. Entries
+	// that share a file share a script, named after the first of them
+	// (wait's is release's, leader_get's leader's).
 	EntryName func(src string) string
 	// RunScript runs the script that serves op on client (a
 	// *fairlock.Client) with keys and args as they are, through the
