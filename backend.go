@@ -77,6 +77,14 @@ type BackendInfo struct {
 	// Wait reports that ScriptWait works: a script and a WAIT share one
 	// connection. [WithReplicaAck] needs it.
 	Wait bool
+
+	// Deadlines reports that every method returns by its context's end,
+	// whatever Redis and the network do (the client stops waiting for a
+	// reply, a connection or a retry then): the engine then runs each call
+	// on its caller's goroutine. Without it, a call whose context can end
+	// runs on a goroutine of the engine's, so that the caller returns in
+	// time whatever the client does.
+	Deadlines bool
 }
 
 // Layout is how a [Backend]'s client places keys on servers.

@@ -149,8 +149,9 @@ const grace = 30 * time.Millisecond
 // that does not answer waits for go-redis's ReadTimeout (3 s by default),
 // and go-redis retries a connection it cannot open for over a second.
 //
-// When ctx can end, do runs on a goroutine of the client's (see spawn);
-// otherwise on the caller's.
+// When ctx can end and the Backend does not itself return by its end
+// (BackendInfo.Deadlines), do runs on a goroutine of the client's (see
+// spawn); otherwise on the caller's.
 // If ctx ends first, call returns ok false and an outcome holding ctx's
 // error; the goroutine then hands do's outcome, when it arrives, to late
 // (if not nil), which cleans up after it: withdraws a ticket the script
@@ -162,12 +163,17 @@ const grace = 30 * time.Millisecond
 // it to late as well, in the background: an earlier attempt may have sent
 // the script.
 func (c *caller) call(ctx context.Context, do func(context.Context) outcome, late func(outcome)) (o outcome, ok bool) {
-	if ctx.Done() == nil {
+	if ctx.Done() == nil || c.info.Deadlines {
 		o := do(ctx)
 		if late != nil && isDialError(o.res.Err()) {
 			c.spawn(func() { late(o) })
 		}
-		return o, true
+		if ctx.Done() == nil {
+			return o, true
+		}
+		// The Backend returned by ctx's end: an outcome that is ctx's
+		// error goes to late, as from the goroutine below.
+		return c.settle(ctx, o, late)
 	}
 	var state atomic.Int32 // 0 running, 1 handed to the caller, 2 abandoned by it
 	ch := make(chan outcome, 1)

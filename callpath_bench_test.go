@@ -3,7 +3,10 @@ package fairlock_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -83,6 +86,132 @@ func BenchmarkClientPath(b *testing.B) {
 				}
 				if err := l.Release(ctx); err != nil {
 					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// instantBackend is instantRedis as a fairlock.Backend of its own, whose
+// Info can say that its calls return by their context's end (Deadlines).
+// onScript, if set, is called with each script command.
+type instantBackend struct {
+	redis     instantRedis
+	deadlines bool
+	onScript  func()
+}
+
+func (b *instantBackend) Info() fairlock.BackendInfo {
+	return fairlock.BackendInfo{Layout: fairlock.LayoutSingle, Deadlines: b.deadlines}
+}
+
+func (b *instantBackend) Script(ctx context.Context, s fairlock.Script) (any, error) {
+	if b.onScript != nil {
+		b.onScript()
+	}
+	args := make([]any, len(s.Args))
+	for i, a := range s.Args {
+		args[i] = a
+	}
+	return b.redis.reply(ctx, args).Result()
+}
+
+func (b *instantBackend) ScriptWait(ctx context.Context, s fairlock.Script, _ int, _ time.Duration) (any, int64, error, error) {
+	v, err := b.Script(ctx, s)
+	return v, 0, err, nil
+}
+
+func (b *instantBackend) LoadLibrary(context.Context, string) error { return nil }
+
+func (b *instantBackend) BlockingPop(ctx context.Context, timeout time.Duration, _ int, _ []string) (string, []string, error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return "", nil, ctx.Err()
+	case <-t.C:
+		return "", nil, nil
+	}
+}
+
+func (b *instantBackend) Pop(context.Context, string, int) ([]string, error) { return nil, nil }
+
+func (b *instantBackend) Blocking() (fairlock.Backend, func() error, error) { return nil, nil, nil }
+
+// BenchmarkBackendPath is BenchmarkClientPath through a Backend of its own:
+// with Deadlines, a call whose context can end runs on the caller's
+// goroutine, as a call without a deadline does.
+func BenchmarkBackendPath(b *testing.B) {
+	for _, deadlines := range []bool{false, true} {
+		b.Run(fmt.Sprintf("deadlines=%v", deadlines), func(b *testing.B) {
+			c, err := fairlock.NewWithBackend(&instantBackend{deadlines: deadlines})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+			defer cancel()
+			req := fairlock.Request{Name: "m", Capacity: 1, Permits: 1}
+			b.ReportAllocs()
+			for b.Loop() {
+				l, err := c.Acquire(ctx, req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := l.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// goroutineID returns the running goroutine's number, from its stack's
+// first line ("goroutine N [running]:").
+func goroutineID() string {
+	buf := make([]byte, 64)
+	buf = buf[:runtime.Stack(buf, false)]
+	id, _, _ := strings.Cut(strings.TrimPrefix(string(buf), "goroutine "), " ")
+	return id
+}
+
+// A Backend that returns by its context's end (Deadlines) gets the
+// caller's calls on the caller's goroutine, deadline or not; any other
+// gets those whose context can end on a goroutine of the engine's, so
+// that the caller returns in time whatever the client does.
+func TestCallsUnderADeadlineRunOnTheCallersGoroutineWhenTheBackendHonoursThem(t *testing.T) {
+	for _, deadlines := range []bool{false, true} {
+		t.Run(fmt.Sprintf("deadlines=%v", deadlines), func(t *testing.T) {
+			var mu sync.Mutex
+			var on []string
+			b := &instantBackend{deadlines: deadlines, onScript: func() {
+				mu.Lock()
+				on = append(on, goroutineID())
+				mu.Unlock()
+			}}
+			c, err := fairlock.NewWithBackend(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			l, err := c.Acquire(ctx, fairlock.Request{Name: "m", Capacity: 1, Permits: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			me := goroutineID()
+			mu.Lock()
+			defer mu.Unlock()
+			if len(on) != 2 {
+				t.Fatalf("%d script calls, want 2 (the acquire, the release)", len(on))
+			}
+			for i, g := range on {
+				if mine := g == me; mine != deadlines {
+					t.Errorf("call %d ran on goroutine %s, the caller's %s: on the caller's %v, want %v", i, g, me, mine, deadlines)
 				}
 			}
 		})

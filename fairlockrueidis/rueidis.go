@@ -46,9 +46,9 @@ type backend struct{ rdb rueidis.Client }
 
 func (b backend) Info() fairlock.BackendInfo {
 	if b.rdb.Mode() == rueidis.ClientModeCluster {
-		return fairlock.BackendInfo{Layout: fairlock.LayoutCluster, Functions: true}
+		return fairlock.BackendInfo{Layout: fairlock.LayoutCluster, Functions: true, Deadlines: true}
 	}
-	return fairlock.BackendInfo{Layout: fairlock.LayoutSingle, Functions: true, Wait: true}
+	return fairlock.BackendInfo{Layout: fairlock.LayoutSingle, Functions: true, Wait: true, Deadlines: true}
 }
 
 var commandNames = map[fairlock.ScriptCommand]string{fairlock.FCall: "FCALL", fairlock.EvalSHA: "EVALSHA", fairlock.Eval: "EVAL"}
