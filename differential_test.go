@@ -113,35 +113,28 @@ func newReplayPair(t testing.TB, real bool, inner func(string) string) replayPai
 // paths on and off, on miniredis and on the real server, and fails at the
 // first call whose reply or effect differs.
 func TestFastPathsMatchGeneralPath(t *testing.T) {
+	if redistest.Race && !testing.Short() {
+		// Its cost is Lua and go-redis round trips, whose Go code the
+		// rest of the package runs under -race: the detector would only
+		// slow it (and its crowds, thousands of clients' goroutines,
+		// several times over).
+		redistest.RunWithoutRace(t)
+		return
+	}
 	t.Run("calls", func(t *testing.T) {
 		// Script calls drawn directly, in lockstep.
-		checks := 0 // rapid.checks
-		if redistest.Race {
-			// The full count runs without -race on the other servers.
-			n, _ := strconv.Atoi(flag.Lookup("rapid.checks").Value.String())
-			checks = max(n/3, 1)
-		}
-		diffCalls(t, t, checks, nil)
+		diffCalls(t, t, 0, nil)
 	})
 	t.Run("property", func(t *testing.T) {
 		redistest.Long(t)
 		// The property machine on miniredis: its clock moves, processes
 		// crash and pause, Redis's scripts are flushed.
-		checks := *diffPropertyChecks
-		if redistest.Race {
-			checks = max(checks/3, 1) // the full count runs without -race
-		}
-		diffMachines(t, t, recordingBackend(t), replayPairs(t, nil), checks, nil, func(rt *rapid.T, b *redistest.Backend) {
+		diffMachines(t, t, recordingBackend(t), replayPairs(t, nil), *diffPropertyChecks, nil, func(rt *rapid.T, b *redistest.Backend) {
 			runMachine(rt, b, mconfig{frozen: true, wait: pWait, maxCap: 8})
 		})
 	})
 	t.Run("crowds", func(t *testing.T) {
 		redistest.Long(t)
-		if redistest.Race {
-			// Go-side work (thousands of clients' goroutines); CI runs
-			// it without -race on the other servers.
-			t.Skip("crowds run without the race detector")
-		}
 		// The machine on the real server, in real time, with crowds (one
 		// process, many requests), bulk grants and a doomed crowd's mass
 		// expiry.

@@ -3,10 +3,13 @@ package redistest
 import (
 	"bytes"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -16,22 +19,50 @@ import (
 // than starting another.
 const childEnv = "FAIRLOCK_NORACE_CHILD"
 
+// The package's test binary without the race detector, built once per
+// process for every RunWithoutRace of it.
+var norace struct {
+	once      sync.Once
+	dir, path string
+	err       error
+}
+
 // RunWithoutRace runs the top-level test t again (the subtests of it that
 // the parent's -run picks) in a test binary of the current package built
 // without the race detector, and fails t if that fails. It is for tests
 // whose cost is all in Lua and whose Go code other tests run under -race:
-// the detector slows them several times over and finds nothing new. The
-// child is built and run by the go command on PATH (go test started the
-// parent, so it is there), with the flags given to the parent other than
-// go test's; its output is logged under -v, and shown whole if it fails.
+// the detector slows them several times over and finds nothing new.
+//
+// t is marked parallel: it runs once the package's serial tests are done,
+// beside its other parallel tests (each child a process of its own, with
+// a redis-server of its own), so that those children share the machine's
+// cores. The binary is built once per process by the go command on PATH
+// (go test started the parent, so it is there); a child gets the flags
+// given to the parent other than go test's; its output is logged under
+// -v, and shown whole if it fails.
 func RunWithoutRace(t *testing.T) {
 	t.Helper()
 	if os.Getenv(childEnv) != "" {
 		t.Fatal("redistest: RunWithoutRace's child was built with -race (GOFLAGS?)")
 	}
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("redistest: running %s without -race needs the go command: %v", t.Name(), err)
+	t.Parallel()
+	norace.once.Do(func() {
+		gobin, err := exec.LookPath("go")
+		if err != nil {
+			norace.err = fmt.Errorf("running tests without -race needs the go command: %w", err)
+			return
+		}
+		if norace.dir, norace.err = os.MkdirTemp("", "fairlock-norace-"); norace.err != nil {
+			return
+		}
+		norace.path = filepath.Join(norace.dir, "norace.test")
+		cmd := exec.Command(gobin, "test", "-c", "-race=false", "-o", norace.path, ".")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			norace.err = fmt.Errorf("building the package's tests without -race: %v\n%s", err, out)
+		}
+	})
+	if norace.err != nil {
+		t.Fatalf("redistest: %s: %v", t.Name(), norace.err)
 	}
 	// The parent's -run may pick subtests (TestX/sub); the child runs
 	// those of this test only.
@@ -41,13 +72,16 @@ func RunWithoutRace(t *testing.T) {
 			run += "/" + sub
 		}
 	}
-	args := []string{"test", "-race=false", "-count=1", "-run", run}
+	args := []string{"-test.run=" + run}
 	if d, ok := t.Deadline(); ok {
 		// Leave the parent time to report a child that overruns.
-		args = append(args, "-timeout", (time.Until(d) * 9 / 10).Truncate(time.Second).String())
+		args = append(args, "-test.timeout="+(time.Until(d)*9/10).Truncate(time.Second).String())
 	}
 	if testing.Verbose() {
-		args = append(args, "-v")
+		args = append(args, "-test.v")
+	}
+	if testing.Short() {
+		args = append(args, "-test.short")
 	}
 	// The test's own flags given to the parent (rapid's, say), not go
 	// test's.
@@ -56,18 +90,25 @@ func RunWithoutRace(t *testing.T) {
 			args = append(args, "-"+f.Name+"="+f.Value.String())
 		}
 	})
-	cmd := exec.CommandContext(t.Context(), gobin, append(args, ".")...)
+	cmd := exec.CommandContext(t.Context(), norace.path, args...)
 	cmd.Env = append(os.Environ(), childEnv+"=1")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
-	err = cmd.Run()
-	if err != nil {
-		t.Fatalf("%s without -race (go %s .): %v after %v:\n%s", t.Name(), strings.Join(args, " "), err,
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%s without -race (%s): %v after %v:\n%s", t.Name(), strings.Join(args, " "), err,
 			time.Since(start).Round(time.Second), out.Bytes())
 	}
 	if testing.Verbose() {
 		t.Log(out.String())
 	}
-	t.Logf("%s passed without -race in %v (go %s .)", t.Name(), time.Since(start).Round(time.Second), strings.Join(args, " "))
+	t.Logf("%s passed without -race in %v (%s)", t.Name(), time.Since(start).Round(time.Second), strings.Join(args, " "))
+}
+
+// cleanupNorace removes the binary RunWithoutRace built (MainWith calls it
+// once the tests have run).
+func cleanupNorace() {
+	if norace.dir != "" {
+		os.RemoveAll(norace.dir)
+	}
 }

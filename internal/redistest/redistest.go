@@ -143,6 +143,7 @@ func MainWith(m *testing.M, after func()) {
 		fmt.Fprintf(os.Stderr, "redistest: real-Redis tests skipped: %v\n", err)
 	}
 	code := m.Run()
+	cleanupNorace()
 	if after != nil {
 		after()
 	}
