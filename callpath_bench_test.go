@@ -59,6 +59,21 @@ func (r *instantRedis) BLPop(ctx context.Context, _ time.Duration, _ ...string) 
 	return cmd
 }
 
+// cycles runs b's loop of uncontended Acquires and Releases on c.
+func cycles(ctx context.Context, b *testing.B, c *fairlock.Client) {
+	req := fairlock.Request{Name: "m", Capacity: 1, Permits: 1}
+	b.ReportAllocs()
+	for b.Loop() {
+		l, err := c.Acquire(ctx, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkClientPath measures the client's own work for one uncontended
 // Acquire and its Release (time and allocations), Redis's answers taking
 // no time: the cost a thin call path removes. With a deadline, the
@@ -77,17 +92,7 @@ func BenchmarkClientPath(b *testing.B) {
 				ctx, cancel = context.WithTimeout(ctx, time.Hour)
 				defer cancel()
 			}
-			req := fairlock.Request{Name: "m", Capacity: 1, Permits: 1}
-			b.ReportAllocs()
-			for b.Loop() {
-				l, err := c.Acquire(ctx, req)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := l.Release(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
+			cycles(ctx, b, c)
 		})
 	}
 }
@@ -151,17 +156,7 @@ func BenchmarkBackendPath(b *testing.B) {
 			defer c.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 			defer cancel()
-			req := fairlock.Request{Name: "m", Capacity: 1, Permits: 1}
-			b.ReportAllocs()
-			for b.Loop() {
-				l, err := c.Acquire(ctx, req)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := l.Release(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
+			cycles(ctx, b, c)
 		})
 	}
 }

@@ -96,6 +96,11 @@ func Binaries(t testing.TB) []Binary {
 		if dir, err = os.MkdirTemp("", "fairlock-clients-"); err != nil {
 			return
 		}
+		var unlock func()
+		if unlock, err = buildLock(); err != nil {
+			return
+		}
+		defer unlock()
 		for _, m := range modules {
 			out := filepath.Join(dir, m.dir+".test")
 			args := []string{"test", "-c", "-o", out}

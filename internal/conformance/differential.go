@@ -19,11 +19,11 @@ import (
 // replayed call by call, with calls sent again and a pause drawn, through
 // this client (by EVALSHA and EVAL, as a client with a transform runs its
 // scripts) on two servers of their own: one with the fast paths on, one
-// with them off. Every reply, and every key after every call, must be
-// equal on both. It proves the two paths equal on the arguments as this
-// client renders them; a client that renders them wrongly, or converts a
-// reply wrongly, fails Property and the behaviour tests, which compare
-// with what the model and Redis hold.
+// with them off; and, on a third, through go-redis with the fast paths on.
+// Every reply, and every key after every call, must be equal on all
+// three: the two paths are equal on the arguments as this client renders
+// them, and this client converts every reply (and reports every error of
+// the engine's) as go-redis's Backend does.
 //
 // It runs on the plain server only (the replay servers are plain ones); the
 // root package's differential test replays far more histories (crashes,
@@ -43,11 +43,21 @@ func differentialRuns(t *testing.T, tg Target) {
 		srv.Stop()
 		debugArgs = []string{"--enable-debug-command", "local"}
 	}
+	goRedis := func(t *testing.T, addr string) func(...fairlock.Option) (*fairlock.Client, error) {
+		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		t.Cleanup(func() { _ = rdb.Close() })
+		return func(opts ...fairlock.Option) (*fairlock.Client, error) { return fairlock.New(rdb, opts...) }
+	}
 	for _, side := range []struct {
 		r         **differential.Replayer
 		name      string
+		openAt    func(t *testing.T, addr string) func(...fairlock.Option) (*fairlock.Client, error)
 		transform func(string) string
-	}{{&pair.Fast, "fast paths on", fast}, {&pair.General, "fast paths off", general}} {
+	}{
+		{&pair.Fast, "fast paths on", tg.OpenAt, fast},
+		{&pair.General, "fast paths off", tg.OpenAt, general},
+		{&pair.Mirror, "go-redis, fast paths on", goRedis, fast},
+	} {
 		srv, err := redisserver.Start(debugArgs...)
 		if err != nil {
 			t.Fatal(err)
@@ -55,7 +65,7 @@ func differentialRuns(t *testing.T, tg Target) {
 		t.Cleanup(srv.Stop)
 		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 		t.Cleanup(func() { _ = rdb.Close() })
-		c, err := tg.OpenAt(t, srv.Addr)(testhook.Transform[fairlock.Option](side.transform))
+		c, err := side.openAt(t, srv.Addr)(testhook.Transform[fairlock.Option](side.transform))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -356,6 +356,9 @@ func (r *Replayer) Dump(ctx context.Context, mode string) (string, error) {
 type Pair struct {
 	Backend       string
 	Fast, General *Replayer
+	// Mirror, if not nil, runs each call as Fast does through another
+	// client: its replies and its database must equal Fast's too.
+	Mirror *Replayer
 	// Steps counts the calls Step has run (resends included), by op.
 	Steps map[string]int
 }
@@ -374,10 +377,14 @@ func (p *Pair) Step(ctx context.Context, c Call, step int) (any, error) {
 		p.Steps = map[string]int{}
 	}
 	p.Steps[c.Op()]++
-	var replies [2]string
+	sides := []*Replayer{p.Fast, p.General}
+	if p.Mirror != nil {
+		sides = append(sides, p.Mirror)
+	}
+	replies := make([]string, len(sides))
 	var res any
 	before, _ := p.General.Dump(ctx, "")
-	for j, r := range []*Replayer{p.Fast, p.General} {
+	for j, r := range sides {
 		if err := r.Prepare(ctx, c); err != nil {
 			return nil, fmt.Errorf("%s: preparing step %d: %w", p.Backend, step, err)
 		}
@@ -387,30 +394,50 @@ func (p *Pair) Step(ctx context.Context, c Call, step int) (any, error) {
 			// not compile, or breaks, fails the replay.
 			return nil, fmt.Errorf("%s: step %d: %s\n%s: %w", p.Backend, step, c, r.Name, err)
 		}
-		replies[j] = fmt.Sprintf("%#v (error %v)", out, err)
+		replies[j] = render(out, err, p.Mirror != nil)
 		if j == 0 {
 			res = out
 		}
 	}
-	if replies[0] != replies[1] {
-		return nil, fmt.Errorf("%s: step %d: %s\nreplies differ:\n  fast paths on:  %s\n  fast paths off: %s\nbefore:\n%s",
-			p.Backend, step, c, replies[0], replies[1], before)
+	for j := 1; j < len(sides); j++ {
+		if replies[j] != replies[0] {
+			return nil, fmt.Errorf("%s: step %d: %s\nreplies differ:\n  %s: %s\n  %s: %s\nbefore:\n%s",
+				p.Backend, step, c, sides[0].Name, replies[0], sides[j].Name, replies[j], before)
+		}
 	}
-	var digests [2]string
-	for j, r := range []*Replayer{p.Fast, p.General} {
+	digests := make([]string, len(sides))
+	for j, r := range sides {
 		d, err := r.Dump(ctx, "digest")
 		if err != nil {
 			return nil, fmt.Errorf("%s: dump after step %d: %w", p.Backend, step, err)
 		}
 		digests[j] = d
 	}
-	if digests[0] != digests[1] {
-		a, _ := p.Fast.Dump(ctx, "")
-		b, _ := p.General.Dump(ctx, "")
-		return nil, fmt.Errorf("%s: step %d: %s\nreply %s\nthe databases differ (fast paths on -, off +):\n%s\nbefore the call:\n%s",
-			p.Backend, step, c, replies[0], LineDiff(a, b), before)
+	for j := 1; j < len(sides); j++ {
+		if digests[j] != digests[0] {
+			a, _ := sides[0].Dump(ctx, "")
+			b, _ := sides[j].Dump(ctx, "")
+			return nil, fmt.Errorf("%s: step %d: %s\nreply %s\nthe databases differ (%s -, %s +):\n%s\nbefore the call:\n%s",
+				p.Backend, step, c, replies[0], sides[0].Name, sides[j].Name, LineDiff(a, b), before)
+		}
 	}
 	return res, nil
+}
+
+// render renders a reply and its error for comparison. Where a Pair has a
+// mirror (another client), an error is compared by the engine's words only (from
+// FAIRLOCK_ to the end of Redis's message, before the script's name),
+// since each client wraps Redis's error reply in its own text.
+func render(out any, err error, mirror bool) string {
+	if err != nil && mirror {
+		msg := err.Error()
+		if i := strings.Index(msg, "FAIRLOCK_"); i >= 0 {
+			msg = msg[i:]
+		}
+		msg, _, _ = strings.Cut(msg, " script:")
+		return fmt.Sprintf("%#v (error %s)", out, msg)
+	}
+	return fmt.Sprintf("%#v (error %v)", out, err)
 }
 
 // fastTaken is how a script returns a fast path's answer.
@@ -435,7 +462,10 @@ func (p *Pair) FastCount(ctx context.Context) int {
 // seed), with a pause before one acquisition or release when pause is
 // set, and returns an error describing the first difference.
 func (p *Pair) Replay(ctx context.Context, calls []Call, seed uint64, pause bool) error {
-	for _, r := range []*Replayer{p.Fast, p.General} {
+	for _, r := range []*Replayer{p.Fast, p.General, p.Mirror} {
+		if r == nil {
+			continue
+		}
 		if err := r.RDB.FlushDB(ctx).Err(); err != nil {
 			return err
 		}
