@@ -34,10 +34,7 @@ type caller struct {
 func (c *caller) run(ctx context.Context, oc opCall) (result, error) {
 	s, keys, args := c.scripts.forOp(oc.op), oc.keys, oc.args
 	if c.ackReplicas == 0 || !oc.op.ack {
-		return s.run(ctx, c.b, c.info.Functions, func(sc Script) result {
-			v, err := c.b.Script(ctx, sc)
-			return result{v, err}
-		}, keys, args), nil
+		return c.alone(ctx, s, keys, args), nil
 	}
 	var acked int64
 	var waitErr error
@@ -216,9 +213,15 @@ func (c *caller) runRaw(ctx context.Context, op string, keys, args []string) (an
 	if o == nil {
 		return nil, fmt.Errorf("fairlock: no script serves op %q", op)
 	}
-	r := c.scripts.forOp(o).run(ctx, c.b, c.info.Functions, func(s Script) result {
-		v, err := c.b.Script(ctx, s)
+	r := c.alone(ctx, c.scripts.forOp(o), keys, args)
+	return r.val, r.err
+}
+
+// alone runs s with keys and args through the Backend, each script
+// command sent by itself (no WAIT after it).
+func (c *caller) alone(ctx context.Context, s *script, keys, args []string) result {
+	return s.run(ctx, c.b, c.info.Functions, func(sc Script) result {
+		v, err := c.b.Script(ctx, sc)
 		return result{v, err}
 	}, keys, args)
-	return r.val, r.err
 }
