@@ -34,6 +34,18 @@ redis.register_function('fairlock_floor_release', function(k, a)
   redis.call('ZREM', k[2], a[1])
   return {1, 0}
 end)
+redis.register_function('fairlock_floor_least_acquire', function(k, a)
+  local t = redis.call('TIME')
+  redis.call('HMGET', k[1], 'used', 'nq', 'seq', a[1])
+  redis.call('HSET', k[1], 'used', 1, 'seq', t[2], a[1], t[2])
+  return {1, t[1], t[2]}
+end)
+redis.register_function('fairlock_floor_least_release', function(k, a)
+  local t = redis.call('TIME')
+  redis.call('HMGET', k[1], 'used', 'nq', 'seq', a[1])
+  redis.call('HSET', k[1], 'used', 0, a[1], 'r')
+  return {1, 0}
+end)
 redis.register_function('fairlock_floor_handoff', function(k, a)
   local t = redis.call('TIME')
   redis.call('HMGET', k[1], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', a[1])
@@ -50,19 +62,21 @@ redis.register_function('fairlock_floor_handoff', function(k, a)
   return {1, 0}
 end)`
 
-// floorLocker "locks" with the floor's acquire and release functions: what
-// a lock that runs one script per operation costs Redis at the least.
+// floorLocker "locks" with a pair of the floor's acquire and release
+// functions: what a lock that runs one script per operation costs Redis at
+// the least.
 type floorLocker struct {
-	rdb  *redis.Client
-	keys []string
+	rdb              *redis.Client
+	keys             []string
+	acquire, release string // function names
 }
 
 func (f *floorLocker) lock(ctx context.Context, _ string) (func(context.Context) error, error) {
-	if err := f.rdb.FCall(ctx, "fairlock_floor_acquire", f.keys, "TICKET").Err(); err != nil {
+	if err := f.rdb.FCall(ctx, f.acquire, f.keys, "TICKET").Err(); err != nil {
 		return nil, err
 	}
 	return func(ctx context.Context) error {
-		return f.rdb.FCall(ctx, "fairlock_floor_release", f.keys, "TICKET").Err()
+		return f.rdb.FCall(ctx, f.release, f.keys, "TICKET").Err()
 	}, nil
 }
 
@@ -109,6 +123,9 @@ func floor(e *env) ([]*Table, []Target, error) {
 		}},
 		{"FCALL: TIME, HMGET, ZSCORE, HSET, ZADD, ZREM (a release's commands)", func() error {
 			return rdb.FCall(ctx, "fairlock_floor_release", keys, "TICKET").Err()
+		}},
+		{"FCALL: TIME, HMGET, HSET (the least script lock's acquire)", func() error {
+			return rdb.FCall(ctx, "fairlock_floor_least_acquire", keys, "TICKET").Err()
 		}},
 	}
 	lat := make([][]time.Duration, len(calls))
@@ -318,16 +335,24 @@ func (f *fifoFloorLocker) lockBoth(ctx context.Context, a, _ string) (func(conte
 
 func (f *fifoFloorLocker) close() {}
 
-// floorRef is the reference row of the uncontended table where the server
+// floorRefs are the reference rows of the uncontended table where the server
 // has functions: the floor's acquire and release functions (floorLib) as a
 // lock, measured in the same loop as the implementations.
-func (e *env) floorRef() (impl, bool) {
+func (e *env) floorRefs() ([]impl, bool) {
 	if !e.real || e.admin.FunctionLoadReplace(context.Background(), floorLib).Err() != nil {
-		return impl{}, false
+		return nil, false
 	}
-	return impl{name: "floor functions (reference)", reference: true, about: "the commands only, no logic; see floorLib",
-		open: func(rdb *redis.Client, prefix string) (locker, error) {
-			b := prefix + "{floor}:"
-			return &floorLocker{rdb: rdb, keys: []string{b + "s", b + "h", b + "t"}}, nil
-		}}, true
+	ref := func(name, about, acquire, release string) impl {
+		return impl{name: name, reference: true, about: about,
+			open: func(rdb *redis.Client, prefix string) (locker, error) {
+				b := prefix + "{floor}:"
+				return &floorLocker{rdb: rdb, keys: []string{b + "s", b + "h", b + "t"}, acquire: acquire, release: release}, nil
+			}}
+	}
+	return []impl{
+		ref("floor functions (reference)", "fairlock's commands only, no logic; see floorLib",
+			"fairlock_floor_acquire", "fairlock_floor_release"),
+		ref("least script lock (reference)", "TIME, HMGET, HSET per call, no logic: the fewest commands a lock judged by Redis's clock with its state in one hash can run; see floorLib",
+			"fairlock_floor_least_acquire", "fairlock_floor_least_release"),
+	}, true
 }

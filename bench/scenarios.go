@@ -152,9 +152,9 @@ func perAcq(cmds, acqs int64) string {
 // 1. Uncontended acquire and release, against a PING in the same loop.
 func uncontended(e *env) ([]*Table, []Target, error) {
 	refNote := ""
-	if ref, ok := e.floorRef(); ok {
-		e = e.withRefs(ref)
-		refNote = " The floor functions row is a reference, not a lock: FCALLs doing only an uncontended acquire's and a release's Redis commands (table 8), in the same loop."
+	if refs, ok := e.floorRefs(); ok {
+		e = e.withRefs(refs...)
+		refNote = " The two reference rows are not locks: the floor functions are FCALLs doing only an uncontended acquire's and a release's Redis commands (table 8); the least script lock's FCALLs do TIME, HMGET and HSET each and nothing else, the fewest commands of any lock whose leases Redis's clock judges from a script's state hash (a lock with fairlock's guarantees cannot cost less); both in the same loop."
 	}
 	ctx := context.Background()
 	n := len(e.impls)
