@@ -124,6 +124,10 @@ func newClient(b Backend, rdb RedisClient, opts []Option) (*Client, error) {
 	if cfg.owner != "" {
 		id = cfg.owner + "/" + id
 	}
+	if info.Layout == LayoutSingle {
+		// One wake list for all the client's waiters (keys.wake).
+		id = processListMark(cfg.prefix) + id
+	}
 	c := &Client{
 		b:        b,
 		info:     info,
@@ -140,7 +144,7 @@ func newClient(b Backend, rdb RedisClient, opts []Option) (*Client, error) {
 	c.done = c.closing.Done()
 	c.waits = &waits{mu: &c.mu, wg: &c.wg, closing: c.closing, done: c.done, calls: c.calls, b: b, info: info,
 		cfg: &c.cfg, id: id, leaseMs: c.leaseMs, waiterMs: c.waiterMs, logf: c.logf,
-		rooms: make(map[string]*room), listeners: make(map[string][]*listener)}
+		rooms: make(map[string]*room), tickets: make(map[string]*room), listeners: make(map[string][]*listener)}
 	c.renew = &renewer{calls: c.calls, closing: c.closing, id: id, leaseTTL: cfg.leaseTTL,
 		more: c.pumpLater, queues: make(map[string]*renewQueue)}
 	c.tasksDone = sync.NewCond(&c.mu)

@@ -273,12 +273,26 @@ func (m *callMachine) learn(ticket, grant string) {
 	m.holding = append(m.holding, tk)
 }
 
+// wakeLists returns the wake lists of process p on the machine's
+// semaphores: its one list, if it has one, and each semaphore's own.
+func (m *callMachine) wakeLists(p *cproc) []string {
+	var lists []string
+	for _, s := range m.sems {
+		k := keys{base: s.base}
+		for _, l := range []string{k.wake(p.id), k.ownWake(p.id)} {
+			if !slices.Contains(lists, l) {
+				lists = append(lists, l)
+			}
+		}
+	}
+	return lists
+}
+
 // hear pops a process's wake lists on both replayers, as its listener
 // does, and learns the grants.
 func (m *callMachine) hear(t *rapid.T) {
 	p := m.drawProc(t)
-	for _, s := range m.sems {
-		list := s.base + ":w:" + p.id
+	for _, list := range m.wakeLists(p) {
 		sides := m.pair.sides()
 		got := make([][]string, len(sides))
 		for j, r := range sides {
@@ -544,8 +558,14 @@ func runCallMachine(rt *rapid.T, pair callSides, started ...func(*callMachine)) 
 		m.sems = append(m.sems, &csem{name: name, base: "cm:{" + name + "}", cap: rapid.Int64Range(1, 4).Draw(rt, "capacity")})
 	}
 	for i := range rapid.IntRange(1, 4).Draw(rt, "processes") {
+		id := fmt.Sprintf("P%dID", i)
+		if i%2 == 1 {
+			// A client on one server: one wake list for every semaphore
+			// (keys.wake), under the prefix "cm:".
+			id = processListMark("cm:") + id
+		}
 		m.procs = append(m.procs, &cproc{
-			id:    fmt.Sprintf("P%dID", i),
+			id:    id,
 			lease: rapid.SampledFrom([]int64{300, 1000, 5000}).Draw(rt, "lease TTL"),
 			wait:  rapid.SampledFrom([]int64{200, 600, 3000}).Draw(rt, "waiter TTL"),
 		})

@@ -63,7 +63,13 @@ func semKeys(s *csem, procs []*cproc) []fkey {
 		k = append(k, fkey{condKeys(keys{base: s.base}, c)[0], "zset"})
 	}
 	for _, p := range procs {
-		k = append(k, fkey{s.base + ":w:" + p.id, "list"})
+		// The process's one list, if it has one (keys.wake), and the
+		// semaphore's own.
+		for _, l := range []string{keys{base: s.base}.wake(p.id), keys{base: s.base}.ownWake(p.id)} {
+			if !slices.ContainsFunc(k, func(f fkey) bool { return f.key == l }) {
+				k = append(k, fkey{l, "list"})
+			}
+		}
 	}
 	// An election's record (the leader ops).
 	return append(k, fkey{s.base + ":ld", "hash"})
@@ -202,10 +208,78 @@ func blocks(dump string) map[string]string {
 	return out
 }
 
-// without returns dump with key's lines left out.
-func without(dump, key string) string {
+// isProcessList reports whether key is a client's one wake list
+// (keys.wake: the key prefix, "w:", then the client id that begins with
+// the prefix's length).
+func isProcessList(key string) bool {
+	for i := range len(key) {
+		if strings.HasPrefix(key[i:], "w:/") {
+			if n, ok := processListPrefix(key[i+2:]); ok && n == i {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// movedWakeUps checks a call's run with another program's value at
+// list, a client's one wake list, against the clean run (pre the state
+// both started from, after the clean run's, now the planted run's): the
+// other keys are as the clean run left them, but for the client's own
+// lists on each semaphore, which hold what the clean run's did and the
+// wake-ups it pushed onto list, no more and no fewer.
+func movedWakeUps(list, pre, after, now string) error {
+	id := list[strings.Index(list, "w:/")+2:]
+	own := func(dumps ...string) []string {
+		ks := []string{list}
+		for _, d := range dumps {
+			for k := range blocks(d) {
+				if strings.HasSuffix(k, ":w:"+id) && strings.Contains(k, "{") && !slices.Contains(ks, k) {
+					ks = append(ks, k)
+				}
+			}
+		}
+		return ks
+	}
+	ks := own(after, now)
+	if a, b := without(after, ks...), without(now, ks...); a != b {
+		return fmt.Errorf("the other keys differ from the clean run's (clean -, planted +):\n%s", lineDiff(a, b))
+	}
+	entries := func(dump string, keys ...string) []string {
+		var out []string
+		b := blocks(dump)
+		for _, k := range keys {
+			lines := strings.Split(strings.TrimSuffix(b[k], "\n"), "\n")
+			for _, l := range lines[min(1, len(lines)):] {
+				out = append(out, strings.TrimSpace(l))
+			}
+		}
+		return out
+	}
+	want := entries(after, ks[1:]...)
+	earlier := entries(pre, list)
+	for _, e := range entries(after, list) {
+		if i := slices.Index(earlier, e); i >= 0 {
+			earlier = slices.Delete(earlier, i, i+1)
+			continue
+		}
+		want = append(want, e)
+	}
+	got := entries(now, ks[1:]...)
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(want, got) {
+		return fmt.Errorf("the client's own wake lists hold %q; want the clean run's and the wake-ups it pushed onto its one list, %q", got, want)
+	}
+	return nil
+}
+
+// without returns dump with keys' lines left out.
+func without(dump string, keys ...string) string {
 	b := blocks(dump)
-	delete(b, key)
+	for _, key := range keys {
+		delete(b, key)
+	}
 	var ks []string
 	for k := range b {
 		ks = append(ks, k)
@@ -231,6 +305,10 @@ func (p *foreignPair) plantAndCheck(ctx context.Context, c call, step int, k fke
 	// state hash marked as another layout's keeps its TTL, so it is
 	// marked after, to be there when the call runs.
 	if err := p.inj.Prepare(ctx, c); err != nil {
+		return err
+	}
+	pre, err := p.inj.Dump(ctx, "")
+	if err != nil {
 		return err
 	}
 	if err := plantScript.Run(ctx, p.inj.RDB, []string{k.key}, typ).Err(); err != nil {
@@ -276,6 +354,12 @@ func (p *foreignPair) plantAndCheck(ctx context.Context, c call, step int, k fke
 	case blocks(now)[k.key] != blocks(before)[k.key]:
 		return fmt.Errorf("%s: step %d: %s\nwith %s at %s: the call changed that key:\n%s",
 			p.backend, step, c, typ, k.key, lineDiff(blocks(before)[k.key], blocks(now)[k.key]))
+	case isProcessList(k.key):
+		// The wake-ups the clean run pushed onto the client's one list
+		// go onto the semaphores' own lists of the client instead.
+		if err := movedWakeUps(k.key, pre, after, now); err != nil {
+			return fmt.Errorf("%s: step %d: %s\nwith %s at %s: %w", p.backend, step, c, typ, k.key, err)
+		}
 	case without(now, k.key) != without(after, k.key):
 		return fmt.Errorf("%s: step %d: %s\nwith %s at %s: the other keys differ from the clean run's (clean -, planted +):\n%s",
 			p.backend, step, c, typ, k.key, lineDiff(without(after, k.key), without(now, k.key)))
@@ -411,16 +495,25 @@ func (s *fscen) op(op string, tk *cticket) []any {
 	return res
 }
 
-// hear pops p's wake list on sem (on the clean side; the other is a copy
-// made before each call) and gives tk its grant.
+// hear pops p's wake lists on sem (its one list, if it has one, and
+// sem's own; on the clean side: the other is a copy made before each
+// call) and gives tk its grant.
 func (s *fscen) hear(p *cproc, sem *csem, tks ...*cticket) {
 	if s.err != nil {
 		return
 	}
-	got, err := s.pair.clean.RDB.LPopCount(s.ctx, sem.base+":w:"+p.id, 100).Result()
-	if err != nil && err != redis.Nil {
-		s.err = err
-		return
+	k := keys{base: sem.base}
+	var got []string
+	for _, list := range []string{k.wake(p.id), k.ownWake(p.id)} {
+		g, err := s.pair.clean.RDB.LPopCount(s.ctx, list, 100).Result()
+		if err != nil && err != redis.Nil {
+			s.err = err
+			return
+		}
+		got = append(got, g...)
+		if k.wake(p.id) == k.ownWake(p.id) {
+			break
+		}
 	}
 	for _, w := range got {
 		f := strings.Fields(w)
@@ -657,7 +750,10 @@ func runForeignScenario(t *testing.T, pair *foreignPair, i int) error {
 			return err
 		}
 	}
-	procs := []*cproc{{"PAID", 5000, 3000}, {"PBID", 5000, 3000}, {"PCID", 5000, 3000}, {"PDID", 300, 200}, {"PEID", 60000, 3000}}
+	// B and C are clients on one server, with one wake list each for every
+	// semaphore (keys.wake); the others have one per semaphore.
+	one := processListMark("fk:")
+	procs := []*cproc{{"PAID", 5000, 3000}, {one + "PBID", 5000, 3000}, {one + "PCID", 5000, 3000}, {"PDID", 300, 200}, {"PEID", 60000, 3000}}
 	s := &fscen{t: t, ctx: ctx, pair: pair, now: time.Now().UnixMicro(), procs: procs}
 	for i, c := range sc.caps {
 		s.sems = append(s.sems, &csem{name: fmt.Sprint("f", i), base: fmt.Sprintf("fk:{f%d}", i), cap: c})
@@ -712,13 +808,17 @@ var brokenGuards = []struct {
 	{"handing fast release writes :d unproven", "lua/fast.lua",
 		"  if w or (moved and not idle) then must_be(K[KD], 'zset') end", "  if moved and not idle then must_be(K[KD], 'zset') end", true},
 	{"fast release gives a refused wake list a TTL", "lua/fast.lua",
-		"if type(pushed) == 'number' then redis.pcall('PEXPIRE', list, ttl) end", "redis.pcall('PEXPIRE', list, ttl)", true},
+		"if list then redis.pcall('PEXPIRE', list, num(ttl)) end", "redis.pcall('PEXPIRE', wake_list(base_of(S), w.client), num(ttl))", true},
+	{"fast release drops a wake-up its client's one list refused", "lua/fast.lua",
+		"list = push_wake(l, fallback,", "list = push_wake(l, nil,", true},
 	{"apply writes unproven keys", "queue.lua",
-		"if e.cmd ~= 'RPUSH' and not proven[e.key] then", "if false then", false},
+		"if not proven[e.key] then must_be(e.key, kind_written(e.cmd)) end", "if false then end", false},
 	{"apply gives unproven keys a TTL", "queue.lua",
-		"if not expire_of[key].rel and not proven[key] then", "if false then", false},
+		"if not proven[key] then must_be(key, 'zset') end", "if false then end", false},
 	{"apply gives a refused wake list a TTL", "queue.lua",
-		"if not refused[key] then redis.pcall('PEXPIRE', key, x.at) end", "redis.pcall('PEXPIRE', key, x.at)", false},
+		"if ok then return to end", "if true then return to end", false},
+	{"apply drops the wake-ups a client's one list refused", "queue.lua",
+		"for _, to in ipairs({ list, fallback }) do", "for _, to in ipairs({ list }) do", false},
 	{"a read's WRONGTYPE is not named", "queue.lua",
 		"if type(msg) == 'string' and string.find(msg, 'WRONGTYPE', 1, true) then", "if false then", false},
 	{"a resent queued acquire reads the next event unproven", "acquire.lua",
@@ -811,97 +911,127 @@ func runForeignMachine(rt *rapid.T, pair *foreignPair) {
 
 // A wake list another program wrote fails the blocking read that covers it
 // (WRONGTYPE), and with it the wake-ups of every other semaphore that read
-// covers. The listener leaves that key out, logging it: the other waiters
-// still hear their grants at once, and the one whose list it is hears its
-// grant through its refresh.
+// covers. On one server a client hears every grant on one list: when
+// another program holds that list, the scripts push onto each semaphore's
+// own list instead and the listener moves there, logging it, so every
+// waiter still hears its grant at once. A semaphore's own list another
+// program wrote is left out of the read: the other waiters still hear
+// their grants at once, and the one whose list it is hears its grant
+// through its refresh.
 func TestForeignWakeListDoesNotDeafenOthers(t *testing.T) {
-	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		ctx := context.Background()
-		prefix := redistest.Prefix(t)
-		var logged strings.Builder
-		var mu sync.Mutex
-		logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logged}, nil))
-		// A refresh every 5 s: a grant heard sooner came by the wake-up.
-		c, err := New(b.Client(t), WithPrefix(prefix), WithWaiterTTL(15*time.Second), WithLogger(logger))
-		if err != nil {
+	for _, tc := range []struct {
+		name string
+		// foreign returns the lists another program writes, for client c
+		// and semaphore a's keys.
+		foreign func(c *Client, ka keys) []string
+		// aPrompt: a's waiter hears its grant at once too.
+		aPrompt bool
+	}{
+		{"the client's list", func(c *Client, ka keys) []string { return []string{ka.wake(c.id)} }, true},
+		{"the client's list and a's own", func(c *Client, ka keys) []string {
+			return []string{ka.wake(c.id), ka.ownWake(c.id)}
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+				foreignWakeList(t, b, tc.foreign, tc.aPrompt)
+			})
+		})
+	}
+}
+
+func foreignWakeList(t *testing.T, b *redistest.Backend, foreign func(c *Client, ka keys) []string, aPrompt bool) {
+	ctx := context.Background()
+	prefix := redistest.Prefix(t)
+	var logged strings.Builder
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logged}, nil))
+	// A refresh every 5 s: a grant heard sooner came by the wake-up.
+	c, err := New(b.Client(t), WithPrefix(prefix), WithWaiterTTL(15*time.Second), WithLogger(logger))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	holder, err := New(b.Client(t), WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	mutex := func(name string) Request { return Request{Name: name, Capacity: 1, Permits: 1} }
+	ha, err := holder.Acquire(ctx, mutex("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb, err := holder.Acquire(ctx, mutex("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another program writes wake lists of c before c's blocking read
+	// covers them.
+	ka, _ := c.keys("a")
+	lists := foreign(c, ka)
+	if ka.wake(c.id) == ka.ownWake(c.id) {
+		t.Fatalf("client id %q: one wake list per semaphore; want the client's one list on one server", c.id)
+	}
+	for _, k := range lists {
+		if err := b.Client(t).Set(ctx, k, "another program", 0).Err(); err != nil {
 			t.Fatal(err)
 		}
-		defer c.Close()
-		holder, err := New(b.Client(t), WithPrefix(prefix))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer holder.Close()
-		mutex := func(name string) Request { return Request{Name: name, Capacity: 1, Permits: 1} }
-		ha, err := holder.Acquire(ctx, mutex("a"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		hb, err := holder.Acquire(ctx, mutex("b"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Another program writes a's wake list of c before c's blocking
-		// read covers it.
-		ka, _ := c.keys("a")
-		if err := b.Client(t).Set(ctx, ka.wake(c.id), "another program", 0).Err(); err != nil {
-			t.Fatal(err)
-		}
-		got := make(chan string, 2)
-		for _, name := range []string{"a", "b"} {
-			go func() {
-				l, err := c.Acquire(ctx, mutex(name))
-				if err != nil {
-					got <- name + ": " + err.Error()
-					return
-				}
-				got <- name
-				_ = l.Release(ctx)
-			}()
-		}
-		for _, name := range []string{"a", "b"} {
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-				st, err := c.Status(ctx, name)
-				if err == nil && st.Queued == 1 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%s: no waiter queued", name)
-				}
+	}
+	got := make(chan string, 2)
+	for _, name := range []string{"a", "b"} {
+		go func() {
+			l, err := c.Acquire(ctx, mutex(name))
+			if err != nil {
+				got <- name + ": " + err.Error()
+				return
+			}
+			got <- name
+			_ = l.Release(ctx)
+		}()
+	}
+	for _, name := range []string{"a", "b"} {
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			st, err := c.Status(ctx, name)
+			if err == nil && st.Queued == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: no waiter queued", name)
 			}
 		}
-		if err := ha.Release(ctx); err != nil { // its wake-up is lost
-			t.Fatal(err)
-		}
-		start := time.Now()
-		if err := hb.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
+	}
+	if err := ha.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := hb.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	prompt := map[string]bool{"b": true, "a": aPrompt}
+	heard := map[string]bool{}
+	for range 2 {
 		select {
 		case name := <-got:
-			if name != "b" {
-				t.Fatalf("first grant heard: %s, want b's", name)
+			d := time.Since(start)
+			if !prompt[name] && len(heard) == 0 {
+				t.Fatalf("first grant heard: %s, want b's (%s's wake list is another program's)", name, name)
 			}
-			if d := time.Since(start); d > 2500*time.Millisecond {
-				t.Fatalf("b's waiter heard its grant %v after the release, as by its refresh (every 5 s): the blocking read was deaf", d)
+			if prompt[name] && d > 2500*time.Millisecond {
+				t.Fatalf("%s's waiter heard its grant %v after the release, as by its refresh (every 5 s): the blocking read was deaf", name, d)
 			}
-		case <-time.After(4500 * time.Millisecond):
-			t.Fatal("b's waiter did not hear its grant: the blocking read was deaf")
-		}
-		select {
-		case name := <-got:
-			if name != "a" {
-				t.Fatalf("second grant heard: %s, want a's", name)
-			}
+			heard[name] = true
 		case <-time.After(12 * time.Second):
-			t.Fatal("a's waiter did not learn its grant through its refresh")
+			t.Fatalf("heard %v; a waiter did not learn its grant (b's by its wake-up, a's by its refresh)", heard)
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		if !strings.Contains(logged.String(), ka.wake(c.id)) {
-			t.Fatalf("the log does not name the wake list another program wrote:\n%s", logged.String())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, k := range lists {
+		if !strings.Contains(logged.String(), k) {
+			t.Fatalf("the log does not name the wake list %s another program wrote:\n%s", k, logged.String())
 		}
-	})
+	}
 }
 
 // lockedWriter serialises writes to w.

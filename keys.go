@@ -3,6 +3,7 @@ package fairlock
 import (
 	"crypto/rand"
 	"fmt"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -41,9 +42,54 @@ func hashTag(s string) string {
 // header gives.
 func (k keys) list() []string { return k.all }
 
-// wake returns the list on which grants to one client's tickets arrive.
+// wake returns the list on which grants to one client's tickets arrive:
+// for a client id marked with its key prefix's length (processListMark,
+// on one server), one list per client under that prefix, whatever the
+// semaphore; otherwise one per client and semaphore (wake_list in
+// lua/rules.lua, which falls back on the latter when another program's
+// value holds the former).
 func (k keys) wake(client string) string {
+	if n, ok := processListPrefix(client); ok && n <= len(k.base) {
+		return k.base[:n] + "w:" + client
+	}
+	return k.ownWake(client)
+}
+
+// ownWake returns one client's wake list on this semaphore alone.
+func (k keys) ownWake(client string) string {
 	return k.base + ":w:" + client
+}
+
+// processListMark returns the mark that begins the id of a client whose
+// waiters hear every grant on one list (see keys.wake): "/N/", N the
+// length of its key prefix. It is given to a client on one server, where
+// a blocking read may take keys of any name. No owner label holds a '/'.
+func processListMark(prefix string) string {
+	return "/" + strconv.Itoa(len(prefix)) + "/"
+}
+
+// processListPrefix reads the prefix length of processListMark at the
+// start of client.
+func processListPrefix(client string) (int, bool) {
+	rest, ok := strings.CutPrefix(client, "/")
+	if !ok {
+		return 0, false
+	}
+	digits, _, ok := strings.Cut(rest, "/")
+	if !ok || digits == "" || strings.Trim(digits, "0123456789") != "" {
+		return 0, false
+	}
+	n, err := strconv.Atoi(digits)
+	return n, err == nil
+}
+
+// unmarked returns client without its processListMark.
+func unmarked(client string) string {
+	if _, ok := processListPrefix(client); ok {
+		rest := client[1:]
+		return rest[strings.IndexByte(rest, '/')+1:]
+	}
+	return client
 }
 
 // newTicket returns a fresh, unguessable ticket id (more than 128 random

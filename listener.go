@@ -13,26 +13,31 @@ import (
 // leaves new rooms to another listener of its group.
 const maxListenKeys = 512
 
-// A listener receives the grants of up to maxListenKeys rooms of one
-// client with one BLPOP at a time, on one connection of the client's
-// blocking client (see [waits.blockingLocked]), never on the caller's
-// pool, so waiting on any number of semaphores cannot delay renewals or
-// releases. The rooms of one listener share a group: the keys one BLPOP may
-// take together (any on a single node, one hash slot on Cluster).
+// A listener receives the grants to the waiters of rooms of one client
+// whose wake lists number up to maxListenKeys, with one BLPOP at a time,
+// on one connection of the client's blocking client (see
+// [waits.blockingLocked]), never on the caller's pool, so waiting on any
+// number of semaphores cannot delay renewals or releases. The rooms of one
+// listener share a group: the keys one BLPOP may take together (any on a
+// single node, one hash slot on Cluster). On a single node every room of
+// the client has the same wake list (keys.wake), so one listener reading
+// two keys hears the grants on every semaphore the client waits on.
 //
 // Besides the rooms' wake lists the BLPOP takes the listener's control
-// list, ctl. A room that joins while the BLPOP blocks pushes an empty entry
-// there (a nudge), so the listener starts again with the new key at once
-// rather than at the BLPOP's timeout. Only a change of the key set costs a
-// nudge; a room keeps its place for listenTimeout after its last waiter
-// leaves, so a semaphore waited on again and again costs none.
+// list, ctl. A room that joins while the BLPOP blocks, with a wake list
+// the BLPOP does not take, pushes an empty entry there (a nudge), so the
+// listener starts again with the new key at once rather than at the
+// BLPOP's timeout. Only a change of the key set costs a nudge; a room
+// keeps its place for listenTimeout after its last waiter leaves, so a
+// semaphore waited on again and again costs none.
 type listener struct {
 	group string
 	ctl   string
 
 	// Guarded by c.mu.
-	rooms map[string]*room // by wake key
-	keys  []string         // ctl, then the rooms' wake keys; nil: rebuild
+	rooms map[string]*room // by keys.base
+	wakes map[string]int   // the rooms' wake keys, each with its number of rooms
+	keys  []string         // ctl, then the wake keys; nil: rebuild
 	// foreign are wake keys another program wrote (a value that is not a
 	// list, which fails the whole BLPOP): left out of it, so that the
 	// other rooms still hear their grants; their own room hears its
@@ -85,7 +90,7 @@ func (c *waits) attachLocked(r *room) (nudge *listener) {
 	g := c.listenGroup(r.wakeKey)
 	var l *listener
 	for _, x := range c.listeners[g] {
-		if len(x.rooms) < maxListenKeys {
+		if x.wakes[r.wakeKey] > 0 || len(x.wakes) < maxListenKeys {
 			l = x
 			break
 		}
@@ -95,8 +100,9 @@ func (c *waits) attachLocked(r *room) (nudge *listener) {
 		l = &listener{
 			group: g,
 			// In the slot and under the hash tag of the room's keys.
-			ctl:   c.ctlName(r.wakeKey, c.listenerSeq),
+			ctl:   c.ctlName(r.k.base, c.listenerSeq),
 			rooms: make(map[string]*room),
+			wakes: make(map[string]int),
 			swept: time.Now(),
 		}
 		c.listeners[g] = append(c.listeners[g], l)
@@ -104,9 +110,16 @@ func (c *waits) attachLocked(r *room) (nudge *listener) {
 		c.wg.Add(1)
 		go c.runListener(l, blk)
 	}
-	l.rooms[r.wakeKey] = r
-	l.keys = nil
 	r.idleSince = time.Time{}
+	if l.rooms[r.k.base] == r {
+		return nil
+	}
+	l.rooms[r.k.base] = r
+	l.wakes[r.wakeKey]++
+	if l.wakes[r.wakeKey] > 1 {
+		return nil // the BLPOP takes its wake key already
+	}
+	l.keys = nil
 	if l.blocked && !l.nudged {
 		l.nudged = true
 		return l
@@ -153,9 +166,9 @@ func (c *waits) runListener(l *listener, blk Backend) {
 			return
 		}
 		if l.keys == nil {
-			l.keys = make([]string, 0, 1+len(l.rooms))
+			l.keys = make([]string, 0, 1+len(l.wakes))
 			l.keys = append(l.keys, l.ctl)
-			for k := range l.rooms {
+			for k := range l.wakes {
 				if !l.foreign[k] {
 					l.keys = append(l.keys, k)
 				}
@@ -167,15 +180,9 @@ func (c *waits) runListener(l *listener, blk Backend) {
 
 		key, vals, many, err := c.blockingPop(blk, keys)
 
-		var r *room
 		c.mu.Lock()
 		l.blocked = false
-		if err == nil && key != l.ctl {
-			if r = l.rooms[key]; r == nil {
-				// Left l since the read began; a waiter may have come back.
-				r = c.rooms[strings.TrimSuffix(key, ":w:"+c.id)]
-			}
-		}
+		ctl := key == l.ctl
 		c.mu.Unlock()
 		if delay > 0 && err == nil {
 			c.logf(slog.LevelInfo, "fairlock: blocking read recovered", nil, "", slog.Int("semaphores", len(keys)-1))
@@ -185,12 +192,12 @@ func (c *waits) runListener(l *listener, blk Backend) {
 			delay = 0
 		case err == nil:
 			delay = 0
-			if r != nil {
+			if !ctl {
 				for _, v := range vals {
-					r.deliverGrant(v)
+					c.deliverGrant(v)
 				}
 				if !many {
-					c.drain(blk, key, r)
+					c.drain(blk, key)
 				}
 				// The waiters just woken run before this goroutine sends
 				// its next read: a handoff need not wait for that write.
@@ -256,6 +263,13 @@ func (c *waits) leaveOutForeign(l *listener, blk Backend, keys []string) bool {
 		if t == "none" || t == "list" {
 			continue
 		}
+		if !c.ownLists && k == c.processList() {
+			c.useOwnListsLocked()
+			found = true
+			c.logf(slog.LevelError, "fairlock: the client's wake list holds a value another program wrote; its grants arrive on each semaphore's own list, one blocking read covering many, until the client closes",
+				nil, "", slog.String("key", k), slog.String("type", t))
+			continue
+		}
 		if l.foreign == nil {
 			l.foreign = make(map[string]bool)
 		}
@@ -264,6 +278,35 @@ func (c *waits) leaveOutForeign(l *listener, blk Backend, keys []string) bool {
 			nil, "", slog.String("key", k), slog.String("type", t))
 	}
 	return found
+}
+
+// processList returns the client's one wake list (keys.wake), or "" when
+// it has one per semaphore.
+func (c *waits) processList() string {
+	if _, ok := processListPrefix(c.id); !ok {
+		return ""
+	}
+	return c.cfg.prefix + "w:" + c.id
+}
+
+// useOwnListsLocked moves every room to its semaphore's own wake list,
+// where the scripts push grants when the client's one list holds another
+// program's value (wake_list in lua/rules.lua). A listener may then read
+// more than maxListenKeys keys. c.mu is held.
+func (c *waits) useOwnListsLocked() {
+	c.ownLists = true
+	for _, ls := range c.listeners {
+		for _, l := range ls {
+			l.wakes, l.keys = make(map[string]int), nil
+			for _, r := range l.rooms {
+				r.wakeKey = r.k.ownWake(c.id)
+				l.wakes[r.wakeKey]++
+			}
+		}
+	}
+	for _, r := range c.rooms {
+		r.wakeKey = r.k.ownWake(c.id)
+	}
 }
 
 // sweepLocked stops the rooms of l that have had no waiter for
@@ -275,16 +318,19 @@ func (c *waits) sweepLocked(l *listener) {
 		return
 	}
 	l.swept = now
-	for key, r := range l.rooms {
+	for base, r := range l.rooms {
 		switch {
 		case len(r.waiters) > 0:
 			r.idleSince = time.Time{}
 		case r.idleSince.IsZero():
 			r.idleSince = now
 		case now.Sub(r.idleSince) >= listenTimeout:
-			delete(l.rooms, key)
-			delete(l.foreign, key)
-			l.keys = nil
+			delete(l.rooms, base)
+			if l.wakes[r.wakeKey]--; l.wakes[r.wakeKey] <= 0 {
+				delete(l.wakes, r.wakeKey)
+				delete(l.foreign, r.wakeKey)
+				l.keys = nil
+			}
 			c.stopRoomLocked(r)
 		}
 	}
@@ -295,7 +341,7 @@ func (c *waits) dropListenerLocked(l *listener) {
 	for _, r := range l.rooms {
 		c.stopRoomLocked(r)
 	}
-	l.rooms = nil
+	l.rooms, l.wakes = nil, nil
 	ls := c.listeners[l.group]
 	for i, x := range ls {
 		if x == l {
@@ -353,11 +399,11 @@ func wrongType(err error) bool {
 	return ok && strings.HasPrefix(msg, "WRONGTYPE")
 }
 
-// drain hands r every wake-up already waiting on its wake list key, many
-// per command: after a release granted thousands of one process's waiters,
+// drain hands on every wake-up already waiting on wake list key, many per
+// command: after a release granted thousands of one process's waiters,
 // their wake-ups arrive together, and one BLPOP each would cost a round
 // trip each. A failure leaves them to the next BLPOP.
-func (c *waits) drain(blk Backend, key string, r *room) {
+func (c *waits) drain(blk Backend, key string) {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 		got, err := blk.Pop(ctx, key, drainBatch)
@@ -366,7 +412,7 @@ func (c *waits) drain(blk Backend, key string, r *room) {
 			return
 		}
 		for _, p := range got {
-			r.deliverGrant(p)
+			c.deliverGrant(p)
 		}
 		if len(got) < drainBatch {
 			return

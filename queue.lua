@@ -142,7 +142,7 @@ local budget        -- grants, purges and drops left
 local more          -- work was left for the next script
 local writes, wlast, expires, expire_of -- the write buffer
 local loaded, by_base                   -- resources read (see load)
-local wakes, wake_lists                 -- wake-ups to push, by list
+local wakes, wake_order                 -- wake-ups to push (see wake)
 local proven        -- keys read in this call (seen), or checked (must_be)
 -- Keys a call reached that KEYS does not declare (a multi-request's other
 -- resources, a condition), key -> the type fairlock keeps there: where
@@ -287,7 +287,7 @@ local function begin(call_keys)
   budget, more = BUDGET, false
   writes, wlast, expires, expire_of = {}, {}, {}, {}
   loaded, by_base = {}, {}
-  wakes, wake_lists = {}, {}
+  wakes, wake_order = {}, {}
   proven = {}
   return extra
 end
@@ -304,7 +304,7 @@ end
 local function write(cmd, key, a, b)
   local e = wlast[key]
   if not e or e.cmd ~= cmd then
-    e = { cmd = cmd, key = key, args = {}, add = (cmd == 'ZADD' or cmd == 'HSET' or cmd == 'RPUSH') }
+    e = { cmd = cmd, key = key, args = {}, add = (cmd == 'ZADD' or cmd == 'HSET') }
     writes[#writes + 1] = e
     wlast[key] = e
   end
@@ -313,9 +313,9 @@ local function write(cmd, key, a, b)
   if b ~= nil then args[#args + 1] = b end
 end
 
-local function expire_at(key, at, rel)
+local function expire_at(key, at)
   if not expire_of[key] then expires[#expires + 1] = key end
-  expire_of[key] = { at = at, rel = rel }
+  expire_of[key] = at
 end
 
 -- kind_written returns the type a buffered write's command works on.
@@ -324,53 +324,81 @@ local function kind_written(cmd)
   return 'zset'
 end
 
--- call_chunks performs buffered write e; it returns false for a wake-up
--- refused (a wake list is undeclared: losing a wake-up is safe).
+-- call_chunks performs buffered write e.
 local function call_chunks(e)
   local a, n = e.args, #e.args
   for i = 1, n, CHUNK do
-    local j = math.min(i + CHUNK - 1, n)
-    if e.cmd == 'RPUSH' then
-      local res = redis.pcall(e.cmd, e.key, unpack(a, i, j))
-      if type(res) == 'table' and res.err then return false end
-    else
-      redis.call(e.cmd, e.key, unpack(a, i, j))
-    end
+    redis.call(e.cmd, e.key, unpack(a, i, math.min(i + CHUNK - 1, n)))
   end
-  return true
+end
+
+-- push_wake pushes entries (a wake-up each) onto wake list list, or, if
+-- another program's value holds it, onto fallback (if any), in calls of at
+-- most CHUNK; it returns the list that took them, or nil. Wake lists are
+-- not declared (losing a wake-up is safe), so they are not proven: a
+-- refused push writes nothing.
+local function push_wake(list, fallback, entries)
+  for _, to in ipairs({ list, fallback }) do
+    local ok = true
+    for i = 1, #entries, CHUNK do
+      local res = redis.pcall('RPUSH', to, unpack(entries, i, math.min(i + CHUNK - 1, #entries)))
+      if type(res) ~= 'number' then
+        ok = false
+        break
+      end
+    end
+    if ok then return to end
+  end
+  return nil
+end
+
+-- wake buffers the wake-up entry for list (fallback: see wake_list),
+-- which must live ttl ms from now.
+local function wake(list, fallback, entry, ttl)
+  local id = list .. '\n' .. (fallback or '')
+  local b = wakes[id]
+  if not b then
+    b = { list = list, fallback = fallback, entries = {}, ttl = ttl }
+    wakes[id] = b
+    wake_order[#wake_order + 1] = b
+  end
+  b.ttl = math.max(b.ttl, ttl)
+  b.entries[#b.entries + 1] = entry
 end
 
 -- apply performs the buffered writes: first it proves every key it will
 -- write or give a TTL (THE RULE, 2); then on each key its additions (they
 -- never touch a member that a removal in the same script names), so no key
 -- is deleted and created again by one script, then the removals, then
--- TTLs. A wake list whose push was refused keeps its TTL.
+-- TTLs, then the wake-ups. A wake list whose push was refused keeps its
+-- TTL.
 local function apply()
   for _, e in ipairs(writes) do
-    if e.cmd ~= 'RPUSH' and not proven[e.key] then must_be(e.key, kind_written(e.cmd)) end
+    if not proven[e.key] then must_be(e.key, kind_written(e.cmd)) end
   end
-  -- Every key given a TTL but a wake list is a resource's or a
-  -- condition's; a state hash has been read (load).
+  -- Every key given a TTL is a resource's or a condition's; a state hash
+  -- has been read (load).
   for _, key in ipairs(expires) do
-    if not expire_of[key].rel and not proven[key] then must_be(key, 'zset') end
+    if not proven[key] then must_be(key, 'zset') end
   end
-  local refused = {}
   for _, e in ipairs(writes) do
-    if e.add and not call_chunks(e) then refused[e.key] = true end
+    if e.add then call_chunks(e) end
   end
   for _, e in ipairs(writes) do
     if not e.add then call_chunks(e) end
   end
-  for _, key in ipairs(expires) do
-    local x = expire_of[key]
-    -- A key emptied by this script no longer exists; in a migrating slot
-    -- touching it fails, harmlessly.
-    if x.rel then
-      if not refused[key] then redis.pcall('PEXPIRE', key, x.at) end
-    else
-      redis.pcall('PEXPIREAT', key, x.at)
+  -- A key emptied by this script no longer exists; in a migrating slot
+  -- touching it fails, harmlessly.
+  for _, key in ipairs(expires) do redis.pcall('PEXPIREAT', key, expire_of[key]) end
+  local ttl_of, pushed = {}, {}
+  for _, b in ipairs(wake_order) do
+    local to = push_wake(b.list, b.fallback, b.entries)
+    if to then
+      if not ttl_of[to] then pushed[#pushed + 1] = to end
+      ttl_of[to] = math.max(ttl_of[to] or 0, b.ttl)
     end
   end
+  for _, to in ipairs(pushed) do redis.pcall('PEXPIRE', to, num(ttl_of[to])) end
 end
 
 -- more_flag reports, for replies, whether work was left for later scripts.

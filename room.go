@@ -36,8 +36,13 @@ type waits struct {
 	logf              func(level slog.Level, msg string, names []string, token string, attrs ...slog.Attr)
 
 	// Guarded by mu.
-	closed      bool                   // Close has begun: no room starts
-	rooms       map[string]*room       // by keys.base
+	closed  bool             // Close has begun: no room starts
+	rooms   map[string]*room // by keys.base
+	tickets map[string]*room // by ticket: the room each waiter waits in
+	// ownLists: the client's one wake list (keys.wake) holds another
+	// program's value, so the scripts push its grants onto each
+	// semaphore's own list, and its rooms listen there.
+	ownLists    bool
 	listeners   map[string][]*listener // by listenGroup
 	listenerSeq uint64                 // names listeners' control lists
 	blk         Backend                // where listeners block; see blockingLocked
@@ -54,7 +59,7 @@ type waits struct {
 type room struct {
 	c       *waits
 	k       keys
-	wakeKey string
+	wakeKey string        // where it hears grants (waits.wakeKeyLocked; guarded by c.mu once running)
 	kick    chan struct{} // wakes maintain to look at due again
 
 	// Guarded by c.mu.
@@ -112,11 +117,21 @@ func (c *waits) register(p plan, wait bool) (*room, *waiter, error) {
 	}
 	r := c.rooms[k.base]
 	if r == nil {
-		r = &room{c: c, k: k, wakeKey: k.wake(c.id), kick: make(chan struct{}, 1), waiters: make(map[string]*waiter)}
+		r = &room{c: c, k: k, wakeKey: c.wakeKeyLocked(k), kick: make(chan struct{}, 1), waiters: make(map[string]*waiter)}
 		c.rooms[k.base] = r
 	}
 	r.waiters[w.ticket] = w
+	c.tickets[w.ticket] = r
 	return r, w, nil
+}
+
+// wakeKeyLocked returns the list on which the client hears grants on the
+// semaphore of keys k. c.mu is held.
+func (c *waits) wakeKeyLocked(k keys) string {
+	if c.ownLists {
+		return k.ownWake(c.id)
+	}
+	return k.wake(c.id)
 }
 
 func (c *waits) unregister(r *room, w *waiter) {
@@ -125,7 +140,7 @@ func (c *waits) unregister(r *room, w *waiter) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(r.waiters, w.ticket)
+	r.forgetLocked(w.ticket)
 	if len(r.waiters) == 0 && !r.running && c.rooms[r.k.base] == r {
 		delete(c.rooms, r.k.base)
 	}
@@ -196,14 +211,31 @@ func (c *waits) stopRoomLocked(r *room) {
 	}
 }
 
-// deliverGrant hands a wake-up payload popped from r's wake list to its
-// waiter; it is the one place payloads reach waiters.
-func (r *room) deliverGrant(payload string) {
+// forgetLocked removes ticket's waiter from r. c.mu is held.
+func (r *room) forgetLocked(ticket string) {
+	delete(r.waiters, ticket)
+	if r.c.tickets[ticket] == r {
+		delete(r.c.tickets, ticket)
+	}
+}
+
+// deliverGrant hands a wake-up payload popped from a wake list to its
+// waiter, in whichever room it waits; it is the one place payloads reach
+// waiters. A payload for a ticket that no longer waits is dropped (see
+// deliver).
+func (c *waits) deliverGrant(payload string) {
 	ticket, g, ok := parseWake(payload)
-	if ok {
-		r.c.mu.Lock()
-		clock := r.clock
-		r.c.mu.Unlock()
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	r := c.tickets[ticket]
+	var clock clockSample
+	if r != nil {
+		clock = r.clock
+	}
+	c.mu.Unlock()
+	if r != nil {
 		r.deliver(ticket, wakeup{grant: g, sample: clock})
 	}
 }
@@ -215,7 +247,7 @@ func (r *room) deliverGrant(payload string) {
 func (r *room) deliver(ticket string, wk wakeup) {
 	r.c.mu.Lock()
 	w := r.waiters[ticket]
-	delete(r.waiters, ticket)
+	r.forgetLocked(ticket)
 	r.c.mu.Unlock()
 	if w != nil {
 		w.ch <- wk
@@ -451,7 +483,7 @@ func (r *room) failStale(now time.Time) {
 				now.Sub(w.alive) >= staleTimeouts*c.cfg.waiterTTL
 		}
 		if lost {
-			delete(r.waiters, t)
+			r.forgetLocked(t)
 			stale = append(stale, w)
 		}
 	}

@@ -150,9 +150,11 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	return st, nil
 }
 
-// owner returns the label part of a client id ("label/random"), or the
-// whole id when it has none.
+// owner returns the label part of a client id ("label/random", after
+// processListMark on one server), or the id without the mark when it has
+// none.
 func owner(client string) string {
+	client = unmarked(client)
 	if i := strings.LastIndexByte(client, '/'); i >= 0 {
 		return client[:i]
 	}

@@ -175,12 +175,12 @@ local function fast_release(K, a)
   if w or (moved and not idle) then must_be(K[KD], 'zset') end
   if not w and moved and not idle then must_be(K[KQ], 'zset') end
   redis.call('ZADD', K[KT], num(untl), ticket)
-  local list, pushed
+  local list
   if w then
     redis.call('ZADD', K[KH], num(now + ttl), holder_member(w.ticket, w.ns, w.client, ts))
-    list = wake_list(base_of(S), w.client)
     -- The wake list is not declared: losing a wake-up is safe.
-    pushed = redis.pcall('RPUSH', list, wake_entry(w.ticket, now + ttl, { ts }))
+    local l, fallback = wake_list(base_of(S), w.client)
+    list = push_wake(l, fallback, { wake_entry(w.ticket, now + ttl, { ts }) })
   end
   redis.call('HSET', S, unpack(f))
   redis.call('ZREM', K[KH], m)
@@ -189,7 +189,7 @@ local function fast_release(K, a)
     redis.call('ZREM', K[KD], head)
     -- A list another program wrote, which refused the push, keeps its
     -- TTL.
-    if type(pushed) == 'number' then redis.pcall('PEXPIRE', list, ttl) end
+    if list then redis.pcall('PEXPIRE', list, num(ttl)) end
   end
   expiring(K, moved, idle, false, false, false, (st[TNEXT] or 0) <= 0, fast_expire, exp)
   return { 1, 0 }

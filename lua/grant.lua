@@ -247,13 +247,8 @@ local function announce(w, parts)
   for i, p in ipairs(parts) do
     tokens[i] = hold(load(p.base), w.ticket, p.n, p.ns or num(p.n), w.client, ttl)
   end
-  local list = wake_list(parts[1].base, w.client)
-  if not wakes[list] then
-    wakes[list] = ttl
-    wake_lists[#wake_lists + 1] = list
-  end
-  wakes[list] = math.max(wakes[list], ttl)
-  write('RPUSH', list, wake_entry(w.ticket, now + ttl, tokens))
+  local list, fallback = wake_list(parts[1].base, w.client)
+  wake(list, fallback, wake_entry(w.ticket, now + ttl, tokens), ttl)
 end
 
 -- enqueue queues waiter m (ticket's member in r's queue) behind everyone

@@ -230,7 +230,6 @@ end
 local function finish()
   for _, r in ipairs(loaded) do finish_one(r) end
   prove_event_keys()
-  for _, list in ipairs(wake_lists) do expire_at(list, num(wakes[list]), true) end
   apply()
 end
 

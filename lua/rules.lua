@@ -117,11 +117,23 @@ local function is_idle(nh, nq, nc)
   return nh <= 0 and nq <= 0 and nc <= 0
 end
 
--- wake_list names the wake list of process client on the resource whose
--- keys start with base; wake_entry is what a grant pushes there: "ticket
+-- wake_list names the list on which process client hears the grants to
+-- its waiters on the resource whose keys start with base, and the list to
+-- push to instead when that one holds another program's value (or nil).
+-- A client whose id begins with "/N/" (on one server, where any keys may
+-- share a blocking read) hears all of them on one list under the key
+-- prefix (the first N bytes of base), so that one read covers every name
+-- it waits on, and falls back on the resource's own; any other has only a
+-- list per resource, in the resource's slot. The keys' names (keys.go)
+-- follow the same rule. wake_entry is what a grant pushes there: "ticket
 -- expiryMs token...".
 local function wake_list(base, client)
-  return base .. ':w:' .. client
+  local own = base .. ':w:' .. client
+  local n = string.match(client, '^/(%d+)/')
+  if n then
+    return string.sub(base, 1, tonumber(n)) .. 'w:' .. client, own
+  end
+  return own, nil
 end
 local function wake_entry(ticket, at, tokens)
   return ticket .. ' ' .. num(at) .. ' ' .. table.concat(tokens, ' ')
