@@ -62,7 +62,9 @@
 //	:t  zset    tombstoned tickets by when they may be forgotten
 //	:c  zset    waiters on a condition variable of the mutex N, by arrival
 //	            (:c:<cond> for a named one)
-//	:w:<client> list of wake-ups for one client's waiters
+//	:w:<client> list of wake-ups for one client's waiters on Cluster;
+//	            on a single node they all share one list,
+//	            <prefix>w:/<len(prefix)>/<client>
 //
 // Packages built on the engine keep their own keys beside these under
 // suffixes the engine does not use (package election: :ld).

@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -137,6 +138,24 @@ func FuzzKeys(f *testing.F) {
 		}
 		if errA != nil || errB != nil || a == b {
 			return
+		}
+		// A client on one server hears both names' grants on one list of
+		// its own under the prefix, which is no key of either semaphore,
+		// and falls back on each name's own list.
+		for _, id := range fuzzClientIDs {
+			marked := processListMark(prefix) + id
+			one := ka.wake(marked)
+			if one != kb.wake(marked) || one != prefix+"w:"+marked {
+				t.Fatalf("client %q: wake lists %q (%q) and %q (%q), want one, %q", marked, one, a, kb.wake(marked), b, prefix+"w:"+marked)
+			}
+			if unmarked(marked) != id || owner(marked) != owner(id) {
+				t.Fatalf("client %q: unmarked %q, owner %q; want %q, %q", marked, unmarked(marked), owner(marked), id, owner(id))
+			}
+			for _, k := range []keys{ka, kb} {
+				if slices.Contains(keySet(k), one) || slices.Contains(k.list(), k.ownWake(marked)) || hashTag(k.ownWake(marked)) != hashTag(k.base) {
+					t.Fatalf("client %q: its one list %q or its own list %q on %q is a key of the semaphore's, or the latter leaves its slot", marked, one, k.ownWake(marked), k.base)
+				}
+			}
 		}
 		if ka.base == kb.base {
 			t.Fatalf("names %q and %q share the key base %q", a, b, ka.base)

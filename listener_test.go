@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -172,6 +173,17 @@ func TestWaitingDoesNotStarveRenewals(t *testing.T) {
 // out.
 type blpops struct {
 	seen, inFlight, timedOut atomic.Int64
+	maxKeys                  atomic.Int64 // the most keys one read took
+}
+
+// keysOf returns the number of keys a BLPOP or BLMPOP takes.
+func keysOf(cmd redis.Cmder) int64 {
+	args := cmd.Args()
+	if cmd.Name() == "blmpop" {
+		n, _ := strconv.ParseInt(fmt.Sprint(args[2]), 10, 64)
+		return n
+	}
+	return int64(len(args) - 2)
 }
 
 func (h *blpops) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -184,6 +196,11 @@ func (h *blpops) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return next(ctx, cmd)
 		}
 		h.seen.Add(1)
+		for n := keysOf(cmd); ; {
+			if m := h.maxKeys.Load(); n <= m || h.maxKeys.CompareAndSwap(m, n) {
+				break
+			}
+		}
 		h.inFlight.Add(1)
 		err := next(ctx, cmd)
 		h.inFlight.Add(-1)
@@ -242,12 +259,17 @@ func TestNewWaitJoinsBlockedRead(t *testing.T) {
 }
 
 // Semantics 3: a process's blocking reads never run on the go-redis client
-// it gave fairlock, and one read covers many semaphores: waiting on 100
+// it gave fairlock, and one read covers every semaphore: waiting on 600
 // semaphores on one node takes one blocking connection, outside the
-// caller's pool.
+// caller's pool, whose reads take two keys each (the process's wake list
+// and its control list), so a wake-up costs Redis the same whatever the
+// number of semaphores waited on.
 func TestBlockingReadsOffTheCallersPool(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		const n = 100
+		n := 600 // more than one read covers on Cluster
+		if testing.Short() || b.Mini != nil {
+			n = 100
+		}
 		e := fltest.New(t, b)
 		ctx := context.Background()
 		holder := e.Client(fairlock.WithLeaseTTL(time.Hour))
@@ -259,11 +281,11 @@ func TestBlockingReadsOffTheCallersPool(t *testing.T) {
 			}
 			held = append(held, l)
 		}
-		caller, all := &blpops{}, fltest.NewCounter()
+		caller, all, reads := &blpops{}, fltest.NewCounter(), &blpops{}
 		rdb := b.Client(t)
 		rdb.AddHook(caller)                                     // the caller's client only
 		counted := redistest.AddHook[fairlock.Option](rdb, all) // and fairlock's blocking client
-		c := e.ClientOn(rdb, counted)
+		c := e.ClientOn(rdb, counted, redistest.AddHook[fairlock.Option](rdb, reads))
 		var chs []<-chan fltest.Result
 		for i := range n {
 			chs = append(chs, acquireAsync(ctx, newSem(c, fmt.Sprintf("s%d", i), 1), 1))
@@ -288,6 +310,9 @@ func TestBlockingReadsOffTheCallersPool(t *testing.T) {
 		}
 		if peak != 1 {
 			t.Fatalf("%d BLPOPs in flight at once for %d semaphores on one node, want 1", peak, n)
+		}
+		if k := reads.maxKeys.Load(); k != 2 {
+			t.Fatalf("a blocking read took %d keys for %d semaphores on one node, want 2 (the process's wake list and its control list)", k, n)
 		}
 	})
 }
