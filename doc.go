@@ -64,7 +64,7 @@
 //	            (:c:<cond> for a named one)
 //	:w:<client> list of wake-ups for one client's waiters on Cluster;
 //	            on a single node they all share one list,
-//	            <prefix>w:/<len(prefix)>/<client>
+//	            <prefix>{w:/<len(prefix)>/<client>}
 //
 // Packages built on the engine keep their own keys beside these under
 // suffixes the engine does not use (package election: :ld).

@@ -209,32 +209,32 @@ func blocks(dump string) map[string]string {
 }
 
 // isProcessList reports whether key is a client's one wake list
-// (keys.wake: the key prefix, "w:", then the client id that begins with
-// the prefix's length).
+// (keys.wake: the key prefix, then "{w:" and the client id that begins
+// with the prefix's length, then "}").
 func isProcessList(key string) bool {
-	for i := range len(key) {
-		if strings.HasPrefix(key[i:], "w:/") {
-			if n, ok := processListPrefix(key[i+2:]); ok && n == i {
-				return true
-			}
-		}
+	i := strings.Index(key, "{w:/")
+	if i < 0 || !strings.HasSuffix(key, "}") {
+		return false
 	}
-	return false
+	n, ok := processListPrefix(key[i+3 : len(key)-1])
+	return ok && n == i
 }
 
 // movedWakeUps checks a call's run with another program's value at
 // list, a client's one wake list, against the clean run (pre the state
 // both started from, after the clean run's, now the planted run's): the
 // other keys are as the clean run left them, but for the client's own
-// lists on each semaphore, which hold what the clean run's did and the
-// wake-ups it pushed onto list, no more and no fewer.
+// lists on each semaphore. Each wake-up the clean run pushed onto list is
+// pushed instead onto the own list of the semaphore where its ticket
+// waited (the first of a multi-lock's), after what that list held, and
+// a list that took any has the expiry the clean run gave list.
 func movedWakeUps(list, pre, after, now string) error {
-	id := list[strings.Index(list, "w:/")+2:]
+	id := list[strings.Index(list, "{w:")+3 : len(list)-1]
 	own := func(dumps ...string) []string {
 		ks := []string{list}
 		for _, d := range dumps {
 			for k := range blocks(d) {
-				if strings.HasSuffix(k, ":w:"+id) && strings.Contains(k, "{") && !slices.Contains(ks, k) {
+				if strings.HasSuffix(k, ":w:"+id) && !slices.Contains(ks, k) {
 					ks = append(ks, k)
 				}
 			}
@@ -245,33 +245,74 @@ func movedWakeUps(list, pre, after, now string) error {
 	if a, b := without(after, ks...), without(now, ks...); a != b {
 		return fmt.Errorf("the other keys differ from the clean run's (clean -, planted +):\n%s", lineDiff(a, b))
 	}
-	entries := func(dump string, keys ...string) []string {
+	// header returns a key's first line (type and expiry), entries the
+	// rest.
+	header := func(dump, k string) string {
+		h, _, _ := strings.Cut(blocks(dump)[k], "\n")
+		return h
+	}
+	entries := func(dump, k string) []string {
 		var out []string
-		b := blocks(dump)
-		for _, k := range keys {
-			lines := strings.Split(strings.TrimSuffix(b[k], "\n"), "\n")
-			for _, l := range lines[min(1, len(lines)):] {
-				out = append(out, strings.TrimSpace(l))
-			}
+		b := strings.TrimSuffix(blocks(dump)[k], "\n")
+		for _, l := range strings.Split(b, "\n")[1:] {
+			out = append(out, strings.TrimSpace(l))
 		}
 		return out
 	}
-	want := entries(after, ks[1:]...)
+	want := map[string][]string{}
+	for _, k := range ks[1:] {
+		want[k] = entries(after, k)
+	}
 	earlier := entries(pre, list)
 	for _, e := range entries(after, list) {
 		if i := slices.Index(earlier, e); i >= 0 {
 			earlier = slices.Delete(earlier, i, i+1)
 			continue
 		}
-		want = append(want, e)
+		ticket := strings.Fields(strings.Trim(e, "[]"))[0]
+		base := waitedOn(pre, ticket)
+		if base == "" {
+			return fmt.Errorf("wake-up %s: its ticket waited nowhere before the call", e)
+		}
+		want[base+":w:"+id] = append(want[base+":w:"+id], e)
 	}
-	got := entries(now, ks[1:]...)
-	slices.Sort(want)
-	slices.Sort(got)
-	if !slices.Equal(want, got) {
-		return fmt.Errorf("the client's own wake lists hold %q; want the clean run's and the wake-ups it pushed onto its one list, %q", got, want)
+	expiry := strings.TrimPrefix(header(after, list), list+" list ")
+	for k, w := range want {
+		got := entries(now, k)
+		if !slices.Equal(got, w) {
+			return fmt.Errorf("own wake list %s holds %q; want %q (what it held, then the wake-ups the clean run pushed onto %s for its semaphore)", k, got, w, list)
+		}
+		if len(w) > len(entries(after, k)) {
+			if h := header(now, k); h != k+" list "+expiry {
+				return fmt.Errorf("own wake list %s: %q; want the expiry the clean run gave %s, %q", k, h, list, expiry)
+			}
+		}
 	}
 	return nil
+}
+
+// waitedOn returns the base of the semaphore where ticket waited in dump
+// (the first of a multi-lock's): the queue or condition holding its
+// member, or the first part its member's group names.
+func waitedOn(dump, ticket string) string {
+	for k, b := range blocks(dump) {
+		i := strings.Index(k, "}:")
+		if i < 0 || !(strings.HasSuffix(k, "}:q") || strings.Contains(k[i:], ":c")) {
+			continue
+		}
+		for _, l := range strings.Split(b, "\n")[1:] {
+			f := strings.Fields(l)
+			if len(f) < 2 || f[1] != ticket {
+				continue
+			}
+			if _, group, ok := strings.Cut(l, "\t"); ok {
+				first, _, _ := strings.Cut(group, "\t")
+				return first
+			}
+			return k[:i+1]
+		}
+	}
+	return ""
 }
 
 // without returns dump with keys' lines left out.
@@ -819,6 +860,12 @@ var brokenGuards = []struct {
 		"if ok then return to end", "if true then return to end", false},
 	{"apply drops the wake-ups a client's one list refused", "queue.lua",
 		"for _, to in ipairs({ list, fallback }) do", "for _, to in ipairs({ list }) do", false},
+	{"apply leaves a fallback wake list without a TTL", "queue.lua",
+		"      if not ttl_of[to] then pushed[#pushed + 1] = to end", "      if not ttl_of[to] and to == b.list then pushed[#pushed + 1] = to end", false},
+	{"fast release leaves a fallback wake list without a TTL", "lua/fast.lua",
+		"if list then redis.pcall('PEXPIRE', list, num(ttl)) end", "if list and not string.find(list, ':w:', 1, true) then redis.pcall('PEXPIRE', list, num(ttl)) end", true},
+	{"a multi-lock's wake-up falls back on its last semaphore's list", "lua/grant.lua",
+		"local list, fallback = wake_list(parts[1].base, w.client)", "local list, fallback = wake_list(parts[1].base, w.client)\n  fallback = select(2, wake_list(parts[#parts].base, w.client))", false},
 	{"a read's WRONGTYPE is not named", "queue.lua",
 		"if type(msg) == 'string' and string.find(msg, 'WRONGTYPE', 1, true) then", "if false then", false},
 	{"a resent queued acquire reads the next event unproven", "acquire.lua",
@@ -1026,10 +1073,53 @@ func foreignWakeList(t *testing.T, b *redistest.Backend, foreign func(c *Client,
 		}
 	}
 	mu.Lock()
-	defer mu.Unlock()
 	for _, k := range lists {
 		if !strings.Contains(logged.String(), k) {
+			mu.Unlock()
 			t.Fatalf("the log does not name the wake list %s another program wrote:\n%s", k, logged.String())
+		}
+	}
+	mu.Unlock()
+	// Once the other program's values are gone, the scripts push onto the
+	// client's one list again, and the client hears its grants there,
+	// within a second or two (its refresh would take 5 s).
+	if err := b.Client(t).Del(ctx, lists...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a", "b"} {
+		h, err := holder.Acquire(ctx, mutex(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			l, err := c.Acquire(ctx, mutex(name))
+			if err != nil {
+				got <- name + ": " + err.Error()
+				return
+			}
+			got <- name
+			_ = l.Release(ctx)
+		}()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			st, err := c.Status(ctx, name)
+			if err == nil && st.Queued == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: no waiter queued", name)
+			}
+		}
+		start := time.Now()
+		if err := h.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case heard := <-got:
+			if d := time.Since(start); heard != name || d > 3500*time.Millisecond {
+				t.Fatalf("after the other program's values were deleted: heard %s %v after %s's release, want %s's at once, not by its refresh", heard, d, name, name)
+			}
+		case <-time.After(12 * time.Second):
+			t.Fatalf("after the other program's values were deleted: %s's waiter did not learn its grant", name)
 		}
 	}
 }

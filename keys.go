@@ -50,9 +50,16 @@ func (k keys) list() []string { return k.all }
 // value holds the former).
 func (k keys) wake(client string) string {
 	if n, ok := processListPrefix(client); ok && n <= len(k.base) {
-		return k.base[:n] + "w:" + client
+		return processList(k.base[:n], client)
 	}
 	return k.ownWake(client)
+}
+
+// processList returns the one wake list of a client under prefix: a key
+// of no semaphore (each of theirs ends after its hash tag), in a slot of
+// its own.
+func processList(prefix, client string) string {
+	return prefix + "{w:" + client + "}"
 }
 
 // ownWake returns one client's wake list on this semaphore alone.

@@ -145,8 +145,8 @@ func FuzzKeys(f *testing.F) {
 		for _, id := range fuzzClientIDs {
 			marked := processListMark(prefix) + id
 			one := ka.wake(marked)
-			if one != kb.wake(marked) || one != prefix+"w:"+marked {
-				t.Fatalf("client %q: wake lists %q (%q) and %q (%q), want one, %q", marked, one, a, kb.wake(marked), b, prefix+"w:"+marked)
+			if one != kb.wake(marked) || one != prefix+"{w:"+marked+"}" {
+				t.Fatalf("client %q: wake lists %q (%q) and %q (%q), want one, %q", marked, one, a, kb.wake(marked), b, prefix+"{w:"+marked+"}")
 			}
 			if unmarked(marked) != id || owner(marked) != owner(id) {
 				t.Fatalf("client %q: unmarked %q, owner %q; want %q, %q", marked, unmarked(marked), owner(marked), id, owner(id))

@@ -99,8 +99,8 @@ func (c *waits) attachLocked(r *room) (nudge *listener) {
 		c.listenerSeq++
 		l = &listener{
 			group: g,
-			// In the slot and under the hash tag of the room's keys.
-			ctl:   c.ctlName(r.k.base, c.listenerSeq),
+			// In the slot and under the hash tag of the room's wake list.
+			ctl:   c.ctlName(r.wakeKey, c.listenerSeq),
 			rooms: make(map[string]*room),
 			wakes: make(map[string]int),
 			swept: time.Now(),
@@ -158,6 +158,7 @@ func (c *waits) runListener(l *listener, blk Backend) {
 	defer backoff.Stop()
 	delay := time.Duration(0)
 	for {
+		c.processListBack(blk)
 		c.mu.Lock()
 		c.sweepLocked(l)
 		if c.closed || len(l.rooms) == 0 {
@@ -264,9 +265,9 @@ func (c *waits) leaveOutForeign(l *listener, blk Backend, keys []string) bool {
 			continue
 		}
 		if !c.ownLists && k == c.processList() {
-			c.useOwnListsLocked()
+			c.useListsLocked(true)
 			found = true
-			c.logf(slog.LevelError, "fairlock: the client's wake list holds a value another program wrote; its grants arrive on each semaphore's own list, one blocking read covering many, until the client closes",
+			c.logf(slog.LevelError, "fairlock: the client's wake list holds a value another program wrote; its grants arrive on each semaphore's own list, one blocking read covering many, until that value is gone",
 				nil, "", slog.String("key", k), slog.String("type", t))
 			continue
 		}
@@ -286,27 +287,60 @@ func (c *waits) processList() string {
 	if _, ok := processListPrefix(c.id); !ok {
 		return ""
 	}
-	return c.cfg.prefix + "w:" + c.id
+	return processList(c.cfg.prefix, c.id)
 }
 
-// useOwnListsLocked moves every room to its semaphore's own wake list,
-// where the scripts push grants when the client's one list holds another
-// program's value (wake_list in lua/rules.lua). A listener may then read
-// more than maxListenKeys keys. c.mu is held.
-func (c *waits) useOwnListsLocked() {
-	c.ownLists = true
+// useListsLocked moves every room to its semaphore's own wake list
+// (own), where the scripts push grants while the client's one list holds
+// another program's value (wake_list in lua/rules.lua), or back to the
+// client's one list. A listener may read more than maxListenKeys own
+// lists. c.mu is held.
+func (c *waits) useListsLocked(own bool) {
+	c.ownLists, c.ownChecked = own, time.Now()
+	for _, r := range c.rooms {
+		r.wakeKey = c.wakeKeyLocked(r.k)
+	}
 	for _, ls := range c.listeners {
 		for _, l := range ls {
 			l.wakes, l.keys = make(map[string]int), nil
 			for _, r := range l.rooms {
-				r.wakeKey = r.k.ownWake(c.id)
+				r.wakeKey = c.wakeKeyLocked(r.k)
 				l.wakes[r.wakeKey]++
 			}
 		}
 	}
-	for _, r := range c.rooms {
-		r.wakeKey = r.k.ownWake(c.id)
+}
+
+// processListBack moves the rooms back to the client's one wake list
+// once another program's value there is gone: the scripts push there
+// again as soon as it is. It looks at most once per listenTimeout, and
+// reports whether it moved them.
+func (c *waits) processListBack(blk Backend) bool {
+	c.mu.Lock()
+	due := c.ownLists && time.Since(c.ownChecked) >= listenTimeout
+	if due {
+		c.ownChecked = time.Now()
 	}
+	c.mu.Unlock()
+	if !due {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(c.closing, c.cfg.waiterTTL)
+	defer cancel()
+	list := c.processList()
+	types, err := typesScript.on(ctx, blk, []string{list}).Strings()
+	if err != nil || len(types) != 1 || types[0] != "none" && types[0] != "list" {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.ownLists {
+		return false
+	}
+	c.useListsLocked(false)
+	c.logf(slog.LevelInfo, "fairlock: the client's wake list no longer holds another program's value; its grants arrive there again",
+		nil, "", slog.String("key", list))
+	return true
 }
 
 // sweepLocked stops the rooms of l that have had no waiter for

@@ -41,8 +41,10 @@ type waits struct {
 	tickets map[string]*room // by ticket: the room each waiter waits in
 	// ownLists: the client's one wake list (keys.wake) holds another
 	// program's value, so the scripts push its grants onto each
-	// semaphore's own list, and its rooms listen there.
+	// semaphore's own list, and its rooms listen there; ownChecked is
+	// when that was last looked at (see processListBack).
 	ownLists    bool
+	ownChecked  time.Time
 	listeners   map[string][]*listener // by listenGroup
 	listenerSeq uint64                 // names listeners' control lists
 	blk         Backend                // where listeners block; see blockingLocked

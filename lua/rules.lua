@@ -122,16 +122,17 @@ end
 -- push to instead when that one holds another program's value (or nil).
 -- A client whose id begins with "/N/" (on one server, where any keys may
 -- share a blocking read) hears all of them on one list under the key
--- prefix (the first N bytes of base), so that one read covers every name
--- it waits on, and falls back on the resource's own; any other has only a
--- list per resource, in the resource's slot. The keys' names (keys.go)
+-- prefix (the first N bytes of base), hash-tagged by its own name, so
+-- that one read covers every name it waits on, and falls back on the
+-- resource's own; any other has only a list per resource, in the
+-- resource's slot. The keys' names (keys.go)
 -- follow the same rule. wake_entry is what a grant pushes there: "ticket
 -- expiryMs token...".
 local function wake_list(base, client)
   local own = base .. ':w:' .. client
   local n = string.match(client, '^/(%d+)/')
   if n then
-    return string.sub(base, 1, tonumber(n)) .. 'w:' .. client, own
+    return string.sub(base, 1, tonumber(n)) .. '{w:' .. client .. '}', own
   end
   return own, nil
 end
