@@ -289,9 +289,13 @@ func (m *callMachine) wakeLists(p *cproc) []string {
 }
 
 // hear pops a process's wake lists on both replayers, as its listener
-// does, and learns the grants.
+// does, and learns the grants. A process with one list for every
+// semaphore finds nothing on a semaphore's own list unless another
+// program's value held its one list (planted by a foreignPair): the
+// scripts push where its listener reads.
 func (m *callMachine) hear(t *rapid.T) {
 	p := m.drawProc(t)
+	_, planting := m.pair.(*foreignPair)
 	for _, list := range m.wakeLists(p) {
 		sides := m.pair.sides()
 		got := make([][]string, len(sides))
@@ -301,6 +305,12 @@ func (m *callMachine) hear(t *rapid.T) {
 		for j := 1; j < len(sides); j++ {
 			if !slices.Equal(got[0], got[j]) {
 				t.Fatalf("wake list %s: %s %q, %s %q", list, sides[0].Name, got[0], sides[j].Name, got[j])
+			}
+		}
+		for _, s := range m.sems {
+			k := keys{base: s.base}
+			if !planting && len(got[0]) > 0 && list == k.ownWake(p.id) && list != k.wake(p.id) {
+				t.Fatalf("wake list %s holds %q, but process %s hears its grants on %s", list, got[0], p.id, k.wake(p.id))
 			}
 		}
 		for _, w := range got[0] {
