@@ -1026,7 +1026,9 @@ func foreignWakeList(t *testing.T, b *redistest.Backend, foreign func(c *Client,
 		}
 	}
 	got := make(chan string, 2)
-	for _, name := range []string{"a", "b"} {
+	// wait starts c's wait on name, which sends its name to got once
+	// granted (and releases), and returns once it is queued.
+	wait := func(name string) {
 		go func() {
 			l, err := c.Acquire(ctx, mutex(name))
 			if err != nil {
@@ -1036,18 +1038,18 @@ func foreignWakeList(t *testing.T, b *redistest.Backend, foreign func(c *Client,
 			got <- name
 			_ = l.Release(ctx)
 		}()
-	}
-	for _, name := range []string{"a", "b"} {
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 			st, err := c.Status(ctx, name)
 			if err == nil && st.Queued == 1 {
-				break
+				return
 			}
 			if time.Now().After(deadline) {
 				t.Fatalf("%s: no waiter queued", name)
 			}
 		}
 	}
+	wait("a")
+	wait("b")
 	if err := ha.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -1091,24 +1093,7 @@ func foreignWakeList(t *testing.T, b *redistest.Backend, foreign func(c *Client,
 		if err != nil {
 			t.Fatal(err)
 		}
-		go func() {
-			l, err := c.Acquire(ctx, mutex(name))
-			if err != nil {
-				got <- name + ": " + err.Error()
-				return
-			}
-			got <- name
-			_ = l.Release(ctx)
-		}()
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-			st, err := c.Status(ctx, name)
-			if err == nil && st.Queued == 1 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: no waiter queued", name)
-			}
-		}
+		wait(name)
 		start := time.Now()
 		if err := h.Release(ctx); err != nil {
 			t.Fatal(err)
