@@ -63,12 +63,13 @@ func semKeys(s *csem, procs []*cproc) []fkey {
 		k = append(k, fkey{condKeys(keys{base: s.base}, c)[0], "zset"})
 	}
 	for _, p := range procs {
-		// The process's one list, if it has one (keys.wake), and the
-		// semaphore's own.
-		for _, l := range []string{keys{base: s.base}.wake(p.id), keys{base: s.base}.ownWake(p.id)} {
-			if !slices.ContainsFunc(k, func(f fkey) bool { return f.key == l }) {
-				k = append(k, fkey{l, "list"})
-			}
+		// The list the process hears its grants on: its one list, if it
+		// has one (keys.wake), else the semaphore's own. (Its own list
+		// beside its one list takes pushes only while the one list holds
+		// another program's value; TestForeignWakeListDoesNotDeafenOthers
+		// plants at both.)
+		if l := (keys{base: s.base}).wake(p.id); !slices.ContainsFunc(k, func(f fkey) bool { return f.key == l }) {
+			k = append(k, fkey{l, "list"})
 		}
 	}
 	// An election's record (the leader ops).
