@@ -55,7 +55,8 @@ func waitWaiters(t *testing.T, c *fairlock.Client, s spec, n int) {
 // when (µs) each acquisition began.
 type occupancy struct {
 	enters, violations, errors int
-	releaseErrors              int // Release returned an error
+	releaseErrors              int      // Release returned an error
+	errorLines                 []string // the first errors' log lines
 	entersAt                   []int64
 	byPid                      map[int64][]int64 // each process's enters (µs)
 }
@@ -70,6 +71,13 @@ func (o occupancy) idle(ws []*worker, since int64) []string {
 		}
 	}
 	return out
+}
+
+// noteError keeps one of the first errors' log lines.
+func (o *occupancy) noteError(line string) {
+	if len(o.errorLines) < 5 {
+		o.errorLines = append(o.errorLines, line)
+	}
 }
 
 func readLog(t *testing.T, path string, capacity int64) occupancy {
@@ -88,10 +96,12 @@ func readLog(t *testing.T, path string, capacity int64) occupancy {
 		if _, err := fmt.Sscanf(sc.Text(), "%d %d %s %d %d %s", &at, &pid, &what, &token, &n, &name); err != nil {
 			if strings.Contains(sc.Text(), " error ") {
 				o.errors++
+				o.noteError(sc.Text())
 				continue
 			}
 			if strings.Contains(sc.Text(), " release ") {
 				o.releaseErrors++
+				o.noteError(sc.Text())
 				continue
 			}
 			t.Fatalf("bad log line %q: %v", sc.Text(), err)
@@ -151,7 +161,7 @@ func TestChurn(t *testing.T) {
 		}
 		t.Logf("%s (capacity %d): %d processes, %d acquisitions, %d violations, %d errors", s.name, s.capacity, procs, o.enters, o.violations, o.errors+o.releaseErrors)
 		if o.violations > 0 || o.errors+o.releaseErrors > 0 || o.enters < procs {
-			t.Errorf("%s: %d acquisitions, %d violations, %d acquire and %d release errors", s.name, o.enters, o.violations, o.errors, o.releaseErrors)
+			t.Errorf("%s: %d acquisitions, %d violations, %d acquire and %d release errors; the first: %q", s.name, o.enters, o.violations, o.errors, o.releaseErrors, o.errorLines)
 		}
 	}
 }
