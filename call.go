@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync/atomic"
 	"time"
 )
@@ -95,28 +96,46 @@ func (r result) Strings() ([]string, error) {
 }
 
 // settle returns o, the outcome handed to call's caller, and true; or,
-// when o's error is ctx's own, ctx's error and false, as when ctx ended
-// before the outcome came, with o handed to late. A client that honours
+// when o's error is ctx's own (ctx's error, or a socket's deadline set
+// from ctx's, once that has passed: see deadlineLike), ctx's error and
+// false, as when ctx ended before the outcome came, with o handed to late. A client that honours
 // deadlines itself (rueidis, valkey-go) stops waiting for the answer when
 // ctx ends: the script may have run all the same.
 func (c *caller) settle(ctx context.Context, o outcome, late func(outcome)) (outcome, bool) {
-	if o.res.err == nil || !errors.Is(o.res.err, context.DeadlineExceeded) && !errors.Is(o.res.err, context.Canceled) {
+	if o.res.err == nil || !deadlineLike(o.res.err) && !errors.Is(o.res.err, context.Canceled) {
 		return o, true
 	}
 	err := ctx.Err()
-	if dl, ok := ctx.Deadline(); err == nil && ok && !time.Now().Before(dl) {
+	if err == nil && pastDeadline(ctx) {
 		// The client saw the deadline pass before ctx's own timer
 		// ended it, a moment from now.
 		<-ctx.Done()
 		err = ctx.Err()
 	}
-	if err == nil || !errors.Is(o.res.err, err) {
+	if err == nil || !errors.Is(o.res.err, err) && !(errors.Is(err, context.DeadlineExceeded) && deadlineLike(o.res.err)) {
 		return o, true
 	}
 	if late != nil {
 		c.spawn(func() { late(o) })
 	}
 	return outcome{res: result{err: err}}, false
+}
+
+// deadlineLike reports whether err is a deadline's: a context's, or a
+// socket's (os.ErrDeadlineExceeded, "i/o timeout"), which a client that
+// sets its connection's deadlines from ctx's (rueidis, valkey-go, go-redis
+// with ContextTimeoutEnabled, a dial under ctx) reports when ctx's
+// deadline passes before ctx's own timer has ended it.
+func deadlineLike(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+// pastDeadline reports whether ctx has a deadline and it has passed, which
+// can be a while (under load, hundreds of milliseconds) before ctx.Err()
+// says so: ctx's timer fires on a goroutine of its own.
+func pastDeadline(ctx context.Context) bool {
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // outcome is what run returned.
