@@ -54,9 +54,10 @@ type config struct {
 	scenarios []string
 	duration  time.Duration
 	jsonFile  string
-	only      []string // implementations
-	maxQueue  int      // the queue scenario's largest queue
-	svgDir    string   // where the figures go; "" for none
+	only      []string      // implementations
+	maxQueue  int           // the queue scenario's largest queue
+	drainStop time.Duration // how long the drain scenario waits for its waiters; 0 for its default
+	svgDir    string        // where the figures go; "" for none
 }
 
 var allScenarios = []string{"uncontended", "handoff", "contended", "contended-100us", "fifo", "drain", "semaphore", "dining", "queue", "floor", "scale", "wake"}
@@ -69,6 +70,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.redis, "redis", "", `Redis to measure: "" for the embedded miniredis, "auto" to start redis-server from $FAIRLOCK_REDIS_SERVER_DIR or PATH, or host:port`)
 	fs.StringVar(&scen, "scenarios", "all", "comma-separated scenarios: "+strings.Join(allScenarios, ", ")+", or all")
 	fs.DurationVar(&cfg.duration, "duration", time.Second, "time each implementation gets in each measurement")
+	fs.DurationVar(&cfg.drainStop, "drain-stop", 0, "how long after the release the drain scenario waits for its waiters: 0 for the longer of 1s and 3 × -duration")
 	fs.StringVar(&cfg.jsonFile, "json", "", "also write the results as JSON to this file")
 	fs.StringVar(&cfg.svgDir, "svg", "", "also draw the results as SVG figures into this directory (created if need be), and link them from the tables; relative to the directory the command runs in (bench/ under go -C bench)")
 	fs.StringVar(&only, "impls", "all", "comma-separated implementations: fairlock, redsync, redislock, setnx, or all")
@@ -81,6 +83,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	}
 	if cfg.duration <= 0 {
 		return cfg, fmt.Errorf("-duration must be positive")
+	}
+	if cfg.drainStop < 0 {
+		return cfg, fmt.Errorf("-drain-stop must not be negative")
 	}
 	if cfg.maxQueue == 0 {
 		cfg.maxQueue = 10000
