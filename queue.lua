@@ -65,12 +65,15 @@
 -- for every resource, tab-separated, in name order. Names and prefixes
 -- contain no control characters, so the tabs are unambiguous.
 --
--- Wake lists <b>:w:<client> (one per waiting process) receive "ticket
--- expiryMs token..." when a grant reaches one of that process's tickets; a
+-- A waiting process's wake list (wake_list in rules.lua: its one list on a
+-- single node, <b>:w:<client> on Cluster) receives "ticket expiryMs
+-- token..." when a grant reaches one of that process's tickets; a
 -- multi-request's grant carries one token per resource, on the list of the
 -- first. Wake lists, and a multi-request's other resources reached from a
--- queue, are named by the data, so they cannot be declared in KEYS; they
--- live in the same slot as the declared keys.
+-- queue, are named by the data, so they cannot be declared in KEYS. On
+-- Cluster they live in the same slot as the declared keys; a process's one
+-- list has a slot of its own, which the functions that push there may
+-- reach (allow-cross-slot-keys) on a node that serves every slot.
 --
 -- All times come from Redis's TIME, never from a client. A lease or a waiter
 -- whose time has come is gone, whether or not anyone said so (rules.lua's

@@ -31,18 +31,31 @@ type entry struct {
 	name, file string
 	// flags: allow-oom for the calls that free memory or keep it flat
 	// (bounded: their tombstones at most), so that a full Redis still
-	// releases, renews and drops leases; no-writes for a read.
+	// releases, renews and drops leases; no-writes for a read;
+	// allow-cross-slot-keys (crossSlot) for the calls that run a queue
+	// and so can grant a waiter of another process, whose wake-up goes
+	// to that process's one wake list (keys.wake), a key of a slot of its
+	// own, which a node in cluster mode refuses a function (or a script
+	// with flags) otherwise, even when it serves every slot. A Cluster
+	// client's wake lists keep their semaphore's slot (wake_list in
+	// lua/rules.lua), and a key of another node's slot, or of a slot on
+	// the move, is refused with or without the flag. An acquire grants
+	// only its own request, and a status reads only its keys.
 	flags string
 }
 
+// crossSlot is the flag that lets a function reach keys of slots other
+// than its declared keys' on the node it runs on (see entry).
+const crossSlot = "allow-cross-slot-keys"
+
 var entries = []entry{
 	{"acquire", "acquire.lua", ""},
-	{"release", "release.lua", "allow-oom"},
-	{"wait", "release.lua", ""}, // a new condition waiter grows memory
-	{"refresh", "lua/ops/refresh.lua", "allow-oom"},
-	{"renew_batch", "lua/ops/renew_batch.lua", "allow-oom"},
-	{"signal", "lua/ops/signal.lua", ""},
-	{"pump", "lua/ops/pump.lua", "allow-oom"},
+	{"release", "release.lua", "allow-oom," + crossSlot},
+	{"wait", "release.lua", crossSlot}, // a new condition waiter grows memory: no allow-oom
+	{"refresh", "lua/ops/refresh.lua", "allow-oom," + crossSlot},
+	{"renew_batch", "lua/ops/renew_batch.lua", "allow-oom," + crossSlot},
+	{"signal", "lua/ops/signal.lua", crossSlot},
+	{"pump", "lua/ops/pump.lua", "allow-oom," + crossSlot},
 	{"status", "lua/ops/status.lua", "no-writes"},
 	// An election's record: one small hash per election, so a full Redis
 	// still records a leader.

@@ -62,8 +62,12 @@ func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		if script {
 			if e := cmp.Or(err, cmd.Err()); e != nil && (redis.HasErrorPrefix(e, "NOSCRIPT") ||
-				strings.Contains(e.Error(), "Function not found") || strings.Contains(e.Error(), "unknown command")) {
-				name = cmd.Name() // it ran nothing; the client sends it again
+				strings.Contains(e.Error(), "Function not found") || strings.Contains(e.Error(), "unknown command") ||
+				strings.Contains(e.Error(), "compiling script") && strings.Contains(e.Error(), "'#'")) {
+				// It ran nothing (a server without the script, or one that
+				// cannot read a script's "#!lua flags=" line); the client
+				// sends it again.
+				name = cmd.Name()
 			}
 			c.mu.Lock()
 			c.byName[name]++
