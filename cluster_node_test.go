@@ -49,23 +49,7 @@ func TestClusterEnabledNodeThroughPlainClient(t *testing.T) {
 	}
 	got := make(chan string, len(names))
 	for _, name := range names {
-		go func() {
-			l, err := c.Acquire(ctx, mutex(name))
-			if err != nil {
-				got <- name + ": " + err.Error()
-				return
-			}
-			got <- name
-			_ = l.Release(ctx)
-		}()
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-			if st, err := c.Status(ctx, name); err == nil && st.Queued == 1 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: no waiter queued", name)
-			}
-		}
+		startWait(t, c, mutex(name), got)
 	}
 	for i, name := range names {
 		start := time.Now()

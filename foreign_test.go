@@ -988,6 +988,31 @@ func TestForeignWakeListDoesNotDeafenOthers(t *testing.T) {
 	}
 }
 
+// startWait starts c's wait for req, which sends req's name to got once
+// granted (and releases at once), or the name and the error; it returns
+// once the waiter is queued, the only one on req's semaphore.
+func startWait(t *testing.T, c *Client, req Request, got chan<- string) {
+	t.Helper()
+	ctx := context.Background()
+	go func() {
+		l, err := c.Acquire(ctx, req)
+		if err != nil {
+			got <- req.Name + ": " + err.Error()
+			return
+		}
+		got <- req.Name
+		_ = l.Release(ctx)
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if st, err := c.Status(ctx, req.Name); err == nil && st.Queued == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no waiter queued", req.Name)
+		}
+	}
+}
+
 func foreignWakeList(t *testing.T, b *redistest.Backend, foreign func(c *Client, ka keys) []string, aPrompt bool) {
 	ctx := context.Background()
 	prefix := redistest.Prefix(t)
@@ -1027,28 +1052,7 @@ func foreignWakeList(t *testing.T, b *redistest.Backend, foreign func(c *Client,
 		}
 	}
 	got := make(chan string, 2)
-	// wait starts c's wait on name, which sends its name to got once
-	// granted (and releases), and returns once it is queued.
-	wait := func(name string) {
-		go func() {
-			l, err := c.Acquire(ctx, mutex(name))
-			if err != nil {
-				got <- name + ": " + err.Error()
-				return
-			}
-			got <- name
-			_ = l.Release(ctx)
-		}()
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-			st, err := c.Status(ctx, name)
-			if err == nil && st.Queued == 1 {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: no waiter queued", name)
-			}
-		}
-	}
+	wait := func(name string) { startWait(t, c, mutex(name), got) }
 	wait("a")
 	wait("b")
 	if err := ha.Release(ctx); err != nil {
