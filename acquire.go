@@ -71,7 +71,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		})
 		if !ok {
 			c.waits.unregister(r, w)
-			return nil, wrap(ctx.Err())
+			return nil, wrap(o.res.err)
 		}
 		rep, err := parseAcquireReply(o.res, len(p.parts))
 		if err != nil {

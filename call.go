@@ -97,20 +97,22 @@ func (r result) Strings() ([]string, error) {
 
 // settle returns o, the outcome handed to call's caller, and true; or,
 // when o's error is ctx's own (ctx's error, or a socket's deadline set
-// from ctx's, once that has passed: see deadlineLike), ctx's error and
-// false, as when ctx ended before the outcome came, with o handed to late. A client that honours
-// deadlines itself (rueidis, valkey-go) stops waiting for the answer when
-// ctx ends: the script may have run all the same.
+// from ctx's, once that has passed: see deadlineLike), an outcome holding
+// ctx's error and false, as when ctx ended before the outcome came, with o
+// handed to late. A caller given false reports the outcome's error, which
+// ctx.Err() may not yet be. A client that honours deadlines itself
+// (rueidis, valkey-go) stops waiting for the answer when ctx ends: the
+// script may have run all the same.
 func (c *caller) settle(ctx context.Context, o outcome, late func(outcome)) (outcome, bool) {
 	if o.res.err == nil || !deadlineLike(o.res.err) && !errors.Is(o.res.err, context.Canceled) {
 		return o, true
 	}
 	err := ctx.Err()
 	if err == nil && pastDeadline(ctx) {
-		// The client saw the deadline pass before ctx's own timer
-		// ended it, a moment from now.
-		<-ctx.Done()
-		err = ctx.Err()
+		// The client saw the deadline pass before ctx's own timer ended
+		// ctx (a moment from now; for a context whose Done does not
+		// close at its deadline, never): the deadline stands.
+		err = context.DeadlineExceeded
 	}
 	if err == nil || !errors.Is(o.res.err, err) && !(errors.Is(err, context.DeadlineExceeded) && deadlineLike(o.res.err)) {
 		return o, true

@@ -145,7 +145,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	if !ok {
 		c.waits.unregister(r, w)
 		l.finish(errReleased)
-		return nil, wrap(ctx.Err())
+		return nil, wrap(o.res.err)
 	}
 	rep, err := parseWaitReply(o.res)
 	if err != nil {
@@ -284,7 +284,7 @@ func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, 
 		// carries too: the resend finds the first run's reply.
 		o, ok := c.calls.op(ctx, signalCall(keys, cond, all, bound, newTicket()), nil)
 		if !ok {
-			return total, wrap(ctx.Err())
+			return total, wrap(o.res.err)
 		}
 		rep, err := parseSignalReply(o.res)
 		if err != nil {

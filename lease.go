@@ -304,7 +304,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		// released.
 		l.released = true
 		l.finish(errReleased)
-		return opError("release", l.p.names, ctx.Err())
+		return opError("release", l.p.names, o.res.err)
 	}
 	res, ackErr := o.res, o.ackErr
 	n, err := l.c.released(l.p, res)

@@ -403,6 +403,10 @@ func fail(ctx context.Context, op string, names []string, err error) error {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return opError(op, names, ctxErr)
 	}
+	if deadlineLike(err) && pastDeadline(ctx) {
+		// ctx's deadline, passed a moment before ctx says so (settle).
+		return opError(op, names, context.DeadlineExceeded)
+	}
 	if errors.Is(err, ErrRedis) {
 		return opError(op, names, err)
 	}
