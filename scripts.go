@@ -33,14 +33,15 @@ type entry struct {
 	// (bounded: their tombstones at most), so that a full Redis still
 	// releases, renews and drops leases; no-writes for a read;
 	// allow-cross-slot-keys (crossSlot) for the calls that run a queue
-	// and so can grant a waiter of another process, whose wake-up goes
+	// and so can grant a waiter of another process (all but the reads), whose wake-up goes
 	// to that process's one wake list (keys.wake), a key of a slot of its
 	// own, which a node in cluster mode refuses a function (or a script
 	// with flags) otherwise, even when it serves every slot. A Cluster
 	// client's wake lists keep their semaphore's slot (wake_list in
 	// lua/rules.lua), and a key of another node's slot, or of a slot on
-	// the move, is refused with or without the flag. An acquire grants
-	// only its own request, and a status reads only its keys.
+	// the move, is refused with or without the flag. (An acquire runs
+	// the queues that expired leases and dead waiters unblock before its
+	// own request; a status reads only its keys.)
 	flags string
 }
 
@@ -49,7 +50,7 @@ type entry struct {
 const crossSlot = "allow-cross-slot-keys"
 
 var entries = []entry{
-	{"acquire", "acquire.lua", ""},
+	{"acquire", "acquire.lua", crossSlot},
 	{"release", "release.lua", "allow-oom," + crossSlot},
 	{"wait", "release.lua", crossSlot}, // a new condition waiter grows memory: no allow-oom
 	{"refresh", "lua/ops/refresh.lua", "allow-oom," + crossSlot},
