@@ -315,7 +315,8 @@ func (l *Lease) Release(ctx context.Context) error {
 		l.finish(errReleased)
 		return opError("release", l.p.names, ackErr)
 	}
-	if err != nil && transient(err) && ctx.Err() == nil {
+	if err != nil && transient(err) {
+		// (Whether or not ctx has ended since: the release did not land.)
 		if !isDialError(err) { // (then the call's late handler sends it again)
 			l.c.resendLater(rel, l.p, until)
 		}
