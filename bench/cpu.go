@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 )
 
 // cpuTime is Redis's CPU time so far, read from INFO cpu.
@@ -57,4 +59,16 @@ func (e *env) serverCPU() (cpuTime, bool) {
 		return cpuTime{}, false
 	}
 	return parseCPU(info)
+}
+
+// selfCPU is this process's CPU time so far (user + system), in seconds:
+// the clients' side of a measurement, since every implementation runs in
+// this process (a redis-server that -redis auto started is a child, not
+// counted).
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }

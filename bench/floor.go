@@ -46,6 +46,10 @@ redis.register_function('fairlock_floor_least_release', function(k, a)
   redis.call('HSET', k[1], 'used', 0, a[1], 'r')
   return {1, 0}
 end)
+redis.register_function('fairlock_floor_time_rpush', function(k, a)
+  redis.call('TIME')
+  return redis.call('RPUSH', k[1], a[1])
+end)
 redis.register_function('fairlock_floor_handoff', function(k, a)
   local t = redis.call('TIME')
   redis.call('HMGET', k[1], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', a[1])
@@ -164,7 +168,7 @@ func (e *env) floorHandoff(rdb *redis.Client) (*Table, error) {
 	ctx := context.Background()
 	const idle = 20 * time.Millisecond
 	t := &Table{Name: "floor_handoff", Title: "8b. The floor of a handoff",
-		Note:    fmt.Sprintf("After %v of silence, a call wakes a client blocked in BLMPOP; measured from the call's start to the blocked client's return on its goroutine, as table 2 measures a handoff. The function does a handing release's commands (TIME, HMGET, ZRANGE, ZSCORE, ZADD ×2, RPUSH, HSET, ZREM ×3, PEXPIRE) and nothing else; calls interleaved.", idle),
+		Note:    fmt.Sprintf("After %v of silence, a call wakes a client blocked in BLMPOP; measured from the call's start to the blocked client's return on its goroutine, as table 2 measures a handoff. TIME + RPUSH is the least a script that hands a lock on by push can do (it must read Redis's clock to judge leases). The handing-release function does a handing release's commands (TIME, HMGET, ZRANGE, ZSCORE, ZADD ×2, RPUSH, HSET, ZREM ×3, PEXPIRE) and nothing else; calls interleaved.", idle),
 		Columns: []string{"call", "p50", "÷ idle-PING p50", "samples"}}
 	waiter := redis.NewClient(&redis.Options{Addr: e.addr})
 	defer waiter.Close()
@@ -199,6 +203,9 @@ func (e *env) floorHandoff(rdb *redis.Client) (*Table, error) {
 		}},
 		{"RPUSH → BLMPOP", func() (time.Duration, error) {
 			return wake(func() error { return rdb.RPush(ctx, list, "x").Err() })
+		}},
+		{"FCALL: TIME + RPUSH → BLMPOP", func() (time.Duration, error) {
+			return wake(func() error { return rdb.FCall(ctx, "fairlock_floor_time_rpush", []string{list}, "x").Err() })
 		}},
 		{"FCALL of a handing release's commands → BLMPOP", func() (time.Duration, error) {
 			return wake(func() error { return rdb.FCall(ctx, "fairlock_floor_handoff", keys, "A", "B").Err() })
@@ -273,6 +280,12 @@ redis.register_function('fairlock_fifo_release', function(k, a)
   return 1
 end)`
 
+// leastLockName names the least script lock's reference row.
+const leastLockName = "least script lock (reference)"
+
+// fifoFloorName names the FIFO floor's reference row.
+const fifoFloorName = "FIFO floor (reference)"
+
 // withRefs returns e with the reference rows refs measured beside its
 // implementations.
 func (e *env) withRefs(refs ...impl) *env {
@@ -294,7 +307,7 @@ func (e *env) fifoFloor() (ims []impl, ok bool) {
 		}
 	}
 	return []impl{
-		{name: "FIFO floor (reference)", reference: true, about: "not a lock to use: no TTL, no liveness, no retries; see fifoFloorLib", open: open("0")},
+		{name: fifoFloorName, reference: true, about: "not a lock to use: no TTL, no liveness, no retries; see fifoFloorLib", open: open("0")},
 		{name: "FIFO floor + fairlock's commands (reference)", reference: true, about: "the FIFO floor doing fairlock's Redis commands besides", open: open("1")},
 	}, true
 }
@@ -352,7 +365,7 @@ func (e *env) floorRefs() ([]impl, bool) {
 	return []impl{
 		ref("floor functions (reference)", "fairlock's commands only, no logic; see floorLib",
 			"fairlock_floor_acquire", "fairlock_floor_release"),
-		ref("least script lock (reference)", "TIME, HMGET, HSET per call, no logic: the fewest commands a lock judged by Redis's clock with its state in one hash can run; see floorLib",
+		ref(leastLockName, "TIME, HMGET, HSET per call, no logic: the fewest commands a lock judged by Redis's clock with its state in one hash can run; see floorLib",
 			"fairlock_floor_least_acquire", "fairlock_floor_least_release"),
 	}, true
 }
