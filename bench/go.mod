@@ -2,18 +2,15 @@ module github.com/fairlock/fairlock/bench
 
 go 1.26.8
 
-replace github.com/fairlock/fairlock => ../
 
-replace github.com/fairlock/fairlock/fairlockrueidis => ../fairlockrueidis
 
-replace github.com/fairlock/fairlock/fairlockvalkey => ../fairlockvalkey
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/bsm/redislock v0.9.4
-	github.com/fairlock/fairlock v0.0.0
-	github.com/fairlock/fairlock/fairlockrueidis v0.0.0
-	github.com/fairlock/fairlock/fairlockvalkey v0.0.0
+	github.com/fairlock/fairlock v0.1.0
+	github.com/fairlock/fairlock/fairlockrueidis v0.1.0
+	github.com/fairlock/fairlock/fairlockvalkey v0.1.0
 	github.com/go-redsync/redsync/v4 v4.18.1
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/redis/rueidis v1.0.79

@@ -2,11 +2,10 @@ module github.com/fairlock/fairlock/fairlockotel
 
 go 1.26.8
 
-replace github.com/fairlock/fairlock => ../
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
-	github.com/fairlock/fairlock v0.0.0
+	github.com/fairlock/fairlock v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0

@@ -2,11 +2,10 @@ module github.com/fairlock/fairlock/fairlockvalkey
 
 go 1.26.8
 
-replace github.com/fairlock/fairlock => ../
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
-	github.com/fairlock/fairlock v0.0.0
+	github.com/fairlock/fairlock v0.1.0
 	github.com/valkey-io/valkey-go v1.0.79
 )
 
