@@ -28,7 +28,8 @@ type Request struct {
 	// grant the lease ends with [ErrMaxHold]. 0 takes the client's cap
 	// (none by default); a positive MaxHold replaces it, shorter or
 	// longer. A lease over several semaphores ends at the earliest cap of
-	// its parts. A negative MaxHold fails with [ErrInvalidArgument].
+	// its parts. A negative MaxHold, or one over [MaxHoldLimit] (365
+	// days), fails with [ErrInvalidArgument].
 	MaxHold time.Duration
 }
 
@@ -271,14 +272,16 @@ func (c *Client) check(req Request) (keys, error) {
 	case req.Permits > req.Capacity:
 		return k, fmt.Errorf("%w: %d permits of %q exceed its capacity %d", ErrInvalidArgument, req.Permits, req.Name, req.Capacity)
 	case req.MaxHold < 0:
-		return k, fmt.Errorf("%w: max hold %v of %q is negative", ErrInvalidArgument, req.MaxHold, req.Name)
+		return k, fmt.Errorf("%w: Request.MaxHold %v of %q is negative", ErrInvalidArgument, req.MaxHold, req.Name)
+	case req.MaxHold > MaxHoldLimit:
+		return k, fmt.Errorf("%w: Request.MaxHold %v of %q is longer than the largest accepted, %v", ErrInvalidArgument, req.MaxHold, req.Name, MaxHoldLimit)
 	}
 	return k, nil
 }
 
 // validate reports whether req is a request c can serve: a valid name, a
 // capacity in [1, MaxCapacity], permits in [1, capacity] and a MaxHold
-// that is not negative. It contacts no server.
+// in [0, MaxHoldLimit]. It contacts no server.
 func (c *Client) validate(req Request) error {
 	_, err := c.check(req)
 	return err

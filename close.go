@@ -211,8 +211,15 @@ func (l *Lease) releaseAtClose(by time.Time) error {
 		return nil
 	}
 	oc, until := l.endAtClose(by)
+	after := l.atClose
 	l.mu.Unlock()
-	return l.c.sendUntil(oc, l.p, until)
+	err := l.c.sendUntil(oc, l.p, until)
+	if after != nil && err == nil {
+		ctx, cancel := context.WithDeadline(context.Background(), by)
+		after(ctx)
+		cancel()
+	}
+	return err
 }
 
 // endAtClose stops renewing the lease, marks it released by Close and ends

@@ -41,6 +41,12 @@ func init() {
 	engine.LeaderGet = func(ctx context.Context, c any, name string) (engine.Leader, error) {
 		return c.(*Client).leaderGet(ctx, name)
 	}
+	engine.AtCloseRelease = func(lease any, f func(ctx context.Context)) {
+		l := lease.(*Lease)
+		l.mu.Lock()
+		l.atClose = f
+		l.mu.Unlock()
+	}
 	engine.LeaderChannel = func(c any, name string) (string, error) {
 		k, err := c.(*Client).keys(name)
 		return leaderChannel(k), err

@@ -31,7 +31,9 @@ func (c *Client) leaderRun(ctx context.Context, op string, lo *op, name string, 
 	if err != nil {
 		return result{}, nil, opError(op, []string{name}, err)
 	}
-	if c.isClosed() {
+	if c.isClosed() && lo != opLeaderClear {
+		// A record is cleared after Close released its term's lease
+		// (see Lease.atClose): the close runs it, and bounds it.
 		return result{}, nil, opError(op, []string{name}, ErrClosed)
 	}
 	a := args(k)
@@ -75,12 +77,16 @@ func (c *Client) leaderGet(ctx context.Context, name string) (engine.Leader, err
 		return engine.Leader{}, err
 	}
 	res, _ := cmd.Slice()
-	if len(res) != 2 || res[0] == nil || res[1] == nil {
+	if len(res) != 3 || res[0] == nil || res[1] == nil {
 		return engine.Leader{}, nil
 	}
 	term, err := strconv.ParseInt(fmt.Sprint(res[1]), 10, 64)
 	if err != nil {
 		return engine.Leader{}, opError(op, []string{name}, fmt.Errorf("%w: bad term %v", ErrRedis, res[1]))
 	}
-	return engine.Leader{Value: fmt.Sprint(res[0]), Term: term}, nil
+	left, err := strconv.ParseInt(fmt.Sprint(res[2]), 10, 64)
+	if err != nil {
+		return engine.Leader{}, opError(op, []string{name}, fmt.Errorf("%w: bad time left %v", ErrRedis, res[2]))
+	}
+	return engine.Leader{Value: fmt.Sprint(res[0]), Term: term, Left: time.Duration(left) * time.Millisecond}, nil
 }

@@ -46,6 +46,10 @@ type Lease struct {
 	mu       sync.Mutex // serialises Release
 	released bool
 	closedBy bool // released by its client's Close (guarded by mu)
+	// atClose runs once its client's Close or Shutdown has released the
+	// lease (internal/engine's AtCloseRelease: an election's leader
+	// record is cleared and the change published). Guarded by mu.
+	atClose func(ctx context.Context)
 
 	granted time.Time // local time the lease was handed to its caller
 

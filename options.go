@@ -31,6 +31,27 @@ const (
 	never = time.Duration(math.MaxInt64)
 )
 
+// The longest durations the options and requests accept; [New] and every
+// call refuse a longer one with [ErrInvalidArgument] naming the option and
+// the limit.
+const (
+	// MaxTTL is the longest lease TTL ([WithLeaseTTL]), waiter TTL
+	// ([WithWaiterTTL]) and replica acknowledgement timeout
+	// ([WithReplicaAck]) accepted: 24h. A TTL is how long a crashed
+	// holder or waiter keeps others waiting; past a day it bounds nothing
+	// a user would wait for. The client derives timers from the TTLs (up
+	// to ten waiter TTLs, a lease TTL plus a second) and the scripts
+	// keep Redis's time plus twice a TTL, in milliseconds, as exact
+	// integers: a day leaves all of them far inside their ranges, where a
+	// longer TTL would overflow some of them (from 29 years up).
+	MaxTTL = 24 * time.Hour
+	// MaxHoldLimit is the longest cap on holding ([WithMaxHold],
+	// [Request.MaxHold]) accepted: 365 days. A cap is counted from the
+	// grant on the local clock and sent to Redis in milliseconds; a year
+	// keeps both exact, and a longer cap is better said as none (0).
+	MaxHoldLimit = 365 * 24 * time.Hour
+)
+
 // minTTL is the shortest lease or waiter TTL accepted. It keeps the
 // shortest timer, a retry at TTL/retryDivisor, at a millisecond or more:
 // shorter periods would keep Redis busy for nothing.
@@ -85,7 +106,8 @@ func WithOwner(label string) Option {
 // WithLeaseTTL sets how long a grant lasts without renewal. Leases are
 // renewed automatically at a third of the TTL while held, so the TTL bounds
 // how long a crashed holder keeps its permits. The default is 10s; [New]
-// refuses a TTL under 10ms with [ErrInvalidArgument].
+// refuses a TTL under 10ms or over [MaxTTL] (24h) with
+// [ErrInvalidArgument].
 func WithLeaseTTL(d time.Duration) Option {
 	return func(c *config) { c.leaseTTL = d }
 }
@@ -94,7 +116,8 @@ func WithLeaseTTL(d time.Duration) Option {
 // process stops refreshing it (crashed, partitioned or paused). Live
 // processes refresh their waiters at a third of it. It bounds how long a
 // dead waiter can delay the ones behind it. The default is 3s; [New]
-// refuses a TTL under 10ms with [ErrInvalidArgument].
+// refuses a TTL under 10ms or over [MaxTTL] (24h) with
+// [ErrInvalidArgument].
 func WithWaiterTTL(d time.Duration) Option {
 	return func(c *config) { c.waiterTTL = d }
 }
@@ -112,7 +135,9 @@ func WithWaiterTTL(d time.Duration) Option {
 // reaches a waiter through its wake list is confirmed, with the wait,
 // before Acquire returns. The client must be a *redis.Client (also as
 // returned by redis.NewFailoverClient); [New] refuses others, since on
-// Cluster each master replicates on its own.
+// Cluster each master replicates on its own. The timeout is at least 1ms
+// and at most [MaxTTL] (24h), and replicas not negative; [New] refuses
+// others with [ErrInvalidArgument].
 func WithReplicaAck(replicas int, timeout time.Duration) Option {
 	return func(c *config) { c.ackReplicas, c.ackTimeout = replicas, timeout }
 }
@@ -132,7 +157,8 @@ func WithReplicaAck(replicas int, timeout time.Duration) Option {
 // renewal sent at once on the grant; if that renewal and the release at
 // the cap both fail to reach Redis, the permits return when the grant's
 // TTL runs out, as a lost lease's do. A request may set its own cap with
-// [Request.MaxHold]. The default, 0, is no cap; d must not be negative.
+// [Request.MaxHold]. The default, 0, is no cap; d must not be negative nor
+// over [MaxHoldLimit] (365 days).
 func WithMaxHold(d time.Duration) Option {
 	return func(c *config) { c.maxHold = d }
 }
@@ -158,13 +184,21 @@ func newConfig(opts []Option) (config, error) {
 		strings.IndexFunc(cfg.owner, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0:
 		return cfg, fmt.Errorf("%w: owner label %q: at most %d printable characters, no spaces, braces or '/'", ErrInvalidArgument, cfg.owner, maxOwnerLen)
 	case cfg.leaseTTL < minTTL:
-		return cfg, fmt.Errorf("%w: lease TTL %v is shorter than %v", ErrInvalidArgument, cfg.leaseTTL, minTTL)
+		return cfg, fmt.Errorf("%w: WithLeaseTTL: lease TTL %v is shorter than %v", ErrInvalidArgument, cfg.leaseTTL, minTTL)
+	case cfg.leaseTTL > MaxTTL:
+		return cfg, fmt.Errorf("%w: WithLeaseTTL: lease TTL %v is longer than the largest accepted, %v", ErrInvalidArgument, cfg.leaseTTL, MaxTTL)
 	case cfg.waiterTTL < minTTL:
-		return cfg, fmt.Errorf("%w: waiter TTL %v is shorter than %v", ErrInvalidArgument, cfg.waiterTTL, minTTL)
+		return cfg, fmt.Errorf("%w: WithWaiterTTL: waiter TTL %v is shorter than %v", ErrInvalidArgument, cfg.waiterTTL, minTTL)
+	case cfg.waiterTTL > MaxTTL:
+		return cfg, fmt.Errorf("%w: WithWaiterTTL: waiter TTL %v is longer than the largest accepted, %v", ErrInvalidArgument, cfg.waiterTTL, MaxTTL)
 	case cfg.maxHold < 0:
-		return cfg, fmt.Errorf("%w: max hold %v is negative", ErrInvalidArgument, cfg.maxHold)
+		return cfg, fmt.Errorf("%w: WithMaxHold: max hold %v is negative", ErrInvalidArgument, cfg.maxHold)
+	case cfg.maxHold > MaxHoldLimit:
+		return cfg, fmt.Errorf("%w: WithMaxHold: max hold %v is longer than the largest accepted, %v", ErrInvalidArgument, cfg.maxHold, MaxHoldLimit)
 	case cfg.ackReplicas < 0 || (cfg.ackReplicas > 0 && cfg.ackTimeout < time.Millisecond):
 		return cfg, fmt.Errorf("%w: WithReplicaAck(%d, %v): replicas must be >= 0 and the timeout at least 1ms", ErrInvalidArgument, cfg.ackReplicas, cfg.ackTimeout)
+	case cfg.ackReplicas > 0 && cfg.ackTimeout > MaxTTL:
+		return cfg, fmt.Errorf("%w: WithReplicaAck(%d, %v): the timeout is longer than the largest accepted, %v", ErrInvalidArgument, cfg.ackReplicas, cfg.ackTimeout, MaxTTL)
 	}
 	return cfg, nil
 }

@@ -15,7 +15,11 @@
 // whose lease has ended by Redis's clock. [Election.Observe] pushes every
 // change of leader, through Redis pub/sub, and reads the leader again
 // after every (re)subscription, so an observer that was disconnected
-// resynchronises and never misses the latest leader.
+// resynchronises and never misses the latest leader. Every way a
+// leadership ends reaches observers: a resignation or the leader's
+// client closing is published; a lease that lapses with nobody to say so
+// (a crash, a pause) is seen at its expiry, when observers read the
+// leader again.
 //
 // # Redis keys
 //
@@ -26,5 +30,5 @@
 //	               a third of the lease TTL, it expires two lease TTLs
 //	               after the last renewal
 //	:ld:c channel  pub/sub channel of changes: "term value" when a leader
-//	               takes office, "0" when one resigns
+//	               takes office, "0" when one resigns or its client closes
 package election

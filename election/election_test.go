@@ -233,7 +233,8 @@ func (c *opCounter) count() int {
 }
 
 // Observe waits for pushes: an observer sends nothing to Redis while the
-// leader does not change.
+// leader does not change (until it reads the leader again at its lease's
+// expiry, a lease TTL away).
 func TestObserveDoesNotPoll(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)

@@ -26,6 +26,13 @@ type Leadership struct {
 
 func newLeadership(e *Election, lease *fairlock.Lease, value string) *Leadership {
 	l := &Leadership{e: e, lease: lease, value: value}
+	// The client's Close or Shutdown releases the mutex; the record is
+	// then cleared and the change published, as Resign does, so that
+	// observers learn of it at once.
+	engine.AtCloseRelease(lease, func(ctx context.Context) {
+		l.stop()
+		_ = engine.LeaderClear(ctx, e.c, e.name, lease.Token())
+	})
 	l.mu.Lock()
 	l.timer = time.AfterFunc(e.ttl/3, l.renew)
 	l.mu.Unlock()
@@ -49,10 +56,11 @@ func (l *Leadership) Done() <-chan struct{} { return l.lease.Done() }
 // Err returns nil while leading, and afterwards why leadership ended, as
 // [fairlock.Lease.Err] says: [fairlock.ErrNotHeld] once resigned, an error
 // matching [fairlock.ErrLeaseLost] if it was lost, [fairlock.ErrClosed] if
-// the client was closed ([fairlock.Client.Close] releases the election's
-// mutex, so the next candidate takes office at once, though no resignation
-// is published; [fairlock.Client.Abandon] leaves it until its lease
-// expires).
+// the client was closed ([fairlock.Client.Close] and Shutdown release the
+// election's mutex, so the next candidate takes office at once, and then
+// clear the record and publish the change, as Resign does;
+// [fairlock.Client.Abandon] leaves the mutex until its lease expires,
+// which observers see as [Election.Observe] says).
 func (l *Leadership) Err() error { return l.lease.Err() }
 
 // Lease returns the lease on the election's mutex that this leadership is.

@@ -2,7 +2,6 @@ package election
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"strings"
 	"time"
@@ -10,6 +9,11 @@ import (
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/engine"
 )
+
+// expiryMargin is how long after a leader's lease ends, as Redis said
+// when it was read, an observer reads the leader again: Redis counts in
+// whole milliseconds.
+const expiryMargin = 2 * time.Millisecond
 
 // healthEvery is how long an observer's subscription may stay silent
 // before it PINGs its connection, so that a connection that died without a
@@ -34,14 +38,22 @@ const healthEvery = 30 * time.Second
 // observer that was disconnected, or that subscribed after a change, still
 // delivers the latest leader; the changes it missed in between are not
 // replayed. While Redis cannot be reached it retries, backing off up to a
-// second. A silent connection is PINGed every 30 s.
+// second. A silent connection is PINGed every 30 s. After each new leader
+// it reads the leader too, to learn when its lease ends.
 //
-// A leader that crashes, or is paused past its lease, with nobody queued
-// to succeed it publishes nothing, and nobody else does: Observe reports
-// no change until the next candidate takes office (or the observer
-// resubscribes), while [Election.Leader] returns [ErrNoLeader] as soon as
-// the lease has expired. With candidates queued, the next one takes
-// office when the lease expires and publishes it.
+// Every way a leadership ends reaches observers. [Leadership.Resign], and
+// the leader's [fairlock.Client.Close] or Shutdown (which release the
+// election's mutex), publish the change: observers deliver no leader (the
+// zero Info), then the successor when it takes office, as Redis pushes
+// them. A lease that ends with no process to say so (its leader crashed,
+// was paused past its lease, or Abandoned its client) publishes nothing:
+// the observer, which has read when the leader's lease ends unless
+// renewed, reads the leader again then, and so delivers no leader within
+// a round trip to Redis of the lease's expiry by Redis's clock (and the
+// successor, if one was queued, when it takes office at that expiry). So
+// while a leader leads, each observer reads it once per renewal period or
+// so of the leader's lease (a third to all of its TTL), besides what Redis
+// pushes.
 //
 // Observe starts one goroutine and one pub/sub connection, both ended
 // when ctx ends.
@@ -88,24 +100,36 @@ func (o *observer) run(ctx context.Context, sub fairlock.Subscription) {
 		}
 	}
 	resync := false
+	// due is when the leader's lease, as last read, ends unless renewed:
+	// the leader is read again then (zero: no leader to watch).
+	var due time.Time
 	for ctx.Err() == nil {
+		if !due.IsZero() && !time.Now().Before(due) {
+			resync = true
+		}
 		if resync {
-			info, err := o.e.Leader(ctx)
-			switch {
-			case errors.Is(err, ErrNoLeader):
-				info, err = Info{}, nil
-			case err != nil:
+			sent := time.Now()
+			l, err := engine.LeaderGet(ctx, o.e.c, o.e.name)
+			if err != nil {
 				if !wait() {
 					return
 				}
 				continue
 			}
-			resync = false
+			resync, due = false, time.Time{}
+			info := Info{Value: l.Value, Term: l.Term}
+			if l.Term != 0 {
+				due = sent.Add(l.Left + expiryMargin)
+			}
 			if !o.deliver(ctx, info) {
 				return
 			}
 		}
-		payload, subscribed, ok, err := sub.Receive(ctx, healthEvery)
+		timeout := healthEvery
+		if !due.IsZero() {
+			timeout = max(min(timeout, time.Until(due)), time.Millisecond)
+		}
+		payload, subscribed, ok, err := sub.Receive(ctx, timeout)
 		if ctx.Err() != nil {
 			return
 		}
@@ -134,6 +158,8 @@ func (o *observer) run(ctx context.Context, sub fairlock.Subscription) {
 		if !o.deliver(ctx, info) {
 			return
 		}
+		// Read the new leader's lease, to watch it.
+		resync = true
 	}
 }
 

@@ -28,8 +28,8 @@ type Option func(*Semaphore)
 // [fairlock.ErrMaxHold] (and [fairlock.ErrLeaseLost]), and Redis frees
 // its permits. It sets [fairlock.Request.MaxHold] on every request; other
 // handles of the same name are not affected. The default, 0, takes the
-// client's cap. A negative d makes the constructor fail with
-// [fairlock.ErrInvalidArgument].
+// client's cap. A negative d, or one over [fairlock.MaxHoldLimit] (365
+// days), makes the constructor fail with [fairlock.ErrInvalidArgument].
 func WithMaxHold(d time.Duration) Option {
 	return func(s *Semaphore) { s.maxHold = d }
 }

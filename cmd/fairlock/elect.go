@@ -38,7 +38,8 @@ func electCmd(cmd *command, args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return code
 	}
-	if !nonNegative(cmd, stderr, "w", o.wait) || !nonNegative(cmd, stderr, "grace", o.grace) {
+	if !nonNegative(cmd, stderr, "w", o.wait) || !nonNegative(cmd, stderr, "grace", o.grace) ||
+		!atMost(cmd, stderr, "ttl", o.ttl, fairlock.MaxTTL) {
 		return exitUsage
 	}
 	valueSet := false

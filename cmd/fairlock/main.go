@@ -361,6 +361,16 @@ func nonNegative(c *command, stderr io.Writer, name string, d time.Duration) boo
 	return true
 }
 
+// atMost reports, on stderr, a duration over limit given to the flag name
+// of the command c; it returns false for one.
+func atMost(c *command, stderr io.Writer, name string, d, limit time.Duration) bool {
+	if d > limit {
+		fmt.Fprintf(stderr, "fairlock %s: -%s %v is longer than the largest accepted, %v\n", c.name, name, d, limit)
+		return false
+	}
+	return true
+}
+
 // redisLog receives go-redis's internal logs (pool dial failures and the
 // like): dropped, or with -v logged at Debug. Without it go-redis prints
 // them to stderr, once per retry, besides fairlock's own one line.

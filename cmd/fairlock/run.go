@@ -43,7 +43,8 @@ func runCmd(cmd *command, args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return code
 	}
-	if !nonNegative(cmd, stderr, "w", o.wait) || !nonNegative(cmd, stderr, "grace", o.grace) {
+	if !nonNegative(cmd, stderr, "w", o.wait) || !nonNegative(cmd, stderr, "grace", o.grace) ||
+		!atMost(cmd, stderr, "ttl", o.ttl, fairlock.MaxTTL) || !atMost(cmd, stderr, "max-hold", o.maxHold, fairlock.MaxHoldLimit) {
 		return exitUsage
 	}
 

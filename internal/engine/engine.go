@@ -19,6 +19,9 @@ import (
 type Leader struct {
 	Value string
 	Term  int64 // 0: no leader recorded, or its lease has ended
+	// Left is how long the leader's lease had to run, by Redis's clock,
+	// when it was read: it ends then unless its holder renews it.
+	Left time.Duration
 }
 
 var (
@@ -57,6 +60,11 @@ var (
 	// was refused or lost on its way: a failover, a slot migrating, a
 	// dropped connection) and sending it again later may land.
 	Transient func(err error) bool
+	// AtCloseRelease has f run when lease's client, closing, has
+	// released lease (a *fairlock.Lease) in Redis (Close, Shutdown),
+	// with a context that ends when the close gives up; before it
+	// returns. f may call the Leader ops, closed as the client is.
+	AtCloseRelease func(lease any, f func(ctx context.Context))
 	// LeaderChannel names the channel on which the record's changes are
 	// published: "term value", or "0" when it is cleared.
 	LeaderChannel func(c any, name string) (string, error)

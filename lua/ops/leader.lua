@@ -17,9 +17,10 @@
 --                 recorded already, whose TTL it renews.
 --   leader_clear  1 when it deleted the record (term was recorded; it
 --                 publishes "0"), else 0.
---   leader_get    {value, term} when the recorded term is the mutex's live
---                 lease, else {false, false}: nobody leads (or the leader
---                 has not recorded itself yet).
+--   leader_get    {value, term, msLeft} when the recorded term is the
+--                 mutex's live lease, which expires msLeft from now by
+--                 Redis's clock unless renewed, else {false, false}:
+--                 nobody leads (or the leader has not recorded itself yet).
 -- Reads first, then writes to the record alone (THE RULE).
 
 local extra = begin(KEYS)
@@ -30,19 +31,21 @@ local op = ARGV[1]
 -- refused, as every call on the mutex is.
 check_layout(KEYS[KS], redis.call('HGET', KEYS[KS], 'layout'))
 
--- live_term reports whether the mutex has a live lease under token term.
+-- live_term returns when the mutex's live lease under token term expires
+-- (ms, Redis's clock), or nil when it has none.
 local function live_term(term)
-  local h = redis.call('ZRANGEBYSCORE', KEYS[KH], live_min(), '+inf')
-  for _, m in ipairs(h) do
-    local token = string.match(m, '^%S+ %S+ %S+ (%d+)$')
-    if tonumber(token) == term then return true end
+  local h = redis.call('ZRANGEBYSCORE', KEYS[KH], live_min(), '+inf', 'WITHSCORES')
+  for i = 1, #h, 2 do
+    local token = string.match(h[i], '^%S+ %S+ %S+ (%d+)$')
+    if tonumber(token) == term then return tonumber(h[i + 1]) end
   end
-  return false
+  return nil
 end
 
 if op == 'leader_get' then
   local got = redis.call('HMGET', rec, 'value', 'term')
-  if got[2] and live_term(tonumber(got[2])) then return got end
+  local at = got[2] and live_term(tonumber(got[2]))
+  if at then return { got[1], got[2], num(at - now) } end
   return { false, false }
 end
 
