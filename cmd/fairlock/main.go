@@ -18,6 +18,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"regexp"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -286,11 +287,21 @@ func version() string {
 	return versionOf(bi)
 }
 
-// versionOf is the version line of the binary bi describes.
+// pseudoVersion matches a Go module pseudo-version: the version the go
+// command gives a commit that no tag names (vX.Y.Z-[pre.0.]yyyymmddhhmmss-commit).
+var pseudoVersion = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+-(.*\.)?(0\.)?[0-9]{14}-[0-9a-f]{12}(\+.*)?$`)
+
+// versionOf is the version line of the binary bi describes: the module
+// version it was installed at, or for a build from a checkout (whose
+// module version is "(devel)" or a pseudo-version) the release the source
+// says it is (fairlock.Version) and the build's own version after it.
 func versionOf(bi *debug.BuildInfo) string {
 	v := bi.Main.Version
 	if v == "" {
 		v = "(devel)"
+	}
+	if v == "(devel)" || pseudoVersion.MatchString(v) {
+		v = fairlock.Version + " " + v
 	}
 	var rev, modified string
 	for _, s := range bi.Settings {

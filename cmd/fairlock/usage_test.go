@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fairlock/fairlock"
 )
 
 // result is what one run of the binary did.
@@ -166,7 +168,7 @@ func TestVersion(t *testing.T) {
 	for _, arg := range []string{"--version", "-version", "-V", "version"} {
 		r := runBin(t, nil, arg)
 		line := strings.TrimSuffix(r.stdout, "\n")
-		if r.code != 0 || r.stderr != "" || strings.Contains(line, "\n") || !strings.HasPrefix(line, "fairlock "+mod) || !strings.Contains(line, rev) {
+		if r.code != 0 || r.stderr != "" || strings.Contains(line, "\n") || !strings.HasPrefix(line, "fairlock "+fairlock.Version+" "+mod) || !strings.Contains(line, rev) {
 			t.Fatalf("fairlock %s: exit %d, stderr %q, stdout %q; want one line: fairlock %s, revision %q", arg, r.code, r.stderr, r.stdout, mod, rev)
 		}
 	}
@@ -184,12 +186,13 @@ func TestVersionOf(t *testing.T) {
 		settings []debug.BuildSetting
 		want     string
 	}{
-		{"", nil, "fairlock (devel) go1.26.8"},
-		{"(devel)", nil, "fairlock (devel) go1.26.8"},
-		{"(devel)", vcs(rev, "false"), "fairlock (devel) ef3352bc9f77 go1.26.8"},
-		{"(devel)", vcs(rev, "true"), "fairlock (devel) ef3352bc9f77+dirty go1.26.8"},
-		{"v0.0.0-20261126093319-ef3352bc9f77", vcs(rev, "false"), "fairlock v0.0.0-20261126093319-ef3352bc9f77 go1.26.8"},
-		{"v0.0.0-20261126093319-ef3352bc9f77+dirty", vcs(rev, "true"), "fairlock v0.0.0-20261126093319-ef3352bc9f77+dirty go1.26.8"},
+		{"", nil, "fairlock " + fairlock.Version + " (devel) go1.26.8"},
+		{"(devel)", nil, "fairlock " + fairlock.Version + " (devel) go1.26.8"},
+		{"(devel)", vcs(rev, "false"), "fairlock " + fairlock.Version + " (devel) ef3352bc9f77 go1.26.8"},
+		{"(devel)", vcs(rev, "true"), "fairlock " + fairlock.Version + " (devel) ef3352bc9f77+dirty go1.26.8"},
+		{"v0.0.0-20261126093319-ef3352bc9f77", vcs(rev, "false"), "fairlock " + fairlock.Version + " v0.0.0-20261126093319-ef3352bc9f77 go1.26.8"},
+		{"v0.0.0-20261126093319-ef3352bc9f77+dirty", vcs(rev, "true"), "fairlock " + fairlock.Version + " v0.0.0-20261126093319-ef3352bc9f77+dirty go1.26.8"},
+		{"v0.1.0", nil, "fairlock v0.1.0 go1.26.8"},
 		{"v1.2.3", nil, "fairlock v1.2.3 go1.26.8"},
 	} {
 		bi := &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Path: "github.com/fairlock/fairlock", Version: tc.version}, Settings: tc.settings}
