@@ -214,6 +214,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		rep.Targets = append(rep.Targets, targets...)
 		fmt.Fprintf(stderr, "bench: %s done in %v\n", name, time.Since(start).Round(time.Millisecond))
 	}
+	if sum := summary(rep); len(sum.Rows) > 0 {
+		rep.Scenarios = append([]*Table{sum}, rep.Scenarios...)
+	}
 	if cfg.svgDir != "" {
 		if err := writeFigures(cfg.svgDir, rep); err != nil {
 			return err
@@ -297,6 +300,8 @@ func (e *env) meta() map[string]string {
 		"cpus":     fmt.Sprint(runtime.NumCPU()),
 		"cpu":      cpuModel(),
 		"duration": e.cfg.duration.String(),
+		// The run's id: the README's figures name the run they come from.
+		"run id": strings.TrimSuffix(strings.TrimPrefix(e.run, "bench:"), ":"),
 	}
 	if len(e.skipped) > 0 {
 		m["not run here"] = strings.Join(e.skipped, ", ") + " (they need client-side caching, which the embedded miniredis lacks: run with -redis auto)"
