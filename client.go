@@ -59,11 +59,14 @@ type Client struct {
 	info  BackendInfo // b's
 	cfg   config
 	calls *caller  // the script call path
+	plans plans    // the plans of single requests made so far
 	renew *renewer // batches the leases' renewals
 	waits *waits   // where acquisitions wait for their grants
 	id    string   // identifies this client's wake lists; unguessable
 	// The lease and waiter TTLs as script arguments, rendered once.
 	leaseMs, waiterMs string
+	// The id and the TTLs as script arguments boxed (see opCall.argv).
+	idArg, leaseArg, waiterArg any
 	// closing ends at Close (closeAll ends it): the context of the
 	// blocking reads; done is its Done channel.
 	closing  context.Context
@@ -148,6 +151,7 @@ func newClient(b Backend, rdb RedisClient, opts []Option) (*Client, error) {
 	c.renew = &renewer{calls: c.calls, closing: c.closing, id: id, leaseTTL: cfg.leaseTTL,
 		more: c.pumpLater, queues: make(map[string]*renewQueue)}
 	c.tasksDone = sync.NewCond(&c.mu)
+	c.idArg, c.leaseArg, c.waiterArg = c.id, c.leaseMs, c.waiterMs
 	return c, nil
 }
 
