@@ -237,7 +237,7 @@ func TestClientPathAllocations(t *testing.T) {
 		budget float64
 	}{
 		{"go-redis, a context that cannot end", nil, context.Background(), 36},
-		{"go-redis, a deadline (the call on a goroutine of the client's)", nil, hour(), 48},
+		{"go-redis, a deadline (the call on a goroutine of the client's)", nil, hour(), 46},
 		{"a Backend that honours deadlines, a deadline", &instantBackend{deadlines: true}, hour(), 53},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

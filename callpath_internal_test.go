@@ -1,6 +1,7 @@
 package fairlock
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -64,6 +65,41 @@ func TestBoxedArgumentsAreTheArgs(t *testing.T) {
 			if !sameArgs(oc.argv, oc.args) {
 				t.Errorf("%s on %v: boxed %q, arguments %q", name, p.names, oc.argv, oc.args)
 			}
+		}
+	}
+}
+
+// The goroutines that run the client's background tasks (spawn's
+// workers) end when the client closes, though they would wait for the
+// next task far longer; and Close waits for the tasks under way.
+func TestSpawnWorkersEndAtClose(t *testing.T) {
+	defer func(d time.Duration) { workerIdle = d }(workerIdle)
+	workerIdle = time.Hour
+	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	defer rdb.Close()
+	c, err := New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var done atomic.Int32
+	for range 3 {
+		c.spawn(func() { done.Add(1) })
+	}
+	c.spawn(func() { <-release; done.Add(1) })
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	close(release)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if n := done.Load(); n != 4 {
+		t.Errorf("Close returned with %d of 4 tasks done", n)
+	}
+	// Each worker ends once it sees the client closed: wait for that.
+	for deadline := time.Now().Add(10 * time.Second); c.workers.Load() > 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d workers still wait for a task 10 s after Close", c.workers.Load())
 		}
 	}
 }
