@@ -112,6 +112,8 @@ type Script struct {
 	Name string
 	Keys []string
 	Args []string
+
+	argv []any // Args boxed, as the engine made them; see goRedis.send
 }
 
 // ScriptCommand is the command that runs a [Script].
@@ -145,8 +147,11 @@ func (e *ReplyError) Unwrap() error { return e.Err }
 // replyOf returns the text of err's Redis error reply, and whether it has
 // one.
 func replyOf(err error) (string, bool) {
+	if err == nil { // (before rerr, which escapes: a nil error costs nothing)
+		return "", false
+	}
 	var rerr *ReplyError
-	if err == nil || !errors.As(err, &rerr) {
+	if !errors.As(err, &rerr) {
 		return "", false
 	}
 	return rerr.Reply, true

@@ -35,11 +35,12 @@ type caller struct {
 func (c *caller) run(ctx context.Context, oc opCall) (result, error) {
 	s, keys, args := c.scripts.forOp(oc.op), oc.keys, oc.args
 	if c.ackReplicas == 0 || !oc.op.ack {
-		return c.alone(ctx, s, keys, args), nil
+		return c.alone(ctx, s, keys, args, oc.argv), nil
 	}
 	var acked int64
 	var waitErr error
 	res := s.run(ctx, c.b, c.info.Functions, func(sc Script) result {
+		sc.argv = oc.argv
 		var r result
 		r.val, acked, r.err, waitErr = c.b.ScriptWait(ctx, sc, c.ackReplicas, c.ackTimeout)
 		return r
@@ -149,6 +150,10 @@ type outcome struct {
 // op runs oc through call: bounded by ctx, late given what came after
 // it (see call).
 func (c *caller) op(ctx context.Context, oc opCall, late func(outcome)) (outcome, bool) {
+	if c.onCaller(ctx) {
+		res, ackErr := c.run(ctx, oc)
+		return c.returned(ctx, outcome{res, ackErr}, late)
+	}
 	return c.call(ctx, func(ctx context.Context) outcome {
 		res, ackErr := c.run(ctx, oc)
 		return outcome{res, ackErr}
@@ -181,24 +186,14 @@ const grace = 30 * time.Millisecond
 // it to late as well, in the background: an earlier attempt may have sent
 // the script.
 func (c *caller) call(ctx context.Context, do func(context.Context) outcome, late func(outcome)) (o outcome, ok bool) {
-	if ctx.Done() == nil || c.info.Deadlines {
-		o := do(ctx)
-		if late != nil && isDialError(o.res.Err()) {
-			c.spawn(func() { late(o) })
-		}
-		if ctx.Done() == nil {
-			return o, true
-		}
-		// The Backend returned by ctx's end: an outcome that is ctx's
-		// error goes to late, as from the goroutine below.
-		return c.settle(ctx, o, late)
+	if c.onCaller(ctx) {
+		return c.returned(ctx, do(ctx), late)
 	}
-	var state atomic.Int32 // 0 running, 1 handed to the caller, 2 abandoned by it
-	ch := make(chan outcome, 1)
+	t := &callTask{ch: make(chan outcome, 1)}
 	c.spawn(func() {
 		o := do(ctx)
-		if state.CompareAndSwap(0, 1) {
-			ch <- o
+		if t.state.CompareAndSwap(0, 1) {
+			t.ch <- o
 			if late != nil && isDialError(o.res.Err()) {
 				late(o)
 			}
@@ -207,23 +202,51 @@ func (c *caller) call(ctx context.Context, do func(context.Context) outcome, lat
 		}
 	})
 	select {
-	case o := <-ch:
+	case o := <-t.ch:
 		return c.settle(ctx, o, late)
 	case <-ctx.Done():
 	}
 	// A Redis that answers does so within the grace; the caller then
 	// acts on the outcome itself, as if ctx had ended a moment later.
-	t := time.NewTimer(grace)
-	defer t.Stop()
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
 	select {
-	case o := <-ch:
+	case o := <-t.ch:
 		return c.settle(ctx, o, late)
-	case <-t.C:
-		if !state.CompareAndSwap(0, 2) {
-			return c.settle(ctx, <-ch, late) // the outcome came as the grace ended: use it
+	case <-timer.C:
+		if !t.state.CompareAndSwap(0, 2) {
+			return c.settle(ctx, <-t.ch, late) // the outcome came as the grace ended: use it
 		}
 		return outcome{res: result{err: ctx.Err()}}, false
 	}
+}
+
+// callTask is a call that runs on a goroutine of the client's (see call):
+// where its outcome goes, and whether its caller still waits for it.
+type callTask struct {
+	state atomic.Int32 // 0 running, 1 handed to the caller, 2 abandoned by it
+	ch    chan outcome
+}
+
+// onCaller reports whether a call under ctx runs on its caller's
+// goroutine: when ctx cannot end, or when the Backend returns by its
+// context's end (BackendInfo.Deadlines).
+func (c *caller) onCaller(ctx context.Context) bool {
+	return ctx.Done() == nil || c.info.Deadlines
+}
+
+// returned is call's end for an outcome o that do returned on the
+// caller's goroutine (see onCaller).
+func (c *caller) returned(ctx context.Context, o outcome, late func(outcome)) (outcome, bool) {
+	if late != nil && isDialError(o.res.Err()) {
+		c.spawn(func() { late(o) })
+	}
+	if ctx.Done() == nil {
+		return o, true
+	}
+	// The Backend returned by ctx's end: an outcome that is ctx's error
+	// goes to late, as from a goroutine of the client's.
+	return c.settle(ctx, o, late)
 }
 
 // runRaw runs the script that serves the op named op with keys and args as
@@ -234,14 +257,15 @@ func (c *caller) runRaw(ctx context.Context, op string, keys, args []string) (an
 	if o == nil {
 		return nil, fmt.Errorf("fairlock: no script serves op %q", op)
 	}
-	r := c.alone(ctx, c.scripts.forOp(o), keys, args)
+	r := c.alone(ctx, c.scripts.forOp(o), keys, args, nil)
 	return r.val, r.err
 }
 
-// alone runs s with keys and args through the Backend, each script
-// command sent by itself (no WAIT after it).
-func (c *caller) alone(ctx context.Context, s *script, keys, args []string) result {
+// alone runs s with keys and args (argv: args boxed, or nil) through the
+// Backend, each script command sent by itself (no WAIT after it).
+func (c *caller) alone(ctx context.Context, s *script, keys, args []string, argv []any) result {
 	return s.run(ctx, c.b, c.info.Functions, func(sc Script) result {
+		sc.argv = argv
 		v, err := c.b.Script(ctx, sc)
 		return result{v, err}
 	}, keys, args)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -208,6 +209,61 @@ func TestCallsUnderADeadlineRunOnTheCallersGoroutineWhenTheBackendHonoursThem(t 
 				if mine := g == me; mine != deadlines {
 					t.Errorf("call %d ran on goroutine %s, the caller's %s: on the caller's %v, want %v", i, g, me, mine, deadlines)
 				}
+			}
+		})
+	}
+}
+
+// The allocations of one uncontended Acquire and its Release, on each
+// route a call takes (see BenchmarkClientPath), stay within a budget: the
+// thin call path, kept thin. A change that adds allocations to every call
+// (a context, a closure, a boxed argument, an error target that escapes
+// though the call succeeded) fails here; raise a budget only for a reason
+// worth its cost on every acquisition. (Part of each count is the test's
+// instant Redis's own: its reply, and instantBackend's arguments.)
+func TestClientPathAllocations(t *testing.T) {
+	if redistest.Race {
+		t.Skip("the race detector allocates on its own")
+	}
+	hour := func() context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	for _, tc := range []struct {
+		name   string
+		b      fairlock.Backend // nil: a go-redis RedisClient
+		ctx    context.Context
+		budget float64
+	}{
+		{"go-redis, a context that cannot end", nil, context.Background(), 36},
+		{"go-redis, a deadline (the call on a goroutine of the client's)", nil, hour(), 46},
+		{"a Backend that honours deadlines, a deadline", &instantBackend{deadlines: true}, hour(), 53},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var c *fairlock.Client
+			var err error
+			if tc.b == nil {
+				c, err = fairlock.New(&instantRedis{})
+			} else {
+				c, err = fairlock.NewWithBackend(tc.b)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			req := fairlock.Request{Name: "m", Capacity: 1, Permits: 1}
+			got := testing.AllocsPerRun(200, func() {
+				l, err := c.Acquire(tc.ctx, req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := l.Release(tc.ctx); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if got > tc.budget {
+				t.Errorf("%v allocations per Acquire and Release, over the budget of %v", got, tc.budget)
 			}
 		})
 	}

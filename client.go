@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -60,11 +61,14 @@ type Client struct {
 	info  BackendInfo // b's
 	cfg   config
 	calls *caller  // the script call path
+	plans plans    // the plans of single requests made so far
 	renew *renewer // batches the leases' renewals
 	waits *waits   // where acquisitions wait for their grants
 	id    string   // identifies this client's wake lists; unguessable
 	// The lease and waiter TTLs as script arguments, rendered once.
 	leaseMs, waiterMs string
+	// The id and the TTLs as script arguments boxed (see opCall.argv).
+	idArg, leaseArg, waiterArg any
 	// closing ends at Close (closeAll ends it): the context of the
 	// blocking reads; done is its Done channel.
 	closing  context.Context
@@ -81,30 +85,72 @@ type Client struct {
 	// stopped through each lease instead)
 	sched scheduler // runs the leases' renewals
 
-	// Guarded by mu: goroutines started by spawn that have not ended, and
-	// the signal that their count fell to zero.
+	// Guarded by mu: tasks of spawn's that have not ended, and the signal
+	// that their count fell to zero.
 	tasks     int
 	tasksDone *sync.Cond
+	idle      chan func()  // spawn's workers waiting for a task take it here
+	workers   atomic.Int32 // spawn's workers: running a task or waiting for one
 }
 
 // spawn runs f on a goroutine that Close waits for. Unlike wg, it may be
 // used after Close (by Release, or by an acquisition that raced Close);
 // such a goroutine is bounded like every other (see letGo) but Close,
 // having returned, no longer waits for it.
+//
+// The goroutine is a worker parked after an earlier task, if one is, or a
+// new one: a call bounded by its context runs its script on such a
+// goroutine (see caller.call), so a busy client would otherwise start a
+// goroutine per call, and grow its stack to go-redis's depth each time.
 func (c *Client) spawn(f func()) {
 	c.mu.Lock()
 	c.tasks++
 	c.mu.Unlock()
-	go func() {
-		defer func() {
-			c.mu.Lock()
-			if c.tasks--; c.tasks == 0 {
-				c.tasksDone.Broadcast()
-			}
-			c.mu.Unlock()
-		}()
-		f()
+	select {
+	case c.idle <- f:
+	default:
+		go c.work(f)
+	}
+}
+
+// workerIdle is how long a worker that ran a task of spawn's waits for the
+// next before it ends (a variable for tests).
+var workerIdle = time.Second
+
+// work runs f, then the tasks spawn hands it while it waits, until none
+// comes for workerIdle or the client closes.
+func (c *Client) work(f func()) {
+	c.workers.Add(1)
+	defer c.workers.Add(-1)
+	var idle *time.Timer
+	for {
+		c.runTask(f)
+		if idle == nil {
+			idle = time.NewTimer(workerIdle)
+			defer idle.Stop()
+		} else {
+			idle.Reset(workerIdle)
+		}
+		select {
+		case f = <-c.idle:
+		case <-idle.C:
+			return
+		case <-c.done:
+			return
+		}
+	}
+}
+
+// runTask runs f, a task of spawn's, and counts it done.
+func (c *Client) runTask(f func()) {
+	defer func() {
+		c.mu.Lock()
+		if c.tasks--; c.tasks == 0 {
+			c.tasksDone.Broadcast()
+		}
+		c.mu.Unlock()
 	}()
+	f()
 }
 
 // newClient returns a Client on b. rdb is the go-redis client b wraps,
@@ -149,6 +195,8 @@ func newClient(b Backend, rdb RedisClient, opts []Option) (*Client, error) {
 	c.renew = &renewer{calls: c.calls, closing: c.closing, id: id, leaseTTL: cfg.leaseTTL,
 		more: c.pumpLater, queues: make(map[string]*renewQueue)}
 	c.tasksDone = sync.NewCond(&c.mu)
+	c.idle = make(chan func())
+	c.idArg, c.leaseArg, c.waiterArg = c.id, c.leaseMs, c.waiterMs
 	return c, nil
 }
 

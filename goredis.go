@@ -212,9 +212,12 @@ func (g *goRedis) Info() BackendInfo {
 
 // send sends s on on (the client, or a pipeline of it).
 func (g *goRedis) send(ctx context.Context, on redis.Scripter, s Script) *redis.Cmd {
-	args := make([]any, len(s.Args))
-	for i, a := range s.Args {
-		args[i] = a
+	args := s.argv
+	if !sameArgs(args, s.Args) {
+		args = make([]any, len(s.Args))
+		for i, a := range s.Args {
+			args[i] = a
+		}
 	}
 	switch s.Command {
 	case FCall:
@@ -229,6 +232,20 @@ func (g *goRedis) send(ctx context.Context, on redis.Scripter, s Script) *redis.
 	cmd := redis.NewCmd(ctx)
 	cmd.SetErr(fmt.Errorf("%w: script command %d on %T", errors.ErrUnsupported, s.Command, on))
 	return cmd
+}
+
+// sameArgs reports whether argv holds exactly args, boxed: then go-redis
+// is given argv, and no argument is boxed again.
+func sameArgs(argv []any, args []string) bool {
+	if len(argv) != len(args) {
+		return false
+	}
+	for i, a := range args {
+		if s, ok := argv[i].(string); !ok || s != a {
+			return false
+		}
+	}
+	return true
 }
 
 // The dial hooks watch each script call (see prompt.go): if a dial it
@@ -364,10 +381,11 @@ func noMaint() *maintnotifications.Config {
 // as it is. The go-redis error stays in the chain, for a caller who
 // matches it.
 func fromClient(err error) error {
+	if err == nil { // (before rerr, which escapes)
+		return nil
+	}
 	var rerr redis.Error
 	switch {
-	case err == nil:
-		return nil
 	case errors.As(err, &rerr):
 		return &ReplyError{Reply: rerr.Error(), Err: err}
 	case errors.Is(err, redis.ErrPoolTimeout):

@@ -24,10 +24,10 @@ type Lease struct {
 
 	// Renewal runs on the client's scheduler, so no goroutine exists
 	// between renewals.
-	stopCtx   context.Context // cancelled when renewal stops
-	halt      context.CancelFunc
+	stopCtx   context.Context    // guarded by rmu: cancelled when renewal stops; made by the first renewal
+	halt      context.CancelFunc // guarded by rmu: stopCtx's, or nil (see haltLocked)
 	rmu       sync.Mutex
-	idle      *sync.Cond    // signalled when a renewal in flight ends
+	idle      sync.Cond     // on rmu: signalled when a renewal in flight ends
 	timer     *schedEntry   // guarded by rmu
 	deadline  time.Time     // guarded by rmu: when the lease may have expired
 	stopped   bool          // guarded by rmu
@@ -78,8 +78,7 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	// confirmed.
 	l.quiet = announced && c.cfg.ackReplicas > 0
 	l.ctx, l.end = context.WithCancelCause(context.Background())
-	l.stopCtx, l.halt = context.WithCancel(context.Background())
-	l.idle = sync.NewCond(&l.rmu)
+	l.idle.L = &l.rmu
 	l.deadline = deadline
 	first := c.cfg.leaseTTL / renewDivisor
 	if announced {
@@ -91,7 +90,6 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	if c.closed {
 		c.mu.Unlock()
 		l.stopped = true
-		l.halt()
 		l.end(ErrClosed)
 		// Nobody would renew it; free the permits now rather than at expiry.
 		c.withdraw(ctx, p, ticket)
@@ -247,12 +245,20 @@ func (l *Lease) endedBy() error {
 	return l.ending
 }
 
+// haltLocked cuts short a renewal in flight, if one was ever made (see
+// stopCtx); the caller has set stopped. Called with rmu held.
+func (l *Lease) haltLocked() {
+	if l.halt != nil {
+		l.halt()
+	}
+}
+
 // endLocked stops the lease's renewal for good, for cause, which Err
 // reads from now on; the caller then calls finish(cause), without rmu.
 // Called with rmu held.
 func (l *Lease) endLocked(cause error) {
 	l.stopped, l.ending = true, cause
-	l.halt()
+	l.haltLocked()
 }
 
 // Release frees the lease's permits, of all its semaphores at once, and
@@ -384,7 +390,7 @@ func (l *Lease) stopRenewal() {
 	l.rmu.Lock()
 	defer l.rmu.Unlock()
 	l.stopped = true
-	l.halt()
+	l.haltLocked()
 	if l.timer != nil {
 		l.timer.Stop()
 	}
@@ -485,12 +491,18 @@ func (l *Lease) renew() {
 	}
 	l.renewing = true
 	deadline, announced := l.deadline, l.announced
+	if l.stopCtx == nil {
+		// (Most leases are released before their first renewal: they
+		// never need one.)
+		l.stopCtx, l.halt = context.WithCancel(context.Background())
+	}
+	stopCtx := l.stopCtx
 	l.rmu.Unlock()
 
 	ttl := l.c.cfg.leaseTTL
 	sent := time.Now()
 	lease, capped := l.renewalTTL(ttl, sent)
-	ctx, cancel := context.WithDeadline(l.stopCtx, l.answerBy(deadline, sent))
+	ctx, cancel := context.WithDeadline(stopCtx, l.answerBy(deadline, sent))
 	var n int64
 	var err error
 	if l.batchable() && !capped {

@@ -73,12 +73,16 @@ func parseAcquireReply(out result, parts int) (acquireReply, error) {
 	if r.now, err = reply(res).int(1); err != nil {
 		return bad(err)
 	}
-	f := make([]string, 0, 1+parts)
-	for _, v := range res[2:] {
-		f = append(f, fmt.Sprint(v))
+	if r.g.expiry, err = reply(res).int(2); err != nil {
+		return bad(fmt.Errorf("bad grant expiry %q", fmt.Sprint(res[2])))
 	}
-	if r.g, err = parseGrant(f); err != nil {
-		return bad(err)
+	r.g.tokens = make([]int64, parts)
+	for i := range parts {
+		t, err := reply(res).int(3 + i)
+		if err != nil || t <= 0 {
+			return bad(fmt.Errorf("bad token %q", fmt.Sprint(res[3+i])))
+		}
+		r.g.tokens[i] = t
 	}
 	return r, nil
 }
@@ -86,9 +90,10 @@ func parseAcquireReply(out result, parts int) (acquireReply, error) {
 // acquireCall is acquire.lua's o ("acquire" or "try") for ticket on p's
 // semaphores.
 func (p plan) acquireCall(o *op, ticket string, c *Client) opCall {
-	oc := newCall(o, p.keys, 5+2*len(p.parts)).with(ticket, c.id, c.leaseMs, c.waiterMs, p.group)
+	oc := newCall(o, p.keys, 5+2*len(p.parts)).add(ticket, nil).add(c.id, c.idArg).
+		add(c.leaseMs, c.leaseArg).add(c.waiterMs, c.waiterArg).add(p.group, p.groupArg)
 	for _, pt := range p.parts {
-		oc.args = append(oc.args, itoa(pt.req.Permits), itoa(pt.req.Capacity))
+		oc = oc.add(pt.permitsArg(), pt.permitsBox).add(pt.capacityArg(), pt.capacityBox)
 	}
 	return oc
 }
@@ -103,17 +108,18 @@ func (p plan) releaseCall(o *op, ticket string, c *Client, announced bool, token
 // ask for another than the client's (a cap on holding), since the other
 // ops find a waiter by a member that contains the TTL it queued with.
 func (p plan) releaseCallTTL(o *op, ticket string, c *Client, announced bool, tokens []int64, ttl time.Duration) opCall {
-	lease := c.leaseMs
+	lease, leaseBox := c.leaseMs, c.leaseArg
 	if ttl != c.cfg.leaseTTL {
-		lease = msArg(ttl)
+		lease, leaseBox = msArg(ttl), nil
 	}
-	oc := newCall(o, p.keys, 6+2*len(p.parts)).with(ticket, c.id, lease, c.waiterMs, p.group, boolArg(announced))
+	oc := newCall(o, p.keys, 6+2*len(p.parts)).add(ticket, nil).add(c.id, c.idArg).add(lease, leaseBox).
+		add(c.waiterMs, c.waiterArg).add(p.group, p.groupArg).add(boolArg(announced), boolBox(announced))
 	for i, pt := range p.parts {
 		var tok int64
 		if tokens != nil {
 			tok = tokens[i]
 		}
-		oc.args = append(oc.args, itoa(pt.req.Permits), itoa(tok))
+		oc = oc.add(pt.permitsArg(), pt.permitsBox).add(itoa(tok), nil)
 	}
 	return oc
 }
@@ -508,3 +514,13 @@ func boolArg(b bool) string {
 	}
 	return "0"
 }
+
+// boolBox is boolArg(b) boxed, once for all calls.
+func boolBox(b bool) any {
+	if b {
+		return argTrue
+	}
+	return argFalse
+}
+
+var argTrue, argFalse any = "1", "0"

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // MaxResources is the most semaphores one request may lock at once.
@@ -14,6 +15,27 @@ const MaxResources = 16
 type part struct {
 	k   keys
 	req Request
+	// req's permits and capacity as script arguments, rendered (and
+	// boxed, see opCall.argv) once by plan; "" and nil in a part made
+	// elsewhere (see permitsArg, capacityArg).
+	permits, capacity       string
+	permitsBox, capacityBox any
+}
+
+// permitsArg returns the part's permits as a script argument.
+func (pt part) permitsArg() string {
+	if pt.permits != "" {
+		return pt.permits
+	}
+	return itoa(pt.req.Permits)
+}
+
+// capacityArg returns the part's capacity as a script argument.
+func (pt part) capacityArg() string {
+	if pt.capacity != "" {
+		return pt.capacity
+	}
+	return itoa(pt.req.Capacity)
 }
 
 // A plan is a validated request for one or more semaphores, in the form
@@ -23,13 +45,53 @@ type plan struct {
 	parts []part
 	keys  []string
 	group string // "" for one semaphore
-	names []string
-	id    uint64 // Event.ID of this acquisition, when observed
+	// groupArg is group boxed (see opCall.argv), or nil.
+	groupArg any
+	names    []string
+	id       uint64 // Event.ID of this acquisition, when observed
+}
+
+// maxPlans bounds the plans of single requests a client keeps (see
+// plan); past it, it forgets them all.
+const maxPlans = 1024
+
+// plans keeps the plans of a client's single requests, which a client
+// makes again and again for the same few semaphores: a plan depends only
+// on the request and the client's prefix and layout, and once made it is
+// only read (whoever extends its slices copies them first).
+type plans struct {
+	mu sync.RWMutex
+	m  map[Request]plan
 }
 
 // plan validates reqs and orders them. Each semaphore may appear once. On a
-// Cluster client, the semaphores of one request must share a hash slot.
+// Cluster client, the semaphores of one request must share a hash slot. The
+// plan of a single request comes from the client's plans once made.
 func (c *Client) plan(reqs []Request) (plan, error) {
+	if len(reqs) != 1 {
+		return c.newPlan(reqs)
+	}
+	c.plans.mu.RLock()
+	p, ok := c.plans.m[reqs[0]]
+	c.plans.mu.RUnlock()
+	if ok {
+		return p, nil
+	}
+	p, err := c.newPlan(reqs)
+	if err != nil {
+		return p, err
+	}
+	c.plans.mu.Lock()
+	if c.plans.m == nil || len(c.plans.m) >= maxPlans {
+		c.plans.m = make(map[Request]plan)
+	}
+	c.plans.m[reqs[0]] = p
+	c.plans.mu.Unlock()
+	return p, nil
+}
+
+// newPlan makes the plan of reqs (see plan).
+func (c *Client) newPlan(reqs []Request) (plan, error) {
 	switch {
 	case len(reqs) == 0:
 		return plan{}, fmt.Errorf("%w: no semaphore requested", ErrInvalidArgument)
@@ -42,7 +104,9 @@ func (c *Client) plan(reqs []Request) (plan, error) {
 		if err != nil {
 			return plan{}, err
 		}
-		p.parts[i] = part{k: k, req: req}
+		pt := part{k: k, req: req, permits: itoa(req.Permits), capacity: itoa(req.Capacity)}
+		pt.permitsBox, pt.capacityBox = pt.permits, pt.capacity
+		p.parts[i] = pt
 	}
 	slices.SortFunc(p.parts, func(a, b part) int { return strings.Compare(a.req.Name, b.req.Name) })
 	if err := distinct(p.parts); err != nil {
@@ -67,6 +131,7 @@ func (c *Client) plan(reqs []Request) (plan, error) {
 		g = append(g, pt.k.base, strconv.FormatInt(pt.req.Permits, 10), strconv.FormatInt(pt.req.Capacity, 10))
 	}
 	p.group = strings.Join(g, "\t")
+	p.groupArg = p.group
 	return p, nil
 }
 

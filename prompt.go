@@ -127,7 +127,7 @@ func answered(err error) bool {
 	if err == nil {
 		return true
 	}
-	var rerr redis.Error
+	var rerr redis.Error // (declared after the nil check: it escapes)
 	return errors.As(err, &rerr)
 }
 

@@ -70,9 +70,10 @@ var entries = []entry{
 // goes on with work an acked op left, and the next acked op covers it; a
 // status and an election's read write nothing.
 type op struct {
-	name  string
-	entry int // index in entries
-	ack   bool
+	name    string
+	entry   int // index in entries
+	ack     bool
+	nameArg any // name, boxed once: the first argument of its every call
 }
 
 // The ops a client sends, each once.
@@ -111,7 +112,7 @@ func opNamed(name string) *op {
 func newOp(name, entry string, ack bool) *op {
 	for i, e := range entries {
 		if e.name == entry {
-			return &op{name: name, entry: i, ack: ack}
+			return &op{name: name, entry: i, ack: ack, nameArg: name}
 		}
 	}
 	panic("fairlock: no entry " + entry + " serves op " + name)
@@ -123,6 +124,11 @@ type opCall struct {
 	op   *op
 	keys []string
 	args []string // as Redis receives them
+	// argv is args as go-redis takes them, each boxed in an interface,
+	// those the client keeps (its id, its TTLs, a plan's permits) boxed
+	// once rather than at every call; shorter than args (nil) when args
+	// were appended to without it (see goRedis.send).
+	argv []any
 }
 
 // newCall starts a call of o on keys with room for n arguments after the
@@ -130,12 +136,29 @@ type opCall struct {
 func newCall(o *op, keys []string, n int) opCall {
 	args := make([]string, 1, 1+n)
 	args[0] = o.name
-	return opCall{op: o, keys: keys, args: args}
+	argv := make([]any, 1, 1+n)
+	argv[0] = o.nameArg
+	return opCall{op: o, keys: keys, args: args, argv: argv}
 }
 
 // with returns oc with args appended.
 func (oc opCall) with(args ...string) opCall {
-	oc.args = append(oc.args, args...)
+	for _, a := range args {
+		oc = oc.add(a, nil)
+	}
+	return oc
+}
+
+// add returns oc with a appended, and box, a boxed beforehand (or nil to
+// box it now), appended to its argv.
+func (oc opCall) add(a string, box any) opCall {
+	if len(oc.argv) == len(oc.args) {
+		if box == nil {
+			box = a
+		}
+		oc.argv = append(oc.argv, box)
+	}
+	oc.args = append(oc.args, a)
 	return oc
 }
 
