@@ -170,6 +170,8 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 			"  if moved or new_q then f(K[KQ], x) end\n", "  if moved then f(K[KQ], x) end\n", 0, false},
 		{"dead waiters stay behind a full semaphore", "lua/ops/refresh.lua",
 			"purge_waiters(first)\nrun_queues(loaded)\n", "run_queues(loaded)\n", 0, false},
+		{"idle keys expire before their tombstones", "lua/resource.lua",
+			"      r.horizon = math.max(r.horizon, tonumber(last[2]) or 0)\n", "", 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			restore := breakScript(t, tc.file, tc.old, tc.new)

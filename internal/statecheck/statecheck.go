@@ -18,7 +18,8 @@
 //     lease expiry, :d its latest deadline, :q and each condition's key
 //     the latest deadline of their waiters, :s all of those and the token
 //     sequence (until Redis's clock passes the last token, and a second
-//     more);
+//     more), :s and :t every tombstone (so that a call sent again finds
+//     it for as long as it is kept);
 //   - a semaphore with nothing held, queued or waiting on a condition
 //     keeps only :s and :t, and those no longer than its tombstones and
 //     its sequence need plus half a tombstone's life;
@@ -223,6 +224,8 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 		{S, "the latest lease expiry", hmax},
 		{S, "the latest waiter deadline", dmax},
 		{S, "the token sequence's end", seqNeed},
+		{S, "its latest tombstone", tmax},
+		{T, "its latest tombstone", tmax},
 	} {
 		if err := covers(c.key, c.at, c.what); err != nil {
 			return err
