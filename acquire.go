@@ -100,6 +100,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 			// A grant found by a resend lasts only the waiter TTL until
 			// confirmed, like an announced one.
 			deadline := clockSample{sent: sent, redis: rep.now}.localDeadline(rep.g.expiry)
+			c.waits.grants.add(viaReply)
 			return c.newLease(ctx, p, w.ticket, rep.g.tokens, deadline, rep.code == acqGrantedBefore)
 		case acqNotGranted:
 			c.waits.unregister(r, w)
@@ -165,6 +166,7 @@ func (c *Client) awaitGrant(ctx context.Context, op string, p, leave plan, r *ro
 			c.withdraw(ctx, leave, w.ticket)
 			return nil, time.Time{}, true, nil
 		}
+		c.waits.grants.add(wk.via)
 		return wk.grant.tokens, deadline, false, nil
 	case <-ctx.Done():
 	case <-c.done:

@@ -100,6 +100,9 @@ func init() {
 	testhook.RunScript = func(ctx context.Context, client any, op string, keys, args []string) (any, error) {
 		return client.(*Client).calls.runRaw(ctx, op, keys, args)
 	}
+	testhook.Grants = func(client any) (reply, wake, refresh int64) {
+		return client.(*Client).waits.grants.get()
+	}
 }
 
 // withBlockingHooks adds hooks to the go-redis client New builds for the

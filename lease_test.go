@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -318,10 +319,14 @@ func TestRefreshIgnoresTicketsNotYetQueued(t *testing.T) {
 }
 
 // slowRenewals is a go-redis hook that holds every batched renewal script
-// for a while, so that renewals falling due meanwhile queue behind it.
+// for a while, so that renewals falling due meanwhile queue behind it. It
+// closes reached once want leases have been renewed.
 type slowRenewals struct {
 	scripts, leases atomic.Int64
 	hold            time.Duration
+	want            int64
+	reached         chan struct{}
+	once            sync.Once
 }
 
 func (h *slowRenewals) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -333,9 +338,13 @@ func (h *slowRenewals) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		for _, a := range cmd.Args() {
 			if a == "renew_batch" {
 				h.scripts.Add(1)
-				h.leases.Add(int64((len(cmd.Args()) - 6 - 2) / 5)) // evalsha sha 5 keys; op client; 5 per lease
+				renewing := int64((len(cmd.Args()) - 6 - 2) / 5) // evalsha sha 5 keys; op client; 5 per lease
 				time.Sleep(h.hold)
-				break
+				err := next(ctx, cmd)
+				if h.leases.Add(renewing) >= h.want && h.reached != nil {
+					h.once.Do(func() { close(h.reached) })
+				}
+				return err
 			}
 		}
 		return next(ctx, cmd)
@@ -350,8 +359,10 @@ func TestRenewalsGoInBatches(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := fltest.New(t, b)
 		ctx := context.Background()
-		const n, ttl = 60, 600 * time.Millisecond
-		h := &slowRenewals{hold: 40 * time.Millisecond}
+		// The TTL leaves a renewal more than a second to get through a
+		// busy machine; the test waits for the renewals, not for a time.
+		const n, ttl = 60, 1500 * time.Millisecond
+		h := &slowRenewals{hold: 40 * time.Millisecond, want: 2 * n, reached: make(chan struct{})}
 		rdb := b.Client(t)
 		rdb.AddHook(h)
 		s := newSem(e.ClientOn(rdb, fairlock.WithLeaseTTL(ttl)), "batch", n)
@@ -363,7 +374,12 @@ func TestRenewalsGoInBatches(t *testing.T) {
 			}
 			ls[i] = l
 		}
-		time.Sleep(2 * ttl) // every lease renews at least three times
+		// Every lease renews at least twice (two batches' worth).
+		select {
+		case <-h.reached:
+		case <-time.After(time.Minute):
+			t.Fatalf("%d renewals in a minute, want %d", h.leases.Load(), 2*n)
+		}
 		for i, l := range ls {
 			if err := l.Err(); err != nil {
 				t.Fatalf("lease %d ended: %v", i, err)

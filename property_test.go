@@ -31,6 +31,7 @@ import (
 
 	"github.com/fairlock/fairlock/internal/halfrun"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/statecheck"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )
@@ -163,6 +164,14 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 			"  if not r.cap or is_idle(r.nh, r.nq, r.nc) then\n", "  if not r.cap or is_idle(r.nh, r.nq, 0) then\n", 0, false},
 		{"cancelled condition waiter stays", "release.lua",
 			"          cond_drop(p.r, c, m)\n", "", 0, false},
+		// Rules seen only while the machine runs, not once all is
+		// released: checkState after every step must see each.
+		{"queue key left without a TTL", "lua/rules.lua",
+			"  if moved or new_q then f(K[KQ], x) end\n", "  if moved then f(K[KQ], x) end\n", 0, false},
+		{"dead waiters stay behind a full semaphore", "lua/ops/refresh.lua",
+			"purge_waiters(first)\nrun_queues(loaded)\n", "run_queues(loaded)\n", 0, false},
+		{"idle keys expire before their tombstones", "lua/resource.lua",
+			"      r.horizon = math.max(r.horizon, tonumber(last[2]) or 0)\n", "", 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			restore := breakScript(t, tc.file, tc.old, tc.new)
@@ -440,6 +449,9 @@ type machine struct {
 	known   map[string]bool // tickets the model has learned
 	clients []*Client
 	calls   sync.WaitGroup // Acquire calls running in goroutines
+	// purged is when (Redis's clock, ms) the observer's last queue run
+	// began, which left no work: nothing due then may remain.
+	purged int64
 }
 
 func (m *machine) nowMs() int64 { return m.now.UnixMilli() }
@@ -1094,6 +1106,10 @@ func ready(e *mentry) bool {
 }
 
 func (m *machine) settle(t *rapid.T) {
+	began, err := m.rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatalf("TIME: %v", err)
+	}
 	for _, s := range m.sems {
 		// One script does a bounded part of the work (grants, purges);
 		// its reply's next event is 0 while work is left, and a waiting
@@ -1112,6 +1128,7 @@ func (m *machine) settle(t *rapid.T) {
 			}
 		}
 	}
+	m.purged = began.UnixMilli()
 	for _, e := range m.modelRun() {
 		if e.dead {
 			continue
@@ -1274,8 +1291,10 @@ func (m *machine) redisHolders(s *msem) []rentry {
 	return out
 }
 
-// check compares Redis with the model after every step.
+// check compares Redis with the model after every step, and checks the
+// invariants of the keys (statecheck) as they are now.
 func (m *machine) check(t *rapid.T) {
+	m.checkState(t)
 	for _, s := range m.sems {
 		// Safety: live leases never hold more than the capacity, and they
 		// are exactly the model's holders: none the model says expired.
@@ -1359,6 +1378,23 @@ func (m *machine) check(t *rapid.T) {
 				t.Fatalf("process %d's lease ended (%v) while the model has it held", a.id, err)
 			}
 		}
+	}
+}
+
+// checkState checks the invariants every key must keep at every moment
+// (statecheck.Check), on every semaphore of the machine.
+func (m *machine) checkState(t *rapid.T) {
+	bases := make([]string, len(m.sems))
+	for i, s := range m.sems {
+		bases[i] = s.k.base
+	}
+	st := statecheck.State{Prefix: m.prefix, Bases: bases, Purged: m.purged}
+	if err := statecheck.Check(context.Background(), m.rdb, st); err != nil {
+		var dumps []string
+		for _, s := range m.sems {
+			dumps = append(dumps, m.dump(s))
+		}
+		t.Fatalf("state invariant: %v\n%s", err, strings.Join(dumps, "\n"))
 	}
 }
 

@@ -51,6 +51,11 @@ type waits struct {
 	closeBlk    func() error           // closes blk if the Client's Backend made it
 
 	noBLMPop atomic.Bool // blk's server lacks BLMPOP: listeners use BLPOP
+
+	// grants counts the grants this client's acquisitions took, by how
+	// each learned of its grant (for tests: a grant that a wake-up
+	// should carry and a refresh found instead is a lost wake-up).
+	grants grantCounts
 }
 
 // A room gathers one client's waiters on one semaphore. While it has
@@ -100,8 +105,28 @@ type waiter struct {
 type wakeup struct {
 	grant   grant
 	sample  clockSample // relates grant.expiry to the local clock
+	via     grantVia    // how a grant was learned
 	requeue bool
 	err     error
+}
+
+// grantVia is how an acquisition learned of its grant.
+type grantVia int
+
+const (
+	viaReply   grantVia = iota // its own acquire script's reply
+	viaWake                    // a wake-up popped from its wake list
+	viaRefresh                 // its room's refresh
+)
+
+// grantCounts counts grants by how they were learned (grantVia).
+type grantCounts struct{ n [3]atomic.Int64 }
+
+func (g *grantCounts) add(v grantVia) { g.n[v].Add(1) }
+
+// get returns the grants learned by each way: reply, wake-up, refresh.
+func (g *grantCounts) get() (reply, wake, refresh int64) {
+	return g.n[viaReply].Load(), g.n[viaWake].Load(), g.n[viaRefresh].Load()
 }
 
 // register makes a ticket for one acquisition; when it may wait, the
@@ -238,7 +263,7 @@ func (c *waits) deliverGrant(payload string) {
 	}
 	c.mu.Unlock()
 	if r != nil {
-		r.deliver(ticket, wakeup{grant: g, sample: clock})
+		r.deliver(ticket, wakeup{grant: g, sample: clock, via: viaWake})
 	}
 }
 
@@ -426,7 +451,7 @@ func (r *room) apply(rep refreshReply, sent time.Time, next *time.Duration) erro
 			r.deliver(t.ticket, wakeup{requeue: true})
 			continue
 		}
-		r.deliver(t.ticket, wakeup{grant: *t.grant, sample: clock})
+		r.deliver(t.ticket, wakeup{grant: *t.grant, sample: clock, via: viaRefresh})
 	}
 	return nil
 }

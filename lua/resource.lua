@@ -194,7 +194,16 @@ local function finish_one(r)
   if r.nq + r.nc > 0 and r.dmin and r.dmin < math.huge then put(f, 'dmin', r.dmin, r.dmin0) end
   local idle = is_idle(r.nh, r.nq, r.nc)
   local exp = r.exp
-  if not idle or #f > 0 or changed then exp = keys_exp(r.exp, r.horizon, r.seq, idle) end
+  if not idle or #f > 0 or changed then
+    if idle and (r.tnext or 0) > 0 and r.horizon < tomb_until() then
+      -- The keys of an idle resource live as long as its tombstones,
+      -- those of earlier scripts too (this script wrote none later).
+      local last = redis.call('ZRANGE', r.T, -1, -1, 'WITHSCORES')
+      seen(r.T)
+      r.horizon = math.max(r.horizon, tonumber(last[2]) or 0)
+    end
+    exp = keys_exp(r.exp, r.horizon, r.seq, idle)
+  end
   local moved = exp ~= r.exp
   local at = num(exp)
   -- A condition's key written here lives as long as the state hash, which

@@ -21,6 +21,7 @@ import (
 	"github.com/fairlock/fairlock/election"
 	"github.com/fairlock/fairlock/internal/redisserver"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/testhook"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -60,6 +61,7 @@ func Run(t *testing.T, tg Target) {
 		{"CapacityNeverExceeded", capacity},
 		{"CancelledWaitLeaves", cancelled},
 		{"WakeUps", wakeUps},
+		{"GrantsByWakeUp", grantsByWakeUp},
 		{"DeadlineDuringCall", deadlineDuringCall},
 		{"ScriptErrors", scriptErrors},
 		{"ForeignKey", foreignKey},
@@ -238,6 +240,74 @@ func wakeUps(t *testing.T, tg Target) {
 		}
 	}
 	_ = held.Release(ctx)
+}
+
+// Every grant a release hands on reaches its waiter by its wake-up, not by
+// the periodic refresh that would heal a lost one (and hide it, costing
+// only time): contended handoffs between several processes, each grant
+// counted by how its waiter learned of it.
+func grantsByWakeUp(t *testing.T, tg Target) {
+	// A waiter refreshes every 10 s, and no lease expires during the test:
+	// a refresh runs only when a wake-up failed to arrive for that long.
+	const waiterTTL, leaseTTL = 30 * time.Second, time.Minute
+	const processes, rounds = 4, 3
+	ctx := ctxFor(t, time.Minute)
+	cs := make([]*fairlock.Client, processes)
+	for i := range cs {
+		cs[i] = open(t, tg, fairlock.WithWaiterTTL(waiterTTL), fairlock.WithLeaseTTL(leaseTTL))
+	}
+	counts := func() (reply, wake, refresh int64) {
+		for _, c := range cs {
+			r, w, f := testhook.Grants(c)
+			reply, wake, refresh = reply+r, wake+w, refresh+f
+		}
+		return reply, wake, refresh
+	}
+	n := name(t, newTag(), "")
+	req := fairlock.Request{Name: n, Capacity: 1, Permits: 1}
+	for round := range rounds {
+		held, err := cs[0].Acquire(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The others queue behind it, in order.
+		type result struct {
+			l   *fairlock.Lease
+			err error
+		}
+		got := make([]chan result, processes-1)
+		for i, c := range cs[1:] {
+			got[i] = make(chan result, 1)
+			go func() {
+				l, err := c.Acquire(ctx, req)
+				got[i] <- result{l, err}
+			}()
+			waitFor(t, "the waiter to queue", func() bool { return queued(t, cs[0], n) == int64(i+1) })
+		}
+		// Each release hands on to the next process in the queue.
+		for i, ch := range got {
+			if err := held.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			r := <-ch
+			if r.err != nil {
+				t.Fatalf("round %d, process %d: %v", round, i+1, r.err)
+			}
+			held = r.l
+			if reply, wake, refresh := counts(); refresh > 0 {
+				t.Fatalf("round %d, handoff %d: a grant was learned by a refresh, not by its wake-up (grants by reply %d, by wake-up %d, by refresh %d)",
+					round, i+1, reply, wake, refresh)
+			}
+		}
+		if err := held.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reply, wake, refresh := counts()
+	t.Logf("grants by reply %d, by wake-up %d, by refresh %d", reply, wake, refresh)
+	if reply != rounds || wake != rounds*(processes-1) || refresh != 0 {
+		t.Fatalf("grants by reply %d, by wake-up %d, by refresh %d; want %d, %d, 0", reply, wake, refresh, rounds, rounds*(processes-1))
+	}
 }
 
 // A call whose context ends while its script is on its way (deadlines of

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/statecheck"
 	"github.com/fairlock/fairlock/internal/testhook"
 	"pgregory.net/rapid"
 )
@@ -315,6 +316,15 @@ func (m *pModel) check(t *rapid.T) {
 		}
 	}
 	slices.Sort(wantHolders)
+	if !m.tg.Cluster {
+		// The keys' invariants, as they are now (on Cluster, the admin
+		// client's transaction may reach another node than the keys').
+		base := fairlock.DefaultPrefix + m.name
+		st := statecheck.State{Prefix: base, Bases: []string{base}}
+		if err := statecheck.Check(context.Background(), m.tg.Admin, st); err != nil {
+			t.Fatalf("state invariant: %v", err)
+		}
+	}
 	want := fmt.Sprintf("holders %v, queue %s", wantHolders, m.queueString())
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -41,6 +41,12 @@ var (
 	// Backend's reply: the differential test's replays run recorded calls
 	// through it.
 	RunScript func(ctx context.Context, client any, op string, keys, args []string) (any, error)
+	// Grants returns how many grants the acquisitions of client (a
+	// *fairlock.Client) took, by how each learned of its grant: its own
+	// acquire script's reply, a wake-up from its wake list, or its room's
+	// refresh. A grant that a release pushed as a wake-up and that a
+	// refresh found first is a wake-up that did not arrive.
+	Grants func(client any) (reply, wake, refresh int64)
 )
 
 // Transform returns TransformOption(f) as O (fairlock.Option).

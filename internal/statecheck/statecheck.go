@@ -1,0 +1,267 @@
+// Package statecheck checks the invariants of a semaphore's keys in Redis
+// at any moment, not only once everything is released: the model-based
+// tests call Check after every step, so that a rule broken while
+// processes hold and wait (a key left without a TTL, a count that drifted
+// from its sorted set, a dead waiter left behind) is seen when it happens.
+//
+// The invariants are the design's (docs/design.md, queue.lua's key layout,
+// rules.lua's keys_exp and expiring), stated on what Redis holds:
+//
+//   - every key under the prefix has a TTL;
+//   - the state hash's counts are its sorted sets': nh the members of :h,
+//     used the permits they hold, nq the members of :q, nc those of the
+//     condition variables' keys; :d holds exactly the waiters of :q and of
+//     the conditions; every queued ticket is marked "q" in the state hash;
+//   - the bounds hmin and dmin are no later than the earliest expiry in :h
+//     and the earliest deadline in :d;
+//   - each key lives at least as long as what it records: :h its latest
+//     lease expiry, :d its latest deadline, :q and each condition's key
+//     the latest deadline of their waiters, :s all of those and the token
+//     sequence (until Redis's clock passes the last token, and a second
+//     more), :s and :t every tombstone (so that a call sent again finds
+//     it for as long as it is kept);
+//   - a semaphore with nothing held, queued or waiting on a condition
+//     keeps only :s and :t, and those no longer than its tombstones and
+//     its sequence need plus half a tombstone's life;
+//   - after a queue run that left no work (Purged), no lease or waiter
+//     whose time had come by then is left in :h or :d.
+package statecheck
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TombMs is a tombstone's longest life (queue.lua's TOMB_MS); it lives at
+// least half of it.
+const TombMs = 20000
+
+// State says what Check is to check.
+type State struct {
+	// Prefix: every key that starts with it must have a TTL.
+	Prefix string
+	// Bases are the semaphores' key bases (keys.base: the prefix and the
+	// hash-tagged name): each one's keys are checked.
+	Bases []string
+	// Purged, when not zero, is a time (Redis's clock, ms) at or before
+	// which a queue run of every base began and that ended with no work
+	// left: no lease or waiter due by then may remain.
+	Purged int64
+}
+
+// Check returns the first invariant that Redis's keys break, or nil. It
+// reads each base's keys in one transaction, so that scripts running
+// meanwhile are seen whole or not at all. (Of the condition variables,
+// only the default one's key, <base>:c, is read.)
+func Check(ctx context.Context, rdb redis.Cmdable, s State) error {
+	type read struct {
+		st                     *redis.MapStringStringCmd
+		q, d, h, t, c          *redis.ZSliceCmd
+		ts, tq, td, th, tt, tc *redis.DurationCmd
+	}
+	reads := make([]read, len(s.Bases))
+	tx := rdb.TxPipeline()
+	clock := tx.Time(ctx)
+	all := tx.Keys(ctx, s.Prefix+"*")
+	for i, b := range s.Bases {
+		r := &reads[i]
+		r.st = tx.HGetAll(ctx, b+":s")
+		r.q = tx.ZRangeWithScores(ctx, b+":q", 0, -1)
+		r.d = tx.ZRangeWithScores(ctx, b+":d", 0, -1)
+		r.h = tx.ZRangeWithScores(ctx, b+":h", 0, -1)
+		r.t = tx.ZRangeWithScores(ctx, b+":t", 0, -1)
+		r.c = tx.ZRangeWithScores(ctx, b+":c", 0, -1)
+		r.ts, r.tq, r.td = tx.PTTL(ctx, b+":s"), tx.PTTL(ctx, b+":q"), tx.PTTL(ctx, b+":d")
+		r.th, r.tt, r.tc = tx.PTTL(ctx, b+":h"), tx.PTTL(ctx, b+":t"), tx.PTTL(ctx, b+":c")
+	}
+	if _, err := tx.Exec(ctx); err != nil && err != redis.Nil {
+		return err
+	}
+	now := clock.Val().UnixMilli()
+	// Every key has a TTL (read after the transaction: a script is
+	// atomic, so no key is ever seen between its write and its TTL).
+	keys := all.Val()
+	pipe := rdb.Pipeline()
+	ttls := make([]*redis.DurationCmd, len(keys))
+	for i, k := range keys {
+		ttls[i] = pipe.PTTL(ctx, k)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		return err
+	}
+	for i, k := range keys {
+		if ttls[i].Val() == -1 {
+			return fmt.Errorf("key %s has no TTL", k)
+		}
+	}
+	for i, b := range s.Bases {
+		r := reads[i]
+		// A key's expiry, as late as it can be (for the times it must
+		// reach) and as early (for those it must not pass), allowing a
+		// millisecond for the clock to move within the transaction; 0
+		// if absent.
+		late, early := map[string]int64{}, map[string]int64{}
+		for k, c := range map[string]*redis.DurationCmd{":s": r.ts, ":q": r.tq, ":d": r.td, ":h": r.th, ":t": r.tt, ":c": r.tc} {
+			switch ttl := c.Val(); {
+			case ttl == -1:
+				return fmt.Errorf("key %s has no TTL", b+k)
+			case ttl >= 0:
+				late[b+k], early[b+k] = now+ttl.Milliseconds()+1, now+ttl.Milliseconds()-1
+			}
+		}
+		var condKeys []string
+		var conds [][]redis.Z
+		if late[b+":c"] != 0 {
+			condKeys, conds = []string{b + ":c"}, [][]redis.Z{r.c.Val()}
+		}
+		if err := checkBase(b, r.st.Val(), r.q.Val(), r.d.Val(), r.h.Val(), r.t.Val(), condKeys, conds, late, early, s.Purged); err != nil {
+			return fmt.Errorf("%s: %w", b, err)
+		}
+	}
+	return nil
+}
+
+func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []string, conds [][]redis.Z, late, early map[string]int64, purged int64) error {
+	S, Q, D, H, T := b+":s", b+":q", b+":d", b+":h", b+":t"
+	num := func(f string) int64 {
+		n, _ := strconv.ParseInt(st[f], 10, 64)
+		return n
+	}
+	if len(st) == 0 {
+		for _, k := range append([]string{Q, D, H}, condKeys...) {
+			if late[k] != 0 {
+				return fmt.Errorf("key %s outlives the state hash", k)
+			}
+		}
+		return nil
+	}
+	// Counts.
+	var used int64
+	hmax, hmin := int64(0), int64(math.MaxInt64)
+	for _, z := range h {
+		f := strings.Fields(z.Member.(string))
+		if len(f) != 4 {
+			return fmt.Errorf("holder %q has a bad form", z.Member)
+		}
+		n, _ := strconv.ParseInt(f[1], 10, 64)
+		used += n
+		hmax, hmin = max(hmax, int64(z.Score)), min(hmin, int64(z.Score))
+	}
+	nc := 0
+	for _, c := range conds {
+		nc += len(c)
+	}
+	if num("nh") != int64(len(h)) || num("used") != used || num("nq") != int64(len(q)) || num("nc") != int64(nc) {
+		return fmt.Errorf("state counts nh %s used %s nq %s nc %s; the keys hold %d leases of %d permits, %d queued, %d on conditions",
+			st["nh"], st["used"], st["nq"], st["nc"], len(h), used, len(q), nc)
+	}
+	deadline := make(map[string]int64, len(d))
+	dmax, dmin := int64(0), int64(math.MaxInt64)
+	for _, z := range d {
+		deadline[z.Member.(string)] = int64(z.Score)
+		dmax, dmin = max(dmax, int64(z.Score)), min(dmin, int64(z.Score))
+	}
+	if len(d) != len(q)+nc {
+		return fmt.Errorf(":d holds %d deadlines for %d waiters (%d queued, %d on conditions)", len(d), len(q)+nc, len(q), nc)
+	}
+	// Each waiter's deadline, and the latest of a key's waiters.
+	waiters := func(key string, zs []redis.Z) (int64, error) {
+		var last int64
+		for _, z := range zs {
+			m := z.Member.(string)
+			at, ok := deadline[m]
+			if !ok {
+				return 0, fmt.Errorf("waiter %q of %s has no deadline", m, key)
+			}
+			last = max(last, at)
+		}
+		return last, nil
+	}
+	qmax, err := waiters(Q, q)
+	if err != nil {
+		return err
+	}
+	for _, z := range q {
+		ticket, _, _ := strings.Cut(z.Member.(string), " ")
+		if st[ticket] != "q" {
+			return fmt.Errorf("queued ticket %s is marked %q in the state hash", ticket, st[ticket])
+		}
+	}
+	// Bounds.
+	if v, ok := st["hmin"]; ok && len(h) > 0 && num("hmin") > hmin {
+		return fmt.Errorf("hmin %s is later than the earliest lease expiry %d", v, hmin)
+	}
+	if v, ok := st["dmin"]; ok && len(d) > 0 && num("dmin") > dmin {
+		return fmt.Errorf("dmin %s is later than the earliest waiter deadline %d", v, dmin)
+	}
+	// TTLs cover what the keys record.
+	covers := func(key string, at int64, what string) error {
+		if at > 0 && late[key] < at {
+			return fmt.Errorf("key %s expires at %d, before %s at %d", key, late[key], what, at)
+		}
+		return nil
+	}
+	var tmax int64
+	for _, z := range t {
+		tmax = max(tmax, int64(z.Score))
+	}
+	seqNeed := int64(0)
+	if seq := num("seq"); seq > 0 {
+		seqNeed = seq/1000 + 1000
+	}
+	for _, c := range []struct {
+		key, what string
+		at        int64
+	}{
+		{H, "its latest lease expiry", hmax},
+		{D, "its latest waiter deadline", dmax},
+		{Q, "its latest waiter's deadline", qmax},
+		{S, "the latest lease expiry", hmax},
+		{S, "the latest waiter deadline", dmax},
+		{S, "the token sequence's end", seqNeed},
+		{S, "its latest tombstone", tmax},
+		{T, "its latest tombstone", tmax},
+	} {
+		if err := covers(c.key, c.at, c.what); err != nil {
+			return err
+		}
+	}
+	for j, key := range condKeys {
+		last, err := waiters(key, conds[j])
+		if err != nil {
+			return err
+		}
+		if err := covers(key, last, "its latest waiter's deadline"); err != nil {
+			return err
+		}
+	}
+	// An idle semaphore keeps only :s and :t, and those not for long.
+	if len(h) == 0 && len(q) == 0 && nc == 0 {
+		for _, k := range append([]string{Q, D, H}, condKeys...) {
+			if late[k] != 0 {
+				return fmt.Errorf("key %s stays on an idle semaphore", k)
+			}
+		}
+		bound := max(tmax, seqNeed) + TombMs/2
+		for _, k := range []string{S, T} {
+			if e := early[k]; e != 0 && e > bound {
+				return fmt.Errorf("key %s of an idle semaphore expires at %d, past %d (its tombstones' and sequence's need, and half a tombstone's life)", k, e, bound)
+			}
+		}
+	}
+	// Dead leases and waiters are gone after a queue run.
+	if purged > 0 {
+		if len(h) > 0 && hmin <= purged {
+			return fmt.Errorf("a lease that expired at %d is still held after a queue run at %d", hmin, purged)
+		}
+		if len(d) > 0 && dmin <= purged {
+			return fmt.Errorf("a waiter whose deadline passed at %d is still there after a queue run at %d", dmin, purged)
+		}
+	}
+	return nil
+}
