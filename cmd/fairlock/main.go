@@ -30,8 +30,8 @@ import (
 // command's status (128+N when the command was killed by signal N).
 const (
 	exitUsage     = 64  // bad flags or arguments
-	exitError     = 70  // Redis unreachable or another error of fairlock's
-	exitNotGot    = 75  // the lock was busy (-n) or the wait timed out (-w)
+	exitError     = 70  // Redis did not answer, or another error of fairlock's
+	exitNotGot    = 75  // the lock was busy (-n), or the wait ran out (-w) with Redis answering
 	exitLeaseLost = 76  // the lease was lost while the command ran; it was signalled
 	exitNoCommand = 127 // the command could not be started
 )
@@ -97,7 +97,11 @@ A flag goes before NAME, as -flag VALUE, -flag=VALUE or --flag VALUE. A
 DURATION is like 1m30s or 500ms, or a number of seconds (30, 2.5).
 
 Exit statuses of run and elect, besides COMMAND's own:
-  64  bad usage            70  Redis or other error     75  not acquired (-n busy, -w timed out)
+  64  bad usage
+  70  Redis did not answer (refused, timed out: the line names its address and
+      what happened), or another error of fairlock's
+  75  not acquired: NAME was busy (-n), or the wait ran out (-w) with Redis
+      answering all along
   76  lease lost, or -max-hold reached, while COMMAND ran (COMMAND and what it
       started got SIGTERM, then SIGKILL after -grace)
   127 COMMAND could not be started
@@ -317,6 +321,7 @@ type common struct {
 	prefix  string
 	verbose bool
 	stderr  io.Writer
+	health  *redisHealth // set by connect
 }
 
 func (c *common) register(fs *flag.FlagSet) {
@@ -414,6 +419,8 @@ func (c *common) connect(opts ...fairlock.Option) (*redis.Client, *fairlock.Clie
 		opts = append(opts, fairlock.WithLogger(log))
 	}
 	rdb := redis.NewClient(o)
+	c.health = newRedisHealth(o.Addr)
+	rdb.AddHook(c.health)
 	fc, err := fairlock.New(rdb, append([]fairlock.Option{fairlock.WithPrefix(c.prefix), fairlock.WithOwner(processLabel())}, opts...)...)
 	if err != nil {
 		rdb.Close()
