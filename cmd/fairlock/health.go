@@ -18,7 +18,7 @@ import (
 // when a wait runs out, to tell a busy lock (exit 75) from a Redis that
 // did not answer (exit 70).
 type redisHealth struct {
-	addr string
+	where string // Redis, as messages name it: "Redis at HOST:PORT", "the Cluster at ..."
 
 	mu      sync.Mutex
 	okAt    time.Time // when Redis last answered (a reply, an error reply included)
@@ -26,7 +26,7 @@ type redisHealth struct {
 	failErr error     // and why
 }
 
-func newRedisHealth(addr string) *redisHealth { return &redisHealth{addr: addr} }
+func newRedisHealth(where string) *redisHealth { return &redisHealth{where: where} }
 
 func (h *redisHealth) DialHook(next redis.DialHook) redis.DialHook { return next }
 
@@ -71,7 +71,7 @@ var errNoAnswer = errors.New("Redis did not answer")
 // troubleSince returns nil if Redis has answered since start, the last
 // command that got no answer came before that answer, and Redis answers a
 // PING now (within probeWait); else an error matching errNoAnswer that
-// names Redis's address and what happened (refused, timed out, ...).
+// names Redis (its address) and what happened (refused, timed out, ...).
 func (h *redisHealth) troubleSince(start time.Time, ping func(context.Context) error) error {
 	h.mu.Lock()
 	okAt, failAt, failErr := h.okAt, h.failAt, h.failErr
@@ -95,7 +95,7 @@ const probeWait = time.Second
 
 // noAnswer is errNoAnswer with Redis's address and what happened.
 func (h *redisHealth) noAnswer(err error) error {
-	return fmt.Errorf("%w (Redis at %s: %s)", errNoAnswer, h.addr, whatHappened(err))
+	return fmt.Errorf("%w (%s: %s)", errNoAnswer, h.where, whatHappened(err))
 }
 
 // whatHappened says in a few words why a command got no answer.

@@ -118,7 +118,7 @@ func TestRedisHealthJudgesTheWait(t *testing.T) {
 		{"no answer to the PING", nil, []context.Context{live}, []error{nil}, func(context.Context) error { return context.DeadlineExceeded }, "timed out"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newRedisHealth("10.0.0.1:6379")
+			h := newRedisHealth("Redis at 10.0.0.1:6379")
 			for _, err := range tc.before {
 				h.note(live, err)
 			}

@@ -88,7 +88,10 @@ errors).
 Redis is -redis ADDRESS, else $FAIRLOCK_REDIS_URL, else $REDIS_URL, else
 127.0.0.1:6379. ADDRESS is HOST[:PORT] (port 6379 by default),
 redis://[USER[:PASSWORD]@]HOST[:PORT][/DB], rediss://... for TLS, or
-unix:///PATH[?db=DB] (or just /PATH) for a Unix socket.
+unix:///PATH[?db=DB] (or just /PATH) for a Unix socket. A Redis Cluster is
+-cluster HOST:PORT[,HOST:PORT...] (any of its nodes; or a redis:// URL with
+addr=HOST:PORT for more), a Sentinel set's master -sentinel HOST[:PORT][,...]
+-master NAME (its sentinels, port 26379 by default).
 `
 
 // outro is what "fairlock --help" says after the flags.
@@ -258,6 +261,12 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 			name = "N"
 		case f.Name == "redis":
 			name = "ADDRESS"
+		case f.Name == "cluster":
+			name = "NODES"
+		case f.Name == "sentinel":
+			name = "SENTINELS"
+		case f.Name == "master":
+			name = "NAME"
 		}
 		line := "  -" + f.Name
 		if name != "" {
@@ -317,16 +326,22 @@ func versionOf(bi *debug.BuildInfo) string {
 
 // common holds the flags every command takes.
 type common struct {
-	url     string
-	prefix  string
-	verbose bool
-	stderr  io.Writer
-	health  *redisHealth // set by connect
+	url      string
+	cluster  string // -cluster: a Redis Cluster's nodes
+	sentinel string // -sentinel: a Sentinel set's sentinels
+	master   string // -master: the master's name in the Sentinel set
+	prefix   string
+	verbose  bool
+	stderr   io.Writer
+	health   *redisHealth // set by connect
 }
 
 func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.url, "redis", "", "where Redis is: HOST[:PORT], redis://[USER[:PASSWORD]@]HOST[:PORT][/DB],\n"+
 		"rediss://... (TLS) or unix:///PATH (default: $FAIRLOCK_REDIS_URL,\nelse $REDIS_URL, else 127.0.0.1:6379)")
+	fs.StringVar(&c.cluster, "cluster", "", "a Redis Cluster instead: HOST:PORT[,HOST:PORT...] of any of its nodes, or\nredis://[USER[:PASSWORD]@]HOST:PORT[?addr=HOST:PORT...]")
+	fs.StringVar(&c.sentinel, "sentinel", "", "a Sentinel set's master instead: HOST[:PORT][,HOST[:PORT]...] of its\nsentinels (port 26379 by default), with -master; or\nredis://[USER[:PASSWORD]@]HOST:PORT?master_name=NAME[&addr=HOST:PORT...]")
+	fs.StringVar(&c.master, "master", "", "with -sentinel: the name the sentinels know the master by")
 	fs.StringVar(&c.prefix, "prefix", fairlock.DefaultPrefix, "key prefix shared by every user of the lock")
 	fs.BoolVar(&c.verbose, "v", false, "log fairlock's diagnostics (and go-redis's) to stderr; run and elect also say\nhow long they wait, their place in line, and when they get NAME")
 }
@@ -406,10 +421,10 @@ func processLabel() string {
 	return fmt.Sprintf("%.40s:%d", host, os.Getpid())
 }
 
-// connect opens Redis and a fairlock client labelled with processLabel.
-// A bad address fails with an error matching errBadAddress.
-func (c *common) connect(opts ...fairlock.Option) (*redis.Client, *fairlock.Client, error) {
-	o, err := c.redisOptions()
+// connect opens Redis (see dial) and a fairlock client labelled with
+// processLabel. A bad address fails with an error matching errBadAddress.
+func (c *common) connect(opts ...fairlock.Option) (redisConn, *fairlock.Client, error) {
+	rdb, where, err := c.dial()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -418,8 +433,7 @@ func (c *common) connect(opts ...fairlock.Option) (*redis.Client, *fairlock.Clie
 	if log != nil {
 		opts = append(opts, fairlock.WithLogger(log))
 	}
-	rdb := redis.NewClient(o)
-	c.health = newRedisHealth(o.Addr)
+	c.health = newRedisHealth(where)
 	rdb.AddHook(c.health)
 	fc, err := fairlock.New(rdb, append([]fairlock.Option{fairlock.WithPrefix(c.prefix), fairlock.WithOwner(processLabel())}, opts...)...)
 	if err != nil {
