@@ -51,6 +51,7 @@ func electCmd(cmd *command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, errLine(err))
 		return exitUsage
 	}
+	defer c.flushLog() // last: what -v held back, after the clean-up's own logs
 	defer rdb.Close()
 	defer closeWithin(fc, closeWait)
 	e, err := election.New(fc, name)

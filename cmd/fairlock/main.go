@@ -83,7 +83,8 @@ on stderr and keeps trying.
 
 On a failure fairlock prints one line to stderr; -v also logs fairlock's
 diagnostics there (lost leases, failing renewals, go-redis's connection
-errors).
+errors): one that repeats (Redis gone) once, then with a count of its
+repeats every 10s or when something else is logged.
 
 Redis is -redis ADDRESS, else $FAIRLOCK_REDIS_URL, else $REDIS_URL, else
 127.0.0.1:6379. ADDRESS is HOST[:PORT] (port 6379 by default),
@@ -333,7 +334,8 @@ type common struct {
 	prefix   string
 	verbose  bool
 	stderr   io.Writer
-	health   *redisHealth // set by connect
+	health   *redisHealth  // set by connect
+	quiet    *quietHandler // -v's handler, once logger made it
 }
 
 func (c *common) register(fs *flag.FlagSet) {
@@ -392,12 +394,25 @@ func (r redisLog) Printf(ctx context.Context, format string, v ...any) {
 	}
 }
 
-// logger returns the -v logger, or nil.
+// logger returns the -v logger, or nil. It logs a diagnostic that keeps
+// coming once, then with a count at most every logSummaryEvery (see
+// quietHandler); flushLog logs what it holds back.
 func (c *common) logger() *slog.Logger {
 	if !c.verbose {
 		return nil
 	}
-	return slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	if c.quiet == nil {
+		c.quiet = newQuietHandler(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: slog.LevelDebug}), logSummaryEvery)
+	}
+	return slog.New(c.quiet)
+}
+
+// flushLog logs the diagnostics -v's logger holds back, as the command
+// exits.
+func (c *common) flushLog() {
+	if c.quiet != nil {
+		c.quiet.flush()
+	}
 }
 
 // errLine renders err as fairlock's one line about it: "fairlock: " once,

@@ -52,6 +52,7 @@ func runCmd(cmd *command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, errLine(err))
 		return exitUsage
 	}
+	defer c.flushLog() // last: what -v held back, after the clean-up's own logs
 	defer rdb.Close()
 	defer closeWithin(fc, closeWait)
 	req := fairlock.Request{Name: name, Capacity: o.capacity, Permits: o.permits}
