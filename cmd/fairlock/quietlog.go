@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 )
@@ -31,6 +32,7 @@ type quietHandler struct {
 type quietState struct {
 	mu    sync.Mutex
 	kinds map[string]*quietKind
+	order []string // the kinds' keys, in the order they first came
 }
 
 // quietKind is one kind of record: when it was last logged, and what has
@@ -56,7 +58,8 @@ func (q *quietHandler) WithGroup(name string) slog.Handler {
 	return &quietHandler{h: q.h.WithGroup(name), every: q.every, now: q.now, st: q.st}
 }
 
-// kindOf is what makes two records the same kind: level, message, error.
+// kindOf is what makes two records the same kind: level, message, error,
+// the digits aside (a connection's local port, a deadline's time).
 func kindOf(r slog.Record) string {
 	key := r.Level.String() + "\x00" + r.Message
 	r.Attrs(func(a slog.Attr) bool {
@@ -65,8 +68,17 @@ func kindOf(r slog.Record) string {
 		}
 		return true
 	})
-	return key
+	return strings.Map(func(c rune) rune {
+		if c >= '0' && c <= '9' {
+			return -1
+		}
+		return c
+	}, key)
 }
+
+// maxKinds bounds the kinds a quietHandler remembers: past it, what they
+// hold back is logged and they are forgotten.
+const maxKinds = 256
 
 func (q *quietHandler) Handle(ctx context.Context, r slog.Record) error {
 	now := q.now()
@@ -75,9 +87,14 @@ func (q *quietHandler) Handle(ctx context.Context, r slog.Record) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	k := st.kinds[key]
+	if k == nil && len(st.order) >= maxKinds {
+		st.flushLocked(ctx, now, "")
+		st.kinds, st.order = map[string]*quietKind{}, nil
+	}
 	if k == nil {
 		k = &quietKind{}
 		st.kinds[key] = k
+		st.order = append(st.order, key)
 	}
 	if k.logged.IsZero() {
 		// A new kind: the state changed. What the others held back is
@@ -106,11 +123,11 @@ func (k *quietKind) log(ctx context.Context, h slog.Handler, r slog.Record, now 
 }
 
 // flushLocked logs the last held-back record of every kind but except,
-// with its count; such a kind is then new again (logged at once when it
-// next comes).
+// with its count, in the order the kinds first came; such a kind is then
+// new again (logged at once when it next comes).
 func (st *quietState) flushLocked(ctx context.Context, now time.Time, except string) {
-	for key, k := range st.kinds {
-		if key != except && k.held > 0 {
+	for _, key := range st.order {
+		if k := st.kinds[key]; key != except && k.held > 0 {
 			_ = k.log(ctx, k.h, k.last, now)
 			k.logged = time.Time{}
 		}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -34,6 +35,10 @@ func TestVerboseLogIsRateLimited(t *testing.T) {
 		log.Debug("failed to dial", "source", "go-redis")
 		now = now.Add(200 * time.Millisecond)
 	}
+	// Timeouts on connections of different local ports are one kind.
+	for port := range 30 {
+		log.Warn("renewal failed", "error", fmt.Sprintf("read tcp 127.0.0.1:%d->127.0.0.1:6379: i/o timeout", 40000+port))
+	}
 	// Back: another kind of record, then the same failure again, once.
 	log.Info("renewed")
 	renewalFailed()
@@ -50,6 +55,8 @@ func TestVerboseLogIsRateLimited(t *testing.T) {
 		dial + ` repeated=49 over=10s`,
 		`level=WARN msg="renewal failed" semaphores=[x] error="connection refused" repeated=24 over=5s`,
 		dial + ` repeated=24 over=5s`,
+		`level=WARN msg="renewal failed" semaphores=[x] error="read tcp 127.0.0.1:40000->127.0.0.1:6379: i/o timeout"`,
+		`level=WARN msg="renewal failed" semaphores=[x] error="read tcp 127.0.0.1:40029->127.0.0.1:6379: i/o timeout" repeated=29 over=0s`,
 		`level=INFO msg=renewed semaphores=[x]`,
 		`level=WARN msg="renewal failed" semaphores=[x] error="connection refused"`,
 		`level=WARN msg="renewal failed" semaphores=[x] error="i/o timeout"`,
