@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/redisserver"
@@ -185,4 +186,33 @@ func TestRunOnCluster(t *testing.T) {
 		t.Fatalf("status -cluster: exit %d, stderr:\n%s", r.code, r.stderr)
 	}
 	t.Logf("tokens %v", out)
+}
+
+// fairlock run and status on a Sentinel set's master, given by -sentinel
+// and -master.
+func TestRunOnSentinel(t *testing.T) {
+	redistest.Long(t)
+	set, err := redisserver.StartSentinel(5 * time.Second)
+	if err != nil {
+		t.Skipf("no Sentinel set: %v", err)
+	}
+	defer set.Stop()
+	prefix := redistest.Prefix(t)
+	sentinels := strings.Join(set.SentinelAddrs(), ",")
+	r := runBin(t, nil, "run", "-sentinel", sentinels, "-master", redisserver.MasterName, "-prefix", prefix, "x", "--", "sh", "-c", `echo "$FAIRLOCK_TOKEN"`)
+	if r.code != 0 || strings.TrimSpace(r.stdout) == "" {
+		t.Fatalf("run -sentinel %s -master %s: exit %d, stdout %q, stderr:\n%s", sentinels, redisserver.MasterName, r.code, r.stdout, r.stderr)
+	}
+	// The lock was kept on the master.
+	rdb := redis.NewClient(&redis.Options{Addr: set.Master.Addr})
+	defer rdb.Close()
+	keys, err := rdb.Keys(context.Background(), prefix+"*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("keys of the lock on the master %s: %v, %v; want some", set.Master.Addr, keys, err)
+	}
+	url := "redis://" + set.SentinelAddrs()[0] + "?master_name=" + redisserver.MasterName
+	if r := runBin(t, nil, "status", "-sentinel", url, "-prefix", prefix, "x"); r.code != 0 {
+		t.Fatalf("status -sentinel %s: exit %d, stderr:\n%s", url, r.code, r.stderr)
+	}
+	t.Logf("token %s; keys on the master: %v", strings.TrimSpace(r.stdout), keys)
 }
