@@ -2,6 +2,7 @@ package fairlock
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/fairlock/fairlock/internal/engine"
@@ -31,6 +32,13 @@ func init() {
 		return c.(*Client).signal(ctx, name, cond, all)
 	}
 	engine.ValidateCondName = validateCondName
+	engine.Deadlock = func(err error) (engine.Held, bool) {
+		var d *deadlockError
+		if !errors.As(err, &d) {
+			return engine.Held{}, false
+		}
+		return engine.Held{Name: d.name, Held: d.held, Asked: d.asked, Tokens: d.tokens}, true
+	}
 	engine.Transient = transient
 	engine.LeaderSet = func(ctx context.Context, c any, name string, term int64, value string, ttl time.Duration) (bool, error) {
 		return c.(*Client).leaderSet(ctx, name, term, value, ttl)

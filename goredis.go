@@ -256,7 +256,7 @@ func sameArgs(argv []any, args []string) bool {
 // with a dialError.
 func (g *goRedis) Script(ctx context.Context, s Script) (any, error) {
 	cmd := g.send(g.dials.mark(ctx, s.Keys), g.rdb, s)
-	return cmd.Val(), fromClient(g.dials.settle(cmd.Err()))
+	return cmd.Val(), g.named(fromClient(g.dials.settle(cmd.Err())))
 }
 
 func (g *goRedis) ScriptWait(ctx context.Context, s Script, replicas int, timeout time.Duration) (any, int64, error, error) {
@@ -271,7 +271,7 @@ func (g *goRedis) ScriptWait(ctx context.Context, s Script, replicas int, timeou
 	wait := redis.NewIntCmd(ctx, "wait", replicas, timeout.Milliseconds())
 	_ = pipe.Process(ctx, wait)
 	_, _ = pipe.Exec(ctx)
-	return cmd.Val(), wait.Val(), fromClient(g.dials.settle(cmd.Err())), fromClient(wait.Err())
+	return cmd.Val(), wait.Val(), g.named(fromClient(g.dials.settle(cmd.Err()))), g.named(fromClient(wait.Err()))
 }
 
 func (g *goRedis) LoadLibrary(ctx context.Context, code string) error {
@@ -394,8 +394,51 @@ func fromClient(err error) error {
 	case errors.Is(err, redis.ErrPoolTimeout):
 		return &kindError{err: err, kind: errPoolTimeout}
 	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, context.DeadlineExceeded) {
+		return &noAnswerError{err: err}
+	}
 	return err
 }
+
+// noAnswerError is a command that Redis did not answer within the
+// client's read or write timeout (the connection's deadline, not the
+// caller's context): it names the server, where the connection or the
+// client's options say which (see goRedis.named), and says what happened
+// before go-redis's own words ("i/o timeout"). It matches what it wraps.
+type noAnswerError struct {
+	err  error
+	addr string // the server, if the connection's error does not say
+}
+
+func (e *noAnswerError) Error() string {
+	var op *net.OpError
+	switch {
+	case errors.As(e.err, &op) && op.Addr != nil:
+		return fmt.Sprintf("Redis at %s did not answer in time: %v", op.Addr, e.err)
+	case e.addr != "":
+		return fmt.Sprintf("Redis at %s did not answer in time: %v", e.addr, e.err)
+	}
+	return fmt.Sprintf("Redis did not answer in time: %v", e.err)
+}
+
+// named gives a noAnswerError the address of the server, where the client
+// has one (a *redis.Client on one server: not a Cluster's, whose nodes
+// are many, nor a Sentinel failover client's, whose master changes).
+func (g *goRedis) named(err error) error {
+	var na *noAnswerError
+	if !errors.As(err, &na) || na.addr != "" {
+		return err
+	}
+	if r, ok := g.rdb.(*redis.Client); ok {
+		if o := r.Options(); o.Addr != "FailoverClient" {
+			na.addr = o.Addr
+		}
+	}
+	return err
+}
+
+func (e *noAnswerError) Unwrap() error { return e.err }
 
 // errPoolTimeout is a client's connection pool that had no connection
 // free in time.

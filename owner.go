@@ -71,15 +71,31 @@ func (c *Client) deadlock(ctx context.Context, op string, p plan) error {
 		if held == 0 || pt.req.Permits <= pt.req.Capacity-held {
 			continue
 		}
-		who, hold, it := "the lease with token "+tokens[0]+" that this context carries", "holds", "it holds"
-		if len(tokens) > 1 {
-			who, hold, it = "the leases with tokens "+strings.Join(tokens, ", ")+" that this context carries", "hold", "they hold"
-		}
-		return opError(op, p.names, fmt.Errorf("%w: %s %s %d of the %d permits of %q; the %d asked for cannot be granted while %s them, so waiting would wait on itself",
-			ErrDeadlock, who, hold, held, pt.req.Capacity, pt.req.Name, pt.req.Permits, it))
+		return opError(op, p.names, &deadlockError{name: pt.req.Name, capacity: pt.req.Capacity, held: held, asked: pt.req.Permits, tokens: tokens})
 	}
 	return nil
 }
+
+// deadlockError is ErrDeadlock with what the context holds: the
+// packages built on the engine (an RWMutex) restate it in their terms
+// (see engine.Deadlock).
+type deadlockError struct {
+	name        string
+	capacity    int64
+	held, asked int64
+	tokens      []string // of the leases that hold the permits
+}
+
+func (e *deadlockError) Error() string {
+	who, hold, it := "the lease with token "+e.tokens[0]+" that this context carries", "holds", "it holds"
+	if len(e.tokens) > 1 {
+		who, hold, it = "the leases with tokens "+strings.Join(e.tokens, ", ")+" that this context carries", "hold", "they hold"
+	}
+	return fmt.Sprintf("%v: %s %s %d of the %d permits of %q; the %d asked for cannot be granted while %s them, so waiting would wait on itself",
+		ErrDeadlock, who, hold, e.held, e.capacity, e.name, e.asked, it)
+}
+
+func (e *deadlockError) Unwrap() error { return ErrDeadlock }
 
 // sameRedis reports whether a and b send their commands through the same
 // Redis client (go-redis's, or a Backend), so that a name means the same

@@ -280,12 +280,6 @@ redis.register_function('fairlock_fifo_release', function(k, a)
   return 1
 end)`
 
-// leastLockName names the least script lock's reference row.
-const leastLockName = "least script lock (reference)"
-
-// fifoFloorName names the FIFO floor's reference row.
-const fifoFloorName = "FIFO floor (reference)"
-
 // withRefs returns e with the reference rows refs measured beside its
 // implementations.
 func (e *env) withRefs(refs ...impl) *env {
@@ -307,8 +301,8 @@ func (e *env) fifoFloor() (ims []impl, ok bool) {
 		}
 	}
 	return []impl{
-		{name: fifoFloorName, reference: true, about: "not a lock to use: no TTL, no liveness, no retries; see fifoFloorLib", open: open("0")},
-		{name: "FIFO floor + fairlock's commands (reference)", reference: true, about: "the FIFO floor doing fairlock's Redis commands besides", open: open("1")},
+		{name: refFIFOFloor, reference: true, about: "not a lock to use: no TTL, no liveness, no retries; see fifoFloorLib", open: open("0")},
+		{name: refFIFOFloorCommands, reference: true, about: "the FIFO floor doing fairlock's Redis commands besides", open: open("1")},
 	}, true
 }
 
@@ -363,9 +357,9 @@ func (e *env) floorRefs() ([]impl, bool) {
 			}}
 	}
 	return []impl{
-		ref("floor functions (reference)", "fairlock's commands only, no logic; see floorLib",
+		ref(refFloorFunctions, "fairlock's commands only, no logic; see floorLib",
 			"fairlock_floor_acquire", "fairlock_floor_release"),
-		ref(leastLockName, "TIME, HMGET, HSET per call, no logic: the fewest commands a lock judged by Redis's clock with its state in one hash can run; see floorLib",
+		ref(refLeastScript, "TIME, HMGET, HSET per call, no logic: the fewest commands a lock judged by Redis's clock with its state in one hash can run; see floorLib",
 			"fairlock_floor_least_acquire", "fairlock_floor_least_release"),
 	}, true
 }

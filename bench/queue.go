@@ -87,7 +87,7 @@ func queueScaling(e *env) ([]*Table, []Target, error) {
 		cur     *fairlock.Lease
 		waiting int64 // launched and not yet granted
 	}
-	const refSize = 10
+	const refSize = queueRefSize
 	lines := [2]*line{{name: name}, {name: name + "-ref"}}
 	for range clients + 1 {
 		rdb := redis.NewClient(&redis.Options{Addr: e.addr})
@@ -278,13 +278,13 @@ func queueScaling(e *env) ([]*Table, []Target, error) {
 func queueFigure(t *Table, refSize int) *figure {
 	fg := &figure{name: "queue", title: "7. Queue length: latency as the queue grows",
 		subtitle: fmt.Sprintf("fairlock, one semaphore of capacity 1 with the given number of waiters; p50 of each call, and of the same call on a reference semaphore with %d waiters measured alongside (dashed).", refSize),
-		cols:     2, panelW: 460, panelH: 300, legend: []string{"fairlock", fmt.Sprintf("%d-waiter reference", refSize)}}
+		cols:     2, panelW: 460, panelH: 300, legend: []string{"fairlock", queueRefName(refSize)}}
 	for _, k := range []struct{ title, key, refKey string }{
 		{"TryAcquire, refused (waiters queue)", "try_p50_us", "ref_try_p50_us"},
 		{"release that grants the head of the queue", "release_p50_us", "ref_release_p50_us"},
 	} {
 		own := series{name: "fairlock", dots: true}
-		rs := series{name: fmt.Sprintf("%d-waiter reference", refSize), dots: true}
+		rs := series{name: queueRefName(refSize), dots: true}
 		for _, d := range t.Data {
 			w := float64(d["waiters"].(int))
 			own.pts = append(own.pts, pt{w, d[k.key].(float64)})

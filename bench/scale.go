@@ -759,8 +759,8 @@ func wakeFigure(e *env, ks []int, res [][]wakeResult, bare *Table) *figure {
 		}
 	}
 	if bare != nil {
-		fg.legend = append(fg.legend, "bare blocking read (reference)")
-		ref := series{name: "bare blocking read (reference)", dots: true}
+		fg.legend = append(fg.legend, refBareBlockingRead)
+		ref := series{name: refBareBlockingRead, dots: true}
 		for _, d := range bare.Data {
 			ref.pts = append(ref.pts, pt{float64(d["keys"].(int)), d["read_p50_us"].(float64)})
 		}

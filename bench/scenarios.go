@@ -232,7 +232,7 @@ func uncontended(e *env) ([]*Table, []Target, error) {
 	}
 	// The least script lock's row (a reference, where the server has
 	// functions): the engine's targets are judged against it.
-	least := slices.IndexFunc(e.impls, func(im impl) bool { return im.name == leastLockName })
+	least := slices.IndexFunc(e.impls, func(im impl) bool { return im.name == refLeastScript })
 	for i, im := range e.impls {
 		r := ratio(quantile(acq[i], 0.5), pingP50)
 		cpuS, cpuR, calls := "n/a (embedded)", "n/a (embedded)", "n/a (embedded)"
@@ -790,7 +790,7 @@ func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]
 			shares))
 		// The FIFO floor's row (a reference, where the server has
 		// functions), which the engine's targets are judged against.
-		floor := slices.IndexFunc(e.impls, func(im impl) bool { return im.name == fifoFloorName })
+		floor := slices.IndexFunc(e.impls, func(im impl) bool { return im.name == refFIFOFloor })
 		for i, im := range e.impls {
 			st := sts[i]
 			acqs := st.total()

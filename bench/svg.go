@@ -2,8 +2,8 @@ package main
 
 // Hand-written SVG charts: the figures beside the tables. A figure is a
 // title, a legend and a grid of panels; a panel has two axes (linear or
-// log) and lines, or bars. Every implementation has one colour in every
-// figure (implStyle).
+// log) and lines, or bars. Every series has one style of its own, the same
+// in every figure (implStyle, palette.go).
 
 import (
 	"fmt"
@@ -72,32 +72,6 @@ type bars struct {
 	// zeroMark marks the bars of value 0 with a red tick under the axis
 	// (a starved process).
 	zeroMark bool
-}
-
-type style struct {
-	color string
-	dash  bool
-}
-
-// implStyle is an implementation's colour (Okabe–Ito, readable to most
-// colour-blind eyes) and dash: the references are grey and dashed.
-func implStyle(name string) style {
-	switch name {
-	case "fairlock":
-		return style{color: "#0072B2"}
-	case "redsync":
-		return style{color: "#E69F00"}
-	case "redislock":
-		return style{color: "#009E73"}
-	case "setnx":
-		return style{color: "#CC79A7"}
-	case "FIFO floor + fairlock's commands (reference)", "bare blocking read (reference)":
-		return style{color: "#999999", dash: true}
-	}
-	if strings.Contains(name, "reference") {
-		return style{color: "#555555", dash: true}
-	}
-	return style{color: "#D55E00"}
 }
 
 func (s series) style() style {
@@ -201,8 +175,8 @@ func (fg *figure) svg() []byte {
 }
 
 func dashAttr(st style) string {
-	if st.dash {
-		return ` stroke-dasharray="6 4"`
+	if st.dash != "" {
+		return ` stroke-dasharray="` + st.dash + `"`
 	}
 	return ""
 }
@@ -386,7 +360,11 @@ func (p *panel) draw(b *svgBuf, x0, y0, w, h int) {
 	if p.bars == nil {
 		sx = newScale(p.x, xs, left, right)
 	}
-	sy := newScale(p.y, ys, bottom, top)
+	ytop := top
+	if p.bars != nil {
+		ytop += p.bars.labelRoom(left, right) // the tallest bar's label stays in the plot
+	}
+	sy := newScale(p.y, ys, bottom, ytop)
 	if (sx != nil && !sx.ok) || !sy.ok {
 		b.f(`<text x="%.1f" y="%.1f" text-anchor="middle" fill="#666666">no data</text>`+"\n", (left+right)/2, (top+bottom)/2)
 		return
@@ -479,18 +457,82 @@ func (p *panel) draw(b *svgBuf, x0, y0, w, h int) {
 	b.f("</g>\n")
 }
 
-func (p *panel) drawBars(b *svgBuf, sy *scale, left, right, bottom float64) {
-	bs := p.bars
+// barWidth is the width of each bar of bs between left and right: the
+// groups share the width, and a group's bars 80% of its share (90% for
+// many groups of one bar).
+func (bs *bars) barWidth(left, right float64) (gw, inner, bw float64) {
+	ng, ns := len(bs.groups), len(bs.series)
+	gw = (right - left) / float64(ng)
+	inner = gw * 0.8
+	if ns == 1 && ng > 20 {
+		inner = gw * 0.9
+	}
+	return gw, inner, inner / float64(ns)
+}
+
+// Bar labels are 10 px text, at about labelCharW a character (DejaVu
+// Sans's digits are 0.64 em).
+const (
+	labelFont  = 10.0
+	labelCharW = 6.4
+	labelGap   = 3.0 // between a bar's top and its label
+)
+
+// labelBox is where a bar's value is written: the box its text fills.
+type labelBox struct {
+	x0, y0, x1, y1 float64
+	text           string
+	vertical       bool // reading upwards
+}
+
+// barLabel places the label text of the bar at x, bw wide, whose top is
+// at y: across, above the bar, when the text fits in the bar's width;
+// else upwards, above the bar, when the bar is wider than a line of text;
+// else nowhere (the value is in the table, and in the bar's tooltip). A
+// label is thus always within its own bar's column, so labels cannot
+// overlap one another.
+func barLabel(text string, x, bw, y float64) (labelBox, bool) {
+	tw := float64(len([]rune(text))) * labelCharW
+	mid := x + bw/2
+	switch {
+	case tw <= bw-1:
+		return labelBox{mid - tw/2, y - labelGap - labelFont, mid + tw/2, y - labelGap, text, false}, true
+	case labelFont <= bw-1:
+		return labelBox{mid - labelFont/2, y - labelGap - tw, mid + labelFont/2, y - labelGap, text, true}, true
+	}
+	return labelBox{}, false
+}
+
+// labelRoom is the height above the tallest bar that bs's labels need,
+// between left and right.
+func (bs *bars) labelRoom(left, right float64) float64 {
+	if !bs.labels || len(bs.groups) == 0 || len(bs.series) == 0 {
+		return 0
+	}
+	_, _, bw := bs.barWidth(left, right)
+	room := 0.0
+	for _, g := range bs.vals {
+		for _, v := range g {
+			if math.IsNaN(v) {
+				continue
+			}
+			if b, ok := barLabel(compact(v), 0, bw, 0); ok {
+				room = max(room, -b.y0)
+			}
+		}
+	}
+	return room
+}
+
+// layout calls each with, for each group and series, the bar's left edge, width
+// and top, the axis's y, and its label's box (labOK false for none), as drawBars draws
+// them.
+func (bs *bars) layout(sy *scale, left, right float64, each func(g, s int, x, bw, y, y0 float64, lab labelBox, labOK bool)) {
 	ng, ns := len(bs.groups), len(bs.series)
 	if ng == 0 || ns == 0 {
 		return
 	}
-	gw := (right - left) / float64(ng)
-	inner := gw * 0.8
-	if ns == 1 && ng > 20 {
-		inner = gw * 0.9
-	}
-	bw := inner / float64(ns)
+	gw, inner, bw := bs.barWidth(left, right)
 	y0 := sy.px(max(0, sy.lo))
 	for g := range ng {
 		gx := left + gw*float64(g) + (gw-inner)/2
@@ -499,28 +541,52 @@ func (p *panel) drawBars(b *svgBuf, sy *scale, left, right, bottom float64) {
 			if math.IsNaN(v) {
 				continue
 			}
-			st := implStyle(bs.series[s])
 			x := gx + bw*float64(s)
 			y := sy.px(v)
-			fill := st.color
-			op := ""
-			if st.dash {
-				op = ` fill-opacity="0.6"`
-			}
-			b.f(`<rect x="%.2f" y="%.2f" width="%.2f" height="%.2f" fill="%s"%s><title>%s: %s</title></rect>`, x, min(y, y0), max(bw-0.5, 0.5), math.Abs(y0-y), fill, op, esc(bs.series[s]+" "+bs.groups[g]), esc(num(v)))
-			if bs.zeroMark && v == 0 {
-				b.f(`<line x1="%.2f" y1="%.1f" x2="%.2f" y2="%.1f" stroke="#D00000" stroke-width="%.1f"/>`, x+bw/2, y0+1, x+bw/2, y0+6, min(max(1.5, bw*0.6), 6))
-			}
+			var lab labelBox
+			ok := false
 			if bs.labels {
-				lab := compact(v)
-				b.f(`<text x="%.2f" y="%.1f" text-anchor="middle" font-size="10">%s</text>`, x+bw/2, min(y, y0)-3, esc(lab))
+				lab, ok = barLabel(compact(v), x, bw, min(y, y0))
 			}
+			each(g, s, x, bw, y, y0, lab, ok)
 		}
-		if bs.groups[g] != "" {
-			b.f(`<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`, left+gw*(float64(g)+0.5), bottom+15, esc(bs.groups[g]))
-		}
-		b.f("\n")
 	}
+}
+
+func (p *panel) drawBars(b *svgBuf, sy *scale, left, right, bottom float64) {
+	bs := p.bars
+	if len(bs.groups) == 0 || len(bs.series) == 0 {
+		return
+	}
+	bs.layout(sy, left, right, func(g, s int, x, bw, y, y0 float64, lab labelBox, labOK bool) {
+		v := bs.vals[g][s]
+		st := implStyle(bs.series[s])
+		op := ""
+		if st.dash != "" {
+			op = ` fill-opacity="0.6"`
+		}
+		b.f(`<rect x="%.2f" y="%.2f" width="%.2f" height="%.2f" fill="%s"%s><title>%s: %s</title></rect>`, x, min(y, y0), max(bw-0.5, 0.5), math.Abs(y0-y), st.color, op, esc(bs.series[s]+" "+bs.groups[g]), esc(num(v)))
+		if bs.zeroMark && v == 0 {
+			b.f(`<line x1="%.2f" y1="%.1f" x2="%.2f" y2="%.1f" stroke="#D00000" stroke-width="%.1f"/>`, x+bw/2, y0+1, x+bw/2, y0+6, min(max(1.5, bw*0.6), 6))
+		}
+		switch {
+		case !labOK:
+		case lab.vertical:
+			// Rotated about its anchor: the text runs up from the box's
+			// bottom, its baseline on the box's right.
+			ax, ay := lab.x1-1.5, lab.y1
+			b.f(`<text x="%.2f" y="%.2f" font-size="%g" transform="rotate(-90 %.2f %.2f)">%s</text>`, ax, ay, labelFont, ax, ay, esc(lab.text))
+		default:
+			b.f(`<text x="%.2f" y="%.2f" text-anchor="middle" font-size="%g">%s</text>`, (lab.x0+lab.x1)/2, lab.y1, labelFont, esc(lab.text))
+		}
+	})
+	gw, _, _ := bs.barWidth(left, right)
+	for g, name := range bs.groups {
+		if name != "" {
+			b.f(`<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`, left+gw*(float64(g)+0.5), bottom+15, esc(name))
+		}
+	}
+	b.f("\n")
 }
 
 // cdf is the empirical distribution of ds (in µs) as at most 300 points:

@@ -1,6 +1,6 @@
 module github.com/fairlock/fairlock/fairlockrueidis
 
-go 1.26.8
+go 1.26.0
 
 
 require (

@@ -3,6 +3,9 @@ package semaphore_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -156,6 +159,63 @@ func TestRecursiveReadLockBehindWriterNotDetected(t *testing.T) {
 		stop()
 		if res := e.Receive(w); res.Err == nil {
 			e.Release(res.Lease)
+		}
+	})
+}
+
+// An RWMutex's deadlock is told in read and write locks, never in the
+// permits of the semaphore underneath (MaxReaders of them).
+func TestDeadlockRWMutexMessage(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		rw, err := semaphore.NewRWMutex(e.Client(), "rw")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := fltest.Bounded(t)
+		for _, tc := range []struct {
+			name      string
+			hold      []bool // each a lock the context carries: true for the write lock
+			askWrite  bool
+			want, not string
+		}{
+			{"write under read", []bool{false}, true, `the write lock of "rw" cannot be granted under a read lock of it (token %s)`, "permits"},
+			{"read under write", []bool{true}, false, `a read lock of "rw" cannot be granted under the write lock of it (token %s)`, "permits"},
+			{"write under write", []bool{true}, true, `the write lock of "rw" cannot be granted under the write lock of it (token %s)`, "permits"},
+			{"write under two reads", []bool{false, false}, true, `the write lock of "rw" cannot be granted under 2 read locks of it (tokens %s)`, "permits"},
+		} {
+			lctx := ctx
+			var tokens []string
+			var leases []*fairlock.Lease
+			for _, w := range tc.hold {
+				lock := rw.RLock
+				if w {
+					lock = rw.Lock
+				}
+				l, err := lock(ctx)
+				if err != nil {
+					t.Fatalf("%s: %v", tc.name, err)
+				}
+				leases = append(leases, l)
+				tokens = append(tokens, fmt.Sprint(l.Token()))
+				var cancel context.CancelFunc
+				lctx, cancel = fairlock.LeaseContext(lctx, l)
+				defer cancel()
+			}
+			lock := rw.RLock
+			if tc.askWrite {
+				lock = rw.Lock
+			}
+			_, err := lock(lctx)
+			fltest.IsErr(t, tc.name, err, fairlock.ErrDeadlock)
+			slices.Reverse(tokens) // innermost first
+			want := fmt.Sprintf(tc.want, strings.Join(tokens, ", "))
+			if msg := err.Error(); !strings.Contains(msg, want) || strings.Contains(msg, tc.not) || !strings.HasPrefix(msg, `fairlock: acquire "rw": deadlock: `) {
+				t.Errorf("%s: error = %q, want it to say %q and not %q", tc.name, msg, want, tc.not)
+			}
+			for _, l := range leases {
+				e.Release(l)
+			}
 		}
 	})
 }

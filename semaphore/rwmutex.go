@@ -2,8 +2,12 @@ package semaphore
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/engine"
 )
 
 // MaxReaders is the number of readers an [RWMutex] admits at once. An
@@ -40,7 +44,8 @@ func NewRWMutex(c *fairlock.Client, name string, opts ...Option) (*RWMutex, erro
 // take read locks recursively (docs/guide.md, "Ownership"). Its other
 // errors are [Semaphore.Acquire]'s.
 func (rw *RWMutex) RLock(ctx context.Context) (*fairlock.Lease, error) {
-	return rw.s.Acquire(ctx, 1)
+	l, err := rw.s.Acquire(ctx, 1)
+	return l, rwDeadlock(err)
 }
 
 // TryRLock takes a read lock if that needs no waiting: no writer holds
@@ -59,7 +64,8 @@ func (rw *RWMutex) TryRLock(ctx context.Context) (*fairlock.Lease, error) {
 // for its own caller, and fails at once with [fairlock.ErrDeadlock]. Its
 // other errors are [Semaphore.Acquire]'s.
 func (rw *RWMutex) Lock(ctx context.Context) (*fairlock.Lease, error) {
-	return rw.s.Acquire(ctx, MaxReaders)
+	l, err := rw.s.Acquire(ctx, MaxReaders)
+	return l, rwDeadlock(err)
 }
 
 // TryLock takes the write lock if that needs no waiting: nobody holds the
@@ -74,11 +80,51 @@ func (rw *RWMutex) TryLock(ctx context.Context) (*fairlock.Lease, error) {
 // ends if the lease is lost, and Do returns f's error joined with the
 // release's; if Lock fails, f does not run and Do returns its error.
 func (rw *RWMutex) Do(ctx context.Context, f func(ctx context.Context) error) error {
-	return rw.s.Do(ctx, MaxReaders, f)
+	lease, err := rw.Lock(ctx)
+	if err != nil {
+		return err
+	}
+	return run(ctx, lease, f)
 }
 
 // RDo takes a read lock, runs f and unlocks, as Do does with the write
 // lock.
 func (rw *RWMutex) RDo(ctx context.Context, f func(ctx context.Context) error) error {
-	return rw.s.Do(ctx, 1, f)
+	lease, err := rw.RLock(ctx)
+	if err != nil {
+		return err
+	}
+	return run(ctx, lease, f)
+}
+
+// rwDeadlock restates an ErrDeadlock error of an acquisition in the
+// caller's terms, read and write locks, rather than the permits of the
+// semaphore an RWMutex is: "a write lock cannot be granted under the
+// read lock (token 7) that this context holds", not "holds 1 of the
+// 1073741824 permits". Other errors pass unchanged.
+func rwDeadlock(err error) error {
+	var fe *fairlock.Error
+	h, ok := engine.Deadlock(err)
+	if !ok || !errors.As(err, &fe) {
+		return err
+	}
+	asked := "a read lock"
+	if h.Asked == MaxReaders {
+		asked = "the write lock"
+	}
+	var held string
+	switch {
+	case h.Held >= MaxReaders:
+		held = "the write lock"
+	case h.Held == 1:
+		held = "a read lock"
+	default:
+		held = fmt.Sprintf("%d read locks", h.Held)
+	}
+	tokens := "token " + strings.Join(h.Tokens, ", ")
+	if len(h.Tokens) > 1 {
+		tokens = "tokens " + strings.Join(h.Tokens, ", ")
+	}
+	return &fairlock.Error{Op: fe.Op, Names: fe.Names, Err: fmt.Errorf("%w: %s of %q cannot be granted under %s of it (%s) that this context carries, so waiting would wait on itself",
+		fairlock.ErrDeadlock, asked, h.Name, held, tokens)}
 }

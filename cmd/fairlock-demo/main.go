@@ -139,26 +139,61 @@ func (d *demo) fifo() error {
 func (d *demo) crash() error {
 	const ttl = 500 * time.Millisecond
 	fmt.Printf("2. A holder with a %v lease crashes; the next waiter is granted when it expires.\n", ttl)
+	r, err := d.crashed(ttl)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("   waiter granted %v after the crash (lease TTL %v; the lease was held until at least %v after it); token %d > %d\n",
+		r.after.Round(time.Millisecond), ttl, r.heldFor.Round(time.Millisecond), r.next, r.crashed)
+	return nil
+}
+
+// crashResult is what the crash step saw.
+type crashResult struct {
+	heldFor       time.Duration // from the crash to the lease's Expiry read just before it
+	after         time.Duration // from the crash to the waiter's grant
+	crashed, next int64         // the tokens
+}
+
+// crashed runs the crash step: the holder's client is abandoned (as a
+// process that dies: it stops renewing and releases nothing), and the
+// waiter must not be granted before the lease's TTL has run out in Redis.
+// It fails if the waiter was granted before the lease's Expiry, the
+// earliest time Redis may have expired it: the crash would have released
+// the lease instead of leaving it to expire.
+func (d *demo) crashed(ttl time.Duration) (crashResult, error) {
 	ctx := context.Background()
 	prefix := fairlock.WithPrefix("fairlock-demo:crash:")
 	hc, _, hstop := d.process(prefix, fairlock.WithLeaseTTL(ttl))
+	defer hstop()
 	wc, _, wstop := d.process(prefix)
 	defer wstop()
 	hs, _ := semaphore.NewMutex(hc, "ledger")
 	ws, _ := semaphore.NewMutex(wc, "ledger")
 	l, err := hs.Lock(ctx)
 	if err != nil {
-		return err
+		return crashResult{}, err
 	}
+	expiry := l.Expiry()
 	crashed := time.Now()
-	hstop() // stops renewing and never releases: a crash, as far as Redis knows
+	// A crash, as far as Redis knows: renewal stops, nothing is released.
+	if err := hc.Abandon(); err != nil {
+		return crashResult{}, err
+	}
 	got, err := ws.Lock(ctx)
 	if err != nil {
-		return err
+		return crashResult{}, err
 	}
-	fmt.Printf("   waiter granted %v after the crash (lease TTL %v); token %d > %d\n",
-		time.Since(crashed).Round(time.Millisecond), ttl, got.Token(), l.Token())
-	return got.Release(ctx)
+	granted := time.Now()
+	r := crashResult{heldFor: expiry.Sub(crashed), after: granted.Sub(crashed), crashed: l.Token(), next: got.Token()}
+	if err := got.Release(ctx); err != nil {
+		return r, err
+	}
+	if granted.Before(expiry) {
+		return r, fmt.Errorf("the waiter was granted %v after the crash, before the crashed holder's lease could have expired (%v after it): the crash released the lease",
+			r.after.Round(time.Millisecond), r.heldFor.Round(time.Millisecond))
+	}
+	return r, nil
 }
 
 // fencing: a holder paused past its lease learns it lost the lease, and

@@ -22,7 +22,7 @@ type electOptions struct {
 
 func (o *electOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.value, "value", "", "the `VALUE` this candidate leads with, shown by status (default host:pid,\nas status shows this process)")
-	durationVar(fs, &o.wait, "w", 0, "give up campaigning after this long (exit 75); 0 waits forever")
+	durationVar(fs, &o.wait, "w", 0, "give up campaigning after this long (exit 75; 70 if Redis did not answer); 0\nwaits forever")
 	durationVar(fs, &o.ttl, "ttl", fairlock.DefaultLeaseTTL, "lease TTL: how long a crashed leader keeps leading")
 	durationVar(fs, &o.grace, "grace", 10*time.Second, "after leadership is lost, or for what COMMAND leaves running, how long\nbetween SIGTERM and SIGKILL")
 }
@@ -52,6 +52,7 @@ func electCmd(cmd *command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, errLine(err))
 		return exitUsage
 	}
+	defer c.flushLog() // last: what -v held back, after the clean-up's own logs
 	defer rdb.Close()
 	defer closeWithin(fc, closeWait)
 	e, err := election.New(fc, name)
@@ -64,7 +65,8 @@ func electCmd(cmd *command, args []string, stdout, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 4)
 	notifyForwarded(sigs)
 	defer signal.Stop(sigs)
-	w := &waiter{fc: fc, name: name, elect: true, wait: o.wait, verbose: c.verbose, stderr: stderr}
+	w := &waiter{fc: fc, name: name, elect: true, wait: o.wait, verbose: c.verbose, stderr: stderr,
+		health: c.health, ping: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }}
 	l, code := take(w, sigs, func(ctx context.Context) (*election.Leadership, error) {
 		return e.Campaign(ctx, o.value)
 	}, (*election.Leadership).Term)

@@ -31,8 +31,8 @@ import (
 // command's status (128+N when the command was killed by signal N).
 const (
 	exitUsage     = 64  // bad flags or arguments
-	exitError     = 70  // Redis unreachable or another error of fairlock's
-	exitNotGot    = 75  // the lock was busy (-n) or the wait timed out (-w)
+	exitError     = 70  // Redis did not answer, or another error of fairlock's
+	exitNotGot    = 75  // the lock was busy (-n), or the wait ran out (-w) with Redis answering
 	exitLeaseLost = 76  // the lease was lost while the command ran; it was signalled
 	exitNoCommand = 127 // the command could not be started
 )
@@ -84,12 +84,16 @@ on stderr and keeps trying.
 
 On a failure fairlock prints one line to stderr; -v also logs fairlock's
 diagnostics there (lost leases, failing renewals, go-redis's connection
-errors).
+errors): one that repeats (Redis gone) once, then with a count of its
+repeats every 10s or when something else is logged.
 
 Redis is -redis ADDRESS, else $FAIRLOCK_REDIS_URL, else $REDIS_URL, else
 127.0.0.1:6379. ADDRESS is HOST[:PORT] (port 6379 by default),
 redis://[USER[:PASSWORD]@]HOST[:PORT][/DB], rediss://... for TLS, or
-unix:///PATH[?db=DB] (or just /PATH) for a Unix socket.
+unix:///PATH[?db=DB] (or just /PATH) for a Unix socket. A Redis Cluster is
+-cluster HOST:PORT[,HOST:PORT...] (any of its nodes; or a redis:// URL with
+addr=HOST:PORT for more), a Sentinel set's master -sentinel HOST[:PORT][,...]
+-master NAME (its sentinels, port 26379 by default).
 `
 
 // outro is what "fairlock --help" says after the flags.
@@ -98,7 +102,11 @@ A flag goes before NAME, as -flag VALUE, -flag=VALUE or --flag VALUE. A
 DURATION is like 1m30s or 500ms, or a number of seconds (30, 2.5).
 
 Exit statuses of run and elect, besides COMMAND's own:
-  64  bad usage            70  Redis or other error     75  not acquired (-n busy, -w timed out)
+  64  bad usage
+  70  Redis did not answer (refused, timed out: the line names its address and
+      what happened), or another error of fairlock's
+  75  not acquired: NAME was busy (-n), or the wait ran out (-w) with Redis
+      answering all along
   76  lease lost, or -max-hold reached, while COMMAND ran (COMMAND and what it
       started got SIGTERM, then SIGKILL after -grace)
   127 COMMAND could not be started
@@ -255,6 +263,12 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 			name = "N"
 		case f.Name == "redis":
 			name = "ADDRESS"
+		case f.Name == "cluster":
+			name = "NODES"
+		case f.Name == "sentinel":
+			name = "SENTINELS"
+		case f.Name == "master":
+			name = "NAME"
 		}
 		line := "  -" + f.Name
 		if name != "" {
@@ -324,15 +338,23 @@ func versionOf(bi *debug.BuildInfo) string {
 
 // common holds the flags every command takes.
 type common struct {
-	url     string
-	prefix  string
-	verbose bool
-	stderr  io.Writer
+	url      string
+	cluster  string // -cluster: a Redis Cluster's nodes
+	sentinel string // -sentinel: a Sentinel set's sentinels
+	master   string // -master: the master's name in the Sentinel set
+	prefix   string
+	verbose  bool
+	stderr   io.Writer
+	health   *redisHealth  // set by connect
+	quiet    *quietHandler // -v's handler, once logger made it
 }
 
 func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.url, "redis", "", "where Redis is: HOST[:PORT], redis://[USER[:PASSWORD]@]HOST[:PORT][/DB],\n"+
 		"rediss://... (TLS) or unix:///PATH (default: $FAIRLOCK_REDIS_URL,\nelse $REDIS_URL, else 127.0.0.1:6379)")
+	fs.StringVar(&c.cluster, "cluster", "", "a Redis Cluster instead: HOST:PORT[,HOST:PORT...] of any of its nodes, or\nredis://[USER[:PASSWORD]@]HOST:PORT[?addr=HOST:PORT...]")
+	fs.StringVar(&c.sentinel, "sentinel", "", "a Sentinel set's master instead: HOST[:PORT][,HOST[:PORT]...] of its\nsentinels (port 26379 by default), with -master; or\nredis://[USER[:PASSWORD]@]HOST:PORT?master_name=NAME[&addr=HOST:PORT...]")
+	fs.StringVar(&c.master, "master", "", "with -sentinel: the name the sentinels know the master by")
 	fs.StringVar(&c.prefix, "prefix", fairlock.DefaultPrefix, "key prefix shared by every user of the lock")
 	fs.BoolVar(&c.verbose, "v", false, "log fairlock's diagnostics (and go-redis's) to stderr; run and elect also say\nhow long they wait, their place in line, and when they get NAME")
 }
@@ -393,12 +415,25 @@ func (r redisLog) Printf(ctx context.Context, format string, v ...any) {
 	}
 }
 
-// logger returns the -v logger, or nil.
+// logger returns the -v logger, or nil. It logs a diagnostic that keeps
+// coming once, then with a count at most every logSummaryEvery (see
+// quietHandler); flushLog logs what it holds back.
 func (c *common) logger() *slog.Logger {
 	if !c.verbose {
 		return nil
 	}
-	return slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	if c.quiet == nil {
+		c.quiet = newQuietHandler(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: slog.LevelDebug}), logSummaryEvery)
+	}
+	return slog.New(c.quiet)
+}
+
+// flushLog logs the diagnostics -v's logger holds back, as the command
+// exits.
+func (c *common) flushLog() {
+	if c.quiet != nil {
+		c.quiet.flush()
+	}
 }
 
 // errLine renders err as fairlock's one line about it: "fairlock: " once,
@@ -422,10 +457,10 @@ func processLabel() string {
 	return fmt.Sprintf("%.40s:%d", host, os.Getpid())
 }
 
-// connect opens Redis and a fairlock client labelled with processLabel.
-// A bad address fails with an error matching errBadAddress.
-func (c *common) connect(opts ...fairlock.Option) (*redis.Client, *fairlock.Client, error) {
-	o, err := c.redisOptions()
+// connect opens Redis (see dial) and a fairlock client labelled with
+// processLabel. A bad address fails with an error matching errBadAddress.
+func (c *common) connect(opts ...fairlock.Option) (redisConn, *fairlock.Client, error) {
+	rdb, where, err := c.dial()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -434,7 +469,8 @@ func (c *common) connect(opts ...fairlock.Option) (*redis.Client, *fairlock.Clie
 	if log != nil {
 		opts = append(opts, fairlock.WithLogger(log))
 	}
-	rdb := redis.NewClient(o)
+	c.health = newRedisHealth(where)
+	rdb.AddHook(c.health)
 	fc, err := fairlock.New(rdb, append([]fairlock.Option{fairlock.WithPrefix(c.prefix), fairlock.WithOwner(processLabel())}, opts...)...)
 	if err != nil {
 		rdb.Close()

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/redisserver"
@@ -121,4 +123,96 @@ func down(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// -cluster and -sentinel take the forms Redis users know: a list of nodes
+// (or sentinels, port 26379 by default, with -master), or a redis:// URL
+// as go-redis reads it; a form that does not fit is refused with the
+// forms it may take.
+func TestClusterAndSentinelForms(t *testing.T) {
+	for _, tc := range []struct {
+		cluster, sentinel, master, url string
+		want                           string // where Redis is, as dial names it; "" for refused
+	}{
+		{cluster: "10.0.0.1:7000,10.0.0.2:7001", want: "the Cluster at 10.0.0.1:7000,10.0.0.2:7001"},
+		{cluster: "node-a, node-b:7001", want: "the Cluster at node-a:6379,node-b:7001"},
+		{cluster: "redis://u:p@10.0.0.1:7000?addr=10.0.0.2:7001", want: "the Cluster at 10.0.0.1:7000,10.0.0.2:7001"},
+		{cluster: "[::1]:7000,::1", want: "the Cluster at [::1]:7000,[::1]:6379"},
+		{sentinel: "s1,s2:26380", master: "mymaster", want: `master "mymaster" of the sentinels at s1:26379,s2:26380`},
+		{sentinel: "redis://10.0.0.1:26379?master_name=m&addr=10.0.0.2:26379", want: `master "m" of the sentinels at 10.0.0.1:26379,10.0.0.2:26379`},
+		{url: "10.0.0.1", want: "Redis at 10.0.0.1:6379"},
+		{sentinel: "s1"},                               // no master
+		{master: "m"},                                  // no sentinels
+		{cluster: "a:1", url: "b:2"},                   // two places
+		{cluster: "a:1", sentinel: "b", master: "m"},   // two places
+		{cluster: "a:1,,b:2"},                          // an empty address
+		{cluster: "a:99999"},                           // a bad port
+		{cluster: "http://a:1"},                        // not a Redis URL
+		{sentinel: "redis://a:1?bogus=1", master: "m"}, // an unknown option
+	} {
+		c := &common{url: tc.url, cluster: tc.cluster, sentinel: tc.sentinel, master: tc.master}
+		rdb, where, err := c.dial()
+		if rdb != nil {
+			rdb.Close()
+		}
+		switch {
+		case tc.want == "" && !errors.Is(err, errBadAddress):
+			t.Errorf("%+v: dial = %q, %v; want an error matching errBadAddress", tc, where, err)
+		case tc.want != "" && (err != nil || where != tc.want):
+			t.Errorf("%+v: dial = %q, %v; want %q", tc, where, err, tc.want)
+		}
+	}
+}
+
+// fairlock run and status on a real Redis Cluster, given by -cluster.
+func TestRunOnCluster(t *testing.T) {
+	redistest.Long(t)
+	cl, err := redisserver.StartCluster(3)
+	if err != nil {
+		t.Skipf("no Redis Cluster: %v", err)
+	}
+	defer cl.Stop()
+	prefix := redistest.Prefix(t)
+	seeds := strings.Join(cl.Addrs()[:2], ",")
+	var out []string
+	for _, name := range []string{"a", "b", "c", "d"} { // names in several slots
+		r := runBin(t, nil, "run", "-cluster", seeds, "-prefix", prefix, name, "--", "sh", "-c", `echo "$FAIRLOCK_TOKEN"`)
+		if r.code != 0 {
+			t.Fatalf("run -cluster %s %s: exit %d, stderr:\n%s", seeds, name, r.code, r.stderr)
+		}
+		out = append(out, strings.TrimSpace(r.stdout))
+	}
+	if r := runBin(t, nil, "status", "-cluster", "redis://"+cl.Addrs()[2], "-prefix", prefix, "a", "d"); r.code != 0 {
+		t.Fatalf("status -cluster: exit %d, stderr:\n%s", r.code, r.stderr)
+	}
+	t.Logf("tokens %v", out)
+}
+
+// fairlock run and status on a Sentinel set's master, given by -sentinel
+// and -master.
+func TestRunOnSentinel(t *testing.T) {
+	redistest.Long(t)
+	set, err := redisserver.StartSentinel(5 * time.Second)
+	if err != nil {
+		t.Skipf("no Sentinel set: %v", err)
+	}
+	defer set.Stop()
+	prefix := redistest.Prefix(t)
+	sentinels := strings.Join(set.SentinelAddrs(), ",")
+	r := runBin(t, nil, "run", "-sentinel", sentinels, "-master", redisserver.MasterName, "-prefix", prefix, "x", "--", "sh", "-c", `echo "$FAIRLOCK_TOKEN"`)
+	if r.code != 0 || strings.TrimSpace(r.stdout) == "" {
+		t.Fatalf("run -sentinel %s -master %s: exit %d, stdout %q, stderr:\n%s", sentinels, redisserver.MasterName, r.code, r.stdout, r.stderr)
+	}
+	// The lock was kept on the master.
+	rdb := redis.NewClient(&redis.Options{Addr: set.Master.Addr})
+	defer rdb.Close()
+	keys, err := rdb.Keys(context.Background(), prefix+"*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("keys of the lock on the master %s: %v, %v; want some", set.Master.Addr, keys, err)
+	}
+	url := "redis://" + set.SentinelAddrs()[0] + "?master_name=" + redisserver.MasterName
+	if r := runBin(t, nil, "status", "-sentinel", url, "-prefix", prefix, "x"); r.code != 0 {
+		t.Fatalf("status -sentinel %s: exit %d, stderr:\n%s", url, r.code, r.stderr)
+	}
+	t.Logf("token %s; keys on the master: %v", strings.TrimSpace(r.stdout), keys)
 }

@@ -25,7 +25,7 @@ type runOptions struct {
 func (o *runOptions) register(fs *flag.FlagSet) {
 	fs.Int64Var(&o.capacity, "capacity", 1, "how many permits NAME has; 1 makes it a mutex")
 	fs.Int64Var(&o.permits, "permits", 1, "how many permits COMMAND takes")
-	durationVar(fs, &o.wait, "w", 0, "give up waiting after this long (exit 75); 0 waits forever")
+	durationVar(fs, &o.wait, "w", 0, "give up waiting after this long (exit 75; 70 if Redis did not answer); 0 waits\nforever")
 	fs.BoolVar(&o.nowait, "n", false, "do not wait: exit 75 at once if NAME is busy")
 	durationVar(fs, &o.ttl, "ttl", fairlock.DefaultLeaseTTL, "lease TTL: how long a crashed fairlock keeps the lock")
 	durationVar(fs, &o.grace, "grace", 10*time.Second, "after a lost lease, or for what COMMAND leaves running, how long between\nSIGTERM and SIGKILL")
@@ -53,6 +53,7 @@ func runCmd(cmd *command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, errLine(err))
 		return exitUsage
 	}
+	defer c.flushLog() // last: what -v held back, after the clean-up's own logs
 	defer rdb.Close()
 	defer closeWithin(fc, closeWait)
 	req := fairlock.Request{Name: name, Capacity: o.capacity, Permits: o.permits}
@@ -65,7 +66,8 @@ func runCmd(cmd *command, args []string, stdout, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 4)
 	notifyForwarded(sigs)
 	defer signal.Stop(sigs)
-	w := &waiter{fc: fc, name: name, nowait: o.nowait, wait: o.wait, verbose: c.verbose, stderr: stderr}
+	w := &waiter{fc: fc, name: name, nowait: o.nowait, wait: o.wait, verbose: c.verbose, stderr: stderr,
+		health: c.health, ping: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }}
 	lease, code := take(w, sigs, func(ctx context.Context) (*fairlock.Lease, error) {
 		if o.nowait {
 			return fc.TryAcquire(ctx, req)

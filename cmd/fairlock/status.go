@@ -62,6 +62,7 @@ func statusCmd(cmd *command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, errLine(err))
 		return exitUsage
 	}
+	defer c.flushLog() // last: what -v held back, after the clean-up's own logs
 	defer rdb.Close()
 	defer closeWithin(fc, closeWait)
 	for _, name := range names {

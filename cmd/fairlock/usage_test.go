@@ -66,7 +66,7 @@ func TestHelp(t *testing.T) {
 			t.Fatalf("fairlock %s: exit %d, stderr %q; stdout differs from --help's: %v", args[0], r.code, r.stderr, r.stdout != top.stdout)
 		}
 	}
-	common := []string{"prefix", "redis", "v"}
+	common := []string{"cluster", "master", "prefix", "redis", "sentinel", "v"}
 	own := map[string][]string{
 		"run":    {"capacity", "grace", "max-hold", "n", "permits", "ttl", "w"},
 		"elect":  {"grace", "ttl", "value", "w"},

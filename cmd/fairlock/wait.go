@@ -23,6 +23,8 @@ type waiter struct {
 	wait    time.Duration // -w: give up after this long; 0 waits forever
 	verbose bool          // -v: say how long it waits, and when it got NAME
 	stderr  io.Writer
+	health  *redisHealth                // whether Redis answered while it waited
+	ping    func(context.Context) error // asks Redis whether it answers
 }
 
 // Progress lines of -v: the first once the waiter is seen in the queue
@@ -39,8 +41,10 @@ const (
 
 // take runs get (an Acquire or a Campaign) with a context that ends after
 // w.wait (if > 0) or when a signal arrives on sigs. It returns what get
-// got, or nil and the exit status: exitNotGot when the wait ran out or
-// NAME was busy (TryAcquire), saying why on stderr; 128+signal when a
+// got, or nil and the exit status: exitNotGot when NAME was busy
+// (TryAcquire) or the wait ran out with Redis answering, saying why on
+// stderr; exitError when the wait ran out and Redis had not answered
+// (saying so, with its address); 128+signal when a
 // signal ended it; exitUsage for a bad argument; exitError otherwise. With
 // -v it says, while get waits, how long it has and its place in line, and
 // what it got (token, the term of an election, given by token).
@@ -92,7 +96,19 @@ func take[T any](w *waiter, sigs <-chan os.Signal, get func(context.Context) (*T
 	case errors.Is(err, fairlock.ErrInvalidArgument):
 		fmt.Fprintln(w.stderr, errLine(err))
 		return nil, exitUsage
-	case errors.Is(err, fairlock.ErrNotAcquired), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded):
+		// The wait ran out: NAME was busy only if Redis answered all along.
+		if trouble := w.health.troubleSince(start, w.ping); trouble != nil {
+			what := "for"
+			if w.elect {
+				what = "to lead"
+			}
+			fmt.Fprintf(w.stderr, "fairlock: waited %v %s %q, but %v; not a busy lock\n", w.wait, what, w.name, trouble)
+			return nil, exitError
+		}
+		w.notGot()
+		return nil, exitNotGot
+	case errors.Is(err, fairlock.ErrNotAcquired):
 		w.notGot()
 		return nil, exitNotGot
 	case errors.Is(err, context.Canceled) && interrupted != nil:

@@ -24,7 +24,20 @@ type Leader struct {
 	Left time.Duration
 }
 
+// Held is what an ErrDeadlock error says the caller's context holds of
+// the semaphore it asked for.
+type Held struct {
+	Name   string
+	Held   int64    // permits the context's leases hold
+	Asked  int64    // permits asked for
+	Tokens []string // the tokens of the leases that hold them
+}
+
 var (
+	// Deadlock returns what err, an error matching fairlock.ErrDeadlock
+	// from an acquisition, says the context holds; false for any other
+	// error.
+	Deadlock func(err error) (Held, bool)
 	// Validate reports whether req (a fairlock.Request) is a request c
 	// can serve; it contacts no server.
 	Validate func(c any, req any) error
