@@ -2,15 +2,14 @@ package fairlock_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/fltest"
-	"github.com/fairlock/fairlock/internal/redisserver"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // Close waits for the work it ends: every Acquire blocked when it began
@@ -61,75 +60,30 @@ func TestCloseWaitsForBlockedAcquires(t *testing.T) {
 	})
 }
 
-// closeBound is Close's documented bound through go-redis with default
-// options: one waiter TTL from the call, plus go-redis's ReadTimeout
-// (3 s by default) for a command already sent, or a new connection's
-// handshake, to a Redis that does not answer.
-const closeBound = fairlock.DefaultWaiterTTL + 3*time.Second
-
-// Close returns within its bound, measured from the call, with one lease
-// held and one Acquire blocked (its context able to end), whatever became
-// of Redis: stalled (SIGSTOP) or refusing connections (killed). Every
-// blocked Acquire has returned by then, and once a stalled Redis resumes
-// no live waiter of the closed client is left in its queue.
+// Close returns within its bound (one waiter TTL from the call, plus
+// go-redis's ReadTimeout, 3 s by default, for a command already sent, or
+// a new connection's handshake, to a Redis that does not answer), through
+// go-redis with default options, on a single node and a Cluster, Redis
+// stalled or refusing; every blocked Acquire has left its queue by then
+// (see fltest.CloseBound).
 func TestCloseBound(t *testing.T) {
-	redistest.Long(t)
-	for _, fault := range []string{"stalled", "refusing"} {
-		t.Run(fault, func(t *testing.T) {
-			srv, err := redisserver.Start()
+	fltest.CloseBound(t, fairlock.DefaultWaiterTTL+3*time.Second,
+		func(t *testing.T, addrs []string, cluster bool, opts ...fairlock.Option) *fairlock.Client {
+			var rdb fairlock.RedisClient
+			if cluster {
+				cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+				t.Cleanup(func() { _ = cc.Close() })
+				rdb = cc
+			} else {
+				sc := redis.NewClient(&redis.Options{Addr: addrs[0]})
+				t.Cleanup(func() { _ = sc.Close() })
+				rdb = sc
+			}
+			c, err := fairlock.New(rdb, opts...)
 			if err != nil {
-				t.Skipf("no redis-server: %v", err)
-			}
-			defer srv.Stop()
-			e := fltest.New(t, &redistest.Backend{Name: "own", Addr: srv.Addr})
-			ctx := context.Background()
-			other := e.Client()
-			c, err := fairlock.New(e.B.Client(t), fairlock.WithPrefix(e.Prefix)) // go-redis's default options
-			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := newSem(c, "held", 1).Acquire(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := newSem(other, "busy", 1).Acquire(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
-			wctx, cancel := context.WithCancel(ctx)
-			defer cancel()
-			blocked := acquireAsync(wctx, newSem(c, "busy", 1), 1)
-			e.WaitQueued("busy", 1)
-			switch fault {
-			case "stalled":
-				if err := srv.Pause(); err != nil {
-					t.Fatal(err)
-				}
-				defer func() { _ = srv.Resume() }()
-			case "refusing":
-				srv.Kill()
-			}
-			start := time.Now()
-			err = c.Close()
-			took := time.Since(start)
-			t.Logf("%s: Close returned in %v (bound %v): %v", fault, took, closeBound, err)
-			if err != nil && !errors.Is(err, fairlock.ErrRedis) {
-				t.Fatalf("Close with Redis %s = %v, want nil or an error matching ErrRedis", fault, err)
-			}
-			// A generous margin: the bound is a limit, not a measure.
-			if limit := closeBound + 2*time.Second; took > limit {
-				t.Fatalf("Close with Redis %s returned in %v, want within its bound %v (limit checked %v)", fault, took, closeBound, limit)
-			}
-			select {
-			case r := <-blocked:
-				fltest.IsErr(t, "an Acquire blocked at Close", r.Err, fairlock.ErrClosed)
-			default:
-				t.Fatal("the Acquire blocked at Close had not returned when Close did")
-			}
-			if fault == "stalled" {
-				if err := srv.Resume(); err != nil {
-					t.Fatal(err)
-				}
-				fltest.WaitWaiters(t, other, "busy", 0)
-			}
+			t.Cleanup(func() { _ = c.Close() })
+			return c
 		})
-	}
 }
