@@ -204,3 +204,58 @@ func TestShutdownIdle(t *testing.T) {
 		}
 	})
 }
+
+// A Close or Abandon during Shutdown's wait ends it at once, as
+// http.Server.Close does: the lease still held ends, released as the
+// Shutdown decided (Abandon too), the next waiter is granted, and the
+// Shutdown returns the close's result.
+func TestCloseDuringShutdown(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for _, how := range []string{"Close", "Abandon"} {
+			t.Run(how, func(t *testing.T) {
+				e := fltest.New(t, b)
+				ctx := fltest.Bounded(t)
+				// A lease left to expire would keep the waiter a minute.
+				holder, other := e.Client(fairlock.WithLeaseTTL(time.Minute)), e.Client()
+				lease, err := newSem(t, holder, "work", 1).Acquire(ctx, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				waiting := acquireAsync(ctx, newSem(t, other, "work", 1), 1)
+				e.WaitQueued("work", 1)
+				shut := make(chan error, 1)
+				go func() { shut <- holder.Shutdown(context.Background()) }()
+				e.WaitFor("Shutdown to refuse new work", func() bool {
+					_, err := newSem(t, holder, "fresh", 1).TryAcquire(ctx, 1)
+					return errors.Is(err, fairlock.ErrClosed)
+				})
+				select {
+				case <-lease.Done():
+					t.Fatalf("the lease ended during Shutdown's wait: %v", lease.Err())
+				default:
+				}
+				closed := make(chan error, 1)
+				go func() {
+					if how == "Close" {
+						closed <- holder.Close()
+					} else {
+						closed <- holder.Abandon()
+					}
+				}()
+				select {
+				case err = <-closed:
+				case <-ctx.Done():
+					t.Fatalf("%s during Shutdown's wait for the holder did not return", how)
+				}
+				if err != nil {
+					t.Fatalf("%s during Shutdown = %v, want nil", how, err)
+				}
+				fltest.IsErr(t, "Err() of the lease "+how+" ended", lease.Err(), fairlock.ErrClosed)
+				if err := <-shut; err != nil {
+					t.Fatalf("Shutdown ended by %s = %v, want nil", how, err)
+				}
+				e.Release(e.Granted(waiting)) // released, not left to its TTL
+			})
+		}
+	})
+}

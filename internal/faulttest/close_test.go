@@ -9,10 +9,11 @@ import (
 )
 
 // A holder process that closes its client on its way out (Close, or
-// Shutdown with a context while its work releases the lease) hands its lease to the next waiter, another
-// process, within a few round trips, not when the lease's TTL (10 s) runs
-// out; one that abandons its client leaves the lease to expire, so the
-// next waiter waits out the TTL, as after a crash.
+// Shutdown with a context while its work releases the lease) hands its
+// lease to the next waiter, another process, within a few round trips,
+// not when the lease's TTL (10 s) runs out; one that abandons its client
+// leaves the lease to expire, so the next waiter waits out the TTL, as
+// after a crash.
 func TestHolderProcessCloses(t *testing.T) {
 	b := redistest.RealBackend(t)
 	for _, mode := range []string{"close", "shutdown", "abandon"} {
