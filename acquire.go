@@ -55,6 +55,13 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 	if dead != nil {
 		return nil, dead
 	}
+	// A close waits for the acquisition until it returns, so that a ticket
+	// it queued has left its queue (or is being withdrawn by a goroutine the
+	// close waits for) by then.
+	if !c.hold() {
+		return nil, wrap(ErrClosed)
+	}
+	defer c.unhold()
 	for {
 		// A waiter registers before its script runs, so a grant announced
 		// the moment it is queued finds it.
@@ -239,10 +246,14 @@ func (c *Client) letGo(ctx context.Context, oc opCall, p plan) {
 }
 
 // cleanUp runs oc (release.lua's) on p's semaphores, best effort, under
-// a context that outlives ctx by up to one waiter TTL. It blocks; callers
+// a context that outlives ctx by up to one waiter TTL (and, once a close
+// has ended the client's leases, ends by that close's bound). It blocks; callers
 // that must not, run it through letGo or as a late outcome of call.
 func (c *Client) cleanUp(ctx context.Context, oc opCall, p plan) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
+	// One waiter TTL, counted from a close's end of the client's work at
+	// the latest (see cleanUpBy), so that the close's bound holds.
+	by := c.cleanUpBy()
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), by)
 	defer cancel()
 	res, _ := c.calls.run(ctx, oc)
 	if _, err := c.released(p, res); transient(err) && !unreachable(err) {
@@ -250,7 +261,7 @@ func (c *Client) cleanUp(ctx context.Context, oc opCall, p plan) {
 		// have been dropped anyway. (A Redis that refuses connections, or
 		// whose name does not resolve, is not there to send it to; the
 		// ticket ends at its deadline.)
-		c.resendLater(oc, p, time.Now().Add(c.cfg.waiterTTL))
+		c.resendLater(oc, p, by)
 	} else if err != nil {
 		c.logf(slog.LevelWarn, "fairlock: clean-up failed; Redis drops the ticket at its deadline", p.names, "",
 			slog.String("op", oc.op.name), slog.Any("error", err))

@@ -74,6 +74,12 @@ type Client struct {
 	closing  context.Context
 	closeAll context.CancelFunc
 	done     <-chan struct{}
+	// renewing ends when a close ends the leases the client still holds
+	// (at once for Close and Abandon; for Shutdown, once their holders
+	// have released them or its context ended): the renewer takes no
+	// renewal after it.
+	renewing  context.Context
+	endRenews context.CancelFunc
 
 	mu      sync.Mutex
 	closed  bool
@@ -81,16 +87,56 @@ type Client struct {
 	leases  map[*Lease]struct{}
 	pumping map[string]bool // keys.base of semaphores a background pump serves
 
-	wg sync.WaitGroup // goroutines the client starts (renewal timers are
+	wg workGroup // goroutines the client starts (renewal timers are
 	// stopped through each lease instead)
 	sched scheduler // runs the leases' renewals
 
-	// Guarded by mu: tasks of spawn's that have not ended, and the signal
-	// that their count fell to zero.
+	// Guarded by mu: tasks of spawn's, and acquisitions under
+	// way (see hold), that have not ended, and the signal that their count
+	// fell to zero.
 	tasks     int
 	tasksDone *sync.Cond
 	idle      chan func()  // spawn's workers waiting for a task take it here
 	workers   atomic.Int32 // spawn's workers: running a task or waiting for one
+}
+
+// workGroup is a sync.WaitGroup that also counts its goroutines, so that a
+// close can tell a client with no background work at all.
+type workGroup struct {
+	wg sync.WaitGroup
+	n  atomic.Int64
+}
+
+func (g *workGroup) Add(d int) { g.n.Add(int64(d)); g.wg.Add(d) }
+func (g *workGroup) Done()     { g.n.Add(-1); g.wg.Done() }
+func (g *workGroup) Wait()     { g.wg.Wait() }
+
+// idle reports whether no goroutine of the group is running.
+func (g *workGroup) idle() bool { return g.n.Load() == 0 }
+
+// hold counts an acquisition (Acquire and its kin, a condition's wait) as
+// work a close waits for, from before its ticket can be queued until it
+// returns: a blocked acquisition that a close wakes has left its queue (or
+// handed its withdrawal to a goroutine the close waits for) before the
+// close returns. It reports false, counting nothing, once the client is
+// closed; otherwise the caller calls unhold when it returns.
+func (c *Client) hold() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.tasks++
+	return true
+}
+
+// unhold ends what hold began.
+func (c *Client) unhold() {
+	c.mu.Lock()
+	if c.tasks--; c.tasks == 0 {
+		c.tasksDone.Broadcast()
+	}
+	c.mu.Unlock()
 }
 
 // spawn runs f on a goroutine that Close waits for. Unlike wg, it may be
@@ -189,10 +235,11 @@ func newClient(b Backend, rdb RedisClient, opts []Option) (*Client, error) {
 		ackReplicas: cfg.ackReplicas, ackTimeout: cfg.ackTimeout, spawn: c.spawn}
 	c.closing, c.closeAll = context.WithCancel(context.Background())
 	c.done = c.closing.Done()
+	c.renewing, c.endRenews = context.WithCancel(context.Background())
 	c.waits = &waits{mu: &c.mu, wg: &c.wg, closing: c.closing, done: c.done, calls: c.calls, b: b, info: info,
 		cfg: &c.cfg, id: id, leaseMs: c.leaseMs, waiterMs: c.waiterMs, logf: c.logf,
 		rooms: make(map[string]*room), tickets: make(map[string]*room), listeners: make(map[string][]*listener)}
-	c.renew = &renewer{calls: c.calls, closing: c.closing, id: id, leaseTTL: cfg.leaseTTL,
+	c.renew = &renewer{calls: c.calls, closing: c.renewing, id: id, leaseTTL: cfg.leaseTTL,
 		more: c.pumpLater, queues: make(map[string]*renewQueue)}
 	c.tasksDone = sync.NewCond(&c.mu)
 	c.idle = make(chan func())
@@ -205,18 +252,23 @@ func isNilPointer(v any) bool {
 	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
-// Close closes the client gracefully: it releases the leases the client
-// holds, so that the next waiters are granted at once rather than when the
-// leases' TTL runs out, as a process should before it exits. Its blocked
-// Acquire calls (and condition waits) return [ErrClosed] after leaving
-// their queues, and later calls fail with ErrClosed.
+// Close closes the client now: it releases the leases the client holds at
+// once, so that the next waiters are granted at once rather than when the
+// leases' TTL runs out, and returns within a bound. Its blocked Acquire
+// calls (and condition waits) return [ErrClosed] after leaving their
+// queues, and later calls fail with ErrClosed.
 //
-// Each lease still held ends first, its Done channel closing (and its
-// LeaseContexts ending) with a cause matching ErrClosed, then its release
-// is sent. Close releases leases whose holders may still be working under
-// them: stop that work first, as you would finish writing before closing a
-// file. Work that keeps running should watch Done or a [LeaseContext]: it
-// may overlap the next holder's, which the fencing token guards against. A
+// Close does not wait for the code holding the leases: it takes no context
+// and must return within its bound whatever that code does, as io.Closer
+// callers (a deferred Close) expect. Call it once the work under the
+// leases is over (cancel the workers and wait for them, as you would
+// finish writing before closing a file), or when the work must end now;
+// to let running work finish first, within a time limit, call
+// [Client.Shutdown], which waits for the holders' own releases. Each lease
+// still held ends first, its Done channel closing (and its LeaseContexts
+// ending) with a cause matching ErrClosed, then its release is sent. Work
+// that keeps running should watch Done or a [LeaseContext]: it may
+// overlap the next holder's, which the fencing token guards against. A
 // [Lease.Release] after Close returns an error matching ErrClosed; one that
 // raced Close releases the lease once, whichever came first. Leases are
 // released in parallel (a few at a time), each sent again after an error
@@ -224,30 +276,34 @@ func isNilPointer(v any) bool {
 // waiter TTL ([WithWaiterTTL]) from Close.
 //
 // Close returns nil once every lease is released (a lease already lost or
-// expired counts) and every goroutine the client started has ended: the
-// clean-up that calls whose context ended left running (withdrawing a
-// ticket, finishing a release) and the releases and withdrawals being sent
-// again after an error that passes (see [Lease.Release]), each bounded by
-// one waiter TTL from Close, plus, for a command already sent to a Redis
-// that does not answer, go-redis's ReadTimeout. So Close returns within
-// that bound, Redis up or down. A withdrawal that Redis refuses a
-// connection for ends at once (see [New]) and is not sent again (the
-// ticket ends at its deadline), so Close does not wait for it. If some
-// leases could not be released in that time (Redis down), Close returns an
-// error matching [ErrRedis] that says how many; Redis ends them when their
-// TTL runs out. Close takes no
-// context; [Client.Shutdown] is Close bounded by one, and
-// [Client.Abandon] closes without releasing, for leases that must outlive
-// the process. Close, Shutdown and Abandon may be called many times and
-// concurrently (see Shutdown).
+// expired counts), every blocked Acquire has left its queue, and every
+// goroutine the client started has ended: the clean-up that calls whose
+// context ended left running (withdrawing a ticket, finishing a release)
+// and the releases and withdrawals being sent again after an error that
+// passes (see [Lease.Release]). Every deadline of that work is counted
+// from the Close call: one waiter TTL, plus, through go-redis, its
+// ReadTimeout for a command already sent (or a new connection's
+// handshake) to a Redis that does not answer, which go-redis bounds by
+// that timeout rather than by the context. So Close returns within one
+// waiter TTL plus the ReadTimeout of its call, Redis up, down or stalled
+// (through rueidis and valkey-go, which honour deadlines, within one
+// waiter TTL and a little). A withdrawal that Redis refuses a connection
+// for ends at once (see [New]) and is not sent again (the ticket ends at
+// its deadline). If some leases could not be released in that time (Redis
+// down), Close returns an error matching [ErrRedis] that says how many;
+// Redis ends them when their TTL runs out. [Client.Abandon] closes without
+// releasing, for leases that must outlive the process. Close, Shutdown and
+// Abandon may be called many times and concurrently (see Shutdown); a
+// Close during a Shutdown ends that Shutdown's wait for the holders.
 //
 // Close closes the go-redis client it built for its blocking reads, which
 // ends them at once; on another RedisClient it pushes an empty entry to
-// each blocked read's control list instead (if Redis cannot be reached,
-// such a read ends at its one-second timeout). It never closes the client
-// given to [New]; the hook New added stays on it.
+// each blocked read's control list instead, all at once, each bounded by
+// one second from Close (if Redis cannot be reached, such a read ends at
+// its one-second timeout). It never closes the client given to [New]; the
+// hook New added stays on it.
 func (c *Client) Close() error {
-	return c.shutdown(context.Background(), true)
+	return c.shutdown(context.Background(), closeNow)
 }
 
 // Acquire waits in first-in first-out order for req.Permits permits of the

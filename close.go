@@ -14,26 +14,49 @@ import (
 // Closing a client. Close and Shutdown release the leases the client
 // holds, so that the next waiters are granted at once rather than when the
 // leases' TTL runs out; Abandon leaves them in Redis to expire. The first
-// of the three to be called decides which; each stops new grants, ends
-// blocked waits, and waits, within its bound, for the client's background
-// work.
+// of the three to be called decides which; each stops new grants at once,
+// withdraws blocked waits, and waits, within its bound, for the client's
+// background work. Close and Abandon end the leases at once; Shutdown
+// first waits for their holders to release them, renewing them meanwhile,
+// and ends the rest only when its context ends (or a Close or Abandon
+// comes).
 
 // closeFanOut bounds the releases Close sends at once: enough to release
 // thousands of leases in a few round trips' time, few enough not to drain
 // the connection pool that other clients of the same go-redis client use.
 const closeFanOut = 16
 
+// nudgeBound is how long, from the close, the nudges that end listeners'
+// blocking reads (on a RedisClient whose blocking connections Close cannot
+// close itself) may take: all are sent at once, each bounded by it.
+const nudgeBound = time.Second
+
+// closeMode is how a call closes the client.
+type closeMode int
+
+const (
+	closeNow     closeMode = iota // Close: release the leases at once
+	closeDrain                    // Shutdown: let the holders release them first
+	closeAbandon                  // Abandon: leave them to expire
+)
+
 // shutdownState is one close of a client: set, with Client.closed, by the first
 // Close, Shutdown or Abandon.
 type shutdownState struct {
 	release bool          // release the leases (Close, Shutdown), or leave them (Abandon)
-	by      time.Time     // when releases give up: one waiter TTL from the close
+	cut     chan struct{} // closed when the close ends the leases still held
+	drained chan struct{} // closed when the client holds no lease
 	done    chan struct{} // closed when the close's work has ended
-	leases  int           // leases held when the close began
-	pending atomic.Int64  // of those, releases not yet landed (nor given up)
-	failed  atomic.Int64  // releases that did not land
-	lastErr atomic.Value  // error: why the last of those did not
-	err     error         // set before done closes: releases that did not land
+
+	// Guarded by the client's mu.
+	isDrained bool      // drained is closed
+	by        time.Time // set at the cut: when the close's work gives up, one waiter TTL from the cut
+	ended     []*Lease  // the leases still held at the cut, which the close ends
+
+	pending atomic.Int64 // of ended, releases not yet landed (nor given up)
+	failed  atomic.Int64 // releases that did not land
+	lastErr atomic.Value // error: why the last of those did not
+	err     error        // set before done closes: releases that did not land
 }
 
 // fail notes a release that did not land, for err.
@@ -51,26 +74,43 @@ var (
 	errClosedAbandoned error = &subError{"fairlock: client closed, lease left to expire", ErrClosed}
 )
 
-// Shutdown closes the client as [Client.Close] does, releasing the leases
-// it holds, but returns by ctx's end: as net/http's Server.Shutdown, it
-// begins the close, waits for it while ctx lasts, and returns nil once
-// every lease it held is released (a lease found already lost or expired
-// counts: Shutdown has nothing left to do for it) and every background
-// task has ended. If ctx ends first, Shutdown returns an error for which
-// errors.Is(err, ctx.Err()) holds and that says how many releases had not
-// landed; the close goes on in the background, bounded as Close's is (one
-// waiter TTL from its start, plus go-redis's ReadTimeout for a command
-// already sent to a Redis that does not answer), and leases not released
-// by then expire at their TTL. A ctx already done begins the close all the
-// same. Shutdown's other error is Close's: releases that could not land
-// within that bound (Redis down), matching [ErrRedis].
+// Shutdown closes the client gracefully, as net/http's Server.Shutdown
+// closes a server: it refuses new work at once and waits, while ctx lasts,
+// for the work under way to finish. From the call on, Acquire and its kin
+// fail with [ErrClosed], and blocked Acquire calls (and condition waits)
+// leave their queues and return ErrClosed: a waiter holds nothing yet, so
+// it is not work under way. The leases the client holds stay held, and
+// renewed, until the code that holds them releases them ([Lease.Release],
+// or the end of a semaphore's Do, which then returns nil). Shutdown
+// returns nil once every lease is released and every goroutine the client
+// started has ended.
+//
+// If ctx ends first, Shutdown ends the leases still held as [Client.Close]
+// does (each one's Done closes, its LeaseContexts end, with a cause
+// matching ErrClosed, then its release is sent) and returns an error for
+// which errors.Is(err, ctx.Err()) holds and that says how many leases it
+// had to end; their releases go on in the background, within Close's
+// bound counted from ctx's end. No lease is released under running code
+// before that code lets it go or ctx ends. A client with nothing to wait
+// for (no lease, no waiter, no background work) returns nil at once,
+// whatever ctx. Shutdown's other error is Close's: releases that could not
+// land within Close's bound (Redis down), matching [ErrRedis].
+//
+// Call Shutdown when the process stops on a signal while work may still
+// run under the client's leases: it lets that work end, and hands its
+// leases on once it has. Give it the time the process has left (a SIGTERM
+// grace period less what the rest of the shutdown needs), and stop the
+// work (cancel its contexts) so that it returns. Call [Client.Close] once
+// the work is over, or when it must end now.
 //
 // Close, Shutdown and [Client.Abandon] may be called many times and
 // concurrently: the first begins the close and decides whether leases are
-// released (Close, Shutdown) or left to expire (Abandon); a later call
-// waits for that close as its own bound allows and returns its result.
+// released (Close, Shutdown) or left to expire (Abandon). A Close or
+// Abandon during a Shutdown ends its wait for the holders at once, as
+// http.Server.Close does; every call then waits for the close as its own
+// bound allows and returns its result.
 func (c *Client) Shutdown(ctx context.Context) error {
-	return c.shutdown(ctx, true)
+	return c.shutdown(ctx, closeDrain)
 }
 
 // Abandon closes the client without releasing the leases it holds: it
@@ -79,7 +119,9 @@ func (c *Client) Shutdown(ctx context.Context) error {
 // is [Client.Close]: blocked waits end with ErrClosed (leaving their
 // queues), later calls fail with ErrClosed, and Abandon waits for the
 // client's background work, as long as Close would. It returns nil, or,
-// when Close or Shutdown began the close, that close's result.
+// when Close or Shutdown began the close, that close's result (after a
+// Shutdown, it ends the leases still held at once, released as Shutdown
+// decided).
 //
 // Use Abandon when the leases must outlive the process: say a process
 // hands its work to a successor that takes the work over under the same
@@ -88,19 +130,24 @@ func (c *Client) Shutdown(ctx context.Context) error {
 // resource until the TTL says the work is surely over. The cost is the one
 // of a crash: each semaphore's next waiter waits until the lease's TTL
 // runs out ([WithLeaseTTL], 10 s by default) after the last renewal. A
+// lease granted through a wake-up (after waiting in the queue) and not yet
+// renewed is held in Redis only for the waiter TTL ([WithWaiterTTL], 3 s
+// by default) from its grant, until its first renewal confirms it: left by
+// Abandon before that renewal, it expires at that earlier time. A
 // [Lease.Release] after Abandon still releases the lease at once.
 func (c *Client) Abandon() error {
-	return c.shutdown(context.Background(), false)
+	return c.shutdown(context.Background(), closeAbandon)
 }
 
-// shutdown runs Close (release), Shutdown (release, ctx) and Abandon (not
-// release): the first call begins the close, every call waits for it
-// while ctx lasts.
-func (c *Client) shutdown(ctx context.Context, release bool) error {
+// shutdown runs Close, Shutdown (with ctx) and Abandon: the first call
+// begins the close, every call waits for it while ctx lasts.
+func (c *Client) shutdown(ctx context.Context, mode closeMode) error {
+	start := time.Now()
 	c.mu.Lock()
 	s := c.shut
 	if s == nil {
-		s = &shutdownState{release: release, by: time.Now().Add(c.cfg.waiterTTL), done: make(chan struct{})}
+		s = &shutdownState{release: mode != closeAbandon,
+			cut: make(chan struct{}), drained: make(chan struct{}), done: make(chan struct{})}
 		c.shut = s
 		c.closed, c.waits.closed = true, true
 		c.closeAll() // blocked waits leave their queues, blocking reads end
@@ -109,21 +156,23 @@ func (c *Client) shutdown(ctx context.Context, release bool) error {
 			listening = append(listening, ls...)
 		}
 		closeBlk := c.waits.closeBlk
-		leases := make([]*Lease, 0, len(c.leases))
-		for l := range c.leases {
-			leases = append(leases, l)
-		}
-		s.leases = len(leases)
-		if release {
-			s.pending.Store(int64(len(leases)))
+		// With nothing held, queued or running, the close's work is a few
+		// local steps: done before shutdown returns, whatever ctx.
+		idle := len(c.leases) == 0 && c.tasks == 0 && c.wg.idle() && len(listening) == 0
+		c.drainedLocked()
+		if mode != closeDrain {
+			c.cutLocked(s)
 		}
 		c.mu.Unlock()
-		if ctx.Done() == nil {
-			c.stop(s, leases, listening, closeBlk)
+		if idle || ctx.Done() == nil && mode != closeDrain {
+			c.stop(s, start, listening, closeBlk)
 		} else {
-			go c.stop(s, leases, listening, closeBlk)
+			go c.stop(s, start, listening, closeBlk)
 		}
 	} else {
+		if mode != closeDrain {
+			c.cutLocked(s)
+		}
 		c.mu.Unlock()
 	}
 	select {
@@ -136,23 +185,99 @@ func (c *Client) shutdown(ctx context.Context, release bool) error {
 		return s.err
 	default:
 	}
-	if n := s.pending.Load(); n > 0 {
-		return opError("shutdown", nil, fmt.Errorf("%w: %d of %d leases not yet released; their releases go on in the background for at most one waiter TTL from the close", ctx.Err(), n, s.leases))
+	// ctx ended (a Shutdown's): end what is left.
+	c.mu.Lock()
+	c.cutLocked(s)
+	ended := len(s.ended)
+	c.mu.Unlock()
+	if ended > 0 {
+		what := fmt.Sprintf("%d leases", ended)
+		if ended == 1 {
+			what = "1 lease"
+		}
+		return opError("shutdown", nil, fmt.Errorf("%w: %s still held ended by the close; their releases go on in the background for at most one waiter TTL", ctx.Err(), what))
 	}
 	return opError("shutdown", nil, fmt.Errorf("%w: the client's background work had not ended (it goes on for at most one waiter TTL from the close)", ctx.Err()))
 }
 
-// stop does the close's work: it releases or abandons leases, ends the
-// blocking reads of listening, and waits for every goroutine the client
-// started; then it closes s.done.
-func (c *Client) stop(s *shutdownState, leases []*Lease, listening []*listener, closeBlk func() error) {
+// drainedLocked closes the close's drained once the client holds no
+// lease. Called with c.mu held.
+func (c *Client) drainedLocked() {
+	if s := c.shut; s != nil && !s.isDrained && len(c.leases) == 0 {
+		s.isDrained = true
+		close(s.drained)
+	}
+}
+
+// cutLocked ends the close's wait for the holders, if it has not ended:
+// the leases still held are the close's to end, and its work gets one
+// waiter TTL from now. Called with c.mu held.
+func (c *Client) cutLocked(s *shutdownState) {
+	if !s.by.IsZero() {
+		return
+	}
+	s.by = time.Now().Add(c.cfg.waiterTTL)
+	s.ended = make([]*Lease, 0, len(c.leases))
+	for l := range c.leases {
+		s.ended = append(s.ended, l)
+	}
+	if s.release {
+		s.pending.Store(int64(len(s.ended)))
+	}
+	close(s.cut)
+}
+
+// cleanUpBy returns until when clean-up begun now (a withdrawal, a release
+// sent again) may go on: one waiter TTL, and no later than the bound of a
+// close that has ended the client's leases (see cutLocked).
+func (c *Client) cleanUpBy() time.Time {
+	by := time.Now().Add(c.cfg.waiterTTL)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := c.shut; s != nil && !s.by.IsZero() {
+		by = minTime(by, s.by)
+	}
+	return by
+}
+
+// stop does the close's work: it ends the blocking reads of listening (the
+// close began at start), waits for the holders to release their leases
+// until the cut, releases or abandons the leases still held then, and
+// waits for every goroutine the client started and every acquisition
+// under way; then it closes s.done.
+func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, closeBlk func() error) {
+	var nudges sync.WaitGroup
+	if closeBlk != nil {
+		// Closing its connections ends every BLPOP in flight.
+		_ = closeBlk()
+	} else {
+		// A listener blocked in BLPOP would otherwise stay blocked until
+		// its timeout; an entry on its control list ends it now. The
+		// nudges go out together, each bounded from the close's start.
+		for _, l := range listening {
+			nudges.Go(func() {
+				ctx, cancel := context.WithDeadline(context.Background(), start.Add(nudgeBound))
+				defer cancel()
+				_ = nudgeScript.on(ctx, c.b, []string{c.waits.ctlOf(l)}, c.waiterMs)
+			})
+		}
+	}
+	select {
+	case <-s.drained:
+	case <-s.cut:
+	}
+	c.mu.Lock()
+	c.cutLocked(s)
+	leases, by := s.ended, s.by
+	c.mu.Unlock()
+	c.endRenews()
 	var releases sync.WaitGroup
 	if s.release {
 		work := make(chan *Lease)
 		for range min(len(leases), closeFanOut) {
 			releases.Go(func() {
 				for l := range work {
-					if err := l.releaseAtClose(s.by); err != nil {
+					if err := l.releaseAtClose(by); err != nil {
 						s.fail(err)
 					}
 					s.pending.Add(-1)
@@ -170,18 +295,7 @@ func (c *Client) stop(s *shutdownState, leases []*Lease, listening []*listener, 
 			l.abandon(errClosedAbandoned)
 		}
 	}
-	if closeBlk != nil {
-		// Closing its connections ends every BLPOP in flight.
-		_ = closeBlk()
-	} else {
-		// A listener blocked in BLPOP would otherwise stay blocked until
-		// its timeout; an entry on its control list ends it now.
-		for _, l := range listening {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = nudgeScript.on(ctx, c.b, []string{c.waits.ctlOf(l)}, c.waiterMs)
-			cancel()
-		}
-	}
+	nudges.Wait()
 	releases.Wait()
 	c.wg.Wait()
 	c.mu.Lock()
@@ -191,7 +305,7 @@ func (c *Client) stop(s *shutdownState, leases []*Lease, listening []*listener, 
 	c.mu.Unlock()
 	if n := s.failed.Load(); n > 0 {
 		err, _ := s.lastErr.Load().(error)
-		s.err = opError("close", nil, fmt.Errorf("%w: %d of %d leases could not be released (last: %w); Redis ends them when their TTL runs out", ErrRedis, n, s.leases, err))
+		s.err = opError("close", nil, fmt.Errorf("%w: %d of %d leases could not be released (last: %w); Redis ends them when their TTL runs out", ErrRedis, n, len(leases), err))
 	}
 	close(s.done)
 }
@@ -290,7 +404,7 @@ func (l *Lease) spendAtClose() {
 		l.finish(errClosedAbandoned)
 		return
 	}
-	oc, until := l.endAtClose(s.by)
+	oc, until := l.endAtClose(c.cleanUpBy())
 	c.spawn(func() {
 		if err := c.sendUntil(oc, l.p, until); err != nil {
 			s.fail(err)

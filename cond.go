@@ -113,6 +113,14 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 		return nil, wrap(ErrNotHeld)
 	}
 	l.stopRenewal()
+	// A close waits for the wait until it returns (see hold).
+	if !c.hold() {
+		// The client is closing: the lease goes as its close says.
+		l.spendAtClose()
+		l.mu.Unlock()
+		return nil, wrap(ErrClosed)
+	}
+	defer c.unhold()
 	// The waiter registers before its script runs, so a grant announced
 	// the moment it is signalled finds it.
 	r, w, err := c.waits.register(p, true)

@@ -23,8 +23,9 @@
 // Redis (withdrawing a ticket, finishing a release) goes on in the
 // background, bounded, and [Client.Close] waits for it. Close releases the
 // leases a client still holds, so that a process that exits hands them on
-// at once ([Client.Shutdown] bounds it by a context; [Client.Abandon]
-// leaves them to expire instead). Errors from Redis
+// at once; [Client.Shutdown] first lets the work under them finish and
+// release them, until its context ends; [Client.Abandon] leaves them to
+// expire instead. Errors from Redis
 // or the connection match [ErrRedis]; a refused connection or a name that
 // does not resolve is reported at once, to the calls waiting for a
 // connection, not to those already sent (see [New]). A release refused by

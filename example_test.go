@@ -43,6 +43,51 @@ func ExampleClient_Acquire() {
 	// <nil> fairlock: lease released
 }
 
+// Shutdown is for a process told to stop while work still runs under its
+// client's leases: it refuses new work at once, lets the work finish and
+// release its leases (renewing them meanwhile), and ends what is still
+// held only when its context ends. Close releases every lease at once:
+// call it once the work is over, or when it must end now.
+func ExampleClient_Shutdown() {
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	c, err := fairlock.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	req := fairlock.Request{Name: "nightly-report", Capacity: 1, Permits: 1}
+	lease, err := c.Acquire(context.Background(), req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// In a program, a signal (signal.NotifyContext) tells the work to stop.
+	stop, tellStop := context.WithCancel(context.Background())
+	work := make(chan error, 1)
+	go func() {
+		<-stop.Done() // the work, until told to stop
+		work <- lease.Release(context.Background())
+	}()
+
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	shut := make(chan error, 1)
+	go func() { shut <- c.Shutdown(sctx) }()
+	tellStop()
+	fmt.Println("work released its lease:", <-work)
+	fmt.Println("shutdown:", <-shut)
+	_, err = c.Acquire(context.Background(), req)
+	fmt.Println("acquire after shutdown is refused:", errors.Is(err, fairlock.ErrClosed))
+	// Output:
+	// work released its lease: <nil>
+	// shutdown: <nil>
+	// acquire after shutdown is refused: true
+}
+
 // countingObserver counts a client's events by kind.
 type countingObserver struct {
 	mu sync.Mutex

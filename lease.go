@@ -441,6 +441,7 @@ func (l *Lease) finish(cause error) {
 	l.end(cause)
 	l.c.mu.Lock()
 	delete(l.c.leases, l)
+	l.c.drainedLocked() // (a Shutdown waits for it)
 	l.c.mu.Unlock()
 }
 

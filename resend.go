@@ -35,8 +35,9 @@ func (c *Client) resendLater(oc opCall, p plan, until time.Time) {
 			case <-t.C:
 			case <-done:
 				t.Stop()
-				// Closing: the remaining tries get a waiter TTL at most.
-				until = minTime(until, time.Now().Add(c.cfg.waiterTTL))
+				// Closing: the remaining tries get a waiter TTL at most,
+				// and end by the close's bound.
+				until = minTime(until, c.cleanUpBy())
 				done = nil // closed for good: from now on the timer alone
 				continue
 			}

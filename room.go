@@ -23,7 +23,7 @@ const listenTimeout = time.Second
 // client's call path (refreshes) and Backend (blocking reads, nudges).
 type waits struct {
 	mu      *sync.Mutex     // the client's
-	wg      *sync.WaitGroup // the client's: goroutines Close waits for
+	wg      *workGroup      // the client's: goroutines Close waits for
 	closing context.Context // the client's: ends at Close
 	done    <-chan struct{} // closing's
 	calls   *caller

@@ -1,6 +1,7 @@
 // Command shutdown is the guide's graceful close: a worker that, told to
-// stop, closes its fairlock client so that the lease it still holds goes
-// to the next waiter at once rather than when its TTL runs out.
+// stop, lets the work under its lease finish and release the lease, then
+// closes its fairlock client, so that the lease goes to the next waiter as
+// soon as the work is over rather than when its TTL runs out.
 package main
 
 import (
@@ -29,15 +30,22 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if lease, err := m.Lock(ctx); err == nil {
-		log.Printf("working under token %d until told to stop", lease.Token())
-		<-ctx.Done() // the work would watch ctx and lease.Done()
-	}
+	work := make(chan error, 1)
+	go func() {
+		work <- m.Do(ctx, func(ctx context.Context) error {
+			log.Print("working until told to stop")
+			<-ctx.Done() // the work watches ctx: told to stop, or the lease lost
+			return nil   // Do then releases the lease
+		})
+	}()
+	<-ctx.Done()
 
-	// Release what the client still holds, within five seconds.
+	// Refuse new work, let the work under the lease finish and release
+	// it, and end whatever is still held after five seconds.
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := c.Shutdown(sctx); err != nil { // or c.Close(), bounded by one waiter TTL
+	if err := c.Shutdown(sctx); err != nil { // c.Close() would release at once
 		log.Printf("closing fairlock: %v", err)
 	}
+	log.Printf("work: %v", <-work)
 }

@@ -9,10 +9,11 @@ import (
 )
 
 // A holder process that closes its client on its way out (Close, or
-// Shutdown with a context) hands its lease to the next waiter, another
-// process, within a few round trips, not when the lease's TTL (10 s) runs
-// out; one that abandons its client leaves the lease to expire, so the
-// next waiter waits out the TTL, as after a crash.
+// Shutdown with a context while its work releases the lease) hands its
+// lease to the next waiter, another process, within a few round trips,
+// not when the lease's TTL (10 s) runs out; one that abandons its client
+// leaves the lease to expire, so the next waiter waits out the TTL, as
+// after a crash.
 func TestHolderProcessCloses(t *testing.T) {
 	b := redistest.RealBackend(t)
 	for _, mode := range []string{"close", "shutdown", "abandon"} {
@@ -33,7 +34,13 @@ func TestHolderProcessCloses(t *testing.T) {
 				t.Fatalf("the holder's %s: %s", mode, got)
 			}
 			closed := time.Since(begun)
-			if got := holder.expect("lease ", time.Second); !strings.Contains(got, "client closed") {
+			got := holder.expect("lease ", time.Second)
+			if mode == "shutdown" {
+				// Shutdown let the work release its lease itself.
+				if !strings.Contains(got, "lease released") || strings.Contains(got, "client closed") {
+					t.Fatalf("the holder's lease ended with %q, want released by its holder", got)
+				}
+			} else if !strings.Contains(got, "client closed") {
 				t.Fatalf("the holder's lease ended with %q, want the client closed", got)
 			}
 			waiter.token(s.lease + 5*time.Second)

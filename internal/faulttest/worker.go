@@ -62,8 +62,8 @@ func specFromEnv() spec {
 //	      "release <error>"
 //	close, shutdown, abandon: acquire once, print "acquired <token>",
 //	      and when stdin closes end the client holding the lease, by
-//	      Close, Shutdown (10 s) or Abandon, print "closed <error>" and
-//	      "lease <cause>", and exit
+//	      Close, Shutdown (10 s, while the work releases its lease) or
+//	      Abandon, print "closed <error>" and "lease <cause>", and exit
 func WorkerMain(dial clients.Dial) int {
 	mode := os.Getenv(envWorker)
 	s := specFromEnv()
@@ -151,8 +151,15 @@ func WorkerMain(dial clients.Dial) int {
 		case "close":
 			err = c.Close()
 		case "shutdown":
+			// Shutdown waits for the work under the lease, which ends as
+			// the process is told to stop and releases its lease.
 			sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-			err = c.Shutdown(sctx)
+			shut := make(chan error, 1)
+			go func() { shut <- c.Shutdown(sctx) }()
+			if rerr := l.Release(context.Background()); rerr != nil {
+				fmt.Println("error", rerr)
+			}
+			err = <-shut
 			scancel()
 		case "abandon":
 			err = c.Abandon()

@@ -1,0 +1,89 @@
+package fairlock_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/fltest"
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// Close waits for the work it ends: every Acquire blocked when it began
+// has returned ErrClosed and left its queue by the time Close returns,
+// whether its context can end (its withdrawal then runs on a goroutine of
+// the client's) or not.
+func TestCloseWaitsForBlockedAcquires(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		const n = 8
+		for round := range 5 {
+			t.Run(fmt.Sprint(round), func(t *testing.T) {
+				e := fltest.New(t, b)
+				other, c := e.Client(), e.Client()
+				var blocked []<-chan fltest.Result
+				for i := range n {
+					name := fmt.Sprintf("w%d", i)
+					held, err := newSem(other, name, 1).Acquire(context.Background(), 1)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer e.Release(held)
+					ctx := context.Background()
+					if i%2 == 0 {
+						var cancel context.CancelFunc
+						ctx, cancel = context.WithCancel(ctx)
+						defer cancel()
+					}
+					blocked = append(blocked, acquireAsync(ctx, newSem(c, name, 1), 1))
+					e.WaitQueued(name, 1)
+				}
+				if err := c.Close(); err != nil {
+					t.Fatalf("Close: %v", err)
+				}
+				for i, ch := range blocked {
+					select {
+					case r := <-ch:
+						fltest.IsErr(t, "an Acquire blocked at Close", r.Err, fairlock.ErrClosed)
+					default:
+						t.Fatalf("Acquire %d, blocked at Close, had not returned when Close did", i)
+					}
+					q, err := e.RDB.ZCard(context.Background(), e.Key(fmt.Sprintf("w%d", i), "q")).Result()
+					if err != nil || q != 0 {
+						t.Fatalf("queue of w%d when Close returned: %d tickets (%v), want none", i, q, err)
+					}
+				}
+			})
+		}
+	})
+}
+
+// Close returns within its bound (one waiter TTL from the call, plus
+// go-redis's ReadTimeout, 3 s by default, for a command already sent, or
+// a new connection's handshake, to a Redis that does not answer), through
+// go-redis with default options, on a single node and a Cluster, Redis
+// stalled or refusing; every blocked Acquire has left its queue by then
+// (see fltest.CloseBound).
+func TestCloseBound(t *testing.T) {
+	fltest.CloseBound(t, fairlock.DefaultWaiterTTL+3*time.Second,
+		func(t *testing.T, addrs []string, cluster bool, opts ...fairlock.Option) *fairlock.Client {
+			var rdb fairlock.RedisClient
+			if cluster {
+				cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+				t.Cleanup(func() { _ = cc.Close() })
+				rdb = cc
+			} else {
+				sc := redis.NewClient(&redis.Options{Addr: addrs[0]})
+				t.Cleanup(func() { _ = sc.Close() })
+				rdb = sc
+			}
+			c, err := fairlock.New(rdb, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			return c
+		})
+}

@@ -1,0 +1,121 @@
+package fltest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/redisserver"
+	"github.com/fairlock/fairlock/internal/redistest"
+)
+
+// Connect returns a fairlock client through one Redis client library, on
+// the servers at addrs (a Cluster's nodes when cluster is set), closed
+// when the test ends.
+type Connect func(t *testing.T, addrs []string, cluster bool, opts ...fairlock.Option) *fairlock.Client
+
+// CloseBound checks Close's bound through connect's client library, on a
+// single node and on a three-node Cluster that it starts: with one lease
+// held and Acquire calls blocked (their contexts able to end; in 8 hash
+// slots on the Cluster, so that 8 blocking reads wait), Redis stalled
+// (SIGSTOP) or refusing connections (killed), Close returns within bound
+// of its call (checked with a generous margin), every blocked Acquire has
+// returned ErrClosed by then, and once a stalled Redis resumes no live
+// waiter of the closed client is left in any queue. It runs in the full
+// suite only (redistest.Long): each row waits out a waiter TTL or more.
+func CloseBound(t *testing.T, bound time.Duration, connect Connect) {
+	redistest.Long(t)
+	for _, topo := range []string{"single", "cluster"} {
+		for _, fault := range []string{"stalled", "refusing"} {
+			t.Run(topo+"/"+fault, func(t *testing.T) {
+				var nodes []*redisserver.Server
+				cluster := topo == "cluster"
+				if cluster {
+					cl, err := redisserver.StartCluster(3)
+					if err != nil {
+						t.Skipf("no Cluster: %v", err)
+					}
+					defer cl.Stop()
+					nodes = cl.Nodes
+				} else {
+					srv, err := redisserver.Start()
+					if err != nil {
+						t.Skipf("no redis-server: %v", err)
+					}
+					defer srv.Stop()
+					nodes = []*redisserver.Server{srv}
+				}
+				var addrs []string
+				for _, n := range nodes {
+					addrs = append(addrs, n.Addr)
+				}
+				prefix := fairlock.WithPrefix(redistest.Prefix(t))
+				ctx := context.Background()
+				other := connect(t, addrs, cluster, prefix)
+				c := connect(t, addrs, cluster, prefix)
+				req := func(name string) fairlock.Request { return fairlock.Request{Name: name, Capacity: 1, Permits: 1} }
+				if _, err := c.Acquire(ctx, req("held")); err != nil {
+					t.Fatal(err)
+				}
+				waits := 1
+				if cluster {
+					waits = 8
+				}
+				wctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				var blocked []<-chan Result
+				for i := range waits {
+					name := fmt.Sprintf("busy%d", i)
+					if _, err := other.Acquire(ctx, req(name)); err != nil {
+						t.Fatal(err)
+					}
+					blocked = append(blocked, Async(func() (*fairlock.Lease, error) { return c.Acquire(wctx, req(name)) }))
+					WaitWaiters(t, other, name, 1)
+				}
+				for _, n := range nodes {
+					switch fault {
+					case "stalled":
+						if err := n.Pause(); err != nil {
+							t.Fatal(err)
+						}
+						defer func() { _ = n.Resume() }()
+					case "refusing":
+						n.Kill()
+					}
+				}
+				start := time.Now()
+				err := c.Close()
+				took := time.Since(start)
+				t.Logf("%s, Redis %s: Close returned in %v (bound %v): %v", topo, fault, took, bound, err)
+				if err != nil && !errors.Is(err, fairlock.ErrRedis) {
+					t.Fatalf("Close with Redis %s = %v, want nil or an error matching ErrRedis", fault, err)
+				}
+				// A generous margin: the bound is a limit, not a measure.
+				if limit := bound + 2*time.Second; took > limit {
+					t.Fatalf("Close with Redis %s returned in %v, want within its bound %v (limit checked %v)", fault, took, bound, limit)
+				}
+				for i, ch := range blocked {
+					select {
+					case r := <-ch:
+						IsErr(t, "an Acquire blocked at Close", r.Err, fairlock.ErrClosed)
+					default:
+						t.Fatalf("Acquire %d, blocked at Close, had not returned when Close did", i)
+					}
+				}
+				if fault == "stalled" {
+					for _, n := range nodes {
+						if err := n.Resume(); err != nil {
+							t.Fatal(err)
+						}
+					}
+					for i := range waits {
+						WaitWaiters(t, other, fmt.Sprintf("busy%d", i), 0)
+					}
+				}
+			})
+		}
+	}
+}
