@@ -426,6 +426,9 @@ func (e *noAnswerError) Error() string {
 // has one (a *redis.Client on one server: not a Cluster's, whose nodes
 // are many, nor a Sentinel failover client's, whose master changes).
 func (g *goRedis) named(err error) error {
+	if err == nil {
+		return nil // no errors.As target to allocate on the common path
+	}
 	var na *noAnswerError
 	if !errors.As(err, &na) || na.addr != "" {
 		return err
