@@ -128,9 +128,12 @@ func (c *waits) attachLocked(r *room) (nudge *listener) {
 }
 
 // ctlName names a listener's control list, numbered seq, in the slot and
-// under the hash tag of key.
+// under the hash tag of key: a derived key (keys.derived) of kind
+// kindControl beside the base prefix{tag}, which no other kind of key
+// uses, so it is never another object's key; the client id and seq tell
+// two listeners' lists apart.
 func (c *waits) ctlName(key string, seq uint64) string {
-	return c.cfg.prefix + "{" + hashTag(key) + "}:l:" + c.id + ":" + strconv.FormatUint(seq, 10)
+	return derivedKey(c.cfg.prefix+"{"+hashTag(key)+"}", kindControl, c.id, strconv.FormatUint(seq, 10))
 }
 
 // nudge ends l's BLPOP so that it starts again with its new keys. If it
