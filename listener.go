@@ -282,7 +282,7 @@ func (c *waits) leaveOutForeign(l *listener, blk Backend, keys []string) bool {
 		if !c.ownLists && k == c.processList() {
 			c.useListsLocked(true)
 			found = true
-			c.logf(slog.LevelError, "fairlock: the client's wake list holds a value another program wrote; its grants arrive on each semaphore's own list, one blocking read covering many, until that value is gone",
+			c.logf(slog.LevelError, "fairlock: the client's wake list holds a value another program wrote; its grants arrive on each semaphore's own list, one blocking read per hash slot, until that value is gone",
 				nil, "", slog.String("key", k), slog.String("type", t))
 			continue
 		}
