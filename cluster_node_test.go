@@ -141,3 +141,60 @@ func clusterNode(t testing.TB) *redistest.Backend {
 		}
 	}
 }
+
+// The same node, with another program's value at the client's one wake
+// list: the client's rooms move to their semaphores' own lists, each read
+// with a control list in its slot, so the node takes the reads and the
+// waiters hear their grants by wake-up. Their refresh comes every 20 s
+// and the holder's leases last a minute, both after the test's 10 s bound
+// on each grant: a grant heard at all came by the wake-up.
+func TestClusterEnabledNodeForeignWakeList(t *testing.T) {
+	noTransform(t)
+	ctx := context.Background()
+	b := clusterNode(t)
+	prefix := WithPrefix(redistest.Prefix(t))
+	c, err := New(b.Client(t), prefix, WithWaiterTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Leases of a minute: no lease expiry brings a waiter's maintain
+	// forward either.
+	holder, err := New(b.Client(t), prefix, WithLeaseTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	one := c.waits.processList()
+	if one == "" {
+		t.Fatalf("client id %q: no one wake list; want one on one server", c.id)
+	}
+	if err := b.Client(t).Set(ctx, one, "another program's", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"a", "b", "c"}
+	mutex := func(name string) Request { return Request{Name: name, Capacity: 1, Permits: 1} }
+	held := make([]*Lease, len(names))
+	for i, name := range names {
+		if held[i], err = holder.Acquire(ctx, mutex(name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make(chan string, len(names))
+	for _, name := range names {
+		startWait(t, c, mutex(name), got)
+	}
+	for i, name := range names {
+		if err := held[i].Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case g := <-got:
+			if g != name {
+				t.Fatalf("after %s's release: %s", name, g)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s's waiter not granted 10 s after the release (its refresh comes every 20 s): no blocking read heard its own wake list", name)
+		}
+	}
+}

@@ -37,13 +37,11 @@ func validateCondName(name string) error {
 }
 
 // condKeys returns the keys of condition cond of the semaphore with keys
-// k, as the scripts take them after the semaphore's: its waiters (:c);
+// k, as the scripts take them after the semaphore's: its waiters (a
+// derived key of kind kindCond; cond_key in lua/cond.lua names it too);
 // their deadlines are in the semaphore's :d.
 func condKeys(k keys, cond string) []string {
-	if cond == "" {
-		return []string{k.base + ":c"}
-	}
-	return []string{k.base + ":c:" + cond}
+	return []string{k.derived(kindCond, cond)}
 }
 
 // withCond returns p (of one semaphore) with condition cond's keys

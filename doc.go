@@ -61,14 +61,18 @@
 //	:d  zset    every waiter's liveness deadline: those of :q and of :c
 //	:h  zset    leases by expiry
 //	:t  zset    tombstoned tickets by when they may be forgotten
-//	:c  zset    waiters on a condition variable of the mutex N, by arrival
-//	            (:c:<cond> for a named one)
-//	:w:<client> list of wake-ups for one client's waiters on Cluster;
-//	            on a single node they all share one list,
-//	            <prefix>{w:/<len(prefix)>/<client>}
 //
-// Packages built on the engine keep their own keys beside these under
-// suffixes the engine does not use (package election: :ld).
+// Every other key is derived: the base, the control character U+001F
+// (␟ here), a kind, and mostly ␟ and a payload. No name, condition name,
+// prefix or client id holds a control character, so a derived key is
+// never another object's:
+//
+//	␟c␟<cond>   zset  waiters on a condition variable of the mutex N, by
+//	                  arrival (<cond> empty for the default one)
+//	␟w␟<client> list  wake-ups for one client's waiters on Cluster; on a
+//	                  single node they all share one list,
+//	                  <prefix>{w:/<len(prefix)>/<client>}
+//	␟ld, ␟lc    an election's record and change channel (package election)
 //
 // Every key expires once the deadlines it records have passed; an idle
 // semaphore keeps only :s and :t, for the tombstones' lifetime and at

@@ -49,7 +49,10 @@ var (
 	// characters, consisting of one hash tag alone ("{acct}", which would
 	// share its keys with "acct"), or holding a '}' without carrying a
 	// hash tag ("a}b", "}x", "{}x": the first would share its keys with
-	// "{a}b}", the others would have keys in different Cluster slots).
+	// "{a}b}", the others would have keys in different Cluster slots), or
+	// carrying a hash tag that does not begin it ("b{c}" under the prefix
+	// "a" would share its keys with "c" under the prefix "ab"; use
+	// "{c}:b").
 	// Distinct valid names never share a Redis key.
 	ErrInvalidName = errors.New("fairlock: invalid name")
 

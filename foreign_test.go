@@ -73,7 +73,7 @@ func semKeys(s *csem, procs []*cproc) []fkey {
 		}
 	}
 	// An election's record (the leader ops).
-	return append(k, fkey{s.base + ":ld", "hash"})
+	return append(k, fkey{(keys{base: s.base}).derived(kindLeader), "hash"})
 }
 
 // newerLayout is the planted "type" of a state hash written by a release
@@ -235,7 +235,7 @@ func movedWakeUps(list, pre, after, now string) error {
 		ks := []string{list}
 		for _, d := range dumps {
 			for k := range blocks(d) {
-				if strings.HasSuffix(k, ":w:"+id) && !slices.Contains(ks, k) {
+				if strings.HasSuffix(k, derivedKey("", kindWake, id)) && !slices.Contains(ks, k) {
 					ks = append(ks, k)
 				}
 			}
@@ -275,7 +275,8 @@ func movedWakeUps(list, pre, after, now string) error {
 		if base == "" {
 			return fmt.Errorf("wake-up %s: its ticket waited nowhere before the call", e)
 		}
-		want[base+":w:"+id] = append(want[base+":w:"+id], e)
+		own := derivedKey(base, kindWake, id)
+		want[own] = append(want[own], e)
 	}
 	expiry := strings.TrimPrefix(header(after, list), list+" list ")
 	for k, w := range want {
@@ -297,9 +298,12 @@ func movedWakeUps(list, pre, after, now string) error {
 // member, or the first part its member's group names.
 func waitedOn(dump, ticket string) string {
 	for k, b := range blocks(dump) {
-		i := strings.Index(k, "}:")
-		if i < 0 || !(strings.HasSuffix(k, "}:q") || strings.Contains(k[i:], ":c")) {
-			continue
+		base, _, isCond := strings.Cut(k, derivedKey("", kindCond, ""))
+		if !isCond {
+			base, _ = strings.CutSuffix(k, ":q")
+			if !strings.HasSuffix(k, "}:q") {
+				continue
+			}
 		}
 		for _, l := range strings.Split(b, "\n")[1:] {
 			f := strings.Fields(l)
@@ -310,7 +314,7 @@ func waitedOn(dump, ticket string) string {
 				first, _, _ := strings.Cut(group, "\t")
 				return first
 			}
-			return k[:i+1]
+			return base
 		}
 	}
 	return ""
@@ -613,9 +617,9 @@ func (s *fscen) leader(op string, sem *csem, tk *cticket, value string) {
 	}
 	args := []string{op}
 	if op != "leader_get" {
-		args = append(args, term, value, "10000", sem.base+":ld:c")
+		args = append(args, term, value, "10000", leaderChannel(keys{base: sem.base}))
 	}
-	s.exec(call{Keys: append(sem.keys(), sem.base+":ld"), Args: args})
+	s.exec(call{Keys: append(sem.keys(), (keys{base: sem.base}).derived(kindLeader)), Args: args})
 }
 
 func (s *fscen) simple(op string, sem *csem) {
@@ -1081,9 +1085,10 @@ func foreignWakeList(t *testing.T, b *redistest.Backend, foreign func(c *Client,
 	}
 	mu.Lock()
 	for _, k := range lists {
-		if !strings.Contains(logged.String(), k) {
+		// The text handler quotes a key with a control character (keySep).
+		if !strings.Contains(logged.String(), k) && !strings.Contains(logged.String(), strconv.Quote(k)) {
 			mu.Unlock()
-			t.Fatalf("the log does not name the wake list %s another program wrote:\n%s", k, logged.String())
+			t.Fatalf("the log does not name the wake list %q another program wrote:\n%s", k, logged.String())
 		}
 	}
 	mu.Unlock()

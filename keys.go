@@ -42,6 +42,41 @@ func hashTag(s string) string {
 // header gives.
 func (k keys) list() []string { return k.all }
 
+// keySep separates the parts of a derived key (keys.derived): a control
+// character, which no valid name, condition name, prefix, owner label or
+// client id holds (keysFor, validateCondName, newConfig refuse them; a
+// client id is an owner label, rand.Text and processListMark). The
+// scripts build the derived keys they name (wake_list, cond_key) from
+// KEY_SEP in queue.lua, which TestKeySepInStep holds equal to it.
+const keySep = "\x1f"
+
+// Derived key kinds: each names what a derived key holds.
+const (
+	kindCond         = "c"  // a condition variable's waiters; payload the condition name
+	kindLeader       = "ld" // an election's leader record
+	kindLeaderChange = "lc" // an election's change channel
+	kindWake         = "w"  // one client's wake list on one semaphore; payload the client id
+	kindControl      = "l"  // a listener's control list; payload client id and number
+)
+
+// derived returns the key or channel of kind (with payload, if any) hung
+// under k's base: base, keySep, kind, then keySep and payload. It is the
+// one way a key beside a semaphore's core keys (list) is named. As no part
+// holds keySep, a derived key is never a core key (those hold none), and
+// two derived keys are equal only if their bases, kinds and payloads are.
+func (k keys) derived(kind string, payload ...string) string {
+	return derivedKey(k.base, kind, payload...)
+}
+
+// derivedKey is keys.derived on a base.
+func derivedKey(base, kind string, payload ...string) string {
+	s := base + keySep + kind
+	for _, p := range payload {
+		s += keySep + p
+	}
+	return s
+}
+
 // wake returns the list on which grants to one client's tickets arrive:
 // for a client id marked with its key prefix's length (processListMark,
 // on one server), one list per client under that prefix, whatever the
@@ -55,16 +90,20 @@ func (k keys) wake(client string) string {
 	return k.ownWake(client)
 }
 
-// processList returns the one wake list of a client under prefix: a key
-// of no semaphore (each of theirs ends after its hash tag), in a slot of
-// its own.
+// processList returns the one wake list of a client under prefix, in a
+// slot of its own. It is no key of any object: the text before its first
+// '{' is the prefix (no prefix holds a brace), as it is in every key; it
+// ends in '}' where a core key ends in ":s", ":q", ":d", ":h" or ":t"
+// (keysFor) and a control list in a number (ctlName); it holds no keySep,
+// which every derived key holds; and the client id inside the braces
+// holds none, so two clients' lists differ.
 func processList(prefix, client string) string {
 	return prefix + "{w:" + client + "}"
 }
 
 // ownWake returns one client's wake list on this semaphore alone.
 func (k keys) ownWake(client string) string {
-	return k.base + ":w:" + client
+	return k.derived(kindWake, client)
 }
 
 // processListMark returns the mark that begins the id of a client whose
@@ -117,9 +156,15 @@ func newTicket() string { return rand.Text() }
 //   - a name with no hash tag that contains '}' ("a}b", "}x", "{}x"): its
 //     wrapped form "{a}b}" would be the tagged name "{a}b}", and "}x" would
 //     wrap to "{}x}", whose keys have no usable tag and so land in
-//     different Cluster slots.
+//     different Cluster slots;
+//   - a name with a hash tag that does not begin with it ("acct{17}"): the
+//     prefix "p" and the name "b{c}" would share the keys of the prefix
+//     "pb" and the name "c".
 //
-// The prefix cannot hold braces (newConfig), so it never changes the tag.
+// The prefix cannot hold braces (newConfig), so it never changes the tag,
+// and every key (core, derived, a client's one wake list, a control list)
+// begins with the prefix and then '{': the text before its first '{' is
+// the prefix, so different prefixes never share a key.
 func keysFor(prefix, name string) (keys, error) {
 	tag := hashTag(name)
 	switch {
@@ -133,6 +178,8 @@ func keysFor(prefix, name string) (keys, error) {
 		return keys{}, fmt.Errorf("%w: %q contains a control character", ErrInvalidName, name)
 	case tag != "" && name == "{"+tag+"}":
 		return keys{}, fmt.Errorf("%w: %q is only a hash tag; use %q, which lands in the same slot", ErrInvalidName, name, tag)
+	case tag != "" && name[0] != '{':
+		return keys{}, fmt.Errorf("%w: %q has a hash tag that does not begin it; start the name with its {tag}, as in %q", ErrInvalidName, name, "{"+tag+"}:"+strings.Replace(name, "{"+tag+"}", "", 1))
 	case tag == "" && strings.IndexByte(name, '}') >= 0:
 		return keys{}, fmt.Errorf("%w: %q contains '}' but no hash tag (a non-empty {tag}); remove the '}' or give the name a tag, such as \"{x}:a}b\"", ErrInvalidName, name)
 	}

@@ -48,7 +48,9 @@ func TestKeyLayout(t *testing.T) {
 	// "{acct}" alone would collide with "acct"; an untagged name with a
 	// '}' would collide with a tagged one ("a}b" with "{a}b}"), or have keys
 	// with no usable hash tag ("}b" would give "p:{}b}:s").
-	for _, name := range []string{"{acct}", "a}b", "{}x", "}b", "}", "{}", "{}x}", "ab}{"} {
+	// A name whose hash tag does not begin it would share its keys with
+	// another name under another prefix ("b{c}" under "a", "c" under "ab").
+	for _, name := range []string{"{acct}", "a}b", "{}x", "}b", "}", "{}", "{}x}", "ab}{", "b{c}", "acct{17}", "}{a}", "x{a}y"} {
 		if _, err := c.keys(name); !errors.Is(err, ErrInvalidName) {
 			t.Errorf("keys(%q) = %v, want ErrInvalidName", name, err)
 		}

@@ -18,10 +18,12 @@ import (
 // leaderKeys are the keys of the leader ops on the election name: the
 // mutex's, then the record.
 func leaderKeys(k keys) []string {
-	return append(k.list()[:len(k.list()):len(k.list())], k.base+":ld")
+	return append(k.list()[:len(k.list()):len(k.list())], k.derived(kindLeader))
 }
 
-func leaderChannel(k keys) string { return k.base + ":ld:c" }
+// leaderChannel names the channel on which the election name's record
+// announces its changes.
+func leaderChannel(k keys) string { return k.derived(kindLeaderChange) }
 
 // leaderRun runs the leader op lo on the election name, by ctx's end,
 // with the arguments args gives for the election's keys (after the op's

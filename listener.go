@@ -49,14 +49,19 @@ type listener struct {
 }
 
 // listenGroup returns the group of a wake list: the keys of one group may
-// share a BLPOP. For a Backend whose placement fairlock cannot know
-// (LayoutOther), every wake list is a group of its own: one BLPOP per
-// semaphore, as the client routes single-key commands.
+// share a BLPOP. Every group's keys are in one hash slot, and its
+// listener's control list (ctlName, under the hash tag of the wake list
+// it started with) is in that slot too, so no read is refused as
+// CROSSSLOT: not on Cluster, and not on a cluster-enabled node that
+// serves every slot behind a client that takes it for one server
+// (LayoutSingle). On one server the rooms all share the client's one
+// wake list, hence one group, except while that list holds another
+// program's value and they listen on their semaphores' own lists (see
+// useListsLocked): then one group per slot. For a Backend whose placement
+// fairlock cannot know (LayoutOther), every wake list is a group of its
+// own: one BLPOP per semaphore, as the client routes single-key commands.
 func (c *waits) listenGroup(wakeKey string) string {
-	switch c.info.Layout {
-	case LayoutSingle:
-		return ""
-	case LayoutCluster:
+	if c.info.Layout == LayoutSingle || c.info.Layout == LayoutCluster {
 		return strconv.Itoa(keySlot(wakeKey))
 	}
 	return wakeKey
@@ -128,9 +133,12 @@ func (c *waits) attachLocked(r *room) (nudge *listener) {
 }
 
 // ctlName names a listener's control list, numbered seq, in the slot and
-// under the hash tag of key.
+// under the hash tag of key: a derived key (keys.derived) of kind
+// kindControl beside the base prefix{tag}, which no other kind of key
+// uses, so it is never another object's key; the client id and seq tell
+// two listeners' lists apart.
 func (c *waits) ctlName(key string, seq uint64) string {
-	return c.cfg.prefix + "{" + hashTag(key) + "}:l:" + c.id + ":" + strconv.FormatUint(seq, 10)
+	return derivedKey(c.cfg.prefix+"{"+hashTag(key)+"}", kindControl, c.id, strconv.FormatUint(seq, 10))
 }
 
 // nudge ends l's BLPOP so that it starts again with its new keys. If it
@@ -166,16 +174,7 @@ func (c *waits) runListener(l *listener, blk Backend) {
 			c.mu.Unlock()
 			return
 		}
-		if l.keys == nil {
-			l.keys = make([]string, 0, 1+len(l.wakes))
-			l.keys = append(l.keys, l.ctl)
-			for k := range l.wakes {
-				if !l.foreign[k] {
-					l.keys = append(l.keys, k)
-				}
-			}
-		}
-		keys := l.keys
+		keys := l.readKeysLocked()
 		l.blocked, l.nudged = true, false
 		c.mu.Unlock()
 
@@ -228,6 +227,22 @@ func (c *waits) runListener(l *listener, blk Backend) {
 	}
 }
 
+// readKeysLocked returns the keys of l's next blocking read: its control
+// list, then its rooms' wake lists but those another program wrote. They
+// share one slot (see listenGroup). c.mu is held.
+func (l *listener) readKeysLocked() []string {
+	if l.keys == nil {
+		l.keys = make([]string, 0, 1+len(l.wakes))
+		l.keys = append(l.keys, l.ctl)
+		for k := range l.wakes {
+			if !l.foreign[k] {
+				l.keys = append(l.keys, k)
+			}
+		}
+	}
+	return l.keys
+}
+
 // typesScript returns the type of each of KEYS (TYPE): a read.
 var typesScript = newEvalCode(`local out = {}
 for i, k in ipairs(KEYS) do
@@ -267,7 +282,7 @@ func (c *waits) leaveOutForeign(l *listener, blk Backend, keys []string) bool {
 		if !c.ownLists && k == c.processList() {
 			c.useListsLocked(true)
 			found = true
-			c.logf(slog.LevelError, "fairlock: the client's wake list holds a value another program wrote; its grants arrive on each semaphore's own list, one blocking read covering many, until that value is gone",
+			c.logf(slog.LevelError, "fairlock: the client's wake list holds a value another program wrote; its grants arrive on each semaphore's own list, one blocking read per hash slot, until that value is gone",
 				nil, "", slog.String("key", k), slog.String("type", t))
 			continue
 		}
@@ -293,20 +308,36 @@ func (c *waits) processList() string {
 // useListsLocked moves every room to its semaphore's own wake list
 // (own), where the scripts push grants while the client's one list holds
 // another program's value (wake_list in lua/rules.lua), or back to the
-// client's one list. A listener may read more than maxListenKeys own
-// lists. c.mu is held.
+// client's one list. The wake lists change groups (listenGroup), so every
+// running room is attached afresh, to listeners of its new group with
+// control lists in its new slot; the old listeners, left without rooms,
+// end (those blocked in a read are nudged). c.mu is held.
 func (c *waits) useListsLocked(own bool) {
 	c.ownLists, c.ownChecked = own, time.Now()
 	for _, r := range c.rooms {
 		r.wakeKey = c.wakeKeyLocked(r.k)
 	}
-	for _, ls := range c.listeners {
+	var running []*room
+	old := c.listeners
+	c.listeners = make(map[string][]*listener)
+	for _, ls := range old {
 		for _, l := range ls {
-			l.wakes, l.keys = make(map[string]int), nil
 			for _, r := range l.rooms {
-				r.wakeKey = c.wakeKeyLocked(r.k)
-				l.wakes[r.wakeKey]++
+				running = append(running, r)
 			}
+			l.rooms, l.wakes, l.keys = make(map[string]*room), make(map[string]int), nil
+			if l.blocked && !l.nudged && c.blk != nil {
+				l.nudged = true
+				c.wg.Add(1)
+				go c.nudge(l, c.blk)
+			}
+		}
+	}
+	for _, r := range running {
+		r.wakeKey = c.wakeKeyLocked(r.k)
+		if l := c.attachLocked(r); l != nil && c.blk != nil {
+			c.wg.Add(1)
+			go c.nudge(l, c.blk)
 		}
 	}
 }

@@ -34,7 +34,7 @@
 --                ticket -> "q" for every ticket in :q (what a resent
 --                acquire and a refresh find);
 --                ticket -> "c" followed by the condition's name for every
---                ticket waiting on a condition variable (in :c...);
+--                ticket waiting on a condition variable (in <b>/c/...);
 --                ticket -> token of every live grant, made at once or
 --                announced on a wake list, until its lease ends: what a
 --                retried or withdrawn call finds; and ticket -> "r" (released) or
@@ -44,18 +44,20 @@
 --                with the lower-case state fields.
 --   <b>:q  zset  waiters, scored by arrival sequence
 --   <b>:d  zset  every waiter's liveness deadline (ms): the waiters of :q
---                and those of the condition variables (:c...) bound to it
+--                and those of the condition variables (<b>/c/...) bound to it
 --   <b>:h  zset  holders "ticket permits client token", scored by lease
 --                expiry (ms)
 --   <b>:t  zset  tombstoned tickets, scored by when they may be forgotten
+-- Keys beside these are derived (derived_key in rules.lua): <b>, KEY_SEP,
+-- a kind, and KEY_SEP and a payload (written <b>/kind/payload below).
 -- A condition variable <cond> bound to the resource (a mutex) has one key
 -- more, in its slot, declared after the five by the scripts that know the
 -- condition (wait, signal, a waiter's leave) and reached from the "c"
 -- marker by a refresh or a purge (see cond_load):
---   <b>:c[:<cond>]  zset  its waiters, scored by sequence (when they began
---                         to wait), members as in :q; their deadlines
---                         are in :d
--- (no ":<cond>" for the condition named ""). A signalled waiter moves to
+--   <b>/c/<cond>  zset  its waiters, scored by sequence (when they began
+--                       to wait), members as in :q; their deadlines
+--                       are in :d
+-- (<cond> is "" for the default condition). A signalled waiter moves to
 -- :q under a new sequence number: behind those already queued, in signal
 -- order. A waiter is in :q or in one :c, never both, and in :d while it is
 -- in either.
@@ -66,7 +68,7 @@
 -- contain no control characters, so the tabs are unambiguous.
 --
 -- A waiting process's wake list (wake_list in rules.lua: its one list on a
--- single node, <b>:w:<client> on Cluster) receives "ticket expiryMs
+-- single node, <b>/w/<client> on Cluster) receives "ticket expiryMs
 -- token..." when a grant reaches one of that process's tickets; a
 -- multi-request's grant carries one token per resource, on the list of the
 -- first. Wake lists, and a multi-request's other resources reached from a
@@ -130,6 +132,11 @@ local BUDGET = 400     -- grants, purges and drops one script may make
 local CHUNK = 256      -- arguments of one write call (even: pairs stay whole)
 local PAGE = 64        -- queue members read at once after the first
 local TOMB_MS = 20000  -- a tombstone lives between half this and this
+-- KEY_SEP separates the parts of a key derived from a resource's base
+-- (derived_key in rules.lua; keySep in keys.go, which a test holds equal):
+-- a control character, which no name, condition name, prefix or client
+-- holds, so a derived key is never another object's.
+local KEY_SEP = '\031'
 
 -- A resource's five keys, in the order KEYS declares them (see above), by
 -- name: <b>:s, <b>:q, <b>:d, <b>:h, <b>:t.

@@ -26,9 +26,12 @@
 // An election named N uses the mutex N (the keys of package fairlock,
 // under prefix+"{N}") and adds, in the same hash tag:
 //
-//	:ld   hash     the leader record {value, term}; renewed by its leader at
+//	␟ld   hash     the leader record {value, term}; renewed by its leader at
 //	               a third of the lease TTL, it expires two lease TTLs
 //	               after the last renewal
-//	:ld:c channel  pub/sub channel of changes: "term value" when a leader
+//	␟lc   channel  pub/sub channel of changes: "term value" when a leader
 //	               takes office, "0" when one resigns or its client closes
+//
+// (␟ is the control character U+001F, which no name holds, so these are
+// never another semaphore's keys.)
 package election

@@ -85,7 +85,7 @@ func TestLeaderAndResign(t *testing.T) {
 		fltest.IsErr(t, "Err() after Resign", l.Err(), fairlock.ErrNotHeld)
 		fltest.IsErr(t, "second Resign", l.Resign(ctx), fairlock.ErrNotHeld)
 		e.leaderIs(el, election.Info{})
-		if n, _ := e.RDB.Exists(ctx, e.Prefix+"{lr}:ld").Result(); n != 0 {
+		if n, _ := e.RDB.Exists(ctx, e.Prefix+"{lr}\x1fld").Result(); n != 0 {
 			t.Fatal("the leader record outlived Resign")
 		}
 	})
@@ -112,7 +112,7 @@ func TestLeaderNotReportedAfterLeaseEnds(t *testing.T) {
 			st, err := watcher.Status(ctx, "crash")
 			return err == nil && len(st.Holders) == 0
 		})
-		if n, _ := e.RDB.Exists(ctx, e.Prefix+"{crash}:ld").Result(); n != 1 {
+		if n, _ := e.RDB.Exists(ctx, e.Prefix+"{crash}\x1fld").Result(); n != 1 {
 			t.Fatal("the record expired with the lease: this test checks nothing")
 		}
 		e.leaderIs(el, election.Info{})
@@ -386,7 +386,7 @@ func TestElectionBesideCond(t *testing.T) {
 		}()
 		fltest.WaitWaiters(t, c, "shared", 0)
 		e.WaitFor("the condition's waiter", func() bool {
-			n, _ := e.RDB.Exists(ctx, e.Prefix+"{shared}:c").Result()
+			n, _ := e.RDB.Exists(ctx, e.Prefix+"{shared}\x1fc\x1f").Result() // the default condition's waiters (keys.derived)
 			return n == 1
 		})
 		el := e.election(c, "shared")

@@ -43,7 +43,7 @@ func (r *rig) balanced(c *fairlock.Client, rdb redis.Cmdable, name string, wantH
 		if st, err = c.Status(ctx, name); err != nil {
 			r.t.Fatal(err)
 		}
-		if onCond, err = rdb.ZCard(ctx, r.prefix+"{"+name+"}:c").Result(); err != nil {
+		if onCond, err = rdb.ZCard(ctx, r.prefix+"{"+name+"}\x1fc\x1f").Result(); err != nil {
 			r.t.Fatal(err)
 		}
 		if holders == st.Held && waiters == st.Queued+onCond && holders == wantHeld && waiters == wantWaiting {

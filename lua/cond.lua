@@ -8,8 +8,7 @@
 
 -- cond_key names the key of the condition name of the resource at base.
 local function cond_key(base, name)
-  if name == '' then return base .. ':c' end
-  return base .. ':c:' .. name
+  return derived_key(base, 'c', name)
 end
 
 -- cond_load returns the condition name of resource r. declared is the

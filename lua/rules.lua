@@ -117,6 +117,14 @@ local function is_idle(nh, nq, nc)
   return nh <= 0 and nq <= 0 and nc <= 0
 end
 
+-- derived_key names the key of kind (with payload, unless nil) beside the
+-- keys of the resource at base: keys.derived in keys.go, the one place
+-- either language names such a key.
+local function derived_key(base, kind, payload)
+  if payload == nil then return base .. KEY_SEP .. kind end
+  return base .. KEY_SEP .. kind .. KEY_SEP .. payload
+end
+
 -- wake_list names the list on which process client hears the grants to
 -- its waiters on the resource whose keys start with base, and the list to
 -- push to instead when that one holds another program's value (or nil).
@@ -129,7 +137,7 @@ end
 -- follow the same rule. wake_entry is what a grant pushes there: "ticket
 -- expiryMs token...".
 local function wake_list(base, client)
-  local own = base .. ':w:' .. client
+  local own = derived_key(base, 'w', client)
   local n = string.match(client, '^/(%d+)/')
   if n then
     return string.sub(base, 1, tonumber(n)) .. '{w:' .. client .. '}', own

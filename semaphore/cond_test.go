@@ -41,7 +41,7 @@ func (e condEnv) lock(m *semaphore.Mutex) *fairlock.Lease {
 
 // waiters returns how many tickets wait on the default condition of "mu".
 func (e condEnv) waiters() int64 {
-	n, err := e.RDB.ZCard(context.Background(), e.Key("mu", "c")).Result()
+	n, err := e.RDB.ZCard(context.Background(), e.CondKey("mu", "")).Result()
 	if err != nil {
 		e.t.Fatalf("ZCARD: %v", err)
 	}

@@ -112,6 +112,13 @@ func IsErr(t testing.TB, what string, err, want error) {
 // package doc).
 func (e *Env) Key(name, part string) string { return e.Prefix + "{" + name + "}:" + part }
 
+// CondKey returns the key of the waiters of the condition cond of the
+// semaphore name (an untagged name): a derived key, base, U+001F, "c",
+// U+001F, cond (keys.derived in package fairlock).
+func (e *Env) CondKey(name, cond string) string {
+	return e.Prefix + "{" + name + "}\x1fc\x1f" + cond
+}
+
 // Keys lists the keys under e's prefix.
 func (e *Env) Keys() []string {
 	e.T.Helper()

@@ -2,7 +2,7 @@
 -- the leader record of an election (package election), kept beside the
 -- election's mutex, whose grants are the election's terms.
 --
--- KEYS: the mutex's five keys, then the record (<b>:ld, a hash {value,
+-- KEYS: the mutex's five keys, then the record (<b>/ld, a hash {value,
 --       term}).
 -- ARGV: op, term (the leader's fencing token; set and clear), value (set),
 --       the record's TTL in ms (set), the channel changes are published

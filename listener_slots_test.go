@@ -1,0 +1,157 @@
+package fairlock
+
+import (
+	"context"
+	"errors"
+
+	"sync"
+	"testing"
+	"time"
+)
+
+// slotsBackend is a Backend for walking a client's listeners through their
+// fallback states: it answers typesScript with the types set in foreign
+// (another program's string at those keys), and its blocking reads wait
+// for their context. Nothing else reaches it in the walk.
+type slotsBackend struct {
+	layout Layout
+	mu     sync.Mutex
+	types  map[string]string // key -> TYPE; "none" when absent
+}
+
+func (b *slotsBackend) Info() BackendInfo { return BackendInfo{Layout: b.layout} }
+func (b *slotsBackend) Script(_ context.Context, s Script) (any, error) {
+	if s.Name != typesScript.sha && s.Name != typesScript.src {
+		return nil, nil // a nudge
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]any, len(s.Keys))
+	for i, k := range s.Keys {
+		out[i] = "none"
+		if t, ok := b.types[k]; ok {
+			out[i] = t
+		}
+	}
+	return out, nil
+}
+func (b *slotsBackend) ScriptWait(ctx context.Context, s Script, _ int, _ time.Duration) (any, int64, error, error) {
+	r, err := b.Script(ctx, s)
+	return r, 0, err, nil
+}
+func (b *slotsBackend) LoadLibrary(context.Context, string) error { return errors.New("no library") }
+func (b *slotsBackend) BlockingPop(ctx context.Context, _ time.Duration, _ int, _ []string) (string, []string, error) {
+	<-ctx.Done()
+	return "", nil, ctx.Err()
+}
+func (b *slotsBackend) Pop(context.Context, string, int) ([]string, error) { return nil, nil }
+func (b *slotsBackend) Blocking() (Backend, func() error, error)           { return b, nil, nil }
+
+func (b *slotsBackend) plant(key string, foreign bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if foreign {
+		b.types[key] = "string"
+	} else {
+		delete(b.types, key)
+	}
+}
+
+// Every blocking read a listener sends takes keys of one hash slot, its
+// control list's included, in every fallback state: the client's one wake
+// list holding another program's value (the rooms move to their
+// semaphores' own lists), a control list holding one (the listener takes
+// another), both, and back; on every layout. A node in cluster mode that
+// serves every slot, behind a client that takes it for one server, refuses
+// a read across slots (CROSSSLOT) every time, and its waiters would hear
+// their grants only through their refresh.
+func TestListenerReadsStayInOneSlot(t *testing.T) {
+	names := []string{"a", "b", "{acct}:1", "{acct}:2", "jobs", "{x}y"}
+	for _, layout := range []Layout{LayoutSingle, LayoutCluster, LayoutOther} {
+		t.Run(map[Layout]string{LayoutSingle: "single", LayoutCluster: "cluster", LayoutOther: "other"}[layout], func(t *testing.T) {
+			b := &slotsBackend{layout: layout, types: map[string]string{}}
+			c, err := NewWithBackend(b, WithPrefix("p:"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			w := c.waits
+			w.mu.Lock()
+			for _, name := range names {
+				k, err := c.keys(name)
+				if err != nil {
+					w.mu.Unlock()
+					t.Fatal(err)
+				}
+				r := &room{c: w, k: k, wakeKey: w.wakeKeyLocked(k), kick: make(chan struct{}, 1),
+					waiters: map[string]*waiter{"T" + name: {ticket: "T" + name}}, running: true, stop: make(chan struct{})}
+				w.rooms[k.base] = r
+				w.attachLocked(r)
+			}
+			w.mu.Unlock()
+
+			check := func(state string) {
+				t.Helper()
+				w.mu.Lock()
+				defer w.mu.Unlock()
+				heard := map[*room]bool{}
+				for _, ls := range w.listeners {
+					for _, l := range ls {
+						keys := l.readKeysLocked()
+						for _, k := range keys[1:] {
+							if keySlot(k) != keySlot(keys[0]) {
+								t.Fatalf("%s: a blocking read takes %q (slot %d) and %q (slot %d): refused as CROSSSLOT", state, keys[0], keySlot(keys[0]), k, keySlot(k))
+							}
+						}
+						for _, r := range l.rooms {
+							heard[r] = heard[r] || l.wakes[r.wakeKey] > 0
+						}
+					}
+				}
+				for _, r := range w.rooms {
+					if !heard[r] {
+						t.Fatalf("%s: no listener reads %s's wake list %q", state, r.k.base, r.wakeKey)
+					}
+				}
+			}
+			// foreignAt has every listener look at its read's keys as after
+			// a WRONGTYPE (leaveOutForeign), with planted values at keys.
+			foreignAt := func(state string, keys func(l *listener) []string) {
+				t.Helper()
+				w.mu.Lock()
+				var all []*listener
+				for _, ls := range w.listeners {
+					all = append(all, ls...)
+				}
+				reads := make([][]string, len(all))
+				for i, l := range all {
+					reads[i] = l.readKeysLocked()
+					for _, k := range keys(l) {
+						b.plant(k, true)
+					}
+				}
+				w.mu.Unlock()
+				for i, l := range all {
+					w.leaveOutForeign(l, b, reads[i])
+				}
+				check(state)
+			}
+			check("at first")
+			one := w.processList()
+			if one != "" {
+				foreignAt("the client's wake list holds another program's value", func(*listener) []string { return []string{one} })
+			}
+			foreignAt("and every control list does too", func(l *listener) []string { return []string{l.ctl} })
+			foreignAt("and the new control lists too", func(l *listener) []string { return []string{l.ctl} })
+			if one != "" {
+				b.plant(one, false)
+				w.mu.Lock()
+				w.useListsLocked(false) // what processListBack does once the value is gone
+				w.mu.Unlock()
+				check("the client's wake list is free again")
+				foreignAt("a control list holds another program's value, then the client's wake list", func(l *listener) []string { return []string{l.ctl} })
+				foreignAt("and the client's wake list", func(*listener) []string { return []string{one} })
+			}
+		})
+	}
+}
