@@ -76,18 +76,35 @@ func (h *redisHealth) troubleSince(start time.Time, ping func(context.Context) e
 	h.mu.Lock()
 	okAt, failAt, failErr := h.okAt, h.failAt, h.failErr
 	h.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), probeWait)
-	defer cancel()
-	perr := ping(ctx)
 	switch {
-	case perr != nil:
-		return h.noAnswer(perr)
 	case failAt.After(start) && !okAt.After(failAt):
 		return h.noAnswer(failErr)
 	case !okAt.After(start):
 		return h.noAnswer(context.DeadlineExceeded)
 	}
+	// Redis answered during the wait: it is busy if it still answers now.
+	if perr := pingWithin(ping, probeWait); perr != nil {
+		return h.noAnswer(perr)
+	}
 	return nil
+}
+
+// pingWithin runs ping under a context of d and returns by d, whatever
+// the client does with that context (go-redis bounds a read by its read
+// timeout, not by the context: against a stalled Redis a PING takes
+// seconds); a PING still running then is left to the client, which the
+// command closes as it exits.
+func pingWithin(ping func(context.Context) error, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- ping(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // probeWait bounds the PING that checks Redis as a wait runs out.
