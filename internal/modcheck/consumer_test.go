@@ -241,3 +241,24 @@ func serve(t *testing.T, proxy, dir, path, version string) {
 		}
 	}
 }
+
+// TestChangelogNamesTheVersion checks that the newest release CHANGELOG.md
+// names is fairlock.Version.
+func TestChangelogNamesTheVersion(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot(t), "CHANGELOG.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		v, ok := strings.CutPrefix(line, "## [")
+		if !ok || strings.HasPrefix(v, "Unreleased]") {
+			continue
+		}
+		v, _, _ = strings.Cut(v, "]")
+		if "v"+v != fairlock.Version {
+			t.Fatalf("CHANGELOG.md's newest release is %s, fairlock.Version %s", v, fairlock.Version)
+		}
+		return
+	}
+	t.Fatal("CHANGELOG.md names no release")
+}
