@@ -91,10 +91,11 @@ type Client struct {
 	// stopped through each lease instead)
 	sched scheduler // runs the leases' renewals
 
-	// Guarded by mu: tasks of spawn's, and acquisitions under
-	// way (see hold), that have not ended, and the signal that their count
-	// fell to zero.
+	// Guarded by mu: tasks of spawn's and acquisitions under way (see
+	// hold) that have not ended, and the signal that either count fell to
+	// zero.
 	tasks     int
+	acquiring int
 	tasksDone *sync.Cond
 	idle      chan func()  // spawn's workers waiting for a task take it here
 	workers   atomic.Int32 // spawn's workers: running a task or waiting for one
@@ -126,14 +127,14 @@ func (c *Client) hold() bool {
 	if c.closed {
 		return false
 	}
-	c.tasks++
+	c.acquiring++
 	return true
 }
 
 // unhold ends what hold began.
 func (c *Client) unhold() {
 	c.mu.Lock()
-	if c.tasks--; c.tasks == 0 {
+	if c.acquiring--; c.acquiring == 0 {
 		c.tasksDone.Broadcast()
 	}
 	c.mu.Unlock()

@@ -158,7 +158,7 @@ func (c *Client) shutdown(ctx context.Context, mode closeMode) error {
 		closeBlk := c.waits.closeBlk
 		// With nothing held, queued or running, the close's work is a few
 		// local steps: done before shutdown returns, whatever ctx.
-		idle := len(c.leases) == 0 && c.tasks == 0 && c.wg.idle() && len(listening) == 0
+		idle := len(c.leases) == 0 && c.tasks == 0 && c.acquiring == 0 && c.wg.idle() && len(listening) == 0
 		c.drainedLocked()
 		if mode != closeDrain {
 			c.cutLocked(s)
@@ -299,7 +299,7 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, 
 	releases.Wait()
 	c.wg.Wait()
 	c.mu.Lock()
-	for c.tasks > 0 {
+	for c.tasks > 0 || c.acquiring > 0 {
 		c.tasksDone.Wait()
 	}
 	c.mu.Unlock()

@@ -226,7 +226,7 @@ var mayImportClients = []string{
 	"fairlockrueidis/", "fairlockvalkey/", "internal/testhook/",
 	"cmd/", "examples/", "bench/",
 	"internal/clients/", "internal/conformance/", "internal/differential/", "internal/faulttest/", "internal/fltest/", "internal/halfrun/",
-	"internal/redisserver/", "internal/redistest/", "internal/robustness/",
+	"internal/redisserver/", "internal/redistest/", "internal/robustness/", "internal/statecheck/",
 }
 
 // No file of the repository outside mayImportClients (and goRedisFiles)

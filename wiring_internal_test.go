@@ -38,7 +38,7 @@ func TestClientPartsWired(t *testing.T) {
 		{"waits.waiterMs", c.waits.waiterMs, c.waiterMs},
 		{"waits.done", c.waits.done, c.done},
 		{"waits.closing", c.waits.closing, c.closing},
-		{"renew.closing", c.renew.closing, c.closing},
+		{"renew.closing", c.renew.closing, c.renewing},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s = %v, want the client's %v", tc.name, tc.got, tc.want)

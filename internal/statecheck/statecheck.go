@@ -57,7 +57,12 @@ type State struct {
 // Check returns the first invariant that Redis's keys break, or nil. It
 // reads each base's keys in one transaction, so that scripts running
 // meanwhile are seen whole or not at all. (Of the condition variables,
-// only the default one's key, <base>:c, is read.)
+// only the default one's key, <base>␟c␟ (defaultCond), is read.)
+// defaultCond is what follows a semaphore's base in the key of its default
+// condition variable (the one named ""): the library's derived keys are
+// base, U+001F, a kind ("c"), U+001F and a payload (keys.go's derived).
+const defaultCond = "\x1fc\x1f"
+
 func Check(ctx context.Context, rdb redis.Cmdable, s State) error {
 	type read struct {
 		st                     *redis.MapStringStringCmd
@@ -75,9 +80,9 @@ func Check(ctx context.Context, rdb redis.Cmdable, s State) error {
 		r.d = tx.ZRangeWithScores(ctx, b+":d", 0, -1)
 		r.h = tx.ZRangeWithScores(ctx, b+":h", 0, -1)
 		r.t = tx.ZRangeWithScores(ctx, b+":t", 0, -1)
-		r.c = tx.ZRangeWithScores(ctx, b+":c", 0, -1)
+		r.c = tx.ZRangeWithScores(ctx, b+defaultCond, 0, -1)
 		r.ts, r.tq, r.td = tx.PTTL(ctx, b+":s"), tx.PTTL(ctx, b+":q"), tx.PTTL(ctx, b+":d")
-		r.th, r.tt, r.tc = tx.PTTL(ctx, b+":h"), tx.PTTL(ctx, b+":t"), tx.PTTL(ctx, b+":c")
+		r.th, r.tt, r.tc = tx.PTTL(ctx, b+":h"), tx.PTTL(ctx, b+":t"), tx.PTTL(ctx, b+defaultCond)
 	}
 	if _, err := tx.Exec(ctx); err != nil && err != redis.Nil {
 		return err
@@ -106,7 +111,7 @@ func Check(ctx context.Context, rdb redis.Cmdable, s State) error {
 		// millisecond for the clock to move within the transaction; 0
 		// if absent.
 		late, early := map[string]int64{}, map[string]int64{}
-		for k, c := range map[string]*redis.DurationCmd{":s": r.ts, ":q": r.tq, ":d": r.td, ":h": r.th, ":t": r.tt, ":c": r.tc} {
+		for k, c := range map[string]*redis.DurationCmd{":s": r.ts, ":q": r.tq, ":d": r.td, ":h": r.th, ":t": r.tt, defaultCond: r.tc} {
 			switch ttl := c.Val(); {
 			case ttl == -1:
 				return fmt.Errorf("key %s has no TTL", b+k)
@@ -116,8 +121,8 @@ func Check(ctx context.Context, rdb redis.Cmdable, s State) error {
 		}
 		var condKeys []string
 		var conds [][]redis.Z
-		if late[b+":c"] != 0 {
-			condKeys, conds = []string{b + ":c"}, [][]redis.Z{r.c.Val()}
+		if late[b+defaultCond] != 0 {
+			condKeys, conds = []string{b + defaultCond}, [][]redis.Z{r.c.Val()}
 		}
 		if err := checkBase(b, r.st.Val(), r.q.Val(), r.d.Val(), r.h.Val(), r.t.Val(), condKeys, conds, late, early, s.Purged); err != nil {
 			return fmt.Errorf("%s: %w", b, err)
