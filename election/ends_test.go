@@ -49,9 +49,13 @@ var leaseEnds = []leaseEnd{
 		}
 		return time.Now()
 	}},
+	// Shutdown waits for the leases that code holds, a leadership among
+	// them, until its context ends; then it ends them, as Close does.
 	{name: "shutdown", published: true, end: func(t *testing.T, _ *election.Leadership, c *fairlock.Client, _ *redistest.Faults) time.Time {
-		if err := c.Shutdown(context.Background()); err != nil {
-			t.Fatalf("Shutdown: %v", err)
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		if err := c.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Shutdown of a leader's client whose context ends = %v, want an error matching context.DeadlineExceeded", err)
 		}
 		return time.Now()
 	}},
