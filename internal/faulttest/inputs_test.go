@@ -60,7 +60,8 @@ func TestBadInputAndFaults(t *testing.T) {
 		{"name not UTF-8", func() error { return acquire(mutex("a\xffb")) }, fairlock.ErrInvalidName},
 		{"name that is only a hash tag", func() error { return acquire(mutex("{x}")) }, fairlock.ErrInvalidName},
 		{"untagged name with a closing brace", func() error { return acquire(mutex("a}b")) }, fairlock.ErrInvalidName},
-		{"odd but valid name", func() error { return acquire(mutex("ünï cödé {tag} : * ? [x]")) }, nil},
+		{"odd but valid name", func() error { return acquire(mutex("{tag} ünï cödé : * ? [x]")) }, nil},
+		{"hash tag not at the start", func() error { return acquire(mutex("ünï cödé {tag} : * ? [x]")) }, fairlock.ErrInvalidName},
 		{"capacity 0", func() error { return acquire(fairlock.Request{Name: "a", Capacity: 0, Permits: 1}) }, fairlock.ErrInvalidArgument},
 		{"capacity above MaxCapacity", func() error {
 			return acquire(fairlock.Request{Name: "a", Capacity: fairlock.MaxCapacity + 1, Permits: 1})
