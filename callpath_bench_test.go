@@ -2,11 +2,13 @@ package fairlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -267,4 +269,51 @@ func TestClientPathAllocations(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Close keeps its bound when an Acquire's script call is on the wire and
+// Redis does not answer it, on a Backend that returns by the caller's
+// context (which the close does not end): it stops waiting for that
+// acquisition at the bound (one waiter TTL) and says so, matching ErrRedis.
+func TestCloseBoundsAnAcquireRedisDoesNotAnswer(t *testing.T) {
+	release := make(chan struct{})
+	var stall atomic.Bool
+	started := make(chan struct{}, 1)
+	b := &instantBackend{deadlines: true, onScript: func() {
+		if stall.Load() {
+			select {
+			case started <- struct{}{}:
+			default:
+			}
+			<-release
+		}
+	}}
+	c, err := fairlock.NewWithBackend(b, fairlock.WithWaiterTTL(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stall.Store(true)
+	acquired := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(context.Background(), fairlock.Request{Name: "m", Capacity: 1, Permits: 1})
+		acquired <- err
+	}()
+	<-started
+	closed := make(chan error, 1)
+	t0 := time.Now()
+	go func() { closed <- c.Close() }()
+	select {
+	case err = <-closed:
+	case <-time.After(10 * time.Second):
+		close(release)
+		<-closed
+		t.Fatal("Close waited 10 s for an Acquire whose script call Redis did not answer (its bound: one waiter TTL, 300ms)")
+	}
+	took := time.Since(t0)
+	close(release)
+	<-acquired
+	if !errors.Is(err, fairlock.ErrRedis) || !strings.Contains(err.Error(), "1 acquisitions were still waiting") {
+		t.Errorf("Close = %v, want an error matching ErrRedis that says 1 acquisition was still waiting", err)
+	}
+	t.Logf("Close returned after %v: %v", took.Round(time.Millisecond), err)
 }

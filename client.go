@@ -292,7 +292,11 @@ func isNilPointer(v any) bool {
 // for ends at once (see [New]) and is not sent again (the ticket ends at
 // its deadline). If some leases could not be released in that time (Redis
 // down), Close returns an error matching [ErrRedis] that says how many;
-// Redis ends them when their TTL runs out. [Client.Abandon] closes without
+// Redis ends them when their TTL runs out. So does an Acquire whose script
+// call Redis had not answered by then, on a client that waits for Redis
+// as long as the caller's context lasts (rueidis, valkey-go): Close stops
+// waiting for it at its bound and says how many there were; their tickets
+// end at their waiter TTL. [Client.Abandon] closes without
 // releasing, for leases that must outlive the process. Close, Shutdown and
 // Abandon may be called many times and concurrently (see Shutdown); a
 // Close during a Shutdown ends that Shutdown's wait for the holders.

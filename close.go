@@ -240,6 +240,14 @@ func (c *Client) cleanUpBy() time.Time {
 	return by
 }
 
+// draining reports whether a Shutdown is waiting for the leases that code
+// holds (the close has not cut them yet).
+func (c *Client) draining() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.shut != nil && c.shut.by.IsZero()
+}
+
 // stop does the close's work: it ends the blocking reads of listening (the
 // close began at start), waits for the holders to release their leases
 // until the cut, releases or abandons the leases still held then, and
@@ -298,14 +306,33 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, 
 	nudges.Wait()
 	releases.Wait()
 	c.wg.Wait()
+	// The acquisitions under way leave their queues (or hand their
+	// withdrawal to a task waited for here) once they see the close; one
+	// whose script call Redis does not answer, on a Backend that returns
+	// by the caller's context (which the close does not end), is waited
+	// for until the close's bound only, and the close says so.
+	wake := time.AfterFunc(time.Until(by), func() {
+		c.mu.Lock()
+		c.tasksDone.Broadcast()
+		c.mu.Unlock()
+	})
 	c.mu.Lock()
-	for c.tasks > 0 || c.acquiring > 0 {
+	for c.tasks > 0 || (c.acquiring > 0 && time.Now().Before(by)) {
 		c.tasksDone.Wait()
 	}
+	stuck := c.acquiring
 	c.mu.Unlock()
+	wake.Stop()
+	var errs []error
 	if n := s.failed.Load(); n > 0 {
 		err, _ := s.lastErr.Load().(error)
-		s.err = opError("close", nil, fmt.Errorf("%w: %d of %d leases could not be released (last: %w); Redis ends them when their TTL runs out", ErrRedis, n, len(leases), err))
+		errs = append(errs, fmt.Errorf("%w: %d of %d leases could not be released (last: %w); Redis ends them when their TTL runs out", ErrRedis, n, len(leases), err))
+	}
+	if stuck > 0 {
+		errs = append(errs, fmt.Errorf("%w: %d acquisitions were still waiting for Redis to answer when the close's bound passed; their tickets end at their waiter TTL", ErrRedis, stuck))
+	}
+	if len(errs) > 0 {
+		s.err = opError("close", nil, errors.Join(errs...))
 	}
 	close(s.done)
 }

@@ -33,9 +33,12 @@ func (c *Client) leaderRun(ctx context.Context, op string, lo *op, name string, 
 	if err != nil {
 		return result{}, nil, opError(op, []string{name}, err)
 	}
-	if c.isClosed() && lo != opLeaderClear {
+	if c.isClosed() && lo != opLeaderClear && (lo != opLeaderSet || !c.draining()) {
 		// A record is cleared after Close released its term's lease
-		// (see Lease.atClose): the close runs it, and bounds it.
+		// (see Lease.atClose): the close runs it, and bounds it. While a
+		// Shutdown waits for the leases code holds, a leader's record is
+		// renewed with its lease (nothing is granted after a close, so
+		// only a term already held can be).
 		return result{}, nil, opError(op, []string{name}, ErrClosed)
 	}
 	a := args(k)

@@ -167,3 +167,43 @@ func nextWithin(t *testing.T, ch <-chan election.Info, d time.Duration, what str
 		return election.Info{}
 	}
 }
+
+// While a Shutdown waits for the leases code holds, a leadership among
+// them, the leader's record is renewed with its lease: Leader and Observe
+// keep showing the leader, however long the wait lasts past the record's
+// TTL (two lease TTLs).
+func TestLeaderRecordLastsWhileShutdownWaits(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		const name = "drain"
+		const ttl = 200 * time.Millisecond
+		c := e.Client(fairlock.WithLeaseTTL(ttl))
+		la, err := e.election(c, name).Campaign(ctx, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sctx, scancel := context.WithTimeout(context.Background(), 20*ttl)
+		defer scancel()
+		shut := make(chan error, 1)
+		go func() { shut <- c.Shutdown(sctx) }()
+		obs := e.election(e.Client(), name)
+		// Six lease TTLs into the wait: three times the record's TTL.
+		for deadline := time.Now().Add(6 * ttl); time.Now().Before(deadline); time.Sleep(ttl / 4) {
+			if err := la.Err(); err != nil {
+				t.Fatalf("the leadership ended during Shutdown's wait: %v", err)
+			}
+			info, err := obs.Leader(ctx)
+			if err != nil || info.Term != la.Term() {
+				t.Fatalf("Leader during Shutdown's wait = %+v, %v; want a's term %d", info, err, la.Term())
+			}
+		}
+		if err := la.Resign(context.Background()); err != nil {
+			t.Fatalf("Resign during Shutdown's wait: %v", err)
+		}
+		if err := <-shut; err != nil {
+			t.Fatalf("Shutdown once the leader resigned = %v, want nil", err)
+		}
+	})
+}
