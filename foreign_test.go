@@ -868,7 +868,7 @@ var brokenGuards = []struct {
 	{"apply leaves a fallback wake list without a TTL", "queue.lua",
 		"      if not ttl_of[to] then pushed[#pushed + 1] = to end", "      if not ttl_of[to] and to == b.list then pushed[#pushed + 1] = to end", false},
 	{"fast release leaves a fallback wake list without a TTL", "lua/fast.lua",
-		"if list then redis.pcall('PEXPIRE', list, num(ttl)) end", "if list and not string.find(list, ':w:', 1, true) then redis.pcall('PEXPIRE', list, num(ttl)) end", true},
+		"if list then redis.pcall('PEXPIRE', list, num(ttl)) end", "if list and not string.find(list, KEY_SEP .. 'w' .. KEY_SEP, 1, true) then redis.pcall('PEXPIRE', list, num(ttl)) end", true},
 	{"a multi-lock's wake-up falls back on its last semaphore's list", "lua/grant.lua",
 		"local list, fallback = wake_list(parts[1].base, w.client)", "local list, fallback = wake_list(parts[1].base, w.client)\n  fallback = select(2, wake_list(parts[#parts].base, w.client))", false},
 	{"a read's WRONGTYPE is not named", "queue.lua",

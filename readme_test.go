@@ -201,3 +201,29 @@ func anchors(doc string) []string {
 	}
 	return out
 }
+
+// The README's figures come from the run bench/README.md reports: the
+// README names that run's id, which bench/README.md's report carries.
+func TestReadmeFiguresAreTheBenchRun(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bench, err := os.ReadFile("bench/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("run id `([A-Z0-9]{8})`").FindSubmatch(readme)
+	if m == nil {
+		t.Fatal("README.md's figures name no run id (run id `XXXXXXXX`)")
+	}
+	if !strings.Contains(string(bench), "- run id: "+string(m[1])+"\n") {
+		t.Fatalf("README.md's figures come from run %s, which bench/README.md does not report", m[1])
+	}
+	// The summary rows are pasted as the bench printed them.
+	for _, line := range strings.Split(string(readme), "\n") {
+		if strings.HasPrefix(line, "| ") && strings.Contains(line, " µs") && !strings.Contains(string(bench), line) {
+			t.Errorf("README.md's figure row is not in bench/README.md's run:\n%s", line)
+		}
+	}
+}
