@@ -66,6 +66,8 @@ func (h *redisHealth) note(ctx context.Context, err error) {
 
 // errNoAnswer matches the error of a wait that ran out because Redis did
 // not answer.
+//
+//lint:ignore ST1005 "Redis" is a name; the error stands inside a sentence ("..., but Redis did not answer").
 var errNoAnswer = errors.New("Redis did not answer")
 
 // troubleSince returns nil if Redis has answered since start, the last
