@@ -310,14 +310,16 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, 
 	// withdrawal to a task waited for here) once they see the close; one
 	// whose script call Redis does not answer, on a Backend that returns
 	// by the caller's context (which the close does not end), is waited
-	// for until the close's bound only, and the close says so.
+	// for until the close's bound only, and the close says so. (Through
+	// go-redis the call runs on a goroutine of the client's and returns
+	// within go-redis's read timeout, which Close's bound counts.)
 	wake := time.AfterFunc(time.Until(by), func() {
 		c.mu.Lock()
 		c.tasksDone.Broadcast()
 		c.mu.Unlock()
 	})
 	c.mu.Lock()
-	for c.tasks > 0 || (c.acquiring > 0 && time.Now().Before(by)) {
+	for c.tasks > 0 || (c.acquiring > 0 && (!c.info.Deadlines || time.Now().Before(by))) {
 		c.tasksDone.Wait()
 	}
 	stuck := c.acquiring
