@@ -49,7 +49,7 @@ local function granted(code)
       at = now + grant_ttl(lease, wait, true)
     else
       ts = r.grant
-      at = ts and tonumber(redis.call('ZSCORE', r.H, holder_member(ticket, num(want_of(a, i)), client, ts)))
+      at = ts and holder_at(r, holder_member(ticket, num(want_of(a, i)), client, ts))
     end
     if not alive(at) then
       exp = 0
@@ -63,8 +63,8 @@ local function granted(code)
 end
 
 -- A resent call finds what the first one did: a grant (recorded in S until
--- its lease ends), a tombstone (the grant has ended), or its place
--- in the queue.
+-- its lease ends), a tombstone (the grant has ended without its release),
+-- or its place in the queue.
 local g = rs[1].grant
 if is_tomb(g) then return { 4 } end
 if g and g ~= QUEUED then return granted(3) end

@@ -43,7 +43,7 @@ func TestRedisFaults(t *testing.T) {
 		fltest.IsErr(t, "second Release", l.Release(ctx), fairlock.ErrNotHeld)
 
 		// A key of the wrong type in fairlock's key space.
-		if err := e.RDB.Set(ctx, e.Key("wrong", "q"), "x", 0).Err(); err != nil {
+		if err := e.RDB.Set(ctx, e.Key("wrong", "s"), "x", 0).Err(); err != nil {
 			t.Fatal(err)
 		}
 		_, err = newSem(e.Client(), "wrong", 1).Acquire(ctx, 1)

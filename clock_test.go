@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/statecheck"
 )
 
 // The scripts read Redis's clock in whole milliseconds, rounded down, so
@@ -59,7 +60,7 @@ func TestLeaseDeadlineBeforeRedisExpiry(t *testing.T) {
 	}
 	check := func(what string, l *Lease) {
 		t.Helper()
-		zs, err := rdb.ZRangeWithScores(ctx, k.base+":h", 0, -1).Result()
+		zs, err := statecheck.Holders(ctx, rdb, k.base)
 		if err != nil || len(zs) != 1 {
 			t.Fatalf("%s: holders %v (%v), want one", what, zs, err)
 		}

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/internal/statecheck"
 	"pgregory.net/rapid"
 )
 
@@ -508,8 +509,17 @@ func (m *callMachine) resendAcquire(t *rapid.T) {
 // database and the machine's clock.
 func (m *callMachine) live(tk *cticket) bool {
 	for i, p := range tk.parts {
-		at, err := m.pair.sides()[0].RDB.ZScore(m.ctx, p.sem.base+":h", fmt.Sprintf("%s %d %s %s", tk.ticket, p.n, tk.p.id, tk.tokens[i])).Result()
-		if err != nil || int64(at) <= m.nowMs() {
+		hs, err := statecheck.Holders(m.ctx, m.pair.sides()[0].RDB, p.sem.base)
+		if err != nil {
+			return false
+		}
+		want, at := fmt.Sprintf("%s %d %s %s", tk.ticket, p.n, tk.p.id, tk.tokens[i]), int64(0)
+		for _, h := range hs {
+			if h.Member == want {
+				at = int64(h.Score)
+			}
+		}
+		if at <= m.nowMs() {
 			return false
 		}
 	}

@@ -51,15 +51,16 @@
 // slot. Distinct valid names never share a key ([ErrInvalidName] lists the
 // names refused for that):
 //
-//	:s  hash    capacity, permits in use, counts, token sequence, key expiry,
-//	            bounds on the earliest lease expiry and waiter deadline;
+//	:s  hash    the layout, capacity, permits in use, counts, token sequence,
+//	            key expiry, bounds on the earliest lease expiry and waiter
+//	            deadline; one lease and its expiry (a mutex's only one);
 //	            the tokens of live grants, for retried and withdrawn calls;
 //	            a mark on each queued or condition-waiting ticket;
-//	            tombstones of ended leases, and the replies of signals,
-//	            for resent calls (10-20 s)
+//	            tombstones of leases that ended without their release, and
+//	            the replies of signals, for resent calls (10-20 s)
 //	:q  zset    waiters by arrival
 //	:d  zset    every waiter's liveness deadline: those of :q and of :c
-//	:h  zset    leases by expiry
+//	:h  zset    the other leases, by expiry
 //	:t  zset    tombstoned tickets by when they may be forgotten
 //
 // Every other key is derived: the base, the control character U+001F
@@ -74,9 +75,11 @@
 //	                  <prefix>{w:/<len(prefix)>/<client>}
 //	␟ld, ␟lc    an election's record and change channel (package election)
 //
-// Every key expires once the deadlines it records have passed; an idle
-// semaphore keeps only :s and :t, for the tombstones' lifetime and at
-// most half of it more (at most 30 s). fairlock needs Redis 7.0 or
+// Every key expires once the deadlines it records have passed. An idle
+// semaphore keeps only :s (and :t while it has tombstones), for at most
+// two minutes; the release that leaves it idle deletes it when its token
+// sequence is more than a second old and it has no tombstones. A mutex
+// held and released without contention uses :s alone. fairlock needs Redis 7.0 or
 // later or Valkey 8 (the versions its tests run on; Redis 6.2 runs its
 // scripts, untested), run with maxmemory-policy noeviction: a volatile-* policy evicts
 // keys with a TTL first. Where the server has functions (Redis 7 and

@@ -23,9 +23,9 @@ package fairlock
 // planted key (the clock is the recorded one: see replayed).
 //
 // Another release of fairlock is the same class with one more "type": a
-// state hash in another key layout (newerLayout: its 'layout' field set,
-// its other fields as they were), which every call that reads it must
-// refuse, naming it, before it writes anything.
+// state hash in another key layout (otherLayout: the previous release's,
+// which has no 'layout' field, its other fields as they were), which every
+// call that reads it must refuse, naming it, before it writes anything.
 
 import (
 	"context"
@@ -76,27 +76,30 @@ func semKeys(s *csem, procs []*cproc) []fkey {
 	return append(k, fkey{(keys{base: s.base}).derived(kindLeader), "hash"})
 }
 
-// newerLayout is the planted "type" of a state hash written by a release
-// of fairlock with another key layout.
-const newerLayout = "layout"
+// otherLayout is the planted "type" of a state hash written by a release
+// of fairlock with another key layout: the first layout's, without the
+// 'layout' field (check_layout refuses any other value the same way).
+const otherLayout = "layout"
 
 // plantsFor returns the types that may be planted at k: every other type,
 // and for a state hash another release's layout.
 func plantsFor(k fkey) []string {
 	t := slices.DeleteFunc(slices.Clone(foreignTypes), func(t string) bool { return t == k.kind })
 	if strings.HasSuffix(k.key, ":s") {
-		t = append(t, newerLayout)
+		t = append(t, otherLayout)
 	}
 	return t
 }
 
 // plantScript puts a value of type ARGV[1] at KEYS[1], replacing what is
-// there; newerLayout marks the hash there as another layout's, keeping
-// its fields.
+// there; otherLayout makes the hash there the first layout's: its
+// 'layout' field deleted, its other fields kept (a hash of that layout
+// always holds its sequence and expiry: a missing one is made so).
 var plantScript = redis.NewScript(`
 local k, t = KEYS[1], ARGV[1]
 if t == 'layout' then
-  redis.call('HSET', k, 'layout', '2')
+  if redis.call('EXISTS', k) == 0 then redis.call('HSET', k, 'seq', '1', 'exp', '1') end
+  redis.call('HDEL', k, 'layout')
   return 1
 end
 redis.call('DEL', k)
@@ -377,8 +380,8 @@ func (p *foreignPair) plantAndCheck(ctx context.Context, c call, step int, k fke
 	if cerr != nil && (strings.HasPrefix(cerr.Error(), "FAIRLOCK_FOREIGN_KEY ") || strings.HasPrefix(cerr.Error(), "FAIRLOCK_LAYOUT ")) {
 		p.refused[op]++
 		want := fmt.Sprintf("FAIRLOCK_FOREIGN_KEY %s %s %s", typ, k.kind, k.key)
-		if typ == newerLayout {
-			want = "FAIRLOCK_LAYOUT 2 1 " + k.key
+		if typ == otherLayout {
+			want = "FAIRLOCK_LAYOUT 1 2 " + k.key
 		}
 		switch {
 		case cerr.Error() != want:
@@ -389,7 +392,7 @@ func (p *foreignPair) plantAndCheck(ctx context.Context, c call, step int, k fke
 		}
 		return nil
 	}
-	if typ == newerLayout && slices.Contains(c.Keys, k.key) {
+	if typ == otherLayout && slices.Contains(c.Keys, k.key) {
 		// A call on a semaphore reads its state: it must refuse another
 		// layout's, whatever it would have done (a read included).
 		return fmt.Errorf("%s: step %d: %s\nwith another release's layout at %s: not refused (%s)", p.backend, step, c, k.key, got)
@@ -426,10 +429,10 @@ func (p *foreignPair) step(ctx context.Context, c call, step int) (any, error) {
 			if p.oneType {
 				// One type per key and call, in turn; another release's
 				// layout every time.
-				layout := others[len(others)-1] == newerLayout
+				layout := others[len(others)-1] == otherLayout
 				others = others[(i+step)%len(others):][:1]
-				if layout && others[0] != newerLayout {
-					others = append(others, newerLayout)
+				if layout && others[0] != otherLayout {
+					others = append(others, otherLayout)
 				}
 			}
 			for _, typ := range others {

@@ -63,7 +63,7 @@ func TestAnotherLayoutRefused(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		if err := rdb.HSet(ctx, state, "layout", "2").Err(); err != nil {
+		if err := rdb.HDel(ctx, state, "layout").Err(); err != nil {
 			t.Fatal(err)
 		}
 		before := dumpKeys(t, rdb, prefix+"{m}")

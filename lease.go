@@ -280,7 +280,9 @@ func (l *Lease) endLocked(cause error) {
 // ErrNotHeld), and the release is sent again in the background, with
 // backoff, until it lands or the lease would have expired anyway, so that
 // the next waiter does not wait out the lease's TTL. Sending a release
-// twice is safe: the second finds the first's tombstone. Any other error
+// twice is safe: the second finds neither the lease nor the tombstone a
+// lease that ended otherwise leaves, and knows the first released it. Any
+// other error
 // also matches ErrRedis; the lease is then no longer renewed (Done closes)
 // and its permits return when its TTL runs out.
 //

@@ -93,6 +93,10 @@ func TestLeaseContextEnds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// (The lease is kept in the state hash, or in :h.)
+		if err := e.RDB.HDel(ctx, e.Key("lctx", "s"), "o", "oe").Err(); err != nil {
+			t.Fatal(err)
+		}
 		if err := e.RDB.Del(ctx, e.Key("lctx", "h")).Err(); err != nil {
 			t.Fatal(err)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/statecheck"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -67,7 +68,7 @@ func capDone(t *testing.T, l *fairlock.Lease, start time.Time, within time.Durat
 // the semaphore name, read from its holders zset.
 func expiryMs(t *testing.T, e *fltest.Env, name string) int64 {
 	t.Helper()
-	zs, err := e.RDB.ZRangeWithScores(context.Background(), e.Prefix+"{"+name+"}:h", 0, -1).Result()
+	zs, err := statecheck.Holders(context.Background(), e.RDB, e.Prefix+"{"+name+"}")
 	if err != nil || len(zs) != 1 {
 		t.Fatalf("holders of %s = %v, %v; want one", name, zs, err)
 	}

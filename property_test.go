@@ -118,13 +118,17 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 		{"fast release hands on to a dead head", "lua/fast.lua",
 			" and (nq + nc <= 0 or nothing_due(dmin))\n", "\n", 0, true},
 		{"fast acquire does not lower the deadline bound", "lua/fast.lua",
-			"  local low = lowered(bound, at)\n", "  local low = bound\n", 0, true},
+			"    low = lowered(dmin, at)\n", "    low = dmin\n", 0, true},
 		{"fast acquire barges", "lua/fast.lua",
 			"  local grant = n and may_grant_now(nq, used, n, cap)\n", "  local grant = n and fits_in(used, n, cap)\n", 0, true},
 		{"fast grant's TTL", "lua/fast.lua",
 			"    ttl = grant_ttl(w.lease, w.wait, true)\n", "    ttl = grant_ttl(w.lease, w.wait, false)\n", 0, true},
-		{"fast release's tombstone kind", "lua/fast.lua",
-			"  local f = { ticket, RELEASED }\n", "  local f = { ticket, ENDED }\n", 0, true},
+		{"fast release leaves a tombstone", "lua/fast.lua",
+			"  local f, d = {}, { ticket }\n", "  local f, d = { ticket, ENDED }, {}\n", 0, true},
+		{"fast handoff leaves the hash's place empty", "lua/fast.lua",
+			"  local free = mine or not o\n", "  local free = mine\n", 0, true},
+		{"fast release deletes an idle state that has tombstones", "lua/fast.lua",
+			"  if idle and (st[TNEXT] or 0) > 0 then return fast_defer(clock, S, st) end\n", "", 0, true},
 		{"fast acquire's queued ticket not marked", "lua/fast.lua",
 			"    f = { 'nq', num(nq + 1), 'seq', ts, ticket, QUEUED }\n", "    f = { 'nq', num(nq + 1), 'seq', ts }\n", 0, true},
 		{"fast release's idle TTL", "lua/fast.lua",
@@ -167,7 +171,14 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 		// Rules seen only while the machine runs, not once all is
 		// released: checkState after every step must see each.
 		{"queue key left without a TTL", "lua/rules.lua",
-			"  if moved or new_q then f(K[KQ], x) end\n", "  if moved then f(K[KQ], x) end\n", 0, false},
+			"  if has_q and (moved or new_q) then f(K[KQ], x) end\n", "  if has_q and moved then f(K[KQ], x) end\n", 0, false},
+		{"keys' horizon not moved by the lease kept in the state hash", "lua/grant.lua",
+			"    r.o, r.oe = m, at\n    r.horizon = math.max(r.horizon, at)\n", "    r.o, r.oe = m, at\n", 0, false},
+		{"the lease kept in the state hash is never purged", "lua/grant.lua",
+			"  if r.o and due(r.oe) then\n", "  if false then\n", 0, false},
+		{"a lease that ended unreleased leaves no tombstone", "lua/grant.lua",
+			"  if released then\n    record(r, ticket, false)\n  else\n    record(r, ticket, ENDED)\n",
+			"  if true then\n    record(r, ticket, false)\n  else\n    record(r, ticket, ENDED)\n", 0, false},
 		{"dead waiters stay behind a full semaphore", "lua/ops/refresh.lua",
 			"purge_waiters(first)\nrun_queues(loaded)\n", "run_queues(loaded)\n", 0, false},
 		{"idle keys expire before their tombstones", "lua/resource.lua",
@@ -661,7 +672,7 @@ func (m *machine) dump(s *msem) string {
 	ctx := context.Background()
 	st, _ := m.rdb.HGetAll(ctx, s.k.list()[keyState]).Result()
 	q, _ := m.rdb.ZRangeWithScores(ctx, s.k.list()[keyQueue], 0, -1).Result()
-	h, _ := m.rdb.ZRangeWithScores(ctx, s.k.list()[keyHolders], 0, -1).Result()
+	h, _ := statecheck.Holders(ctx, m.rdb, s.k.base)
 	t, _ := m.rdb.ZRangeWithScores(ctx, s.k.list()[keyTombs], 0, -1).Result()
 	return fmt.Sprintf("now=%d state=%v queue=%v holders=%v tombstones=%v", m.nowMs(), st, q, h, t)
 }
@@ -1276,7 +1287,7 @@ func (m *machine) redisQueue(s *msem) []rentry {
 }
 
 func (m *machine) redisHolders(s *msem) []rentry {
-	zs, err := m.rdb.ZRangeWithScores(context.Background(), s.k.list()[keyHolders], 0, -1).Result()
+	zs, err := statecheck.Holders(context.Background(), m.rdb, s.k.base)
 	if err != nil {
 		m.t.Fatal(err)
 	}

@@ -24,29 +24,42 @@
 -- A script serves one or more semaphores ("resources"); KEYS holds five
 -- keys for each, in this order (one resource's keys share one hash tag, so
 -- one Cluster slot; a multi-resource request needs all in one slot):
---   <b>:s  hash  cap, used (permits held), nh (holders), nq (waiters),
---                seq (last sequence number), exp (when keys expire, ms),
---                tnext (when the oldest tombstone may be trimmed, ms),
---                hmin, dmin (no later than the earliest lease expiry in
---                :h and the earliest waiter deadline in :d, ms: until
---                then nothing there is due, and no script reads them);
---                nc (waiters on the condition variables bound to it);
+--   <b>:s  hash  layout (LAYOUT, below), cap, used (permits held), nh
+--                (holders), nq (waiters), seq (last sequence number),
+--                exp (when keys expire, ms), tnext (when the oldest
+--                tombstone may be trimmed, ms), hmin, dmin (no later than
+--                the earliest lease expiry in :h and the earliest waiter
+--                deadline in :d, ms: until then nothing there is due, and
+--                no script reads them); nc (waiters on the condition
+--                variables bound to it); o, oe: one holder kept in the
+--                hash itself, "ticket permits client token" as in :h, and
+--                its lease expiry (ms), so that a semaphore with one
+--                holder (every mutex) needs no :h; a grant takes this
+--                place when it is free, any other goes to :h;
+--                a field whose value is 0 (used, nh, nq, nc) is absent;
 --                ticket -> "q" for every ticket in :q (what a resent
 --                acquire and a refresh find);
 --                ticket -> "c" followed by the condition's name for every
 --                ticket waiting on a condition variable (in <b>/c/...);
 --                ticket -> token of every live grant, made at once or
 --                announced on a wake list, until its lease ends: what a
---                retried or withdrawn call finds; and ticket -> "r" (released) or
---                "x" (ended otherwise) for a while after a lease ends
---                (tombstones), so that a resent call does not act twice.
---                Tickets are upper-case base32 text, so they never clash
---                with the lower-case state fields.
+--                retried or withdrawn call finds; and ticket -> "x" for a
+--                while after a lease or request ends without its holder's
+--                release (tombstones), so that a resent call does not act
+--                twice. A released ticket leaves no trace: a release sent
+--                again, finding neither lease nor tombstone, knows that
+--                its first run released it. Tickets are upper-case base32
+--                text, so they never clash with the lower-case state
+--                fields. An idle semaphore (no holder, waiter or
+--                tombstone) keeps only this hash, and only while its
+--                sequence needs it or its TTL lasts (keys_exp); one whose
+--                sequence is a second old is deleted by the release that
+--                leaves it idle.
 --   <b>:q  zset  waiters, scored by arrival sequence
 --   <b>:d  zset  every waiter's liveness deadline (ms): the waiters of :q
 --                and those of the condition variables (<b>/c/...) bound to it
---   <b>:h  zset  holders "ticket permits client token", scored by lease
---                expiry (ms)
+--   <b>:h  zset  holders "ticket permits client token" (but the one in o),
+--                scored by lease expiry (ms)
 --   <b>:t  zset  tombstoned tickets, scored by when they may be forgotten
 -- Keys beside these are derived (derived_key in rules.lua): <b>, KEY_SEP,
 -- a kind, and KEY_SEP and a payload (written <b>/kind/payload below).
@@ -132,6 +145,7 @@ local BUDGET = 400     -- grants, purges and drops one script may make
 local CHUNK = 256      -- arguments of one write call (even: pairs stay whole)
 local PAGE = 64        -- queue members read at once after the first
 local TOMB_MS = 20000  -- a tombstone lives between half this and this
+local IDLE_MS = 120000 -- an idle semaphore's state lives at most this long
 -- KEY_SEP separates the parts of a key derived from a resource's base
 -- (derived_key in rules.lua; keySep in keys.go, which a test holds equal):
 -- a control character, which no name, condition name, prefix or client
@@ -168,16 +182,16 @@ local pre, pre_call
 -- fairlock keeps there: "FAIRLOCK_FOREIGN_KEY <found> <kept> <key>".
 local FOREIGN = 'FAIRLOCK_FOREIGN_KEY'
 
--- LAYOUT is the layout of the keys these scripts keep. A state hash whose
--- 'layout' field says another was written by another release of fairlock
--- (none says this one: it is the layout of a hash without the field); a
--- call that meets one fails with "FAIRLOCK_LAYOUT <found> <kept> <key>"
--- having written nothing, so that releases with different layouts never
--- both act on one semaphore (check_layout checks; run_entry replies). For
--- that, a release with another layout keeps its state hash, with the
--- field, for as long as any other key of the semaphore lives, or keeps
--- its other keys under names this release does not use.
-local LAYOUT = '1'
+-- LAYOUT is the layout of the keys these scripts keep, written in every
+-- state hash they create. A state hash whose 'layout' field says another
+-- (or that has none: the first layout, of releases before 0.2.0) was
+-- written by another release of fairlock; a call that meets one fails
+-- with "FAIRLOCK_LAYOUT <found> <kept> <key>" having written nothing, so
+-- that releases with different layouts never both act on one semaphore
+-- (check_layout checks; run_entry replies). For that, every release keeps
+-- its state hash for as long as any other key of the semaphore lives
+-- (the first layout refuses a hash whose field names another, too).
+local LAYOUT = '2'
 local LAYOUT_ERR = 'FAIRLOCK_LAYOUT'
 
 -- type_of returns the type of key, as TYPE names it ('none' if absent).
@@ -319,7 +333,7 @@ local function write(cmd, key, a, b)
     wlast[key] = e
   end
   local args = e.args
-  args[#args + 1] = a
+  if a ~= nil then args[#args + 1] = a end
   if b ~= nil then args[#args + 1] = b end
 end
 
@@ -330,13 +344,17 @@ end
 
 -- kind_written returns the type a buffered write's command works on.
 local function kind_written(cmd)
-  if cmd == 'HSET' or cmd == 'HDEL' then return 'hash' end
+  if cmd == 'HSET' or cmd == 'HDEL' or cmd == 'DEL' then return 'hash' end
   return 'zset'
 end
 
--- call_chunks performs buffered write e.
+-- call_chunks performs buffered write e (a DEL has no arguments).
 local function call_chunks(e)
   local a, n = e.args, #e.args
+  if n == 0 then
+    redis.call(e.cmd, e.key)
+    return
+  end
   for i = 1, n, CHUNK do
     redis.call(e.cmd, e.key, unpack(a, i, math.min(i + CHUNK - 1, n)))
   end

@@ -17,8 +17,9 @@
 --   "release"  frees the lease's permits on every resource and grants them
 --              on; result 1, or 0 when the lease had already expired or
 --              been dropped on some resource (its permits were not held).
---              A resent release (its first run's reply was lost) finds the
---              tombstone the first run left and answers 1 again.
+--              A resent release (its first run's reply was lost) finds
+--              neither the lease nor any record of its ticket (one that
+--              ended otherwise leaves a tombstone) and answers 1 again.
 --   "renew"    extends a live lease to now + leaseMs on every resource;
 --              result 1, or 0 when it has expired or is gone on any of
 --              them, and then frees what is left of it. An expired lease
@@ -99,8 +100,7 @@ if result == 0 then
   for _, p in ipairs(parts) do
     if p.ts ~= '0' then
       p.hm = holder_member(ticket, p.ns, client, p.ts)
-      p.at = tonumber(redis.call('ZSCORE', p.r.H, p.hm))
-      seen(p.r.H)
+      p.at = holder_at(p.r, p.hm)
     end
     if not alive(p.at) then live = false end
   end
@@ -109,9 +109,9 @@ if result == 0 then
       if op == 'renew' and live then
         renew(p.r, p.hm, lease)
       elseif (op == 'release' or op == 'wait') and live then
-        drop_holder(p.r, p.hm, p.n, RELEASED)
+        drop_holder(p.r, p.hm, p.n, true)
       else
-        drop_holder(p.r, p.hm, p.n, ENDED)
+        drop_holder(p.r, p.hm, p.n, false)
       end
     elseif op ~= 'renew' and is_token(p.r.grant) then
       -- A record whose lease is gone: the grant is over.
@@ -126,10 +126,12 @@ if result == 0 then
       cond_add(p.r, cv, fresh, p.ns, client, lease, wait)
     end
   elseif op == 'release' then
-    -- A resent release: its first run released every part.
+    -- A resent release: its first run released every part, which left
+    -- neither lease nor record (a lease that ended otherwise leaves a
+    -- tombstone).
     local again = true
     for _, p in ipairs(parts) do
-      if p.at or p.r.grant ~= RELEASED then again = false end
+      if p.at or p.r.grant then again = false end
     end
     if again then result = 1 end
   end

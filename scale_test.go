@@ -28,6 +28,7 @@ import (
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/halfrun"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/statecheck"
 	"github.com/fairlock/fairlock/semaphore"
 	"github.com/redis/go-redis/v9"
 )
@@ -108,11 +109,15 @@ func (e *scaleEnv) held(name string) (int64, []holder) {
 	if err != nil {
 		e.t.Fatalf("TIME: %v", err)
 	}
-	ms := strconv.FormatInt(now.UnixMilli(), 10)
-	ms0 := "(" + ms
-	members, err := e.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{Key: e.key(name, "h"), Start: ms0, Stop: "+inf", ByScore: true}).Result()
+	zs, err := statecheck.Holders(ctx, e.rdb, strings.TrimSuffix(e.key(name, "h"), ":h"))
 	if err != nil {
-		e.t.Fatalf("ZRANGEBYSCORE: %v", err)
+		e.t.Fatalf("holders: %v", err)
+	}
+	var members []string
+	for _, z := range zs {
+		if int64(z.Score) > now.UnixMilli() {
+			members = append(members, z.Member.(string))
+		}
 	}
 	var sum int64
 	hs := make([]holder, 0, len(members))

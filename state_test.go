@@ -10,6 +10,7 @@ import (
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/statecheck"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -111,8 +112,8 @@ func TestGrantRecordsDoNotPile(t *testing.T) {
 			t.Fatal(err)
 		}
 		// records counts the hash's grant records: fields that are not
-		// state fields, whose value is a token (not a tombstone, "r" or
-		// "x", which the scripts trim after a while).
+		// state fields, whose value is a token (not a tombstone, "x",
+		// which the scripts trim after a while, or a queued mark).
 		records := func() int {
 			t.Helper()
 			kv, err := e.RDB.HGetAll(ctx, e.Key("busy", "s")).Result()
@@ -122,8 +123,9 @@ func TestGrantRecordsDoNotPile(t *testing.T) {
 			n := 0
 			for k, v := range kv {
 				switch {
-				case k == "cap" || k == "used" || k == "nh" || k == "nq" || k == "seq" || k == "exp" || k == "tnext" || k == "hmin" || k == "dmin":
-				case v == "r" || v == "x" || v == "q": // tombstones, queued tickets
+				case k == "cap" || k == "used" || k == "nh" || k == "nq" || k == "seq" || k == "exp" || k == "tnext" || k == "hmin" || k == "dmin" ||
+					k == "nc" || k == "layout" || k == "o" || k == "oe":
+				case v == "x" || v == "q": // tombstones, queued tickets
 				default:
 					n++
 				}
@@ -150,7 +152,7 @@ func TestGrantRecordsDoNotPile(t *testing.T) {
 			// Confirmed: its expiry moves from the waiter TTL to the
 			// lease's, like the pinned one's.
 			e.WaitFor("the handed-over grant confirmed", func() bool {
-				hs, err := e.RDB.ZRangeWithScores(ctx, e.Key("busy", "h"), 0, -1).Result()
+				hs, err := statecheck.Holders(ctx, e.RDB, e.Prefix+"{busy}")
 				return err == nil && len(hs) == 2 && int64(hs[0].Score) > time.Now().Add(time.Second).UnixMilli()
 			})
 			if n := records(); n != 2 {
@@ -313,9 +315,10 @@ func TestStatusBadMember(t *testing.T) {
 	})
 }
 
-// Tombstones (what a resent call finds of a lease that ended) do not pile
-// up on a semaphore that never goes idle: each lives 10 to 20 s by Redis's
-// clock and is trimmed by a later script.
+// Tombstones (what a resent call finds of a lease that ended without its
+// release) do not pile up on a semaphore that never goes idle: each lives
+// 10 to 20 s by Redis's clock and is trimmed by a later script. A released
+// lease leaves none.
 func TestTombstonesAreTrimmed(t *testing.T) {
 	b := redistest.Mini(t)
 	b.Freeze(t)
@@ -335,7 +338,7 @@ func TestTombstonesAreTrimmed(t *testing.T) {
 		kv, _ := e.RDB.HGetAll(ctx, e.Key("busy", "s")).Result()
 		var fields int64
 		for _, v := range kv {
-			if v == "r" || v == "x" {
+			if v == "x" {
 				fields++
 			}
 		}
@@ -344,7 +347,8 @@ func TestTombstonesAreTrimmed(t *testing.T) {
 		}
 		return n
 	}
-	cycle := func(k int) {
+	// released takes and releases k leases: no tombstone.
+	released := func(k int) {
 		for range k {
 			l, err := s.Acquire(ctx, 1)
 			if err != nil {
@@ -353,14 +357,34 @@ func TestTombstonesAreTrimmed(t *testing.T) {
 			e.Release(l)
 		}
 	}
-	cycle(30)
+	// ended takes k leases whose processes stop (Abandon), each ending
+	// when its TTL runs out and dropped by the next acquisition: the
+	// last one stays held, expired.
+	const ttl = 100 * time.Millisecond
+	ended := func(k int) {
+		for range k {
+			c := e.Client(fairlock.WithLeaseTTL(ttl))
+			if _, err := newSem(c, "busy", 2).Acquire(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Abandon(); err != nil {
+				t.Fatal(err)
+			}
+			b.Advance(t, ttl)
+		}
+	}
+	released(30)
+	if n := tombs(); n != 0 {
+		t.Fatalf("%d tombstones after 30 releases, want 0", n)
+	}
+	ended(31)
 	if n := tombs(); n != 30 {
-		t.Fatalf("%d tombstones after 30 releases, want 30", n)
+		t.Fatalf("%d tombstones after 30 leases ended unreleased, want 30", n)
 	}
 	b.Advance(t, 21*time.Second)
-	cycle(1)
+	ended(1)
 	if n := tombs(); n != 1 {
-		t.Fatalf("%d tombstones 21 s later and one more release, want 1", n)
+		t.Fatalf("%d tombstones 21 s later and one more lease ended, want 1", n)
 	}
 	e.Release(pinned)
 }

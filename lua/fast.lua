@@ -41,23 +41,26 @@ local function fast_expire(key, at)
 end
 
 -- fast_acquire takes an "acquire" or "try" a (parse_acquire) for one
--- resource (keys K) that asks for the stored capacity and is not a
--- resend, when no tombstone trim is due and either the request may be
--- granted now or no queue can move (the resource is full, or nobody is
--- queued, and nothing is due by the bounds): then a "try" is refused and
--- an "acquire" queued.
+-- resource (keys K) that asks for the stored capacity (or for a resource
+-- with no state: a new one) and is not a resend, when no tombstone trim
+-- is due and either the request may be granted now or no queue can move
+-- (the resource is full, or nobody is queued, and nothing is due by the
+-- bounds): then a "try" is refused and an "acquire" queued.
 local function fast_acquire(K, a)
   local S, ticket, client, lease, wait = K[KS], a[TICKET], a[CLIENT], a[LEASE], a[WAIT]
   local clock, st = fast_start(S, ticket)
-  local cap, used, nh, nq, nc, exp0 = st[CAP], st[USED], st[NH], st[NQ], st[NC], st[EXP]
+  local cap, used, nh, nq, nc, exp0, o, oe = st[CAP], st[USED], st[NH], st[NQ], st[NC], st[EXP], st[O], st[OE]
+  local fresh = not st[EXISTS]
+  if fresh then cap = cap_of(a, 1) end
   local n = want_of(a, 1)
-  local hmin, dmin = bound_of(st[HMIN], nh), bound_of(st[DMIN], nq + nc)
+  local inh = nh - (o and 1 or 0)
+  local hmin, dmin = bound_of(st[HMIN], inh), bound_of(st[DMIN], nq + nc)
   local grant = n and may_grant_now(nq, used, n, cap)
   local ok = not st[MARK] and cap and n and lease and wait and cap == cap_of(a, 1) and not trim_due(st[TNEXT])
   if ok and not grant then
     -- No queue may move: nothing is due, and a queue with waiters is
     -- full. The waiters' deadline bound must be known (for the reply).
-    local still = nh > 0 and nothing_due(hmin) and nothing_due(dmin) and (used >= cap or nq <= 0)
+    local still = nh > 0 and nothing_due(hmin) and not (o and due(oe)) and nothing_due(dmin) and (used >= cap or nq <= 0)
     ok = still
   end
   if not ok then return fast_defer(clock, S, st) end
@@ -69,43 +72,60 @@ local function fast_acquire(K, a)
   end
   local seq = next_token(st[SEQ])
   local ts = num(seq)
-  local f, at, zkey, member, name, bound
+  local f, at, member, low
+  local inline = grant and not o
   if grant then
     at = now + grant_ttl(lease, wait, false)
+    member = holder_member(ticket, num(n), client, ts)
     f = { 'used', num(used + n), 'nh', num(nh + 1), 'seq', ts, ticket, ts }
-    zkey, member, name, bound = K[KH], holder_member(ticket, num(n), client, ts), 'hmin', hmin
+    if inline then
+      -- The state hash's place is free: the lease takes it.
+      f[9], f[10], f[11], f[12] = 'o', member, 'oe', num(at)
+    else
+      low = lowered(hmin, at)
+      put(f, 'hmin', low, hmin)
+    end
   else
     at = now + wait
+    member = waiter_member(ticket, n, client, lease, wait, '')
     f = { 'nq', num(nq + 1), 'seq', ts, ticket, QUEUED }
-    zkey, member, name, bound = K[KD], waiter_member(ticket, n, client, lease, wait, ''), 'dmin', dmin
+    low = lowered(dmin, at)
+    put(f, 'dmin', low, dmin)
   end
-  local low = lowered(bound, at)
-  put(f, name, low, bound)
+  if fresh then
+    local k = #f
+    f[k + 1], f[k + 2], f[k + 3], f[k + 4] = 'cap', num(cap), 'layout', LAYOUT
+  end
   local exp = keys_exp(exp0, at, seq, false)
   put(f, 'exp', exp, exp0)
   local moved = exp ~= exp0
-  -- Proven before the first write (a grant's is to :h, a waiter's to :q):
-  -- the other keys written or given a TTL. S was read.
-  if grant then
-    if moved then
-      must_be(K[KT], 'zset')
-      must_be(K[KQ], 'zset')
-      must_be(K[KD], 'zset')
-    end
-  else
-    must_be(K[KD], 'zset')
-    if moved then
-      must_be(K[KT], 'zset')
-      must_be(K[KH], 'zset')
-    end
-    redis.call('ZADD', K[KQ], ts, member)
+  -- What the keys hold after.
+  local has_h = inh > 0 or (grant and not inline)
+  local has_q, has_d, has_t = nq > 0 or not grant, nq + nc > 0 or not grant, (st[TNEXT] or 0) > 0
+  -- Proven before the first write (a grant's is to S, which was read, or
+  -- to :h; a waiter's to :q): the other keys written or given a TTL.
+  if moved then
+    if has_t then must_be(K[KT], 'zset') end
+    if has_h and inline then must_be(K[KH], 'zset') end
+    if has_q and grant then must_be(K[KQ], 'zset') end
+    if has_d and grant then must_be(K[KD], 'zset') end
   end
-  redis.call('ZADD', zkey, num(at), member)
+  if grant then
+    if not inline then redis.call('ZADD', K[KH], num(at), member) end
+  else
+    if moved and has_h then must_be(K[KH], 'zset') end
+    must_be(K[KD], 'zset')
+    redis.call('ZADD', K[KQ], ts, member)
+    redis.call('ZADD', K[KD], num(at), member)
+  end
   redis.call('HSET', S, unpack(f))
-  expiring(K, moved, false, grant and nh <= 0, not grant and nq <= 0, not grant and nq + nc <= 0, false, fast_expire, exp)
+  expiring(K, moved, has_h, has_q, has_d, has_t, grant and not inline and inh <= 0, not grant and nq <= 0,
+    not grant and nq + nc <= 0, false, fast_expire, exp)
   if grant then return { 1, now, at, ts } end
   -- The next event, as next_event reports it: neither bound is due.
-  return { 2, now, math.min(hmin, low) - now }
+  local nxt = math.min(hmin, low)
+  if o then nxt = math.min(nxt, oe) end
+  return { 2, now, nxt - now }
 end
 
 -- fast_release takes a "release" a (ARGV: it reads the ticket, client
@@ -114,13 +134,18 @@ end
 -- queued, or the queue's head waits for this resource alone, fits once
 -- the lease is released, is the only one that may be granted (the
 -- resource is full after, or nobody is left queued), and nothing is due
--- by the bounds: then the head is granted and told.
+-- by the bounds: then the head is granted and told. The released ticket
+-- leaves no trace; a resource left idle is deleted when it may be
+-- (may_delete).
 local function fast_release(K, a)
   local S, ticket, client = K[KS], a[TICKET], a[CLIENT]
   local n, ns, token = part_of(a, 1)
   local clock, st = fast_start(S, ticket)
-  local cap, used, nh, nq, nc, exp0 = st[CAP], st[USED], st[NH], st[NQ], st[NC], st[EXP]
-  local hmin, dmin = bound_of(st[HMIN], nh), bound_of(st[DMIN], nq + nc)
+  local cap, used, nh, nq, nc, exp0, o, oe = st[CAP], st[USED], st[NH], st[NQ], st[NC], st[EXP], st[O], st[OE]
+  local inh = nh - (o and 1 or 0)
+  local hmin, dmin = bound_of(st[HMIN], inh), bound_of(st[DMIN], nq + nc)
+  local m = holder_member(ticket, ns, client, token)
+  local mine = m == o
   -- A dead waiter (queued, or on a condition) is the general path's: it
   -- drops it when it runs the queue.
   local ok = cap and n and used - n < cap and not trim_due(st[TNEXT]) and (nq + nc <= 0 or nothing_due(dmin))
@@ -130,67 +155,97 @@ local function fast_release(K, a)
     local hw = head and parse_waiter(head)
     -- A head that is this very ticket (queued again while it holds: a
     -- resent call) is left to the general path, whose grant replaces
-    -- the tombstone this release would leave.
+    -- the record this release would forget.
     local single = hw and not hw.parts and hw.ticket ~= ticket
     w, ok = hw, single
     if ok then
       after = used - n + w.n
-      local only = fits_in(used - n, w.n, cap) and ((after >= cap and nothing_due(hmin)) or (after < cap and nq == 1))
+      -- No other lease is due (which would make room for more).
+      local quiet = nothing_due(hmin) and (mine or not o or not due(oe))
+      local only = fits_in(used - n, w.n, cap) and ((after >= cap and quiet) or (after < cap and nq == 1))
       ok = only
     end
   end
-  local m, at = nil, nil
+  local at = nil
   if ok then
-    m = holder_member(ticket, ns, client, token)
-    at = tonumber(redis.call('ZSCORE', K[KH], m))
+    if mine then
+      at = oe
+    elseif inh > 0 then
+      at = tonumber(redis.call('ZSCORE', K[KH], m))
+    end
   end
   if not alive(at) then return fast_defer(clock, S, st) end
-  local untl = tomb_until()
-  local horizon = untl
-  local f = { ticket, RELEASED }
-  local seq, ttl, ts = st[SEQ], nil, nil
+  local seq = st[SEQ]
+  local idle = not w and is_idle(nh - 1, nq, nc)
+  -- An idle resource with tombstones keeps its keys as long as the
+  -- latest: the general path reads when that is.
+  if idle and (st[TNEXT] or 0) > 0 then return fast_defer(clock, S, st) end
+  if idle and may_delete(st[TNEXT], seq) then
+    -- Nothing in it is needed any more.
+    if not mine then redis.call('ZREM', K[KH], m) end
+    redis.call('DEL', S)
+    return { 1, 0 }
+  end
+  -- The released ticket's record goes.
+  local f, d = {}, { ticket }
+  -- The state hash's place, free after the release.
+  local free = mine or not o
+  local horizon, ttl, ts, wm = 0, nil, nil, nil
   if w then
     seq = next_token(seq)
     ts = num(seq)
     ttl = grant_ttl(w.lease, w.wait, true)
-    horizon = math.max(horizon, now + ttl)
-    f[#f + 1] = w.ticket
-    f[#f + 1] = ts
-    put(f, 'nq', nq - 1, nil)
+    horizon = now + ttl
+    wm = holder_member(w.ticket, w.ns, w.client, ts)
+    f[1], f[2] = w.ticket, ts
+    put0(f, d, 'nq', nq - 1, nq)
     put(f, 'seq', seq, nil)
-    put(f, 'hmin', lowered(hmin, now + ttl), hmin)
+    if free then
+      local k = #f
+      f[k + 1], f[k + 2], f[k + 3], f[k + 4] = 'o', wm, 'oe', num(horizon)
+    else
+      put(f, 'hmin', lowered(hmin, horizon), hmin)
+    end
   else
-    put(f, 'nh', nh - 1, nil)
+    put0(f, d, 'nh', nh - 1, nh)
     after = used - n
+    if mine then
+      d[#d + 1], d[#d + 2] = 'o', 'oe'
+    end
   end
-  put(f, 'used', after, used)
-  local tn = tnext_with(st[TNEXT], untl)
-  if tn then put(f, 'tnext', tn, nil) end
-  local idle = not w and is_idle(nh - 1, nq, nc)
+  put0(f, d, 'used', after, used)
   local exp = keys_exp(exp0, horizon, seq, idle)
   put(f, 'exp', exp, exp0)
   local moved = exp ~= exp0
-  -- Proven before the first write (to :t): the other keys written or
-  -- given a TTL. S, :h (and :q, for a handoff) were read.
-  if w or (moved and not idle) then must_be(K[KD], 'zset') end
-  if not w and moved and not idle then must_be(K[KQ], 'zset') end
-  redis.call('ZADD', K[KT], num(untl), ticket)
+  -- What the keys hold after.
+  local has_h = inh - (mine and 0 or 1) + ((w and not free) and 1 or 0) > 0
+  local has_q, has_d, has_t = nq - (w and 1 or 0) > 0, nq + nc - (w and 1 or 0) > 0, (st[TNEXT] or 0) > 0
+  -- Proven before the first write (to :d, for a handoff; else to :h or
+  -- S): the other keys written or given a TTL. S, :h (unless the lease
+  -- was the state hash's) and, for a handoff, :q were read.
+  if moved then
+    if has_t then must_be(K[KT], 'zset') end
+    if has_h and mine then must_be(K[KH], 'zset') end
+    if has_q and not w then must_be(K[KQ], 'zset') end
+    if has_d and not w then must_be(K[KD], 'zset') end
+  end
   local list
   if w then
-    redis.call('ZADD', K[KH], num(now + ttl), holder_member(w.ticket, w.ns, w.client, ts))
+    redis.call('ZREM', K[KD], head)
+    if not free then redis.call('ZADD', K[KH], num(horizon), wm) end
     -- The wake list is not declared: losing a wake-up is safe.
     local l, fallback = wake_list(base_of(S), w.client)
-    list = push_wake(l, fallback, { wake_entry(w.ticket, now + ttl, { ts }) })
+    list = push_wake(l, fallback, { wake_entry(w.ticket, horizon, { ts }) })
   end
-  redis.call('HSET', S, unpack(f))
-  redis.call('ZREM', K[KH], m)
+  if #f > 0 then redis.call('HSET', S, unpack(f)) end
+  redis.call('HDEL', S, unpack(d))
+  if not mine then redis.call('ZREM', K[KH], m) end
   if w then
     redis.call('ZREM', K[KQ], head)
-    redis.call('ZREM', K[KD], head)
     -- A list another program wrote, which refused the push, keeps its
     -- TTL.
     if list then redis.pcall('PEXPIRE', list, num(ttl)) end
   end
-  expiring(K, moved, idle, false, false, false, (st[TNEXT] or 0) <= 0, fast_expire, exp)
+  expiring(K, moved, has_h, has_q, has_d, has_t, false, false, false, false, fast_expire, exp)
   return { 1, 0 }
 end

@@ -9,16 +9,24 @@
 local drop_cond_waiter
 
 -- drop_holder forgets a lease of n permits (n is read from the member
--- when not given), frees its permits and leaves a tombstone (tomb:
--- RELEASED when its holder released it, ENDED otherwise).
-local function drop_holder(r, m, n, tomb)
+-- when not given) and frees its permits. A lease its holder released
+-- (released) leaves no trace; any other leaves a tombstone (ENDED).
+local function drop_holder(r, m, n, released)
   if r.hgone[m] then return end
   r.hgone[m] = true
-  write('ZREM', r.H, m)
+  if r.o == m then
+    r.o, r.oe = false, nil
+  else
+    write('ZREM', r.H, m)
+  end
   local ticket, held = parse_holder(m)
   r.used = r.used - (n or held)
   r.nh = r.nh - 1
-  record(r, ticket, tomb or ENDED)
+  if released then
+    record(r, ticket, false)
+  else
+    record(r, ticket, ENDED)
+  end
 end
 
 -- read_due returns the members of zset key whose time (score) has come,
@@ -50,6 +58,11 @@ end
 local function purge_holders(r)
   if r.nh <= 0 or r.hpurged or r.off then return end
   r.hpurged = true
+  if r.o and due(r.oe) then
+    budget = budget - 1
+    drop_holder(r, r.o)
+  end
+  if in_h(r) <= 0 then return end
   local gone
   gone, r.hmin = read_due(r.H, r.hmin, r.hbuf)
   for _, m in ipairs(gone) do
@@ -149,11 +162,18 @@ end
 -- lasting ttl ms, and returns its token, formatted.
 local function hold(r, ticket, n, ns, client, ttl)
   local ts = num(next_seq(r))
-  hold_at(r, now + ttl, holder_member(ticket, ns, client, ts))
+  local m, at = holder_member(ticket, ns, client, ts), now + ttl
+  if not r.o then
+    -- The state hash's place is free: the lease takes it.
+    r.o, r.oe = m, at
+    r.horizon = math.max(r.horizon, at)
+  else
+    hold_at(r, at, m)
+    -- Holders added to a key that held some are never all removed by
+    -- one script (adds go first), so the key keeps its TTL.
+    if r.nh0 - (r.o0 and 1 or 0) <= 0 then r.wrote_h = true end
+  end
   record(r, ticket, ts)
-  -- Holders added to a key that held some are never all removed by one
-  -- script (adds go first), so the key keeps its TTL.
-  if r.nh0 <= 0 then r.wrote_h = true end
   r.used = r.used + n
   r.nh = r.nh + 1
   return ts

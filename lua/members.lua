@@ -68,40 +68,48 @@ local function resource_keys(base, K, k)
   return { base .. ':s', base .. ':q', base .. ':d', base .. ':h', base .. ':t' }
 end
 
--- check_layout fails the call (see run_entry) when v, the 'layout' field
--- of state hash S as read, names another layout than LAYOUT. Every script
--- checks each resource it acts on before it writes any key: through
--- read_state, or (an election's record) by itself.
-local function check_layout(S, v)
-  if v and v ~= LAYOUT then
+-- check_layout fails the call (see run_entry) when state hash S, as
+-- read, was written in another layout than LAYOUT: v is its 'layout'
+-- field, and exists says whether the hash exists (a hash of the first
+-- layout has no such field). Every script checks each resource it acts on
+-- before it writes any key: through read_state, or (an election's record)
+-- by itself.
+local function check_layout(S, v, exists)
+  if exists and v ~= LAYOUT then
     -- (A value another program wrote may hold anything: one word of it.)
-    local found = string.gsub(string.sub(v, 1, 32), '%s', '_')
+    local found = string.gsub(string.sub(v or '1', 1, 32), '%s', '_')
     error({ fairlock_layout = S, found = found })
   end
 end
 
 -- The fields of a resource's state row (read_state), by name.
-local CAP, USED, NH, NQ, SEQ, EXP, TNEXT, HMIN, DMIN, NC, MARK = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12
+local CAP, USED, NH, NQ, SEQ, EXP, TNEXT, HMIN, DMIN, NC, O, OE, MARK, EXISTS = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15
 
 -- read_state reads resource state hash S, and ticket's mark in it when
 -- ticket is given, into a row indexed by the names above: CAP (nil:
 -- unknown), USED, NH, NQ, SEQ, EXP, TNEXT, NC, HMIN and DMIN (as stored:
--- nil unknown), MARK (the ticket's field: a token, a mark, or false). The
--- row is HMGET's reply converted in place: the fast paths read it on
--- every call, and a table built with named fields costs more than the
--- rest of their reading. A state hash of another layout than LAYOUT
--- fails the call here (check_layout), before anything is written.
+-- nil unknown), O and OE (the holder kept in the hash, see queue.lua, and
+-- its expiry: false and nil when there is none), MARK (the ticket's
+-- field: a token, a mark, or false), and EXISTS (whether the hash
+-- exists). The row is HMGET's reply converted in place: the fast paths
+-- read it on every call, and a table built with named fields costs more
+-- than the rest of their reading. A state hash of another layout than
+-- LAYOUT fails the call here (check_layout), before anything is written.
 local function read_state(S, ticket)
   local st
   if ticket then
-    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', ticket)
+    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe', ticket)
   else
-    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout')
+    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe')
   end
-  check_layout(S, st[11])
+  -- Every state hash holds its sequence and its keys' expiry, or says
+  -- its layout.
+  local exists = st[5] ~= false or st[6] ~= false or st[1] ~= false or st[11] ~= false
+  check_layout(S, st[11], exists)
   -- Literal indexes: the names above, which every reader uses.
   st[1], st[2], st[3], st[4] = tonumber(st[1]), tonumber(st[2]) or 0, tonumber(st[3]) or 0, tonumber(st[4]) or 0
   st[5], st[6], st[7], st[8] = tonumber(st[5]) or 0, tonumber(st[6]) or 0, tonumber(st[7]), tonumber(st[8])
-  st[9], st[10], st[12] = tonumber(st[9]), tonumber(st[10]) or 0, st[12] or false
+  st[9], st[10], st[12], st[13] = tonumber(st[9]), tonumber(st[10]) or 0, st[12] or false, tonumber(st[13])
+  st[14], st[15] = st[14] or false, exists
   return st
 end

@@ -14,7 +14,7 @@ local function rebuild(r)
     r.used = r.used + n
   end
   r.nh0, r.nq0, r.used0 = 0, 0, 0
-  r.hmin, r.dmin = nil, nil
+  r.hmin, r.dmin, r.o = nil, nil, false
   r.wrote_h, r.wrote_q, r.wrote_d = true, r.nq > 0, r.nq > 0
 end
 
@@ -51,12 +51,15 @@ local function load(base, k, ticket)
   -- costs more than the rest of this function.
   r = {
     base = base, keys = K, S = K[KS], Q = K[KQ], D = K[KD], H = K[KH], T = K[KT], grant = st[MARK], ticket = ticket,
-    cap = st[CAP], used = st[USED], nh = st[NH], nq = st[NQ], seq = st[SEQ], exp = st[EXP],
+    cap = st[CAP], used = st[USED], nh = st[NH], nq = st[NQ], seq = st[SEQ], exp = st[EXP], existed = st[EXISTS],
+    -- The holder kept in the hash (false: none) and its expiry, and as
+    -- read.
+    o = st[O], oe = st[OE], o0 = st[O], oe0 = st[OE],
     nc = st[NC], nc0 = st[NC], conds = {}, conds_by = {}, -- condition waiters; conditions loaded (cond_load)
     tnext = st[TNEXT], had_t = (st[TNEXT] or 0) > 0,
     -- Bounds (see bound_of): nil unknown, math.huge nothing there.
     -- hbuf, dbuf: the earliest score this script adds (buffered).
-    hmin = bound_of(st[HMIN], st[NH]), dmin = bound_of(st[DMIN], st[NQ] + st[NC]), hbuf = math.huge, dbuf = math.huge,
+    hmin = bound_of(st[HMIN], st[NH] - (st[O] and 1 or 0)), dmin = bound_of(st[DMIN], st[NQ] + st[NC]), hbuf = math.huge, dbuf = math.huge,
     -- as read, to write back only what changed
     used0 = st[USED], nh0 = st[NH], nq0 = st[NQ], seq0 = st[SEQ], hmin0 = st[HMIN], dmin0 = st[DMIN],
     horizon = 0, -- latest deadline written by this script
@@ -65,8 +68,8 @@ local function load(base, k, ticket)
     wrote_h = false, wrote_q = false, wrote_d = false, wrote_t = false,
     hpurged = false, wpurged = false, newcap = false,
     -- Grants to record (ticket -> token), marks (ticket -> QUEUED...),
-    -- tombstones (ticket -> RELEASED or ENDED) or forget (ticket ->
-    -- false) in S, and their order.
+    -- tombstones (ticket -> ENDED) or forget (ticket -> false) in S, and
+    -- their order.
     grants = {}, gorder = {},
     -- Members this script removed (buffered), which reads still return:
     -- from :h, from :q, and from :d (waiters dropped from :q or a
@@ -91,6 +94,24 @@ local function declared(ticket)
   return rs
 end
 
+-- in_h returns how many of r's holders :h holds: all but the one kept in
+-- the state hash (o).
+local function in_h(r)
+  if r.o then return r.nh - 1 end
+  return r.nh
+end
+
+-- holder_at returns the expiry (ms) of r's holder m, or nil if r has no
+-- such holder: from the state hash if m is the one kept there, else from
+-- :h (not read when it holds nobody).
+local function holder_at(r, m)
+  if r.o == m then return r.oe end
+  if r.off or in_h(r) <= 0 then return nil end
+  local at = tonumber(redis.call('ZSCORE', r.H, m))
+  seen(r.H)
+  return at
+end
+
 -- record notes a grant's token (a string), a mark, a tombstone, or
 -- forgets the ticket (false); finish buffers it.
 local function record(r, ticket, v)
@@ -111,8 +132,16 @@ local function time_at(r, z, at, m)
   r.horizon = math.max(r.horizon, at)
 end
 
--- hold_at buffers a holder's expiry; wait_at a waiter's deadline.
-local function hold_at(r, at, m) time_at(r, 'h', at, m) end
+-- hold_at buffers a holder's expiry (the one kept in the state hash, or
+-- one in :h); wait_at a waiter's deadline.
+local function hold_at(r, at, m)
+  if r.o == m then
+    r.oe = at
+    r.horizon = math.max(r.horizon, at)
+    return
+  end
+  time_at(r, 'h', at, m)
+end
 local function wait_at(r, at, m) time_at(r, 'd', at, m) end
 
 -- next_seq hands out the next number of a resource's sequence (next_token).
@@ -156,14 +185,38 @@ local function put(f, field, v, v0)
   end
 end
 
+-- put0 is put for a count (used, nh, nq, nc, tnext), which the state
+-- hash leaves out when 0: a field that becomes 0 goes to d, the fields to
+-- delete.
+local function put0(f, d, field, v, v0)
+  if v == v0 then return end
+  if v == 0 then
+    d[#d + 1] = field
+  else
+    local k = #f
+    f[k + 1], f[k + 2] = field, num(v)
+  end
+end
+
 -- finish_one buffers what changed of a resource's state, and keeps its
 -- keys alive until the last deadline they hold. A semaphore with no holders
 -- and no waiters keeps only its state hash (for the sequence, and its
--- tombstones) and only for a second past the sequence.
+-- tombstones), and deletes it when it may (may_delete).
 local function finish_one(r)
   if r.off then return end
   trim_tombstones(r)
+  local idle = is_idle(r.nh, r.nq, r.nc)
+  local tombs = false
+  for _, t in ipairs(r.gorder) do
+    if is_tomb(r.grants[t]) then tombs = true end
+  end
+  if idle and not tombs and may_delete(r.tnext, r.seq) then
+    -- Nothing in it is needed any more: the other keys are empty.
+    if r.existed then write('DEL', r.S) end
+    return
+  end
   local changed = false
+  local d = {}
   for _, t in ipairs(r.gorder) do
     local v = r.grants[t]
     if is_tomb(v) then
@@ -178,21 +231,27 @@ local function finish_one(r)
     elseif v then
       write('HSET', r.S, t, v)
     else
-      write('HDEL', r.S, t)
+      d[#d + 1] = t
     end
     changed = true
   end
   local f = {}
   if r.newcap then put(f, 'cap', r.cap or 0, nil) end
-  put(f, 'used', r.used, r.used0)
-  put(f, 'nh', r.nh, r.nh0)
-  put(f, 'nq', r.nq, r.nq0)
+  put0(f, d, 'used', r.used, r.used0)
+  put0(f, d, 'nh', r.nh, r.nh0)
+  put0(f, d, 'nq', r.nq, r.nq0)
   put(f, 'seq', r.seq, r.seq0)
-  put(f, 'nc', r.nc, r.nc0)
-  if r.tnext_set then put(f, 'tnext', r.tnext or 0, nil) end
-  if r.nh > 0 and r.hmin and r.hmin < math.huge then put(f, 'hmin', r.hmin, r.hmin0) end
+  put0(f, d, 'nc', r.nc, r.nc0)
+  if r.tnext_set then put0(f, d, 'tnext', r.tnext or 0, nil) end
+  if r.o ~= r.o0 or r.oe ~= r.oe0 then
+    if r.o then
+      f[#f + 1], f[#f + 2], f[#f + 3], f[#f + 4] = 'o', r.o, 'oe', num(r.oe)
+    elseif r.o0 then
+      d[#d + 1], d[#d + 2] = 'o', 'oe'
+    end
+  end
+  if in_h(r) > 0 and r.hmin and r.hmin < math.huge then put(f, 'hmin', r.hmin, r.hmin0) end
   if r.nq + r.nc > 0 and r.dmin and r.dmin < math.huge then put(f, 'dmin', r.dmin, r.dmin0) end
-  local idle = is_idle(r.nh, r.nq, r.nc)
   local exp = r.exp
   if not idle or #f > 0 or changed then
     if idle and (r.tnext or 0) > 0 and r.horizon < tomb_until() then
@@ -211,13 +270,19 @@ local function finish_one(r)
   for _, cv in ipairs(r.conds) do
     if cv.wrote then expire_at(cv.C, at) end
   end
-  if #f == 0 and not changed and not (moved or r.wrote_h or r.wrote_q or r.wrote_d or r.wrote_t) then return end
+  if #f == 0 and #d == 0 and not changed and not (moved or r.wrote_h or r.wrote_q or r.wrote_d or r.wrote_t) then return end
   if moved then
     f[#f + 1] = 'exp'
     f[#f + 1] = at
   end
+  -- A state hash this script creates says its layout.
+  if #f > 0 and not r.existed then
+    f[#f + 1] = 'layout'
+    f[#f + 1] = LAYOUT
+  end
   for i = 1, #f, 2 do write('HSET', r.S, f[i], f[i + 1]) end
-  expiring(r.keys, moved, idle, r.wrote_h, r.wrote_q, r.wrote_d, r.wrote_t, expire_at, at)
+  for _, x in ipairs(d) do write('HDEL', r.S, x) end
+  expiring(r.keys, moved, in_h(r) > 0, r.nq > 0, r.nq + r.nc > 0, (r.tnext or 0) > 0, r.wrote_h, r.wrote_q, r.wrote_d, r.wrote_t, expire_at, at)
 end
 
 -- prove_event_keys proves the keys next_event will read (those whose
@@ -227,7 +292,7 @@ end
 local function prove_event_keys()
   for _, r in ipairs(loaded) do
     if not r.off then
-      if r.nh > 0 and not nothing_due(r.hmin) and not proven[r.H] then must_be(r.H, 'zset') end
+      if in_h(r) > 0 and not nothing_due(r.hmin) and not proven[r.H] then must_be(r.H, 'zset') end
       if r.nq + r.nc > 0 and not nothing_due(r.dmin) and not proven[r.D] then must_be(r.D, 'zset') end
     end
   end
@@ -261,7 +326,8 @@ local function next_event()
   end
   for _, r in ipairs(loaded) do
     if not r.off then
-      if r.nh > 0 then first(r.hmin, r.H) end
+      if in_h(r) > 0 then first(r.hmin, r.H) end
+      if r.o and (at == nil or r.oe < at) then at = r.oe end
       if r.nq + r.nc > 0 then first(r.dmin, r.D) end
     end
   end

@@ -5,8 +5,8 @@
 -- The marks a resource's state hash keeps for a ticket besides a grant's
 -- token (see the key layout in queue.lua).
 local QUEUED = 'q'    -- waiting in the resource's queue
-local RELEASED = 'r'  -- tombstone: its holder released the lease
-local ENDED = 'x'     -- tombstone: the lease or request ended otherwise
+local ENDED = 'x'     -- tombstone: the lease or request ended without its
+                      -- holder's release (a released one leaves none)
 local CONDITION = 'c' -- followed by the condition's name: waiting there
 local SIGNALLED = 's' -- followed by its reply: a signal's record (kept as
                       -- a tombstone), under the signal's id
@@ -72,9 +72,10 @@ local function parse_signalled(v)
 end
 
 -- is_tomb tells a record that is kept for a while and then forgotten: a
--- tombstone (the ticket's grant has ended) or a signal's record.
+-- tombstone (the ticket's grant or request has ended) or a signal's
+-- record.
 local function is_tomb(v)
-  return v == RELEASED or v == ENDED or is_signalled(v)
+  return v == ENDED or is_signalled(v)
 end
 
 -- next_token returns the number after seq in a resource's one sequence,
@@ -177,9 +178,10 @@ local function keys_exp(exp, horizon, seq, idle)
   if idle then
     -- The queue and holders are empty, so Redis has deleted those keys
     -- (or will, when the buffer is applied). The state hash stays for the
-    -- sequence and the tombstones, and at most half a tombstone's life
-    -- longer.
-    if exp < need or exp > need + TOMB_MS / 2 then return need + TOMB_MS / 4 end
+    -- sequence and the tombstones. The expiry set while it was in use
+    -- stands (the next grant will most likely find it far enough, and
+    -- set none) unless it lies more than IDLE_MS ahead.
+    if exp < need or exp > math.max(need, now) + IDLE_MS then return need + TOMB_MS / 4 end
     return exp
   end
   -- Move the horizon well past what is needed, so that renewals seldom
@@ -188,17 +190,28 @@ local function keys_exp(exp, horizon, seq, idle)
   return exp
 end
 
+-- may_delete reports whether an idle resource's state hash may be
+-- deleted now, rather than kept until its TTL: it holds no tombstone
+-- (tnext) and its sequence is more than a second behind Redis's clock,
+-- so that every token handed out after is greater (next_token) even if
+-- the clock steps back by as much.
+local function may_delete(tnext, seq)
+  return (tnext or 0) <= 0 and seq < now_us - 1000000
+end
+
 -- expiring calls f(key, x) for each of a resource's keys (K, indexed by
--- KS...KT) that must be given the keys' expiry x: every key when the expiry
--- moved; otherwise the keys a script may have created (new_h: holders
--- added to an empty :h; new_q: a waiter to an empty :q; new_d: a waiter,
--- queued or on a condition, to an empty :d; new_t: a tombstone to an empty
--- :t). An idle resource has no :q, :d or :h left.
-local function expiring(K, moved, idle, new_h, new_q, new_d, new_t, f, x)
+-- KS...KT) that must be given the keys' expiry x: the state hash when the
+-- expiry moved, and each other key that holds something after the script
+-- (has_h: holders in :h, has_q: waiters queued, has_d: waiters, queued or
+-- on a condition, has_t: tombstones) when the expiry moved or the script
+-- may have created it (new_h: holders added to an empty :h; new_q: a
+-- waiter to an empty :q; new_d: a waiter, queued or on a condition, to an
+-- empty :d; new_t: a tombstone to an empty :t). A key that holds nothing
+-- does not exist, and takes no command.
+local function expiring(K, moved, has_h, has_q, has_d, has_t, new_h, new_q, new_d, new_t, f, x)
   if moved then f(K[KS], x) end
-  if moved or new_t then f(K[KT], x) end
-  if idle then return end
-  if moved or new_h then f(K[KH], x) end
-  if moved or new_q then f(K[KQ], x) end
-  if moved or new_d then f(K[KD], x) end
+  if has_t and (moved or new_t) then f(K[KT], x) end
+  if has_h and (moved or new_h) then f(K[KH], x) end
+  if has_q and (moved or new_q) then f(K[KQ], x) end
+  if has_d and (moved or new_d) then f(K[KD], x) end
 end

@@ -538,10 +538,15 @@ func (a stateAudit) problems(capacity int64) string {
 var auditScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local st = redis.call('HMGET', KEYS[1], 'used', 'nh', 'nq')
+local st = redis.call('HMGET', KEYS[1], 'used', 'nh', 'nq', 'o', 'oe')
 local exists = redis.call('EXISTS', KEYS[1])
 local sum, live = 0, 0
 local h = redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
+-- The holder kept in the state hash counts as one of :h's.
+if st[4] then
+  table.insert(h, 1, st[5])
+  table.insert(h, 1, st[4])
+end
 for i = 1, #h, 2 do
   local n = tonumber(string.match(h[i], '^%S+ (%d+)')) or 0
   sum = sum + n

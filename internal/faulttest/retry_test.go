@@ -16,6 +16,7 @@ import (
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/statecheck"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -251,12 +252,13 @@ type grant struct {
 // grantsIn reads the holder set of name, live or not yet dropped.
 func grantsIn(t *testing.T, e *fltest.Env, name string) []grant {
 	t.Helper()
-	ms, err := e.RDB.ZRange(context.Background(), e.Prefix+"{"+name+"}:h", 0, -1).Result()
+	zs, err := statecheck.Holders(context.Background(), e.RDB, e.Prefix+"{"+name+"}")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var gs []grant
-	for _, m := range ms {
+	for _, z := range zs {
+		m := z.Member.(string)
 		f := strings.Fields(m)
 		if len(f) != 4 {
 			t.Fatalf("holder member %q: not ticket, permits, client, token", m)

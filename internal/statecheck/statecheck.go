@@ -8,8 +8,10 @@
 // rules.lua's keys_exp and expiring), stated on what Redis holds:
 //
 //   - every key under the prefix has a TTL;
-//   - the state hash's counts are its sorted sets': nh the members of :h,
-//     used the permits they hold, nq the members of :q, nc those of the
+//   - every state hash says its layout (Layout);
+//   - the state hash's counts are its holders': nh the members of :h
+//     and the holder kept in the hash (o, with its expiry oe), used the
+//     permits they hold, nq the members of :q, nc those of the
 //     condition variables' keys; :d holds exactly the waiters of :q and of
 //     the conditions; every queued ticket is marked "q" in the state hash;
 //   - the bounds hmin and dmin are no later than the earliest expiry in :h
@@ -22,7 +24,7 @@
 //     it for as long as it is kept);
 //   - a semaphore with nothing held, queued or waiting on a condition
 //     keeps only :s and :t, and those no longer than its tombstones and
-//     its sequence need plus half a tombstone's life;
+//     its sequence need, or the moment it went idle, plus IdleMs;
 //   - after a queue run that left no work (Purged), no lease or waiter
 //     whose time had come by then is left in :h or :d.
 package statecheck
@@ -40,6 +42,13 @@ import (
 // TombMs is a tombstone's longest life (queue.lua's TOMB_MS); it lives at
 // least half of it.
 const TombMs = 20000
+
+// IdleMs is how long past its need an idle semaphore's state may live
+// (queue.lua's IDLE_MS).
+const IdleMs = 120000
+
+// Layout is the layout every state hash names (queue.lua's LAYOUT).
+const Layout = "2"
 
 // State says what Check is to check.
 type State struct {
@@ -124,14 +133,14 @@ func Check(ctx context.Context, rdb redis.Cmdable, s State) error {
 		if late[b+defaultCond] != 0 {
 			condKeys, conds = []string{b + defaultCond}, [][]redis.Z{r.c.Val()}
 		}
-		if err := checkBase(b, r.st.Val(), r.q.Val(), r.d.Val(), r.h.Val(), r.t.Val(), condKeys, conds, late, early, s.Purged); err != nil {
+		if err := checkBase(b, r.st.Val(), r.q.Val(), r.d.Val(), r.h.Val(), r.t.Val(), condKeys, conds, late, early, now, s.Purged); err != nil {
 			return fmt.Errorf("%s: %w", b, err)
 		}
 	}
 	return nil
 }
 
-func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []string, conds [][]redis.Z, late, early map[string]int64, purged int64) error {
+func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []string, conds [][]redis.Z, late, early map[string]int64, now, purged int64) error {
 	S, Q, D, H, T := b+":s", b+":q", b+":d", b+":h", b+":t"
 	num := func(f string) int64 {
 		n, _ := strconv.ParseInt(st[f], 10, 64)
@@ -145,25 +154,47 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 		}
 		return nil
 	}
-	// Counts.
+	if st["layout"] != Layout {
+		return fmt.Errorf("state hash says layout %q, want %q", st["layout"], Layout)
+	}
+	// Counts. hmin is :h's earliest expiry, first the earliest of all.
 	var used int64
-	hmax, hmin := int64(0), int64(math.MaxInt64)
-	for _, z := range h {
+	hmax, hmin, hmaxH := int64(0), int64(math.MaxInt64), int64(0)
+	holders := h
+	if o, ok := st["o"]; ok {
+		oe, err := strconv.ParseInt(st["oe"], 10, 64)
+		if err != nil {
+			return fmt.Errorf("the holder kept in the state hash, %q, has expiry %q", o, st["oe"])
+		}
+		holders = append([]redis.Z{{Member: o, Score: float64(oe)}}, h...)
+	} else if _, ok := st["oe"]; ok {
+		return fmt.Errorf("the state hash has an expiry oe %s and no holder o", st["oe"])
+	}
+	first := int64(math.MaxInt64)
+	for i, z := range holders {
 		f := strings.Fields(z.Member.(string))
 		if len(f) != 4 {
 			return fmt.Errorf("holder %q has a bad form", z.Member)
 		}
 		n, _ := strconv.ParseInt(f[1], 10, 64)
 		used += n
-		hmax, hmin = max(hmax, int64(z.Score)), min(hmin, int64(z.Score))
+		hmax, first = max(hmax, int64(z.Score)), min(first, int64(z.Score))
+		if i > 0 || len(holders) == len(h) {
+			hmin, hmaxH = min(hmin, int64(z.Score)), max(hmaxH, int64(z.Score))
+		}
 	}
 	nc := 0
 	for _, c := range conds {
 		nc += len(c)
 	}
-	if num("nh") != int64(len(h)) || num("used") != used || num("nq") != int64(len(q)) || num("nc") != int64(nc) {
+	if num("nh") != int64(len(holders)) || num("used") != used || num("nq") != int64(len(q)) || num("nc") != int64(nc) {
 		return fmt.Errorf("state counts nh %s used %s nq %s nc %s; the keys hold %d leases of %d permits, %d queued, %d on conditions",
-			st["nh"], st["used"], st["nq"], st["nc"], len(h), used, len(q), nc)
+			st["nh"], st["used"], st["nq"], st["nc"], len(holders), used, len(q), nc)
+	}
+	for _, f := range []string{"used", "nh", "nq", "nc", "tnext"} {
+		if v, ok := st[f]; ok && v == "0" {
+			return fmt.Errorf("the state hash keeps %s 0 (a count that is 0 is left out)", f)
+		}
 	}
 	deadline := make(map[string]int64, len(d))
 	dmax, dmin := int64(0), int64(math.MaxInt64)
@@ -223,7 +254,7 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 		key, what string
 		at        int64
 	}{
-		{H, "its latest lease expiry", hmax},
+		{H, "its latest lease expiry", hmaxH},
 		{D, "its latest waiter deadline", dmax},
 		{Q, "its latest waiter's deadline", qmax},
 		{S, "the latest lease expiry", hmax},
@@ -246,27 +277,51 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 		}
 	}
 	// An idle semaphore keeps only :s and :t, and those not for long.
-	if len(h) == 0 && len(q) == 0 && nc == 0 {
+	if len(holders) == 0 && len(q) == 0 && nc == 0 {
 		for _, k := range append([]string{Q, D, H}, condKeys...) {
 			if late[k] != 0 {
 				return fmt.Errorf("key %s stays on an idle semaphore", k)
 			}
 		}
-		bound := max(tmax, seqNeed) + TombMs/2
+		bound := max(tmax, seqNeed, now) + IdleMs
 		for _, k := range []string{S, T} {
 			if e := early[k]; e != 0 && e > bound {
-				return fmt.Errorf("key %s of an idle semaphore expires at %d, past %d (its tombstones' and sequence's need, and half a tombstone's life)", k, e, bound)
+				return fmt.Errorf("key %s of an idle semaphore expires at %d, past %d (its tombstones' and sequence's need, or now, and IdleMs)", k, e, bound)
 			}
 		}
 	}
 	// Dead leases and waiters are gone after a queue run.
 	if purged > 0 {
-		if len(h) > 0 && hmin <= purged {
-			return fmt.Errorf("a lease that expired at %d is still held after a queue run at %d", hmin, purged)
+		if len(holders) > 0 && first <= purged {
+			return fmt.Errorf("a lease that expired at %d is still held after a queue run at %d", first, purged)
 		}
 		if len(d) > 0 && dmin <= purged {
 			return fmt.Errorf("a waiter whose deadline passed at %d is still there after a queue run at %d", dmin, purged)
 		}
 	}
 	return nil
+}
+
+// Holders returns a semaphore's holders as Redis keeps them: the one in
+// its state hash (fields o and oe), if any, then those of :h, each scored
+// by its lease expiry (ms).
+func Holders(ctx context.Context, rdb redis.Cmdable, base string) ([]redis.Z, error) {
+	kept, err := rdb.HMGet(ctx, base+":s", "o", "oe").Result()
+	if err != nil {
+		return nil, err
+	}
+	var zs []redis.Z
+	if o, ok := kept[0].(string); ok {
+		oe, _ := kept[1].(string)
+		at, err := strconv.ParseInt(oe, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("the holder kept in %s:s, %q, has expiry %q", base, o, oe)
+		}
+		zs = append(zs, redis.Z{Member: o, Score: float64(at)})
+	}
+	h, err := rdb.ZRangeWithScores(ctx, base+":h", 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	return append(zs, h...), nil
 }

@@ -29,11 +29,17 @@ declare_kind(#KEYS, 'hash')
 local op = ARGV[1]
 -- The mutex's lease is read below: in another release's layout it is
 -- refused, as every call on the mutex is.
-check_layout(KEYS[KS], redis.call('HGET', KEYS[KS], 'layout'))
+local st = redis.call('HMGET', KEYS[KS], 'layout', 'seq', 'exp', 'cap', 'o', 'oe')
+check_layout(KEYS[KS], st[1], st[1] ~= false or st[2] ~= false or st[3] ~= false or st[4] ~= false)
 
 -- live_term returns when the mutex's live lease under token term expires
--- (ms, Redis's clock), or nil when it has none.
+-- (ms, Redis's clock), or nil when it has none: the lease kept in the
+-- state hash, or one in :h.
 local function live_term(term)
+  if st[5] then
+    local at = tonumber(st[6])
+    if tonumber(string.match(st[5], '^%S+ %S+ %S+ (%d+)$')) == term and alive(at) then return at end
+  end
   local h = redis.call('ZRANGEBYSCORE', KEYS[KH], live_min(), '+inf', 'WITHSCORES')
   for i = 1, #h, 2 do
     local token = string.match(h[i], '^%S+ %S+ %S+ (%d+)$')

@@ -94,7 +94,7 @@ for i = 5, #ARGV, 3 do
       end
       local at = nil
       if is_token(token) then
-        at = tonumber(redis.call('ZSCORE', r.H, holder_member(ticket, num(p.n), client, token)))
+        at = holder_at(r, holder_member(ticket, num(p.n), client, token))
       end
       if not alive(at) then
         tokens = nil

@@ -21,9 +21,21 @@ for i = 3, #ARGV, 5 do
 end
 local at = {}
 if #leases > 0 and not r.off then
-  local members = {}
-  for j, l in ipairs(leases) do members[j] = l.m end
-  at = redis.call('ZMSCORE', r.H, unpack(members))
+  -- The lease kept in the state hash is read there; the others in :h.
+  local members, index = {}, {}
+  for j, l in ipairs(leases) do
+    if l.m == r.o then
+      at[j] = r.oe
+    else
+      members[#members + 1] = l.m
+      index[#index + 1] = j
+    end
+  end
+  if #members > 0 and in_h(r) > 0 then
+    local got = redis.call('ZMSCORE', r.H, unpack(members))
+    seen(r.H)
+    for k, j in ipairs(index) do at[j] = got[k] end
+  end
 end
 local out, dropped = {}, false
 for j, l in ipairs(leases) do
@@ -33,7 +45,7 @@ for j, l in ipairs(leases) do
     renew(r, l.m, l.ttl)
     out[j] = 1
   elseif t then
-    drop_holder(r, l.m, l.n, ENDED)
+    drop_holder(r, l.m, l.n, false)
     dropped = true
   end
 end

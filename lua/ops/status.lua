@@ -18,6 +18,10 @@ begin(KEYS)
 local r = declared()[1]
 local holders, waiters = {}, {}
 -- Live holders (see alive): expiry after now.
+-- The holder kept in the state hash first, then those in :h.
+if r.o and alive(r.oe) then
+  holders[1], holders[2] = r.o, num(r.oe)
+end
 local h = redis.call('ZRANGEBYSCORE', r.H, live_min(), '+inf', 'WITHSCORES', 'LIMIT', 0, STATUS_MAX)
 for i = 1, #h, 2 do
   holders[#holders + 1] = h[i]
@@ -36,7 +40,7 @@ end
 -- some, the waiters due are looked up in :q, at most EXPIRED_MAX of them
 -- (those past that counted as queued).
 local hdue, ddue = 0, 0
-if r.nh > 0 then hdue = redis.call('ZCOUNT', r.H, '-inf', due_max()) end
+if in_h(r) > 0 then hdue = redis.call('ZCOUNT', r.H, '-inf', due_max()) end
 if r.nq > 0 then ddue = redis.call('ZCOUNT', r.D, '-inf', due_max()) end
 if ddue > 0 and r.nc > 0 then
   local gone = redis.call('ZRANGEBYSCORE', r.D, '-inf', due_max(), 'LIMIT', 0, EXPIRED_MAX)
@@ -56,5 +60,10 @@ if hdue > 0 then
     inuse = inuse - n
   end
   inuse = inuse - (hdue - #gone)
+end
+if r.o and due(r.oe) then
+  local _, n = parse_holder(r.o)
+  inuse = inuse - n
+  hdue = hdue + 1
 end
 return { now, r.cap or 0, holders, waiters, math.max(r.nh - hdue, 0), math.max(r.nq - ddue, 0), math.max(inuse, 0) }
