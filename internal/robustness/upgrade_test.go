@@ -16,7 +16,7 @@ import (
 // same names: TestRollingUpgrade runs them side by side. Move it forward
 // when a release lands whose keys or scripts the next one must live
 // beside (docs/reliability.md, "Upgrading a fleet").
-const previousRelease = "f2eb67921115185a627bcbd6174e28a3514de2b0"
+const previousRelease = "a1585ba556ebc928ca3ddf8ee49ebde3b9a6b167"
 
 // buildPrevious builds this package's test binary from previousRelease
 // (its own child code and fairlock's) into dir and returns its path. It
