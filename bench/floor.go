@@ -14,24 +14,25 @@ import (
 
 // floorLib holds functions that do only the Redis commands a script-based
 // lock with fairlock's guarantees cannot do without, and nothing else: what
-// a script costs before any logic of its own.
+// a script costs before any logic of its own. The acquire and release replay
+// fairlock's uncontended fast paths (lua/fast.lua, key layout 2): the lease
+// is kept in the state hash (fields o and oe), so an acquire reads Redis's
+// clock and the state (HMGET of its 13 fields and the ticket) and writes the
+// state (HSET: the counts, the sequence, the ticket's record, the lease);
+// a release reads the same and deletes the fields it empties (HDEL: the
+// ticket's record, no tombstone, and the counts that fall to 0, the lease).
 const floorLib = `#!lua name=fairlock_bench_floor
 redis.register_function('fairlock_floor_empty', function(k, a) return 1 end)
 redis.register_function('fairlock_floor_acquire', function(k, a)
   local t = redis.call('TIME')
-  redis.call('HMGET', k[1], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', a[1])
-  redis.call('ZADD', k[2], t[1], a[1])
-  redis.call('HSET', k[1], 'used', 1, 'nh', 1, 'seq', t[2], a[1], t[2])
-  redis.call('PEXPIRE', k[2], 20000)
+  redis.call('HMGET', k[1], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe', a[1])
+  redis.call('HSET', k[1], 'used', 1, 'nh', 1, 'seq', t[2], a[1], t[2], 'o', a[1], 'oe', t[1])
   return {1, t[1], t[2]}
 end)
 redis.register_function('fairlock_floor_release', function(k, a)
-  local t = redis.call('TIME')
-  redis.call('HMGET', k[1], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', a[1])
-  redis.call('ZSCORE', k[2], a[1])
-  redis.call('HSET', k[1], 'used', 0, 'nh', 0, a[1], 'r')
-  redis.call('ZADD', k[3], t[1], a[1])
-  redis.call('ZREM', k[2], a[1])
+  redis.call('TIME')
+  redis.call('HMGET', k[1], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe', a[1])
+  redis.call('HDEL', k[1], a[1], 'nh', 'used', 'o', 'oe')
   return {1, 0}
 end)
 redis.register_function('fairlock_floor_least_acquire', function(k, a)
@@ -52,17 +53,14 @@ redis.register_function('fairlock_floor_time_rpush', function(k, a)
 end)
 redis.register_function('fairlock_floor_handoff', function(k, a)
   local t = redis.call('TIME')
-  redis.call('HMGET', k[1], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', a[1])
+  redis.call('HMGET', k[1], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe', a[1])
   redis.call('ZRANGE', k[2], 0, 0)
-  redis.call('ZSCORE', k[3], a[1])
-  redis.call('ZADD', k[4], t[1], a[1])
-  redis.call('ZADD', k[3], t[1], a[2])
-  redis.call('RPUSH', k[5], a[2])
-  redis.call('HSET', k[1], 'used', 1, 'nq', 0, 'seq', t[2], a[1], 'r', a[2], t[2])
-  redis.call('ZREM', k[3], a[1])
+  redis.call('ZREM', k[3], a[2])
+  redis.call('RPUSH', k[4], a[2])
+  redis.call('HSET', k[1], a[2], t[2], 'nq', 1, 'seq', t[2], 'o', a[2], 'oe', t[1])
+  redis.call('HDEL', k[1], a[1])
   redis.call('ZREM', k[2], a[2])
-  redis.call('ZREM', k[6], a[2])
-  redis.call('PEXPIRE', k[5], 3000)
+  redis.call('PEXPIRE', k[4], 3000)
   return {1, 0}
 end)`
 
@@ -95,7 +93,7 @@ func (f *floorLocker) close() {}
 // functions doing only an uncontended acquire's and a release's commands.
 func floor(e *env) ([]*Table, []Target, error) {
 	t := &Table{Name: "floor", Title: "8. The floor: what a script costs before its logic",
-		Note:    "Functions doing only the commands a lock that keeps fairlock's guarantees needs (Redis's clock, the state read, the lease written, the state written, a TTL), and nothing else; calls interleaved, p50 of each. Real servers with functions (Redis 7+, Valkey) only.",
+		Note:    "Functions doing only the commands a lock that keeps fairlock's guarantees needs (Redis's clock, the state read, the state written: fairlock's uncontended acquire and release, whose lease the state hash holds; the least script lock's reads and writes fewer fields), and nothing else; calls interleaved, p50 of each. Real servers with functions (Redis 7+, Valkey) only.",
 		Columns: []string{"call", "p50", "÷ PING p50", "samples"}}
 	na := func(why string) ([]*Table, []Target, error) {
 		t.Note = why
@@ -115,17 +113,17 @@ func floor(e *env) ([]*Table, []Target, error) {
 		return nil, nil, err
 	}
 	defer rdb.FunctionDelete(ctx, "fairlock_bench_floor")
-	keys := []string{e.run + "{floor}:s", e.run + "{floor}:h", e.run + "{floor}:t"}
+	keys := []string{e.run + "{floor}:s"}
 	calls := []struct {
 		name string
 		do   func() error
 	}{
 		{"PING", func() error { return rdb.Ping(ctx).Err() }},
 		{"FCALL of an empty function", func() error { return rdb.FCall(ctx, "fairlock_floor_empty", nil).Err() }},
-		{"FCALL: TIME, HMGET, ZADD, HSET, PEXPIRE (an uncontended acquire's commands)", func() error {
+		{"FCALL: TIME, HMGET, HSET (an uncontended acquire's commands)", func() error {
 			return rdb.FCall(ctx, "fairlock_floor_acquire", keys, "TICKET").Err()
 		}},
-		{"FCALL: TIME, HMGET, ZSCORE, HSET, ZADD, ZREM (a release's commands)", func() error {
+		{"FCALL: TIME, HMGET, HDEL (a release's commands)", func() error {
 			return rdb.FCall(ctx, "fairlock_floor_release", keys, "TICKET").Err()
 		}},
 		{"FCALL: TIME, HMGET, HSET (the least script lock's acquire)", func() error {
@@ -168,13 +166,13 @@ func (e *env) floorHandoff(rdb *redis.Client) (*Table, error) {
 	ctx := context.Background()
 	const idle = 20 * time.Millisecond
 	t := &Table{Name: "floor_handoff", Title: "8b. The floor of a handoff",
-		Note:    fmt.Sprintf("After %v of silence, a call wakes a client blocked in BLMPOP; measured from the call's start to the blocked client's return on its goroutine, as table 2 measures a handoff. TIME + RPUSH is the least a script that hands a lock on by push can do (it must read Redis's clock to judge leases). The handing-release function does a handing release's commands (TIME, HMGET, ZRANGE, ZSCORE, ZADD ×2, RPUSH, HSET, ZREM ×3, PEXPIRE) and nothing else; calls interleaved.", idle),
+		Note:    fmt.Sprintf("After %v of silence, a call wakes a client blocked in BLMPOP; measured from the call's start to the blocked client's return on its goroutine, as table 2 measures a handoff. TIME + RPUSH is the least a script that hands a lock on by push can do (it must read Redis's clock to judge leases). The handing-release function does a handing release's commands (TIME, HMGET, ZRANGE, ZREM, RPUSH, HSET, HDEL, ZREM, PEXPIRE) and nothing else; calls interleaved.", idle),
 		Columns: []string{"call", "p50", "÷ idle-PING p50", "samples"}}
 	waiter := redis.NewClient(&redis.Options{Addr: e.addr})
 	defer waiter.Close()
 	k := e.run + "{floorh}:"
 	list := k + "w"
-	keys := []string{k + "s", k + "q", k + "h", k + "t", list, k + "d"}
+	keys := []string{k + "s", k + "q", k + "d", list}
 	wake := func(call func() error) (time.Duration, error) {
 		got := make(chan time.Time, 1)
 		errc := make(chan error, 1)
@@ -240,16 +238,23 @@ func (e *env) floorHandoff(rdb *redis.Client) (*Table, error) {
 // for the contended tables.
 //
 // With a second argument "1" the functions also do, on keys of their own,
-// the Redis commands fairlock's scripts do for the same step (an enqueue;
-// a release that hands on) and nothing else: that row tells the cost of
-// those commands from the cost of fairlock's logic around them.
+// the Redis commands fairlock's scripts do for the same step (key layout 2,
+// lua/fast.lua) and nothing else: an enqueue's TIME, HMGET (the state's 13
+// fields and the ticket), TYPE (of the deadlines), ZADD to the queue and to
+// the deadlines, HSET; a handing release's TIME, HMGET, ZRANGE (the queue's
+// head), ZREM from the deadlines, RPUSH (the floor's own push onto the
+// waiter's list), HSET (the head's record and lease), HDEL (the released
+// ticket's record: no tombstone), ZREM from the queue, PEXPIRE (the list).
+// That row tells the cost of those commands from the cost of fairlock's
+// logic around them. The release's third argument is the releasing owner.
 const fifoFloorLib = `#!lua name=fairlock_bench_fifo
 redis.register_function('fairlock_fifo_acquire', function(k, a)
   if redis.call('SET', k[1], a[1], 'NX') then return 1 end
   redis.call('RPUSH', k[2], a[1])
   if a[2] == '1' then
     local t = redis.call('TIME')
-    redis.call('HMGET', k[3], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', a[1])
+    redis.call('HMGET', k[3], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe', a[1])
+    redis.call('TYPE', k[5])
     redis.call('ZADD', k[4], t[2], a[1])
     redis.call('ZADD', k[5], t[1], a[1])
     redis.call('HSET', k[3], 'nq', 1, 'seq', t[2], a[1], 'q')
@@ -266,15 +271,12 @@ redis.register_function('fairlock_fifo_release', function(k, a)
   redis.call('RPUSH', a[1] .. nxt, '1')
   if a[2] == '1' then
     local t = redis.call('TIME')
-    redis.call('HMGET', k[3], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', nxt)
+    redis.call('HMGET', k[3], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe', a[3])
     redis.call('ZRANGE', k[4], 0, 0)
-    redis.call('ZSCORE', k[6], nxt)
-    redis.call('ZADD', k[7], t[1], nxt)
-    redis.call('ZADD', k[6], t[1], nxt)
-    redis.call('HSET', k[3], 'nq', 0, 'seq', t[2], nxt, t[2])
-    redis.call('ZREM', k[6], nxt)
-    redis.call('ZREM', k[4], nxt)
     redis.call('ZREM', k[5], nxt)
+    redis.call('HSET', k[3], nxt, t[2], 'nq', 1, 'seq', t[2], 'o', nxt, 'oe', t[1])
+    redis.call('HDEL', k[3], a[3])
+    redis.call('ZREM', k[4], nxt)
     redis.call('PEXPIRE', a[1] .. nxt, 3000)
   end
   return 1
@@ -313,7 +315,7 @@ type fifoFloorLocker struct {
 
 func (f *fifoFloorLocker) lock(ctx context.Context, key string) (func(context.Context) error, error) {
 	b := f.prefix + "{" + key + "}"
-	keys := []string{b + ":o", b + ":q", b + ":s", b + ":fq", b + ":fd", b + ":fh", b + ":ft"}
+	keys := []string{b + ":o", b + ":q", b + ":s", b + ":fq", b + ":fd"}
 	wake := b + ":w:"
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -332,7 +334,7 @@ func (f *fifoFloorLocker) lock(ctx context.Context, key string) (func(context.Co
 		}
 	}
 	return func(ctx context.Context) error {
-		return f.rdb.FCall(ctx, "fairlock_fifo_release", keys, wake, f.heavy).Err()
+		return f.rdb.FCall(ctx, "fairlock_fifo_release", keys, wake, f.heavy, f.id).Err()
 	}, nil
 }
 
@@ -353,7 +355,7 @@ func (e *env) floorRefs() ([]impl, bool) {
 		return impl{name: name, reference: true, about: about,
 			open: func(rdb *redis.Client, prefix string) (locker, error) {
 				b := prefix + "{floor}:"
-				return &floorLocker{rdb: rdb, keys: []string{b + "s", b + "h", b + "t"}, acquire: acquire, release: release}, nil
+				return &floorLocker{rdb: rdb, keys: []string{b + "s"}, acquire: acquire, release: release}, nil
 			}}
 	}
 	return []impl{
