@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/internal/statecheck"
+	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )
 
@@ -83,6 +84,13 @@ type callMachine struct {
 	holding []*cticket
 	sent    []call // every call made, for resends
 	seq     int
+	// ends holds, by ticket, the latest lease expiry (ms) the first
+	// replayer's database showed after any call: when a lease gone from it
+	// ended, so that a release can be told what it must answer.
+	ends map[string]int64
+	// told holds, by ticket, the latest lease expiry (ms) a reply told
+	// its client (a grant, a renewal, a wake-up or a refresh).
+	told map[string]int64
 }
 
 func (m *callMachine) nowMs() int64 { return m.now / 1000 }
@@ -96,7 +104,181 @@ func (m *callMachine) exec(c call) any {
 	if err != nil {
 		m.t.Fatal(err)
 	}
+	if m.ends == nil {
+		m.ends, m.told = map[string]int64{}, map[string]int64{}
+	}
+	m.noteTold(c, res)
+	for _, s := range m.sems {
+		hs, err := statecheck.Holders(m.ctx, m.pair.sides()[0].RDB, s.base)
+		if err != nil {
+			continue // another program's key, planted by a foreign pair
+		}
+		if err := m.checkHolders(s, hs); err != nil {
+			m.t.Fatalf("after step %d (%s): %v", len(m.sent), c, err)
+		}
+		for _, h := range hs {
+			if f := strings.Fields(h.Member.(string)); len(f) > 0 {
+				m.ends[f[0]] = max(m.ends[f[0]], int64(h.Score))
+			}
+		}
+		if err := m.stateOutlives(s, hs); err != nil {
+			m.t.Fatalf("after step %d (%s): %v", len(m.sent), c, err)
+		}
+	}
 	return res
+}
+
+// noteTold records the lease expiries that c's reply res told its client.
+func (m *callMachine) noteTold(c call, res any) {
+	r, _ := res.([]any)
+	now := m.nowMs()
+	switch c.Op() {
+	case "acquire", "try":
+		if len(r) > 2 {
+			if code, _ := r[0].(int64); code == acqGranted || code == acqGrantedBefore {
+				e, _ := r[2].(int64)
+				m.told[c.Args[1]] = max(m.told[c.Args[1]], e)
+			}
+		}
+	case "renew":
+		if len(r) > 0 {
+			if n, _ := r[0].(int64); n == 1 {
+				l, _ := strconv.ParseInt(c.Args[3], 10, 64)
+				m.told[c.Args[1]] = now + l
+			}
+		}
+	case "renew_batch":
+		if len(r) > 0 {
+			list, _ := r[0].([]any)
+			for j := range list {
+				if n, _ := list[j].(int64); n == 1 && 2+5*j+4 < len(c.Args) {
+					l, _ := strconv.ParseInt(c.Args[2+5*j+4], 10, 64)
+					m.told[c.Args[2+5*j]] = now + l
+				}
+			}
+		}
+	}
+}
+
+// checkHolders checks a semaphore's holders hs (the first replayer's
+// database) against its state and its capacity, after every call: the
+// state's counts are its holders'; no ticket holds twice; the live leases
+// hold at most the capacity; and so do the leases the machine's clients
+// were told are live (the promise as the clients see it).
+func (m *callMachine) checkHolders(s *csem, hs []redis.Z) error {
+	rdb := m.pair.sides()[0].RDB
+	st, err := rdb.HMGet(m.ctx, s.base+":s", "nh", "used", "cap").Result()
+	if err != nil {
+		return nil // another program's key
+	}
+	now := m.nowMs()
+	var used, live int64
+	seen := map[string]bool{}
+	for _, h := range hs {
+		f := strings.Fields(h.Member.(string))
+		if len(f) != 4 {
+			return fmt.Errorf("%s: holder %q has a bad form", s.base, h.Member)
+		}
+		n, _ := strconv.ParseInt(f[1], 10, 64)
+		used += n
+		if int64(h.Score) > now {
+			if seen[f[0]] {
+				return fmt.Errorf("%s: ticket %s holds twice: %v", s.base, f[0], hs)
+			}
+			seen[f[0]] = true
+			live += n
+		}
+	}
+	count := func(v any) int64 {
+		x, _ := v.(string)
+		n, _ := strconv.ParseInt(x, 10, 64)
+		return n
+	}
+	if nh, u := count(st[0]), count(st[1]); nh != int64(len(hs)) || u != used {
+		return fmt.Errorf("%s: the state counts nh %d used %d; its holders %d, holding %d: %v", s.base, nh, u, len(hs), used, hs)
+	}
+	// The capacity stored (a caller may give another to an idle one).
+	capacity := count(st[2])
+	if capacity == 0 {
+		capacity = s.cap
+	}
+	if live > capacity {
+		return fmt.Errorf("%s: %d permits held by live leases, capacity %d: %v", s.base, live, capacity, hs)
+	}
+	var told int64
+	var who []string
+	for _, tk := range m.holding {
+		for _, p := range tk.parts {
+			if p.sem == s && m.told[tk.ticket] > now {
+				told += p.n
+				who = append(who, fmt.Sprintf("%s (%d until %d)", tk.ticket, p.n, m.told[tk.ticket]))
+			}
+		}
+	}
+	if told > capacity {
+		return fmt.Errorf("%s: clients were told %d permits are theirs, capacity %d: %v; holders %v", s.base, told, capacity, who, hs)
+	}
+	return nil
+}
+
+// stateOutlives checks, on the first replayer's database, that a
+// semaphore's state hash lives at least as long as what it must be read
+// for: each of its holders' leases (hs) and its latest tombstone. (The
+// call machine's clock is not the server's, so internal/statecheck, which
+// reads the server's, does not run here.)
+func (m *callMachine) stateOutlives(s *csem, hs []redis.Z) error {
+	rdb := m.pair.sides()[0].RDB
+	at, err := rdb.PExpireTime(m.ctx, s.base+":s").Result()
+	if err != nil || at <= 0 {
+		return nil // no state, or another program's key
+	}
+	last, err := rdb.ZRangeWithScores(m.ctx, s.base+":t", -1, -1).Result()
+	if err != nil {
+		return nil
+	}
+	need, what := int64(0), ""
+	for _, z := range last {
+		need, what = int64(z.Score), "its latest tombstone's end"
+	}
+	for _, h := range hs {
+		if int64(h.Score) > need {
+			need, what = int64(h.Score), "a lease's expiry"
+		}
+	}
+	if ms := at.Milliseconds(); ms < need {
+		return fmt.Errorf("%s:s expires at %d, before %s at %d", s.base, ms, what, need)
+	}
+	return nil
+}
+
+// releaseWants returns what a release of tk (one semaphore) must answer,
+// by the first replayer's database and the machine's clock: 1 when its
+// lease lives, 0 when it has expired or ended without its release less
+// than a second ago (the keys outlive every lease by a second, and a lease
+// dropped leaves a tombstone for 10 s), and -1 when either may be right (a
+// lease that ended longer ago, whose trace may be gone: 3, or one of
+// several parts).
+func (m *callMachine) releaseWants(tk *cticket) int64 {
+	if len(tk.parts) != 1 || tk.tokens == nil {
+		return -1
+	}
+	p := tk.parts[0]
+	hs, err := statecheck.Holders(m.ctx, m.pair.sides()[0].RDB, p.sem.base)
+	if err != nil {
+		return -1
+	}
+	want := fmt.Sprintf("%s %d %s %s", tk.ticket, p.n, tk.p.id, tk.tokens[0])
+	for _, h := range hs {
+		if h.Member == want && int64(h.Score) > m.nowMs() {
+			return 1
+		}
+	}
+	// (Its keys may expire before this call runs, a second or more after
+	// the lease: m.ends has its expiry even if they have not yet.)
+	if end, ok := m.ends[tk.ticket]; ok && m.nowMs() < end+1000 {
+		return 0
+	}
+	return -1
 }
 
 func (m *callMachine) newTicket() string {
@@ -190,7 +372,15 @@ func (m *callMachine) release(t *rapid.T) {
 	i := rapid.IntRange(0, len(m.holding)-1).Draw(t, "holder")
 	tk := m.holding[i]
 	op := rapid.SampledFrom([]string{"release", "release", "renew", "leave"}).Draw(t, "op")
-	m.exec(call{Keys: partKeys(tk.parts), Args: releaseArgs(op, tk, tk.p.lease)})
+	want := m.releaseWants(tk)
+	res := m.exec(call{Keys: partKeys(tk.parts), Args: releaseArgs(op, tk, tk.p.lease)})
+	if r, ok := res.([]any); ok && len(r) > 0 && op == "release" && want >= 0 {
+		// A release answers whether the lease was live: a lease that
+		// ended otherwise left a tombstone that says so.
+		if got, ok := r[0].(int64); ok && got != want {
+			t.Fatalf("release of %s answered %d, want %d (its lease %s)", tk.ticket, got, want, map[int64]string{0: "ended", 1: "lives"}[want])
+		}
+	}
 	if op == "renew" {
 		tk.announced = false
 		return
@@ -269,6 +459,9 @@ func (m *callMachine) learn(ticket, grant string) {
 	f := strings.Fields(grant)
 	if len(f) < 2 {
 		return
+	}
+	if e, err := strconv.ParseInt(f[0], 10, 64); err == nil && m.told != nil {
+		m.told[ticket] = e
 	}
 	tk.tokens, tk.announced, tk.heard, tk.cond = f[1:], true, true, ""
 	m.holding = append(m.holding, tk)
@@ -586,7 +779,9 @@ func runCallMachine(rt *rapid.T, pair callSides, started ...func(*callMachine)) 
 		}
 		m.procs = append(m.procs, &cproc{
 			id:    id,
-			lease: rapid.SampledFrom([]int64{300, 1000, 5000}).Draw(rt, "lease TTL"),
+			// (A lease of minutes gives keys a TTL that an idle
+			// semaphore's lowers: keys_exp's idle rule.)
+			lease: rapid.SampledFrom([]int64{300, 1000, 5000, 200000}).Draw(rt, "lease TTL"),
 			wait:  rapid.SampledFrom([]int64{200, 600, 3000}).Draw(rt, "waiter TTL"),
 		})
 	}

@@ -281,8 +281,10 @@ func (l *Lease) endLocked(cause error) {
 // backoff, until it lands or the lease would have expired anyway, so that
 // the next waiter does not wait out the lease's TTL. Sending a release
 // twice is safe: the second finds neither the lease nor the tombstone a
-// lease that ended otherwise leaves, and knows the first released it. Any
-// other error
+// lease that ended otherwise leaves, and, sent while the lease surely
+// lived by this process's clock, knows the first released it (sent after
+// that, it reports ErrLeaseLost: the lease may have lapsed and its keys
+// gone). Any other error
 // also matches ErrRedis; the lease is then no longer renewed (Done closes)
 // and its permits return when its TTL runs out.
 //
@@ -304,6 +306,10 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.stopRenewal()
 	rel := l.p.releaseCall(opRelease, l.ticket, l.c, l.announced, l.tokens)
 	until := l.expiresBy()
+	// Sent while the lease surely lived (until is no later than Redis's
+	// expiry of it), a release that finds no trace of it knows that an
+	// earlier run of this call released it.
+	live := time.Now().Before(until)
 	o, ok := l.c.calls.op(ctx, rel, func(o outcome) {
 		if _, err := l.c.released(l.p, o.res); transient(err) || cutShort(err) { // hands on work the script left
 			// The release did not reach Redis, or the caller's context
@@ -320,6 +326,12 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	res, ackErr := o.res, o.ackErr
 	n, err := l.c.released(l.p, res)
+	if err == nil && n == releasedNoTrace {
+		n = 0
+		if live {
+			n = 1
+		}
+	}
 	if err == nil && n == 1 && ackErr != nil {
 		// Released on the master; a failover now could bring the lease
 		// back until its TTL runs out.

@@ -28,6 +28,11 @@ const (
 	acqEnded         = 4 // this request's grant ended before this call ran
 )
 
+// releasedNoTrace is release.lua's "release" result when it finds neither
+// the lease nor any record of its ticket: released by an earlier run of the
+// call if it was sent while the lease lived, else perhaps long ended.
+const releasedNoTrace = 3
+
 // acquireReply is acquire.lua's reply: its code, Redis's clock (ms), and
 // by the code the grant (acqGranted, acqGrantedBefore) or when the queue's
 // next event is due (acqQueued, ms from now).

@@ -16,10 +16,14 @@
 -- scripts ("pump"); "wait": {result, more, nowMs, nextEventMs}.
 --   "release"  frees the lease's permits on every resource and grants them
 --              on; result 1, or 0 when the lease had already expired or
---              been dropped on some resource (its permits were not held).
---              A resent release (its first run's reply was lost) finds
---              neither the lease nor any record of its ticket (one that
---              ended otherwise leaves a tombstone) and answers 1 again.
+--              been dropped on some resource (its permits were not held),
+--              or 3 when it finds neither the lease nor any record of its
+--              ticket: a release leaves none, so an earlier run of this
+--              call (whose reply was lost) released it, if it was sent
+--              while the lease lived (a lease that ends otherwise leaves a
+--              tombstone, and the keys outlive every lease and tombstone);
+--              sent later, the lease may have ended long ago. The caller,
+--              which knows when it sent the call, decides.
 --   "renew"    extends a live lease to now + leaseMs on every resource;
 --              result 1, or 0 when it has expired or is gone on any of
 --              them, and then frees what is left of it. An expired lease
@@ -133,7 +137,7 @@ if result == 0 then
     for _, p in ipairs(parts) do
       if p.at or p.r.grant then again = false end
     end
-    if again then result = 1 end
+    if again then result = 3 end
   end
 end
 -- A renewal frees nothing, unless it found its lease gone.

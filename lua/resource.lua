@@ -158,6 +158,7 @@ local function trim_tombstones(r)
   local limit = budget
   local old = redis.call('ZRANGEBYSCORE', r.T, '-inf', now + TOMB_MS / 2, 'LIMIT', 0, limit)
   seen(r.T)
+  local kept = false
   for _, t in ipairs(old) do
     budget = budget - 1
     -- A ticket this script changes again keeps its entry; so does the
@@ -165,11 +166,15 @@ local function trim_tombstones(r)
     if r.grants[t] == nil and t ~= r.ticket then
       write('ZREM', r.T, t)
       record(r, t, false)
+    else
+      kept = true
     end
   end
-  if #old >= limit then
-    r.tnext = now -- more are due: the next script goes on
-    more = true
+  if #old >= limit or kept then
+    -- More are due, or one was kept: a later script trims them (and
+    -- the state, which holds them, stays until then).
+    r.tnext = now
+    if #old >= limit then more = true end
   else
     local nxt = redis.call('ZRANGE', r.T, #old, #old, 'WITHSCORES')
     r.tnext = tonumber(nxt[2])

@@ -311,6 +311,7 @@ func classify(err error) string {
 		{"deadline", context.DeadlineExceeded},
 		{"lease-lost", fairlock.ErrLeaseLost},
 		{"not-replicated", fairlock.ErrNotReplicated},
+		{"incompatible", fairlock.ErrIncompatible},
 		{"redis", fairlock.ErrRedis},
 	} {
 		if errors.Is(err, k.err) {

@@ -70,6 +70,11 @@ type scenario struct {
 	// previous release (see upgrade_test.go): the even children run it,
 	// the others this build, so both releases share the semaphores.
 	older string
+	// otherLayout says that older keeps another key layout: the release
+	// whose process first creates a semaphore's keys holds it while it is
+	// in use, and the other release's calls on it are refused, so a child
+	// may take no lease at all.
+	otherLayout bool
 }
 
 // env is a running scenario, as the nemesis sees it.
@@ -270,7 +275,7 @@ func run(t *testing.T, sc scenario) Result {
 	res.Notes = e.notes()
 	t.Logf("%s (%s)", sc.name, strings.Join(who, ", "))
 	for i := range children {
-		if res.ByChild[i] == 0 {
+		if res.ByChild[i] == 0 && !sc.otherLayout {
 			t.Errorf("%s: no lease granted to child %d (%s)", sc.name, i, bins[i%len(bins)].Client)
 		}
 	}

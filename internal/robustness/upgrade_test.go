@@ -65,8 +65,9 @@ func buildPrevious(t *testing.T, dir string) string {
 // rolling upgrade meets: connections cut (go-redis resends calls whose
 // reply it lost), and a process of either release paused past its lease.
 // The promises are those of one release: the history is linearizable, no
-// update is lost, at most capacity is held, tokens increase; and both
-// releases take leases.
+// update is lost, at most capacity is held, tokens increase. The previous
+// release keeps another key layout, so each semaphore is held by the
+// release that created its keys and the other's calls on it are refused.
 func TestRollingUpgrade(t *testing.T) {
 	redistest.Long(t)
 	older := buildPrevious(t, t.TempDir())
@@ -88,8 +89,21 @@ func TestRollingUpgrade(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sc := tc.scenario
-			sc.older = older
+			sc.older, sc.otherLayout = older, true
 			res := run(t, sc)
+			// The previous release keeps key layout 1, this one layout 2:
+			// a semaphore is held by the release that created its keys,
+			// and the other's calls on it are refused (docs/reliability.md,
+			// "Upgrading a fleet"). A child of this release that took no
+			// lease was refused as another layout's (ErrIncompatible); the
+			// previous release's children class that error as Redis's.
+			if res.ByChild[1] == 0 && res.ErrorKinds["acquire incompatible"] == 0 {
+				t.Errorf("this release's child took no lease, and none of its calls was refused as another layout's: %v", res.ErrorKinds)
+			}
+			if (res.ByChild[0] == 0 || res.ByChild[2] == 0) && res.ErrorKinds["acquire redis"] == 0 {
+				t.Errorf("a child of the previous release took no lease, and none of its calls was refused: %v", res.ErrorKinds)
+			}
+			t.Logf("leases by child (0 and 2: the previous release): %v; errors %v", res.ByChild, res.ErrorKinds)
 			for _, v := range res.Violations {
 				if anyPart(v, tc.allowed) {
 					t.Logf("allowed (the previous release's own): %s", v)

@@ -1,0 +1,154 @@
+package fairlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/fairlock/fairlock/internal/redistest"
+)
+
+// traceRig drives the scripts directly at a clock of its own (µs), on a
+// miniredis database, expiring keys by that clock as Redis would.
+type traceRig struct {
+	t   *testing.T
+	r   *replayer
+	now int64
+}
+
+func newTraceRig(t *testing.T) *traceRig {
+	m := miniredis.RunT(t)
+	m.SetTime(time.Now())
+	return &traceRig{t: t, r: newReplayer(t, "trace", m.Addr(), 1, replayed(nil)), now: time.Now().UnixMicro()}
+}
+
+func (g *traceRig) run(args ...string) any {
+	return g.runOn([]string{"trace:{s}:s", "trace:{s}:q", "trace:{s}:d", "trace:{s}:h", "trace:{s}:t"}, args...)
+}
+
+func (g *traceRig) runOn(keys []string, args ...string) any {
+	g.t.Helper()
+	c := call{Keys: keys, Args: args, Time: []string{strconv.FormatInt(g.now/1e6, 10), strconv.FormatInt(g.now%1e6, 10)}}
+	ctx := context.Background()
+	if err := g.r.Prepare(ctx, c); err != nil {
+		g.t.Fatal(err)
+	}
+	out, err := g.r.Run(ctx, c)
+	if err != nil {
+		return "error " + err.Error()
+	}
+	return out
+}
+
+func (g *traceRig) advance(ms int64) { g.now += ms * 1000 }
+
+func (g *traceRig) dump() string {
+	s, _ := g.r.Dump(context.Background(), "")
+	return s
+}
+
+func tokenOf(t *testing.T, out any) string {
+	r, ok := out.([]any)
+	if !ok || len(r) < 4 {
+		t.Fatalf("not granted: %v", out)
+	}
+	return fmt.Sprint(r[3])
+}
+
+// What a release answers when it finds no trace of its lease. A release
+// leaves none, so an earlier run of the call released it if the call was
+// sent while the lease lived; sent later, the lease may have ended long
+// ago. The script answers releasedNoTrace and the caller, which knows when
+// it sent the call, decides (Lease.Release: TestReleaseAfterLapseIsLost).
+
+// A release of a lease that expired, once the semaphore's keys are gone
+// (their TTL ran out), finds no trace.
+func TestReleaseAfterKeysExpiredFindsNoTrace(t *testing.T) {
+	g := newTraceRig(t)
+	tok := tokenOf(t, g.run("acquire", "TA", "PA", "200", "1000", "", "1", "1"))
+	g.advance(10000)
+	got := g.run("release", "TA", "PA", "200", "1000", "", "0", "1", tok)
+	if fmt.Sprint(got) != "[3 0]" {
+		t.Fatalf("release of a lapsed lease whose keys expired = %v; want [3 0] (no trace)\ndb: %s", got, g.dump())
+	}
+}
+
+// A release of a lease that expired and was dropped (leaving its
+// tombstone), sent after the tombstone's trim, finds no trace.
+func TestReleaseAfterTombstoneTrimmedFindsNoTrace(t *testing.T) {
+	g := newTraceRig(t)
+	tok := tokenOf(t, g.run("acquire", "TA", "PA", "200", "1000", "", "1", "1"))
+	g.advance(500) // TA's lease expires; PB's acquire drops it (tombstone x)
+	tb := tokenOf(t, g.run("acquire", "TB", "PB", "30000", "1000", "", "1", "1"))
+	if got := fmt.Sprint(g.run("release", "TA", "PA", "200", "1000", "", "0", "1", tok)); got != "[0 0]" {
+		t.Fatalf("release of a lease dropped 0 s ago = %v; want [0 0] (its tombstone)", got)
+	}
+	g.advance(25000) // the tombstone's time comes
+	if got := fmt.Sprint(g.run("release", "TB", "PB", "30000", "1000", "", "0", "1", tb)); got != "[1 0]" {
+		t.Fatalf("PB's release = %v", got)
+	}
+	got := g.run("release", "TA", "PA", "200", "1000", "", "0", "1", tok)
+	if fmt.Sprint(got) != "[3 0]" {
+		t.Fatalf("release of a lease that lapsed 25 s ago = %v; want [3 0] (no trace)\ndb: %s", got, g.dump())
+	}
+}
+
+// A resent release answers what its first run did, even when the first
+// run trimmed tombstones and left the semaphore idle: the calling ticket's
+// tombstone is kept, and so is the state that holds it.
+func TestResentReleaseOfLapsedLeaseAnswersAlike(t *testing.T) {
+	g := newTraceRig(t)
+	tok := tokenOf(t, g.run("acquire", "TA", "PA", "200", "1000", "", "1", "1"))
+	g.advance(500)
+	tb := tokenOf(t, g.run("acquire", "TB", "PB", "300000", "1000", "", "1", "1"))
+	g.advance(2000)
+	if got := fmt.Sprint(g.run("release", "TB", "PB", "300000", "1000", "", "0", "1", tb)); got != "[1 0]" {
+		t.Fatalf("PB's release = %v", got)
+	}
+	g.advance(20001) // TA's tombstone may be trimmed; its keys live on (PB's lease TTL)
+	first := fmt.Sprint(g.run("release", "TA", "PA", "200", "1000", "", "0", "1", tok))
+	db := g.dump()
+	again := fmt.Sprint(g.run("release", "TA", "PA", "200", "1000", "", "0", "1", tok))
+	if first != "[0 0]" || first != again {
+		t.Fatalf("release of a lapsed lease answered %s, sent again %s; want [0 0] twice\ndb after the first run:\n%s", first, again, db)
+	}
+}
+
+// A holder stopped well past its lease (a long pause) whose semaphore's
+// keys have gone meanwhile calls Release: it sent the call after its
+// lease's deadline, so the answer "no trace" means lost, not released.
+func TestReleaseAfterLapseIsLost(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		const ttl = 200 * time.Millisecond
+		c, err := New(b.Client(t), WithPrefix(redistest.Prefix(t)), WithLeaseTTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		l, err := c.Acquire(ctx, Request{Name: "lapse", Capacity: 1, Permits: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.sched.mu.Lock() // no renewal runs: the process is stopped
+		if b.Mini != nil {
+			b.Mini.FastForward(3 * time.Second)
+			time.Sleep(ttl + ttl/2)
+		} else {
+			time.Sleep(3 * time.Second) // past the keys' TTL (about 2 s)
+		}
+		// The process resumes: Release runs before the renewal timer
+		// (it stops the renewal first; the timer then finds it stopped).
+		done := make(chan error, 1)
+		go func() { done <- l.Release(ctx) }()
+		time.Sleep(50 * time.Millisecond)
+		c.sched.mu.Unlock()
+		if err := <-done; !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("Release of a lease that lapsed (and whose keys expired) = %v; want ErrLeaseLost", err)
+		}
+	})
+}
