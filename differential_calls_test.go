@@ -778,7 +778,7 @@ func runCallMachine(rt *rapid.T, pair callSides, started ...func(*callMachine)) 
 			id = processListMark("cm:") + id
 		}
 		m.procs = append(m.procs, &cproc{
-			id:    id,
+			id: id,
 			// (A lease of minutes gives keys a TTL that an idle
 			// semaphore's lowers: keys_exp's idle rule.)
 			lease: rapid.SampledFrom([]int64{300, 1000, 5000, 200000}).Draw(rt, "lease TTL"),
