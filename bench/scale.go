@@ -245,7 +245,7 @@ func atScale(e *env) ([]*Table, []Target, error) {
 			targets = append(targets,
 				timed(Target{"scale", fmt.Sprintf("M=%s: Redis CPU per acquisition ≤ 2.5 × peers' median", thousandsInt(M)), cpuMeasured, cpuR <= 2.5, false}),
 				Target{"scale", fmt.Sprintf("M=%s: keys left per idle name ≤ 1", thousandsInt(M)),
-					fmt.Sprintf("%.2f (%s per 1,000 idle names)", r.idleKeys, bytesFmt(r.idleMem)), r.idleKeys <= 1, false},
+					fmt.Sprintf("%s (%s per 1,000 idle names)", fNear(r.idleKeys, 1), bytesFmt(r.idleMem)), r.idleKeys <= 1, false},
 				Target{"scale", fmt.Sprintf("M=%s: connections per process ≤ peers' median + 2", thousandsInt(M)), fmt.Sprintf("%d (peers' median %.0f)", r.peakConns, medConns),
 					float64(r.peakConns) <= medConns+2, false})
 		}

@@ -143,6 +143,15 @@ func us(d time.Duration) string {
 
 func f2(x float64) string { return strconv.FormatFloat(x, 'f', 2, 64) }
 
+// fNear formats x against a limit with two decimals, or three where two
+// would show the limit itself for a value past it (8.003 is not 8.00).
+func fNear(x, limit float64) string {
+	if s := f2(x); x > limit && s == f2(limit) {
+		return strconv.FormatFloat(x, 'f', 3, 64)
+	}
+	return f2(x)
+}
+
 func perAcq(cmds, acqs int64) string {
 	if cmds < 0 || acqs == 0 {
 		return "n/a"
@@ -280,7 +289,7 @@ func uncontended(e *env) ([]*Table, []Target, error) {
 			}
 			if e.real {
 				if cpu.measured && cpu.calls[i] >= 0 {
-					targets = append(targets, Target{"uncontended", "server commands per acquire+release ≤ 8", f2(cpu.calls[i]), cpu.calls[i] <= 8, false})
+					targets = append(targets, Target{"uncontended", "server commands per acquire+release ≤ 8", fNear(cpu.calls[i], 8), cpu.calls[i] <= 8, false})
 				}
 			}
 		}
