@@ -211,6 +211,10 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release opCall, until
 		l.finish(errReleased)
 		return wrap("the lease was released: the release is sent in the background until it lands or the lease would have expired")
 	}
+	// The wait was sent before now: if now the lease surely lives, it
+	// did then, and a release that finds no trace of it knows the wait
+	// released it.
+	live := time.Now().Before(until)
 	if _, refused := replyOf(err); !refused {
 		// No reply from Redis: the connection failed once the command was
 		// sent, so the script may have run, and added the new ticket. (A
@@ -227,6 +231,7 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release opCall, until
 		return wrap("the lease was released: the release goes on in the background")
 	}
 	n, rerr := c.released(p, o.res)
+	n = releaseResult(n, live)
 	switch {
 	case rerr == nil && n == 1:
 		l.finish(errReleased)

@@ -326,12 +326,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	res, ackErr := o.res, o.ackErr
 	n, err := l.c.released(l.p, res)
-	if err == nil && n == releasedNoTrace {
-		n = 0
-		if live {
-			n = 1
-		}
-	}
+	n = releaseResult(n, live)
 	if err == nil && n == 1 && ackErr != nil {
 		// Released on the master; a failover now could bring the lease
 		// back until its TTL runs out.

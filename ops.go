@@ -33,6 +33,20 @@ const (
 // call if it was sent while the lease lived, else perhaps long ended.
 const releasedNoTrace = 3
 
+// releaseResult reads a release's result n as 1 (released) or 0 (the lease
+// was lost): releasedNoTrace is released when the release, or the call
+// that released before it (a condition wait), was sent while the lease
+// surely lived by this process's clock (sentLive), else lost.
+func releaseResult(n int64, sentLive bool) int64 {
+	if n != releasedNoTrace {
+		return n
+	}
+	if sentLive {
+		return 1
+	}
+	return 0
+}
+
 // acquireReply is acquire.lua's reply: its code, Redis's clock (ms), and
 // by the code the grant (acqGranted, acqGrantedBefore) or when the queue's
 // next event is due (acqQueued, ms from now).
