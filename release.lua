@@ -129,19 +129,21 @@ if result == 0 then
       local p = parts[1]
       cond_add(p.r, cv, fresh, p.ns, client, lease, wait)
     end
-  elseif op == 'release' then
-    -- A resent release: its first run released every part, which left
-    -- neither lease nor record (a lease that ended otherwise leaves a
-    -- tombstone).
-    local again = true
-    for _, p in ipairs(parts) do
-      if p.at or p.r.grant then again = false end
-    end
-    if again then result = 3 end
   end
 end
 -- A renewal frees nothing, unless it found its lease gone.
 if op ~= 'renew' or result ~= 1 then run_queues(rs) end
+if op == 'release' and result == 0 then
+  -- A resent release: its first run released every part, which left
+  -- neither lease nor record (a lease that ended otherwise leaves a
+  -- tombstone, this run's included: the queues' run above may have
+  -- dropped another lease of the ticket).
+  local again = true
+  for _, p in ipairs(parts) do
+    if p.at or p.r.grant or p.r.grants[ticket] ~= nil then again = false end
+  end
+  if again then result = 3 end
+end
 finish()
 if op == 'wait' then return { result, more_flag(), now, next_event() } end
 return { result, more_flag() }

@@ -156,28 +156,33 @@ end
 local function trim_tombstones(r)
   if r.off or not trim_due(r.tnext) or budget <= 0 then return end
   local limit = budget
-  local old = redis.call('ZRANGEBYSCORE', r.T, '-inf', now + TOMB_MS / 2, 'LIMIT', 0, limit)
+  local old = redis.call('ZRANGEBYSCORE', r.T, '-inf', now + TOMB_MS / 2, 'WITHSCORES', 'LIMIT', 0, limit)
   seen(r.T)
-  local kept = false
-  for _, t in ipairs(old) do
+  local kept = nil -- the earliest time of the tombstones kept
+  for i = 1, #old, 2 do
+    local t = old[i]
     budget = budget - 1
     -- A ticket this script changes again keeps its entry; so does the
     -- call's own, so that the call sent again finds what this run did.
     if r.grants[t] == nil and t ~= r.ticket then
       write('ZREM', r.T, t)
       record(r, t, false)
-    else
-      kept = true
+    elseif r.grants[t] == nil then
+      -- (The call's own, which this script leaves as it is.)
+      local at = tonumber(old[i + 1])
+      if not kept or at < kept then kept = at end
     end
   end
-  if #old >= limit or kept then
-    -- More are due, or one was kept: a later script trims them (and
-    -- the state, which holds them, stays until then).
-    r.tnext = now
-    if #old >= limit then more = true end
+  local n = #old / 2
+  if n >= limit then
+    r.tnext = now -- more are due: the next script goes on
+    more = true
   else
-    local nxt = redis.call('ZRANGE', r.T, #old, #old, 'WITHSCORES')
+    local nxt = redis.call('ZRANGE', r.T, n, n, 'WITHSCORES')
     r.tnext = tonumber(nxt[2])
+    -- A tombstone kept is trimmed by a later script, and the state that
+    -- holds it stays until then.
+    if kept and (not r.tnext or kept < r.tnext) then r.tnext = kept end
   end
   r.tnext_set = true
 end
