@@ -23,6 +23,8 @@ type caller struct {
 	// spawn runs a function on a goroutine the client's Close waits for
 	// (Client.spawn): a call's own, and its clean-up.
 	spawn func(func())
+	// batch sends concurrent calls together (WithBatching); nil for none.
+	batch *batcher
 }
 
 // run is the one way the client runs a script: oc's op, on its keys,
@@ -35,6 +37,9 @@ type caller struct {
 func (c *caller) run(ctx context.Context, oc opCall) (result, error) {
 	s, keys, args := c.scripts.forOp(oc.op), oc.keys, oc.args
 	if c.ackReplicas == 0 || !oc.op.ack {
+		if c.batch.batches(oc) {
+			return c.batch.do(ctx, oc), nil
+		}
 		return c.alone(ctx, s, keys, args, oc.argv), nil
 	}
 	var acked int64

@@ -234,6 +234,9 @@ func newClient(b Backend, rdb RedisClient, opts []Option) (*Client, error) {
 	}
 	c.calls = &caller{b: b, info: info, scripts: newScripts(cfg.transform),
 		ackReplicas: cfg.ackReplicas, ackTimeout: cfg.ackTimeout, spawn: c.spawn}
+	if cfg.batch > 1 && info.Layout != LayoutOther {
+		c.calls.batch = newBatcher(c.calls, cfg.batch)
+	}
 	c.closing, c.closeAll = context.WithCancel(context.Background())
 	c.done = c.closing.Done()
 	c.renewing, c.endRenews = context.WithCancel(context.Background())

@@ -16,9 +16,10 @@ import (
 // differ in them can share one Redis (a rolling upgrade): each loads its
 // own library, and none replaces another's.
 type library struct {
-	name string            // fairlock_<hash>
-	fns  map[string]string // entry name -> function name
-	code string            // FUNCTION LOAD's argument
+	name     string            // fairlock_<hash>
+	fns      map[string]string // entry name -> function name
+	batchFns map[string]string // entry name -> its batch form's function name (entry.batch)
+	code     string            // FUNCTION LOAD's argument
 }
 
 // newLibrary wraps the scripts' sources into a library: queue.lua and the
@@ -47,25 +48,33 @@ func newLibrary(entries []entry, read func(file string) string) *library {
 	for i, src := range bodies {
 		// Each body runs through queue.lua's run_entry, as an EVAL's does.
 		fmt.Fprintf(&body, "\nlocal body%d = function(KEYS, ARGV)\n%s\nend\nbodies[%d] = function(KEYS, ARGV) return run_entry(body%d, KEYS, ARGV) end\n", i+1, src, i+1, i+1)
+		// A batch form (entry.batch) runs the same body once per call.
+		fmt.Fprintf(&body, "batches[%d] = function(KEYS, ARGV) return run_batch(body%d, KEYS, ARGV) end\n", i+1, i+1)
 	}
 	h := sha1.New()
 	h.Write([]byte(body.String()))
 	for _, e := range entries {
-		fmt.Fprintf(h, "\x00%s %s %s", e.name, e.file, e.flags)
+		fmt.Fprintf(h, "\x00%s %s %s %v", e.name, e.file, e.flags, e.batch)
 	}
 	hash := hex.EncodeToString(h.Sum(nil))[:16]
-	l := &library{name: "fairlock_" + hash, fns: map[string]string{}}
+	l := &library{name: "fairlock_" + hash, fns: map[string]string{}, batchFns: map[string]string{}}
 	var code strings.Builder
-	fmt.Fprintf(&code, "#!lua name=%s\nlocal bodies = {}\nlocal function define()\n%s\nend\n", l.name, body.String())
+	fmt.Fprintf(&code, "#!lua name=%s\nlocal bodies, batches = {}, {}\nlocal function define()\n%s\nend\n", l.name, body.String())
 	for _, e := range entries {
-		fn := "fairlock_" + e.name + "_" + hash
-		l.fns[e.name] = fn
 		flags := ""
 		if e.flags != "" {
 			flags = ", flags={'" + strings.ReplaceAll(e.flags, ",", "','") + "'}"
 		}
-		fmt.Fprintf(&code, "redis.register_function{function_name='%s', callback=function(KEYS, ARGV)\n  if not bodies[%d] then define() end\n  return bodies[%d](KEYS, ARGV)\nend%s}\n",
-			fn, files[e.file]+1, files[e.file]+1, flags)
+		register := func(fn, table string) {
+			fmt.Fprintf(&code, "redis.register_function{function_name='%s', callback=function(KEYS, ARGV)\n  if not bodies[%d] then define() end\n  return %s[%d](KEYS, ARGV)\nend%s}\n",
+				fn, files[e.file]+1, table, files[e.file]+1, flags)
+		}
+		l.fns[e.name] = "fairlock_" + e.name + "_" + hash
+		register(l.fns[e.name], "bodies")
+		if e.batch {
+			l.batchFns[e.name] = "fairlock_" + e.name + "_batch_" + hash
+			register(l.batchFns[e.name], "batches")
+		}
 	}
 	l.code = code.String()
 	return l

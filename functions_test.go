@@ -318,7 +318,7 @@ func TestFunctionLibraryRecovers(t *testing.T) {
 	// loads its own, and neither replaces the other.
 	other := &scripts{lib: newLibrary(entries, changed("queue.lua", "\n-- another version"))}
 	for i, s := range c.calls.scripts.list {
-		other.list = append(other.list, &script{set: other, eval: s.eval, fn: other.lib.fns[entries[i].name]})
+		other.list = append(other.list, &script{set: other, forms: forms{eval: s.eval, fn: other.lib.fns[entries[i].name]}})
 	}
 	oc := fnClient(t, b.Client(t), false)
 	oc.calls.scripts = other

@@ -63,6 +63,7 @@ type config struct {
 	leaseTTL  time.Duration
 	waiterTTL time.Duration
 	maxHold   time.Duration // WithMaxHold; 0 for no cap
+	batch     int           // WithBatching; 0 for none
 
 	ackReplicas int // WithReplicaAck; 0 for none
 	ackTimeout  time.Duration
@@ -163,6 +164,32 @@ func WithMaxHold(d time.Duration) Option {
 	return func(c *config) { c.maxHold = d }
 }
 
+// MaxBatch is the most calls [WithBatching] lets the client send as one
+// script call.
+const MaxBatch = 64
+
+// WithBatching lets the client send up to maxCalls of its concurrent calls
+// as one script call: an acquisition's or a release's (also a renewal's
+// and a withdrawal's) call that finds another call of its kind on its way
+// to the same Redis (on Redis Cluster, to the same hash slot) waits for
+// it, and then goes with the others that waited meanwhile. Each call is
+// run as it would be alone, one after the other in the order they
+// arrived, and gets its own reply or error; a call that finds no other on
+// its way is sent at once, as without batching. Batching saves Redis
+// the cost of a script call per request when one process makes many
+// concurrent calls (many names, many goroutines), at the price of a wait
+// of up to one round trip for calls that arrive while another is out.
+// A call whose context ends while it waits is not sent. Calls that
+// [WithReplicaAck] waits for are not batched, nor are calls through a
+// [Backend] whose [Layout] is LayoutOther.
+//
+// The default, 0, is no batching (1 is the same); maxCalls must not be
+// negative nor over [MaxBatch]. [New] refuses others with
+// [ErrInvalidArgument].
+func WithBatching(maxCalls int) Option {
+	return func(c *config) { c.batch = maxCalls }
+}
+
 func newConfig(opts []Option) (config, error) {
 	cfg := config{prefix: DefaultPrefix, leaseTTL: DefaultLeaseTTL, waiterTTL: DefaultWaiterTTL}
 	if f := testTransform.Load(); f != nil {
@@ -195,6 +222,8 @@ func newConfig(opts []Option) (config, error) {
 		return cfg, fmt.Errorf("%w: WithMaxHold: max hold %v is negative", ErrInvalidArgument, cfg.maxHold)
 	case cfg.maxHold > MaxHoldLimit:
 		return cfg, fmt.Errorf("%w: WithMaxHold: max hold %v is longer than the largest accepted, %v", ErrInvalidArgument, cfg.maxHold, MaxHoldLimit)
+	case cfg.batch < 0 || cfg.batch > MaxBatch:
+		return cfg, fmt.Errorf("%w: WithBatching(%d): calls per batch must be between 0 (no batching) and %d", ErrInvalidArgument, cfg.batch, MaxBatch)
 	case cfg.ackReplicas < 0 || (cfg.ackReplicas > 0 && cfg.ackTimeout < time.Millisecond):
 		return cfg, fmt.Errorf("%w: WithReplicaAck(%d, %v): replicas must be >= 0 and the timeout at least 1ms", ErrInvalidArgument, cfg.ackReplicas, cfg.ackTimeout)
 	case cfg.ackReplicas > 0 && cfg.ackTimeout > MaxTTL:

@@ -23,6 +23,7 @@ var includes = []string{
 	"lua/grant.lua",
 	"lua/cond.lua",
 	"lua/fast.lua",
+	"lua/batch.lua",
 }
 
 // An entry is one script: the file that is its body, and the flags its
@@ -43,6 +44,10 @@ type entry struct {
 	// the queues that expired leases and dead waiters unblock before its
 	// own request; a status reads only its keys.)
 	flags string
+	// batch: the client may send several concurrent calls of this entry
+	// as one script call (see batch.go), through its batch form
+	// (batchBody), which declares the same flags.
+	batch bool
 }
 
 // crossSlot is the flag that lets a function reach keys of slots other
@@ -50,18 +55,18 @@ type entry struct {
 const crossSlot = "allow-cross-slot-keys"
 
 var entries = []entry{
-	{"acquire", "acquire.lua", crossSlot},
-	{"release", "release.lua", "allow-oom," + crossSlot},
-	{"wait", "release.lua", crossSlot}, // a new condition waiter grows memory: no allow-oom
-	{"refresh", "lua/ops/refresh.lua", "allow-oom," + crossSlot},
-	{"renew_batch", "lua/ops/renew_batch.lua", "allow-oom," + crossSlot},
-	{"signal", "lua/ops/signal.lua", crossSlot},
-	{"pump", "lua/ops/pump.lua", "allow-oom," + crossSlot},
-	{"status", "lua/ops/status.lua", "no-writes"},
+	{"acquire", "acquire.lua", crossSlot, true},
+	{"release", "release.lua", "allow-oom," + crossSlot, true},
+	{"wait", "release.lua", crossSlot, false}, // a new condition waiter grows memory: no allow-oom
+	{"refresh", "lua/ops/refresh.lua", "allow-oom," + crossSlot, false},
+	{"renew_batch", "lua/ops/renew_batch.lua", "allow-oom," + crossSlot, false},
+	{"signal", "lua/ops/signal.lua", crossSlot, false},
+	{"pump", "lua/ops/pump.lua", "allow-oom," + crossSlot, false},
+	{"status", "lua/ops/status.lua", "no-writes", false},
 	// An election's record: one small hash per election, so a full Redis
 	// still records a leader.
-	{"leader", "lua/ops/leader.lua", "allow-oom"},
-	{"leader_get", "lua/ops/leader.lua", "no-writes"},
+	{"leader", "lua/ops/leader.lua", "allow-oom", false},
+	{"leader_get", "lua/ops/leader.lua", "no-writes", false},
 }
 
 // An op is one operation of the engine's scripts: what ARGV[1] names, the
@@ -200,6 +205,19 @@ func prelude(read func(file string) string) string {
 	return strings.Join(parts, "\n")
 }
 
+// batchSource returns the EVAL source of entry e's batch form: queue.lua,
+// the includes, then e's file as the body that lua/batch.lua's run_batch
+// runs once for each call of a batch.
+func batchSource(e entry) string {
+	return prelude(source) + "\n" + batchBody(source(e.file))
+}
+
+// batchBody wraps an entry file's text as the body run_batch runs for
+// each call of a batch, as entryBody does for one call.
+func batchBody(src string) string {
+	return "return run_batch(function(KEYS, ARGV)\n" + src + "\nend, KEYS, ARGV)"
+}
+
 // entryBody wraps an entry file's text as the function run_entry runs
 // (queue.lua), called with the script's KEYS and ARGV. The wrapper takes
 // no line of its own before the entry, so errors keep its line numbers
@@ -262,10 +280,18 @@ func (set *scripts) load(ctx context.Context, b Backend) loadResult {
 // script is one of a client's scripts: its EVAL form and the name of its
 // function in the library.
 type script struct {
-	set  *scripts
-	eval *evalCode
-	// flagged is eval with its entry's flags declared ("#!lua flags=...",
-	// Redis 7 and later), or nil for an entry without flags.
+	set *scripts
+	forms
+	// batch runs several calls of the entry in one script call (see
+	// batch.go); nil for an entry that is not batched.
+	batch *forms
+}
+
+// forms are the ways a script is sent: its EVAL source, the same with its
+// entry's flags declared ("#!lua flags=...", Redis 7 and later; nil for an
+// entry without flags), and the name of its function in the library.
+type forms struct {
+	eval    *evalCode
 	flagged *evalCode
 	fn      string
 }
@@ -273,19 +299,28 @@ type script struct {
 // code is what scripts are made of, built once per transform.
 type code struct {
 	evals, flagged map[string]*evalCode
-	lib            *library
+	// batchEvals and batchFlagged are the batch forms (batchSource) of
+	// the entries that have them.
+	batchEvals, batchFlagged map[string]*evalCode
+	lib                      *library
 }
 
 func newCode(transform func(string) string) *code {
-	k := &code{evals: map[string]*evalCode{}, flagged: map[string]*evalCode{}}
-	for _, e := range entries {
-		src := scriptSource(e)
+	k := &code{evals: map[string]*evalCode{}, flagged: map[string]*evalCode{},
+		batchEvals: map[string]*evalCode{}, batchFlagged: map[string]*evalCode{}}
+	add := func(evals, flagged map[string]*evalCode, e entry, src string) {
 		if transform != nil {
 			src = transform(src)
 		}
-		k.evals[e.name] = newEvalCode(src)
+		evals[e.name] = newEvalCode(src)
 		if e.flags != "" {
-			k.flagged[e.name] = newEvalCode("#!lua flags=" + e.flags + "\n" + src)
+			flagged[e.name] = newEvalCode("#!lua flags=" + e.flags + "\n" + src)
+		}
+	}
+	for _, e := range entries {
+		add(k.evals, k.flagged, e, scriptSource(e))
+		if e.batch {
+			add(k.batchEvals, k.batchFlagged, e, batchSource(e))
 		}
 	}
 	// The test transforms (internal/halfrun, broken rules) rewrite EVAL
@@ -308,9 +343,15 @@ func newScripts(transform func(string) string) *scripts {
 	}
 	s := &scripts{lib: k.lib}
 	for _, e := range entries {
-		sc := &script{set: s, eval: k.evals[e.name], flagged: k.flagged[e.name]}
+		sc := &script{set: s, forms: forms{eval: k.evals[e.name], flagged: k.flagged[e.name]}}
 		if k.lib != nil {
 			sc.fn = k.lib.fns[e.name]
+		}
+		if e.batch {
+			sc.batch = &forms{eval: k.batchEvals[e.name], flagged: k.batchFlagged[e.name]}
+			if k.lib != nil {
+				sc.batch.fn = k.lib.batchFns[e.name]
+			}
 		}
 		s.list = append(s.list, sc)
 	}
@@ -333,7 +374,11 @@ func newScripts(transform func(string) string) *scripts {
 // that line (miniredis, Redis 6.2) refused the script before running it,
 // and the client runs its scripts without flags from then on.
 func (s *script) run(ctx context.Context, b Backend, functions bool, send func(Script) result, keys, args []string) result {
-	set := s.set
+	return s.forms.run(ctx, s.set, b, functions, send, keys, args)
+}
+
+// run sends keys and args through f's forms, as script.run says.
+func (s *forms) run(ctx context.Context, set *scripts, b Backend, functions bool, send func(Script) result, keys, args []string) result {
 	if set.lib != nil && functions && !set.evalOnly.Load() {
 		fcall := Script{Command: FCall, Name: s.fn, Keys: keys, Args: args}
 		r := send(fcall)

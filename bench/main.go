@@ -31,6 +31,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -58,6 +59,7 @@ type config struct {
 	maxQueue  int           // the queue scenario's largest queue
 	drainStop time.Duration // how long the drain scenario waits for its waiters; 0 for its default
 	svgDir    string        // where the figures go; "" for none
+	cpuProf   string        // where a CPU profile of the whole run goes; "" for none
 }
 
 var allScenarios = []string{"uncontended", "handoff", "contended", "contended-100us", "fifo", "drain", "semaphore", "dining", "queue", "floor", "scale", "wake"}
@@ -74,6 +76,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.jsonFile, "json", "", "also write the results as JSON to this file")
 	fs.StringVar(&cfg.svgDir, "svg", "", "also draw the results as SVG figures into this directory (created if need be), and link them from the tables; relative to the directory the command runs in (bench/ under go -C bench)")
 	fs.StringVar(&only, "impls", "all", "comma-separated implementations: fairlock, redsync, redislock, setnx, or all")
+	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "also write a CPU profile of the whole run (every implementation in this process) to this file")
 	fs.IntVar(&cfg.maxQueue, "max-queue", 0, "the queue scenario's largest queue: sizes 10, 100, ... 100000 up to this one; 0 for 10000 on a real server, 1000 on the embedded miniredis")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -178,6 +181,17 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	redis.SetLogger(quietLogger{})
+	if cfg.cpuProf != "" {
+		f, err := os.Create(cfg.cpuProf)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	e := &env{cfg: cfg, stderr: stderr, run: "bench:" + rand.Text()[:8] + ":"}
 	stop, err := e.start()
 	if err != nil {

@@ -1,0 +1,244 @@
+package fairlock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A batcher sends a client's concurrent calls of one entry to one server
+// (or one Cluster slot) as one script call when they arrive together (see
+// WithBatching): the first call of a group goes at once, alone; calls that
+// come while it, or a batch, is on its way queue up, and when it returns
+// they go together, on a goroutine of the client's, as one call of the
+// entry's batch form (lua/batch.lua), which runs each as its own script
+// would and answers each apart.
+type batcher struct {
+	c   *caller
+	max int // calls per batch at most
+	// cluster: calls group by the hash slot of their keys too.
+	cluster bool
+
+	mu     sync.Mutex
+	groups map[batchKey]*batchGroup
+
+	// sent counts the batches sent and the calls in them (tests read it).
+	sent, sentCalls atomic.Int64
+}
+
+// batchKey names a group: the calls of one entry to one slot (0 on one
+// server).
+type batchKey struct {
+	entry, slot int
+}
+
+// A batchGroup is the calls of one batchKey: whether one (or a batch) is
+// on its way, and those that wait for it.
+type batchGroup struct {
+	busy  bool
+	queue []*batchCall
+}
+
+// A batchCall is one call waiting in a group's queue.
+type batchCall struct {
+	ctx  context.Context
+	oc   opCall
+	done chan result // its result, once
+	// taken: the call left the queue (sent in a batch, or withdrawn by
+	// its caller); under the batcher's lock.
+	taken bool
+}
+
+func newBatcher(c *caller, max int) *batcher {
+	return &batcher{c: c, max: max, cluster: c.info.Layout == LayoutCluster, groups: map[batchKey]*batchGroup{}}
+}
+
+// batches reports whether oc may go in a batch.
+func (b *batcher) batches(oc opCall) bool {
+	return b != nil && entries[oc.op.entry].batch && len(oc.keys) > 0
+}
+
+// do runs oc, in a batch if others of its group are on their way, and
+// returns its result. Through a Backend that returns by its context's end
+// (BackendInfo.Deadlines), so does do: a call still queued then is not
+// sent; one already sent may run, as a call the Backend stopped waiting
+// for may.
+func (b *batcher) do(ctx context.Context, oc opCall) result {
+	k := batchKey{entry: oc.op.entry}
+	if b.cluster {
+		k.slot = keySlot(oc.keys[0])
+	}
+	b.mu.Lock()
+	g := b.groups[k]
+	if g == nil {
+		g = &batchGroup{}
+		b.groups[k] = g
+	}
+	if !g.busy {
+		g.busy = true
+		b.mu.Unlock()
+		r := b.c.alone(ctx, b.c.scripts.forOp(oc.op), oc.keys, oc.args, oc.argv)
+		b.next(k, g)
+		return r
+	}
+	bc := &batchCall{ctx: ctx, oc: oc, done: make(chan result, 1)}
+	g.queue = append(g.queue, bc)
+	b.mu.Unlock()
+	if !b.c.info.Deadlines || ctx.Done() == nil {
+		return <-bc.done
+	}
+	select {
+	case r := <-bc.done:
+		return r
+	case <-ctx.Done():
+	}
+	b.mu.Lock()
+	queued := !bc.taken
+	if queued {
+		bc.taken = true
+		for i, q := range g.queue {
+			if q == bc {
+				g.queue = append(g.queue[:i], g.queue[i+1:]...)
+				break
+			}
+		}
+	}
+	b.mu.Unlock()
+	if !queued {
+		select {
+		case r := <-bc.done: // it came as ctx ended
+			return r
+		default:
+		}
+	}
+	return result{err: ctx.Err()}
+}
+
+// next is called when the call or batch on its way for g has returned:
+// the calls that queued meanwhile go next, on a goroutine of the
+// client's; with none, g is free.
+func (b *batcher) next(k batchKey, g *batchGroup) {
+	b.mu.Lock()
+	if len(g.queue) == 0 {
+		g.busy = false
+		delete(b.groups, k)
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Unlock()
+	b.c.spawn(func() { b.drain(k, g) })
+}
+
+// drain sends g's queued calls, up to max at a time, until none is left.
+func (b *batcher) drain(k batchKey, g *batchGroup) {
+	for {
+		b.mu.Lock()
+		n := min(len(g.queue), b.max)
+		calls := make([]*batchCall, 0, n)
+		for _, bc := range g.queue[:n] {
+			bc.taken = true
+			if err := bc.ctx.Err(); err != nil {
+				bc.done <- result{err: err} // its caller gave up: it is not sent
+				continue
+			}
+			calls = append(calls, bc)
+		}
+		g.queue = append(g.queue[:0], g.queue[n:]...)
+		b.mu.Unlock()
+		if n == 0 {
+			b.next(k, g)
+			return
+		}
+		switch len(calls) {
+		case 0:
+		case 1:
+			bc := calls[0]
+			bc.done <- b.c.alone(bc.ctx, b.c.scripts.forOp(bc.oc.op), bc.oc.keys, bc.oc.args, bc.oc.argv)
+		default:
+			b.send(calls)
+		}
+	}
+}
+
+// send runs calls, of one group, as one call of their entry's batch form,
+// and hands each its own result.
+func (b *batcher) send(calls []*batchCall) {
+	var nkeys, nargs int
+	for _, bc := range calls {
+		nkeys += len(bc.oc.keys)
+		nargs += len(bc.oc.args)
+	}
+	keys := make([]string, 0, nkeys)
+	args := make([]string, 1, 1+2*len(calls)+nargs)
+	args[0] = strconv.Itoa(len(calls))
+	for _, bc := range calls {
+		keys = append(keys, bc.oc.keys...)
+		args = append(args, strconv.Itoa(len(bc.oc.keys)), strconv.Itoa(len(bc.oc.args)))
+	}
+	for _, bc := range calls {
+		args = append(args, bc.oc.args...)
+	}
+	b.sent.Add(1)
+	b.sentCalls.Add(int64(len(calls)))
+	ctx, cancel := batchContext(calls)
+	defer cancel()
+	c := b.c
+	s := c.scripts.forOp(calls[0].oc.op)
+	r := s.batch.run(ctx, c.scripts, c.b, c.info.Functions, func(sc Script) result {
+		v, err := c.b.Script(ctx, sc)
+		return result{v, err}
+	}, keys, args)
+	for i, bc := range calls {
+		bc.done <- batchResult(r, i, len(calls))
+	}
+}
+
+// batchContext returns the context a batch is sent under: the values of
+// its first call's, and the latest deadline of its calls' (none if one
+// has none). A caller whose context ends stops waiting for the batch on
+// its own (see do); the batch goes on for the others.
+func batchContext(calls []*batchCall) (context.Context, context.CancelFunc) {
+	var latest time.Time
+	for _, bc := range calls {
+		dl, ok := bc.ctx.Deadline()
+		if !ok {
+			return context.WithoutCancel(calls[0].ctx), func() {}
+		}
+		if dl.After(latest) {
+			latest = dl
+		}
+	}
+	return context.WithDeadline(context.WithoutCancel(calls[0].ctx), latest)
+}
+
+// batchResult returns the result of the ith of n calls sent as one batch
+// whose result is r (see lua/batch.lua's reply): the batch's error, if it
+// failed as a whole, is each call's.
+func batchResult(r result, i, n int) result {
+	if r.err != nil {
+		return result{err: r.err}
+	}
+	all, ok := r.val.([]any)
+	if !ok || len(all) != n {
+		return result{err: fmt.Errorf("%w: a batch of %d calls was answered %v", ErrRedis, n, r.val)}
+	}
+	one, _ := all[i].([]any)
+	code := int64(-1)
+	if len(one) > 0 {
+		code, _ = one[0].(int64)
+	}
+	switch {
+	case code == 0 && len(one) == 2:
+		return result{val: one[1]}
+	case code == 1 && len(one) == 1:
+		return result{}
+	case code == 2 && len(one) == 2:
+		if msg, ok := one[1].(string); ok {
+			return result{err: &ReplyError{Reply: msg}}
+		}
+	}
+	return result{err: fmt.Errorf("%w: call %d of a batch of %d was answered %v", ErrRedis, i+1, n, all[i])}
+}
