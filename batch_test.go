@@ -18,58 +18,78 @@ import (
 )
 
 // Many goroutines of one client, batching, over a few names: every
-// acquisition holds its name alone, and calls went in batches.
+// acquisition holds its name alone, and calls went in batches (under the
+// package's half-run check, which fails a call that fails after a write).
+// Without the test transform, on a server with functions, the batches
+// run as functions of the library.
 func TestBatchedCallsHoldAlone(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		rdb := b.Client(t)
-		c, err := New(rdb, WithPrefix(redistest.Prefix(t)), WithBatching(16))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		const names, workers, rounds = 8, 32, 40
-		var held [names]atomic.Int32
-		var overlaps atomic.Int32
-		var wg sync.WaitGroup
-		errs := make(chan error, workers)
-		for w := range workers {
-			wg.Go(func() {
-				for r := range rounds {
-					k := (w + r) % names
-					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-					l, err := c.Acquire(ctx, Request{Name: fmt.Sprint("n", k), Capacity: 1, Permits: 1})
-					if err != nil {
-						cancel()
-						errs <- err
-						return
-					}
-					if held[k].Add(1) != 1 {
-						overlaps.Add(1)
-					}
-					held[k].Add(-1)
-					err = l.Release(ctx)
-					cancel()
-					if err != nil {
-						errs <- err
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatal(err)
-		}
-		if n := overlaps.Load(); n > 0 {
-			t.Fatalf("%d acquisitions overlapped another holder", n)
-		}
-		bt := c.calls.batch
-		t.Logf("%d batches, %d calls in them", bt.sent.Load(), bt.sentCalls.Load())
-		if bt.sent.Load() == 0 {
-			t.Fatal("no batch was sent")
-		}
+		batchedCycles(t, b, false)
 	})
+	t.Run("functions", func(t *testing.T) {
+		noTransform(t)
+		batchedCycles(t, redistest.RealBackend(t), true)
+	})
+}
+
+// batchedCycles runs concurrent acquire and release cycles of one
+// batching client on b; with functions, it checks that every script went
+// by FCALL.
+func batchedCycles(t *testing.T, b *redistest.Backend, functions bool) {
+	rdb := b.Client(t)
+	sent, counted := countSent(rdb)
+	c, err := New(rdb, WithPrefix(redistest.Prefix(t)), WithBatching(16), counted)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const names, workers, rounds = 8, 32, 40
+	var held [names]atomic.Int32
+	var overlaps atomic.Int32
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for r := range rounds {
+				k := (w + r) % names
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				l, err := c.Acquire(ctx, Request{Name: fmt.Sprint("n", k), Capacity: 1, Permits: 1})
+				if err != nil {
+					cancel()
+					errs <- err
+					return
+				}
+				if held[k].Add(1) != 1 {
+					overlaps.Add(1)
+				}
+				held[k].Add(-1)
+				err = l.Release(ctx)
+				cancel()
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := overlaps.Load(); n > 0 {
+		t.Fatalf("%d acquisitions overlapped another holder", n)
+	}
+	bt := c.calls.batch
+	t.Logf("%d batches, %d calls in them", bt.sent.Load(), bt.sentCalls.Load())
+	if bt.sent.Load() == 0 {
+		t.Fatal("no batch was sent")
+	}
+	if functions {
+		if n := sent.get("eval") + sent.get("evalsha"); n > 0 || sent.get("fcall") == 0 {
+			t.Fatalf("%d scripts sent by EVAL or EVALSHA, %d by FCALL; want FCALL only", n, sent.get("fcall"))
+		}
+	}
 }
 
 // The batch differential: call-machine histories (acquisitions, releases,
@@ -284,5 +304,140 @@ func evalSender(ctx context.Context, rdb *redis.Client) func(Script) result {
 			v, err = nil, nil
 		}
 		return result{v, fromClient(err)}
+	}
+}
+
+// gateBackend is a Backend whose first script call of an acquire waits
+// until open is closed (or its context ends, when deadlines is set, as a
+// client that returns by its context's end does), and that records the
+// op and first key of every script call it sends.
+type gateBackend struct {
+	Backend
+	deadlines bool
+	open      chan struct{}
+	held      atomic.Bool
+	mu        sync.Mutex
+	sent      []string // "op key"
+}
+
+func (g *gateBackend) Info() BackendInfo {
+	info := g.Backend.Info()
+	info.Deadlines = g.deadlines
+	return info
+}
+
+func (g *gateBackend) Script(ctx context.Context, s Script) (any, error) {
+	op := ""
+	if n := len(s.Args); n > 0 {
+		op = s.Args[0]
+	}
+	if n := mustAtoi(op); n > 0 {
+		// A batch (its first argument counts its calls): record each.
+		ki, ai := 0, 1+2*n
+		for c := range n {
+			nk, na := mustAtoi(s.Args[1+2*c]), mustAtoi(s.Args[2+2*c])
+			g.record(s.Args[ai] + " " + s.Keys[ki])
+			ki, ai = ki+nk, ai+na
+		}
+	} else if len(s.Keys) > 0 {
+		g.record(op + " " + s.Keys[0])
+	}
+	if op == "acquire" && g.held.CompareAndSwap(false, true) {
+		if g.deadlines {
+			select {
+			case <-g.open:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		} else {
+			<-g.open
+		}
+	}
+	return g.Backend.Script(ctx, s)
+}
+
+func (g *gateBackend) record(s string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.sent = append(g.sent, s)
+}
+
+func (g *gateBackend) sentFor(op, key string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, s := range g.sent {
+		if s == op+" "+key {
+			n++
+		}
+	}
+	return n
+}
+
+func mustAtoi(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// A call queued behind another that does not return is not sent once its
+// context ends, and its caller returns by then: through a client that
+// returns by its context's end, and through one that does not (the call
+// then runs on a goroutine of the client's).
+func TestBatchedCallQueuedPastItsContextIsNotSent(t *testing.T) {
+	for _, deadlines := range []bool{true, false} {
+		t.Run(fmt.Sprintf("deadlines=%v", deadlines), func(t *testing.T) {
+			b := redistest.Mini(t)
+			g := &gateBackend{Backend: newGoRedis(b.Client(t)), deadlines: deadlines, open: make(chan struct{})}
+			c, err := NewWithBackend(g, WithPrefix("bq:"), WithBatching(8))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			first := make(chan error, 1)
+			go func() {
+				l, err := c.Acquire(context.Background(), Request{Name: "a", Capacity: 1, Permits: 1})
+				if err == nil {
+					err = l.Release(context.Background())
+				}
+				first <- err
+			}()
+			for !g.held.Load() {
+				time.Sleep(time.Millisecond)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			second := make(chan error, 1)
+			go func() {
+				_, err := c.Acquire(ctx, Request{Name: "b", Capacity: 1, Permits: 1})
+				second <- err
+			}()
+			select {
+			case err := <-second:
+				took := time.Since(start)
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("the queued Acquire returned %v, want the deadline's error", err)
+				}
+				if took > 100*time.Millisecond+2*grace+50*time.Millisecond {
+					t.Errorf("the queued Acquire returned after %v; its deadline was 100ms", took)
+				}
+			case <-time.After(2 * time.Second):
+				t.Errorf("the queued Acquire has not returned 2s after it began; its deadline was 100ms")
+			}
+			close(g.open)
+			if err := <-first; err != nil {
+				t.Fatalf("the first Acquire: %v", err)
+			}
+			keys, _ := c.keys("b")
+			// Whatever clean-up runs in the background, the acquisition of
+			// b was never sent.
+			time.Sleep(50 * time.Millisecond)
+			if n := g.sentFor("acquire", keys.all[0]); n > 0 {
+				t.Fatalf("the queued acquisition of b was sent %d times after its context ended (%q)", n, g.sent)
+			}
+		})
 	}
 }

@@ -103,6 +103,12 @@ func init() {
 	testhook.Grants = func(client any) (reply, wake, refresh int64) {
 		return client.(*Client).waits.grants.get()
 	}
+	testhook.Batches = func(client any) (batches, calls int64) {
+		if b := client.(*Client).calls.batch; b != nil {
+			return b.sent.Load(), b.sentCalls.Load()
+		}
+		return 0, 0
+	}
 }
 
 // withBlockingHooks adds hooks to the go-redis client New builds for the

@@ -230,6 +230,15 @@ func atScale(e *env) ([]*Table, []Target, error) {
 				d["idle_memory_per_1000_names"] = r.idleMem
 			}
 			t.Data = append(t.Data, d)
+			if im.name == batchedName && M == 1000 {
+				cpuMeasured := "n/a (embedded)"
+				if !math.IsNaN(cpuR) {
+					cpuMeasured = fmt.Sprintf("%s × (%s; peers' median %.1f µs)", f2(cpuR), cpuS, medCPU)
+				}
+				targets = append(targets,
+					Target{"scale", "M=1,000, batched: no overlap", strconv.FormatInt(st.overlaps, 10), st.overlaps == 0, false},
+					timed(Target{"scale", "M=1,000, batched: Redis CPU per acquisition ≤ 1.0 × peers' median", cpuMeasured, cpuR <= 1.0, false}))
+			}
 			if !im.ownRow() {
 				continue
 			}

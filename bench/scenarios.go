@@ -274,6 +274,12 @@ func uncontended(e *env) ([]*Table, []Target, error) {
 			}
 		}
 		t.Data = append(t.Data, d)
+		if im.name == batchedName {
+			if own := slices.IndexFunc(e.impls, func(x impl) bool { return x.ownRow() }); own >= 0 {
+				ra := ratio(quantile(acq[i], 0.5), quantile(acq[own], 0.5))
+				targets = append(targets, timed(Target{"uncontended", "a lone call's latency (acquire p50) with batching on ≤ 1.05 × off", f2(ra) + " ×", ra <= 1.05, false}))
+			}
+		}
 		if im.ownRow() {
 			if least < 0 {
 				// No reference row (no functions): the target stands, unmeasured.

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,6 +75,7 @@ func Run(t *testing.T, tg Target) {
 		{"Election", electionObserved},
 		{"ConnectionsKilled", connectionsKilled},
 		{"ReleaseCancelled", releaseCancelled},
+		{"Batching", batching},
 		{"Property", property},
 		{"Differential", differentialRuns},
 	} {
@@ -126,6 +128,55 @@ func queued(t testing.TB, c *fairlock.Client, n string) int64 {
 		t.Errorf("Status(%q): %v", n, err)
 	}
 	return st.Queued
+}
+
+// Concurrent calls of one client, batched (WithBatching), over names of
+// one slot: each lease holds its name alone, a counting semaphore's
+// capacity is never exceeded, every call is answered, and calls went in
+// batches.
+func batching(t *testing.T, tg Target) {
+	ctx := ctxFor(t, 60*time.Second)
+	c := open(t, tg, fairlock.WithBatching(8))
+	tag := newTag()
+	const workers, rounds = 24, 25
+	var held [4]atomic.Int64
+	var over atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for r := range rounds {
+				k := (w + r) % len(held)
+				req := fairlock.Request{Name: name(t, tag, strconv.Itoa(k)), Capacity: int64(1 + k%2), Permits: 1}
+				l, err := c.Acquire(ctx, req)
+				if err != nil {
+					errs <- fmt.Errorf("acquire %s: %w", req.Name, err)
+					return
+				}
+				if held[k].Add(1) > req.Capacity {
+					over.Add(1)
+				}
+				held[k].Add(-1)
+				if err := l.Release(ctx); err != nil {
+					errs <- fmt.Errorf("release %s: %w", req.Name, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := over.Load(); n > 0 {
+		t.Fatalf("capacity exceeded %d times", n)
+	}
+	batches, calls := testhook.Batches(c)
+	t.Logf("%d batches held %d calls", batches, calls)
+	if batches == 0 {
+		t.Fatal("no batch was sent")
+	}
 }
 
 // A lease is granted, counted, refused to a second taker, released once.

@@ -47,6 +47,10 @@ var (
 	// refresh. A grant that a release pushed as a wake-up and that a
 	// refresh found first is a wake-up that did not arrive.
 	Grants func(client any) (reply, wake, refresh int64)
+
+	// Batches returns how many batches client (a *fairlock.Client) has
+	// sent (WithBatching), and how many calls they held.
+	Batches func(client any) (batches, calls int64)
 )
 
 // Transform returns TransformOption(f) as O (fairlock.Option).
