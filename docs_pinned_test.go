@@ -39,6 +39,7 @@ func limitValues(t *testing.T) map[string]any {
 		"fairlock.MaxCapacity":          int64(fairlock.MaxCapacity),
 		"fairlock.MaxResources":         int64(fairlock.MaxResources),
 		"fairlock.StatusMax":            int64(fairlock.StatusMax),
+		"fairlock.MaxBatch":             int64(fairlock.MaxBatch),
 		"semaphore.MaxReaders":          int64(semaphore.MaxReaders),
 		"election.MaxValueLen":          int64(election.MaxValueLen),
 		"WithPrefix":                    longestAccepted(t, func(n int64) []fairlock.Option { return opts(fairlock.WithPrefix(strings.Repeat("p", int(n)))) }),

@@ -826,6 +826,7 @@ func runForeignScenario(t *testing.T, pair *foreignPair, i int) error {
 
 // TestForeignKeys: see the file's comment.
 func TestForeignKeys(t *testing.T) {
+	redistest.Long(t) // waits on real time for seconds: the full suite
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		if redistest.Race && !b.Real() {
 			// The real server is the proof; miniredis's half runs
@@ -991,6 +992,7 @@ func runForeignMachine(rt *rapid.T, pair *foreignPair) {
 // their grants at once, and the one whose list it is hears its grant
 // through its refresh.
 func TestForeignWakeListDoesNotDeafenOthers(t *testing.T) {
+	redistest.Long(t) // waits on real time for seconds: the full suite
 	for _, tc := range []struct {
 		name string
 		// foreign returns the lists another program writes, for client c

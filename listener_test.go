@@ -47,6 +47,7 @@ import (
 // waiter releases its grant at once, and the short-TTL leases are taken
 // once the burst of acquire scripts has been served.
 func TestWaitingDoesNotStarveRenewals(t *testing.T) {
+	redistest.Long(t) // waits on real time for seconds: the full suite
 	// Scripts as the library runs them, as when this test lived in
 	// semaphore/, without the half-run checker the package's TestMain
 	// sets: the rule tested is the listener's, and the checker's

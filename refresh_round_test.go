@@ -28,6 +28,7 @@ import (
 // when every refresh that covered it failed for its liveness
 // (TestRefreshFailingForOneWaiterFailsIt).
 func TestRefreshPartlyAnsweredKeepsWaiters(t *testing.T) {
+	redistest.Long(t) // waits on real time for seconds: the full suite
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := fltest.New(t, b)
 		ctx := context.Background()
@@ -143,6 +144,7 @@ func refreshTickets(cmd redis.Cmder) int64 {
 // while the waiters beside it, refreshed in the scripts that were
 // answered, keep their places.
 func TestRefreshFailingForOneWaiterFailsIt(t *testing.T) {
+	redistest.Long(t) // waits on real time for seconds: the full suite
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := fltest.New(t, b)
 		ctx := context.Background()

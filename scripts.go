@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/fairlock/fairlock/internal/testhook"
 )
 
 // The scripts' sources (queue.lua's header maps them). Each entry's script
@@ -168,11 +170,15 @@ func (oc opCall) add(a string, box any) opCall {
 }
 
 // entryOf names the entry whose whole script source (scriptSource) src
-// is, or "" (tests only; see internal/testhook).
+// is, the entry's name followed by testhook.BatchSuffix for its batch
+// form (batchSource), or "" (tests only; see internal/testhook).
 func entryOf(src string) string {
 	for _, e := range entries {
 		if strings.HasSuffix(src, entryBody(source(e.file))) {
 			return e.name
+		}
+		if e.batch && strings.HasSuffix(src, batchBody(source(e.file))) {
+			return e.name + testhook.BatchSuffix
 		}
 	}
 	return ""

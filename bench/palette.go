@@ -44,6 +44,7 @@ var palette = map[string]style{
 	"fairlock":         {color: "#0072B2"},
 	"fairlock-rueidis": {color: "#56B4E9"},
 	"fairlock-valkey":  {color: "#332288"},
+	"fairlock-batched": {color: "#661100"},
 	"redsync":          {color: "#E69F00"},
 	"redislock":        {color: "#009E73"},
 	"setnx":            {color: "#CC79A7"},

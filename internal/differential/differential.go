@@ -131,6 +131,12 @@ func Recording(logKey string, inner func(string) string) func(string) string {
 		if name == "" {
 			panic("differential: a script it does not know")
 		}
+		if strings.HasSuffix(name, testhook.BatchSuffix) {
+			// A batch holds several calls, which this recording (the
+			// first TIME a script reads) would take for one: a recorded
+			// client must not batch.
+			return "return redis.error_reply('differential: a batch of calls (WithBatching) is not recorded')"
+		}
 		if inner != nil {
 			src = inner(src)
 		}

@@ -73,3 +73,7 @@ func NoFastPaths(src string) string {
 	}
 	return strings.Replace(src, fastPathsOn, "local FAST_PATHS = false\n", 1)
 }
+
+// BatchSuffix follows an entry's name in what EntryName says of the
+// entry's batch form.
+const BatchSuffix = " batch"
