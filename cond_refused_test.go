@@ -245,6 +245,7 @@ func TestCondWaitRefusedReleases(t *testing.T) {
 // backoff, until the lease would have expired): the waiter queued behind
 // is granted then, not at the lease's TTL.
 func TestCondWaitUnreachableReleases(t *testing.T) {
+	redistest.Long(t) // waits on real time for seconds: the full suite
 	for _, late := range []bool{false, true} {
 		// late: the wait's own failure comes after the client learns of
 		// the refused dial, which the wait then reports at once (its

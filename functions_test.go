@@ -408,7 +408,7 @@ func changed(file, more string) func(string) string {
 // alive and is granted, through FCALL and through EVAL alike, while a new
 // request is refused at once.
 func TestFullRedisKeepsLocks(t *testing.T) {
-	redistest.Long(t) // waits on real time for seconds: the full suite
+	redistest.Long(t)        // waits on real time for seconds: the full suite
 	redistest.RealBackend(t) // a real server, or a failure under CI=true
 	noTransform(t)
 	for _, evalOnly := range []bool{false, true} {

@@ -402,6 +402,7 @@ func TestRenewalsGoInBatches(t *testing.T) {
 // so when it dies it is dropped at its own deadline, not at theirs: the
 // live waiter behind it is granted at once when the permits come free.
 func TestShortLivedDeadWaiterDroppedOnTime(t *testing.T) {
+	redistest.Long(t) // waits on real time for seconds: the full suite
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := fltest.New(t, b)
 		ctx := context.Background()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/redisserver"
+	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -19,6 +20,7 @@ import (
 // accepts connections and never answers, and a redis-server that answered
 // and then stopped (SIGSTOP).
 func TestNoAnswerNamesTheServer(t *testing.T) {
+	redistest.Long(t) // waits on real time for seconds: the full suite
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

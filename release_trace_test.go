@@ -122,6 +122,7 @@ func TestResentReleaseOfLapsedLeaseAnswersAlike(t *testing.T) {
 // keys have gone meanwhile calls Release: it sent the call after its
 // lease's deadline, so the answer "no trace" means lost, not released.
 func TestReleaseAfterLapseIsLost(t *testing.T) {
+	redistest.Long(t) // waits on real time for seconds: the full suite
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		const ttl = 200 * time.Millisecond

@@ -15,6 +15,7 @@ import (
 // it lists, and none of the leases that have expired but that no script
 // has dropped yet.
 func TestStatusCountsEveryLease(t *testing.T) {
+	redistest.Long(t) // waits on real time for seconds: the full suite
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()

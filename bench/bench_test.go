@@ -173,6 +173,9 @@ func TestSmokeEveryScenario(t *testing.T) {
 
 // -redis auto starts a redis-server from PATH (CI must have one).
 func TestAutoBackend(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: a real server's run for seconds; runs in the full suite (without -short)")
+	}
 	if _, err := redisserver.Binary("redis-server"); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("CI=true and no redis-server: %v", err)
@@ -259,6 +262,9 @@ const drainStop = 5 * time.Second
 // their own clients, and a waiter is woken (drain, wake), not left to its
 // lock's TTL.
 func TestOtherClientsPeers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: a real server's run for seconds; runs in the full suite (without -short)")
+	}
 	if _, err := redisserver.Binary("redis-server"); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("CI=true and no redis-server: %v", err)

@@ -82,6 +82,9 @@ var leaseEnds = []leaseEnd{
 // a lapse within a round trip of the lease's expiry (the test allows
 // endSlack more).
 func TestLeaseEndsReachObservers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: a real server's run for seconds; runs in the full suite (without -short)")
+	}
 	for _, way := range leaseEnds {
 		for _, successor := range []bool{false, true} {
 			name := way.name + "/alone"

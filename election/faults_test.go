@@ -58,6 +58,9 @@ func clientOn(t *testing.T, rdb *redis.Client, prefix string, opts ...fairlock.O
 // Every round, an observer started after the resignation sees no leader,
 // and Leader says so.
 func TestPausedLeaderDoesNotRepublish(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: a real server's run for seconds; runs in the full suite (without -short)")
+	}
 	b := redistest.RealBackend(t)
 	e := newEnv(t, b)
 	const lease = time.Second
