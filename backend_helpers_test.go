@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/fairlock/fairlock/backend"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -12,7 +13,7 @@ import (
 // command, without WithReplicaAck's WAIT: tests run entries by hand.
 func (s *script) Run(ctx context.Context, rdb RedisClient, keys []string, args ...any) *redis.Cmd {
 	g := &goRedis{rdb: rdb}
-	r := s.run(ctx, g, g.Info().Functions, func(sc Script) result {
+	r := s.run(ctx, g, g.Info().Functions, func(sc backend.Script) result {
 		v, err := g.Script(ctx, sc)
 		return result{v, err}
 	}, keys, renderArgs(args))

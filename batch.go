@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/fairlock/fairlock/backend"
 )
 
 // A batcher sends a client's concurrent calls of one entry to one server
@@ -53,7 +55,7 @@ type batchCall struct {
 }
 
 func newBatcher(c *caller, max int) *batcher {
-	return &batcher{c: c, max: max, cluster: c.info.Layout == LayoutCluster, groups: map[batchKey]*batchGroup{}}
+	return &batcher{c: c, max: max, cluster: c.info.Layout == backend.Cluster, groups: map[batchKey]*batchGroup{}}
 }
 
 // batches reports whether oc may go in a batch.
@@ -63,7 +65,7 @@ func (b *batcher) batches(oc opCall) bool {
 
 // do runs oc, in a batch if others of its group are on their way, and
 // returns its result. Through a Backend that returns by its context's end
-// (BackendInfo.Deadlines), so does do: a call still queued then is not
+// (backend.Info.Deadlines), so does do: a call still queued then is not
 // sent; one already sent may run, as a call the Backend stopped waiting
 // for may.
 func (b *batcher) do(ctx context.Context, oc opCall) result {
@@ -187,7 +189,7 @@ func (b *batcher) send(calls []*batchCall) {
 	defer cancel()
 	c := b.c
 	s := c.scripts.forOp(calls[0].oc.op)
-	r := s.batch.run(ctx, c.scripts, c.b, c.info.Functions, func(sc Script) result {
+	r := s.batch.run(ctx, c.scripts, c.b, c.info.Functions, func(sc backend.Script) result {
 		v, err := c.b.Script(ctx, sc)
 		return result{v, err}
 	}, keys, args)
@@ -196,22 +198,48 @@ func (b *batcher) send(calls []*batchCall) {
 	}
 }
 
-// batchContext returns the context a batch is sent under: the values of
-// its first call's, and the latest deadline of its calls' (none if one
-// has none). A caller whose context ends stops waiting for the batch on
-// its own (see do); the batch goes on for the others.
+// batchContext returns the context a batch is sent under, and its cancel
+// function: the values of its first call's context; the latest deadline of
+// its calls' (none if one has none); and, when every call's context can
+// end, an end once they all have: a caller whose context ends stops
+// waiting for the batch on its own (see do), and once nobody waits, the
+// batch is given up as a lone call would be (a Backend that returns by its
+// context's end returns then; go-redis within its read timeout).
 func batchContext(calls []*batchCall) (context.Context, context.CancelFunc) {
+	base := context.WithoutCancel(calls[0].ctx)
 	var latest time.Time
+	bounded, ending := true, true
 	for _, bc := range calls {
 		dl, ok := bc.ctx.Deadline()
-		if !ok {
-			return context.WithoutCancel(calls[0].ctx), func() {}
-		}
-		if dl.After(latest) {
+		bounded = bounded && ok
+		if ok && dl.After(latest) {
 			latest = dl
 		}
+		ending = ending && bc.ctx.Done() != nil
 	}
-	return context.WithDeadline(context.WithoutCancel(calls[0].ctx), latest)
+	ctx, cancel := context.WithCancel(base)
+	if bounded {
+		ctx, cancel = context.WithDeadline(base, latest)
+	}
+	if !ending {
+		return ctx, cancel
+	}
+	var left atomic.Int64
+	left.Store(int64(len(calls)))
+	stops := make([]func() bool, len(calls))
+	for i, bc := range calls {
+		stops[i] = context.AfterFunc(bc.ctx, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
 }
 
 // batchResult returns the result of the ith of n calls sent as one batch
@@ -237,7 +265,7 @@ func batchResult(r result, i, n int) result {
 		return result{}
 	case code == 2 && len(one) == 2:
 		if msg, ok := one[1].(string); ok {
-			return result{err: &ReplyError{Reply: msg}}
+			return result{err: &backend.ReplyError{Reply: msg}}
 		}
 	}
 	return result{err: fmt.Errorf("%w: call %d of a batch of %d was answered %v", ErrRedis, i+1, n, all[i])}

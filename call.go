@@ -7,6 +7,8 @@ import (
 	"os"
 	"sync/atomic"
 	"time"
+
+	"github.com/fairlock/fairlock/backend"
 )
 
 // caller is a client's script call path, the one way its ops reach
@@ -15,8 +17,8 @@ import (
 // hands what comes after it to clean-up. Everything above it speaks in
 // ops (opCall) and outcomes; nothing else of the client sends a script.
 type caller struct {
-	b           Backend
-	info        BackendInfo // b's
+	b           backend.Backend
+	info        backend.Info // b's
 	scripts     *scripts
 	ackReplicas int // WithReplicaAck's; 0 for none
 	ackTimeout  time.Duration
@@ -44,8 +46,8 @@ func (c *caller) run(ctx context.Context, oc opCall) (result, error) {
 	}
 	var acked int64
 	var waitErr error
-	res := s.run(ctx, c.b, c.info.Functions, func(sc Script) result {
-		sc.argv = oc.argv
+	res := s.run(ctx, c.b, c.info.Functions, func(sc backend.Script) result {
+		sc.Boxed = oc.argv
 		var r result
 		r.val, acked, r.err, waitErr = c.b.ScriptWait(ctx, sc, c.ackReplicas, c.ackTimeout)
 		return r
@@ -178,7 +180,7 @@ const grace = 30 * time.Millisecond
 // and go-redis retries a connection it cannot open for over a second.
 //
 // When ctx can end and the Backend does not itself return by its end
-// (BackendInfo.Deadlines), do runs on a goroutine of the client's (see
+// (backend.Info.Deadlines), do runs on a goroutine of the client's (see
 // spawn); otherwise on the caller's.
 // If ctx ends first, call returns ok false and an outcome holding ctx's
 // error; the goroutine then hands do's outcome, when it arrives, to late
@@ -235,7 +237,7 @@ type callTask struct {
 
 // onCaller reports whether a call under ctx runs on its caller's
 // goroutine: when ctx cannot end, or when the Backend returns by its
-// context's end (BackendInfo.Deadlines).
+// context's end (backend.Info.Deadlines).
 func (c *caller) onCaller(ctx context.Context) bool {
 	return ctx.Done() == nil || c.info.Deadlines
 }
@@ -269,8 +271,8 @@ func (c *caller) runRaw(ctx context.Context, op string, keys, args []string) (an
 // alone runs s with keys and args (argv: args boxed, or nil) through the
 // Backend, each script command sent by itself (no WAIT after it).
 func (c *caller) alone(ctx context.Context, s *script, keys, args []string, argv []any) result {
-	return s.run(ctx, c.b, c.info.Functions, func(sc Script) result {
-		sc.argv = argv
+	return s.run(ctx, c.b, c.info.Functions, func(sc backend.Script) result {
+		sc.Boxed = argv
 		v, err := c.b.Script(ctx, sc)
 		return result{v, err}
 	}, keys, args)

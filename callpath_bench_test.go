@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -100,7 +101,7 @@ func BenchmarkClientPath(b *testing.B) {
 	}
 }
 
-// instantBackend is instantRedis as a fairlock.Backend of its own, whose
+// instantBackend is instantRedis as a backend.Backend of its own, whose
 // Info can say that its calls return by their context's end (Deadlines).
 // onScript, if set, is called with each script command.
 type instantBackend struct {
@@ -109,11 +110,11 @@ type instantBackend struct {
 	onScript  func()
 }
 
-func (b *instantBackend) Info() fairlock.BackendInfo {
-	return fairlock.BackendInfo{Layout: fairlock.LayoutSingle, Deadlines: b.deadlines}
+func (b *instantBackend) Info() backend.Info {
+	return backend.Info{Layout: backend.Single, Deadlines: b.deadlines}
 }
 
-func (b *instantBackend) Script(ctx context.Context, s fairlock.Script) (any, error) {
+func (b *instantBackend) Script(ctx context.Context, s backend.Script) (any, error) {
 	if b.onScript != nil {
 		b.onScript()
 	}
@@ -124,7 +125,7 @@ func (b *instantBackend) Script(ctx context.Context, s fairlock.Script) (any, er
 	return b.redis.reply(ctx, args).Result()
 }
 
-func (b *instantBackend) ScriptWait(ctx context.Context, s fairlock.Script, _ int, _ time.Duration) (any, int64, error, error) {
+func (b *instantBackend) ScriptWait(ctx context.Context, s backend.Script, _ int, _ time.Duration) (any, int64, error, error) {
 	v, err := b.Script(ctx, s)
 	return v, 0, err, nil
 }
@@ -144,7 +145,7 @@ func (b *instantBackend) BlockingPop(ctx context.Context, timeout time.Duration,
 
 func (b *instantBackend) Pop(context.Context, string, int) ([]string, error) { return nil, nil }
 
-func (b *instantBackend) Blocking() (fairlock.Backend, func() error, error) { return nil, nil, nil }
+func (b *instantBackend) Blocking() (backend.Backend, func() error, error) { return nil, nil, nil }
 
 // BenchmarkBackendPath is BenchmarkClientPath through a Backend of its own:
 // with Deadlines, a call whose context can end runs on the caller's
@@ -234,7 +235,7 @@ func TestClientPathAllocations(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name   string
-		b      fairlock.Backend // nil: a go-redis RedisClient
+		b      backend.Backend // nil: a go-redis RedisClient
 		ctx    context.Context
 		budget float64
 	}{

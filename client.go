@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/fairlock/fairlock/backend"
 )
 
 // MaxCapacity is the largest semaphore capacity. Scripts count permits in
@@ -57,8 +59,8 @@ type Request struct {
 // A Client is safe for concurrent use. It holds no per-acquisition state;
 // each grant is a [Lease].
 type Client struct {
-	b     Backend     // where the scripts run (through calls) and listeners block
-	info  BackendInfo // b's
+	b     backend.Backend // where the scripts run (through calls) and listeners block
+	info  backend.Info    // b's
 	cfg   config
 	calls *caller  // the script call path
 	plans plans    // the plans of single requests made so far
@@ -202,7 +204,7 @@ func (c *Client) runTask(f func()) {
 
 // newClient returns a Client on b. rdb is the go-redis client b wraps,
 // or nil: it names the client in WithReplicaAck's refusal.
-func newClient(b Backend, rdb RedisClient, opts []Option) (*Client, error) {
+func newClient(b backend.Backend, rdb RedisClient, opts []Option) (*Client, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, opError("new", nil, err)
@@ -218,7 +220,7 @@ func newClient(b Backend, rdb RedisClient, opts []Option) (*Client, error) {
 	if cfg.owner != "" {
 		id = cfg.owner + "/" + id
 	}
-	if info.Layout == LayoutSingle {
+	if info.Layout == backend.Single {
 		// One wake list for all the client's waiters (keys.wake).
 		id = processListMark(cfg.prefix) + id
 	}
@@ -234,7 +236,7 @@ func newClient(b Backend, rdb RedisClient, opts []Option) (*Client, error) {
 	}
 	c.calls = &caller{b: b, info: info, scripts: newScripts(cfg.transform),
 		ackReplicas: cfg.ackReplicas, ackTimeout: cfg.ackTimeout, spawn: c.spawn}
-	if cfg.batch > 1 && info.Layout != LayoutOther {
+	if cfg.batch > 1 && info.Layout != backend.Other {
 		c.calls.batch = newBatcher(c.calls, cfg.batch)
 	}
 	c.closing, c.closeAll = context.WithCancel(context.Background())
@@ -438,8 +440,8 @@ func (c *Client) logf(level slog.Level, msg string, names []string, token string
 
 // subscribe returns a subscription to channel through c's Backend, or an
 // error matching errors.ErrUnsupported when it cannot subscribe.
-func (c *Client) subscribe(ctx context.Context, channel string) (Subscription, error) {
-	s, ok := c.b.(Subscriber)
+func (c *Client) subscribe(ctx context.Context, channel string) (backend.Subscription, error) {
+	s, ok := c.b.(backend.Subscriber)
 	if !ok || !c.canSubscribe() {
 		return nil, fmt.Errorf("%w: %T cannot subscribe", errors.ErrUnsupported, c.client())
 	}

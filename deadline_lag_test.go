@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/redistest"
 )
 
@@ -48,13 +49,13 @@ func (c *lagCtx) Err() error {
 // that deadline has passed: with os.ErrDeadlineExceeded ("i/o timeout"),
 // not a context's error. sent says whether the script reaches Redis first
 // (a reply lost at the deadline) or not (a dial or write cut off).
-// deadlines is what Info says of BackendInfo.Deadlines.
+// deadlines is what Info says of backend.Info.Deadlines.
 type socketDeadlines struct {
 	*goRedis
 	sent, deadlines bool
 }
 
-func (b *socketDeadlines) Info() BackendInfo {
+func (b *socketDeadlines) Info() backend.Info {
 	info := b.goRedis.Info()
 	info.Deadlines = b.deadlines
 	return info
@@ -67,7 +68,7 @@ func (b *socketDeadlines) cut(ctx context.Context) error {
 	return &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
 }
 
-func (b *socketDeadlines) Script(ctx context.Context, s Script) (any, error) {
+func (b *socketDeadlines) Script(ctx context.Context, s backend.Script) (any, error) {
 	err := b.cut(ctx)
 	if err == nil || b.sent {
 		v, serr := b.goRedis.Script(context.WithoutCancel(ctx), s)
@@ -78,7 +79,7 @@ func (b *socketDeadlines) Script(ctx context.Context, s Script) (any, error) {
 	return nil, err
 }
 
-func (b *socketDeadlines) ScriptWait(ctx context.Context, s Script, replicas int, timeout time.Duration) (any, int64, error, error) {
+func (b *socketDeadlines) ScriptWait(ctx context.Context, s backend.Script, replicas int, timeout time.Duration) (any, int64, error, error) {
 	v, err := b.Script(ctx, s)
 	return v, 0, err, err
 }

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+
+	"github.com/fairlock/fairlock/backend"
 )
 
 // library is the engine's scripts as one Redis function library (Redis 7.0
@@ -118,7 +120,7 @@ const (
 // it was last seen). A library of that name already there is the same
 // code (the name is its hash), so "already exists" is success (see
 // Backend.LoadLibrary).
-func (l *library) load(ctx context.Context, b Backend) loadResult {
+func (l *library) load(ctx context.Context, b backend.Backend) loadResult {
 	err := b.LoadLibrary(ctx, l.code)
 	msg, reply := replyOf(err)
 	switch {

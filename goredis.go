@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/testhook"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
@@ -128,7 +129,7 @@ type goRedis struct {
 	hooks []redis.Hook // for the client Blocking builds (withBlockingHooks)
 }
 
-var _ Backend = (*goRedis)(nil)
+var _ backend.Backend = (*goRedis)(nil)
 
 // newGoRedis returns rdb as a Backend, its dials watched (see prompt.go).
 func newGoRedis(rdb RedisClient) *goRedis {
@@ -156,11 +157,11 @@ func (c *Client) canSubscribe() bool {
 		_, ok = g.rdb.(pubsuber)
 		return ok
 	}
-	_, ok := c.b.(Subscriber)
+	_, ok := c.b.(backend.Subscriber)
 	return ok
 }
 
-func (g *goRedis) Subscribe(ctx context.Context, channel string) (Subscription, error) {
+func (g *goRedis) Subscribe(ctx context.Context, channel string) (backend.Subscription, error) {
 	ps, ok := g.rdb.(pubsuber)
 	if !ok {
 		return nil, fmt.Errorf("%w: %T cannot subscribe", errors.ErrUnsupported, g.rdb)
@@ -206,22 +207,22 @@ type fcaller interface {
 	FCall(ctx context.Context, function string, keys []string, args ...any) *redis.Cmd
 }
 
-func (g *goRedis) Info() BackendInfo {
+func (g *goRedis) Info() backend.Info {
 	switch g.rdb.(type) {
 	case *redis.Client:
 		// A Cluster pipeline spreads its commands over several
 		// connections, so a WAIT in it would not follow the script's
 		// writes: only a *redis.Client (single or Sentinel) waits.
-		return BackendInfo{Layout: LayoutSingle, Functions: true, Wait: true}
+		return backend.Info{Layout: backend.Single, Functions: true, Wait: true}
 	case *redis.ClusterClient:
-		return BackendInfo{Layout: LayoutCluster, Functions: true}
+		return backend.Info{Layout: backend.Cluster, Functions: true}
 	}
-	return BackendInfo{Layout: LayoutOther}
+	return backend.Info{Layout: backend.Other}
 }
 
 // send sends s on on (the client, or a pipeline of it).
-func (g *goRedis) send(ctx context.Context, on redis.Scripter, s Script) *redis.Cmd {
-	args := s.argv
+func (g *goRedis) send(ctx context.Context, on redis.Scripter, s backend.Script) *redis.Cmd {
+	args := s.Boxed
 	if !sameArgs(args, s.Args) {
 		args = make([]any, len(s.Args))
 		for i, a := range s.Args {
@@ -229,13 +230,13 @@ func (g *goRedis) send(ctx context.Context, on redis.Scripter, s Script) *redis.
 		}
 	}
 	switch s.Command {
-	case FCall:
+	case backend.FCall:
 		if f, ok := on.(fcaller); ok {
 			return f.FCall(ctx, s.Name, s.Keys, args...)
 		}
-	case EvalSHA:
+	case backend.EvalSHA:
 		return on.EvalSha(ctx, s.Name, s.Keys, args...)
-	case Eval:
+	case backend.Eval:
 		return on.Eval(ctx, s.Name, s.Keys, args...)
 	}
 	cmd := redis.NewCmd(ctx)
@@ -260,12 +261,12 @@ func sameArgs(argv []any, args []string) bool {
 // The dial hooks watch each script call (see prompt.go): if a dial it
 // waits for is refused, or Redis's name does not resolve, it ends at once
 // with a dialError.
-func (g *goRedis) Script(ctx context.Context, s Script) (any, error) {
+func (g *goRedis) Script(ctx context.Context, s backend.Script) (any, error) {
 	cmd := g.send(g.dials.mark(ctx, s.Keys), g.rdb, s)
 	return cmd.Val(), g.named(fromClient(g.dials.settle(cmd.Err())))
 }
 
-func (g *goRedis) ScriptWait(ctx context.Context, s Script, replicas int, timeout time.Duration) (any, int64, error, error) {
+func (g *goRedis) ScriptWait(ctx context.Context, s backend.Script, replicas int, timeout time.Duration) (any, int64, error, error) {
 	p, ok := g.rdb.(pipeliner)
 	if !ok {
 		err := fmt.Errorf("%w: WAIT on %T", errors.ErrUnsupported, g.rdb)
@@ -351,7 +352,7 @@ const listenPoolSize = 4096
 // to listenPoolSize connections per node, dialed as needed), none of the
 // caller's hooks, and no maintenance notifications (a blocking read must
 // not be moved or cut by them). Other RedisClients block on themselves.
-func (g *goRedis) Blocking() (Backend, func() error, error) {
+func (g *goRedis) Blocking() (backend.Backend, func() error, error) {
 	type blocking interface {
 		RedisClient
 		AddHook(redis.Hook)
@@ -396,7 +397,7 @@ func fromClient(err error) error {
 	var rerr redis.Error
 	switch {
 	case errors.As(err, &rerr):
-		return &ReplyError{Reply: rerr.Error(), Err: err}
+		return &backend.ReplyError{Reply: rerr.Error(), Err: err}
 	case errors.Is(err, redis.ErrPoolTimeout):
 		return &kindError{err: err, kind: errPoolTimeout}
 	}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fairlock/fairlock/backend"
 )
 
 // maxListenKeys caps the wake lists one BLPOP waits on. A full listener
@@ -54,14 +56,14 @@ type listener struct {
 // it started with) is in that slot too, so no read is refused as
 // CROSSSLOT: not on Cluster, and not on a cluster-enabled node that
 // serves every slot behind a client that takes it for one server
-// (LayoutSingle). On one server the rooms all share the client's one
+// (backend.Single). On one server the rooms all share the client's one
 // wake list, hence one group, except while that list holds another
 // program's value and they listen on their semaphores' own lists (see
 // useListsLocked): then one group per slot. For a Backend whose placement
-// fairlock cannot know (LayoutOther), every wake list is a group of its
+// fairlock cannot know (backend.Other), every wake list is a group of its
 // own: one BLPOP per semaphore, as the client routes single-key commands.
 func (c *waits) listenGroup(wakeKey string) string {
-	if c.info.Layout == LayoutSingle || c.info.Layout == LayoutCluster {
+	if c.info.Layout == backend.Single || c.info.Layout == backend.Cluster {
 		return strconv.Itoa(keySlot(wakeKey))
 	}
 	return wakeKey
@@ -72,7 +74,7 @@ func (c *waits) listenGroup(wakeKey string) string {
 // go-redis, a client of the caller's kind with a pool of its own, so
 // blocked reads never hold the caller's connections). If the Backend
 // cannot make one, the listeners block on it. c.mu is held.
-func (c *waits) blockingLocked() Backend {
+func (c *waits) blockingLocked() backend.Backend {
 	if c.blk != nil {
 		return c.blk
 	}
@@ -144,7 +146,7 @@ func (c *waits) ctlName(key string, seq uint64) string {
 // nudge ends l's BLPOP so that it starts again with its new keys. If it
 // fails, the new rooms are heard when the BLPOP times out (listenTimeout),
 // and their grants are found by their refresh in any case.
-func (c *waits) nudge(l *listener, via Backend) {
+func (c *waits) nudge(l *listener, via backend.Backend) {
 	defer c.wg.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 	defer cancel()
@@ -160,7 +162,7 @@ func (c *waits) ctlOf(l *listener) string {
 
 // runListener is l's goroutine: it BLPOPs on l's keys and hands each grant
 // to its room, until l has no room left or c closes.
-func (c *waits) runListener(l *listener, blk Backend) {
+func (c *waits) runListener(l *listener, blk backend.Backend) {
 	defer c.wg.Done()
 	backoff := time.NewTimer(0)
 	defer backoff.Stop()
@@ -256,7 +258,7 @@ return out`)
 // something other than a list, written by another program: a wake key is
 // left out of l's blocking reads, the control list replaced by one of
 // another name; the log says so. It reports whether it found any.
-func (c *waits) leaveOutForeign(l *listener, blk Backend, keys []string) bool {
+func (c *waits) leaveOutForeign(l *listener, blk backend.Backend, keys []string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 	defer cancel()
 	types, err := typesScript.on(ctx, blk, keys).Strings()
@@ -346,7 +348,7 @@ func (c *waits) useListsLocked(own bool) {
 // once another program's value there is gone: the scripts push there
 // again as soon as it is. It looks at most once per listenTimeout, and
 // reports whether it moved them.
-func (c *waits) processListBack(blk Backend) bool {
+func (c *waits) processListBack(blk backend.Backend) bool {
 	c.mu.Lock()
 	due := c.ownLists && time.Since(c.ownChecked) >= listenTimeout
 	if due {
@@ -443,7 +445,7 @@ const drainBatch = 128
 // closes: a client that gives a blocking read no deadline of its own
 // (rueidis, valkey-go) cannot hang on a Redis that stopped answering, nor
 // keep Close waiting for it.
-func (c *waits) blockingPop(blk Backend, keys []string) (key string, vals []string, many bool, err error) {
+func (c *waits) blockingPop(blk backend.Backend, keys []string) (key string, vals []string, many bool, err error) {
 	ctx, cancel := context.WithTimeout(c.closing, listenTimeout+c.cfg.waiterTTL)
 	defer cancel()
 	if !c.noBLMPop.Load() {
@@ -468,7 +470,7 @@ func wrongType(err error) bool {
 // command: after a release granted thousands of one process's waiters,
 // their wake-ups arrive together, and one BLPOP each would cost a round
 // trip each. A failure leaves them to the next BLPOP.
-func (c *waits) drain(blk Backend, key string) {
+func (c *waits) drain(blk backend.Backend, key string) {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 		got, err := blk.Pop(ctx, key, drainBatch)

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/fairlock/fairlock/backend"
 )
 
 // slotsBackend is a Backend for walking a client's listeners through their
@@ -14,13 +16,13 @@ import (
 // (another program's string at those keys), and its blocking reads wait
 // for their context. Nothing else reaches it in the walk.
 type slotsBackend struct {
-	layout Layout
+	layout backend.Layout
 	mu     sync.Mutex
 	types  map[string]string // key -> TYPE; "none" when absent
 }
 
-func (b *slotsBackend) Info() BackendInfo { return BackendInfo{Layout: b.layout} }
-func (b *slotsBackend) Script(_ context.Context, s Script) (any, error) {
+func (b *slotsBackend) Info() backend.Info { return backend.Info{Layout: b.layout} }
+func (b *slotsBackend) Script(_ context.Context, s backend.Script) (any, error) {
 	if s.Name != typesScript.sha && s.Name != typesScript.src {
 		return nil, nil // a nudge
 	}
@@ -35,7 +37,7 @@ func (b *slotsBackend) Script(_ context.Context, s Script) (any, error) {
 	}
 	return out, nil
 }
-func (b *slotsBackend) ScriptWait(ctx context.Context, s Script, _ int, _ time.Duration) (any, int64, error, error) {
+func (b *slotsBackend) ScriptWait(ctx context.Context, s backend.Script, _ int, _ time.Duration) (any, int64, error, error) {
 	r, err := b.Script(ctx, s)
 	return r, 0, err, nil
 }
@@ -45,7 +47,7 @@ func (b *slotsBackend) BlockingPop(ctx context.Context, _ time.Duration, _ int, 
 	return "", nil, ctx.Err()
 }
 func (b *slotsBackend) Pop(context.Context, string, int) ([]string, error) { return nil, nil }
-func (b *slotsBackend) Blocking() (Backend, func() error, error)           { return b, nil, nil }
+func (b *slotsBackend) Blocking() (backend.Backend, func() error, error)   { return b, nil, nil }
 
 func (b *slotsBackend) plant(key string, foreign bool) {
 	b.mu.Lock()
@@ -67,8 +69,8 @@ func (b *slotsBackend) plant(key string, foreign bool) {
 // their grants only through their refresh.
 func TestListenerReadsStayInOneSlot(t *testing.T) {
 	names := []string{"a", "b", "{acct}:1", "{acct}:2", "jobs", "{x}y"}
-	for _, layout := range []Layout{LayoutSingle, LayoutCluster, LayoutOther} {
-		t.Run(map[Layout]string{LayoutSingle: "single", LayoutCluster: "cluster", LayoutOther: "other"}[layout], func(t *testing.T) {
+	for _, layout := range []backend.Layout{backend.Single, backend.Cluster, backend.Other} {
+		t.Run(map[backend.Layout]string{backend.Single: "single", backend.Cluster: "cluster", backend.Other: "other"}[layout], func(t *testing.T) {
 			b := &slotsBackend{layout: layout, types: map[string]string{}}
 			c, err := NewWithBackend(b, WithPrefix("p:"))
 			if err != nil {

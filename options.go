@@ -181,7 +181,7 @@ const MaxBatch = 64
 // of up to one round trip for calls that arrive while another is out.
 // A call whose context ends while it waits is not sent. Calls that
 // [WithReplicaAck] waits for are not batched, nor are calls through a
-// [Backend] whose [Layout] is LayoutOther.
+// [backend.Backend] whose [backend.Layout] is backend.Other.
 //
 // The default, 0, is no batching (1 is the same); maxCalls must not be
 // negative nor over [MaxBatch]. [New] refuses others with

@@ -40,7 +40,7 @@ func TestNoScriptsOutsideEngine(t *testing.T) {
 		if d.IsDir() {
 			// bench/ is a module of its own, with the peers' locks; the
 			// Backends of other Redis clients are the script path the
-			// engine calls (see fairlock.Backend).
+			// engine calls (see backend.Backend).
 			// internal/differential's scripts read and expire the
 			// differential test's replay databases, never a client's.
 			if path == "bench" || backendModules[path] || path == "internal/differential" ||
@@ -89,7 +89,7 @@ func TestNoScriptsOutsideEngine(t *testing.T) {
 }
 
 // backendModules are the modules that wrap another Redis client as a
-// fairlock.Backend: the engine sends its scripts through them.
+// backend.Backend: the engine sends its scripts through them.
 var backendModules = map[string]bool{"fairlockrueidis": true, "fairlockvalkey": true}
 
 // canonical maps a command name sent with Do ("evalsha", "FCALL") to the
@@ -262,7 +262,7 @@ func TestRedisClientsOnlyInBackends(t *testing.T) {
 			p, _ := strconv.Unquote(imp.Path.Value)
 			for _, lib := range redisClientLibs {
 				if strings.HasPrefix(p, lib) {
-					t.Errorf("%s imports %s: outside a Backend, the library speaks to Redis through fairlock.Backend", path, p)
+					t.Errorf("%s imports %s: outside a Backend, the library speaks to Redis through backend.Backend", path, p)
 				}
 			}
 		}

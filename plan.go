@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/fairlock/fairlock/backend"
 )
 
 // MaxResources is the most semaphores one request may lock at once.
@@ -121,7 +123,7 @@ func (c *Client) newPlan(reqs []Request) (plan, error) {
 	if len(p.parts) == 1 {
 		return p, nil
 	}
-	if c.info.Layout == LayoutCluster {
+	if c.info.Layout == backend.Cluster {
 		if err := sameSlot(p.parts); err != nil {
 			return plan{}, err
 		}

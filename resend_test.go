@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -77,7 +78,7 @@ func TestFromClient(t *testing.T) {
 			if !errors.Is(got, tc.err) {
 				t.Errorf("%v does not match the client's error", got)
 			}
-			var er *ReplyError
+			var er *backend.ReplyError
 			if ok := errors.As(got, &er); ok != (tc.reply != "") || ok && er.Reply != tc.reply {
 				t.Errorf("error reply %v (%+v), want %q", ok, er, tc.reply)
 			}

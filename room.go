@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/fairlock/fairlock/backend"
 )
 
 // listenTimeout is how long one BLPOP blocks. It only bounds how long an
@@ -27,8 +29,8 @@ type waits struct {
 	closing context.Context // the client's: ends at Close
 	done    <-chan struct{} // closing's
 	calls   *caller
-	b       Backend
-	info    BackendInfo
+	b       backend.Backend
+	info    backend.Info
 	cfg     *config
 	id      string // the client's: names its wake and control lists
 	// The TTLs as script arguments (the client's).
@@ -47,7 +49,7 @@ type waits struct {
 	ownChecked  time.Time
 	listeners   map[string][]*listener // by listenGroup
 	listenerSeq uint64                 // names listeners' control lists
-	blk         Backend                // where listeners block; see blockingLocked
+	blk         backend.Backend        // where listeners block; see blockingLocked
 	closeBlk    func() error           // closes blk if the Client's Backend made it
 
 	noBLMPop atomic.Bool // blk's server lacks BLMPOP: listeners use BLPOP

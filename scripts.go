@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/testhook"
 )
 
@@ -269,7 +270,7 @@ func (set *scripts) named(name string) *script {
 // load loads the library through b (see library.load). Calls that find
 // it missing together load it once: a call that waited for another's load
 // takes that one as its own.
-func (set *scripts) load(ctx context.Context, b Backend) loadResult {
+func (set *scripts) load(ctx context.Context, b backend.Backend) loadResult {
 	seen := set.loads.Load()
 	set.loadMu.Lock()
 	defer set.loadMu.Unlock()
@@ -379,14 +380,14 @@ func newScripts(transform func(string) string) *scripts {
 // "#!lua flags=" line, as its function does; a server that cannot compile
 // that line (miniredis, Redis 6.2) refused the script before running it,
 // and the client runs its scripts without flags from then on.
-func (s *script) run(ctx context.Context, b Backend, functions bool, send func(Script) result, keys, args []string) result {
+func (s *script) run(ctx context.Context, b backend.Backend, functions bool, send func(backend.Script) result, keys, args []string) result {
 	return s.forms.run(ctx, s.set, b, functions, send, keys, args)
 }
 
 // run sends keys and args through f's forms, as script.run says.
-func (s *forms) run(ctx context.Context, set *scripts, b Backend, functions bool, send func(Script) result, keys, args []string) result {
+func (s *forms) run(ctx context.Context, set *scripts, b backend.Backend, functions bool, send func(backend.Script) result, keys, args []string) result {
 	if set.lib != nil && functions && !set.evalOnly.Load() {
-		fcall := Script{Command: FCall, Name: s.fn, Keys: keys, Args: args}
+		fcall := backend.Script{Command: backend.FCall, Name: s.fn, Keys: keys, Args: args}
 		r := send(fcall)
 		switch fcallFailure(r.err) {
 		case fnRan:

@@ -22,7 +22,7 @@ var (
 	// ErrNotSubscriber is returned by [New] for a Client whose Redis
 	// client cannot subscribe to pub/sub channels, which
 	// [Election.Observe] needs (a Backend that is not a
-	// [fairlock.Subscriber], or a wrapper of a go-redis client without
+	// [backend.Subscriber], or a wrapper of a go-redis client without
 	// Subscribe).
 	ErrNotSubscriber = errors.New("election: redis client cannot subscribe")
 )

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/engine"
 )
 
@@ -64,7 +64,7 @@ func (e *Election) Observe(ctx context.Context) <-chan Info {
 		close(ch)
 		return ch
 	}
-	sub := s.(fairlock.Subscription)
+	sub := s.(backend.Subscription)
 	stop := context.AfterFunc(ctx, func() { _ = sub.Close() }) // ends a blocked Receive
 	go func() {
 		defer close(ch)
@@ -84,7 +84,7 @@ type observer struct {
 	newest int64 // the highest term delivered
 }
 
-func (o *observer) run(ctx context.Context, sub fairlock.Subscription) {
+func (o *observer) run(ctx context.Context, sub backend.Subscription) {
 	retry := time.NewTimer(0)
 	<-retry.C
 	backoff := 50 * time.Millisecond

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/backend"
 	"github.com/redis/rueidis"
 )
 
@@ -39,31 +40,31 @@ func New(rdb rueidis.Client, opts ...fairlock.Option) (*fairlock.Client, error) 
 	return fairlock.NewWithBackend(Backend(rdb), opts...)
 }
 
-// Backend returns rdb as a [fairlock.Backend].
-func Backend(rdb rueidis.Client) fairlock.Backend { return backend{rdb} }
+// Backend returns rdb as a [backend.Backend].
+func Backend(rdb rueidis.Client) backend.Backend { return adapter{rdb} }
 
-type backend struct{ rdb rueidis.Client }
+type adapter struct{ rdb rueidis.Client }
 
-func (b backend) Info() fairlock.BackendInfo {
+func (b adapter) Info() backend.Info {
 	if b.rdb.Mode() == rueidis.ClientModeCluster {
-		return fairlock.BackendInfo{Layout: fairlock.LayoutCluster, Functions: true, Deadlines: true}
+		return backend.Info{Layout: backend.Cluster, Functions: true, Deadlines: true}
 	}
-	return fairlock.BackendInfo{Layout: fairlock.LayoutSingle, Functions: true, Wait: true, Deadlines: true}
+	return backend.Info{Layout: backend.Single, Functions: true, Wait: true, Deadlines: true}
 }
 
-var commandNames = map[fairlock.ScriptCommand]string{fairlock.FCall: "FCALL", fairlock.EvalSHA: "EVALSHA", fairlock.Eval: "EVAL"}
+var commandNames = map[backend.Command]string{backend.FCall: "FCALL", backend.EvalSHA: "EVALSHA", backend.Eval: "EVAL"}
 
 // script builds s's command. rueidis panics on a Cluster command whose
 // keys span slots; fairlock never sends one (it checks a multi-semaphore
 // request's slots first), and build reports it as Redis would.
-func (b backend) script(s fairlock.Script) (cmd rueidis.Completed, err error) {
+func (b adapter) script(s backend.Script) (cmd rueidis.Completed, err error) {
 	name, ok := commandNames[s.Command]
 	if !ok {
 		return cmd, fmt.Errorf("%w: script command %d", errors.ErrUnsupported, s.Command)
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			err = &fairlock.ReplyError{Reply: fmt.Sprintf("CROSSSLOT Keys in request don't hash to the same slot (%v)", p)}
+			err = &backend.ReplyError{Reply: fmt.Sprintf("CROSSSLOT Keys in request don't hash to the same slot (%v)", p)}
 		}
 	}()
 	return b.rdb.B().Arbitrary(name, s.Name, strconv.Itoa(len(s.Keys))).Keys(s.Keys...).Args(s.Args...).Build(), nil
@@ -75,7 +76,7 @@ func (b backend) script(s fairlock.Script) (cmd rueidis.Completed, err error) {
 // scripts may run twice (a resent call finds what the first run did).
 const maxResends = 3
 
-func (b backend) Script(ctx context.Context, s fairlock.Script) (any, error) {
+func (b adapter) Script(ctx context.Context, s backend.Script) (any, error) {
 	for attempt := 0; ; attempt++ {
 		cmd, err := b.script(s) // rueidis recycles a command once sent
 		if err != nil {
@@ -107,7 +108,7 @@ func lostOnTheWay(ctx context.Context, err error) bool {
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
-func (b backend) ScriptWait(ctx context.Context, s fairlock.Script, replicas int, timeout time.Duration) (any, int64, error, error) {
+func (b adapter) ScriptWait(ctx context.Context, s backend.Script, replicas int, timeout time.Duration) (any, int64, error, error) {
 	for attempt := 0; ; attempt++ {
 		cmd, err := b.script(s)
 		if err != nil {
@@ -129,7 +130,7 @@ func (b backend) ScriptWait(ctx context.Context, s fairlock.Script, replicas int
 	}
 }
 
-func (b backend) LoadLibrary(ctx context.Context, code string) error {
+func (b adapter) LoadLibrary(ctx context.Context, code string) error {
 	if b.rdb.Mode() != rueidis.ClientModeCluster {
 		return loaded(errOf(b.rdb.Do(ctx, b.rdb.B().FunctionLoad().FunctionCode(code).Build())))
 	}
@@ -138,7 +139,7 @@ func (b backend) LoadLibrary(ctx context.Context, code string) error {
 	var errs []error
 	for _, node := range b.rdb.Nodes() {
 		err := loaded(errOf(node.Do(ctx, node.B().FunctionLoad().FunctionCode(code).Build())))
-		var rerr *fairlock.ReplyError
+		var rerr *backend.ReplyError
 		if errors.As(err, &rerr) && strings.HasPrefix(rerr.Reply, "READONLY") {
 			continue
 		}
@@ -155,7 +156,7 @@ func loaded(err error) error {
 	return err
 }
 
-func (b backend) BlockingPop(ctx context.Context, timeout time.Duration, count int, keys []string) (string, []string, error) {
+func (b adapter) BlockingPop(ctx context.Context, timeout time.Duration, count int, keys []string) (string, []string, error) {
 	if count > 0 {
 		cmd := b.rdb.B().Blmpop().Timeout(timeout.Seconds()).Numkeys(int64(len(keys))).Key(keys...).Left().Count(int64(count)).Build()
 		res := b.rdb.Do(ctx, cmd)
@@ -185,7 +186,7 @@ func (b backend) BlockingPop(ctx context.Context, timeout time.Duration, count i
 	return got[0], got[1:], nil
 }
 
-func (b backend) Pop(ctx context.Context, key string, count int) ([]string, error) {
+func (b adapter) Pop(ctx context.Context, key string, count int) ([]string, error) {
 	res := b.rdb.Do(ctx, b.rdb.B().Lpop().Key(key).Count(int64(count)).Build())
 	if err := errOf(res); err != nil {
 		if rueidis.IsRedisNil(err) {
@@ -198,7 +199,7 @@ func (b backend) Pop(ctx context.Context, key string, count int) ([]string, erro
 
 // Blocking returns b itself: rueidis sends blocking commands on
 // dedicated connections of its own.
-func (b backend) Blocking() (fairlock.Backend, func() error, error) { return b, nil, nil }
+func (b adapter) Blocking() (backend.Backend, func() error, error) { return b, nil, nil }
 
 // value returns a reply as fairlock reads it: nil, int64, string or []any.
 func value(res rueidis.RedisResult) (any, error) {
@@ -242,13 +243,13 @@ func plain(m rueidis.RedisMessage) (any, error) {
 	}
 	if err := m.Error(); err != nil {
 		raw, _ := m.ToString()
-		return nil, &fairlock.ReplyError{Reply: raw, Err: err}
+		return nil, &backend.ReplyError{Reply: raw, Err: err}
 	}
 	return m.ToAny()
 }
 
 // errOf returns res's error as fairlock reads it: a Redis error reply as
-// a *fairlock.ReplyError holding the reply as Redis sent it (rueidis's
+// a *backend.ReplyError holding the reply as Redis sent it (rueidis's
 // own error drops a leading "ERR "), rueidis.Nil for a nil reply, the
 // rest (a connection's, a context's) as rueidis returned it.
 func errOf(res rueidis.RedisResult) error {
@@ -260,12 +261,12 @@ func errOf(res rueidis.RedisResult) error {
 	if raw == "" {
 		raw = err.Error()
 	}
-	return &fairlock.ReplyError{Reply: raw, Err: err}
+	return &backend.ReplyError{Reply: raw, Err: err}
 }
 
 // Subscribe returns a subscription to channel on a dedicated connection
 // of rdb's, made at the first Receive and made again after it fails.
-func (b backend) Subscribe(ctx context.Context, channel string) (fairlock.Subscription, error) {
+func (b adapter) Subscribe(ctx context.Context, channel string) (backend.Subscription, error) {
 	return &subscription{rdb: b.rdb, channel: channel, events: make(chan subEvent, subBuffer), closed: make(chan struct{})}, nil
 }
 

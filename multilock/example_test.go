@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
+
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
-	"log"
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/multilock"
