@@ -18,6 +18,7 @@ import (
 // several semaphores hear their grants at once, not at their refresh,
 // whether a release, a condition wait or a signal hands the permit on.
 func TestClusterEnabledNodeThroughPlainClient(t *testing.T) {
+	redistest.Long(t) // starts a cluster-enabled server: the full suite
 	// The functions, as a program's client calls them (the tests' own
 	// transform runs every script as EVAL, which a node in cluster mode
 	// does not hold to one slot when it declares no flags).
@@ -149,6 +150,7 @@ func clusterNode(t testing.TB) *redistest.Backend {
 // and the holder's leases last a minute, both after the test's 10 s bound
 // on each grant: a grant heard at all came by the wake-up.
 func TestClusterEnabledNodeForeignWakeList(t *testing.T) {
+	redistest.Long(t) // starts a cluster-enabled server: the full suite
 	noTransform(t)
 	ctx := context.Background()
 	b := clusterNode(t)

@@ -58,6 +58,7 @@ func TestFunctionsReplicaAck(t *testing.T) {
 // On a Cluster the library is loaded on every master, and again where a
 // slot moves to a node that lacks it.
 func TestFunctionsCluster(t *testing.T) {
+	redistest.Long(t)        // starts a Cluster: the full suite
 	redistest.RealBackend(t) // skips, or fails under CI, without redis-server
 	noTransform(t)
 	cl, err := redisserver.StartCluster(3)

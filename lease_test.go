@@ -68,6 +68,7 @@ func TestLeaseExpiredIsLost(t *testing.T) {
 
 // Semantics 4: renewal stops before Release returns.
 func TestNoRenewalAfterRelease(t *testing.T) {
+	redistest.Long(t) // waits on real time for seconds: the full suite
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := fltest.New(t, b)
 		cnt := fltest.NewCounter()

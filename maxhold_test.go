@@ -79,6 +79,7 @@ func expiryMs(t *testing.T, e *fltest.Env, name string) int64 {
 // no further: Done closes, not before the cap, with a cause matching
 // ErrMaxHold and ErrLeaseLost; Release then says ErrMaxHold.
 func TestMaxHoldEndsLease(t *testing.T) {
+	redistest.Long(t) // waits on real time for seconds: the full suite
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := fltest.New(t, b)
 		ctx := context.Background()
@@ -188,6 +189,7 @@ func (h *renewals) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // so that it stays to be read). No bound here depends on the machine's
 // speed.
 func TestMaxHoldLastRenewalLandsAtCap(t *testing.T) {
+	redistest.Long(t) // waits on real time for seconds: the full suite
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		if !b.Real() {
 			b.Freeze(t)

@@ -193,6 +193,7 @@ func granted(t *testing.T, ch <-chan condResult) *Lease {
 // its own process's outage, and Close: an observer that pairs the events
 // counts, at each step, the holders and waiters Redis has.
 func TestObserverPairsCondWaits(t *testing.T) {
+	redistest.Long(t) // waits on real time for seconds: the full suite
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		pl := newPairLog()

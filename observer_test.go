@@ -285,6 +285,7 @@ func TestObserverEventIDs(t *testing.T) {
 // A waiting client's blocking read that loses Redis logs once at Warn,
 // and once at Info when it is back.
 func TestLoggerReportsListenerOutage(t *testing.T) {
+	redistest.Long(t)        // waits on real time for seconds: the full suite
 	redistest.RealBackend(t) // skips, or fails under CI, without redis-server
 	srv, err := redisserver.Start()
 	if err != nil {

@@ -149,6 +149,7 @@ func TestNewRefusesRing(t *testing.T) {
 // holders that the refusal prevents: two live leases of one mutex at once,
 // each on its own shard.
 func TestRingPartitionNoSecondHolder(t *testing.T) {
+	redistest.Long(t) // waits on real time for seconds: the full suite
 	shardA := redistest.RealBackend(t)
 	srvB, err := redisserver.Start()
 	if err != nil {
