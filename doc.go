@@ -1,6 +1,13 @@
 // Package fairlock is the engine of fair, first-in first-out distributed
 // semaphores on Redis.
 //
+// Most programs use package [github.com/fairlock/fairlock/semaphore], which
+// offers counting semaphores, mutexes and read-write mutexes on top of
+// this package, package [github.com/fairlock/fairlock/multilock] for
+// several at once, and package [github.com/fairlock/fairlock/election] for
+// a leader. An adapter for another Redis client implements package
+// [github.com/fairlock/fairlock/backend].
+//
 // A [Client] stands for one process. It grants permits of named semaphores
 // strictly in arrival order: a request at the head of the queue that does not
 // fit yet blocks later, smaller ones, and nobody barges past a waiter.
@@ -37,11 +44,6 @@
 // Redis can have given its permits to another; a process paused past its
 // lease learns it only when it resumes, which is what fencing tokens are
 // for. Failover can lose acknowledged writes: see [WithReplicaAck].
-//
-// Most programs use package [github.com/fairlock/fairlock/semaphore], which
-// offers counting semaphores, mutexes and read-write mutexes on top of
-// this package, and package [github.com/fairlock/fairlock/multilock] for
-// several at once.
 //
 // # Redis keys
 //
