@@ -179,9 +179,10 @@ const MaxBatch = 64
 // the cost of a script call per request when one process makes many
 // concurrent calls (many names, many goroutines), at the price of a wait
 // of up to one round trip for calls that arrive while another is out.
-// A call whose context ends while it waits is not sent. Calls that
-// [WithReplicaAck] waits for are not batched, nor are calls through a
-// [backend.Backend] whose [backend.Layout] is backend.Other.
+// A call whose context ends while it waits is not sent. Under
+// [WithReplicaAck] nothing is batched (each of these calls waits for its
+// replicas), nor through a [backend.Backend] whose [backend.Layout] is
+// backend.Other.
 //
 // The default, 0, is no batching (1 is the same); maxCalls must not be
 // negative nor over [MaxBatch]. [New] refuses others with
