@@ -73,8 +73,8 @@ func TestBoxedArgumentsAreTheArgs(t *testing.T) {
 // workers) end when the client closes, though they would wait for the
 // next task far longer; and Close waits for the tasks under way.
 func TestSpawnWorkersEndAtClose(t *testing.T) {
-	defer func(d time.Duration) { workerIdle = d }(workerIdle)
-	workerIdle = time.Hour
+	defer workerIdle.Store(workerIdle.Load())
+	workerIdle.Store(int64(time.Hour))
 	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
 	defer rdb.Close()
 	c, err := New(rdb)

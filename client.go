@@ -164,7 +164,9 @@ func (c *Client) spawn(f func()) {
 
 // workerIdle is how long a worker that ran a task of spawn's waits for the
 // next before it ends (a variable for tests).
-var workerIdle = time.Second
+var workerIdle atomic.Int64 // a time.Duration; atomic: a test sets it while other clients' workers may read it
+
+func init() { workerIdle.Store(int64(time.Second)) }
 
 // work runs f, then the tasks spawn hands it while it waits, until none
 // comes for workerIdle or the client closes.
@@ -175,10 +177,10 @@ func (c *Client) work(f func()) {
 	for {
 		c.runTask(f)
 		if idle == nil {
-			idle = time.NewTimer(workerIdle)
+			idle = time.NewTimer(time.Duration(workerIdle.Load()))
 			defer idle.Stop()
 		} else {
-			idle.Reset(workerIdle)
+			idle.Reset(time.Duration(workerIdle.Load()))
 		}
 		select {
 		case f = <-c.idle:

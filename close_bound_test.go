@@ -43,16 +43,23 @@ func TestCloseWaitsForBlockedAcquires(t *testing.T) {
 				if err := c.Close(); err != nil {
 					t.Fatalf("Close: %v", err)
 				}
+				// What Close waits for is done when it returns: every
+				// blocked Acquire has left its queue. (Its result reaches
+				// this test a moment later: Close sees the Acquire end in
+				// its last deferred step, before its caller's goroutine
+				// hands the result over, so the result itself is awaited.)
+				for i := range blocked {
+					q, err := e.RDB.ZCard(context.Background(), e.Key(fmt.Sprintf("w%d", i), "q")).Result()
+					if err != nil || q != 0 {
+						t.Fatalf("queue of w%d when Close returned: %d tickets (%v), want none", i, q, err)
+					}
+				}
 				for i, ch := range blocked {
 					select {
 					case r := <-ch:
 						fltest.IsErr(t, "an Acquire blocked at Close", r.Err, fairlock.ErrClosed)
-					default:
-						t.Fatalf("Acquire %d, blocked at Close, had not returned when Close did", i)
-					}
-					q, err := e.RDB.ZCard(context.Background(), e.Key(fmt.Sprintf("w%d", i), "q")).Result()
-					if err != nil || q != 0 {
-						t.Fatalf("queue of w%d when Close returned: %d tickets (%v), want none", i, q, err)
+					case <-time.After(time.Second):
+						t.Fatalf("Acquire %d, blocked at Close, had not returned a second after Close did", i)
 					}
 				}
 			})
