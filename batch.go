@@ -23,6 +23,10 @@ type batcher struct {
 	max int // calls per batch at most
 	// cluster: calls group by the hash slot of their keys too.
 	cluster bool
+	// closing ends when the client's close begins: acquisitions still
+	// queued then are answered ErrClosed without being sent, and a batch
+	// of acquisitions on its way is given up (see send).
+	closing context.Context
 
 	mu     sync.Mutex
 	groups map[batchKey]*batchGroup
@@ -54,13 +58,18 @@ type batchCall struct {
 	taken bool
 }
 
-func newBatcher(c *caller, max int) *batcher {
-	return &batcher{c: c, max: max, cluster: c.info.Layout == backend.Cluster, groups: map[batchKey]*batchGroup{}}
+func newBatcher(c *caller, max int, closing context.Context) *batcher {
+	return &batcher{c: c, max: max, cluster: c.info.Layout == backend.Cluster, closing: closing, groups: map[batchKey]*batchGroup{}}
 }
 
-// batches reports whether oc may go in a batch.
-func (b *batcher) batches(oc opCall) bool {
-	return b != nil && entries[oc.op.entry].batch && len(oc.keys) > 0
+// batches reports whether oc, under ctx, may go in a batch. Through a
+// Backend that returns by its context's end, a call whose context cannot
+// end is sent alone, on its caller's goroutine, as without batching: a
+// batch holding it could stay out for good (a Redis that never answers),
+// and with it its group and the client's Close. (Through go-redis, every
+// call returns within its read timeout.)
+func (b *batcher) batches(ctx context.Context, oc opCall) bool {
+	return b != nil && entries[oc.op.entry].batch && len(oc.keys) > 0 && (ctx.Done() != nil || !b.c.info.Deadlines)
 }
 
 // do runs oc, in a batch if others of its group are on their way, and
@@ -140,10 +149,17 @@ func (b *batcher) drain(k batchKey, g *batchGroup) {
 		b.mu.Lock()
 		n := min(len(g.queue), b.max)
 		calls := make([]*batchCall, 0, n)
+		closing := k.entry == opAcquire.entry && b.closing.Err() != nil
 		for _, bc := range g.queue[:n] {
 			bc.taken = true
 			if err := bc.ctx.Err(); err != nil {
 				bc.done <- result{err: err} // its caller gave up: it is not sent
+				continue
+			}
+			if closing {
+				// The close ends every acquisition: one not sent yet
+				// need not be.
+				bc.done <- result{err: fmt.Errorf("%w: the acquisition was not sent", ErrClosed)}
 				continue
 			}
 			calls = append(calls, bc)
@@ -154,20 +170,27 @@ func (b *batcher) drain(k batchKey, g *batchGroup) {
 			b.next(k, g)
 			return
 		}
-		switch len(calls) {
-		case 0:
-		case 1:
-			bc := calls[0]
-			bc.done <- b.c.alone(bc.ctx, b.c.scripts.forOp(bc.oc.op), bc.oc.keys, bc.oc.args, bc.oc.argv)
-		default:
+		if len(calls) > 0 {
 			b.send(calls)
 		}
 	}
 }
 
-// send runs calls, of one group, as one call of their entry's batch form,
-// and hands each its own result.
+// send runs calls, of one group, as one call of their entry's batch form
+// (a single call as itself), under batchContext's context, and hands each
+// its own result.
 func (b *batcher) send(calls []*batchCall) {
+	var also context.Context // a batch of acquisitions ends at the close, too
+	if calls[0].oc.op.entry == opAcquire.entry {
+		also = b.closing
+	}
+	ctx, cancel := batchContext(calls, also)
+	defer cancel()
+	if len(calls) == 1 {
+		bc := calls[0]
+		bc.done <- b.c.alone(ctx, b.c.scripts.forOp(bc.oc.op), bc.oc.keys, bc.oc.args, bc.oc.argv)
+		return
+	}
 	var nkeys, nargs int
 	for _, bc := range calls {
 		nkeys += len(bc.oc.keys)
@@ -185,8 +208,6 @@ func (b *batcher) send(calls []*batchCall) {
 	}
 	b.sent.Add(1)
 	b.sentCalls.Add(int64(len(calls)))
-	ctx, cancel := batchContext(calls)
-	defer cancel()
 	c := b.c
 	s := c.scripts.forOp(calls[0].oc.op)
 	r := s.batch.run(ctx, c.scripts, c.b, c.info.Functions, func(sc backend.Script) result {
@@ -200,12 +221,13 @@ func (b *batcher) send(calls []*batchCall) {
 
 // batchContext returns the context a batch is sent under, and its cancel
 // function: the values of its first call's context; the latest deadline of
-// its calls' (none if one has none); and, when every call's context can
-// end, an end once they all have: a caller whose context ends stops
-// waiting for the batch on its own (see do), and once nobody waits, the
-// batch is given up as a lone call would be (a Backend that returns by its
-// context's end returns then; go-redis within its read timeout).
-func batchContext(calls []*batchCall) (context.Context, context.CancelFunc) {
+// its calls' (none if one has none); when every call's context can end,
+// an end once they all have: a caller whose context ends stops waiting
+// for the batch on its own (see do), and once nobody waits, the batch is
+// given up as a lone call would be (a Backend that returns by its
+// context's end returns then; go-redis within its read timeout); and an
+// end when also (if not nil) ends.
+func batchContext(calls []*batchCall, also context.Context) (context.Context, context.CancelFunc) {
 	base := context.WithoutCancel(calls[0].ctx)
 	var latest time.Time
 	bounded, ending := true, true
@@ -221,18 +243,23 @@ func batchContext(calls []*batchCall) (context.Context, context.CancelFunc) {
 	if bounded {
 		ctx, cancel = context.WithDeadline(base, latest)
 	}
-	if !ending {
-		return ctx, cancel
+	var stops []func() bool
+	if also != nil {
+		stops = append(stops, context.AfterFunc(also, cancel))
 	}
-	var left atomic.Int64
-	left.Store(int64(len(calls)))
-	stops := make([]func() bool, len(calls))
-	for i, bc := range calls {
-		stops[i] = context.AfterFunc(bc.ctx, func() {
-			if left.Add(-1) == 0 {
-				cancel()
-			}
-		})
+	if ending {
+		var left atomic.Int64
+		left.Store(int64(len(calls)))
+		for _, bc := range calls {
+			stops = append(stops, context.AfterFunc(bc.ctx, func() {
+				if left.Add(-1) == 0 {
+					cancel()
+				}
+			}))
+		}
+	}
+	if len(stops) == 0 {
+		return ctx, cancel
 	}
 	return ctx, func() {
 		for _, stop := range stops {

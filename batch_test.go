@@ -417,8 +417,13 @@ func TestBatchedCallQueuedPastItsContextIsNotSent(t *testing.T) {
 			}
 			defer c.Close()
 			first := make(chan error, 1)
+			// (A context that can end: under context.Background() a
+			// call through a client that returns by its context's end
+			// is sent alone, and holds no group.)
+			actx, acancel := context.WithCancel(context.Background())
+			defer acancel()
 			go func() {
-				l, err := c.Acquire(context.Background(), Request{Name: "a", Capacity: 1, Permits: 1})
+				l, err := c.Acquire(actx, Request{Name: "a", Capacity: 1, Permits: 1})
 				if err == nil {
 					err = l.Release(context.Background())
 				}

@@ -39,7 +39,7 @@ type caller struct {
 func (c *caller) run(ctx context.Context, oc opCall) (result, error) {
 	s, keys, args := c.scripts.forOp(oc.op), oc.keys, oc.args
 	if c.ackReplicas == 0 || !oc.op.ack {
-		if c.batch.batches(oc) {
+		if c.batch.batches(ctx, oc) {
 			return c.batch.do(ctx, oc), nil
 		}
 		return c.alone(ctx, s, keys, args, oc.argv), nil
@@ -47,7 +47,7 @@ func (c *caller) run(ctx context.Context, oc opCall) (result, error) {
 	var acked int64
 	var waitErr error
 	res := s.run(ctx, c.b, c.info.Functions, func(sc backend.Script) result {
-		sc.Boxed = oc.argv
+		sc.Boxed = boxedArgs(oc.argv, sc.Args)
 		var r result
 		r.val, acked, r.err, waitErr = c.b.ScriptWait(ctx, sc, c.ackReplicas, c.ackTimeout)
 		return r
@@ -272,8 +272,18 @@ func (c *caller) runRaw(ctx context.Context, op string, keys, args []string) (an
 // Backend, each script command sent by itself (no WAIT after it).
 func (c *caller) alone(ctx context.Context, s *script, keys, args []string, argv []any) result {
 	return s.run(ctx, c.b, c.info.Functions, func(sc backend.Script) result {
-		sc.Boxed = argv
+		sc.Boxed = boxedArgs(argv, sc.Args)
 		v, err := c.b.Script(ctx, sc)
 		return result{v, err}
 	}, keys, args)
+}
+
+// boxedArgs returns argv as a Script's Boxed for args: argv when it holds
+// every argument (an opCall's argv is args boxed, or shorter when args
+// were appended to without it; see opCall.argv), else nil.
+func boxedArgs(argv []any, args []string) []any {
+	if len(argv) != len(args) {
+		return nil
+	}
+	return argv
 }

@@ -238,10 +238,10 @@ func newClient(b backend.Backend, rdb RedisClient, opts []Option) (*Client, erro
 	}
 	c.calls = &caller{b: b, info: info, scripts: newScripts(cfg.transform),
 		ackReplicas: cfg.ackReplicas, ackTimeout: cfg.ackTimeout, spawn: c.spawn}
-	if cfg.batch > 1 && info.Layout != backend.Other {
-		c.calls.batch = newBatcher(c.calls, cfg.batch)
-	}
 	c.closing, c.closeAll = context.WithCancel(context.Background())
+	if cfg.batch > 1 && info.Layout != backend.Other {
+		c.calls.batch = newBatcher(c.calls, cfg.batch, c.closing)
+	}
 	c.done = c.closing.Done()
 	c.renewing, c.endRenews = context.WithCancel(context.Background())
 	c.waits = &waits{mu: &c.mu, wg: &c.wg, closing: c.closing, done: c.done, calls: c.calls, b: b, info: info,

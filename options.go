@@ -179,7 +179,14 @@ const MaxBatch = 64
 // the cost of a script call per request when one process makes many
 // concurrent calls (many names, many goroutines), at the price of a wait
 // of up to one round trip for calls that arrive while another is out.
-// A call whose context ends while it waits is not sent. Under
+// A call whose context ends while it waits is not sent; an acquisition
+// still waiting when the client's close begins is not sent either (it
+// fails with [ErrClosed]), and a batch of acquisitions on its way is
+// given up then. Through a [backend.Backend] that returns by its
+// context's end (rueidis, valkey-go), a call whose context cannot end
+// (context.Background()) is always sent alone. Through go-redis a call
+// that waits for a batch to a Redis that does not answer waits for that
+// batch's read timeout first, then its own. Under
 // [WithReplicaAck] nothing is batched (each of these calls waits for its
 // replicas), nor through a [backend.Backend] whose [backend.Layout] is
 // backend.Other.

@@ -1,10 +1,10 @@
 // Package backend is the interface between fairlock and a Redis client:
 // what an adapter implements so that fairlock runs its scripts and blocking
-// reads through that client. [fairlock.New] takes a go-redis client and
+// reads through that client. [github.com/fairlock/fairlock.New] takes a go-redis client and
 // builds its own; the modules fairlockrueidis and fairlockvalkey implement
 // it for rueidis and valkey-go. Users of fairlock need none of this; an
 // adapter author needs all of it, and passes the result to
-// [fairlock.NewWithBackend].
+// [github.com/fairlock/fairlock.NewWithBackend].
 package backend
 
 import (
@@ -13,10 +13,10 @@ import (
 )
 
 // A Backend is a Redis client as fairlock uses it: the few commands the
-// engine sends, with replies as plain Go values. [fairlock.New] wraps a go-redis
+// engine sends, with replies as plain Go values. [github.com/fairlock/fairlock.New] wraps a go-redis
 // client in one; the modules fairlockrueidis and fairlockvalkey wrap
 // rueidis and valkey-go clients. Another client needs only an
-// implementation of these methods, passed to [fairlock.NewWithBackend].
+// implementation of these methods, passed to [github.com/fairlock/fairlock.NewWithBackend].
 //
 // Replies are nil (a nil bulk string or array), int64, string, or []any of
 // those (a status reply is its text). A Redis error reply is returned as a

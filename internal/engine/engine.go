@@ -42,7 +42,7 @@ var (
 	// can serve; it contacts no server.
 	Validate func(c any, req any) error
 	// Subscribe returns a subscription to channel through c's Backend (a
-	// fairlock.Subscription), or an error matching errors.ErrUnsupported.
+	// backend.Subscription), or an error matching errors.ErrUnsupported.
 	Subscribe func(ctx context.Context, c any, channel string) (any, error)
 	// CanSubscribe reports whether c's Backend can subscribe.
 	CanSubscribe func(c any) bool
