@@ -21,6 +21,12 @@ import (
 // and ends the rest only when its context ends (or a Close or Abandon
 // comes).
 
+// closeSlack is how long past its bound Close still waits for the
+// acquisitions under way: their withdrawals are bounded by the same
+// moment (cleanUpBy), so they return just after it, their callers then
+// getting ErrClosed before Close returns.
+const closeSlack = 250 * time.Millisecond
+
 // closeFanOut bounds the releases Close sends at once: enough to release
 // thousands of leases in a few round trips' time, few enough not to drain
 // the connection pool that other clients of the same go-redis client use.
@@ -313,13 +319,16 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, 
 	// for until the close's bound only, and the close says so. (Through
 	// go-redis the call runs on a goroutine of the client's and returns
 	// within go-redis's read timeout, which Close's bound counts.)
-	wake := time.AfterFunc(time.Until(by), func() {
+	// (The wait lasts closeSlack past the bound: an acquisition whose
+	// withdrawal the bound itself ends returns a moment after it.)
+	until := by.Add(closeSlack)
+	wake := time.AfterFunc(time.Until(until), func() {
 		c.mu.Lock()
 		c.tasksDone.Broadcast()
 		c.mu.Unlock()
 	})
 	c.mu.Lock()
-	for c.tasks > 0 || (c.acquiring > 0 && (!c.info.Deadlines || time.Now().Before(by))) {
+	for c.tasks > 0 || (c.acquiring > 0 && (!c.info.Deadlines || time.Now().Before(until))) {
 		c.tasksDone.Wait()
 	}
 	stuck := c.acquiring
