@@ -51,7 +51,10 @@ type impl struct {
 	// client names the Redis client an implementation makes for itself
 	// on each process's address ("" for the process's go-redis client).
 	client string
-	open   func(rdb *redis.Client, prefix string) (locker, error)
+	// optIn: measured only when -impls names it (a study, not a row of
+	// the main job).
+	optIn bool
+	open  func(rdb *redis.Client, prefix string) (locker, error)
 }
 
 func impls() []impl {
@@ -60,6 +63,8 @@ func impls() []impl {
 			open: openFairlock},
 		{name: "fairlock-batched", variant: true, about: "fairlock as above, WithBatching(16): a process's concurrent calls to one server go as one script call",
 			open: openFairlockBatched},
+		{name: autopipeName, variant: true, optIn: true, about: "fairlock as above, its script calls through go-redis's experimental autopipeliner (a Backend of the bench's own: Submit, then WaitContext)",
+			open: openFairlockAutopipe},
 		{name: "fairlock-rueidis", variant: true, client: "rueidis", about: "fairlock as above, on a rueidis v1.0.79 client of its own per process (fairlockrueidis; no client-side caching, which fairlock does not use)",
 			open: openFairlockRueidis},
 		{name: "fairlock-valkey", variant: true, client: "valkey-go", about: "fairlock as above, on a valkey-go v1.0.79 client of its own per process (fairlockvalkey)",

@@ -75,7 +75,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.drainStop, "drain-stop", 0, "how long after the release the drain scenario waits for its waiters: 0 for the longer of 1s and 3 × -duration")
 	fs.StringVar(&cfg.jsonFile, "json", "", "also write the results as JSON to this file")
 	fs.StringVar(&cfg.svgDir, "svg", "", "also draw the results as SVG figures into this directory (created if need be), and link them from the tables; relative to the directory the command runs in (bench/ under go -C bench)")
-	fs.StringVar(&only, "impls", "all", "comma-separated implementations: fairlock, redsync, redislock, setnx, or all")
+	fs.StringVar(&only, "impls", "all", "comma-separated implementations: fairlock, redsync, redislock, setnx, ..., or all (all but the studies, such as "+autopipeName+", measured only when named)")
 	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "also write a CPU profile of the whole run (every implementation in this process) to this file")
 	fs.IntVar(&cfg.maxQueue, "max-queue", 0, "the queue scenario's largest queue: sizes 10, 100, ... 100000 up to this one; 0 for 10000 on a real server, 1000 on the embedded miniredis")
 	if err := fs.Parse(args); err != nil {
@@ -203,7 +203,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	for _, im := range impls() {
 		asked := slices.Contains(cfg.only, im.name)
-		if len(cfg.only) > 0 && !asked {
+		if (len(cfg.only) > 0 || im.optIn) && !asked {
 			continue
 		}
 		if im.realOnly && !e.real {

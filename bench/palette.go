@@ -45,6 +45,7 @@ var palette = map[string]style{
 	"fairlock-rueidis": {color: "#56B4E9"},
 	"fairlock-valkey":  {color: "#332288"},
 	"fairlock-batched": {color: "#661100"},
+	autopipeName:       {color: "#117733", dash: "4 2"},
 	"redsync":          {color: "#E69F00"},
 	"redislock":        {color: "#009E73"},
 	"setnx":            {color: "#CC79A7"},
