@@ -96,6 +96,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 			if rep.g.expiry <= rep.now {
 				// Granted by a run whose reply was lost, and expired
 				// since: ask again.
+				c.waits.grants.gaveBack()
 				c.withdraw(ctx, p, w.ticket)
 				continue
 			}
@@ -166,10 +167,11 @@ func (c *Client) awaitGrant(ctx context.Context, op string, p, leave plan, r *ro
 		}
 		// The lease counts from Redis's grant, not from when this process
 		// heard of it.
-		deadline := wk.sample.localDeadline(wk.grant.expiry)
+		deadline := c.waits.clockOf(r, wk).localDeadline(wk.grant.expiry)
 		if !time.Now().Before(deadline) {
 			// This process stalled past the grant: Redis may have expired
 			// it and handed it on. Give it back if it has not.
+			c.waits.grants.gaveBack()
 			c.withdraw(ctx, leave, w.ticket)
 			return nil, time.Time{}, true, nil
 		}

@@ -104,6 +104,9 @@ func init() {
 	testhook.Grants = func(client any) (reply, wake, refresh int64) {
 		return client.(*Client).waits.grants.get()
 	}
+	testhook.GivenBack = func(client any) int64 {
+		return client.(*Client).waits.grants.late.Load()
+	}
 	testhook.Batches = func(client any) (batches, calls int64) {
 		if b := client.(*Client).calls.batch; b != nil {
 			return b.sent.Load(), b.sentCalls.Load()

@@ -56,7 +56,9 @@ type waits struct {
 
 	// grants counts the grants this client's acquisitions took, by how
 	// each learned of its grant (for tests: a grant that a wake-up
-	// should carry and a refresh found instead is a lost wake-up).
+	// should carry and a refresh found instead is a lost wake-up), and
+	// the grants they gave back as heard too late (for tests: a process
+	// that did not stall gives none back).
 	grants grantCounts
 }
 
@@ -121,10 +123,18 @@ const (
 	viaRefresh                 // its room's refresh
 )
 
-// grantCounts counts grants by how they were learned (grantVia).
-type grantCounts struct{ n [3]atomic.Int64 }
+// grantCounts counts grants by how they were learned (grantVia), and
+// those given back as heard too late.
+type grantCounts struct {
+	n    [3]atomic.Int64
+	late atomic.Int64
+}
 
 func (g *grantCounts) add(v grantVia) { g.n[v].Add(1) }
+
+// gaveBack counts a grant given back because it was heard after the
+// moment its lease could have ended.
+func (g *grantCounts) gaveBack() { g.late.Add(1) }
 
 // get returns the grants learned by each way: reply, wake-up, refresh.
 func (g *grantCounts) get() (reply, wake, refresh int64) {
@@ -204,6 +214,20 @@ func (c *waits) noteQueued(r *room, w *waiter, next time.Duration, clock clockSa
 }
 
 func (c *waits) refreshEvery() time.Duration { return c.cfg.waiterTTL / renewDivisor }
+
+// clockOf returns the reading of Redis's clock by which wake-up wk's grant
+// is counted: the one it came with, or, for a grant heard before its room
+// had any (announced and heard the moment its ticket was queued, before
+// the process read its acquire's reply), the room's latest, which that
+// reply has given it since (noteQueued runs before the grant is awaited).
+func (c *waits) clockOf(r *room, wk wakeup) clockSample {
+	if !wk.sample.sent.IsZero() {
+		return wk.sample
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return r.clock
+}
 
 // noteClockLocked keeps the latest reading of Redis's clock.
 func (r *room) noteClockLocked(s clockSample) {

@@ -47,6 +47,11 @@ var (
 	// refresh. A grant that a release pushed as a wake-up and that a
 	// refresh found first is a wake-up that did not arrive.
 	Grants func(client any) (reply, wake, refresh int64)
+	// GivenBack returns how many grants the acquisitions of client (a
+	// *fairlock.Client) gave back as heard too late: after the moment
+	// their lease could have ended (the process stalled, or a resend
+	// found its grant expired). A process that did not stall gives none.
+	GivenBack func(client any) int64
 
 	// Batches returns how many batches client (a *fairlock.Client) has
 	// sent (WithBatching), and how many calls they held.
