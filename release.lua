@@ -140,7 +140,7 @@ if op == 'release' and result == 0 then
   -- dropped another lease of the ticket).
   local again = true
   for _, p in ipairs(parts) do
-    if p.at or p.r.grant or p.r.grants[ticket] ~= nil then again = false end
+    if p.at or is_lease_trace(p.r.grant) or is_lease_trace(p.r.grants[ticket]) then again = false end
   end
   if again then result = 3 end
 end

@@ -118,6 +118,30 @@ func TestResentReleaseOfLapsedLeaseAnswersAlike(t *testing.T) {
 	}
 }
 
+// A resent release answers what its first run did when the released
+// ticket waits again (a delayed copy of its acquire, taken for a new
+// request once the lease was released) and the first run drops that
+// waiter as dead (the lease before it has lapsed, so the queue runs): a
+// waiter's mark is no trace of the lease, so both runs find none.
+func TestResentReleaseOfRequeuedTicketAnswersAlike(t *testing.T) {
+	g := newTraceRig(t)
+	tok := tokenOf(t, g.run("acquire", "TA", "PA", "10000", "1000", "", "1", "1"))
+	if got := fmt.Sprint(g.run("release", "TA", "PA", "10000", "1000", "", "0", "1", tok)); got != "[1 0]" {
+		t.Fatalf("PA's release = %v", got)
+	}
+	tokenOf(t, g.run("acquire", "TB", "PB", "1200", "1000", "", "1", "1"))
+	if got, _ := g.run("acquire", "TA", "PA", "10000", "1000", "", "1", "1").([]any); len(got) == 0 || got[0] != int64(acqQueued) {
+		t.Fatalf("the delayed copy of TA's acquire = %v, want it queued", got)
+	}
+	g.advance(1500) // past the copy's deadline (its waiter is dead) and PB's lease
+	first := fmt.Sprint(g.run("release", "TA", "PA", "10000", "1000", "", "0", "1", tok))
+	db := g.dump()
+	again := fmt.Sprint(g.run("release", "TA", "PA", "10000", "1000", "", "0", "1", tok))
+	if first != "[3 0]" || first != again {
+		t.Fatalf("release of a released lease whose ticket waited again answered %s, sent again %s; want [3 0] twice\ndb after the first run:\n%s", first, again, db)
+	}
+}
+
 // A holder stopped well past its lease (a long pause) whose semaphore's
 // keys have gone meanwhile calls Release: it sent the call after its
 // lease's deadline, so the answer "no trace" means lost, not released.

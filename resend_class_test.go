@@ -184,7 +184,7 @@ func TestResentCallsCatchBrokenRules(t *testing.T) {
 	for _, tc := range []struct{ name, file, old, new string }{
 		{"a resent signal acts again", "lua/ops/signal.lua", "if is_signalled(r.grant) then", "if false then"},
 		{"a resent queued acquire queues again", "acquire.lua", "if g == QUEUED then\n", "if false then\n"},
-		{"a resent release is taken for a lost lease", "release.lua", "    if p.at or p.r.grant or p.r.grants[ticket] ~= nil then again = false end\n", "    again = false\n"},
+		{"a resent release is taken for a lost lease", "release.lua", "    if p.at or is_lease_trace(p.r.grant) or is_lease_trace(p.r.grants[ticket]) then again = false end\n", "    again = false\n"},
 		{"a trim forgets the calling ticket's tombstone", "lua/resource.lua", "if r.grants[t] == nil and t ~= r.ticket then", "if r.grants[t] == nil then"},
 		{"a confirmation forgets a handed-over grant's record", "release.lua", "        renew(p.r, p.hm, lease)\n", "        renew(p.r, p.hm, lease)\n        if ARGV[7] == '1' then record(p.r, ticket, false) end\n"},
 		{"a batched confirmation forgets a handed-over grant's record", "lua/ops/renew_batch.lua", "    renew(r, l.m, l.ttl)\n", "    renew(r, l.m, l.ttl)\n    if ARGV[3 + 5 * (j - 1) + 3] == '1' then record(r, l.ticket, false) end\n"},

@@ -78,6 +78,16 @@ local function is_tomb(v)
   return v == ENDED or is_signalled(v)
 end
 
+-- is_lease_trace tells a record a ticket's lease leaves: its grant's token
+-- while it may live, and its tombstone once it ended unreleased. What a
+-- resent release looks for (release.lua: no trace, and its first run
+-- released it). A waiter's mark is not one: the ticket waits again, under
+-- a request made since (a delayed copy of its acquire), and a first run
+-- of the release may drop that waiter and its mark.
+local function is_lease_trace(v)
+  return is_token(v) or v == ENDED
+end
+
 -- next_token returns the number after seq in a resource's one sequence,
 -- which is both arrival order and fencing token. It is at least the
 -- current time in microseconds, so it keeps increasing after the state
