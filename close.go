@@ -62,13 +62,25 @@ type shutdownState struct {
 	pending atomic.Int64 // of ended, releases not yet landed (nor given up)
 	failed  atomic.Int64 // releases that did not land
 	lastErr atomic.Value // error: why the last of those did not
-	err     error        // set before done closes: releases that did not land
+	// The withdrawals of the waits the close ended.
+	withdrawals     atomic.Int64 // begun
+	withdrawFailed  atomic.Int64 // that did not land
+	withdrawLastErr atomic.Value // error: why the last of those did not
+
+	err error // set before done closes: releases and withdrawals that did not land
 }
 
 // fail notes a release that did not land, for err.
 func (s *shutdownState) fail(err error) {
 	s.failed.Add(1)
 	s.lastErr.Store(err)
+}
+
+// failWithdrawal notes a withdrawal of a wait the close ended that did
+// not land, for err.
+func (s *shutdownState) failWithdrawal(err error) {
+	s.withdrawFailed.Add(1)
+	s.withdrawLastErr.Store(err)
 }
 
 var (
@@ -338,6 +350,10 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, 
 	if n := s.failed.Load(); n > 0 {
 		err, _ := s.lastErr.Load().(error)
 		errs = append(errs, fmt.Errorf("%w: %d of %d leases could not be released (last: %w); Redis ends them when their TTL runs out", ErrRedis, n, len(leases), err))
+	}
+	if n := s.withdrawFailed.Load(); n > 0 {
+		err, _ := s.withdrawLastErr.Load().(error)
+		errs = append(errs, fmt.Errorf("%w: %d of %d waits the close ended could not be withdrawn from their queues (last: %w); Redis drops their tickets at their waiter TTL", ErrRedis, n, s.withdrawals.Load(), err))
 	}
 	if stuck > 0 {
 		errs = append(errs, fmt.Errorf("%w: %d acquisitions were still waiting for Redis to answer when the close's bound passed; their tickets end at their waiter TTL", ErrRedis, stuck))
