@@ -111,8 +111,9 @@ var (
 // bound counted from ctx's end. No lease is released under running code
 // before that code lets it go or ctx ends. A client with nothing to wait
 // for (no lease, no waiter, no background work) returns nil at once,
-// whatever ctx. Shutdown's other error is Close's: releases that could not
-// land within Close's bound (Redis down), matching [ErrRedis].
+// whatever ctx. Shutdown's other error is Close's: releases, or
+// withdrawals of the waits it ended, that could not land within Close's
+// bound (Redis down), matching [ErrRedis].
 //
 // Call Shutdown when the process stops on a signal while work may still
 // run under the client's leases: it lets that work end, and hands its
@@ -136,10 +137,11 @@ func (c *Client) Shutdown(ctx context.Context) error {
 // [ErrClosed]) and Redis drops them when their TTL runs out. Otherwise it
 // is [Client.Close]: blocked waits end with ErrClosed (leaving their
 // queues), later calls fail with ErrClosed, and Abandon waits for the
-// client's background work, as long as Close would. It returns nil, or,
-// when Close or Shutdown began the close, that close's result (after a
-// Shutdown, it ends the leases still held at once, released as Shutdown
-// decided).
+// client's background work, as long as Close would. It returns nil, or
+// Close's error for the withdrawals of the waits it ended that could not
+// land, or, when Close or Shutdown began the close, that close's result
+// (after a Shutdown, it ends the leases still held at once, released as
+// Shutdown decided).
 //
 // Use Abandon when the leases must outlive the process: say a process
 // hands its work to a successor that takes the work over under the same
