@@ -73,8 +73,14 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		ticket := w.ticket
 		o, ok := c.calls.op(ctx, p.acquireCall(mode, ticket, c), func(outcome) {
 			// The script may have queued or granted the ticket after the
-			// caller left, or before its reply was lost.
-			c.cleanUp(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p)
+			// caller left, or before its reply was lost. (A caller whose
+			// context lasts left because the close ended the call: the
+			// close counts this withdrawal.)
+			var report func(error)
+			if ctx.Err() == nil {
+				report = c.closeReport()
+			}
+			c.cleanUpReport(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p, report)
 		})
 		if !ok {
 			c.waits.unregister(r, w)
@@ -214,18 +220,25 @@ func (c *Client) withdraw(ctx context.Context, p plan, ticket string) {
 	c.letGo(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p, nil)
 }
 
-// withdrawAtClose is withdraw for a wait that the client's close ended: a
-// withdrawal that does not land counts in the close's error.
+// withdrawAtClose is withdraw for an acquisition that the client's close
+// ended (a wait, or a grant that raced the close): a withdrawal that does
+// not land counts in the close's error.
 func (c *Client) withdrawAtClose(ctx context.Context, p plan, ticket string) {
+	c.letGo(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p, c.closeReport())
+}
+
+// closeReport returns, once a close has begun, how a withdrawal that the
+// close made is reported to it (counted in its error if it does not land);
+// nil before.
+func (c *Client) closeReport() func(error) {
 	c.mu.Lock()
-	s := c.shut // set with closed
+	s := c.shut
 	c.mu.Unlock()
 	if s == nil {
-		c.withdraw(ctx, p, ticket)
-		return
+		return nil
 	}
 	s.withdrawals.Add(1)
-	c.letGo(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p, s.failWithdrawal)
+	return s.failWithdrawal
 }
 
 // giveBack releases a grant its caller will not use, like withdraw.

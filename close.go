@@ -62,7 +62,8 @@ type shutdownState struct {
 	pending atomic.Int64 // of ended, releases not yet landed (nor given up)
 	failed  atomic.Int64 // releases that did not land
 	lastErr atomic.Value // error: why the last of those did not
-	// The withdrawals of the waits the close ended.
+	// The withdrawals of the acquisitions the close ended (waits, grants
+	// that raced it).
 	withdrawals     atomic.Int64 // begun
 	withdrawFailed  atomic.Int64 // that did not land
 	withdrawLastErr atomic.Value // error: why the last of those did not
@@ -76,8 +77,8 @@ func (s *shutdownState) fail(err error) {
 	s.lastErr.Store(err)
 }
 
-// failWithdrawal notes a withdrawal of a wait the close ended that did
-// not land, for err.
+// failWithdrawal notes a withdrawal of an acquisition the close ended
+// that did not land, for err.
 func (s *shutdownState) failWithdrawal(err error) {
 	s.withdrawFailed.Add(1)
 	s.withdrawLastErr.Store(err)
@@ -355,7 +356,7 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, 
 	}
 	if n := s.withdrawFailed.Load(); n > 0 {
 		err, _ := s.withdrawLastErr.Load().(error)
-		errs = append(errs, fmt.Errorf("%w: %d of %d waits the close ended could not be withdrawn from their queues (last: %w); Redis drops their tickets at their waiter TTL", ErrRedis, n, s.withdrawals.Load(), err))
+		errs = append(errs, fmt.Errorf("%w: %d of %d acquisitions the close ended could not be withdrawn (last: %w); Redis drops their tickets at their deadlines (a waiter's within its waiter TTL)", ErrRedis, n, s.withdrawals.Load(), err))
 	}
 	if stuck > 0 {
 		errs = append(errs, fmt.Errorf("%w: %d acquisitions were still waiting for Redis to answer when the close's bound passed; their tickets end at their waiter TTL", ErrRedis, stuck))

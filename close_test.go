@@ -634,7 +634,7 @@ func TestCloseReportsFailedWithdrawals(t *testing.T) {
 				t.Logf("%s: Close returned in %v: %v", b.Name, time.Since(start), err)
 				fltest.IsErr(t, "Close whose withdrawals failed", err, fairlock.ErrRedis)
 				fltest.IsErr(t, "Close whose withdrawals failed", err, tc.err)
-				if want := fmt.Sprintf("%d of %d waits", n, n); err == nil || !strings.Contains(err.Error(), want) {
+				if want := fmt.Sprintf("%d of %d acquisitions", n, n); err == nil || !strings.Contains(err.Error(), want) {
 					t.Fatalf("Close = %v, want it to say %q", err, want)
 				}
 				// The tickets are still queued: the error says what happened.
@@ -650,5 +650,80 @@ func TestCloseReportsFailedWithdrawals(t *testing.T) {
 				}
 			})
 		}
+	})
+}
+
+// stallScript is a go-redis hook that, once armed, lets the next script
+// command run in Redis and holds its reply back until release closes.
+type stallScript struct {
+	armed   atomic.Bool
+	held    chan struct{} // closed once the script has run
+	release chan struct{}
+}
+
+func (s *stallScript) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (s *stallScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (s *stallScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		switch cmd.Name() {
+		case "evalsha", "eval", "fcall":
+			if s.armed.CompareAndSwap(true, false) {
+				err := next(ctx, cmd)
+				close(s.held)
+				<-s.release
+				return err
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A grant that raced Close (its reply came once the close had begun) is
+// given back; when that does not land, Close says so, as for a wait it
+// ended, and the Acquire returns ErrClosed.
+func TestCloseReportsAGrantNotGivenBack(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		fail := &failLeaves{err: errors.New("test: give-back refused")}
+		stall := &stallScript{held: make(chan struct{}), release: make(chan struct{})}
+		rdb := b.Client(t)
+		rdb.AddHook(fail)
+		rdb.AddHook(stall)
+		c := e.ClientOn(rdb)
+		// "full" is held elsewhere: c's TryAcquire on it, which tells when
+		// the close has begun, is never granted (a grant would race the
+		// close too).
+		held, err := e.Client().TryAcquire(ctx, fairlock.Request{Name: "full", Capacity: 1, Permits: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Release(held)
+		stall.armed.Store(true)
+		acquired := acquireAsync(ctx, newSem(c, "raced", 1), 1)
+		<-stall.held // granted in Redis, the reply held back
+		fail.armed.Store(true)
+		closed := make(chan error, 1)
+		go func() { closed <- c.Close() }()
+		e.WaitFor("the close to begin", func() bool {
+			_, err := c.TryAcquire(ctx, fairlock.Request{Name: "full", Capacity: 1, Permits: 1})
+			return errors.Is(err, fairlock.ErrClosed)
+		})
+		close(stall.release)
+		select {
+		case err = <-closed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Close did not return")
+		}
+		t.Logf("%s: Close = %v", b.Name, err)
+		fltest.IsErr(t, "Close whose give-back failed", err, fairlock.ErrRedis)
+		fltest.IsErr(t, "Close whose give-back failed", err, fail.err)
+		if want := "1 of 1 acquisitions"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("Close = %v, want it to say %q", err, want)
+		}
+		r := e.Receive(acquired)
+		fltest.IsErr(t, "the Acquire whose grant raced Close", r.Err, fairlock.ErrClosed)
 	})
 }
