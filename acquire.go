@@ -73,8 +73,14 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		ticket := w.ticket
 		o, ok := c.calls.op(ctx, p.acquireCall(mode, ticket, c), func(outcome) {
 			// The script may have queued or granted the ticket after the
-			// caller left, or before its reply was lost.
-			c.cleanUp(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p)
+			// caller left, or before its reply was lost. (A caller whose
+			// context lasts left because the close ended the call: the
+			// close counts this withdrawal.)
+			var report func(error)
+			if ctx.Err() == nil {
+				report = c.closeReport()
+			}
+			c.cleanUpReport(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p, report)
 		})
 		if !ok {
 			c.waits.unregister(r, w)
@@ -181,7 +187,11 @@ func (c *Client) awaitGrant(ctx context.Context, op string, p, leave plan, r *ro
 	case <-c.done:
 	}
 	c.waits.unregister(r, w)
-	c.withdraw(ctx, leave, w.ticket)
+	if ctx.Err() != nil {
+		c.withdraw(ctx, leave, w.ticket)
+	} else {
+		c.withdrawAtClose(ctx, leave, w.ticket)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, time.Time{}, false, opError(op, p.names, err)
 	}
@@ -209,12 +219,33 @@ func (c *Client) observeAcquire(p plan, queued time.Time, lease *Lease, err erro
 // reached meanwhile, the ticket dies on its own: a waiter at its liveness
 // deadline, a grant when its lease expires.
 func (c *Client) withdraw(ctx context.Context, p plan, ticket string) {
-	c.letGo(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p)
+	c.letGo(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p, nil)
+}
+
+// withdrawAtClose is withdraw for an acquisition that the client's close
+// ended (a wait, or a grant that raced the close): a withdrawal that does
+// not land counts in the close's error.
+func (c *Client) withdrawAtClose(ctx context.Context, p plan, ticket string) {
+	c.letGo(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p, c.closeReport())
+}
+
+// closeReport returns, once a close has begun, how a withdrawal that the
+// close made is reported to it (counted in its error if it does not land);
+// nil before.
+func (c *Client) closeReport() func(error) {
+	c.mu.Lock()
+	s := c.shut
+	c.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	s.withdrawals.Add(1)
+	return s.failWithdrawal
 }
 
 // giveBack releases a grant its caller will not use, like withdraw.
 func (c *Client) giveBack(ctx context.Context, p plan, ticket string, tokens []int64) {
-	c.letGo(ctx, p.releaseCall(opRelease, ticket, c, false, tokens), p)
+	c.letGo(ctx, p.releaseCall(opRelease, ticket, c, false, tokens), p, nil)
 }
 
 // letGo runs oc (release.lua's) on p's semaphores, best effort, and
@@ -224,15 +255,16 @@ func (c *Client) giveBack(ctx context.Context, p plan, ticket string, tokens []i
 // has) and the grace passes, letGo returns and the call finishes in the background. A command
 // already sent to a Redis that does not answer can hold that goroutine up
 // to go-redis's ReadTimeout, which go-redis applies whatever the context.
-func (c *Client) letGo(ctx context.Context, oc opCall, p plan) {
+// If report is not nil, it is passed why oc did not land (see cleanUpReport).
+func (c *Client) letGo(ctx context.Context, oc opCall, p plan, report func(error)) {
 	if ctx.Done() == nil {
-		c.cleanUp(ctx, oc, p)
+		c.cleanUpReport(ctx, oc, p, report)
 		return
 	}
 	done := make(chan struct{})
 	c.spawn(func() {
 		defer close(done)
-		c.cleanUp(ctx, oc, p)
+		c.cleanUpReport(ctx, oc, p, report)
 	})
 	select {
 	case <-done:
@@ -252,6 +284,13 @@ func (c *Client) letGo(ctx context.Context, oc opCall, p plan) {
 // has ended the client's leases, ends by that close's bound). It blocks; callers
 // that must not, run it through letGo or as a late outcome of call.
 func (c *Client) cleanUp(ctx context.Context, oc opCall, p plan) {
+	c.cleanUpReport(ctx, oc, p, nil)
+}
+
+// cleanUpReport is cleanUp that, if report is not nil, passes it why oc
+// did not land: failed, or, sent again in the background, failed for
+// good or given up.
+func (c *Client) cleanUpReport(ctx context.Context, oc opCall, p plan, report func(error)) {
 	// One waiter TTL, counted from a close's end of the client's work at
 	// the latest (see cleanUpBy), so that the close's bound holds.
 	by := c.cleanUpBy()
@@ -263,8 +302,11 @@ func (c *Client) cleanUp(ctx context.Context, oc opCall, p plan) {
 		// have been dropped anyway. (A Redis that refuses connections, or
 		// whose name does not resolve, is not there to send it to; the
 		// ticket ends at its deadline.)
-		c.resendLater(oc, p, by)
+		c.resendReport(oc, p, by, report, err)
 	} else if err != nil {
+		if report != nil {
+			report(err)
+		}
 		c.logf(slog.LevelWarn, "fairlock: clean-up failed; Redis drops the ticket at its deadline", p.names, "",
 			slog.String("op", oc.op.name), slog.Any("error", err))
 	}

@@ -299,14 +299,21 @@ func isNilPointer(v any) bool {
 // for ends at once (see [New]) and is not sent again (the ticket ends at
 // its deadline). If some leases could not be released in that time (Redis
 // down), Close returns an error matching [ErrRedis] that says how many;
-// Redis ends them when their TTL runs out. So does an Acquire whose script
-// call Redis had not answered by then, on a client that waits for Redis
-// as long as the caller's context lasts (rueidis, valkey-go): Close stops
-// waiting for it at its bound and says how many there were; their tickets
-// end at their waiter TTL. [Client.Abandon] closes without
-// releasing, for leases that must outlive the process. Close, Shutdown and
-// Abandon may be called many times and concurrently (see Shutdown); a
-// Close during a Shutdown ends that Shutdown's wait for the holders.
+// Redis ends them when their TTL runs out. So it does if some of the
+// blocked Acquire calls (and condition waits) it ended could not leave
+// their queues in that time, or a grant that raced it could not be given
+// back (Redis down, refusing the connection, or failing the script): the
+// error says how many of how many, and the last failure; Redis drops
+// their tickets at their deadlines (a waiter's within the waiter TTL),
+// and each of those calls still returns ErrClosed. So does an Acquire
+// whose script call Redis had not answered by then, on a client that
+// waits for Redis as long as the caller's context lasts (rueidis,
+// valkey-go): Close stops waiting for it at its bound and says how many
+// there were; their tickets end at their waiter TTL. [Client.Abandon]
+// closes without releasing, for leases that must outlive the process.
+// Close, Shutdown and Abandon may be called many times and concurrently
+// (see Shutdown); a Close during a Shutdown ends that Shutdown's wait for
+// the holders.
 //
 // Close closes the go-redis client it built for its blocking reads, which
 // ends them at once; on another RedisClient it pushes an empty entry to

@@ -62,13 +62,26 @@ type shutdownState struct {
 	pending atomic.Int64 // of ended, releases not yet landed (nor given up)
 	failed  atomic.Int64 // releases that did not land
 	lastErr atomic.Value // error: why the last of those did not
-	err     error        // set before done closes: releases that did not land
+	// The withdrawals of the acquisitions the close ended (waits, grants
+	// that raced it).
+	withdrawals     atomic.Int64 // begun
+	withdrawFailed  atomic.Int64 // that did not land
+	withdrawLastErr atomic.Value // error: why the last of those did not
+
+	err error // set before done closes: releases and withdrawals that did not land
 }
 
 // fail notes a release that did not land, for err.
 func (s *shutdownState) fail(err error) {
 	s.failed.Add(1)
 	s.lastErr.Store(err)
+}
+
+// failWithdrawal notes a withdrawal of an acquisition the close ended
+// that did not land, for err.
+func (s *shutdownState) failWithdrawal(err error) {
+	s.withdrawFailed.Add(1)
+	s.withdrawLastErr.Store(err)
 }
 
 var (
@@ -99,8 +112,9 @@ var (
 // bound counted from ctx's end. No lease is released under running code
 // before that code lets it go or ctx ends. A client with nothing to wait
 // for (no lease, no waiter, no background work) returns nil at once,
-// whatever ctx. Shutdown's other error is Close's: releases that could not
-// land within Close's bound (Redis down), matching [ErrRedis].
+// whatever ctx. Shutdown's other error is Close's: releases, or
+// withdrawals of the waits it ended, that could not land within Close's
+// bound (Redis down), matching [ErrRedis].
 //
 // Call Shutdown when the process stops on a signal while work may still
 // run under the client's leases: it lets that work end, and hands its
@@ -124,10 +138,11 @@ func (c *Client) Shutdown(ctx context.Context) error {
 // [ErrClosed]) and Redis drops them when their TTL runs out. Otherwise it
 // is [Client.Close]: blocked waits end with ErrClosed (leaving their
 // queues), later calls fail with ErrClosed, and Abandon waits for the
-// client's background work, as long as Close would. It returns nil, or,
-// when Close or Shutdown began the close, that close's result (after a
-// Shutdown, it ends the leases still held at once, released as Shutdown
-// decided).
+// client's background work, as long as Close would. It returns nil, or
+// Close's error for the withdrawals of the waits it ended that could not
+// land, or, when Close or Shutdown began the close, that close's result
+// (after a Shutdown, it ends the leases still held at once, released as
+// Shutdown decided).
 //
 // Use Abandon when the leases must outlive the process: say a process
 // hands its work to a successor that takes the work over under the same
@@ -338,6 +353,10 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, 
 	if n := s.failed.Load(); n > 0 {
 		err, _ := s.lastErr.Load().(error)
 		errs = append(errs, fmt.Errorf("%w: %d of %d leases could not be released (last: %w); Redis ends them when their TTL runs out", ErrRedis, n, len(leases), err))
+	}
+	if n := s.withdrawFailed.Load(); n > 0 {
+		err, _ := s.withdrawLastErr.Load().(error)
+		errs = append(errs, fmt.Errorf("%w: %d of %d acquisitions the close ended could not be withdrawn (last: %w); Redis drops their tickets at their deadlines (a waiter's within its waiter TTL)", ErrRedis, n, s.withdrawals.Load(), err))
 	}
 	if stuck > 0 {
 		errs = append(errs, fmt.Errorf("%w: %d acquisitions were still waiting for Redis to answer when the close's bound passed; their tickets end at their waiter TTL", ErrRedis, stuck))

@@ -70,19 +70,24 @@ func TestCloseWaitsForBlockedAcquires(t *testing.T) {
 // Close returns within its bound (one waiter TTL from the call, plus
 // go-redis's ReadTimeout, 3 s by default, for a command already sent, or
 // a new connection's handshake, to a Redis that does not answer), through
-// go-redis with default options, on a single node and a Cluster, Redis
-// stalled or refusing; every blocked Acquire has left its queue by then
-// (see fltest.CloseBound).
+// go-redis with default options, on a single node, a Cluster and a
+// Sentinel set (a failover client), Redis stalled or refusing; every
+// blocked Acquire has left its queue by then (see fltest.CloseBound).
 func TestCloseBound(t *testing.T) {
 	fltest.CloseBound(t, fairlock.DefaultWaiterTTL+3*time.Second,
-		func(t *testing.T, addrs []string, cluster bool, opts ...fairlock.Option) *fairlock.Client {
+		func(t *testing.T, s fltest.Servers, opts ...fairlock.Option) *fairlock.Client {
 			var rdb fairlock.RedisClient
-			if cluster {
-				cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+			switch {
+			case s.Cluster:
+				cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.Addrs})
 				t.Cleanup(func() { _ = cc.Close() })
 				rdb = cc
-			} else {
-				sc := redis.NewClient(&redis.Options{Addr: addrs[0]})
+			case s.MasterName != "":
+				fc := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: s.MasterName, SentinelAddrs: s.Addrs})
+				t.Cleanup(func() { _ = fc.Close() })
+				rdb = fc
+			default:
+				sc := redis.NewClient(&redis.Options{Addr: s.Addrs[0]})
 				t.Cleanup(func() { _ = sc.Close() })
 				rdb = sc
 			}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -556,5 +557,173 @@ func TestCloseWhileAcquiring(t *testing.T) {
 				}
 			})
 		}
+	})
+}
+
+// failLeaves is a go-redis hook that, once armed, fails every withdrawal
+// (release.lua's "leave") with err, without sending it.
+type failLeaves struct {
+	armed atomic.Bool
+	err   error
+}
+
+func (f *failLeaves) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f *failLeaves) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (f *failLeaves) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if len(args) > 3 && f.armed.Load() {
+			nkeys, _ := args[2].(int)
+			if i := 3 + nkeys; i < len(args) && args[i] == "leave" {
+				cmd.SetErr(f.err)
+				return f.err
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// When the withdrawals of the waits Close ended do not land, Close says
+// so: its error matches ErrRedis and the last failure, and says how many
+// of how many failed; each of those Acquire calls still returns ErrClosed,
+// its ticket left in its queue (to end at its waiter TTL). So it goes
+// for a withdrawal that fails at once (an error that does not pass) and
+// for one sent again until the close's bound (an error that passes). Half
+// of the Acquire calls can end by their context (their withdrawal runs on
+// a goroutine of the client's), half cannot (it runs on the caller's).
+func TestCloseReportsFailedWithdrawals(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		const waiterTTL = 500 * time.Millisecond
+		for _, tc := range []struct {
+			name string
+			err  error
+		}{
+			{"failing", errors.New("test: withdrawal refused")},
+			{"timing out", fmt.Errorf("test: withdrawal timed out: %w", context.DeadlineExceeded)},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				const n = 4
+				e := fltest.New(t, b)
+				other := e.Client()
+				hook := &failLeaves{err: tc.err}
+				rdb := b.Client(t)
+				rdb.AddHook(hook)
+				c := e.ClientOn(rdb, fairlock.WithWaiterTTL(waiterTTL))
+				var blocked []<-chan fltest.Result
+				for i := range n {
+					name := fmt.Sprintf("w%d", i)
+					held, err := newSem(other, name, 1).Acquire(context.Background(), 1)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer e.Release(held)
+					ctx := context.Background()
+					if i%2 == 0 {
+						var cancel context.CancelFunc
+						ctx, cancel = context.WithCancel(ctx)
+						defer cancel()
+					}
+					blocked = append(blocked, acquireAsync(ctx, newSem(c, name, 1), 1))
+					e.WaitQueued(name, 1)
+				}
+				hook.armed.Store(true)
+				start := time.Now()
+				err := c.Close()
+				t.Logf("%s: Close returned in %v: %v", b.Name, time.Since(start), err)
+				fltest.IsErr(t, "Close whose withdrawals failed", err, fairlock.ErrRedis)
+				fltest.IsErr(t, "Close whose withdrawals failed", err, tc.err)
+				if want := fmt.Sprintf("%d of %d acquisitions", n, n); err == nil || !strings.Contains(err.Error(), want) {
+					t.Fatalf("Close = %v, want it to say %q", err, want)
+				}
+				// The tickets are still queued: the error says what happened.
+				for i := range n {
+					q, err := e.RDB.ZCard(context.Background(), e.Key(fmt.Sprintf("w%d", i), "q")).Result()
+					if err != nil || q != 1 {
+						t.Fatalf("queue of w%d when Close returned: %d tickets (%v), want the one left", i, q, err)
+					}
+				}
+				for i, ch := range blocked {
+					r := e.Receive(ch)
+					fltest.IsErr(t, fmt.Sprintf("Acquire %d, blocked at Close", i), r.Err, fairlock.ErrClosed)
+				}
+			})
+		}
+	})
+}
+
+// stallScript is a go-redis hook that, once armed, lets the next script
+// command run in Redis and holds its reply back until release closes.
+type stallScript struct {
+	armed   atomic.Bool
+	held    chan struct{} // closed once the script has run
+	release chan struct{}
+}
+
+func (s *stallScript) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (s *stallScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (s *stallScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		switch cmd.Name() {
+		case "evalsha", "eval", "fcall":
+			if s.armed.CompareAndSwap(true, false) {
+				err := next(ctx, cmd)
+				close(s.held)
+				<-s.release
+				return err
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A grant that raced Close (its reply came once the close had begun) is
+// given back; when that does not land, Close says so, as for a wait it
+// ended, and the Acquire returns ErrClosed.
+func TestCloseReportsAGrantNotGivenBack(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := fltest.New(t, b)
+		ctx := context.Background()
+		fail := &failLeaves{err: errors.New("test: give-back refused")}
+		stall := &stallScript{held: make(chan struct{}), release: make(chan struct{})}
+		rdb := b.Client(t)
+		rdb.AddHook(fail)
+		rdb.AddHook(stall)
+		c := e.ClientOn(rdb)
+		// "full" is held elsewhere: c's TryAcquire on it, which tells when
+		// the close has begun, is never granted (a grant would race the
+		// close too).
+		held, err := e.Client().TryAcquire(ctx, fairlock.Request{Name: "full", Capacity: 1, Permits: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Release(held)
+		stall.armed.Store(true)
+		acquired := acquireAsync(ctx, newSem(c, "raced", 1), 1)
+		<-stall.held // granted in Redis, the reply held back
+		fail.armed.Store(true)
+		closed := make(chan error, 1)
+		go func() { closed <- c.Close() }()
+		e.WaitFor("the close to begin", func() bool {
+			_, err := c.TryAcquire(ctx, fairlock.Request{Name: "full", Capacity: 1, Permits: 1})
+			return errors.Is(err, fairlock.ErrClosed)
+		})
+		close(stall.release)
+		select {
+		case err = <-closed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Close did not return")
+		}
+		t.Logf("%s: Close = %v", b.Name, err)
+		fltest.IsErr(t, "Close whose give-back failed", err, fairlock.ErrRedis)
+		fltest.IsErr(t, "Close whose give-back failed", err, fail.err)
+		if want := "1 of 1 acquisitions"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("Close = %v, want it to say %q", err, want)
+		}
+		r := e.Receive(acquired)
+		fltest.IsErr(t, "the Acquire whose grant raced Close", r.Err, fairlock.ErrClosed)
 	})
 }

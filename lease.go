@@ -92,7 +92,7 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 		l.stopped = true
 		l.end(ErrClosed)
 		// Nobody would renew it; free the permits now rather than at expiry.
-		c.withdraw(ctx, p, ticket)
+		c.withdrawAtClose(ctx, p, ticket)
 		return nil, opError("acquire", p.names, ErrClosed)
 	}
 	c.leases[l] = struct{}{}

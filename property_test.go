@@ -189,6 +189,9 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 			"    r.o, r.oe = m, at\n    r.horizon = math.max(r.horizon, at)\n", "    r.o, r.oe = m, at\n", 0, false},
 		{"the lease kept in the state hash is never purged", "lua/grant.lua",
 			"  if r.o and due(r.oe) then\n", "  if false then\n", 0, false},
+		{"named condition's key expires before its waiters", "lua/resource.lua",
+			"    if cv.wrote then expire_at(cv.C, at) end\n",
+			"    if cv.wrote then expire_at(cv.C, cv.name == '' and at or num(now + 1)) end\n", 0, false},
 
 		{"dead waiters stay behind a full semaphore", "lua/ops/refresh.lua",
 			"purge_waiters(first)\nrun_queues(loaded)\n", "run_queues(loaded)\n", 0, false},
@@ -617,8 +620,9 @@ type mentry struct {
 	n      int64
 	group  []*mentry // all parts of a multi-request; nil for a single one
 	ticket string
-	at     int64 // waiter: liveness deadline; holder: lease expiry (ms)
-	dead   bool  // its process crashed
+	at     int64  // waiter: liveness deadline; holder: lease expiry (ms)
+	cond   string // condition waiter: the condition variable's name
+	dead   bool   // its process crashed
 }
 
 type msem struct {
@@ -627,7 +631,7 @@ type msem struct {
 	k       keys
 	queue   []*mentry // arrival order
 	holders []*mentry
-	cond    []*mentry // waiters on its condition variable "", in order
+	cond    []*mentry // waiters on its condition variables (see mconds), in order
 	token   int64     // last token seen
 }
 
@@ -1565,15 +1569,23 @@ func (m *machine) check(t *rapid.T) {
 			}
 		}
 		// Condition waiters: the live ones in Redis are the model's, in
-		// its order.
-		cs := m.redisCond(s)
-		if len(cs) != len(s.cond) {
-			t.Fatalf("%s: %d wait on the condition in Redis, %d in the model", s.name, len(cs), len(s.cond))
-		}
-		for i, c := range cs {
-			if e := s.cond[i]; c.ticket != e.ticket || c.client != e.a.c.id {
-				t.Fatalf("%s: condition position %d is %s (ticket %s) in Redis, %s (ticket %s) in the model",
-					s.name, i, m.who(c.client), c.ticket, m.who(e.a.c.id), e.ticket)
+		// its order, on each condition variable.
+		for _, cond := range mconds {
+			cs := m.redisCond(s, cond)
+			var model []*mentry
+			for _, e := range s.cond {
+				if e.cond == cond {
+					model = append(model, e)
+				}
+			}
+			if len(cs) != len(model) {
+				t.Fatalf("%s: %d wait on the condition %q in Redis, %d in the model", s.name, len(cs), cond, len(model))
+			}
+			for i, c := range cs {
+				if e := model[i]; c.ticket != e.ticket || c.client != e.a.c.id {
+					t.Fatalf("%s: condition %q position %d is %s (ticket %s) in Redis, %s (ticket %s) in the model",
+						s.name, cond, i, m.who(c.client), c.ticket, m.who(e.a.c.id), e.ticket)
+				}
 			}
 		}
 		// Liveness: the model grants whatever is ready, so its head never is.
@@ -1667,8 +1679,13 @@ func (m *machine) finish() {
 	}
 }
 
-// condWait makes a process holding one semaphore wait on its condition
-// variable: in the model, its lease ends and it joins the condition.
+// mconds are the condition variables the machines use: the default one
+// and a named one (whose key is derived from the condition's name).
+var mconds = []string{"", "ready"}
+
+// condWait makes a process holding one semaphore wait on one of its
+// condition variables: in the model, its lease ends and it joins the
+// condition.
 func (m *machine) condWait(t *rapid.T) {
 	as := slices.DeleteFunc(m.solo(holding), func(a *actor) bool { return len(a.parts) != 1 })
 	if len(as) == 0 {
@@ -1680,15 +1697,16 @@ func (m *machine) condWait(t *rapid.T) {
 	if len(held) == 0 {
 		t.Skip("its lease has expired")
 	}
-	m.logf("process %d: Wait on %s's condition", a.id, a.sem.name)
+	cond := rapid.SampledFrom(mconds).Draw(t, "condition")
+	m.logf("process %d: Wait on %s's condition %q", a.id, a.sem.name, cond)
 	s, lease := a.sem, a.lease
 	s.holders = slices.DeleteFunc(s.holders, func(x *mentry) bool { return x == held[0] })
-	e := &mentry{a: a, s: s, n: a.n, at: m.nowMs() + ms(a.waiterTTL())}
+	e := &mentry{a: a, s: s, n: a.n, at: m.nowMs() + ms(a.waiterTTL()), cond: cond}
 	s.cond = append(s.cond, e)
 	ctx, cancel := context.WithCancel(context.Background())
 	a.state, a.cancel, a.res, a.lease = waiting, cancel, make(chan acqResult, 1), nil
 	m.calls.Go(func() {
-		l, err := lease.condWait(ctx, "")
+		l, err := lease.condWait(ctx, cond)
 		a.res <- acqResult{l, err}
 	})
 	m.waitFor(t, fmt.Sprintf("process %d waits on the condition", a.id), func() bool {
@@ -1708,24 +1726,27 @@ func (m *machine) condWait(t *rapid.T) {
 	m.settle(t)
 }
 
-// condSignal signals (or broadcasts) a semaphore's condition variable: in
-// the model, its longest live waiter (or every one) joins the end of the
-// semaphore's queue, in order, with a fresh deadline.
+// condSignal signals (or broadcasts) one of a semaphore's condition
+// variables: in the model, its longest live waiter (or every one) joins
+// the end of the semaphore's queue, in order, with a fresh deadline.
 func (m *machine) condSignal(t *rapid.T, all bool) {
 	s := m.pickSem(t)
+	cond := rapid.SampledFrom(mconds).Draw(t, "condition")
 	op := "Signal"
 	if all {
 		op = "Broadcast"
 	}
-	m.logf("%s on %s's condition", op, s.name)
+	m.logf("%s on %s's condition %q", op, s.name, cond)
 	m.modelRun()
-	var woken []*mentry
-	switch {
-	case all:
-		woken, s.cond = s.cond, nil
-	case len(s.cond) > 0:
-		woken, s.cond = s.cond[:1], s.cond[1:]
+	var woken, left []*mentry
+	for _, e := range s.cond {
+		if e.cond == cond && (all || len(woken) == 0) {
+			woken = append(woken, e)
+		} else {
+			left = append(left, e)
+		}
 	}
+	s.cond = left
 	for _, e := range woken {
 		e.at = m.nowMs() + ms(e.a.waiterTTL())
 		s.queue = append(s.queue, e)
@@ -1733,9 +1754,9 @@ func (m *machine) condSignal(t *rapid.T, all bool) {
 	var n int
 	var err error
 	if all {
-		n, err = m.obs.signal(context.Background(), s.name, "", true)
+		n, err = m.obs.signal(context.Background(), s.name, cond, true)
 	} else {
-		n, err = m.obs.signal(context.Background(), s.name, "", false)
+		n, err = m.obs.signal(context.Background(), s.name, cond, false)
 	}
 	if err != nil || n != len(woken) {
 		t.Fatalf("%s = %d, %v; the model wakes %d", op, n, err, len(woken))
@@ -1743,12 +1764,12 @@ func (m *machine) condSignal(t *rapid.T, all bool) {
 	m.settle(t)
 }
 
-// redisCond reads the waiters of a semaphore's condition variable "" as
+// redisCond reads the waiters of a semaphore's condition variable cond as
 // Redis holds them, in order, keeping only those whose deadline has not
 // passed.
-func (m *machine) redisCond(s *msem) []rentry {
+func (m *machine) redisCond(s *msem, cond string) []rentry {
 	ctx := context.Background()
-	keys := condKeys(s.k, "")
+	keys := condKeys(s.k, cond)
 	members, err := m.rdb.ZRange(ctx, keys[0], 0, -1).Result()
 	if err != nil {
 		m.t.Fatal(err)

@@ -2,6 +2,7 @@ package fairlock
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"time"
@@ -20,12 +21,25 @@ const (
 // (when the lease would have expired, or the waiter been dropped, anyway).
 // Close waits for it, at most a waiter TTL past Close.
 func (c *Client) resendLater(oc opCall, p plan, until time.Time) {
+	c.resendReport(oc, p, until, nil, nil)
+}
+
+// resendReport is resendLater that, if report is not nil, passes it why
+// oc did not land (failed for good, or given up at until; last is the
+// error of the send before this one, if any) before it logs so.
+func (c *Client) resendReport(oc opCall, p plan, until time.Time, report func(error), last error) {
 	c.spawn(func() {
 		done := c.done
 		wait := resendFirst
 		for attempt := 1; ; attempt++ {
 			left := time.Until(until)
 			if left <= 0 {
+				if report != nil {
+					if last == nil {
+						last = fmt.Errorf("%w: no time left to send it again", context.DeadlineExceeded)
+					}
+					report(last)
+				}
 				c.logf(slog.LevelWarn, "fairlock: gave up sending again; Redis ends it at its deadline", p.names, "",
 					slog.String("op", oc.op.name), slog.Int("attempts", attempt-1))
 				return
@@ -47,11 +61,15 @@ func (c *Client) resendLater(oc opCall, p plan, until time.Time) {
 			cancel()
 			if err == nil || !transient(err) {
 				if err != nil {
+					if report != nil {
+						report(err)
+					}
 					c.logf(slog.LevelWarn, "fairlock: sending again failed; Redis ends it at its deadline", p.names, "",
 						slog.String("op", oc.op.name), slog.Any("error", err))
 				}
 				return
 			}
+			last = err
 			wait = min(2*wait, resendMost)
 		}
 	})

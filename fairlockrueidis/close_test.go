@@ -12,13 +12,17 @@ import (
 
 // Close returns within its bound through rueidis, which honours deadlines:
 // one waiter TTL from the call (its blocking reads nudged together, each
-// within a second of it), on a single node and a Cluster, Redis stalled
-// or refusing; every blocked Acquire has left its queue by then (see
-// fltest.CloseBound).
+// within a second of it), on a single node, a Cluster and a Sentinel set,
+// Redis stalled or refusing; every blocked Acquire has left its queue by
+// then (see fltest.CloseBound).
 func TestCloseBound(t *testing.T) {
 	fltest.CloseBound(t, fairlock.DefaultWaiterTTL+time.Second,
-		func(t *testing.T, addrs []string, cluster bool, opts ...fairlock.Option) *fairlock.Client {
-			rdb, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs})
+		func(t *testing.T, s fltest.Servers, opts ...fairlock.Option) *fairlock.Client {
+			opt := rueidis.ClientOption{InitAddress: s.Addrs}
+			if s.MasterName != "" {
+				opt.Sentinel = rueidis.SentinelOption{MasterSet: s.MasterName}
+			}
+			rdb, err := rueidis.NewClient(opt)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/engine"
 	"github.com/fairlock/fairlock/internal/statecheck"
 	"github.com/fairlock/fairlock/internal/testhook"
 	"pgregory.net/rapid"
@@ -19,13 +21,17 @@ import (
 // Property is the model-based property test, through the client under
 // test: a rapid state machine drives four processes (a Client each, with
 // an owner label of its own) on one semaphore of a drawn capacity, with
-// requests of drawn sizes: acquire, try, release, cancel a wait, and close
-// a process (which gives up what it holds and waits for, then comes back
-// as a new Client). After every step it compares what Redis reports
-// (Status: the holders and the queue in order) and what each call returned
+// requests of drawn sizes: acquire, try, release, cancel a wait, wait on
+// one of the semaphore's condition variables (the default one or a named
+// one) and signal or broadcast it, and close a process (which gives up
+// what it holds and waits for, then comes back as a new Client). After
+// every step it compares what Redis reports (Status: the holders and the
+// queue in order; each condition's waiters) and what each call returned
 // with a first-in first-out model of weighted permits: a request is
-// granted when it heads the queue and fits, and never otherwise. Every
-// Status read on the way must show no more than the capacity in use.
+// granted when it heads the queue and fits, and never otherwise; a
+// signalled condition waiter joins the end of the queue. Every Status
+// read on the way must show no more than the capacity in use, and on a
+// single server every key the keys' invariants (internal/statecheck).
 //
 // It runs with the scripts' fast paths on every target, and on the plain
 // server a second time with them off (every call on the general path, by
@@ -52,10 +58,10 @@ func property(t *testing.T, tg Target) {
 		t.Run(path.name, func(t *testing.T) {
 			var st pStats
 			rapid.Check(t, func(rt *rapid.T) { runModel(rt, tg, path.opts, &st) })
-			t.Logf("%d steps: %d grants, %d of them to a wait the queue held; %d cancelled waits, %d closes; longest queue %d",
-				st.steps, st.grants, st.queuedGrants, st.cancels, st.closes, st.maxQueue)
-			if st.queuedGrants == 0 || st.cancels == 0 || st.closes == 0 {
-				t.Errorf("the machines never reached a queued grant, a cancelled wait and a close: the model checks too little")
+			t.Logf("%d steps: %d grants, %d of them to a wait the queue held; %d cancelled waits, %d closes; longest queue %d; %d condition waits (%d on the named one), %d woken by a signal",
+				st.steps, st.grants, st.queuedGrants, st.cancels, st.closes, st.maxQueue, st.condWaits, st.namedWaits, st.woken)
+			if st.queuedGrants == 0 || st.cancels == 0 || st.closes == 0 || st.namedWaits == 0 || st.woken == 0 {
+				t.Errorf("the machines never reached a queued grant, a cancelled wait, a close, a wait on the named condition and a signalled waiter: the model checks too little")
 			}
 		})
 	}
@@ -78,13 +84,21 @@ func setChecks(t *testing.T, full, short int) {
 }
 
 // pStats counts what the machines reached, over all runs.
-type pStats struct{ steps, grants, queuedGrants, cancels, closes, maxQueue int }
+type pStats struct {
+	steps, grants, queuedGrants, cancels, closes, maxQueue int
+	condWaits, namedWaits, woken                           int
+}
+
+// pConds are the condition variables the model uses: the default one and
+// a named one (whose key is derived from the semaphore's and the name).
+var pConds = []string{"", "ready"}
 
 type pActor struct {
 	owner  string
 	c      *fairlock.Client
-	n      int64 // permits of the request in progress
-	state  int   // pIdle, pWaiting, pHolding
+	n      int64  // permits of the request in progress
+	state  int    // pIdle, pWaiting, pHolding, pCond
+	cond   string // pCond: the condition it waits on
 	lease  *fairlock.Lease
 	res    chan pResult // the Acquire in progress
 	cancel context.CancelFunc
@@ -97,6 +111,7 @@ const (
 	pIdle = iota
 	pWaiting
 	pHolding
+	pCond // waits on a condition (its Wait's result comes on res)
 )
 
 type pResult struct {
@@ -111,6 +126,7 @@ type pModel struct {
 	cap    int64
 	actors []*pActor
 	queue  []*pActor // arrival order
+	conds  []*pActor // condition waiters, in the order they began to wait
 	held   int64
 	opts   []fairlock.Option // of every process
 	st     *pStats
@@ -132,12 +148,15 @@ func runModel(rt *rapid.T, tg Target, opts []fairlock.Option, st *pStats) {
 		m.actors = append(m.actors, a)
 	}
 	rt.Repeat(map[string]func(*rapid.T){
-		"acquire": m.acquire,
-		"try":     m.try,
-		"release": m.release,
-		"cancel":  m.cancelWait,
-		"close":   m.close,
-		"":        m.check,
+		"acquire":   m.acquire,
+		"try":       m.try,
+		"release":   m.release,
+		"cancel":    m.cancelWait,
+		"close":     m.close,
+		"wait":      m.condWait,
+		"signal":    func(t *rapid.T) { m.signal(t, false) },
+		"broadcast": func(t *rapid.T) { m.signal(t, true) },
+		"":          m.check,
 	})
 }
 
@@ -234,7 +253,7 @@ func (m *pModel) release(t *rapid.T) {
 }
 
 func (m *pModel) cancelWait(t *rapid.T) {
-	a := m.pick(t, pWaiting)
+	a := m.pick(t, rapid.SampledFrom([]int{pWaiting, pCond}).Draw(t, "wait cancelled"))
 	a.cancel()
 	r := m.result(a)
 	if r.err == nil {
@@ -244,6 +263,7 @@ func (m *pModel) cancelWait(t *rapid.T) {
 		t.Fatalf("%s: cancelled wait returned %v, want context.Canceled", a.owner, r.err)
 	}
 	m.queue = slices.DeleteFunc(m.queue, func(x *pActor) bool { return x == a })
+	m.conds = slices.DeleteFunc(m.conds, func(x *pActor) bool { return x == a })
 	a.state, a.res, a.cancel = pIdle, nil, nil
 	m.st.cancels++
 	m.grant()
@@ -261,15 +281,78 @@ func (m *pModel) close(t *rapid.T) {
 	switch a.state {
 	case pHolding:
 		m.held -= a.n
-	case pWaiting:
+	case pWaiting, pCond:
 		if r := m.result(a); !errors.Is(r.err, fairlock.ErrClosed) {
 			t.Fatalf("%s: a wait ended by Close returned %v, %v; want ErrClosed", a.owner, r.l, r.err)
 		}
 		m.queue = slices.DeleteFunc(m.queue, func(x *pActor) bool { return x == a })
+		m.conds = slices.DeleteFunc(m.conds, func(x *pActor) bool { return x == a })
 	}
 	m.reopen(a)
 	m.st.closes++
 	m.grant()
+}
+
+// condWait has a holder wait on one of the semaphore's conditions: its
+// lease is spent (its permits go to the queue's heads that fit) and it
+// waits on the condition, behind those already there.
+func (m *pModel) condWait(t *rapid.T) {
+	a := m.pick(t, pHolding)
+	cond := rapid.SampledFrom(pConds).Draw(t, "condition")
+	ctx, cancel := context.WithCancel(context.Background())
+	lease := a.lease
+	a.cancel, a.res, a.state, a.cond, a.lease = cancel, make(chan pResult, 1), pCond, cond, nil
+	go func() {
+		l, err := engine.CondWait(ctx, lease, cond)
+		nl, _ := l.(*fairlock.Lease)
+		a.res <- pResult{nl, err}
+	}()
+	m.held -= a.n
+	m.conds = append(m.conds, a)
+	m.st.condWaits++
+	if cond != "" {
+		m.st.namedWaits++
+	}
+	m.grant()
+	// Its place on the condition is fixed before the next step.
+	m.check(t)
+}
+
+// signal wakes the longest waiter of one of the semaphore's conditions
+// (all: every one), through any process: each joins the end of the queue,
+// in order.
+func (m *pModel) signal(t *rapid.T, all bool) {
+	cond := rapid.SampledFrom(pConds).Draw(t, "condition")
+	var woken, left []*pActor
+	for _, a := range m.conds {
+		if a.cond == cond && (all || len(woken) == 0) {
+			woken = append(woken, a)
+		} else {
+			left = append(left, a)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	by := rapid.SampledFrom(m.actors).Draw(t, "signaller")
+	n, err := engine.Signal(ctx, by.c, m.name, cond, all)
+	if err != nil || n != len(woken) {
+		t.Fatalf("%s: signal (all %v) of condition %q = %d, %v; the model wakes %d", by.owner, all, cond, n, err, len(woken))
+	}
+	m.conds = left
+	for _, a := range woken {
+		a.state, a.queued = pWaiting, true
+		m.queue = append(m.queue, a)
+		m.st.woken++
+	}
+	m.st.maxQueue = max(m.st.maxQueue, len(m.queue))
+	m.grant()
+	m.check(t)
+}
+
+// condKey is the key of the semaphore's condition cond (the library's
+// derived key: the base, U+001F, "c", U+001F, the name).
+func (m *pModel) condKey(cond string) string {
+	return fairlock.DefaultPrefix + m.name + "\x1fc\x1f" + cond
 }
 
 // result waits for a's Acquire to return.
@@ -300,11 +383,11 @@ func (m *pModel) check(t *rapid.T) {
 		if a.granted {
 			m.take(t, a)
 		}
-		if a.state == pWaiting {
+		if a.state == pWaiting || a.state == pCond {
 			select {
 			case r := <-a.res:
-				t.Fatalf("%s: Acquire(%d) returned %v, %v while the model has it wait (%d of %d in use, queue %s)",
-					a.owner, a.n, r.l, r.err, m.held, m.cap, m.queueString())
+				t.Fatalf("%s: Acquire(%d) returned %v, %v while the model has it wait (%d of %d in use, queue %s, conditions %s)",
+					a.owner, a.n, r.l, r.err, m.held, m.cap, m.queueString(), m.condString())
 			default:
 			}
 		}
@@ -325,7 +408,7 @@ func (m *pModel) check(t *rapid.T) {
 			t.Fatalf("state invariant: %v", err)
 		}
 	}
-	want := fmt.Sprintf("holders %v, queue %s", wantHolders, m.queueString())
+	want := fmt.Sprintf("holders %v, queue %s, conditions %s", wantHolders, m.queueString(), m.condString())
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -345,7 +428,24 @@ func (m *pModel) check(t *rapid.T) {
 			queue = append(queue, fmt.Sprintf("%s:%d", w.Owner, w.Permits))
 		}
 		slices.Sort(holders)
-		got := fmt.Sprintf("holders %v, queue %v", holders, queue)
+		var conds []string
+		for _, cond := range pConds {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ws, err := m.tg.Admin.ZRange(ctx, m.condKey(cond), 0, -1).Result()
+			cancel()
+			if err != nil {
+				t.Fatalf("reading condition %q: %v", cond, err)
+			}
+			for _, w := range ws {
+				// A member: ticket, permits, client, ...
+				f := strings.Fields(w)
+				if len(f) < 2 {
+					t.Fatalf("condition %q has a member of a bad form: %q", cond, w)
+				}
+				conds = append(conds, fmt.Sprintf("%q:%s", cond, f[1]))
+			}
+		}
+		got := fmt.Sprintf("holders %v, queue %v, conditions %v", holders, queue, conds)
 		if got == want {
 			return
 		}
@@ -354,6 +454,21 @@ func (m *pModel) check(t *rapid.T) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+// condString lists the model's condition waiters, condition by condition,
+// each in order, by their permits, as check reads Redis's (whose members
+// name a client by an id of the library's, not by its owner label).
+func (m *pModel) condString() string {
+	var c []string
+	for _, cond := range pConds {
+		for _, a := range m.conds {
+			if a.cond == cond {
+				c = append(c, fmt.Sprintf("%q:%d", cond, a.n))
+			}
+		}
+	}
+	return fmt.Sprint(c)
 }
 
 func (m *pModel) queueString() string {

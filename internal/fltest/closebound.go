@@ -12,50 +12,76 @@ import (
 	"github.com/fairlock/fairlock/internal/redistest"
 )
 
+// Servers says where a Connect's client connects: a single server's
+// address, a Cluster's nodes' (Cluster set), or a Sentinel set's
+// sentinels' (MasterName set: the client reaches the master through them).
+type Servers struct {
+	Addrs      []string
+	Cluster    bool
+	MasterName string
+}
+
 // Connect returns a fairlock client through one Redis client library, on
-// the servers at addrs (a Cluster's nodes when cluster is set), closed
-// when the test ends.
-type Connect func(t *testing.T, addrs []string, cluster bool, opts ...fairlock.Option) *fairlock.Client
+// the servers s, closed when the test ends.
+type Connect func(t *testing.T, s Servers, opts ...fairlock.Option) *fairlock.Client
 
 // CloseBound checks Close's bound through connect's client library, on a
-// single node and on a three-node Cluster that it starts: with one lease
-// held and Acquire calls blocked (their contexts able to end; in 8 hash
-// slots on the Cluster, so that 8 blocking reads wait), Redis stalled
-// (SIGSTOP) or refusing connections (killed), Close returns within bound
+// single node, on a three-node Cluster and on a Sentinel set (a master, a
+// replica, three sentinels; the client connected through the sentinels)
+// that it starts: with one lease held and Acquire calls blocked (their
+// contexts able to end; in 8 hash slots on the Cluster, so that 8
+// blocking reads wait), Redis stalled (SIGSTOP) or refusing connections
+// (killed) (on the Sentinel set, the master; the sentinels and the
+// replica keep running, and no failover begins within the row, as in the
+// moments after a master stalls or dies), Close returns within bound
 // of its call (checked with a generous margin), every blocked Acquire has
 // returned ErrClosed by then, and once a stalled Redis resumes no live
 // waiter of the closed client is left in any queue. It runs in the full
 // suite only (redistest.Long): each row waits out a waiter TTL or more.
 func CloseBound(t *testing.T, bound time.Duration, connect Connect) {
 	redistest.Long(t)
-	for _, topo := range []string{"single", "cluster"} {
+	for _, topo := range []string{"single", "cluster", "sentinel"} {
 		for _, fault := range []string{"stalled", "refusing"} {
 			t.Run(topo+"/"+fault, func(t *testing.T) {
+				// nodes are the servers the fault is applied to.
 				var nodes []*redisserver.Server
+				var servers Servers
 				cluster := topo == "cluster"
-				if cluster {
+				switch topo {
+				case "cluster":
 					cl, err := redisserver.StartCluster(3)
 					if err != nil {
 						t.Skipf("no Cluster: %v", err)
 					}
 					defer cl.Stop()
 					nodes = cl.Nodes
-				} else {
+					servers.Cluster = true
+					for _, n := range nodes {
+						servers.Addrs = append(servers.Addrs, n.Addr)
+					}
+				case "sentinel":
+					// The master is declared down after a minute: longer
+					// than the row, so no failover begins.
+					set, err := redisserver.StartSentinel(time.Minute)
+					if err != nil {
+						t.Skipf("no Sentinel set: %v", err)
+					}
+					defer set.Stop()
+					nodes = []*redisserver.Server{set.Master}
+					servers = Servers{Addrs: set.SentinelAddrs(), MasterName: redisserver.MasterName}
+				default:
 					srv, err := redisserver.Start()
 					if err != nil {
 						t.Skipf("no redis-server: %v", err)
 					}
 					defer srv.Stop()
 					nodes = []*redisserver.Server{srv}
-				}
-				var addrs []string
-				for _, n := range nodes {
-					addrs = append(addrs, n.Addr)
+					servers.Addrs = []string{srv.Addr}
 				}
 				prefix := fairlock.WithPrefix(redistest.Prefix(t))
 				ctx := context.Background()
-				other := connect(t, addrs, cluster, prefix)
-				c := connect(t, addrs, cluster, prefix)
+				other := connect(t, servers, prefix)
+				c := connect(t, servers, prefix)
 				req := func(name string) fairlock.Request { return fairlock.Request{Name: name, Capacity: 1, Permits: 1} }
 				if _, err := c.Acquire(ctx, req("held")); err != nil {
 					t.Fatal(err)

@@ -33,6 +33,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -63,25 +64,86 @@ type State struct {
 	Purged int64
 }
 
-// Check returns the first invariant that Redis's keys break, or nil. It
-// reads each base's keys in one transaction, so that scripts running
-// meanwhile are seen whole or not at all. (Of the condition variables,
-// only the default one's key, <base>␟c␟ (defaultCond), is read.)
-// defaultCond is what follows a semaphore's base in the key of its default
-// condition variable (the one named ""): the library's derived keys are
-// base, U+001F, a kind ("c"), U+001F and a payload (keys.go's derived).
-const defaultCond = "\x1fc\x1f"
+// condMark is what follows a semaphore's base in the keys of its
+// condition variables: the library's derived keys are base, U+001F, a
+// kind ("c"), U+001F and a payload (the condition's name; keys.go's
+// derived), so <base>␟c␟ is the default condition's (the one named "")
+// and <base>␟c␟<name> the condition name's.
+const condMark = "\x1fc\x1f"
 
+// maxReads bounds Check's tries at one consistent read (see Check).
+const maxReads = 20
+
+// Check returns the first invariant that Redis's keys break, or nil. It
+// reads each base's keys, every condition variable's among them, in one
+// transaction, so that scripts running meanwhile are seen whole or not at
+// all. The condition keys it reads are those found under s.Prefix before
+// the transaction; the transaction lists the keys again, and if the
+// condition keys it finds are not those it read (a script made or
+// dropped one in between), Check reads again. Every base must be under
+// s.Prefix.
 func Check(ctx context.Context, rdb redis.Cmdable, s State) error {
+	for _, b := range s.Bases {
+		if !strings.HasPrefix(b, s.Prefix) {
+			return fmt.Errorf("base %q is not under the prefix %q", b, s.Prefix)
+		}
+	}
+	known, err := rdb.Keys(ctx, globEscape(s.Prefix)+"*").Result()
+	if err != nil {
+		return err
+	}
+	for range maxReads {
+		again, keys, err := check(ctx, rdb, s, condKeysOf(s.Bases, known))
+		if !again {
+			return err
+		}
+		known = keys
+	}
+	return fmt.Errorf("the condition keys changed under each of %d reads", maxReads)
+}
+
+// condKeysOf returns, for each base, the keys among keys of its condition
+// variables, sorted.
+func condKeysOf(bases, keys []string) [][]string {
+	out := make([][]string, len(bases))
+	for i, b := range bases {
+		for _, k := range keys {
+			if strings.HasPrefix(k, b+condMark) {
+				out[i] = append(out[i], k)
+			}
+		}
+		slices.Sort(out[i])
+	}
+	return out
+}
+
+// globEscape escapes the characters that KEYS's pattern gives a meaning.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`\*?[]^-`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// check is one try of Check, reading condKeys[i] as base i's condition
+// keys. If the transaction found other condition keys, it returns again
+// and the keys it found, to read again.
+func check(ctx context.Context, rdb redis.Cmdable, s State, condKeys [][]string) (again bool, keys []string, err error) {
 	type read struct {
-		st                     *redis.MapStringStringCmd
-		q, d, h, t, c          *redis.ZSliceCmd
-		ts, tq, td, th, tt, tc *redis.DurationCmd
+		st                 *redis.MapStringStringCmd
+		q, d, h, t         *redis.ZSliceCmd
+		ts, tq, td, th, tt *redis.DurationCmd
+		c                  []*redis.ZSliceCmd   // of condKeys[i]
+		tc                 []*redis.DurationCmd // of condKeys[i]
 	}
 	reads := make([]read, len(s.Bases))
 	tx := rdb.TxPipeline()
 	clock := tx.Time(ctx)
-	all := tx.Keys(ctx, s.Prefix+"*")
+	all := tx.Keys(ctx, globEscape(s.Prefix)+"*")
 	for i, b := range s.Bases {
 		r := &reads[i]
 		r.st = tx.HGetAll(ctx, b+":s")
@@ -89,28 +151,36 @@ func Check(ctx context.Context, rdb redis.Cmdable, s State) error {
 		r.d = tx.ZRangeWithScores(ctx, b+":d", 0, -1)
 		r.h = tx.ZRangeWithScores(ctx, b+":h", 0, -1)
 		r.t = tx.ZRangeWithScores(ctx, b+":t", 0, -1)
-		r.c = tx.ZRangeWithScores(ctx, b+defaultCond, 0, -1)
 		r.ts, r.tq, r.td = tx.PTTL(ctx, b+":s"), tx.PTTL(ctx, b+":q"), tx.PTTL(ctx, b+":d")
-		r.th, r.tt, r.tc = tx.PTTL(ctx, b+":h"), tx.PTTL(ctx, b+":t"), tx.PTTL(ctx, b+defaultCond)
+		r.th, r.tt = tx.PTTL(ctx, b+":h"), tx.PTTL(ctx, b+":t")
+		for _, k := range condKeys[i] {
+			r.c = append(r.c, tx.ZRangeWithScores(ctx, k, 0, -1))
+			r.tc = append(r.tc, tx.PTTL(ctx, k))
+		}
 	}
 	if _, err := tx.Exec(ctx); err != nil && err != redis.Nil {
-		return err
+		return false, nil, err
+	}
+	keys = all.Val()
+	for i, found := range condKeysOf(s.Bases, keys) {
+		if !slices.Equal(found, condKeys[i]) {
+			return true, keys, nil
+		}
 	}
 	now := clock.Val().UnixMilli()
 	// Every key has a TTL (read after the transaction: a script is
 	// atomic, so no key is ever seen between its write and its TTL).
-	keys := all.Val()
 	pipe := rdb.Pipeline()
 	ttls := make([]*redis.DurationCmd, len(keys))
 	for i, k := range keys {
 		ttls[i] = pipe.PTTL(ctx, k)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
-		return err
+		return false, nil, err
 	}
 	for i, k := range keys {
 		if ttls[i].Val() == -1 {
-			return fmt.Errorf("key %s has no TTL", k)
+			return false, nil, fmt.Errorf("key %s has no TTL", k)
 		}
 	}
 	for i, b := range s.Bases {
@@ -120,24 +190,27 @@ func Check(ctx context.Context, rdb redis.Cmdable, s State) error {
 		// millisecond for the clock to move within the transaction; 0
 		// if absent.
 		late, early := map[string]int64{}, map[string]int64{}
-		for k, c := range map[string]*redis.DurationCmd{":s": r.ts, ":q": r.tq, ":d": r.td, ":h": r.th, ":t": r.tt, defaultCond: r.tc} {
+		ttlOf := map[string]*redis.DurationCmd{b + ":s": r.ts, b + ":q": r.tq, b + ":d": r.td, b + ":h": r.th, b + ":t": r.tt}
+		for j, k := range condKeys[i] {
+			ttlOf[k] = r.tc[j]
+		}
+		for k, c := range ttlOf {
 			switch ttl := c.Val(); {
 			case ttl == -1:
-				return fmt.Errorf("key %s has no TTL", b+k)
+				return false, nil, fmt.Errorf("key %s has no TTL", k)
 			case ttl >= 0:
-				late[b+k], early[b+k] = now+ttl.Milliseconds()+1, now+ttl.Milliseconds()-1
+				late[k], early[k] = now+ttl.Milliseconds()+1, now+ttl.Milliseconds()-1
 			}
 		}
-		var condKeys []string
 		var conds [][]redis.Z
-		if late[b+defaultCond] != 0 {
-			condKeys, conds = []string{b + defaultCond}, [][]redis.Z{r.c.Val()}
+		for _, c := range r.c {
+			conds = append(conds, c.Val())
 		}
-		if err := checkBase(b, r.st.Val(), r.q.Val(), r.d.Val(), r.h.Val(), r.t.Val(), condKeys, conds, late, early, now, s.Purged); err != nil {
-			return fmt.Errorf("%s: %w", b, err)
+		if err := checkBase(b, r.st.Val(), r.q.Val(), r.d.Val(), r.h.Val(), r.t.Val(), condKeys[i], conds, late, early, now, s.Purged); err != nil {
+			return false, nil, fmt.Errorf("%s: %w", b, err)
 		}
 	}
-	return nil
+	return false, nil, nil
 }
 
 func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []string, conds [][]redis.Z, late, early map[string]int64, now, purged int64) error {

@@ -1,0 +1,122 @@
+package statecheck
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// waitOn writes, in one transaction, a waiter of the condition cond of
+// the semaphore at base as the scripts keep it: its member in the
+// condition's key, its deadline in :d, its marker and the count nc in the
+// state hash; condTTL is the condition key's TTL.
+func waitOn(ctx context.Context, rdb redis.Cmdable, base, cond, ticket string, condTTL time.Duration) error {
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		return err
+	}
+	m := ticket + " 1 client lease 1000"
+	tx := rdb.TxPipeline()
+	tx.HSet(ctx, base+":s", "layout", Layout, "cap", "1", ticket, "c"+cond)
+	tx.HIncrBy(ctx, base+":s", "nc", 1)
+	tx.PExpire(ctx, base+":s", time.Minute)
+	tx.ZAdd(ctx, base+":d", redis.Z{Score: float64(now.Add(10 * time.Second).UnixMilli()), Member: m})
+	tx.PExpire(ctx, base+":d", time.Minute)
+	tx.ZAdd(ctx, base+condMark+cond, redis.Z{Score: 1, Member: m})
+	tx.PExpire(ctx, base+condMark+cond, condTTL)
+	_, err = tx.Exec(ctx)
+	return err
+}
+
+// Check reads every condition variable's key of a base, the named ones
+// too: it counts their waiters against the state hash's nc and checks
+// that each key lives as long as its waiters.
+func TestCheckReadsNamedConditions(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, tc := range []struct {
+			name    string
+			condTTL time.Duration
+			want    string // in Check's error; "" for none
+		}{
+			{"kept", time.Minute, ""},
+			{"expiring before its waiter", 5 * time.Second, "before its latest waiter's deadline"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				rdb := b.Client(t)
+				prefix := redistest.Prefix(t)
+				base := prefix + "{x}"
+				if err := waitOn(ctx, rdb, base, "", "T1", time.Minute); err != nil {
+					t.Fatal(err)
+				}
+				if err := waitOn(ctx, rdb, base, "ready", "T2", tc.condTTL); err != nil {
+					t.Fatal(err)
+				}
+				err := Check(ctx, rdb, State{Prefix: prefix, Bases: []string{base}})
+				t.Logf("Check = %v", err)
+				switch {
+				case tc.want == "" && err != nil:
+					t.Fatalf("Check of a named condition kept as the scripts keep it = %v, want nil", err)
+				case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+					t.Fatalf("Check = %v, want an error saying %q", err, tc.want)
+				}
+			})
+		}
+	})
+}
+
+// makeCond is a go-redis hook that, before the first transaction its
+// client sends, has a waiter join the named condition "late" (a script
+// running between Check's listing of the keys and its transaction).
+type makeCond struct {
+	rdb  redis.Cmdable
+	base string
+	done atomic.Bool
+}
+
+func (h *makeCond) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *makeCond) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return next
+}
+func (h *makeCond) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && cmds[0].Name() == "multi" && h.done.CompareAndSwap(false, true) {
+			if err := waitOn(ctx, h.rdb, h.base, "late", "T9", time.Minute); err != nil {
+				return err
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A condition key made between Check's listing of the keys and its
+// transaction is read too: the transaction lists the keys again, and
+// Check reads again when they differ (else it would count a waiter in nc
+// whose key it did not read).
+func TestCheckReadsAConditionMadeMeanwhile(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		rdb := b.Client(t)
+		prefix := redistest.Prefix(t)
+		base := prefix + "{x}"
+		if err := waitOn(ctx, rdb, base, "", "T1", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		hook := &makeCond{rdb: b.Client(t), base: base}
+		rdb.AddHook(hook)
+		err := Check(ctx, rdb, State{Prefix: prefix, Bases: []string{base}})
+		if !hook.done.Load() {
+			t.Fatal("the hook made no condition")
+		}
+		if err != nil {
+			t.Fatalf("Check with a condition made meanwhile = %v, want nil", err)
+		}
+	})
+}
