@@ -71,13 +71,22 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		}
 		sent := time.Now()
 		ticket := w.ticket
-		o, ok := c.calls.op(ctx, p.acquireCall(mode, ticket, c), func(outcome) {
+		// The call ends at the close as well as with ctx, so that neither
+		// its caller nor the Redis client's retries (a Cluster client
+		// tries a command four times, each try waiting out its read
+		// timeout when Redis stalls) outlast the close.
+		callCtx, endCall := c.untilClose(ctx)
+		o, ok := c.calls.op(callCtx, p.acquireCall(mode, ticket, c), func(outcome) {
 			// The script may have queued or granted the ticket after the
 			// caller left, or before its reply was lost.
 			c.cleanUp(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p)
 		})
+		endCall()
 		if !ok {
 			c.waits.unregister(r, w)
+			if ctx.Err() == nil && c.closing.Err() != nil {
+				return nil, wrap(fmt.Errorf("%w: the acquisition was on its way to Redis", ErrClosed))
+			}
 			return nil, wrap(o.res.err)
 		}
 		rep, err := parseAcquireReply(o.res, len(p.parts))
@@ -253,6 +262,14 @@ func (c *Client) cleanUp(ctx context.Context, oc opCall, p plan) {
 	// One waiter TTL, counted from a close's end of the client's work at
 	// the latest (see cleanUpBy), so that the close's bound holds.
 	by := c.cleanUpBy()
+	if !time.Now().Before(by) {
+		// A call that outlasted the close's bound hands its clean-up
+		// over too late: nothing may be sent past the bound. The ticket
+		// ends at its deadline.
+		c.logf(slog.LevelWarn, "fairlock: clean-up came past the close's bound; Redis drops the ticket at its deadline", p.names, "",
+			slog.String("op", oc.op.name))
+		return
+	}
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), by)
 	defer cancel()
 	res, _ := c.calls.run(ctx, oc)
@@ -265,6 +282,17 @@ func (c *Client) cleanUp(ctx context.Context, oc opCall, p plan) {
 	} else if err != nil {
 		c.logf(slog.LevelWarn, "fairlock: clean-up failed; Redis drops the ticket at its deadline", p.names, "",
 			slog.String("op", oc.op.name), slog.Any("error", err))
+	}
+}
+
+// untilClose returns a context that ends with ctx or when the client's
+// close begins, whichever comes first, and the function that releases it.
+func (c *Client) untilClose(ctx context.Context) (context.Context, func()) {
+	cctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(c.closing, cancel)
+	return cctx, func() {
+		stop()
+		cancel()
 	}
 }
 
