@@ -174,11 +174,12 @@ func TestCloseBoundAcquireOnItsWay(t *testing.T) {
 }
 
 // scriptSent is a go-redis hook that closes sent when a script command
-// goes out once armed.
+// goes out once armed, after running before (if set).
 type scriptSent struct {
-	armed atomic.Bool
-	once  sync.Once
-	sent  chan struct{}
+	armed  atomic.Bool
+	once   sync.Once
+	sent   chan struct{}
+	before func()
 }
 
 func (h *scriptSent) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -188,7 +189,12 @@ func (h *scriptSent) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		switch cmd.Name() {
 		case "evalsha", "eval", "fcall":
 			if h.armed.Load() {
-				h.once.Do(func() { close(h.sent) })
+				h.once.Do(func() {
+					if h.before != nil {
+						h.before()
+					}
+					close(h.sent)
+				})
 			}
 		}
 		return next(ctx, cmd)
@@ -197,4 +203,59 @@ func (h *scriptSent) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (h *scriptSent) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// A renewal on its way when Redis stalls ends at the close. A go-redis
+// client tries it again while the lease's deadline lasts, each try waiting
+// out the ReadTimeout (a Cluster client four times): with a 2 s
+// ReadTimeout and the default lease TTL, 8 s of tries for a renewal sent
+// 6.7 s before the deadline, which Close waited for.
+func TestCloseBoundRenewalOnItsWay(t *testing.T) {
+	redistest.Long(t)
+	cl, err := redisserver.StartCluster(3)
+	if err != nil {
+		t.Skipf("no Cluster: %v", err)
+	}
+	defer cl.Stop()
+	const readTimeout = 2 * time.Second
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), ReadTimeout: readTimeout})
+	defer func() { _ = cc.Close() }()
+	h := &scriptSent{sent: make(chan struct{})}
+	// The renewal's script meets a stalled Redis.
+	h.before = func() {
+		for _, n := range cl.Nodes {
+			_ = n.Pause()
+		}
+	}
+	defer func() {
+		for _, n := range cl.Nodes {
+			_ = n.Resume()
+		}
+	}()
+	cc.AddHook(h)
+	c, err := fairlock.New(cc, fairlock.WithPrefix(redistest.Prefix(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	if _, err := c.Acquire(context.Background(), fairlock.Request{Name: "held", Capacity: 1, Permits: 1}); err != nil {
+		t.Fatal(err)
+	}
+	h.armed.Store(true)
+	select {
+	case <-h.sent:
+	case <-time.After(fairlock.DefaultLeaseTTL):
+		t.Fatal("the lease was not renewed")
+	}
+	start := time.Now()
+	err = c.Close()
+	took := time.Since(start)
+	bound := fairlock.DefaultWaiterTTL + readTimeout
+	t.Logf("Close returned in %v (bound %v): %v", took, bound, err)
+	if err != nil && !errors.Is(err, fairlock.ErrRedis) {
+		t.Fatalf("Close = %v, want nil or an error matching ErrRedis", err)
+	}
+	if limit := bound + 2*time.Second; took > limit {
+		t.Fatalf("Close returned in %v, want within its bound %v (limit checked %v)", took, bound, limit)
+	}
 }
