@@ -74,8 +74,15 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		// The call ends at the close as well as with ctx, so that neither
 		// its caller nor the Redis client's retries (a Cluster client
 		// tries a command four times, each try waiting out its read
-		// timeout when Redis stalls) outlast the close.
-		callCtx, endCall := c.untilClose(ctx)
+		// timeout when Redis stalls) outlast the close. (Through a
+		// batching client, a call under a context that cannot end is
+		// sent alone, on its caller's goroutine, as it comes: a batch
+		// holding it could hold its group until the close. A close
+		// waits for such a call until its bound only, and says so.)
+		callCtx, endCall := ctx, func() {}
+		if ctx.Done() != nil || c.calls.batch == nil {
+			callCtx, endCall = c.untilClose(ctx)
+		}
 		o, ok := c.calls.op(callCtx, p.acquireCall(mode, ticket, c), func(outcome) {
 			// The script may have queued or granted the ticket after the
 			// caller left, or before its reply was lost.
