@@ -74,21 +74,26 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		// The call ends at the close as well as with ctx, so that neither
 		// its caller nor the Redis client's retries (a Cluster client
 		// tries a command four times, each try waiting out its read
-		// timeout when Redis stalls) outlast the close. (Through a
-		// batching client, a call under a context that cannot end is
-		// sent alone, on its caller's goroutine, as it comes: a batch
-		// holding it could hold its group until the close. A close
-		// waits for such a call until its bound only, and says so.)
-		callCtx, endCall := ctx, func() {}
-		if ctx.Done() != nil || c.calls.batch == nil {
-			callCtx, endCall = c.untilClose(ctx)
+		// timeout when Redis stalls) outlast the close's bound: needed
+		// only when ctx may outlast that bound (one waiter TTL from the
+		// close). A call under a context that cannot end runs as it
+		// comes, on its caller's goroutine (through a batching client,
+		// alone: a batch holding it could hold its group); a close waits
+		// for it until its bound only, and says so.
+		callCtx, endCall, unhook := ctx, context.CancelFunc(nil), func() bool { return false }
+		if c.mayOutlastClose(ctx) {
+			callCtx, endCall = context.WithCancel(ctx)
+			unhook = context.AfterFunc(c.closing, endCall)
 		}
 		o, ok := c.calls.op(callCtx, p.acquireCall(mode, ticket, c), func(outcome) {
 			// The script may have queued or granted the ticket after the
 			// caller left, or before its reply was lost.
 			c.cleanUp(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p)
 		})
-		endCall()
+		if endCall != nil {
+			unhook()
+			endCall()
+		}
 		if !ok {
 			c.waits.unregister(r, w)
 			if ctx.Err() == nil && c.closing.Err() != nil {
@@ -292,15 +297,15 @@ func (c *Client) cleanUp(ctx context.Context, oc opCall, p plan) {
 	}
 }
 
-// untilClose returns a context that ends with ctx or when the client's
-// close begins, whichever comes first, and the function that releases it.
-func (c *Client) untilClose(ctx context.Context) (context.Context, func()) {
-	cctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(c.closing, cancel)
-	return cctx, func() {
-		stop()
-		cancel()
+// mayOutlastClose reports whether ctx can end, but may last longer than
+// a close begun now would wait (one waiter TTL): no deadline, or a later
+// one.
+func (c *Client) mayOutlastClose(ctx context.Context) bool {
+	if ctx.Done() == nil {
+		return false
 	}
+	dl, ok := ctx.Deadline()
+	return !ok || dl.After(time.Now().Add(c.cfg.waiterTTL))
 }
 
 // maxPumps bounds the scripts one background pump runs for one semaphore;

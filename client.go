@@ -314,11 +314,11 @@ func isNilPointer(v any) bool {
 // other call still unanswered then goes on in the background until the
 // Redis client gives it up, and Close returns an error matching ErrRedis
 // that says what it left. An Acquire whose script call is on its way
-// when Close begins returns ErrClosed at once (but for one under a
-// context that cannot end, on a client with [WithBatching], which returns
-// when its call does); the ticket the script may have queued is withdrawn
-// once the call returns, within the bound (past it, the ticket ends at
-// its deadline). [Client.Abandon] closes without
+// when Close begins returns ErrClosed at once, unless its context ends
+// within one waiter TTL anyway (it returns by then) or cannot end (it
+// returns when its call does, which Close waits for until its bound
+// only); the ticket the script may have queued is withdrawn once the call
+// returns, within the bound (past it, the ticket ends at its deadline). [Client.Abandon] closes without
 // releasing, for leases that must outlive the process. Close, Shutdown and
 // Abandon may be called many times and concurrently (see Shutdown); a
 // Close during a Shutdown ends that Shutdown's wait for the holders.
