@@ -44,13 +44,12 @@ const defaultAnswerWait = 5 * time.Second
 // already sent through b: go-redis's ReadTimeout through go-redis (each
 // try waits for it, whatever the context, and a try begun before the
 // context's end runs out), defaultAnswerWait for other Backends that do
-// not return by their context's end. A Backend that does returns by then,
-// but for a blocking read begun before the close, whose context lasts
-// listenTimeout past the bound (a nudge cannot end it if Redis stalls;
-// through go-redis, Close closes the blocking reads' connections).
+// not return by their context's end. A Backend that does returns by the
+// contexts the close bounds: 0, the close waits for its calls as they
+// return.
 func answerWait(b backend.Backend, info backend.Info) time.Duration {
 	if info.Deadlines {
-		return listenTimeout + closeSlack
+		return 0
 	}
 	if g, ok := b.(*goRedis); ok {
 		if d := g.readTimeout(); d > 0 {
@@ -362,7 +361,6 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, 
 		c.mu.Unlock()
 	}()
 	until := by.Add(closeSlack)
-	giveUp := until.Add(c.answerWait)
 	wake := func(at time.Time) *time.Timer {
 		return time.AfterFunc(time.Until(at), func() {
 			c.mu.Lock()
@@ -370,15 +368,19 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, 
 			c.mu.Unlock()
 		})
 	}
-	wakeUntil, wakeGiveUp := wake(until), wake(giveUp)
+	wakeUntil := wake(until)
+	defer wakeUntil.Stop()
+	var giveUp time.Time // none: the close waits for the Backend's calls
+	if c.answerWait > 0 {
+		giveUp = until.Add(c.answerWait)
+		defer wake(giveUp).Stop()
+	}
 	c.mu.Lock()
-	for (!background || c.tasks > 0 || (c.acquiring > 0 && (!c.info.Deadlines || time.Now().Before(until)))) && time.Now().Before(giveUp) {
+	for (!background || c.tasks > 0 || (c.acquiring > 0 && (!c.info.Deadlines || time.Now().Before(until)))) && (giveUp.IsZero() || time.Now().Before(giveUp)) {
 		c.tasksDone.Wait()
 	}
 	stuck, tasks, ended := c.acquiring, c.tasks, background
 	c.mu.Unlock()
-	wakeUntil.Stop()
-	wakeGiveUp.Stop()
 	var errs []error
 	if n := s.failed.Load(); n > 0 {
 		err, _ := s.lastErr.Load().(error)
