@@ -20,7 +20,8 @@ type Connect func(t *testing.T, addrs []string, cluster bool, opts ...fairlock.O
 // CloseBound checks Close's bound through connect's client library, on a
 // single node and on a three-node Cluster that it starts: with one lease
 // held and Acquire calls blocked (their contexts able to end; in 8 hash
-// slots on the Cluster, so that 8 blocking reads wait), Redis stalled
+// slots on the Cluster, so that 8 blocking reads wait), and, Redis
+// stalled, one more Acquire whose script call is on its way, Redis stalled
 // (SIGSTOP) or refusing connections (killed), Close returns within bound
 // of its call (checked with a generous margin), every blocked Acquire has
 // returned ErrClosed by then, and once a stalled Redis resumes no live
@@ -85,6 +86,13 @@ func CloseBound(t *testing.T, bound time.Duration, connect Connect) {
 					case "refusing":
 						n.Kill()
 					}
+				}
+				if fault == "stalled" {
+					// One more Acquire, whose script call is on its way
+					// when Close begins (a client's retries of it must not
+					// hold Close).
+					blocked = append(blocked, Async(func() (*fairlock.Lease, error) { return c.Acquire(wctx, req("late")) }))
+					time.Sleep(100 * time.Millisecond)
 				}
 				start := time.Now()
 				err := c.Close()
