@@ -71,7 +71,21 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		}
 		sent := time.Now()
 		ticket := w.ticket
-		o, ok := c.calls.op(ctx, p.acquireCall(mode, ticket, c), func(outcome) {
+		// The call ends at the close as well as with ctx, so that neither
+		// its caller nor the Redis client's retries (a Cluster client
+		// tries a command four times, each try waiting out its read
+		// timeout when Redis stalls) outlast the close's bound: needed
+		// only when ctx may outlast that bound (one waiter TTL from the
+		// close). A call under a context that cannot end runs as it
+		// comes, on its caller's goroutine (through a batching client,
+		// alone: a batch holding it could hold its group); a close waits
+		// for it until its bound only, and says so.
+		callCtx, endCall, unhook := ctx, context.CancelFunc(nil), func() bool { return false }
+		if c.mayOutlastClose(ctx) {
+			callCtx, endCall = context.WithCancel(ctx)
+			unhook = context.AfterFunc(c.closing, endCall)
+		}
+		o, ok := c.calls.op(callCtx, p.acquireCall(mode, ticket, c), func(outcome) {
 			// The script may have queued or granted the ticket after the
 			// caller left, or before its reply was lost. (A caller whose
 			// context lasts left because the close ended the call: the
@@ -82,8 +96,15 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 			}
 			c.cleanUpReport(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p, report)
 		})
+		if endCall != nil {
+			unhook()
+			endCall()
+		}
 		if !ok {
 			c.waits.unregister(r, w)
+			if ctx.Err() == nil && c.closing.Err() != nil {
+				return nil, wrap(fmt.Errorf("%w: the acquisition was on its way to Redis", ErrClosed))
+			}
 			return nil, wrap(o.res.err)
 		}
 		rep, err := parseAcquireReply(o.res, len(p.parts))
@@ -294,6 +315,14 @@ func (c *Client) cleanUpReport(ctx context.Context, oc opCall, p plan, report fu
 	// One waiter TTL, counted from a close's end of the client's work at
 	// the latest (see cleanUpBy), so that the close's bound holds.
 	by := c.cleanUpBy()
+	if !time.Now().Before(by) {
+		// A call that outlasted the close's bound hands its clean-up
+		// over too late: nothing may be sent past the bound. The ticket
+		// ends at its deadline.
+		c.logf(slog.LevelWarn, "fairlock: clean-up came past the close's bound; Redis drops the ticket at its deadline", p.names, "",
+			slog.String("op", oc.op.name))
+		return
+	}
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), by)
 	defer cancel()
 	res, _ := c.calls.run(ctx, oc)
@@ -310,6 +339,17 @@ func (c *Client) cleanUpReport(ctx context.Context, oc opCall, p plan, report fu
 		c.logf(slog.LevelWarn, "fairlock: clean-up failed; Redis drops the ticket at its deadline", p.names, "",
 			slog.String("op", oc.op.name), slog.Any("error", err))
 	}
+}
+
+// mayOutlastClose reports whether ctx can end, but may last longer than
+// a close begun now would wait (one waiter TTL): no deadline, or a later
+// one.
+func (c *Client) mayOutlastClose(ctx context.Context) bool {
+	if ctx.Done() == nil {
+		return false
+	}
+	dl, ok := ctx.Deadline()
+	return !ok || dl.After(time.Now().Add(c.cfg.waiterTTL))
 }
 
 // maxPumps bounds the scripts one background pump runs for one semaphore;

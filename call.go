@@ -176,7 +176,7 @@ const grace = 30 * time.Millisecond
 // call runs do(ctx) and returns its outcome, but returns no later than
 // ctx's end (plus grace), even when go-redis would not notice it: unless the go-redis
 // client sets Options.ContextTimeoutEnabled, a command sent to a Redis
-// that does not answer waits for go-redis's ReadTimeout (3 s by default),
+// that does not answer waits for go-redis's ReadTimeout (5 s by default),
 // and go-redis retries a connection it cannot open for over a second.
 //
 // When ctx can end and the Backend does not itself return by its end

@@ -98,9 +98,12 @@ type Client struct {
 	// zero.
 	tasks     int
 	acquiring int
-	tasksDone *sync.Cond
-	idle      chan func()  // spawn's workers waiting for a task take it here
-	workers   atomic.Int32 // spawn's workers: running a task or waiting for one
+	// answerWait is how long past its bound a close waits for calls
+	// already sent (see answerWait).
+	answerWait time.Duration
+	tasksDone  *sync.Cond
+	idle       chan func()  // spawn's workers waiting for a task take it here
+	workers    atomic.Int32 // spawn's workers: running a task or waiting for one
 }
 
 // workGroup is a sync.WaitGroup that also counts its goroutines, so that a
@@ -250,6 +253,7 @@ func newClient(b backend.Backend, rdb RedisClient, opts []Option) (*Client, erro
 	c.renew = &renewer{calls: c.calls, closing: c.renewing, id: id, leaseTTL: cfg.leaseTTL,
 		more: c.pumpLater, queues: make(map[string]*renewQueue)}
 	c.tasksDone = sync.NewCond(&c.mu)
+	c.answerWait = answerWait(b, info)
 	c.idle = make(chan func())
 	c.idArg, c.leaseArg, c.waiterArg = c.id, c.leaseMs, c.waiterMs
 	return c, nil
@@ -309,11 +313,22 @@ func isNilPointer(v any) bool {
 // whose script call Redis had not answered by then, on a client that
 // waits for Redis as long as the caller's context lasts (rueidis,
 // valkey-go): Close stops waiting for it at its bound and says how many
-// there were; their tickets end at their waiter TTL. [Client.Abandon]
-// closes without releasing, for leases that must outlive the process.
-// Close, Shutdown and Abandon may be called many times and concurrently
-// (see Shutdown); a Close during a Shutdown ends that Shutdown's wait for
-// the holders.
+// there were; their tickets end at their waiter TTL. Close stops waiting
+// at its bound whatever the Redis client does (a go-redis Cluster client
+// tries a command up to four times, each try waiting out the ReadTimeout;
+// where fairlock cannot see the client's ReadTimeout, or it has none, it
+// counts 5 s): a release or other call still unanswered then goes on in
+// the background until the Redis client gives it up, and Close returns an
+// error matching ErrRedis that says what it left. An Acquire whose script
+// call is on its way when Close begins returns ErrClosed at once, unless
+// its context ends within one waiter TTL anyway (it returns by then) or
+// cannot end (it returns when its call does, which Close waits for until
+// its bound only); the ticket the script may have queued is withdrawn once
+// the call returns, within the bound (past it, the ticket ends at its
+// deadline). [Client.Abandon] closes without releasing, for leases that
+// must outlive the process. Close, Shutdown and Abandon may be called many
+// times and concurrently (see Shutdown); a Close during a Shutdown ends
+// that Shutdown's wait for the holders.
 //
 // Close closes the go-redis client it built for its blocking reads, which
 // ends them at once; on another RedisClient it pushes an empty entry to

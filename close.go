@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/fairlock/fairlock/backend"
 )
 
 // Closing a client. Close and Shutdown release the leases the client
@@ -31,6 +33,31 @@ const closeSlack = 250 * time.Millisecond
 // thousands of leases in a few round trips' time, few enough not to drain
 // the connection pool that other clients of the same go-redis client use.
 const closeFanOut = 16
+
+// defaultAnswerWait is how long past its bound a close waits for calls
+// already sent through a Backend that does not return by its context's
+// end, when fairlock cannot see the client's read timeout (or it has
+// none): go-redis's default ReadTimeout.
+const defaultAnswerWait = 5 * time.Second
+
+// answerWait returns how long past its bound a close waits for the calls
+// already sent through b: go-redis's ReadTimeout through go-redis (each
+// try waits for it, whatever the context, and a try begun before the
+// context's end runs out), defaultAnswerWait for other Backends that do
+// not return by their context's end. A Backend that does returns by the
+// contexts the close bounds: 0, the close waits for its calls as they
+// return.
+func answerWait(b backend.Backend, info backend.Info) time.Duration {
+	if info.Deadlines {
+		return 0
+	}
+	if g, ok := b.(*goRedis); ok {
+		if d := g.readTimeout(); d > 0 {
+			return d
+		}
+	}
+	return defaultAnswerWait
+}
 
 // nudgeBound is how long, from the close, the nudges that end listeners'
 // blocking reads (on a RedisClient whose blocking connections Close cannot
@@ -324,31 +351,51 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, 
 			l.abandon(errClosedAbandoned)
 		}
 	}
-	nudges.Wait()
-	releases.Wait()
-	c.wg.Wait()
+	// The close waits for the releases, the goroutines the client
+	// started and the acquisitions under way, until its bound (by) and,
+	// for a call already sent, the Backend's answer wait past it (see
+	// answerWait): then it stops waiting, whatever the Redis client does
+	// (a Cluster client's retries can outlast any context by three read
+	// timeouts), and says what it left.
+	//
 	// The acquisitions under way leave their queues (or hand their
 	// withdrawal to a task waited for here) once they see the close; one
 	// whose script call Redis does not answer, on a Backend that returns
 	// by the caller's context (which the close does not end), is waited
-	// for until the close's bound only, and the close says so. (Through
-	// go-redis the call runs on a goroutine of the client's and returns
-	// within go-redis's read timeout, which Close's bound counts.)
+	// for until the close's bound only, and the close says so.
 	// (The wait lasts closeSlack past the bound: an acquisition whose
 	// withdrawal the bound itself ends returns a moment after it.)
-	until := by.Add(closeSlack)
-	wake := time.AfterFunc(time.Until(until), func() {
+	background := false // guarded by c.mu: true once the goroutines have ended
+	go func() {
+		nudges.Wait()
+		releases.Wait()
+		c.wg.Wait()
 		c.mu.Lock()
+		background = true
 		c.tasksDone.Broadcast()
 		c.mu.Unlock()
-	})
+	}()
+	until := by.Add(closeSlack)
+	wake := func(at time.Time) *time.Timer {
+		return time.AfterFunc(time.Until(at), func() {
+			c.mu.Lock()
+			c.tasksDone.Broadcast()
+			c.mu.Unlock()
+		})
+	}
+	wakeUntil := wake(until)
+	defer wakeUntil.Stop()
+	var giveUp time.Time // none: the close waits for the Backend's calls
+	if c.answerWait > 0 {
+		giveUp = until.Add(c.answerWait)
+		defer wake(giveUp).Stop()
+	}
 	c.mu.Lock()
-	for c.tasks > 0 || (c.acquiring > 0 && (!c.info.Deadlines || time.Now().Before(until))) {
+	for (!background || c.tasks > 0 || (c.acquiring > 0 && (!c.info.Deadlines || time.Now().Before(until)))) && (giveUp.IsZero() || time.Now().Before(giveUp)) {
 		c.tasksDone.Wait()
 	}
-	stuck := c.acquiring
+	stuck, tasks, ended := c.acquiring, c.tasks, background
 	c.mu.Unlock()
-	wake.Stop()
 	var errs []error
 	if n := s.failed.Load(); n > 0 {
 		err, _ := s.lastErr.Load().(error)
@@ -358,8 +405,14 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, 
 		err, _ := s.withdrawLastErr.Load().(error)
 		errs = append(errs, fmt.Errorf("%w: %d of %d acquisitions the close ended could not be withdrawn (last: %w); Redis drops their tickets at their deadlines (a waiter's within its waiter TTL)", ErrRedis, n, s.withdrawals.Load(), err))
 	}
+	if n := s.pending.Load(); n > 0 && !ended {
+		errs = append(errs, fmt.Errorf("%w: %d of %d releases were still unanswered when the close's bound passed; Redis ends those leases when their TTL runs out", ErrRedis, n, len(leases)))
+	}
 	if stuck > 0 {
 		errs = append(errs, fmt.Errorf("%w: %d acquisitions were still waiting for Redis to answer when the close's bound passed; their tickets end at their waiter TTL", ErrRedis, stuck))
+	}
+	if g := c.wg.n.Load(); !ended && g > 0 || tasks > 0 {
+		errs = append(errs, fmt.Errorf("%w: calls to Redis were still unanswered when the close's bound passed (%d of the client's goroutines, %d calls); they end in the background when the Redis client gives them up", ErrRedis, g, tasks))
 	}
 	if len(errs) > 0 {
 		s.err = opError("close", nil, errors.Join(errs...))

@@ -2,12 +2,16 @@ package fairlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/fltest"
+	"github.com/fairlock/fairlock/internal/redisserver"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -68,13 +72,13 @@ func TestCloseWaitsForBlockedAcquires(t *testing.T) {
 }
 
 // Close returns within its bound (one waiter TTL from the call, plus
-// go-redis's ReadTimeout, 3 s by default, for a command already sent, or
+// go-redis's ReadTimeout, 5 s by default, for a command already sent, or
 // a new connection's handshake, to a Redis that does not answer), through
 // go-redis with default options, on a single node, a Cluster and a
 // Sentinel set (a failover client), Redis stalled or refusing; every
 // blocked Acquire has left its queue by then (see fltest.CloseBound).
 func TestCloseBound(t *testing.T) {
-	fltest.CloseBound(t, fairlock.DefaultWaiterTTL+3*time.Second,
+	fltest.CloseBound(t, fairlock.DefaultWaiterTTL+defaultReadTimeout(),
 		func(t *testing.T, s fltest.Servers, opts ...fairlock.Option) *fairlock.Client {
 			var rdb fairlock.RedisClient
 			switch {
@@ -98,4 +102,165 @@ func TestCloseBound(t *testing.T) {
 			t.Cleanup(func() { _ = c.Close() })
 			return c
 		})
+}
+
+// defaultReadTimeout returns go-redis's default ReadTimeout.
+func defaultReadTimeout() time.Duration {
+	rdb := redis.NewClient(&redis.Options{})
+	defer func() { _ = rdb.Close() }()
+	return rdb.Options().ReadTimeout
+}
+
+// An acquisition whose script call is on its way when Redis stalls ends at
+// the close. Through a go-redis Cluster client the call, its context able
+// to end but not ending, would be tried four times (MaxRedirects), each try
+// waiting out the ReadTimeout: 20 s with go-redis's defaults, which Close
+// waited for. Close returns within its bound (one waiter TTL plus the
+// ReadTimeout), the Acquire with ErrClosed before it.
+func TestCloseBoundAcquireOnItsWay(t *testing.T) {
+	redistest.Long(t)
+	cl, err := redisserver.StartCluster(3)
+	if err != nil {
+		t.Skipf("no Cluster: %v", err)
+	}
+	defer cl.Stop()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+	defer func() { _ = cc.Close() }()
+	h := &scriptSent{sent: make(chan struct{})}
+	cc.AddHook(h)
+	c, err := fairlock.New(cc, fairlock.WithPrefix(redistest.Prefix(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	req := func(name string) fairlock.Request { return fairlock.Request{Name: name, Capacity: 1, Permits: 1} }
+	ctx := context.Background()
+	// Scripts loaded, the Cluster's slots known.
+	l, err := c.Acquire(ctx, req("warm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range cl.Nodes {
+		if err := n.Pause(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = n.Resume() }()
+	}
+	h.armed.Store(true)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	acquired := fltest.Async(func() (*fairlock.Lease, error) { return c.Acquire(wctx, req("stalled")) })
+	select {
+	case <-h.sent:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Acquire's script was not sent")
+	}
+	start := time.Now()
+	err = c.Close()
+	took := time.Since(start)
+	bound := fairlock.DefaultWaiterTTL + cc.Options().ReadTimeout
+	t.Logf("Close returned in %v (bound %v): %v", took, bound, err)
+	if err != nil && !errors.Is(err, fairlock.ErrRedis) {
+		t.Fatalf("Close = %v, want nil or an error matching ErrRedis", err)
+	}
+	// A generous margin: the bound is a limit, not a measure.
+	if limit := bound + 2*time.Second; took > limit {
+		t.Fatalf("Close returned in %v, want within its bound %v (limit checked %v)", took, bound, limit)
+	}
+	select {
+	case r := <-acquired:
+		fltest.IsErr(t, "an Acquire on its way at Close", r.Err, fairlock.ErrClosed)
+	default:
+		t.Fatal("the Acquire on its way at Close had not returned when Close did")
+	}
+}
+
+// scriptSent is a go-redis hook that closes sent when a script command
+// goes out once armed, after running before (if set).
+type scriptSent struct {
+	armed  atomic.Bool
+	once   sync.Once
+	sent   chan struct{}
+	before func()
+}
+
+func (h *scriptSent) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *scriptSent) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		switch cmd.Name() {
+		case "evalsha", "eval", "fcall":
+			if h.armed.Load() {
+				h.once.Do(func() {
+					if h.before != nil {
+						h.before()
+					}
+					close(h.sent)
+				})
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *scriptSent) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A renewal on its way when Redis stalls ends at the close. A go-redis
+// client tries it again while the lease's deadline lasts, each try waiting
+// out the ReadTimeout (a Cluster client four times): with a 2 s
+// ReadTimeout and the default lease TTL, 8 s of tries for a renewal sent
+// 6.7 s before the deadline, which Close waited for.
+func TestCloseBoundRenewalOnItsWay(t *testing.T) {
+	redistest.Long(t)
+	cl, err := redisserver.StartCluster(3)
+	if err != nil {
+		t.Skipf("no Cluster: %v", err)
+	}
+	defer cl.Stop()
+	const readTimeout = 2 * time.Second
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), ReadTimeout: readTimeout})
+	defer func() { _ = cc.Close() }()
+	h := &scriptSent{sent: make(chan struct{})}
+	// The renewal's script meets a stalled Redis.
+	h.before = func() {
+		for _, n := range cl.Nodes {
+			_ = n.Pause()
+		}
+	}
+	defer func() {
+		for _, n := range cl.Nodes {
+			_ = n.Resume()
+		}
+	}()
+	cc.AddHook(h)
+	c, err := fairlock.New(cc, fairlock.WithPrefix(redistest.Prefix(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	if _, err := c.Acquire(context.Background(), fairlock.Request{Name: "held", Capacity: 1, Permits: 1}); err != nil {
+		t.Fatal(err)
+	}
+	h.armed.Store(true)
+	select {
+	case <-h.sent:
+	case <-time.After(fairlock.DefaultLeaseTTL):
+		t.Fatal("the lease was not renewed")
+	}
+	start := time.Now()
+	err = c.Close()
+	took := time.Since(start)
+	bound := fairlock.DefaultWaiterTTL + readTimeout
+	t.Logf("Close returned in %v (bound %v): %v", took, bound, err)
+	if err != nil && !errors.Is(err, fairlock.ErrRedis) {
+		t.Fatalf("Close = %v, want nil or an error matching ErrRedis", err)
+	}
+	if limit := bound + 2*time.Second; took > limit {
+		t.Fatalf("Close returned in %v, want within its bound %v (limit checked %v)", took, bound, limit)
+	}
 }

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/redistest"
 )
 
@@ -107,6 +110,60 @@ func TestCloseWithReplicaAck(t *testing.T) {
 		}
 		if !errors.Is(held.Err(), ErrClosed) {
 			t.Fatalf("Err() of the closed holder's lease: %v", held.Err())
+		}
+	})
+}
+
+// stallingBackend is a Backend that, once stalled, holds every script call
+// until released, whatever its context: as a Redis client whose retries
+// outlast any context (a go-redis Cluster client tries a command four
+// times, each try waiting out its read timeout) would.
+type stallingBackend struct {
+	backend.Backend
+	stalled atomic.Bool
+	release chan struct{}
+}
+
+func (b *stallingBackend) Script(ctx context.Context, s backend.Script) (any, error) {
+	if b.stalled.Load() {
+		<-b.release
+	}
+	return b.Backend.Script(ctx, s)
+}
+
+// Close stops waiting at its bound, plus the Backend's answer wait, for
+// the calls a Redis client holds past their contexts, and says what it
+// left: a release at close held by the client for good does not hold
+// Close.
+func TestCloseGivesUpOnCallsHeldPastTheirContexts(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, rb *redistest.Backend) {
+		b := &stallingBackend{Backend: newGoRedis(rb.Client(t)), release: make(chan struct{})}
+		defer close(b.release)
+		const waiterTTL = 300 * time.Millisecond
+		c, err := NewWithBackend(b, WithPrefix(redistest.Prefix(t)), WithWaiterTTL(waiterTTL))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.answerWait = 300 * time.Millisecond
+		if _, err := c.Acquire(context.Background(), Request{Name: "held", Capacity: 1, Permits: 1}); err != nil {
+			t.Fatal(err)
+		}
+		b.stalled.Store(true)
+		closed := make(chan error, 1)
+		start := time.Now()
+		go func() { closed <- c.Close() }()
+		select {
+		case err = <-closed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Close waited 10 s for a release the Redis client held (its bound: 300ms, plus 300ms for a call already sent)")
+		}
+		took := time.Since(start)
+		t.Logf("Close returned in %v: %v", took, err)
+		if !errors.Is(err, ErrRedis) || !strings.Contains(err.Error(), "1 of 1 releases were still unanswered") {
+			t.Errorf("Close = %v, want an error matching ErrRedis that says 1 release was still unanswered", err)
+		}
+		if took < waiterTTL {
+			t.Errorf("Close returned in %v, before its bound %v", took, waiterTTL)
 		}
 	})
 }

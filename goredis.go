@@ -345,6 +345,18 @@ func (g *goRedis) Pop(ctx context.Context, key string, count int) ([]string, err
 	return got, fromClient(err)
 }
 
+// readTimeout returns the ReadTimeout of the go-redis client, or 0 if it
+// has none or fairlock cannot see its options (a wrapper of the caller's).
+func (g *goRedis) readTimeout() time.Duration {
+	switch r := g.rdb.(type) {
+	case *redis.Client:
+		return r.Options().ReadTimeout
+	case *redis.ClusterClient:
+		return r.Options().ReadTimeout
+	}
+	return 0
+}
+
 // listenPoolSize bounds the blocking client's connections per node. Each
 // listener holds one while it blocks; the bound is far above what a
 // process needs (one connection per 512 semaphores, per slot on Cluster).

@@ -128,7 +128,10 @@ func (c *renewer) sendRenewals(q *renewQueue) {
 		if deadline.IsZero() {
 			deadline = time.Now().Add(c.leaseTTL)
 		}
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		// The batch ends, too, when the client's renewals end (at a
+		// close's cut): the Redis client's retries must not outlast the
+		// close, and the leases are being ended anyway.
+		ctx, cancel := context.WithDeadline(c.closing, deadline)
 		o, _ := c.calls.op(ctx, oc, nil)
 		cancel()
 		results, more, err := renewedBatch(o, len(batch))

@@ -18,10 +18,11 @@ type Leadership struct {
 
 	// The record's TTL is renewed on a timer, at a third of it, so no
 	// goroutine exists between renewals (as the engine renews leases).
-	mu       sync.Mutex
-	timer    *time.Timer // guarded by mu
-	stopped  bool        // guarded by mu
-	renewing sync.WaitGroup
+	mu      sync.Mutex
+	timer   *time.Timer        // guarded by mu
+	stopped bool               // guarded by mu
+	cancel  context.CancelFunc // ends the renewal in flight; guarded by mu
+	renewed chan struct{}      // closed when the renewal in flight returns; guarded by mu
 }
 
 func newLeadership(e *Election, lease *fairlock.Lease, value string) *Leadership {
@@ -30,7 +31,7 @@ func newLeadership(e *Election, lease *fairlock.Lease, value string) *Leadership
 	// then cleared and the change published, as Resign does, so that
 	// observers learn of it at once.
 	engine.AtCloseRelease(lease, func(ctx context.Context) {
-		l.stop()
+		l.stop(ctx)
 		_ = engine.LeaderClear(ctx, e.c, e.name, lease.Token())
 	})
 	l.mu.Lock()
@@ -79,7 +80,7 @@ func (l *Leadership) Lease() *fairlock.Lease { return l.lease }
 // still reports no leader (the lease has ended), and observers learn of
 // the change from the successor, if any, when it takes office.
 func (l *Leadership) Resign(ctx context.Context) error {
-	l.stop()
+	l.stop(ctx)
 	err := l.lease.Release(ctx)
 	if ctx.Err() == nil {
 		_ = engine.LeaderClear(ctx, l.e.c, l.e.name, l.Term())
@@ -87,13 +88,24 @@ func (l *Leadership) Resign(ctx context.Context) error {
 	return err
 }
 
-// stop stops the record's renewal and waits for one in flight.
-func (l *Leadership) stop() {
+// stop stops the record's renewal, ends one in flight and waits, while
+// ctx lasts (a close's bound, or Resign's context), for it to return. (A
+// renewal that lands later changes nothing: the record takes only the
+// mutex's live lease, which is released next.)
+func (l *Leadership) stop(ctx context.Context) {
 	l.mu.Lock()
 	l.stopped = true
 	l.timer.Stop()
+	cancel, renewed := l.cancel, l.renewed
 	l.mu.Unlock()
-	l.renewing.Wait()
+	if renewed == nil {
+		return
+	}
+	cancel()
+	select {
+	case <-renewed:
+	case <-ctx.Done():
+	}
 }
 
 // renew renews the leader record's TTL (writing it again if it expired),
@@ -113,15 +125,17 @@ func (l *Leadership) renew() {
 		l.mu.Unlock()
 		return
 	}
-	l.renewing.Add(1)
-	l.mu.Unlock()
-	defer l.renewing.Done()
-
 	ctx, cancel := context.WithTimeout(context.Background(), l.e.ttl/3)
+	renewed := make(chan struct{})
+	l.cancel, l.renewed = cancel, renewed
+	l.mu.Unlock()
+
 	_, _ = l.e.set(ctx, l.Term(), l.value)
 	cancel()
 
 	l.mu.Lock()
+	l.cancel, l.renewed = nil, nil
+	close(renewed)
 	if !l.stopped {
 		l.timer.Reset(l.e.ttl / 3)
 	}

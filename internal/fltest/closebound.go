@@ -30,7 +30,8 @@ type Connect func(t *testing.T, s Servers, opts ...fairlock.Option) *fairlock.Cl
 // replica, three sentinels; the client connected through the sentinels)
 // that it starts: with one lease held and Acquire calls blocked (their
 // contexts able to end; in 8 hash slots on the Cluster, so that 8
-// blocking reads wait), Redis stalled (SIGSTOP) or refusing connections
+// blocking reads wait), and, Redis stalled, one more Acquire whose script
+// call is on its way, Redis stalled (SIGSTOP) or refusing connections
 // (killed) (on the Sentinel set, the master; the sentinels and the
 // replica keep running, and no failover begins within the row, as in the
 // moments after a master stalls or dies), Close returns within bound
@@ -111,6 +112,13 @@ func CloseBound(t *testing.T, bound time.Duration, connect Connect) {
 					case "refusing":
 						n.Kill()
 					}
+				}
+				if fault == "stalled" {
+					// One more Acquire, whose script call is on its way
+					// when Close begins (a client's retries of it must not
+					// hold Close).
+					blocked = append(blocked, Async(func() (*fairlock.Lease, error) { return c.Acquire(wctx, req("late")) }))
+					time.Sleep(100 * time.Millisecond)
 				}
 				start := time.Now()
 				err := c.Close()
