@@ -85,6 +85,7 @@ type waiter struct {
 	ticket  string
 	permits int64       // of the room's semaphore
 	group   string      // the plan's group, for a request over several semaphores
+	lease   string      // the plan's lease TTL as a script argument (its member holds it)
 	ch      chan wakeup // buffered; receives at most one wakeup
 	// queued is set (under c.mu) once the acquire script has queued the
 	// ticket. Only queued tickets are refreshed: a refresh that reached
@@ -135,7 +136,11 @@ func (g *grantCounts) get() (reply, wake, refresh int64) {
 // ticket also gets a waiter in the room of its first semaphore.
 func (c *waits) register(p plan, wait bool) (*room, *waiter, error) {
 	k := p.first().k
-	w := &waiter{ticket: newTicket(), permits: p.first().req.Permits, group: p.group, ch: make(chan wakeup, 1)}
+	lease := p.leaseMs
+	if lease == "" {
+		lease = c.leaseMs
+	}
+	w := &waiter{ticket: newTicket(), permits: p.first().req.Permits, group: p.group, lease: lease, ch: make(chan wakeup, 1)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -361,8 +366,12 @@ func (r *room) refresh() (next time.Duration, first error) {
 	// reaches (see failStale) parts from the others within a few rounds
 	// (128, 16, 2, 1 tickets); and on a busy Redis the scripts that timed
 	// out are not the ones queued last again.
+	//
+	// One refresh names one lease TTL, which the waiters' members hold:
+	// waiters whose requests gave TTLs of their own (Request.LeaseTTL) go
+	// in batches of their TTL.
 	var batches [][]string
-	var args []string
+	open := map[string][]string{} // by lease TTL: the batch being filled
 	var suspects []string
 	for t, w := range r.waiters {
 		if !w.queued {
@@ -372,31 +381,41 @@ func (r *room) refresh() (next time.Duration, first error) {
 			suspects = append(suspects, t)
 			continue
 		}
+		args := open[w.lease]
 		if args == nil {
-			args = c.refreshArgs(min(len(r.waiters), refreshBatch))
+			args = c.refreshArgs(min(len(r.waiters), refreshBatch), w.lease)
 		}
 		args = appendRefreshed(args, t, w.permits, w.group)
 		if refreshCount(args) >= refreshBatch {
 			batches = append(batches, args)
 			args = nil
 		}
+		open[w.lease] = args
 	}
-	if args != nil {
-		batches = append(batches, args)
+	for _, args := range open {
+		if args != nil {
+			batches = append(batches, args)
+		}
 	}
 	rand.Shuffle(len(suspects), func(i, j int) { suspects[i], suspects[j] = suspects[j], suspects[i] })
 	var lead [][]string
 	for chunk := range slices.Chunk(suspects, min(refreshBatch, max(1, (len(suspects)+suspectScripts-1)/suspectScripts))) {
-		args := c.refreshArgs(len(chunk))
+		byLease := map[string][]string{}
 		for _, t := range chunk {
 			w := r.waiters[t]
-			args = appendRefreshed(args, t, w.permits, w.group)
+			args := byLease[w.lease]
+			if args == nil {
+				args = c.refreshArgs(len(chunk), w.lease)
+			}
+			byLease[w.lease] = appendRefreshed(args, t, w.permits, w.group)
 		}
-		lead = append(lead, args)
+		for _, args := range byLease {
+			lead = append(lead, args)
+		}
 	}
 	batches = append(lead, batches...)
 	if len(batches) == 0 {
-		batches = append(batches, c.refreshArgs(0))
+		batches = append(batches, c.refreshArgs(0, c.leaseMs))
 	}
 	c.mu.Unlock()
 	next = c.refreshEvery()
