@@ -187,7 +187,7 @@ func TestRequestLeaseTTLWaiterRefreshed(t *testing.T) {
 	// them by less than the waiter TTL each time.
 	for i := range 5 {
 		b.Advance(t, 200*time.Millisecond)
-		e.WaitFor("a refresh after the clock moved", func() bool {
+		e.WaitFor("a refresh to move the waiter's deadline (a refresh naming another member than the one it queued as leaves it)", func() bool {
 			at, err := e.RDB.ZScore(ctx, e.Key("w", "d"), first[0]).Result()
 			return err == nil && at > start+float64(200*i)
 		})
@@ -334,7 +334,7 @@ func TestRequestLeaseTTLAbandonLapses(t *testing.T) {
 // is written.
 func TestRequestLeaseTTLRefused(t *testing.T) {
 	e := fltest.New(t, redistest.Mini(t))
-	ctx := context.Background()
+	ctx := fltest.Bounded(t) // (an accepted bad TTL would leave a lease that blocks the next call)
 	c := e.Client()
 	for _, d := range []time.Duration{-time.Second, -1, time.Nanosecond, 9 * time.Millisecond, fairlock.MaxTTL + 1} {
 		req := mutexTTL("bad", d)
