@@ -37,13 +37,14 @@ const (
 const (
 	// MaxTTL is the longest lease TTL ([WithLeaseTTL],
 	// [Request.LeaseTTL]), waiter TTL ([WithWaiterTTL]) and replica
-	// acknowledgement timeout ([WithReplicaAck]) accepted: 24h. A TTL is how long a crashed
-	// holder or waiter keeps others waiting; past a day it bounds nothing
-	// a user would wait for. The client derives timers from the TTLs (up
-	// to ten waiter TTLs, a lease TTL plus a second) and the scripts
-	// keep Redis's time plus twice a TTL, in milliseconds, as exact
-	// integers: a day leaves all of them far inside their ranges, where a
-	// longer TTL would overflow some of them (from 29 years up).
+	// acknowledgement timeout ([WithReplicaAck]) accepted: 24h. A TTL is
+	// how long a crashed holder or waiter keeps others waiting; past a
+	// day it bounds nothing a user would wait for. The client derives
+	// timers from the TTLs (up to ten waiter TTLs, a lease TTL plus a
+	// second) and the scripts keep Redis's time plus twice a TTL, in
+	// milliseconds, as exact integers: a day leaves all of them far inside
+	// their ranges, where a longer TTL would overflow some of them (from
+	// 29 years up).
 	MaxTTL = 24 * time.Hour
 	// MaxHoldLimit is the longest cap on holding ([WithMaxHold],
 	// [Request.MaxHold]) accepted: 365 days. A cap is counted from the
