@@ -301,6 +301,8 @@ func TestDocsStatedValues(t *testing.T) {
 		{"doc:.:Request.LeaseTTL", `client's TTL \((\w+) by default\)`, "fairlock.DefaultLeaseTTL"},
 		{"doc:semaphore:WithLeaseTTL", `a d under (\w+) or`, "WithLeaseTTL`, `WithWaiterTTL"},
 		{"doc:semaphore:WithLeaseTTL", `over \[fairlock.MaxTTL\] \((\w+)\)`, "fairlock.MaxTTL"},
+		{"doc:election:WithLeaseTTL", `a d under (\w+) or`, "WithLeaseTTL`, `WithWaiterTTL"},
+		{"doc:election:WithLeaseTTL", `over \[fairlock.MaxTTL\] \((\w+)\)`, "fairlock.MaxTTL"},
 		{"doc:.:MaxTTL", `accepted: (\w+)\.`, "fairlock.MaxTTL"},
 		{"doc:.:MaxHoldLimit", `accepted: (\d+ days)`, "fairlock.MaxHoldLimit"},
 		{"doc:.:Client.Abandon", `\(\[WithLeaseTTL\], (\d+ s) by default\)`, "fairlock.DefaultLeaseTTL"},

@@ -74,6 +74,14 @@ var durationLimits = []durationLimit{
 			r.LeaseTTL = d
 			return nil, r
 		}},
+	// election.WithLeaseTTL sets Request.LeaseTTL on every campaign (its
+	// New validates it through the engine), so its row is that field's.
+	{name: "election.WithLeaseTTL", label: "Request.LeaseTTL", max: MaxTTL, zero: "default",
+		set: func(d time.Duration, n string) ([]Option, Request) {
+			r := mutexReq(n)
+			r.LeaseTTL = d
+			return nil, r
+		}},
 	// semaphore.WithMaxHold sets Request.MaxHold on every request (its
 	// New validates it through the engine), so its row is that field's.
 	{name: "semaphore.WithMaxHold", label: "Request.MaxHold", max: MaxHoldLimit, zero: "default",
