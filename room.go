@@ -350,15 +350,11 @@ const staleTimeouts = 10
 // a waiter's TTL, and the waiters it had not reached yet died.
 const refreshParallel = 8
 
-// refresh keeps r's waiters alive in Redis, runs the queue (dropping dead
-// waiters and expired leases, granting what fits), hands on what it learns
-// about r's tickets, notes each queued waiter alive or failed, and returns
-// when it should run next and the first error of its scripts that failed.
-// (A round of many scripts may see some answered and some not: on a busy
-// Redis, those queued behind the others' traffic run out of time.)
-func (r *room) refresh() (next time.Duration, first error) {
+// refreshBatchesLocked returns the arguments of the refresh scripts of a
+// round over r's queued waiters (at least one script, which runs the
+// queue even when none is queued). c.mu is held.
+func (r *room) refreshBatchesLocked() [][]string {
 	c := r.c
-	c.mu.Lock()
 	// Waiters whose last refresh failed go in batches of their own,
 	// shuffled, in at most suspectScripts scripts (of at most
 	// refreshBatch tickets), sent first: so the batches halve and more as
@@ -417,6 +413,19 @@ func (r *room) refresh() (next time.Duration, first error) {
 	if len(batches) == 0 {
 		batches = append(batches, c.refreshArgs(0, c.leaseMs))
 	}
+	return batches
+}
+
+// refresh keeps r's waiters alive in Redis, runs the queue (dropping dead
+// waiters and expired leases, granting what fits), hands on what it learns
+// about r's tickets, notes each queued waiter alive or failed, and returns
+// when it should run next and the first error of its scripts that failed.
+// (A round of many scripts may see some answered and some not: on a busy
+// Redis, those queued behind the others' traffic run out of time.)
+func (r *room) refresh() (next time.Duration, first error) {
+	c := r.c
+	c.mu.Lock()
+	batches := r.refreshBatchesLocked()
 	c.mu.Unlock()
 	next = c.refreshEvery()
 	var mu sync.Mutex // next, first
