@@ -34,6 +34,19 @@ type Request struct {
 	// its parts. A negative MaxHold, or one over [MaxHoldLimit] (365
 	// days), fails with [ErrInvalidArgument].
 	MaxHold time.Duration
+
+	// LeaseTTL is how long this lease lasts without renewal, in place of
+	// the client's [WithLeaseTTL] for this request alone: the lease is
+	// renewed every third of it while held, its [Lease.Expiry] and the
+	// expiry [Client.Status] shows follow it, and it bounds how long the
+	// permits stay taken once the holder's process dies or is cut off
+	// (Redis frees them LeaseTTL after the last renewal). 0 takes the
+	// client's TTL (10s by default). A lease over several semaphores
+	// ([Client.AcquireAll]) is one lease renewed as one: it takes the
+	// shortest TTL its parts give (a part's 0 counts as the client's).
+	// A negative LeaseTTL, a TTL under 10ms or one over [MaxTTL] (24h)
+	// fails with [ErrInvalidArgument] before anything is sent.
+	LeaseTTL time.Duration
 }
 
 // Client grants fair, first-in first-out permits of semaphores stored in
@@ -413,13 +426,18 @@ func (c *Client) check(req Request) (keys, error) {
 		return k, fmt.Errorf("%w: Request.MaxHold %v of %q is negative", ErrInvalidArgument, req.MaxHold, req.Name)
 	case req.MaxHold > MaxHoldLimit:
 		return k, fmt.Errorf("%w: Request.MaxHold %v of %q is longer than the largest accepted, %v", ErrInvalidArgument, req.MaxHold, req.Name, MaxHoldLimit)
+	case req.LeaseTTL != 0:
+		if err := checkLeaseTTL(fmt.Sprintf("Request.LeaseTTL of %q", req.Name), req.LeaseTTL); err != nil {
+			return k, err
+		}
 	}
 	return k, nil
 }
 
 // validate reports whether req is a request c can serve: a valid name, a
-// capacity in [1, MaxCapacity], permits in [1, capacity] and a MaxHold
-// in [0, MaxHoldLimit]. It contacts no server.
+// capacity in [1, MaxCapacity], permits in [1, capacity], a MaxHold
+// in [0, MaxHoldLimit] and a LeaseTTL of 0 or one checkLeaseTTL accepts.
+// It contacts no server.
 func (c *Client) validate(req Request) error {
 	_, err := c.check(req)
 	return err

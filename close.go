@@ -177,7 +177,8 @@ func (c *Client) Shutdown(ctx context.Context) error {
 // started still works on the resource, so that nobody else is granted the
 // resource until the TTL says the work is surely over. The cost is the one
 // of a crash: each semaphore's next waiter waits until the lease's TTL
-// runs out ([WithLeaseTTL], 10 s by default) after the last renewal. A
+// runs out ([WithLeaseTTL], 10 s by default) after the last renewal, or
+// the lease's own TTL if its request gave one ([Request.LeaseTTL]). A
 // lease granted through a wake-up (after waiting in the queue) and not yet
 // renewed is held in Redis only for the waiter TTL ([WithWaiterTTL], 3 s
 // by default) from its grant, until its first renewal confirms it: left by

@@ -213,3 +213,52 @@ func ExampleWithMaxHold() {
 	// true
 	// true <nil>
 }
+
+// A request may give its lease a TTL of its own, in place of the client's
+// (WithLeaseTTL, 10s by default): a short one bounds how long a holder
+// whose process dies keeps the others waiting, at the cost of renewals
+// as often (every third of it) while held.
+func ExampleRequest_leaseTTL() {
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+
+	holder, err := fairlock.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	other, err := fairlock.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer other.Close()
+
+	quick := fairlock.Request{Name: "cache-refill", Capacity: 1, Permits: 1, LeaseTTL: 200 * time.Millisecond}
+	slow := fairlock.Request{Name: "ledger", Capacity: 1, Permits: 1} // the client's TTL
+	if _, err := holder.Acquire(ctx, quick); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := holder.Acquire(ctx, slow); err != nil {
+		log.Fatal(err)
+	}
+	_ = holder.Abandon() // as if its process died: nothing renews or releases
+
+	start := time.Now()
+	next, err := other.Acquire(ctx, quick) // granted once Redis drops the lease
+	fmt.Println(err, time.Since(start) < time.Second)
+	_, err = other.TryAcquire(ctx, slow) // held for the client's 10s
+	fmt.Println(errors.Is(err, fairlock.ErrNotAcquired))
+	_, err = other.Acquire(ctx, fairlock.Request{Name: "x", Capacity: 1, Permits: 1, LeaseTTL: time.Millisecond})
+	fmt.Println(errors.Is(err, fairlock.ErrInvalidArgument))
+	fmt.Println(next.Release(ctx))
+	// Output:
+	// <nil> true
+	// true
+	// true
+	// <nil>
+}

@@ -80,7 +80,7 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	l.ctx, l.end = context.WithCancelCause(context.Background())
 	l.idle.L = &l.rmu
 	l.deadline = deadline
-	first := c.cfg.leaseTTL / renewDivisor
+	first := p.ttl(c) / renewDivisor
 	if announced {
 		first, l.announced = max(time.Until(deadline)/renewDivisor, 0), true
 	}
@@ -509,7 +509,7 @@ func (l *Lease) renew() {
 	stopCtx := l.stopCtx
 	l.rmu.Unlock()
 
-	ttl := l.c.cfg.leaseTTL
+	ttl := l.p.ttl(l.c)
 	sent := time.Now()
 	lease, capped := l.renewalTTL(ttl, sent)
 	ctx, cancel := context.WithDeadline(stopCtx, l.answerBy(deadline, sent))

@@ -60,6 +60,28 @@ var durationLimits = []durationLimit{
 			r.MaxHold = d
 			return nil, r
 		}},
+	{name: "Request.LeaseTTL", label: "Request.LeaseTTL", max: MaxTTL, zero: "default",
+		set: func(d time.Duration, n string) ([]Option, Request) {
+			r := mutexReq(n)
+			r.LeaseTTL = d
+			return nil, r
+		}},
+	// semaphore.WithLeaseTTL sets Request.LeaseTTL on every request (its
+	// New validates it through the engine), so its row is that field's.
+	{name: "semaphore.WithLeaseTTL", label: "Request.LeaseTTL", max: MaxTTL, zero: "default",
+		set: func(d time.Duration, n string) ([]Option, Request) {
+			r := mutexReq(n)
+			r.LeaseTTL = d
+			return nil, r
+		}},
+	// election.WithLeaseTTL sets Request.LeaseTTL on every campaign (its
+	// New validates it through the engine), so its row is that field's.
+	{name: "election.WithLeaseTTL", label: "Request.LeaseTTL", max: MaxTTL, zero: "default",
+		set: func(d time.Duration, n string) ([]Option, Request) {
+			r := mutexReq(n)
+			r.LeaseTTL = d
+			return nil, r
+		}},
 	// semaphore.WithMaxHold sets Request.MaxHold on every request (its
 	// New validates it through the engine), so its row is that field's.
 	{name: "semaphore.WithMaxHold", label: "Request.MaxHold", max: MaxHoldLimit, zero: "default",
@@ -200,8 +222,12 @@ func runAtLimit(t *testing.T, b *redistest.Backend, dl durationLimit) {
 	if err != nil || len(st.Holders) != 1 {
 		t.Fatalf("Status = %+v, %v; want one holder", st, err)
 	}
-	if in := st.Holders[0].ExpiresIn; in < c.cfg.leaseTTL-time.Minute || in > c.cfg.leaseTTL {
-		t.Errorf("renewed lease expires in %v, want about %v", in, c.cfg.leaseTTL)
+	ttl := c.cfg.leaseTTL
+	if req.LeaseTTL != 0 {
+		ttl = req.LeaseTTL // the request's own
+	}
+	if in := st.Holders[0].ExpiresIn; in < ttl-time.Minute || in > ttl {
+		t.Errorf("renewed lease expires in %v, want about %v", in, ttl)
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatalf("Release of the renewed lease = %v", err)

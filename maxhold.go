@@ -41,7 +41,7 @@ func (l *Lease) capHold(first time.Duration, announced bool) time.Duration {
 	if l.maxHold == 0 {
 		return first
 	}
-	given := l.c.cfg.leaseTTL
+	given := l.p.ttl(l.c)
 	if announced {
 		given = min(given, l.c.cfg.waiterTTL)
 	}

@@ -109,8 +109,9 @@ func parseAcquireReply(out result, parts int) (acquireReply, error) {
 // acquireCall is acquire.lua's o ("acquire" or "try") for ticket on p's
 // semaphores.
 func (p plan) acquireCall(o *op, ticket string, c *Client) opCall {
+	lease, leaseBox := p.leaseArgs(c)
 	oc := newCall(o, p.keys, 5+2*len(p.parts)).add(ticket, nil).add(c.id, c.idArg).
-		add(c.leaseMs, c.leaseArg).add(c.waiterMs, c.waiterArg).add(p.group, p.groupArg)
+		add(lease, leaseBox).add(c.waiterMs, c.waiterArg).add(p.group, p.groupArg)
 	for _, pt := range p.parts {
 		oc = oc.add(pt.permitsArg(), pt.permitsBox).add(pt.capacityArg(), pt.capacityBox)
 	}
@@ -120,15 +121,15 @@ func (p plan) acquireCall(o *op, ticket string, c *Client) opCall {
 // releaseCall is release.lua's o on p's semaphores held under ticket with
 // the given tokens (nil, zeros, for "leave").
 func (p plan) releaseCall(o *op, ticket string, c *Client, announced bool, tokens []int64) opCall {
-	return p.releaseCallTTL(o, ticket, c, announced, tokens, c.cfg.leaseTTL)
+	return p.releaseCallTTL(o, ticket, c, announced, tokens, p.ttl(c))
 }
 
 // releaseCallTTL is releaseCall with the lease TTL given: only "renew" may
-// ask for another than the client's (a cap on holding), since the other
+// ask for another than the plan's (a cap on holding), since the other
 // ops find a waiter by a member that contains the TTL it queued with.
 func (p plan) releaseCallTTL(o *op, ticket string, c *Client, announced bool, tokens []int64, ttl time.Duration) opCall {
-	lease, leaseBox := c.leaseMs, c.leaseArg
-	if ttl != c.cfg.leaseTTL {
+	lease, leaseBox := p.leaseArgs(c)
+	if ttl != p.ttl(c) {
 		lease, leaseBox = msArg(ttl), nil
 	}
 	oc := newCall(o, p.keys, 6+2*len(p.parts)).add(ticket, nil).add(c.id, c.idArg).add(lease, leaseBox).
@@ -240,12 +241,13 @@ func parseSignalReply(out result) (signalReply, error) {
 	return r, err
 }
 
-// refreshArgs starts the arguments of "refresh" (lua/ops/refresh.lua),
-// with room for n tickets; appendRefreshed adds one ticket, and
-// refreshCount counts them.
-func (c *waits) refreshArgs(n int) []string {
+// refreshArgs starts the arguments of "refresh" (lua/ops/refresh.lua) for
+// waiters queued with the lease TTL lease (a script argument), with room
+// for n tickets; appendRefreshed adds one ticket, and refreshCount counts
+// them.
+func (c *waits) refreshArgs(n int, lease string) []string {
 	args := make([]string, 0, 4+3*n)
-	return append(args, opRefresh.name, c.id, c.leaseMs, c.waiterMs)
+	return append(args, opRefresh.name, c.id, lease, c.waiterMs)
 }
 
 func appendRefreshed(args []string, ticket string, permits int64, group string) []string {

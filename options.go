@@ -35,15 +35,16 @@ const (
 // call refuse a longer one with [ErrInvalidArgument] naming the option and
 // the limit.
 const (
-	// MaxTTL is the longest lease TTL ([WithLeaseTTL]), waiter TTL
-	// ([WithWaiterTTL]) and replica acknowledgement timeout
-	// ([WithReplicaAck]) accepted: 24h. A TTL is how long a crashed
-	// holder or waiter keeps others waiting; past a day it bounds nothing
-	// a user would wait for. The client derives timers from the TTLs (up
-	// to ten waiter TTLs, a lease TTL plus a second) and the scripts
-	// keep Redis's time plus twice a TTL, in milliseconds, as exact
-	// integers: a day leaves all of them far inside their ranges, where a
-	// longer TTL would overflow some of them (from 29 years up).
+	// MaxTTL is the longest lease TTL ([WithLeaseTTL],
+	// [Request.LeaseTTL]), waiter TTL ([WithWaiterTTL]) and replica
+	// acknowledgement timeout ([WithReplicaAck]) accepted: 24h. A TTL is
+	// how long a crashed holder or waiter keeps others waiting; past a
+	// day it bounds nothing a user would wait for. The client derives
+	// timers from the TTLs (up to ten waiter TTLs, a lease TTL plus a
+	// second) and the scripts keep Redis's time plus twice a TTL, in
+	// milliseconds, as exact integers: a day leaves all of them far inside
+	// their ranges, where a longer TTL would overflow some of them (from
+	// 29 years up).
 	MaxTTL = 24 * time.Hour
 	// MaxHoldLimit is the longest cap on holding ([WithMaxHold],
 	// [Request.MaxHold]) accepted: 365 days. A cap is counted from the
@@ -106,9 +107,10 @@ func WithOwner(label string) Option {
 
 // WithLeaseTTL sets how long a grant lasts without renewal. Leases are
 // renewed automatically at a third of the TTL while held, so the TTL bounds
-// how long a crashed holder keeps its permits. The default is 10s; [New]
-// refuses a TTL under 10ms or over [MaxTTL] (24h) with
-// [ErrInvalidArgument].
+// how long a crashed holder keeps its permits. It is the client's
+// default: a request may give its lease a TTL of its own
+// ([Request.LeaseTTL]). The default is 10s; [New] refuses a TTL under
+// 10ms or over [MaxTTL] (24h) with [ErrInvalidArgument].
 func WithLeaseTTL(d time.Duration) Option {
 	return func(c *config) { c.leaseTTL = d }
 }
@@ -198,6 +200,23 @@ func WithBatching(maxCalls int) Option {
 	return func(c *config) { c.batch = maxCalls }
 }
 
+// checkLeaseTTL reports an error matching [ErrInvalidArgument], naming
+// what (the option or field that gave it), unless d is a lease TTL the
+// client can keep: at least minTTL and at most MaxTTL. It is the one rule
+// for every lease TTL: the client's (WithLeaseTTL) and a request's
+// (Request.LeaseTTL, which only a zero exempts, as "the client's").
+func checkLeaseTTL(what string, d time.Duration) error {
+	switch {
+	case d < 0:
+		return fmt.Errorf("%w: %s: lease TTL %v is negative (at least %v)", ErrInvalidArgument, what, d, minTTL)
+	case d < minTTL:
+		return fmt.Errorf("%w: %s: lease TTL %v is shorter than %v", ErrInvalidArgument, what, d, minTTL)
+	case d > MaxTTL:
+		return fmt.Errorf("%w: %s: lease TTL %v is longer than the largest accepted, %v", ErrInvalidArgument, what, d, MaxTTL)
+	}
+	return nil
+}
+
 func newConfig(opts []Option) (config, error) {
 	cfg := config{prefix: DefaultPrefix, leaseTTL: DefaultLeaseTTL, waiterTTL: DefaultWaiterTTL}
 	if f := testTransform.Load(); f != nil {
@@ -218,10 +237,11 @@ func newConfig(opts []Option) (config, error) {
 	case len(cfg.owner) > maxOwnerLen || strings.ContainsAny(cfg.owner, "{} /") ||
 		strings.IndexFunc(cfg.owner, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0:
 		return cfg, fmt.Errorf("%w: owner label %q: at most %d printable characters, no spaces, braces or '/'", ErrInvalidArgument, cfg.owner, maxOwnerLen)
-	case cfg.leaseTTL < minTTL:
-		return cfg, fmt.Errorf("%w: WithLeaseTTL: lease TTL %v is shorter than %v", ErrInvalidArgument, cfg.leaseTTL, minTTL)
-	case cfg.leaseTTL > MaxTTL:
-		return cfg, fmt.Errorf("%w: WithLeaseTTL: lease TTL %v is longer than the largest accepted, %v", ErrInvalidArgument, cfg.leaseTTL, MaxTTL)
+	}
+	if err := checkLeaseTTL("WithLeaseTTL", cfg.leaseTTL); err != nil {
+		return cfg, err
+	}
+	switch {
 	case cfg.waiterTTL < minTTL:
 		return cfg, fmt.Errorf("%w: WithWaiterTTL: waiter TTL %v is shorter than %v", ErrInvalidArgument, cfg.waiterTTL, minTTL)
 	case cfg.waiterTTL > MaxTTL:

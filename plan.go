@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/fairlock/fairlock/backend"
 )
@@ -51,6 +52,48 @@ type plan struct {
 	groupArg any
 	names    []string
 	id       uint64 // Event.ID of this acquisition, when observed
+	// leaseTTL is the lease TTL of the request (see leaseTTLOf), and
+	// leaseMs and leaseArg the same as a script argument, rendered and
+	// boxed once; zero, "" and nil in a plan made elsewhere, which takes
+	// the client's (see ttl, leaseArgs).
+	leaseTTL time.Duration
+	leaseMs  string
+	leaseArg any
+}
+
+// ttl returns the lease TTL of p's lease: its own, or the client's.
+func (p plan) ttl(c *Client) time.Duration {
+	if p.leaseTTL != 0 {
+		return p.leaseTTL
+	}
+	return c.cfg.leaseTTL
+}
+
+// leaseArgs returns p's lease TTL as a script argument, and boxed (see
+// opCall.argv).
+func (p plan) leaseArgs(c *Client) (string, any) {
+	if p.leaseMs != "" {
+		return p.leaseMs, p.leaseArg
+	}
+	return c.leaseMs, c.leaseArg
+}
+
+// leaseTTLOf returns the lease TTL of a lease over parts: the shortest
+// its parts ask for (Request.LeaseTTL), a part's 0 counting as def (the
+// client's). One lease is renewed as one, so the part that needs the
+// shortest TTL sets it for all.
+func leaseTTLOf(parts []part, def time.Duration) time.Duration {
+	d := time.Duration(0)
+	for _, pt := range parts {
+		t := pt.req.LeaseTTL
+		if t == 0 {
+			t = def
+		}
+		if d == 0 || t < d {
+			d = t
+		}
+	}
+	return d
 }
 
 // maxPlans bounds the plans of single requests a client keeps (see
@@ -120,6 +163,11 @@ func (c *Client) newPlan(reqs []Request) (plan, error) {
 		p.keys = append(p.keys, pt.k.list()...)
 	}
 	p.names = names
+	p.leaseTTL, p.leaseMs, p.leaseArg = c.cfg.leaseTTL, c.leaseMs, c.leaseArg
+	if ttl := leaseTTLOf(p.parts, c.cfg.leaseTTL); ttl != c.cfg.leaseTTL {
+		p.leaseTTL, p.leaseMs = ttl, msArg(ttl)
+		p.leaseArg = p.leaseMs
+	}
 	if len(p.parts) == 1 {
 		return p, nil
 	}

@@ -87,6 +87,7 @@ type waiter struct {
 	ticket  string
 	permits int64       // of the room's semaphore
 	group   string      // the plan's group, for a request over several semaphores
+	lease   string      // the plan's lease TTL as a script argument (its member holds it)
 	ch      chan wakeup // buffered; receives at most one wakeup
 	// queued is set (under c.mu) once the acquire script has queued the
 	// ticket. Only queued tickets are refreshed: a refresh that reached
@@ -145,7 +146,11 @@ func (g *grantCounts) get() (reply, wake, refresh int64) {
 // ticket also gets a waiter in the room of its first semaphore.
 func (c *waits) register(p plan, wait bool) (*room, *waiter, error) {
 	k := p.first().k
-	w := &waiter{ticket: newTicket(), permits: p.first().req.Permits, group: p.group, ch: make(chan wakeup, 1)}
+	lease := p.leaseMs
+	if lease == "" {
+		lease = c.leaseMs
+	}
+	w := &waiter{ticket: newTicket(), permits: p.first().req.Permits, group: p.group, lease: lease, ch: make(chan wakeup, 1)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -369,15 +374,11 @@ const staleTimeouts = 10
 // a waiter's TTL, and the waiters it had not reached yet died.
 const refreshParallel = 8
 
-// refresh keeps r's waiters alive in Redis, runs the queue (dropping dead
-// waiters and expired leases, granting what fits), hands on what it learns
-// about r's tickets, notes each queued waiter alive or failed, and returns
-// when it should run next and the first error of its scripts that failed.
-// (A round of many scripts may see some answered and some not: on a busy
-// Redis, those queued behind the others' traffic run out of time.)
-func (r *room) refresh() (next time.Duration, first error) {
+// refreshBatchesLocked returns the arguments of the refresh scripts of a
+// round over r's queued waiters (at least one script, which runs the
+// queue even when none is queued). c.mu is held.
+func (r *room) refreshBatchesLocked() [][]string {
 	c := r.c
-	c.mu.Lock()
 	// Waiters whose last refresh failed go in batches of their own,
 	// shuffled, in at most suspectScripts scripts (of at most
 	// refreshBatch tickets), sent first: so the batches halve and more as
@@ -385,8 +386,12 @@ func (r *room) refresh() (next time.Duration, first error) {
 	// reaches (see failStale) parts from the others within a few rounds
 	// (128, 16, 2, 1 tickets); and on a busy Redis the scripts that timed
 	// out are not the ones queued last again.
+	//
+	// One refresh names one lease TTL, which the waiters' members hold:
+	// waiters whose requests gave TTLs of their own (Request.LeaseTTL) go
+	// in batches of their TTL.
 	var batches [][]string
-	var args []string
+	open := map[string][]string{} // by lease TTL: the batch being filled
 	var suspects []string
 	for t, w := range r.waiters {
 		if !w.queued {
@@ -396,32 +401,55 @@ func (r *room) refresh() (next time.Duration, first error) {
 			suspects = append(suspects, t)
 			continue
 		}
+		args := open[w.lease]
 		if args == nil {
-			args = c.refreshArgs(min(len(r.waiters), refreshBatch))
+			args = c.refreshArgs(min(len(r.waiters), refreshBatch), w.lease)
 		}
 		args = appendRefreshed(args, t, w.permits, w.group)
 		if refreshCount(args) >= refreshBatch {
 			batches = append(batches, args)
 			args = nil
 		}
+		open[w.lease] = args
 	}
-	if args != nil {
-		batches = append(batches, args)
+	for _, args := range open {
+		if args != nil {
+			batches = append(batches, args)
+		}
 	}
 	rand.Shuffle(len(suspects), func(i, j int) { suspects[i], suspects[j] = suspects[j], suspects[i] })
 	var lead [][]string
 	for chunk := range slices.Chunk(suspects, min(refreshBatch, max(1, (len(suspects)+suspectScripts-1)/suspectScripts))) {
-		args := c.refreshArgs(len(chunk))
+		byLease := map[string][]string{}
 		for _, t := range chunk {
 			w := r.waiters[t]
-			args = appendRefreshed(args, t, w.permits, w.group)
+			args := byLease[w.lease]
+			if args == nil {
+				args = c.refreshArgs(len(chunk), w.lease)
+			}
+			byLease[w.lease] = appendRefreshed(args, t, w.permits, w.group)
 		}
-		lead = append(lead, args)
+		for _, args := range byLease {
+			lead = append(lead, args)
+		}
 	}
 	batches = append(lead, batches...)
 	if len(batches) == 0 {
-		batches = append(batches, c.refreshArgs(0))
+		batches = append(batches, c.refreshArgs(0, c.leaseMs))
 	}
+	return batches
+}
+
+// refresh keeps r's waiters alive in Redis, runs the queue (dropping dead
+// waiters and expired leases, granting what fits), hands on what it learns
+// about r's tickets, notes each queued waiter alive or failed, and returns
+// when it should run next and the first error of its scripts that failed.
+// (A round of many scripts may see some answered and some not: on a busy
+// Redis, those queued behind the others' traffic run out of time.)
+func (r *room) refresh() (next time.Duration, first error) {
+	c := r.c
+	c.mu.Lock()
+	batches := r.refreshBatchesLocked()
 	c.mu.Unlock()
 	next = c.refreshEvery()
 	var mu sync.Mutex // next, first

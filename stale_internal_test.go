@@ -2,6 +2,7 @@ package fairlock
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -56,5 +57,63 @@ func TestFailStaleJudgesEachWaiter(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A room's refresh round names each waiter with the lease TTL it queued
+// with: one script names one TTL, so waiters of several TTLs (their own,
+// Request.LeaseTTL, or the client's) go in scripts of one TTL each, the
+// suspects (whose last refresh failed) as the others; every queued waiter
+// is in exactly one script, and an empty room still sends one.
+func TestRefreshBatchesOneLeaseTTLEach(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	defer rdb.Close()
+	c, err := New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := &room{c: c.waits, waiters: map[string]*waiter{}}
+	c.mu.Lock()
+	empty := r.refreshBatchesLocked()
+	c.mu.Unlock()
+	if len(empty) != 1 || refreshCount(empty[0]) != 0 || empty[0][2] != c.leaseMs {
+		t.Fatalf("an empty room's round = %q, want one script of no tickets", empty)
+	}
+	leases := []string{c.leaseMs, "2000", "150"}
+	want := map[string]string{} // ticket -> lease
+	for i := range 300 {
+		lease := leases[i%len(leases)]
+		w := &waiter{ticket: fmt.Sprintf("T%d", i), permits: 1, lease: lease, queued: i%7 != 0, ch: make(chan wakeup, 1)}
+		if i%5 == 0 {
+			w.failed = errors.New("refused")
+		}
+		r.waiters[w.ticket] = w
+		if w.queued {
+			want[w.ticket] = lease
+		}
+	}
+	c.mu.Lock()
+	batches := r.refreshBatchesLocked()
+	c.mu.Unlock()
+	seen := map[string]string{}
+	for _, args := range batches {
+		lease := args[2]
+		if n := refreshCount(args); n == 0 || n > refreshBatch {
+			t.Errorf("a script of %d tickets", n)
+		}
+		for i := range refreshCount(args) {
+			tk := refreshedTicket(args, i)
+			if _, dup := seen[tk]; dup {
+				t.Errorf("%s in two scripts", tk)
+			}
+			seen[tk] = lease
+			if want[tk] != lease {
+				t.Errorf("%s (queued %v, lease TTL %q) refreshed with lease TTL %q", tk, r.waiters[tk].queued, want[tk], lease)
+			}
+		}
+	}
+	if len(seen) != len(want) {
+		t.Errorf("%d waiters refreshed, want the %d queued", len(seen), len(want))
 	}
 }

@@ -37,7 +37,7 @@ type Election struct {
 	c       *fairlock.Client
 	name    string
 	channel string        // where changes are published
-	ttl     time.Duration // the lease TTL; the record lasts twice as long
+	ttl     time.Duration // the lease TTL (WithLeaseTTL, or the client's); the record lasts twice as long
 }
 
 // Info is a leader as [Election.Leader] and [Election.Observe] report it.
@@ -47,34 +47,63 @@ type Info struct {
 	Term  int64  `json:"term"`  // its lease's fencing token
 }
 
+// An Option configures an [Election].
+type Option func(*Election)
+
+// WithLeaseTTL sets the lease TTL of this election's leaderships, in
+// place of the client's ([fairlock.WithLeaseTTL]): a leader renews its
+// lease and its record every third of d, and when its process dies or is
+// cut off, the next candidate leads d after its last renewal (the record
+// lasts twice as long, but names no leader once the lease is gone). It
+// sets [fairlock.Request.LeaseTTL] on every campaign; other elections of
+// the client are not affected. The default, 0, takes the client's TTL. A
+// negative d, a d under 10ms or one over [fairlock.MaxTTL] (24h) makes
+// [New] fail with [fairlock.ErrInvalidArgument].
+func WithLeaseTTL(d time.Duration) Option {
+	return func(e *Election) { e.ttl = d }
+}
+
 // New returns the election name, kept in Redis by c. Its candidates queue
 // on the fair mutex of the same name (which must not be used as a
 // semaphore of another capacity). New validates its arguments and contacts
-// no server. It fails with [fairlock.ErrInvalidArgument] for a nil client,
-// [fairlock.ErrInvalidName] for a name the engine refuses, and
-// [ErrNotSubscriber] when c's Redis client cannot Subscribe (any go-redis
-// *redis.Client or ClusterClient can).
-func New(c *fairlock.Client, name string) (*Election, error) {
+// no server. It fails with [fairlock.ErrInvalidArgument] for a nil client
+// or an option out of range, [fairlock.ErrInvalidName] for a name the
+// engine refuses, and [ErrNotSubscriber] when c's Redis client cannot
+// Subscribe (any go-redis *redis.Client or ClusterClient can).
+func New(c *fairlock.Client, name string, opts ...Option) (*Election, error) {
 	e := &Election{c: c, name: name}
 	if c == nil {
 		return nil, e.errorf("new", "%w: nil client", fairlock.ErrInvalidArgument)
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(e)
+		}
 	}
 	channel, err := engine.LeaderChannel(c, name)
 	if err != nil {
 		return nil, e.errorf("new", "%w", err)
 	}
+	if err := engine.Validate(c, e.mutex()); err != nil {
+		return nil, e.errorf("new", "%w", err)
+	}
 	if !engine.CanSubscribe(c) {
 		return nil, e.errorf("new", "%w: %s", ErrNotSubscriber, "its Redis client has no pub/sub")
 	}
-	e.channel, e.ttl = channel, c.LeaseTTL()
+	e.channel = channel
+	if e.ttl == 0 {
+		e.ttl = c.LeaseTTL()
+	}
 	return e, nil
 }
 
 // Name returns the election's name.
 func (e *Election) Name() string { return e.name }
 
+// mutex is the request for the election's mutex, with the election's
+// lease TTL (the client's once New has run without WithLeaseTTL).
 func (e *Election) mutex() fairlock.Request {
-	return fairlock.Request{Name: e.name, Capacity: 1, Permits: 1}
+	return fairlock.Request{Name: e.name, Capacity: 1, Permits: 1, LeaseTTL: e.ttl}
 }
 
 // Campaign joins the queue of candidates (first-in first-out) and blocks

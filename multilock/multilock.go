@@ -10,7 +10,9 @@
 // the same queues and the same first-in first-out order.
 //
 // The result is one [fairlock.Lease] over all the semaphores: renewed as
-// one, with a fencing token per semaphore ([fairlock.Lease.Parts]), ended
+// one (its TTL is the client's, or the shortest
+// [fairlock.Request.LeaseTTL] its requests give), with a fencing token per
+// semaphore ([fairlock.Lease.Parts]), ended
 // (Done closed) when any part is lost, and released in one atomic step
 // that hands every semaphore on to its next waiter. On such a lease,
 // [fairlock.Lease.Token], Permits and Name answer for the first semaphore

@@ -322,6 +322,43 @@ func ExampleWithMaxHold() {
 	// Output: true true
 }
 
+// WithLeaseTTL gives one handle's leases a TTL of their own: a mutex
+// whose holder must not keep others waiting long should its process die,
+// on a client whose other leases keep the default 10s.
+func ExampleWithLeaseTTL() {
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+	c, err := fairlock.New(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	mu, err := semaphore.NewMutex(c, "cache-refill", semaphore.WithLeaseTTL(time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	lease, err := mu.Lock(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(time.Until(lease.Expiry()) <= time.Second)
+	fmt.Println(lease.Release(ctx))
+
+	_, err = semaphore.NewMutex(c, "cache-refill", semaphore.WithLeaseTTL(-time.Second))
+	fmt.Println(errors.Is(err, fairlock.ErrInvalidArgument))
+	// Output:
+	// true
+	// <nil>
+	// true
+}
+
 // A consumer waits on a condition variable until a producer, in another
 // process, has put an item in a shared queue.
 func ExampleCond() {

@@ -17,6 +17,7 @@ type Semaphore struct {
 	name     string
 	capacity int64
 	maxHold  time.Duration // WithMaxHold; 0 for the client's
+	leaseTTL time.Duration // WithLeaseTTL; 0 for the client's
 }
 
 // An Option configures a [Semaphore], [Mutex] or [RWMutex].
@@ -32,6 +33,19 @@ type Option func(*Semaphore)
 // days), makes the constructor fail with [fairlock.ErrInvalidArgument].
 func WithMaxHold(d time.Duration) Option {
 	return func(s *Semaphore) { s.maxHold = d }
+}
+
+// WithLeaseTTL sets how long each lease taken through this handle lasts
+// without renewal, in place of the client's TTL
+// ([fairlock.WithLeaseTTL]): the lease is renewed every third of d while
+// held, and when its holder's process dies or is cut off, Redis frees its
+// permits d after the last renewal. It sets [fairlock.Request.LeaseTTL]
+// on every request; other handles of the same name are not affected. The
+// default, 0, takes the client's TTL. A negative d, a d under 10ms or one
+// over [fairlock.MaxTTL] (24h) makes the constructor fail with
+// [fairlock.ErrInvalidArgument].
+func WithLeaseTTL(d time.Duration) Option {
+	return func(s *Semaphore) { s.leaseTTL = d }
 }
 
 // New returns the semaphore name with the given capacity, kept in Redis by
@@ -68,7 +82,7 @@ func newSemaphore(op string, c *fairlock.Client, name string, capacity int64, op
 
 // request is the engine's request for n permits.
 func (s *Semaphore) request(n int64) fairlock.Request {
-	return fairlock.Request{Name: s.name, Capacity: s.capacity, Permits: n, MaxHold: s.maxHold}
+	return fairlock.Request{Name: s.name, Capacity: s.capacity, Permits: n, MaxHold: s.maxHold, LeaseTTL: s.leaseTTL}
 }
 
 // Name returns the semaphore's name. It cannot fail.
