@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/internal/differential"
 	"github.com/fairlock/fairlock/internal/statecheck"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
@@ -72,6 +73,10 @@ type callSides interface {
 
 func (p replayPair) sides() []*replayer { return []*replayer{p.Fast, p.General} }
 
+// callPrefix begins every key of the call machine's semaphores and wake
+// lists.
+const callPrefix = "cm:"
+
 // callMachine is one run's state.
 type callMachine struct {
 	ctx     context.Context
@@ -108,11 +113,13 @@ func (m *callMachine) exec(c call) any {
 		m.ends, m.told = map[string]int64{}, map[string]int64{}
 	}
 	m.noteTold(c, res)
+	var bases []string
 	for _, s := range m.sems {
 		hs, err := statecheck.Holders(m.ctx, m.pair.sides()[0].RDB, s.base)
 		if err != nil {
 			continue // another program's key, planted by a foreign pair
 		}
+		bases = append(bases, s.base)
 		if err := m.checkHolders(s, hs); err != nil {
 			m.t.Fatalf("after step %d (%s): %v", len(m.sent), c, err)
 		}
@@ -124,6 +131,13 @@ func (m *callMachine) exec(c call) any {
 		if err := m.stateOutlives(s, hs); err != nil {
 			m.t.Fatalf("after step %d (%s): %v", len(m.sent), c, err)
 		}
+	}
+	// The keys' invariants, on the machine's clock (the replayers'), as
+	// the model-based tests check them on the server's.
+	st := statecheck.State{Prefix: callPrefix, Bases: bases, At: m.nowMs(), Shift: differential.ExpiryShift}
+	if err := statecheck.Check(m.ctx, m.pair.sides()[0].RDB, st); err != nil {
+		dump, _ := m.pair.sides()[0].Dump(m.ctx, "")
+		m.t.Fatalf("after step %d (%s): %v\n%s", len(m.sent), c, err, dump)
 	}
 	return res
 }
@@ -768,14 +782,14 @@ func runCallMachine(rt *rapid.T, pair callSides, started ...func(*callMachine)) 
 	m := &callMachine{ctx: ctx, t: rt, pair: pair, now: time.Now().UnixMicro()}
 	for i := range rapid.IntRange(1, 2).Draw(rt, "semaphores") {
 		name := fmt.Sprintf("c%d", i)
-		m.sems = append(m.sems, &csem{name: name, base: "cm:{" + name + "}", cap: rapid.Int64Range(1, 4).Draw(rt, "capacity")})
+		m.sems = append(m.sems, &csem{name: name, base: callPrefix + "{" + name + "}", cap: rapid.Int64Range(1, 4).Draw(rt, "capacity")})
 	}
 	for i := range rapid.IntRange(1, 4).Draw(rt, "processes") {
 		id := fmt.Sprintf("P%dID", i)
 		if i%2 == 1 {
 			// A client on one server: one wake list for every semaphore
 			// (keys.wake), under the prefix "cm:".
-			id = processListMark("cm:") + id
+			id = processListMark(callPrefix) + id
 		}
 		m.procs = append(m.procs, &cproc{
 			id: id,

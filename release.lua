@@ -90,7 +90,14 @@ if op == 'leave' then
         if at then
           cond_drop(p.r, c, m)
           result = 1
+        elseif redis.call('ZSCORE', p.r.D, m) then
+          -- Dead, and its condition's key expired with it (the key
+          -- outlives its waiters' deadlines, not the keys' later moves):
+          -- it still counts, with its deadline in :d, until dropped.
+          seen(p.r.D)
+          cond_drop(p.r, c, m)
         else
+          seen(p.r.D)
           record(p.r, ticket, false)
         end
       end

@@ -62,6 +62,12 @@ type State struct {
 	// which a queue run of every base began and that ended with no work
 	// left: no lease or waiter due by then may remain.
 	Purged int64
+	// At, when not zero, is the moment (ms) to check the keys at, on a
+	// clock other than the server's, each key's expiry then read as its
+	// PEXPIRETIME less Shift: a replay's database (internal/differential),
+	// whose scripts run at recorded moments and set their keys to expire
+	// Shift ms past what they meant.
+	At, Shift int64
 }
 
 // condMark is what follows a semaphore's base in the keys of its
@@ -142,6 +148,12 @@ func check(ctx context.Context, rdb redis.Cmdable, s State, condKeys [][]string)
 	}
 	reads := make([]read, len(s.Bases))
 	tx := rdb.TxPipeline()
+	// A key's expiry: its time to live, from the server's clock, or on
+	// another clock (At) its moment.
+	expiryOf := tx.PTTL
+	if s.At != 0 {
+		expiryOf = tx.PExpireTime
+	}
 	clock := tx.Time(ctx)
 	all := tx.Keys(ctx, globEscape(s.Prefix)+"*")
 	for i, b := range s.Bases {
@@ -151,11 +163,11 @@ func check(ctx context.Context, rdb redis.Cmdable, s State, condKeys [][]string)
 		r.d = tx.ZRangeWithScores(ctx, b+":d", 0, -1)
 		r.h = tx.ZRangeWithScores(ctx, b+":h", 0, -1)
 		r.t = tx.ZRangeWithScores(ctx, b+":t", 0, -1)
-		r.ts, r.tq, r.td = tx.PTTL(ctx, b+":s"), tx.PTTL(ctx, b+":q"), tx.PTTL(ctx, b+":d")
-		r.th, r.tt = tx.PTTL(ctx, b+":h"), tx.PTTL(ctx, b+":t")
+		r.ts, r.tq, r.td = expiryOf(ctx, b+":s"), expiryOf(ctx, b+":q"), expiryOf(ctx, b+":d")
+		r.th, r.tt = expiryOf(ctx, b+":h"), expiryOf(ctx, b+":t")
 		for _, k := range condKeys[i] {
 			r.c = append(r.c, tx.ZRangeWithScores(ctx, k, 0, -1))
-			r.tc = append(r.tc, tx.PTTL(ctx, k))
+			r.tc = append(r.tc, expiryOf(ctx, k))
 		}
 	}
 	if _, err := tx.Exec(ctx); err != nil && err != redis.Nil {
@@ -168,6 +180,9 @@ func check(ctx context.Context, rdb redis.Cmdable, s State, condKeys [][]string)
 		}
 	}
 	now := clock.Val().UnixMilli()
+	if s.At != 0 {
+		now = s.At
+	}
 	// Every key has a TTL (read after the transaction: a script is
 	// atomic, so no key is ever seen between its write and its TTL).
 	pipe := rdb.Pipeline()
@@ -199,7 +214,11 @@ func check(ctx context.Context, rdb redis.Cmdable, s State, condKeys [][]string)
 			case ttl == -1:
 				return false, nil, fmt.Errorf("key %s has no TTL", k)
 			case ttl >= 0:
-				late[k], early[k] = now+ttl.Milliseconds()+1, now+ttl.Milliseconds()-1
+				at := now + ttl.Milliseconds()
+				if s.At != 0 {
+					at = ttl.Milliseconds() - s.Shift
+				}
+				late[k], early[k] = at+1, at-1
 			}
 		}
 		var conds [][]redis.Z
@@ -256,9 +275,32 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 			hmin, hmaxH = min(hmin, int64(z.Score)), max(hmaxH, int64(z.Score))
 		}
 	}
+	// Waiters on a condition: those in its key, and those whose key has
+	// expired with them in it. A condition's key outlives its waiters'
+	// deadlines but not, as :d does, the keys' later moves: a waiter dead
+	// since (its deadline in :d passed, not yet dropped) may have lost
+	// it, and still counts until a script drops it by :d.
 	nc := 0
+	inKey := map[string]bool{}
 	for _, c := range conds {
 		nc += len(c)
+		for _, z := range c {
+			inKey[z.Member.(string)] = true
+		}
+	}
+	for _, z := range q {
+		inKey[z.Member.(string)] = true
+	}
+	for _, z := range d {
+		m := z.Member.(string)
+		if inKey[m] {
+			continue
+		}
+		ticket, _, _ := strings.Cut(m, " ")
+		if int64(z.Score) > now || !strings.HasPrefix(st[ticket], "c") {
+			return fmt.Errorf("waiter %q has a deadline in :d (%d) and is in no queue: neither dead by now (%d) nor marked on a condition (%q)", m, int64(z.Score), now, st[ticket])
+		}
+		nc++
 	}
 	if num("nh") != int64(len(holders)) || num("used") != used || num("nq") != int64(len(q)) || num("nc") != int64(nc) {
 		return fmt.Errorf("state counts nh %s used %s nq %s nc %s; the keys hold %d leases of %d permits, %d queued, %d on conditions",
