@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/fairlock/fairlock/internal/differential"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/statecheck"
 )
 
 // traceRig drives the scripts directly at a clock of its own (µs), on a
@@ -139,6 +143,35 @@ func TestResentReleaseOfRequeuedTicketAnswersAlike(t *testing.T) {
 	again := fmt.Sprint(g.run("release", "TA", "PA", "10000", "1000", "", "0", "1", tok))
 	if first != "[3 0]" || first != again {
 		t.Fatalf("release of a released lease whose ticket waited again answered %s, sent again %s; want [3 0] twice\ndb after the first run:\n%s", first, again, db)
+	}
+}
+
+// A leave of a condition waiter that died (its deadline passed) and whose
+// condition's key expired since (the key lives as long as its waiters'
+// deadlines; the semaphore's keys have moved past it, a later lease
+// holding them) drops it: it no longer counts as a waiter on a condition,
+// and its deadline leaves :d. It once only forgot its mark, and a later
+// purge took its deadline out of :d without the count: the semaphore then
+// counted a waiter that did not exist for as long as its state lived.
+func TestLeaveOfDeadConditionWaiterWhoseKeyExpired(t *testing.T) {
+	g := newTraceRig(t)
+	base := "trace:{s}"
+	all := []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}
+	cond := condKeys(keys{base: base, all: all}, "")
+	withCond := append(slices.Clip(all), cond...)
+	tok := tokenOf(t, g.run("acquire", "TA", "PA", "10000", "1000", "", "1", "2"))
+	if got := fmt.Sprint(g.runOn(withCond, "wait", "TA", "PA", "10000", "1000", "", "0", "1", tok, "TW", "")); !strings.HasPrefix(got, "[1 ") {
+		t.Fatalf("the condition wait = %v", got)
+	}
+	tokenOf(t, g.run("acquire", "TB", "PB", "300000", "1000", "", "1", "2")) // the keys move minutes ahead
+	g.advance(60000)                                                         // TW is dead, its condition's key gone
+	g.runOn(withCond, "leave", "TW", "PA", "10000", "1000", "", "0", "1", "0")
+	st := statecheck.State{Prefix: "trace:", Bases: []string{base}, At: g.now / 1000, Shift: differential.ExpiryShift}
+	if err := statecheck.Check(context.Background(), g.r.RDB, st); err != nil {
+		t.Fatalf("after the leave: %v\n%s", err, g.dump())
+	}
+	if nc, _ := g.r.RDB.HGet(context.Background(), base+":s", "nc").Result(); nc != "" {
+		t.Fatalf("after the leave the state counts %s waiters on conditions, want none\n%s", nc, g.dump())
 	}
 }
 
