@@ -298,7 +298,7 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 		}
 		ticket, _, _ := strings.Cut(m, " ")
 		if int64(z.Score) > now || !strings.HasPrefix(st[ticket], "c") {
-			return fmt.Errorf("waiter %q has a deadline in :d (%d) and is in no queue: neither dead by now (%d) nor marked on a condition (%q)", m, int64(z.Score), now, st[ticket])
+			return fmt.Errorf("waiter %q (deadline %d, now %d, marked %q) is in no queue: only a dead waiter on a condition may have lost its condition's key", m, int64(z.Score), now, st[ticket])
 		}
 		nc++
 	}

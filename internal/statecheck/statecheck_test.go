@@ -120,3 +120,49 @@ func TestCheckReadsAConditionMadeMeanwhile(t *testing.T) {
 		}
 	})
 }
+
+// A condition waiter whose condition's key is gone counts only when it is
+// dead (its deadline in :d has passed), as the scripts leave one whose key
+// expired after its deadline until they drop it; a live one must be in
+// its key.
+func TestCheckLostConditionWaiters(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, tc := range []struct {
+			name     string
+			deadline time.Duration // from now
+			want     string        // in Check's error; "" for none
+		}{
+			{"dead", -time.Second, ""},
+			{"alive", 10 * time.Second, "is in no queue"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				rdb := b.Client(t)
+				prefix := redistest.Prefix(t)
+				base := prefix + "{x}"
+				if err := waitOn(ctx, rdb, base, "ready", "T1", time.Minute); err != nil {
+					t.Fatal(err)
+				}
+				now, err := rdb.Time(ctx).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				m := "T1 1 client lease 1000"
+				if err := rdb.ZAdd(ctx, base+":d", redis.Z{Score: float64(now.Add(tc.deadline).UnixMilli()), Member: m}).Err(); err != nil {
+					t.Fatal(err)
+				}
+				if err := rdb.Del(ctx, base+condMark+"ready").Err(); err != nil {
+					t.Fatal(err)
+				}
+				err = Check(ctx, rdb, State{Prefix: prefix, Bases: []string{base}})
+				t.Logf("Check = %v", err)
+				switch {
+				case tc.want == "" && err != nil:
+					t.Fatalf("Check of a dead waiter whose condition's key expired = %v, want nil", err)
+				case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+					t.Fatalf("Check = %v, want an error saying %q", err, tc.want)
+				}
+			})
+		}
+	})
+}
