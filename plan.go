@@ -52,19 +52,25 @@ type plan struct {
 	groupArg any
 	names    []string
 	id       uint64 // Event.ID of this acquisition, when observed
-	// leaseTTL is the lease TTL of the request (see leaseTTLOf), and
-	// leaseMs and leaseArg the same as a script argument, rendered and
-	// boxed once; zero, "" and nil in a plan made elsewhere, which takes
-	// the client's (see ttl, leaseArgs).
-	leaseTTL time.Duration
-	leaseMs  string
-	leaseArg any
+	// lease is the request's own lease TTL (see leaseTTLOf), or nil for
+	// the client's (see ttl, leaseArgs). A pointer keeps a plan small: a
+	// closure captures a plan of 128 bytes or less by value, and a larger
+	// one by reference, which costs an allocation on every acquisition.
+	lease *planLease
+}
+
+// A planLease is a lease TTL other than the client's, with the same as a
+// script argument, rendered and boxed once.
+type planLease struct {
+	ttl time.Duration
+	ms  string
+	arg any
 }
 
 // ttl returns the lease TTL of p's lease: its own, or the client's.
 func (p plan) ttl(c *Client) time.Duration {
-	if p.leaseTTL != 0 {
-		return p.leaseTTL
+	if p.lease != nil {
+		return p.lease.ttl
 	}
 	return c.cfg.leaseTTL
 }
@@ -72,8 +78,8 @@ func (p plan) ttl(c *Client) time.Duration {
 // leaseArgs returns p's lease TTL as a script argument, and boxed (see
 // opCall.argv).
 func (p plan) leaseArgs(c *Client) (string, any) {
-	if p.leaseMs != "" {
-		return p.leaseMs, p.leaseArg
+	if p.lease != nil {
+		return p.lease.ms, p.lease.arg
 	}
 	return c.leaseMs, c.leaseArg
 }
@@ -163,10 +169,9 @@ func (c *Client) newPlan(reqs []Request) (plan, error) {
 		p.keys = append(p.keys, pt.k.list()...)
 	}
 	p.names = names
-	p.leaseTTL, p.leaseMs, p.leaseArg = c.cfg.leaseTTL, c.leaseMs, c.leaseArg
 	if ttl := leaseTTLOf(p.parts, c.cfg.leaseTTL); ttl != c.cfg.leaseTTL {
-		p.leaseTTL, p.leaseMs = ttl, msArg(ttl)
-		p.leaseArg = p.leaseMs
+		ms := msArg(ttl)
+		p.lease = &planLease{ttl: ttl, ms: ms, arg: ms}
 	}
 	if len(p.parts) == 1 {
 		return p, nil

@@ -146,9 +146,9 @@ func (g *grantCounts) get() (reply, wake, refresh int64) {
 // ticket also gets a waiter in the room of its first semaphore.
 func (c *waits) register(p plan, wait bool) (*room, *waiter, error) {
 	k := p.first().k
-	lease := p.leaseMs
-	if lease == "" {
-		lease = c.leaseMs
+	lease := c.leaseMs
+	if p.lease != nil {
+		lease = p.lease.ms
 	}
 	w := &waiter{ticket: newTicket(), permits: p.first().req.Permits, group: p.group, lease: lease, ch: make(chan wakeup, 1)}
 	c.mu.Lock()

@@ -44,7 +44,7 @@ import (
 // far longer); crashes and lapsed leases are the root package's property
 // test's and the robustness suite's (on every client too).
 func property(t *testing.T, tg Target) {
-	setChecks(t, 25, 10)
+	setChecks(t, 40, 25)
 	for _, path := range []struct {
 		name string
 		opts []fairlock.Option
