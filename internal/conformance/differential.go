@@ -33,7 +33,7 @@ func differentialRuns(t *testing.T, tg Target) {
 		t.Skip("the differential test runs on the plain server")
 	}
 	ctx := context.Background()
-	setChecks(t, 15, 3)
+	setChecks(t, 30, 12)
 	pair := &differential.Pair{Backend: "redis-server through the client under test"}
 	fast, general := differential.Transforms(nil)
 	// Both servers allow DEBUG (a digest per key), or neither does (a
