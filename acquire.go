@@ -80,11 +80,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		// comes, on its caller's goroutine (through a batching client,
 		// alone: a batch holding it could hold its group); a close waits
 		// for it until its bound only, and says so.
-		callCtx, endCall, unhook := ctx, context.CancelFunc(nil), func() bool { return false }
-		if c.mayOutlastClose(ctx) {
-			callCtx, endCall = context.WithCancel(ctx)
-			unhook = context.AfterFunc(c.closing, endCall)
-		}
+		callCtx, bound := c.boundByClose(ctx)
 		o, ok := c.calls.op(callCtx, p.acquireCall(mode, ticket, c), func(outcome) {
 			// The script may have queued or granted the ticket after the
 			// caller left, or before its reply was lost. (A caller whose
@@ -96,16 +92,10 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 			}
 			c.cleanUpReport(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p, report)
 		})
-		if endCall != nil {
-			unhook()
-			endCall()
-		}
+		bound.done()
 		if !ok {
 			c.waits.unregister(r, w)
-			if ctx.Err() == nil && c.closing.Err() != nil {
-				return nil, wrap(fmt.Errorf("%w: the acquisition was on its way to Redis", ErrClosed))
-			}
-			return nil, wrap(o.res.err)
+			return nil, wrap(c.endedByClose(ctx, o.res.err))
 		}
 		rep, err := parseAcquireReply(o.res, len(p.parts))
 		if err != nil {
@@ -339,6 +329,47 @@ func (c *Client) cleanUpReport(ctx context.Context, oc opCall, p plan, report fu
 		c.logf(slog.LevelWarn, "fairlock: clean-up failed; Redis drops the ticket at its deadline", p.names, "",
 			slog.String("op", oc.op.name), slog.Any("error", err))
 	}
+}
+
+// boundByClose returns the context a blocking call's script call (an
+// acquisition's, a condition wait's) runs under: ctx, ended by the
+// client's close as well when ctx may outlast the close's bound (see
+// mayOutlastClose), so that neither the caller nor the Redis client's
+// retries (a Cluster client tries a command four times, each try waiting
+// out its read timeout when Redis stalls) outlast that bound; its done
+// releases it once the call has returned. A call under a context that
+// cannot end runs as it comes (a close waits for it until its bound only,
+// and says so).
+func (c *Client) boundByClose(ctx context.Context) (context.Context, closeBound) {
+	if !c.mayOutlastClose(ctx) {
+		return ctx, closeBound{}
+	}
+	callCtx, end := context.WithCancel(ctx)
+	return callCtx, closeBound{end: end, unhook: context.AfterFunc(c.closing, end)}
+}
+
+// A closeBound ends a call's context at the client's close (boundByClose).
+type closeBound struct {
+	end    context.CancelFunc
+	unhook func() bool
+}
+
+// done releases what boundByClose set up, once the call has returned.
+func (b closeBound) done() {
+	if b.end != nil {
+		b.unhook()
+		b.end()
+	}
+}
+
+// endedByClose returns the error of a blocking call whose script call
+// failed with err under boundByClose's context: ErrClosed when the close,
+// not ctx, ended it.
+func (c *Client) endedByClose(ctx context.Context, err error) error {
+	if ctx.Err() == nil && c.closing.Err() != nil {
+		return fmt.Errorf("%w: the call was on its way to Redis", ErrClosed)
+	}
+	return err
 }
 
 // mayOutlastClose reports whether ctx can end, but may last longer than

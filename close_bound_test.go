@@ -13,6 +13,7 @@ import (
 	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redisserver"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/semaphore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -111,70 +112,98 @@ func defaultReadTimeout() time.Duration {
 	return rdb.Options().ReadTimeout
 }
 
-// An acquisition whose script call is on its way when Redis stalls ends at
-// the close. Through a go-redis Cluster client the call, its context able
-// to end but not ending, would be tried four times (MaxRedirects), each try
-// waiting out the ReadTimeout: 20 s with go-redis's defaults, which Close
-// waited for. Close returns within its bound (one waiter TTL plus the
-// ReadTimeout), the Acquire with ErrClosed before it.
-func TestCloseBoundAcquireOnItsWay(t *testing.T) {
+// A blocking call (an acquisition, a condition wait) whose script call is
+// on its way when Redis stalls ends at the close. Through a go-redis
+// Cluster client the call, its context able to end but not ending, would
+// be tried four times (MaxRedirects), each try waiting out the
+// ReadTimeout: 20 s with go-redis's defaults, which Close waited for.
+// Close returns within its bound (one waiter TTL plus the ReadTimeout),
+// the call with ErrClosed before it.
+func TestCloseBoundCallOnItsWay(t *testing.T) {
 	redistest.Long(t)
-	cl, err := redisserver.StartCluster(3)
-	if err != nil {
-		t.Skipf("no Cluster: %v", err)
-	}
-	defer cl.Stop()
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
-	defer func() { _ = cc.Close() }()
-	h := &scriptSent{sent: make(chan struct{})}
-	cc.AddHook(h)
-	c, err := fairlock.New(cc, fairlock.WithPrefix(redistest.Prefix(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close() }()
-	req := func(name string) fairlock.Request { return fairlock.Request{Name: name, Capacity: 1, Permits: 1} }
-	ctx := context.Background()
-	// Scripts loaded, the Cluster's slots known.
-	l, err := c.Acquire(ctx, req("warm"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range cl.Nodes {
-		if err := n.Pause(); err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = n.Resume() }()
-	}
-	h.armed.Store(true)
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	acquired := fltest.Async(func() (*fairlock.Lease, error) { return c.Acquire(wctx, req("stalled")) })
-	select {
-	case <-h.sent:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the Acquire's script was not sent")
-	}
-	start := time.Now()
-	err = c.Close()
-	took := time.Since(start)
-	bound := fairlock.DefaultWaiterTTL + cc.Options().ReadTimeout
-	t.Logf("Close returned in %v (bound %v): %v", took, bound, err)
-	if err != nil && !errors.Is(err, fairlock.ErrRedis) {
-		t.Fatalf("Close = %v, want nil or an error matching ErrRedis", err)
-	}
-	// A generous margin: the bound is a limit, not a measure.
-	if limit := bound + 2*time.Second; took > limit {
-		t.Fatalf("Close returned in %v, want within its bound %v (limit checked %v)", took, bound, limit)
-	}
-	select {
-	case r := <-acquired:
-		fltest.IsErr(t, "an Acquire on its way at Close", r.Err, fairlock.ErrClosed)
-	default:
-		t.Fatal("the Acquire on its way at Close had not returned when Close did")
+	for _, tc := range []struct {
+		name string
+		// prepare readies the call on c while Redis answers; call makes
+		// it once Redis has stalled.
+		prepare func(t *testing.T, ctx context.Context, c *fairlock.Client) (call func(context.Context) (*fairlock.Lease, error))
+	}{
+		{"acquire", func(t *testing.T, ctx context.Context, c *fairlock.Client) func(context.Context) (*fairlock.Lease, error) {
+			return func(ctx context.Context) (*fairlock.Lease, error) {
+				return c.Acquire(ctx, fairlock.Request{Name: "stalled", Capacity: 1, Permits: 1})
+			}
+		}},
+		{"condition wait", func(t *testing.T, ctx context.Context, c *fairlock.Client) func(context.Context) (*fairlock.Lease, error) {
+			mu, err := semaphore.NewMutex(c, "stalled")
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := mu.Lock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cond := semaphore.NewCond(mu)
+			return func(ctx context.Context) (*fairlock.Lease, error) { return cond.Wait(ctx, l) }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cl, err := redisserver.StartCluster(3)
+			if err != nil {
+				t.Skipf("no Cluster: %v", err)
+			}
+			defer cl.Stop()
+			cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+			defer func() { _ = cc.Close() }()
+			h := &scriptSent{sent: make(chan struct{})}
+			cc.AddHook(h)
+			c, err := fairlock.New(cc, fairlock.WithPrefix(redistest.Prefix(t)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = c.Close() }()
+			ctx := context.Background()
+			// Scripts loaded, the Cluster's slots known.
+			l, err := c.Acquire(ctx, fairlock.Request{Name: "warm", Capacity: 1, Permits: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			call := tc.prepare(t, ctx, c)
+			for _, n := range cl.Nodes {
+				if err := n.Pause(); err != nil {
+					t.Fatal(err)
+				}
+				defer func() { _ = n.Resume() }()
+			}
+			h.armed.Store(true)
+			wctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			returned := fltest.Async(func() (*fairlock.Lease, error) { return call(wctx) })
+			select {
+			case <-h.sent:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the call's script was not sent")
+			}
+			start := time.Now()
+			err = c.Close()
+			took := time.Since(start)
+			bound := fairlock.DefaultWaiterTTL + cc.Options().ReadTimeout
+			t.Logf("Close returned in %v (bound %v): %v", took, bound, err)
+			if err != nil && !errors.Is(err, fairlock.ErrRedis) {
+				t.Fatalf("Close = %v, want nil or an error matching ErrRedis", err)
+			}
+			// A generous margin: the bound is a limit, not a measure.
+			if limit := bound + 2*time.Second; took > limit {
+				t.Fatalf("Close returned in %v, want within its bound %v (limit checked %v)", took, bound, limit)
+			}
+			select {
+			case r := <-returned:
+				fltest.IsErr(t, "a "+tc.name+" on its way at Close", r.Err, fairlock.ErrClosed)
+			default:
+				t.Fatalf("the %s on its way at Close had not returned when Close did", tc.name)
+			}
+		})
 	}
 }
 

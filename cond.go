@@ -140,18 +140,21 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	until := l.expiresBy()
 	wait := p.waitCall(cp, l.ticket, c, l.announced, l.tokens, fresh, cond)
 	sent := time.Now()
-	o, ok := c.calls.op(ctx, wait, func(outcome) {
+	// The call ends at the close too (see boundByClose).
+	callCtx, bound := c.boundByClose(ctx)
+	o, ok := c.calls.op(callCtx, wait, func(outcome) {
 		// The script may have run, or not: release the lease (a resend
 		// finds its tombstone) and withdraw the new ticket.
 		c.releaseSpent(ctx, release, p, until)
 		c.cleanUp(ctx, leave, cp)
 	})
+	bound.done()
 	l.released = true
 	l.mu.Unlock()
 	if !ok {
 		c.waits.unregister(r, w)
 		l.finish(errReleased)
-		return nil, wrap(o.res.err)
+		return nil, wrap(c.endedByClose(ctx, o.res.err))
 	}
 	rep, err := parseWaitReply(o.res)
 	if err != nil {

@@ -370,12 +370,14 @@ func (l *Lease) Release(ctx context.Context) error {
 var errReleased error = &subError{"fairlock: lease released", ErrNotHeld}
 
 // releaseSpent sends the release oc of a lease on p, best effort, under
-// a context that outlives ctx by up to one waiter TTL, and after an error
-// that passes (a refused connection included) sends it again in the
-// background until until, when the lease would have expired anyway. It
-// blocks; callers that must not, run it as a late outcome of call.
+// a context that outlives ctx by up to one waiter TTL (ending by a close's
+// bound, as every clean-up does: see cleanUpBy), and after an error that
+// passes (a refused connection included) sends it again in the
+// background until until, when the lease would have expired anyway (or
+// the close's bound). It blocks; callers that must not, run it as a late
+// outcome of call.
 func (c *Client) releaseSpent(ctx context.Context, oc opCall, p plan, until time.Time) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.waiterTTL)
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), c.cleanUpBy())
 	defer cancel()
 	res, _ := c.calls.run(ctx, oc)
 	if _, err := c.released(p, res); transient(err) {
