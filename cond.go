@@ -144,9 +144,15 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	callCtx, bound := c.boundByClose(ctx)
 	o, ok := c.calls.op(callCtx, wait, func(outcome) {
 		// The script may have run, or not: release the lease (a resend
-		// finds its tombstone) and withdraw the new ticket.
+		// finds its tombstone) and withdraw the new ticket. (A caller
+		// whose context lasts left because the close ended the call: the
+		// close counts this withdrawal, as an acquisition's.)
+		var report func(error)
+		if ctx.Err() == nil {
+			report = c.closeReport()
+		}
 		c.releaseSpent(ctx, release, p, until)
-		c.cleanUp(ctx, leave, cp)
+		c.cleanUpReport(ctx, leave, cp, report)
 	})
 	bound.done()
 	l.released = true

@@ -55,10 +55,22 @@ func (c *Client) resendReport(oc opCall, p plan, until time.Time, report func(er
 				done = nil // closed for good: from now on the timer alone
 				continue
 			}
+			// A try on its way when the close begins ends there, and the
+			// next one (within the close's bound, above) goes instead: a
+			// try under the lease's deadline could hold the close as long.
 			ctx, cancel := context.WithDeadline(context.Background(), until)
+			unhook := func() bool { return true }
+			if done != nil { // (the close not seen yet)
+				unhook = context.AfterFunc(c.closing, cancel)
+			}
 			res, _ := c.calls.run(ctx, oc)
 			_, err := c.released(p, res)
+			closed := !unhook() // the close ended this try
 			cancel()
+			if closed && err != nil {
+				last = err
+				continue
+			}
 			if err == nil || !transient(err) {
 				if err != nil {
 					if report != nil {

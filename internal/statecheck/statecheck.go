@@ -297,8 +297,12 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 			continue
 		}
 		ticket, _, _ := strings.Cut(m, " ")
-		if int64(z.Score) > now || !strings.HasPrefix(st[ticket], "c") {
-			return fmt.Errorf("waiter %q (deadline %d, now %d, marked %q) is in no queue: only a dead waiter on a condition may have lost its condition's key", m, int64(z.Score), now, st[ticket])
+		mark := st[ticket]
+		if int64(z.Score) > now || !strings.HasPrefix(mark, "c") {
+			return fmt.Errorf("waiter %q (deadline %d, now %d, marked %q) is in no queue: only a dead waiter on a condition may have lost its condition's key", m, int64(z.Score), now, mark)
+		}
+		if key := b + condMark + mark[1:]; slices.Contains(condKeys, key) {
+			return fmt.Errorf("waiter %q on the condition key %s, which exists, is not in it", m, key)
 		}
 		nc++
 	}

@@ -124,17 +124,19 @@ func TestCheckReadsAConditionMadeMeanwhile(t *testing.T) {
 // A condition waiter whose condition's key is gone counts only when it is
 // dead (its deadline in :d has passed), as the scripts leave one whose key
 // expired after its deadline until they drop it; a live one must be in
-// its key.
+// its key, and so must a dead one whose key still exists.
 func TestCheckLostConditionWaiters(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		for _, tc := range []struct {
 			name     string
 			deadline time.Duration // from now
+			keepKey  bool          // the key lives on, with another waiter
 			want     string        // in Check's error; "" for none
 		}{
-			{"dead", -time.Second, ""},
-			{"alive", 10 * time.Second, "is in no queue"},
+			{"dead", -time.Second, false, ""},
+			{"alive", 10 * time.Second, false, "is in no queue"},
+			{"dead, its key alive", -time.Second, true, "which exists, is not in it"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				rdb := b.Client(t)
@@ -151,7 +153,14 @@ func TestCheckLostConditionWaiters(t *testing.T) {
 				if err := rdb.ZAdd(ctx, base+":d", redis.Z{Score: float64(now.Add(tc.deadline).UnixMilli()), Member: m}).Err(); err != nil {
 					t.Fatal(err)
 				}
-				if err := rdb.Del(ctx, base+condMark+"ready").Err(); err != nil {
+				if tc.keepKey {
+					if err := waitOn(ctx, rdb, base, "ready", "T2", time.Minute); err != nil {
+						t.Fatal(err)
+					}
+					if err := rdb.ZRem(ctx, base+condMark+"ready", m).Err(); err != nil {
+						t.Fatal(err)
+					}
+				} else if err := rdb.Del(ctx, base+condMark+"ready").Err(); err != nil {
 					t.Fatal(err)
 				}
 				err = Check(ctx, rdb, State{Prefix: prefix, Bases: []string{base}})
