@@ -90,15 +90,13 @@ if op == 'leave' then
         if at then
           cond_drop(p.r, c, m)
           result = 1
-        elseif redis.call('ZSCORE', p.r.D, m) then
+        else
           -- Dead, and its condition's key expired with it (the key
           -- outlives its waiters' deadlines, not the keys' later moves):
-          -- it still counts, with its deadline in :d, until dropped.
+          -- it still counts while its deadline is in :d.
+          local dl = redis.call('ZSCORE', p.r.D, m)
           seen(p.r.D)
-          cond_drop(p.r, c, m)
-        else
-          seen(p.r.D)
-          record(p.r, ticket, false)
+          cond_forget(p.r, c, m, ticket, dl)
         end
       end
     end

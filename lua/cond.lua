@@ -65,6 +65,19 @@ local function cond_drop(r, cv, m)
   end
 end
 
+-- cond_forget ends waiter m (ticket) of condition cv of r, found dead or
+-- gone from cv, given its deadline at in :d (nil: none there): one with a
+-- deadline still counts, and goes with it (cond_drop); one without has
+-- only its mark in S left. The leave and the refresh both end such a
+-- waiter this way.
+local function cond_forget(r, cv, m, ticket, at)
+  if at then
+    cond_drop(r, cv, m)
+  else
+    record(r, ticket, false)
+  end
+end
+
 -- drop_cond_waiter takes dead waiter m of r's condition name out of it
 -- (see grant.lua's forward declaration). A condition that cannot be
 -- reached now keeps it: it stays due, and a later script drops it.

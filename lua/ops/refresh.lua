@@ -53,11 +53,7 @@ for i = 5, #ARGV, 3 do
       -- The condition's key lives as long as its waiters' deadlines.
       cv.wrote = true
     else
-      if at then
-        cond_drop(first, cv, m) -- dead: its deadline came first
-      else
-        record(first, ticket, false)
-      end
+      cond_forget(first, cv, m, ticket, at) -- dead: its deadline came first
       out[#out + 1] = ticket
       out[#out + 1] = '0'
     end
