@@ -132,11 +132,9 @@ func TestDialHookInstalledOnce(t *testing.T) {
 	_ = c.Close()
 	one := dialDepth()
 	// New costs milliseconds in this package's tests (every script is
-	// rebuilt with a check): 100 in the quick tier.
-	n := 1000
-	if testing.Short() {
-		n = 100
-	}
+	// rebuilt with a check); a hook added by each would show as 100
+	// frames.
+	const n = 100
 	for range n {
 		c, err := fairlock.New(rdb)
 		if err != nil {
