@@ -78,6 +78,18 @@ var (
 	// with a context that ends when the close gives up; before it
 	// returns. f may call the Leader ops, closed as the client is.
 	AtCloseRelease func(lease any, f func(ctx context.Context))
+	// LatchCount returns the count of the latch name made with count
+	// init (init when it does not exist), or the count it was made with
+	// when that is another (stored > 0; then count is 0).
+	LatchCount func(ctx context.Context, c any, name string, init int64) (count, stored int64, err error)
+	// LatchDown counts the latch name down by one, never below 0, keeping
+	// its count for ttl, and returns the count after (or stored, as
+	// LatchCount); the call that reaches 0 wakes every waiter.
+	LatchDown func(ctx context.Context, c any, name string, init int64, ttl time.Duration) (count, stored int64, err error)
+	// LatchWait returns once the latch name's count is 0 (or stored, as
+	// LatchCount), or when ctx ends (its waiter withdrawn in the
+	// background).
+	LatchWait func(ctx context.Context, c any, name string, init int64, ttl time.Duration) (stored int64, err error)
 	// LeaderChannel names the channel on which the record's changes are
 	// published: "term value", or "0" when it is cleared.
 	LeaderChannel func(c any, name string) (string, error)
