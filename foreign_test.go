@@ -72,6 +72,10 @@ func semKeys(s *csem, procs []*cproc) []fkey {
 			k = append(k, fkey{l, "list"})
 		}
 	}
+	// A latch's count, when s is a latch's waiters (latchOf).
+	if strings.HasSuffix(s.base, keySep+kindLatch) {
+		k = append(k, fkey{s.base, "hash"})
+	}
 	// An election's record (the leader ops).
 	return append(k, fkey{(keys{base: s.base}).derived(kindLeader), "hash"})
 }
@@ -625,6 +629,28 @@ func (s *fscen) leader(op string, sem *csem, tk *cticket, value string) {
 	s.exec(call{Keys: append(sem.keys(), (keys{base: sem.base}).derived(kindLeader)), Args: args})
 }
 
+// latchOf makes sem the waiters of the latch of sem's name (latchKeysOf)
+// and returns it.
+func (s *fscen) latchOf(sem *csem) *csem {
+	sem.base = latchKeysOf(keys{base: sem.base}).count
+	return sem
+}
+
+// latch sends latch.lua's op on the latch whose waiters are sem, made
+// with count init, with args after init.
+func (s *fscen) latch(op string, sem *csem, init int64, args ...string) []any {
+	return s.exec(call{Keys: latchKeysOf(keys{base: strings.TrimSuffix(sem.base, keySep+kindLatch)}).call(opLatchDown, init).keys,
+		Args: append([]string{op, num(init)}, args...)})
+}
+
+// latchWait makes a new ticket of p wait on the latch whose waiters are
+// sem (unless it is open) and returns it.
+func (s *fscen) latchWait(p *cproc, sem *csem, init int64) *cticket {
+	tk := &cticket{ticket: s.ticket(), p: p, parts: []cpart{{sem, 1}}, cond: "c:" + latchCond}
+	s.latch("latch_wait", sem, init, "86400000", tk.ticket, p.id, num(p.lease), num(p.wait))
+	return tk
+}
+
 func (s *fscen) simple(op string, sem *csem) {
 	s.exec(call{Keys: sem.keys(), Args: []string{op}})
 }
@@ -780,6 +806,28 @@ var foreignScenarios = []struct {
 		s.leader("leader_clear", s.sems[0], x, "")
 		s.leader("leader_set", s.sems[0], y, "b")
 		s.leader("leader_clear", s.sems[0], y, "")
+	}},
+	{"countdown latch", []int64{1}, func(s *fscen, a, b, c, d *cproc) {
+		l := s.latchOf(s.sems[0])
+		s.latch("latch_count", l, 3)
+		x := s.latchWait(a, l, 3)
+		y := s.latchWait(b, l, 3)
+		s.latchWait(d, l, 3) // its process dies below
+		s.refresh(a, l, x)
+		s.op("leave", y) // withdrawn
+		id := s.ticket()
+		s.latch("latch_down", l, 3, "86400000", id)
+		s.latch("latch_down", l, 3, "86400000", id) // resent: acts no more
+		s.latch("latch_count", l, 4)                // another count: refused
+		s.now += 250_000                            // d's waiter is dead
+		s.latch("latch_down", l, 3, "86400000", s.ticket())
+		z := s.latchWait(c, l, 3)
+		s.latch("latch_down", l, 3, "86400000", s.ticket()) // opens: wakes x and z, drops d's
+		s.hear(a, l, x)
+		s.hear(c, l, z)
+		s.latch("latch_down", l, 3, "86400000", s.ticket()) // open: stays 0
+		s.latchWait(b, l, 3)                                // open: at once
+		s.latch("latch_count", l, 3)
 	}},
 	{"tombstones", []int64{1}, func(s *fscen, a, b, _, d *cproc) {
 		s.acquire("acquire", d, s.sems[:1], 1) // holds for 300 ms, never released

@@ -49,6 +49,10 @@ local L = ckeys[2]
 declare_kind(#KEYS, 'hash')
 local op, init = ARGV[1], tonumber(ARGV[2])
 if not init or init < 1 then return redis.error_reply('ERR latch: bad count ' .. tostring(ARGV[2])) end
+-- The waiters' state, read (and its layout checked: another release's is
+-- refused, as on every resource) before anything else; ticket is the
+-- call's own (a waiter's, or a count down's id).
+local r = declared(ARGV[4])[1]
 local st = redis.call('HMGET', L, 'count', 'init')
 seen(L)
 local stored, count = tonumber(st[2]), tonumber(st[1])
@@ -71,7 +75,6 @@ end
 
 if op == 'latch_wait' then
   local ticket, client, lease, wait = ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
-  local r = declared(ticket)[1]
   -- A resend: the first run made the ticket wait.
   if type(r.grant) == 'string' and r.grant == CONDITION .. LATCH_COND then return { 1, now, -1 } end
   if count <= 0 then return { 0 } end
@@ -85,7 +88,6 @@ end
 
 if op ~= 'latch_down' then return redis.error_reply('ERR latch: unknown op ' .. tostring(op)) end
 local id = ARGV[4]
-local r = declared(id)[1]
 if is_signalled(r.grant) then
   local c, m = parse_signalled(r.grant)
   return { c, m }
