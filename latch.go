@@ -3,6 +3,8 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -71,6 +73,32 @@ func latchReply(out result) ([3]int64, error) {
 	return r, nil
 }
 
+// latchCountErrPrefix starts the error of a latch op called with another
+// count than the stored one: "FAIRLOCK_LATCH_COUNT <stored>".
+const latchCountErrPrefix = "FAIRLOCK_LATCH_COUNT "
+
+// latchStored returns the count a latch is stored with when err is a
+// latch op's refusal of another (nothing was written), and false for any
+// other error.
+func latchStored(err error) (int64, bool) {
+	msg, ok := replyOf(err)
+	if !ok {
+		return 0, false
+	}
+	rest, ok := strings.CutPrefix(msg, latchCountErrPrefix)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(rest, 10, 64)
+	return n, err == nil && n > 0
+}
+
+// badCount is the error of a latch reply whose count is below 0, which
+// no script writes.
+func badCount(n int64) error {
+	return fmt.Errorf("%w: latch script reply: count %d", ErrRedis, n)
+}
+
 // latchStart checks what every latch op checks first: the name, and that
 // the client is open and ctx has not ended.
 func (c *Client) latchStart(ctx context.Context, op, name string) (latchKeys, error) {
@@ -101,11 +129,14 @@ func (c *Client) latchCount(ctx context.Context, name string, init int64) (count
 		return 0, 0, opError(op, []string{name}, o.res.err)
 	}
 	r, err := latchReply(o.res)
+	if stored, ok := latchStored(err); ok {
+		return 0, stored, nil
+	}
+	if err == nil && r[0] < 0 {
+		err = badCount(r[0])
+	}
 	if err != nil {
 		return 0, 0, fail(ctx, op, []string{name}, err)
-	}
-	if r[0] < 0 {
-		return 0, r[1], nil
 	}
 	return r[0], 0, nil
 }
@@ -132,6 +163,12 @@ func (c *Client) latchDown(ctx context.Context, name string, init int64, ttl tim
 			return 0, 0, opError(op, names, o.res.err)
 		}
 		r, err := latchReply(o.res)
+		if stored, ok := latchStored(err); ok {
+			return 0, stored, nil
+		}
+		if err == nil && r[0] < 0 {
+			err = badCount(r[0])
+		}
 		if err != nil {
 			if transient(err) && time.Now().Before(until) {
 				// Sent again under the same id: if the first reached
@@ -147,10 +184,7 @@ func (c *Client) latchDown(ctx context.Context, name string, init int64, ttl tim
 		if o.ackErr != nil {
 			return 0, 0, opError(op, names, o.ackErr)
 		}
-		switch {
-		case r[0] < 0:
-			return 0, r[1], nil
-		case r[1] == 0:
+		if r[1] == 0 {
 			return r[0], 0, nil
 		}
 		// Waiters are left to wake: each script further has an id of
@@ -225,6 +259,10 @@ func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl tim
 			return 0, wrap(c.endedByClose(ctx, o.res.err))
 		}
 		rep, err := latchReply(o.res)
+		if stored, ok := latchStored(err); ok {
+			c.waits.unregister(r, w) // (nothing was written)
+			return stored, nil
+		}
 		if err != nil {
 			c.waits.unregister(r, w)
 			if !isDialError(err) { // (then the call's late clean-up withdraws)
@@ -232,11 +270,7 @@ func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl tim
 			}
 			return 0, fail(ctx, op, p.names, err)
 		}
-		switch rep[0] {
-		case -1:
-			c.waits.unregister(r, w)
-			return rep[1], nil
-		case 0:
+		if rep[0] == 0 {
 			c.waits.unregister(r, w)
 			return 0, nil
 		}

@@ -102,11 +102,7 @@ func callerOutcome(op string, out any, err error) string {
 		// The client reads nothing but an error (Client.leaderClear).
 		return "cleared"
 	case "latch_wait":
-		// Open (0), waiting (1), or another count (-1, stored); the next
-		// event schedules a refresh.
-		if at(0) == int64(-1) {
-			return fmt.Sprintf("mismatch %v", at(1))
-		}
+		// Open (0) or waiting (1); the next event schedules a refresh.
 		return fmt.Sprintf("result %v", at(0))
 	case "refresh":
 		return fmt.Sprintf("gone %v", at(1))

@@ -16,7 +16,8 @@
 --   latch_count  nothing more.
 -- A count that does not exist is created at init by latch_wait and
 -- latch_down (latch_count reads it as init); one stored with another init
--- fails every op, having written nothing: reply {-1, storedInit}.
+-- fails every op, having written nothing, with the error
+-- "FAIRLOCK_LATCH_COUNT <storedInit>".
 -- Reply:
 --   latch_wait   {0} when the count is 0 (the latch is open), else
 --                {1, nowMs, nextEventMs}: ticket waits on the latch's
@@ -35,6 +36,8 @@
 
 -- The condition the latch's waiters wait on.
 local LATCH_COND = ''
+-- The error of a call with another count than the stored one.
+local LATCH_COUNT_ERR = 'FAIRLOCK_LATCH_COUNT'
 
 -- latch_open_entry is the wake-up of a latch's waiter: a grant of nothing
 -- (expiry now, token 1), in wake_entry's form, so that the listener hands
@@ -56,7 +59,7 @@ local r = declared(ARGV[4])[1]
 local st = redis.call('HMGET', L, 'count', 'init')
 seen(L)
 local stored, count = tonumber(st[2]), tonumber(st[1])
-if stored and stored ~= init then return { -1, stored } end
+if stored and stored ~= init then return redis.error_reply(LATCH_COUNT_ERR .. ' ' .. num(stored)) end
 local exists = stored ~= nil and count ~= nil
 if not exists then count = init end
 
