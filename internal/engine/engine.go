@@ -1,6 +1,6 @@
 // Package engine is how the packages built on fairlock's engine (package
-// semaphore's condition variables, package election, the command line, and
-// any later primitive) reach what the engine does not export, and run its
+// semaphore's condition variables, package election, package latch, the
+// command line, and any later primitive) reach what the engine does not export, and run its
 // ops: through its
 // call path, so that their calls keep its promises (they return by their
 // context's end, run as the function library with its flags, wait for
