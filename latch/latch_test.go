@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -285,6 +286,49 @@ func TestResentCountDownActsOnce(t *testing.T) {
 	})
 }
 
+// loseReplies is a go-redis hook that lets the first n calls of a latch op
+// run in Redis and then loses their replies, as a connection dropped
+// after the command was sent does.
+type loseReplies struct {
+	op string
+	n  atomic.Int64
+}
+
+func (h *loseReplies) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *loseReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *loseReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err == nil && runsOp(cmd, h.op) && h.n.Add(-1) >= 0 {
+			cmd.SetErr(io.ErrUnexpectedEOF)
+			return io.ErrUnexpectedEOF
+		}
+		return err
+	}
+}
+
+// A CountDown whose reply was lost after Redis ran it is sent again by
+// CountDown itself, under the same id: it counts once, and returns nil.
+func TestCountDownSentAgainActsOnce(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		rdb := b.Client(t)
+		hook := &loseReplies{op: "latch_down"}
+		rdb.AddHook(hook)
+		l := e.latch(e.ClientOn(rdb), "lost", 5)
+		hook.n.Store(2)
+		e.countDown(l)
+		if n := hook.n.Load(); n > -1 {
+			t.Fatalf("%d replies left to lose: CountDown was not sent again", n+1)
+		}
+		if n := e.count(l); n != 4 {
+			t.Fatalf("Count() after a CountDown whose first two replies were lost = %d, want 4", n)
+		}
+	})
+}
+
 // A Wait whose context ends returns its context's error, and its waiter
 // leaves Redis; the latch goes on as before.
 func TestWaitCancelled(t *testing.T) {
@@ -323,6 +367,26 @@ func TestWaitCancelled(t *testing.T) {
 			t.Fatalf("Wait() past its deadline = %v, want context.DeadlineExceeded", err)
 		}
 		e.WaitFor("the waiter to leave", func() bool { return e.waiters("cancel") == 0 })
+	})
+}
+
+// A Wait blocked when its client closes returns ErrClosed, its waiter
+// withdrawn by the close.
+func TestWaitEndsAtClose(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		c := e.Client()
+		ch := waitAsync(context.Background(), e.latch(c, "close", 1))
+		e.WaitFor("the waiter", func() bool { return e.waiters("close") == 1 })
+		if err := c.Close(); err != nil {
+			t.Fatalf("Close() = %v", err)
+		}
+		if err := receive(t, ch, "Wait"); !errors.Is(err, fairlock.ErrClosed) {
+			t.Fatalf("Wait() when its client closed = %v, want ErrClosed", err)
+		}
+		if n := e.waiters("close"); n != 0 {
+			t.Fatalf("%d waiters left after the close, want 0", n)
+		}
 	})
 }
 
