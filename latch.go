@@ -15,7 +15,10 @@ import (
 // room, are dropped within their waiter TTL when it dies, and withdraw
 // ("leave") exactly as a condition's waiters do. Nothing is ever granted
 // on that resource. The count down that reaches 0 takes every waiter off
-// the condition and pushes a wake-up to its process (lua/ops/latch.lua).
+// the condition and pushes a wake-up to its process (lua/ops/latch.lua);
+// a waiter it left (its caller ended between its scripts) is reported
+// gone by its room's refresh once the latch is open (refresh.lua's open),
+// and asks again.
 // Package latch reaches these through internal/engine (engine.go).
 
 // latchCond is the condition a latch's waiters wait on (LATCH_COND in

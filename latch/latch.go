@@ -127,9 +127,9 @@ func (l *Latch) mismatch(op string, stored int64) error {
 // with [fairlock.ErrForeignKey], both having changed nothing. When ctx
 // ends first, CountDown returns an error matching ctx.Err(), and Redis
 // failing one matching [fairlock.ErrRedis]: the count may then have been
-// lowered or not (and if it reached zero, its waiters woken or some left
-// for the next CountDown to wake). A closed client yields
-// [fairlock.ErrClosed].
+// lowered or not. If it reached zero, the waiters it had not woken yet
+// learn it from their process's next refresh (within a third of its
+// waiter TTL) and return. A closed client yields [fairlock.ErrClosed].
 func (l *Latch) CountDown(ctx context.Context) error {
 	_, stored, err := engine.LatchDown(ctx, l.c, l.name, l.count, l.ttl)
 	if err == nil && stored > 0 {

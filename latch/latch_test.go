@@ -329,6 +329,69 @@ func TestCountDownSentAgainActsOnce(t *testing.T) {
 	})
 }
 
+// failAfter is a go-redis hook that refuses, before they reach Redis,
+// the calls of a latch op once one has been answered.
+type failAfter struct {
+	op       string
+	answered atomic.Bool
+}
+
+func (h *failAfter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *failAfter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *failAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !runsOp(cmd, h.op) {
+			return next(ctx, cmd)
+		}
+		if h.answered.Load() {
+			err := errors.New("ERR refused by the test")
+			cmd.SetErr(err)
+			return err
+		}
+		err := next(ctx, cmd)
+		h.answered.Store(err == nil)
+		return err
+	}
+}
+
+// A CountDown that opens the latch but fails before it has woken every
+// waiter (more than one script's 400) leaves none waiting for long: each
+// waiter's refresh finds the latch open, and it returns.
+func TestWaitersOfAnOpenLatchNotLeft(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		const n = 450
+		w := e.latch(e.Client(fairlock.WithWaiterTTL(300*time.Millisecond)), "left", 1)
+		errs := make(chan error, n)
+		for range n {
+			go func() { errs <- w.Wait(ctx) }()
+		}
+		e.WaitFor("the waiters", func() bool { return e.waiters("left") == n })
+		rdb := b.Client(t)
+		rdb.AddHook(&failAfter{op: "latch_down"})
+		if err := e.latch(e.ClientOn(rdb), "left", 1).CountDown(ctx); err == nil {
+			t.Fatal("CountDown() = nil, want the refused second script's error")
+		}
+		if left := e.waiters("left"); left == 0 || left == n {
+			t.Fatalf("%d waiters left after the first script, want some", left)
+		}
+		start := time.Now()
+		for range n {
+			if err := <-errs; err != nil {
+				t.Fatalf("Wait() = %v, want nil", err)
+			}
+		}
+		t.Logf("the waiters the count down left returned within %v", time.Since(start))
+		if left := e.waiters("left"); left != 0 {
+			t.Fatalf("%d waiters left, want 0", left)
+		}
+	})
+}
+
 // A Wait whose context ends returns its context's error, and its waiter
 // leaves Redis; the latch goes on as before.
 func TestWaitCancelled(t *testing.T) {
