@@ -79,7 +79,7 @@ end
 if op == 'latch_wait' then
   local ticket, client, lease, wait = ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
   -- A resend: the first run made the ticket wait.
-  if type(r.grant) == 'string' and r.grant == CONDITION .. LATCH_COND then return { 1, now, -1 } end
+  if r.grant == CONDITION .. LATCH_COND then return { 1, now, -1 } end
   if count <= 0 then return { 0 } end
   local cv = cond_load(r, LATCH_COND, ckeys[1])
   purge_waiters(r)
