@@ -15,6 +15,7 @@ import (
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/election"
+	"github.com/fairlock/fairlock/latch"
 	"github.com/fairlock/fairlock/semaphore"
 	"github.com/redis/go-redis/v9"
 )
@@ -42,6 +43,9 @@ func limitValues(t *testing.T) map[string]any {
 		"fairlock.MaxBatch":             int64(fairlock.MaxBatch),
 		"semaphore.MaxReaders":          int64(semaphore.MaxReaders),
 		"election.MaxValueLen":          int64(election.MaxValueLen),
+		"latch.MaxCount":                int64(latch.MaxCount),
+		"latch.DefaultTTL":              latch.DefaultTTL,
+		"latch.MaxTTL":                  latch.MaxTTL,
 		"WithPrefix":                    longestAccepted(t, func(n int64) []fairlock.Option { return opts(fairlock.WithPrefix(strings.Repeat("p", int(n)))) }),
 		"WithOwner":                     longestAccepted(t, func(n int64) []fairlock.Option { return opts(fairlock.WithOwner(strings.Repeat("o", int(n)))) }),
 		"WithLeaseTTL`, `WithWaiterTTL": shortestTTL(t),
@@ -187,7 +191,7 @@ func TestDocsLimitsTable(t *testing.T) {
 // (or *Max) of the library's packages, qualified.
 func exportedLimits(t *testing.T) []string {
 	var out []string
-	for dir, pkg := range map[string]string{".": "fairlock", "semaphore": "semaphore", "multilock": "multilock", "election": "election"} {
+	for dir, pkg := range map[string]string{".": "fairlock", "semaphore": "semaphore", "multilock": "multilock", "election": "election", "latch": "latch"} {
 		for _, d := range declsOf(t, dir) {
 			g, ok := d.(*ast.GenDecl)
 			if !ok || g.Tok != token.CONST {

@@ -55,6 +55,15 @@ func init() {
 		l.atClose = f
 		l.mu.Unlock()
 	}
+	engine.LatchCount = func(ctx context.Context, c any, name string, init int64) (int64, int64, error) {
+		return c.(*Client).latchCount(ctx, name, init)
+	}
+	engine.LatchDown = func(ctx context.Context, c any, name string, init int64, ttl time.Duration) (int64, int64, error) {
+		return c.(*Client).latchDown(ctx, name, init, ttl)
+	}
+	engine.LatchWait = func(ctx context.Context, c any, name string, init int64, ttl time.Duration) (int64, error) {
+		return c.(*Client).latchWait(ctx, name, init, ttl)
+	}
 	engine.LeaderChannel = func(c any, name string) (string, error) {
 		k, err := c.(*Client).keys(name)
 		return leaderChannel(k), err

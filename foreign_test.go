@@ -72,6 +72,10 @@ func semKeys(s *csem, procs []*cproc) []fkey {
 			k = append(k, fkey{l, "list"})
 		}
 	}
+	// A latch's count, when s is a latch's waiters (latchOf).
+	if strings.HasSuffix(s.base, keySep+kindLatch) {
+		k = append(k, fkey{s.base, "hash"})
+	}
 	// An election's record (the leader ops).
 	return append(k, fkey{(keys{base: s.base}).derived(kindLeader), "hash"})
 }
@@ -472,10 +476,13 @@ func (p *foreignPair) step(ctx context.Context, c call, step int) (any, error) {
 // fscen is a scenario of the table: processes and semaphores, and calls
 // made one by one at a clock of its own, each checked by its pair.
 type fscen struct {
-	t     *testing.T
-	err   error // the first check that failed; the calls after it are skipped
-	ctx   context.Context
-	pair  *foreignPair
+	t    *testing.T
+	err  error // the first check that failed; the calls after it are skipped
+	ctx  context.Context
+	pair *foreignPair
+	// via, when set, runs the calls in pair's place: a resendPair
+	// (TestResentScenariosActOnce).
+	via   callSides
 	now   int64 // µs
 	seq   int
 	steps int
@@ -489,7 +496,11 @@ func (s *fscen) exec(c call) []any {
 	}
 	c.Time = []string{strconv.FormatInt(s.now/1e6, 10), strconv.FormatInt(s.now%1e6, 10)}
 	s.steps++
-	out, err := s.pair.step(s.ctx, c, s.steps)
+	var sides callSides = s.pair
+	if s.via != nil {
+		sides = s.via
+	}
+	out, err := sides.step(s.ctx, c, s.steps)
 	if err != nil {
 		s.err = err
 		return nil
@@ -545,8 +556,9 @@ func (s *fscen) op(op string, tk *cticket) []any {
 }
 
 // hear pops p's wake lists on sem (its one list, if it has one, and
-// sem's own; on the clean side: the other is a copy made before each
-// call) and gives tk its grant.
+// sem's own) on every side, and gives tk its grant as the first side's
+// lists say (a foreignPair's planted side is a copy of its clean side
+// made before each call anyway).
 func (s *fscen) hear(p *cproc, sem *csem, tks ...*cticket) {
 	if s.err != nil {
 		return
@@ -554,12 +566,20 @@ func (s *fscen) hear(p *cproc, sem *csem, tks ...*cticket) {
 	k := keys{base: sem.base}
 	var got []string
 	for _, list := range []string{k.wake(p.id), k.ownWake(p.id)} {
-		g, err := s.pair.clean.RDB.LPopCount(s.ctx, list, 100).Result()
-		if err != nil && err != redis.Nil {
-			s.err = err
-			return
+		var sides callSides = s.pair
+		if s.via != nil {
+			sides = s.via
 		}
-		got = append(got, g...)
+		for i, side := range sides.sides() {
+			g, err := side.RDB.LPopCount(s.ctx, list, 100).Result()
+			if err != nil && err != redis.Nil {
+				s.err = err
+				return
+			}
+			if i == 0 {
+				got = append(got, g...)
+			}
+		}
 		if k.wake(p.id) == k.ownWake(p.id) {
 			break
 		}
@@ -625,18 +645,44 @@ func (s *fscen) leader(op string, sem *csem, tk *cticket, value string) {
 	s.exec(call{Keys: append(sem.keys(), (keys{base: sem.base}).derived(kindLeader)), Args: args})
 }
 
+// latchOf makes sem the waiters of the latch of sem's name (latchKeysOf)
+// and returns it.
+func (s *fscen) latchOf(sem *csem) *csem {
+	sem.base = latchKeysOf(keys{base: sem.base}).count
+	return sem
+}
+
+// latch sends latch.lua's op on the latch whose waiters are sem, made
+// with count init, with args after init.
+func (s *fscen) latch(op string, sem *csem, init int64, args ...string) []any {
+	return s.exec(call{Keys: latchKeysOf(keys{base: strings.TrimSuffix(sem.base, keySep+kindLatch)}).call(opLatchDown, init).keys,
+		Args: append([]string{op, num(init)}, args...)})
+}
+
+// latchWait makes a new ticket of p wait on the latch whose waiters are
+// sem (unless it is open) and returns it.
+func (s *fscen) latchWait(p *cproc, sem *csem, init int64) *cticket {
+	tk := &cticket{ticket: s.ticket(), p: p, parts: []cpart{{sem, 1}}, cond: "c:" + latchCond}
+	s.latch("latch_wait", sem, init, "86400000", tk.ticket, p.id, num(p.lease), num(p.wait))
+	return tk
+}
+
 func (s *fscen) simple(op string, sem *csem) {
 	s.exec(call{Keys: sem.keys(), Args: []string{op}})
+}
+
+// A foreignScenario is a scenario of the table: its semaphores'
+// capacities, and its calls.
+type foreignScenario struct {
+	name string
+	caps []int64
+	run  func(s *fscen, a, b, c, d *cproc)
 }
 
 // foreignScenarios are the table's scenarios. Processes: a, b and c with a
 // lease TTL of 5 s and a waiter TTL of 3 s, d with 300 ms and 200 ms, e
 // with 60 s and 3 s.
-var foreignScenarios = []struct {
-	name string
-	caps []int64
-	run  func(s *fscen, a, b, c, d *cproc)
-}{
+var foreignScenarios = []foreignScenario{
 	{"resent queued acquire", []int64{2}, func(s *fscen, a, _, _, d *cproc) {
 		s.acquire("acquire", s.procs[4], s.sems[:1], 1) // holds for 60 s, kept in the state hash
 		s.acquire("acquire", d, s.sems[:1], 1)          // holds for 300 ms, in :h
@@ -781,6 +827,28 @@ var foreignScenarios = []struct {
 		s.leader("leader_set", s.sems[0], y, "b")
 		s.leader("leader_clear", s.sems[0], y, "")
 	}},
+	{"countdown latch", []int64{1}, func(s *fscen, a, b, c, d *cproc) {
+		l := s.latchOf(s.sems[0])
+		s.latch("latch_count", l, 3)
+		x := s.latchWait(a, l, 3)
+		y := s.latchWait(b, l, 3)
+		s.latchWait(d, l, 3) // its process dies below
+		s.refresh(a, l, x)
+		s.op("leave", y) // withdrawn
+		id := s.ticket()
+		s.latch("latch_down", l, 3, "86400000", id)
+		s.latch("latch_down", l, 3, "86400000", id) // resent: acts no more
+		s.latch("latch_count", l, 4)                // another count: refused
+		s.now += 250_000                            // d's waiter is dead
+		s.latch("latch_down", l, 3, "86400000", s.ticket())
+		z := s.latchWait(c, l, 3)
+		s.latch("latch_down", l, 3, "86400000", s.ticket()) // opens: wakes x and z, drops d's
+		s.hear(a, l, x)
+		s.hear(c, l, z)
+		s.latch("latch_down", l, 3, "86400000", s.ticket()) // open: stays 0
+		s.latchWait(b, l, 3)                                // open: at once
+		s.latch("latch_count", l, 3)
+	}},
 	{"tombstones", []int64{1}, func(s *fscen, a, b, _, d *cproc) {
 		s.acquire("acquire", d, s.sems[:1], 1) // holds for 300 ms, never released
 		s.now += 400_000
@@ -798,9 +866,19 @@ var foreignScenarios = []struct {
 // runForeignScenario runs one scenario of the table on pair and returns
 // the first check that failed.
 func runForeignScenario(t *testing.T, pair *foreignPair, i int) error {
+	return runScenario(t, pair, nil, i)
+}
+
+// runScenario runs the table's scenario i on pair, or, if via is not nil,
+// on via.
+func runScenario(t *testing.T, pair *foreignPair, via callSides, i int) error {
 	ctx := context.Background()
+	var sides callSides = pair
+	if via != nil {
+		sides = via
+	}
 	sc := foreignScenarios[i]
-	for _, r := range pair.sides() {
+	for _, r := range sides.sides() {
 		if err := r.RDB.FlushDB(ctx).Err(); err != nil {
 			return err
 		}
@@ -809,16 +887,18 @@ func runForeignScenario(t *testing.T, pair *foreignPair, i int) error {
 	// semaphore (keys.wake); the others have one per semaphore.
 	one := processListMark("fk:")
 	procs := []*cproc{{"PAID", 5000, 3000}, {one + "PBID", 5000, 3000}, {one + "PCID", 5000, 3000}, {"PDID", 300, 200}, {"PEID", 60000, 3000}}
-	s := &fscen{t: t, ctx: ctx, pair: pair, now: time.Now().UnixMicro(), procs: procs}
+	s := &fscen{t: t, ctx: ctx, pair: pair, via: via, now: time.Now().UnixMicro(), procs: procs}
 	for i, c := range sc.caps {
 		s.sems = append(s.sems, &csem{name: fmt.Sprint("f", i), base: fmt.Sprintf("fk:{f%d}", i), cap: c})
 	}
-	pair.candidates = func() []fkey {
-		var k []fkey
-		for _, sem := range s.sems {
-			k = append(k, semKeys(sem, procs)...)
+	if pair != nil {
+		pair.candidates = func() []fkey {
+			var k []fkey
+			for _, sem := range s.sems {
+				k = append(k, semKeys(sem, procs)...)
+			}
+			return k
 		}
-		return k
 	}
 	sc.run(s, procs[0], procs[1], procs[2], procs[3])
 	return s.err

@@ -50,6 +50,20 @@ var keyNamers = []keyNamer{
 		// Its mutex's keys are the semaphore's: the record and the channel.
 		return fmt.Sprintf("election %q %q", o.prefix, o.name), []string{leaderKeys(k)[len(k.list())], leaderChannel(k)}, err
 	}},
+	{"latch", func(o keyObject) (string, []string, error) {
+		k, err := keysFor(o.prefix, o.name)
+		// Its count, its waiters' resource and their condition: every key
+		// its ops declare.
+		return fmt.Sprintf("latch %q %q", o.prefix, o.name), latchKeysOf(k).call(opLatchDown, 1).keys, err
+	}},
+	{"own wake list on a latch", func(o keyObject) (string, []string, error) {
+		k, err := keysFor(o.prefix, o.name)
+		return fmt.Sprintf("wake list of %q on latch %q %q", o.client, o.prefix, o.name), []string{latchKeysOf(k).res.ownWake(o.client)}, err
+	}},
+	{"control list beside an own wake list on a latch", func(o keyObject) (string, []string, error) {
+		k, err := keysFor(o.prefix, o.name)
+		return controlList(o, latchKeysOf(k).res.ownWake(o.client), o.client, err)
+	}},
 	{"own wake list", func(o keyObject) (string, []string, error) {
 		k, err := keysFor(o.prefix, o.name)
 		return fmt.Sprintf("wake list of %q on %q %q", o.client, o.prefix, o.name), []string{k.ownWake(o.client)}, err
@@ -134,7 +148,7 @@ func checkKeyOwners(a, b keyObject) error {
 
 // keyPieces are the bits collisions are made of: the suffixes and
 // separators of keys, braces, and short names.
-var keyPieces = []string{"a", "b", "c", "q", "s", "d", "h", "t", "w", "ld", "l", ":", "{", "}", "{a}", ":c", ":w:", ":ld", "x", "/", "1"}
+var keyPieces = []string{"a", "b", "c", "q", "s", "d", "h", "t", "w", "ld", "l", "L", ":", "{", "}", "{a}", ":c", ":w:", ":ld", "L:s", "x", "/", "1"}
 
 // collidingText draws text made of keyPieces.
 func collidingText(t *rapid.T, label string, max int) string {
@@ -271,6 +285,9 @@ func FuzzKeyOwners(f *testing.F) {
 		{"semaphore", "a", "b{c}", "", "semaphore", "ab", "c", ""},
 		{"condition", "a", "b{c}", "q", "condition", "ab", "c", "q"},
 		{"control list beside the one wake list", "p:", "a", "", "semaphore", "p:", "{w:/2/C}:l", ""},
+		{"latch", "p:", "a", "", "semaphore", "p:", "a", ""},
+		{"latch", "p:", "a", "", "condition", "p:", "a", "L"},
+		{"own wake list on a latch", "p:", "a", "", "own wake list", "p:", "a", ""},
 	} {
 		f.Add(s.kindA, s.prefixA, s.nameA, s.condA, s.kindB, s.prefixB, s.nameB, s.condB, uint64(1), "c:x")
 	}

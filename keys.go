@@ -57,6 +57,7 @@ const (
 	kindLeaderChange = "lc" // an election's change channel
 	kindWake         = "w"  // one client's wake list on one semaphore; payload the client id
 	kindControl      = "l"  // a listener's control list; payload client id and number
+	kindLatch        = "L"  // a countdown latch's count; its waiters are a resource whose base is this key
 )
 
 // derived returns the key or channel of kind (with payload, if any) hung
@@ -187,5 +188,11 @@ func keysFor(prefix, name string) (keys, error) {
 	if tag != "" {
 		base = prefix + name
 	}
-	return keys{base: base, all: []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}}, nil
+	return coreKeys(base), nil
+}
+
+// coreKeys returns the keys of the resource whose keys start with base:
+// a semaphore's (keysFor), or a latch's waiters' (latchKeysOf).
+func coreKeys(base string) keys {
+	return keys{base: base, all: []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}}
 }

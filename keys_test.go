@@ -39,7 +39,10 @@ func TestKeyLayout(t *testing.T) {
 		if k.base != tc.base {
 			t.Errorf("keys(%q).base = %q, want %q", tc.name, k.base, tc.base)
 		}
-		for _, key := range append(k.list(), k.wake("C")) {
+		// A latch of the name: its count, its waiters' keys and wake
+		// lists share the tag (one Cluster slot per latch).
+		lk := latchKeysOf(k)
+		for _, key := range append(append(k.list(), k.wake("C")), append(lk.call(opLatchDown, 1).keys, lk.res.ownWake("C"))...) {
 			if got := hashTag(key); got != tc.tag {
 				t.Errorf("hash tag of %q = %q, want %q", key, got, tc.tag)
 			}

@@ -19,7 +19,8 @@
 -- Entries (one per script; KEYS, ARGV and reply in each header):
 -- acquire.lua (acquire, try), release.lua (release, renew, leave, wait),
 -- lua/ops/refresh.lua, renew_batch.lua, signal.lua, pump.lua, status.lua,
--- leader.lua (an election's record).
+-- leader.lua (an election's record), latch.lua (a countdown latch, whose
+-- waiters are condition waiters of a resource of its own).
 --
 -- A script serves one or more semaphores ("resources"); KEYS holds five
 -- keys for each, in this order (one resource's keys share one hash tag, so

@@ -14,6 +14,7 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -97,6 +98,12 @@ func callerOutcome(op string, out any, err error) string {
 	case "wait":
 		// Waiting (1) or not (0); the next event schedules a refresh.
 		return fmt.Sprintf("result %v", at(0))
+	case "leader_clear":
+		// The client reads nothing but an error (Client.leaderClear).
+		return "cleared"
+	case "latch_wait":
+		// Open (0) or waiting (1); the next event schedules a refresh.
+		return fmt.Sprintf("result %v", at(0))
 	case "refresh":
 		return fmt.Sprintf("gone %v", at(1))
 	case "renew_batch":
@@ -105,7 +112,7 @@ func callerOutcome(op string, out any, err error) string {
 		// Whether work is left (the client reads nothing else).
 		return fmt.Sprintf("more %v", at(0))
 	}
-	// signal, status: the whole reply.
+	// signal, status, latch_down, latch_count: the whole reply.
 	return fmt.Sprintf("%#v", out)
 }
 
@@ -166,6 +173,53 @@ func TestResentCallsActOnce(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestResentScenariosActOnce runs the scenarios of TestForeignKeys's
+// table (foreignScenarios: locks, handoffs, a condition variable, an
+// election, a countdown latch...) with every call sent once on one
+// database and twice on the other, checked as TestResentCallsActOnce
+// checks the call machine's.
+func TestResentScenariosActOnce(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		pair := newResendPair(t, b.Real(), true)
+		for i, sc := range foreignScenarios {
+			t.Run(sc.name, func(t *testing.T) {
+				if err := runScenario(t, nil, pair, i); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+		t.Logf("%s: sent twice %v", pair.backend, pair.resent)
+	})
+}
+
+// TestResentScenariosCatchBrokenRules breaks what makes a resent latch
+// call act once and checks that TestResentScenariosActOnce's latch
+// scenario catches it.
+func TestResentScenariosCatchBrokenRules(t *testing.T) {
+	real := redistest.RealBackend(t) != nil
+	for _, tc := range []struct{ name, scenario, file, old, new string }{
+		{"a resent count down counts again", "countdown latch", "lua/ops/latch.lua", "if is_signalled(r.grant) then", "if false then"},
+		{"a resent latch wait waits again", "countdown latch", "lua/ops/latch.lua", "r.grant == CONDITION .. LATCH_COND then", "false then"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if !strings.Contains(source(tc.file), tc.old) {
+				t.Fatalf("%s no longer contains %q", tc.file, tc.old)
+			}
+			pair := newResendPair(t, real, true)
+			broken := mutate(tc.file, tc.old, tc.new)
+			for _, r := range pair.sides() {
+				r.Run = scriptRunner(r.RDB, replayed(broken))
+			}
+			i := slices.IndexFunc(foreignScenarios, func(sc foreignScenario) bool { return sc.name == tc.scenario })
+			err := runScenario(t, nil, pair, i)
+			if err == nil {
+				t.Fatal("not caught")
+			}
+			t.Logf("caught: %v", err)
+		})
+	}
 }
 
 // TestResentCallsCatchBrokenRules breaks, one at a time, what makes a

@@ -70,6 +70,12 @@ var entries = []entry{
 	// still records a leader.
 	{"leader", "lua/ops/leader.lua", "allow-oom", false},
 	{"leader_get", "lua/ops/leader.lua", "no-writes", false},
+	// A countdown latch (package latch): a new waiter grows memory (no
+	// allow-oom); a count down frees waiters and pushes their wake-ups to
+	// their processes' lists.
+	{"latch_wait", "lua/ops/latch.lua", "", false},
+	{"latch_down", "lua/ops/latch.lua", "allow-oom," + crossSlot, false},
+	{"latch_count", "lua/ops/latch.lua", "no-writes", false},
 }
 
 // An op is one operation of the engine's scripts: what ARGV[1] names, the
@@ -100,10 +106,13 @@ var (
 	opLeaderSet   = newOp("leader_set", "leader", true)
 	opLeaderClear = newOp("leader_clear", "leader", true)
 	opLeaderGet   = newOp("leader_get", "leader_get", false)
+	opLatchWait   = newOp("latch_wait", "latch_wait", true)
+	opLatchDown   = newOp("latch_down", "latch_down", true)
+	opLatchCount  = newOp("latch_count", "latch_count", false)
 )
 
 // allOps lists the ops, for opNamed.
-var allOps = []*op{opAcquire, opTry, opRelease, opRenew, opLeave, opWait, opRefresh, opRenewBatch, opSignal, opPump, opStatus, opLeaderSet, opLeaderClear, opLeaderGet}
+var allOps = []*op{opAcquire, opTry, opRelease, opRenew, opLeave, opWait, opRefresh, opRenewBatch, opSignal, opPump, opStatus, opLeaderSet, opLeaderClear, opLeaderGet, opLatchWait, opLatchDown, opLatchCount}
 
 // opNamed returns the op called name, or nil: for tests, which replay
 // recorded calls.

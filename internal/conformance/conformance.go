@@ -23,6 +23,7 @@ import (
 	"github.com/fairlock/fairlock/internal/redisserver"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/testhook"
+	"github.com/fairlock/fairlock/latch"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -74,6 +75,7 @@ func Run(t *testing.T, tg Target) {
 		{"ScriptPath", scriptPath},
 		{"ReplicaAck", replicaAck},
 		{"Election", electionObserved},
+		{"Latch", latchWoken},
 		{"ConnectionsKilled", connectionsKilled},
 		{"ReleaseCancelled", releaseCancelled},
 		{"Batching", batching},
@@ -129,6 +131,59 @@ func queued(t testing.TB, c *fairlock.Client, n string) int64 {
 		t.Errorf("Status(%q): %v", n, err)
 	}
 	return st.Queued
+}
+
+// A countdown latch through the client under test: waiters in several
+// processes are all woken by the CountDown that opens it, by a push (their
+// waiter TTL is a minute: none learns it from a refresh within the
+// test's bound) and once each (none is left on the latch); a Wait whose
+// context ends returns its context's error and leaves; an open latch
+// answers at once.
+func latchWoken(t *testing.T, tg Target) {
+	ctx := ctxFor(t, 30*time.Second)
+	n := name(t, newTag(), "")
+	const procs, each = 3, 20
+	var ls []*latch.Latch
+	for range procs {
+		l, err := latch.New(open(t, tg, fairlock.WithWaiterTTL(time.Minute)), n, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+	}
+	// The waiters' condition key (lua/ops/latch.lua).
+	cond := fairlock.DefaultPrefix + n + "\x1fL\x1fc\x1f"
+	waiters := func() int64 { return tg.Admin.ZCard(ctx, cond).Val() }
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	if err := ls[0].Wait(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait() past its deadline = %v, want context.DeadlineExceeded", err)
+	}
+	cancel()
+	waitFor(t, "the cancelled waiter to leave", func() bool { return waiters() == 0 })
+	errs := make(chan error, procs*each)
+	for i := range procs * each {
+		go func() { errs <- ls[i%procs].Wait(ctx) }()
+	}
+	waitFor(t, "every waiter", func() bool { return waiters() == procs*each })
+	for i := range 2 {
+		if err := ls[i].CountDown(ctx); err != nil {
+			t.Fatalf("CountDown() = %v", err)
+		}
+	}
+	for range procs * each {
+		if err := <-errs; err != nil {
+			t.Fatalf("Wait() = %v, want nil", err)
+		}
+	}
+	if w := waiters(); w != 0 {
+		t.Fatalf("%d waiters left on the open latch, want 0", w)
+	}
+	if err := ls[2].Wait(ctx); err != nil {
+		t.Fatalf("Wait() on an open latch = %v", err)
+	}
+	if c, err := ls[1].Count(ctx); err != nil || c != 0 {
+		t.Fatalf("Count() = %d, %v; want 0", c, err)
+	}
 }
 
 // Concurrent calls of one client, batched (WithBatching), over names of

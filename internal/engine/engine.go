@@ -1,6 +1,6 @@
 // Package engine is how the packages built on fairlock's engine (package
-// semaphore's condition variables, package election, the command line, and
-// any later primitive) reach what the engine does not export, and run its
+// semaphore's condition variables, package election, package latch, the
+// command line, and any later primitive) reach what the engine does not export, and run its
 // ops: through its
 // call path, so that their calls keep its promises (they return by their
 // context's end, run as the function library with its flags, wait for
@@ -78,6 +78,18 @@ var (
 	// with a context that ends when the close gives up; before it
 	// returns. f may call the Leader ops, closed as the client is.
 	AtCloseRelease func(lease any, f func(ctx context.Context))
+	// LatchCount returns the count of the latch name made with count
+	// init (init when it does not exist), or the count it was made with
+	// when that is another (stored > 0; then count is 0).
+	LatchCount func(ctx context.Context, c any, name string, init int64) (count, stored int64, err error)
+	// LatchDown counts the latch name down by one, never below 0, keeping
+	// its count for ttl, and returns the count after (or stored, as
+	// LatchCount); the call that reaches 0 wakes every waiter.
+	LatchDown func(ctx context.Context, c any, name string, init int64, ttl time.Duration) (count, stored int64, err error)
+	// LatchWait returns once the latch name's count is 0 (or stored, as
+	// LatchCount), or when ctx ends (its waiter withdrawn in the
+	// background).
+	LatchWait func(ctx context.Context, c any, name string, init int64, ttl time.Duration) (stored int64, err error)
 	// LeaderChannel names the channel on which the record's changes are
 	// published: "term value", or "0" when it is cleared.
 	LeaderChannel func(c any, name string) (string, error)

@@ -9,7 +9,8 @@
 --   tokens mean granted (in case the wake-up was lost), "0" means gone
 --   (dropped, or dead: a waiter whose deadline came before this refresh
 --   is not brought back). A ticket waiting on a condition variable (its
---   CONDITION mark in S) is kept alive there.
+--   CONDITION mark in S) is kept alive there, unless it waits on a
+--   countdown latch that is open (see open below): then it is gone.
 
 begin(KEYS)
 local first = declared()[1]
@@ -24,6 +25,22 @@ local tickets = {}
 for i = 5, #ARGV, 3 do tickets[#tickets + 1] = ARGV[i] end
 local said = {}
 if #tickets > 0 then said = redis.call('HMGET', first.S, unpack(tickets)) end
+-- open reports whether first is a countdown latch's waiters (its base is
+-- the latch's count: lua/ops/latch.lua) and the latch is open. Its
+-- waiters are then gone, as if woken: the count down that opened it may
+-- have left some for a later script that never ran (its caller ended),
+-- and each asks again and finds the latch open.
+local is_open = nil
+local function open()
+  if is_open == nil then
+    is_open = false
+    if string.sub(first.base, -2) == KEY_SEP .. 'L' then
+      reach(first.base, 'hash')
+      is_open = redis.call('HGET', first.base, 'count') == '0'
+    end
+  end
+  return is_open
+end
 for i = 5, #ARGV, 3 do
   local ticket, n, group = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local parts = { { base = first.base, n = n } }
@@ -45,6 +62,10 @@ for i = 5, #ARGV, 3 do
     end
     if cv.off then
       -- Unreachable now: its deadline stays; the next refresh tries.
+    elseif alive(at) and open() then
+      cond_drop(first, cv, m)
+      out[#out + 1] = ticket
+      out[#out + 1] = '0'
     elseif alive(at) then
       wait_at(first, now + wait, m)
       -- purge_waiters reads the deadlines as they were.

@@ -1,0 +1,320 @@
+package fairlock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Countdown latches (package latch). A latch named N keeps its count in a
+// hash derived from N's base (kind kindLatch: {count, init}); its waiters
+// are condition waiters of a resource of its own whose base is that
+// hash's key, so that they register, are refreshed by their process's
+// room, are dropped within their waiter TTL when it dies, and withdraw
+// ("leave") exactly as a condition's waiters do. Nothing is ever granted
+// on that resource. The count down that reaches 0 takes every waiter off
+// the condition and pushes a wake-up to its process (lua/ops/latch.lua);
+// a waiter it left (its caller ended between its scripts) is reported
+// gone by its room's refresh once the latch is open (refresh.lua's open),
+// and asks again.
+// Package latch reaches these through internal/engine (engine.go).
+
+// latchCond is the condition a latch's waiters wait on (LATCH_COND in
+// lua/ops/latch.lua).
+const latchCond = ""
+
+// maxLatchScripts bounds the scripts one count down runs: each wakes up
+// to the script budget of waiters.
+const maxLatchScripts = 100000
+
+// latchKeys are a latch's keys: its waiters' resource, and its count.
+type latchKeys struct {
+	res   keys
+	count string
+}
+
+// latchKeysOf returns the keys of the latch whose name has keys k. Every
+// one is derived from k's base under kindLatch, so no semaphore's key, nor
+// any other object's, is a latch's (TestKeyOwners).
+func latchKeysOf(k keys) latchKeys {
+	count := k.derived(kindLatch)
+	return latchKeys{res: coreKeys(count), count: count}
+}
+
+// plan is the plan of a waiter on the latch name: one permit of the
+// waiters' resource (what its member and its refresh name).
+func (lk latchKeys) plan(name string) plan {
+	return plan{parts: []part{{k: lk.res, req: Request{Name: name, Permits: 1}}}, keys: lk.res.list(), names: []string{name}}
+}
+
+// call is latch.lua's op o on lk: the waiters' resource's keys, its
+// condition's, then the count; args after init.
+func (lk latchKeys) call(o *op, init int64, args ...string) opCall {
+	keys := append(condKeys(lk.res, latchCond), lk.count)
+	keys = append(append(make([]string, 0, 7), lk.res.list()...), keys...)
+	return newCall(o, keys, 1+len(args)).with(itoa(init)).with(args...)
+}
+
+// latchReply reads latch.lua's reply into integers: its code (or count),
+// then up to two more.
+func latchReply(out result) ([3]int64, error) {
+	var r [3]int64
+	res, err := out.Slice()
+	if err != nil {
+		return r, err
+	}
+	for i := range min(len(res), 3) {
+		if r[i], err = reply(res).int(i); err != nil {
+			return r, fmt.Errorf("%w: latch script reply %v: %w", ErrRedis, res, err)
+		}
+	}
+	if len(res) == 0 {
+		return r, fmt.Errorf("%w: empty latch script reply", ErrRedis)
+	}
+	return r, nil
+}
+
+// latchCountErrPrefix starts the error of a latch op called with another
+// count than the stored one: "FAIRLOCK_LATCH_COUNT <stored>".
+const latchCountErrPrefix = "FAIRLOCK_LATCH_COUNT "
+
+// latchStored returns the count a latch is stored with when err is a
+// latch op's refusal of another (nothing was written), and false for any
+// other error.
+func latchStored(err error) (int64, bool) {
+	msg, ok := replyOf(err)
+	if !ok {
+		return 0, false
+	}
+	rest, ok := strings.CutPrefix(msg, latchCountErrPrefix)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(rest, 10, 64)
+	return n, err == nil && n > 0
+}
+
+// badCount is the error of a latch reply whose count is below 0, which
+// no script writes.
+func badCount(n int64) error {
+	return fmt.Errorf("%w: latch script reply: count %d", ErrRedis, n)
+}
+
+// latchStart checks what every latch op checks first: the name, and that
+// the client is open and ctx has not ended.
+func (c *Client) latchStart(ctx context.Context, op, name string) (latchKeys, error) {
+	k, err := c.keys(name)
+	if err != nil {
+		return latchKeys{}, opError(op, []string{name}, err)
+	}
+	if c.isClosed() {
+		return latchKeys{}, opError(op, []string{name}, ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return latchKeys{}, opError(op, []string{name}, err)
+	}
+	return latchKeysOf(k), nil
+}
+
+// latchCount returns the count of the latch name made with init (init
+// when it does not exist), or the init it is stored with when that is
+// another (stored > 0).
+func (c *Client) latchCount(ctx context.Context, name string, init int64) (count, stored int64, err error) {
+	const op = "latch count"
+	lk, err := c.latchStart(ctx, op, name)
+	if err != nil {
+		return 0, 0, err
+	}
+	o, ok := c.calls.op(ctx, lk.call(opLatchCount, init), nil)
+	if !ok {
+		return 0, 0, opError(op, []string{name}, o.res.err)
+	}
+	r, err := latchReply(o.res)
+	if stored, ok := latchStored(err); ok {
+		return 0, stored, nil
+	}
+	if err == nil && r[0] < 0 {
+		err = badCount(r[0])
+	}
+	if err != nil {
+		return 0, 0, fail(ctx, op, []string{name}, err)
+	}
+	return r[0], 0, nil
+}
+
+// latchDown counts the latch name (made with init) down by one, never
+// below 0, keeping its count ttl; the call that takes it to 0 wakes every
+// waiter, in scripts of bounded length. It returns the count after, or
+// the stored init when that is another (stored > 0). Each script has an
+// id of its own: go-redis's resend of it, and latchDown's own after an
+// error that passes (sent again with backoff while ctx lasts, for at most
+// a waiter TTL), find the first run's reply and act no more.
+func (c *Client) latchDown(ctx context.Context, name string, init int64, ttl time.Duration) (count, stored int64, err error) {
+	const op = "count down"
+	lk, err := c.latchStart(ctx, op, name)
+	if err != nil {
+		return 0, 0, err
+	}
+	names := []string{name}
+	until := time.Now().Add(c.cfg.waiterTTL)
+	id, wait := newTicket(), resendFirst
+	for scripts := 0; scripts < maxLatchScripts; {
+		o, ok := c.calls.op(ctx, lk.call(opLatchDown, init, msArg(ttl), id), nil)
+		if !ok {
+			return 0, 0, opError(op, names, o.res.err)
+		}
+		r, err := latchReply(o.res)
+		if stored, ok := latchStored(err); ok {
+			return 0, stored, nil
+		}
+		if err == nil && r[0] < 0 {
+			err = badCount(r[0])
+		}
+		if err != nil {
+			if transient(err) && time.Now().Before(until) {
+				// Sent again under the same id: if the first reached
+				// Redis, this one finds its reply.
+				if werr := c.pause(ctx, wait); werr != nil {
+					return 0, 0, fail(ctx, op, names, err)
+				}
+				wait = min(2*wait, resendMost)
+				continue
+			}
+			return 0, 0, fail(ctx, op, names, err)
+		}
+		if o.ackErr != nil {
+			return 0, 0, opError(op, names, o.ackErr)
+		}
+		if r[1] == 0 {
+			return r[0], 0, nil
+		}
+		// Waiters are left to wake: each script further has an id of
+		// its own (the count stays 0).
+		scripts++
+		id, wait = newTicket(), resendFirst
+	}
+	return 0, 0, nil
+}
+
+// pause waits d, or until ctx ends or the client closes (an error then).
+func (c *Client) pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.done:
+		return ErrClosed
+	}
+}
+
+// latchWait waits until the latch name (made with init, its count kept
+// ttl) is open: its count is 0. It returns at once when it is; otherwise
+// its waiter waits on the latch's condition, registered in Redis, until
+// the count down that reaches 0 wakes it through its process's wake list.
+// A waiter dropped meanwhile (this process could not refresh it within
+// its waiter TTL, or its wake-up was lost) asks again. When ctx ends, or
+// the client closes, the waiter withdraws in the background and
+// latchWait returns ctx's error (ErrClosed). stored > 0 is the init the
+// latch is stored with, when that is another.
+func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl time.Duration) (stored int64, err error) {
+	const op = "wait latch"
+	lk, err := c.latchStart(ctx, op, name)
+	if err != nil {
+		return 0, err
+	}
+	wrap := func(err error) error { return opError(op, []string{name}, err) }
+	// A close waits for the wait until it returns, so that its waiter has
+	// left the condition (or is being withdrawn) by then.
+	if !c.hold() {
+		return 0, wrap(ErrClosed)
+	}
+	defer c.unhold()
+	p := lk.plan(name)
+	cp := p.withCond(latchCond)
+	lease, _ := p.leaseArgs(c)
+	for {
+		// The waiter registers before its script runs, so a wake-up
+		// pushed the moment it waits finds it.
+		r, w, err := c.waits.register(p, true)
+		if err != nil {
+			return 0, wrap(err)
+		}
+		ticket := w.ticket
+		sent := time.Now()
+		callCtx, bound := c.boundByClose(ctx)
+		o, ok := c.calls.op(callCtx, lk.call(opLatchWait, init, msArg(ttl), ticket, c.id, lease, c.waiterMs), func(outcome) {
+			// The script may have made the ticket wait after the caller
+			// left.
+			var report func(error)
+			if ctx.Err() == nil {
+				report = c.closeReport()
+			}
+			c.cleanUpReport(ctx, cp.releaseCall(opLeave, ticket, c, true, nil), cp, report)
+		})
+		bound.done()
+		if !ok {
+			c.waits.unregister(r, w)
+			return 0, wrap(c.endedByClose(ctx, o.res.err))
+		}
+		rep, err := latchReply(o.res)
+		if stored, ok := latchStored(err); ok {
+			c.waits.unregister(r, w) // (nothing was written)
+			return stored, nil
+		}
+		if err != nil {
+			c.waits.unregister(r, w)
+			if !isDialError(err) { // (then the call's late clean-up withdraws)
+				c.withdraw(ctx, cp, ticket)
+			}
+			return 0, fail(ctx, op, p.names, err)
+		}
+		if rep[0] == 0 {
+			c.waits.unregister(r, w)
+			return 0, nil
+		}
+		if o.ackErr != nil {
+			c.waits.unregister(r, w)
+			c.withdraw(ctx, cp, ticket)
+			return 0, wrap(o.ackErr)
+		}
+		c.waits.noteQueued(r, w, time.Duration(rep[2])*time.Millisecond, clockSample{sent: sent, redis: rep[1]})
+		open, err := c.awaitOpen(ctx, op, cp, r, w)
+		if err != nil || open {
+			return 0, err
+		}
+	}
+}
+
+// awaitOpen waits for the wake-up of latch waiter w (in room r; cp the
+// plan whose "leave" withdraws it). It reports true when the latch opened;
+// false when the waiter was dropped and must ask again; or an error:
+// Redis failing the room, ctx's end or the client's close (the waiter
+// then withdraws in the background).
+func (c *Client) awaitOpen(ctx context.Context, op string, cp plan, r *room, w *waiter) (bool, error) {
+	select {
+	case wk := <-w.ch:
+		switch {
+		case wk.err != nil:
+			c.withdraw(ctx, cp, w.ticket)
+			return false, fail(ctx, op, cp.names, wk.err)
+		case wk.requeue:
+			return false, nil
+		}
+		c.waits.grants.add(wk.via)
+		return true, nil
+	case <-ctx.Done():
+	case <-c.done:
+	}
+	c.waits.unregister(r, w)
+	if err := ctx.Err(); err != nil {
+		c.withdraw(ctx, cp, w.ticket)
+		return false, opError(op, cp.names, err)
+	}
+	c.withdrawAtClose(ctx, cp, w.ticket)
+	return false, opError(op, cp.names, ErrClosed)
+}
