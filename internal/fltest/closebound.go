@@ -44,6 +44,9 @@ func CloseBound(t *testing.T, bound time.Duration, connect Connect) {
 	for _, topo := range []string{"single", "cluster", "sentinel"} {
 		for _, fault := range []string{"stalled", "refusing"} {
 			t.Run(topo+"/"+fault, func(t *testing.T) {
+				// Each row has servers of its own and spends its time
+				// waiting on the fault: the rows run side by side.
+				t.Parallel()
 				// nodes are the servers the fault is applied to.
 				var nodes []*redisserver.Server
 				var servers Servers
