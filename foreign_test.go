@@ -942,12 +942,12 @@ var brokenGuards = []struct {
 	{"fast grant gives an unproven :t a TTL", "lua/fast.lua",
 		"    if has_t then must_be(K[KT], 'zset') end\n    if has_h and inline then", "    if has_h and inline then", true},
 	{"handing fast release writes before its unproven :d", "lua/fast.lua",
-		"    redis.call('ZREM', K[KD], head)\n    if not free then redis.call('ZADD', K[KH], num(horizon), wm) end\n" +
+		"    redis.call('ZREM', K[KD], head)\n    if not free then redis.call('ZADD', K[KH], hs, wm) end\n" +
 			"    -- The wake list is not declared: losing a wake-up is safe.\n    local l, fallback = wake_list(base_of(S), w.client)\n" +
-			"    list = push_wake(l, fallback, { wake_entry(w.ticket, horizon, { ts }) })\n",
-		"    if not free then redis.call('ZADD', K[KH], num(horizon), wm) end\n" +
+			"    list = push_wake(l, fallback, { wake_entry(w.ticket, hs, { ts }) })\n",
+		"    if not free then redis.call('ZADD', K[KH], hs, wm) end\n" +
 			"    -- The wake list is not declared: losing a wake-up is safe.\n    local l, fallback = wake_list(base_of(S), w.client)\n" +
-			"    list = push_wake(l, fallback, { wake_entry(w.ticket, horizon, { ts }) })\n    redis.call('ZREM', K[KD], head)\n", true},
+			"    list = push_wake(l, fallback, { wake_entry(w.ticket, hs, { ts }) })\n    redis.call('ZREM', K[KD], head)\n", true},
 	{"fast release gives a refused wake list a TTL", "lua/fast.lua",
 		"if list then redis.pcall('PEXPIRE', list, num(ttl)) end", "redis.pcall('PEXPIRE', wake_list(base_of(S), w.client), num(ttl))", true},
 	{"fast release drops a wake-up its client's one list refused", "lua/fast.lua",
@@ -957,9 +957,9 @@ var brokenGuards = []struct {
 	{"apply gives unproven keys a TTL", "queue.lua",
 		"if not proven[key] then must_be(key, 'zset') end", "if false then end", false},
 	{"apply gives a refused wake list a TTL", "queue.lua",
-		"if ok then return to end", "if true then return to end", false},
+		"  if push_to(list, entries) then return list end\n", "  push_to(list, entries)\n  if true then return list end\n", false},
 	{"apply drops the wake-ups a client's one list refused", "queue.lua",
-		"for _, to in ipairs({ list, fallback }) do", "for _, to in ipairs({ list }) do", false},
+		"  if fallback ~= nil and push_to(fallback, entries) then return fallback end\n", "", false},
 	{"apply leaves a fallback wake list without a TTL", "queue.lua",
 		"      if not ttl_of[to] then pushed[#pushed + 1] = to end", "      if not ttl_of[to] and to == b.list then pushed[#pushed + 1] = to end", false},
 	{"fast release leaves a fallback wake list without a TTL", "lua/fast.lua",

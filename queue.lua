@@ -361,23 +361,25 @@ local function call_chunks(e)
   end
 end
 
+-- push_to pushes entries onto list to, in calls of at most CHUNK, and
+-- reports whether it took them all.
+local function push_to(to, entries)
+  local n = #entries
+  for i = 1, n, CHUNK do
+    local res = redis.pcall('RPUSH', to, unpack(entries, i, math.min(i + CHUNK - 1, n)))
+    if type(res) ~= 'number' then return false end
+  end
+  return true
+end
+
 -- push_wake pushes entries (a wake-up each) onto wake list list, or, if
 -- another program's value holds it, onto fallback (if any), in calls of at
 -- most CHUNK; it returns the list that took them, or nil. Wake lists are
 -- not declared (losing a wake-up is safe), so they are not proven: a
 -- refused push writes nothing.
 local function push_wake(list, fallback, entries)
-  for _, to in ipairs({ list, fallback }) do
-    local ok = true
-    for i = 1, #entries, CHUNK do
-      local res = redis.pcall('RPUSH', to, unpack(entries, i, math.min(i + CHUNK - 1, #entries)))
-      if type(res) ~= 'number' then
-        ok = false
-        break
-      end
-    end
-    if ok then return to end
-  end
+  if push_to(list, entries) then return list end
+  if fallback ~= nil and push_to(fallback, entries) then return fallback end
   return nil
 end
 

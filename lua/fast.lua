@@ -190,19 +190,20 @@ local function fast_release(K, a)
   local f, d = {}, { ticket }
   -- The state hash's place, free after the release.
   local free = mine or not o
-  local horizon, ttl, ts, wm = 0, nil, nil, nil
+  local horizon, ttl, ts, wm, hs = 0, nil, nil, nil, nil
   if w then
     seq = next_token(seq)
     ts = num(seq)
     ttl = grant_ttl(w.lease, w.wait, true)
     horizon = now + ttl
+    hs = num(horizon)
     wm = holder_member(w.ticket, w.ns, w.client, ts)
     f[1], f[2] = w.ticket, ts
     put0(f, d, 'nq', nq - 1, nq)
-    put(f, 'seq', seq, nil)
+    local k = #f
+    f[k + 1], f[k + 2] = 'seq', ts
     if free then
-      local k = #f
-      f[k + 1], f[k + 2], f[k + 3], f[k + 4] = 'o', wm, 'oe', num(horizon)
+      f[k + 3], f[k + 4], f[k + 5], f[k + 6] = 'o', wm, 'oe', hs
     else
       put(f, 'hmin', lowered(hmin, horizon), hmin)
     end
@@ -232,10 +233,10 @@ local function fast_release(K, a)
   local list
   if w then
     redis.call('ZREM', K[KD], head)
-    if not free then redis.call('ZADD', K[KH], num(horizon), wm) end
+    if not free then redis.call('ZADD', K[KH], hs, wm) end
     -- The wake list is not declared: losing a wake-up is safe.
     local l, fallback = wake_list(base_of(S), w.client)
-    list = push_wake(l, fallback, { wake_entry(w.ticket, horizon, { ts }) })
+    list = push_wake(l, fallback, { wake_entry(w.ticket, hs, { ts }) })
   end
   if #f > 0 then redis.call('HSET', S, unpack(f)) end
   redis.call('HDEL', S, unpack(d))

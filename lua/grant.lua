@@ -268,7 +268,7 @@ local function announce(w, parts)
     tokens[i] = hold(load(p.base), w.ticket, p.n, p.ns or num(p.n), w.client, ttl)
   end
   local list, fallback = wake_list(parts[1].base, w.client)
-  wake(list, fallback, wake_entry(w.ticket, now + ttl, tokens), ttl)
+  wake(list, fallback, wake_entry(w.ticket, num(now + ttl), tokens), ttl)
 end
 
 -- enqueue queues waiter m (ticket's member in r's queue) behind everyone

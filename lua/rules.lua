@@ -146,7 +146,7 @@ end
 -- resource's own; any other has only a list per resource, in the
 -- resource's slot. The keys' names (keys.go)
 -- follow the same rule. wake_entry is what a grant pushes there: "ticket
--- expiryMs token...".
+-- expiryMs token..." (the expiry formatted by num).
 local function wake_list(base, client)
   local own = derived_key(base, 'w', client)
   local n = string.match(client, '^/(%d+)/')
@@ -155,8 +155,9 @@ local function wake_list(base, client)
   end
   return own, nil
 end
-local function wake_entry(ticket, at, tokens)
-  return ticket .. ' ' .. num(at) .. ' ' .. table.concat(tokens, ' ')
+local function wake_entry(ticket, ats, tokens)
+  if tokens[2] == nil then return ticket .. ' ' .. ats .. ' ' .. tokens[1] end
+  return ticket .. ' ' .. ats .. ' ' .. table.concat(tokens, ' ')
 end
 
 -- tomb_until returns when a tombstone written now may be forgotten.
