@@ -7,6 +7,7 @@ package fairlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -147,6 +148,7 @@ type advCondHook struct {
 	failLeave atomic.Bool
 	leaveErr  error
 	leaves    atomic.Int32
+	log       func(string)
 }
 
 func (h *advCondHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -159,6 +161,9 @@ func (h *advCondHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if len(args) > 3 {
 			nkeys, _ := args[2].(int)
 			if i := 3 + nkeys; i < len(args) {
+				if h.log != nil {
+					defer func() { h.log(fmt.Sprintf("%v %v -> %v / %v", args[0], args[i], cmd.Err(), cmd.String())) }()
+				}
 				switch args[i] {
 				case "leave":
 					if h.failLeave.Load() {
@@ -167,10 +172,13 @@ func (h *advCondHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 						return h.leaveErr
 					}
 				case "wait":
-					if h.holdWait.CompareAndSwap(true, false) {
+					if h.holdWait.Load() {
+						// The first form that runs (not NOSCRIPT) is held.
 						err := next(ctx, cmd)
-						close(h.held)
-						<-h.release
+						if err == nil && h.holdWait.CompareAndSwap(true, false) {
+							close(h.held)
+							<-h.release
+						}
 						return err
 					}
 				}
@@ -193,6 +201,7 @@ func TestAdvCloseReportsConditionWaitOnItsWay(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		h := &advCondHook{held: make(chan struct{}), release: make(chan struct{}),
 			leaveErr: errors.New("test: withdrawal refused")}
+		// h.log = func(s string) { t.Log(s) } // every script call, for debugging
 		var releaseOnce sync.Once
 		free := func() { releaseOnce.Do(func() { close(h.release) }) }
 		defer free()
@@ -235,6 +244,18 @@ func TestAdvCloseReportsConditionWaitOnItsWay(t *testing.T) {
 		case cerr = <-closed:
 		case <-time.After(10 * time.Second):
 			t.Fatal("Close did not return")
+		}
+		keys, _ := rdb.Keys(context.Background(), prefix+"*").Result()
+		for _, k := range keys {
+			typ, _ := rdb.Type(context.Background(), k).Result()
+			switch typ {
+			case "zset":
+				z, _ := rdb.ZRangeWithScores(context.Background(), k, 0, -1).Result()
+				t.Logf("%q: %v", k, z)
+			case "hash":
+				h, _ := rdb.HGetAll(context.Background(), k).Result()
+				t.Logf("%q: %v", k, h)
+			}
 		}
 		p, _ := c.plan([]Request{req})
 		n, _ := rdb.ZCard(context.Background(), condKeys(p.first().k, "cv")[0]).Result()
