@@ -310,19 +310,27 @@ func (l *Lease) Release(ctx context.Context) error {
 	// expiry of it), a release that finds no trace of it knows that an
 	// earlier run of this call released it.
 	live := time.Now().Before(until)
-	o, ok := l.c.calls.op(ctx, rel, func(o outcome) {
+	// The call ends when the client's close ends the leases it holds, too
+	// (see boundBy): a close waits for this lease (Release holds its mu)
+	// and must not wait past its bound for a Redis that does not answer.
+	// The release then goes on in the background within the close's
+	// bound, which reports it if it does not land (see resendReport).
+	end := l.c.releaseEnd()
+	callCtx, bound := l.c.boundBy(ctx, end)
+	o, ok := l.c.calls.op(callCtx, rel, func(o outcome) {
 		if _, err := l.c.released(l.p, o.res); transient(err) || cutShort(err) { // hands on work the script left
 			// The release did not reach Redis, or the caller's context
-			// ended before it was sent: send it again.
+			// (or the close) ended it before it was sent: send it again.
 			l.c.resendLater(rel, l.p, until)
 		}
 	})
+	bound.done()
 	if !ok {
 		// The release goes on in the background; the lease counts as
 		// released.
 		l.released = true
 		l.finish(errReleased)
-		return opError("release", l.p.names, o.res.err)
+		return opError("release", l.p.names, l.c.endedBy(ctx, end, o.res.err))
 	}
 	res, ackErr := o.res, o.ackErr
 	n, err := l.c.released(l.p, res)
@@ -363,6 +371,20 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.finish(errReleased)
 	return nil
+}
+
+// releaseEnd returns what ends a Release's call besides its context (see
+// boundBy): the close's end of the client's leases (Client.renewing),
+// which waits for a Release under way; nil once an Abandon has closed the
+// client, whose close waits for no release (a Release after Abandon still
+// releases its lease).
+func (c *Client) releaseEnd() context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := c.shut; s != nil && !s.release {
+		return nil
+	}
+	return c.renewing
 }
 
 // errReleased is the cause a lease ends with when its holder released it
