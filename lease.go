@@ -293,7 +293,13 @@ func (l *Lease) endLocked(cause error) {
 // the lease counts as released, and the release goes on in the background
 // (sent again as above if it failed). [Client.Close] waits for releases
 // going on in the background, at most a waiter TTL; the permits of one
-// that has not landed by then return when the lease's TTL runs out.
+// that has not landed by then return when the lease's TTL runs out, and
+// Close's error says so. A Release whose call is on its way when its
+// client's Close ends the leases (or a Shutdown, once it does) returns an
+// error matching [ErrClosed] as the close begins, unless ctx ends within a
+// waiter TTL anyway or, through go-redis, cannot end (see Client.Close):
+// the lease counts as released, and its release goes on in the
+// background as above, within Close's bound.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
