@@ -179,8 +179,10 @@ func (c *Client) Shutdown(ctx context.Context) error {
 // is [Client.Close]: blocked waits end with ErrClosed (leaving their
 // queues), later calls fail with ErrClosed, and Abandon waits for the
 // client's background work, as long as Close would. It returns nil, or
-// Close's error for the withdrawals of the waits it ended that could not
-// land, or, when Close or Shutdown began the close, that close's result
+// Close's error for the withdrawals of the waits it ended, and the
+// releases and withdrawals sent again in the background that it cut
+// short, that could not land, or what it left unanswered at its bound,
+// or, when Close or Shutdown began the close, that close's result
 // (after a Shutdown, it ends the leases still held at once, released as
 // Shutdown decided).
 //

@@ -321,7 +321,12 @@ func (l *Lease) Release(ctx context.Context) error {
 	// and must not wait past its bound for a Redis that does not answer.
 	// The release then goes on in the background within the close's
 	// bound, which reports it if it does not land (see resendReport).
-	end := l.c.releaseEnd()
+	// (Under a context that cannot end, through go-redis: the thin path,
+	// no bound and no lock for it.)
+	var end context.Context
+	if l.c.mayOutlastClose(ctx) {
+		end = l.c.releaseEnd()
+	}
 	callCtx, bound := l.c.boundBy(ctx, end)
 	o, ok := l.c.calls.op(callCtx, rel, func(o outcome) {
 		if _, err := l.c.released(l.p, o.res); transient(err) || cutShort(err) { // hands on work the script left
