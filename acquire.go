@@ -81,7 +81,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		// alone: a batch holding it could hold its group); a close waits
 		// for it until its bound only, and says so.
 		callCtx, bound := c.boundByClose(ctx)
-		o, ok := c.calls.op(callCtx, p.acquireCall(mode, ticket, c), func(outcome) {
+		o, ok := c.calls.op(callCtx, p.acquireCall(mode, ticket, c).under(ctx), func(outcome) {
 			// The script may have queued or granted the ticket after the
 			// caller left, or before its reply was lost. (A caller whose
 			// context lasts left because the close ended the call: the

@@ -142,7 +142,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	sent := time.Now()
 	// The call ends at the close too (see boundByClose).
 	callCtx, bound := c.boundByClose(ctx)
-	o, ok := c.calls.op(callCtx, wait, func(outcome) {
+	o, ok := c.calls.op(callCtx, wait.under(ctx), func(outcome) {
 		// The script may have run, or not: release the lease (a resend
 		// finds its tombstone) and withdraw the new ticket. (A caller
 		// whose context lasts left because the close ended the call: the
@@ -305,7 +305,7 @@ func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, 
 		// carries too: the resend finds the first run's reply.
 		// The call ends at the close too (see boundByClose).
 		callCtx, closeBound := c.boundByClose(ctx)
-		o, ok := c.calls.op(callCtx, signalCall(keys, cond, all, bound, newTicket()), nil)
+		o, ok := c.calls.op(callCtx, signalCall(keys, cond, all, bound, newTicket()).under(ctx), nil)
 		closeBound.done()
 		if !ok {
 			return total, wrap(c.endedByClose(ctx, o.res.err))

@@ -328,7 +328,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		end = l.c.releaseEnd()
 	}
 	callCtx, bound := l.c.boundBy(ctx, end)
-	o, ok := l.c.calls.op(callCtx, rel, func(o outcome) {
+	o, ok := l.c.calls.op(callCtx, rel.under(ctx), func(o outcome) {
 		if _, err := l.c.released(l.p, o.res); transient(err) || cutShort(err) { // hands on work the script left
 			// The release did not reach Redis, or the caller's context
 			// (or the close) ended it before it was sent: send it again.
