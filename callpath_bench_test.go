@@ -284,9 +284,10 @@ func TestClientPathAllocations(t *testing.T) {
 }
 
 // Close keeps its bound when an Acquire's script call is on the wire and
-// Redis does not answer it, on a Backend that returns by the caller's
-// context (which the close does not end): it stops waiting for that
-// acquisition at the bound (one waiter TTL) and says so, matching ErrRedis.
+// Redis does not answer it, on a Backend that claims to return by its
+// context's end but does not (the close ends that context; here nothing
+// comes of it): it stops waiting for that acquisition at the bound (one
+// waiter TTL) and says so, matching ErrRedis.
 func TestCloseBoundsAnAcquireRedisDoesNotAnswer(t *testing.T) {
 	release := make(chan struct{})
 	var stall atomic.Bool
