@@ -81,7 +81,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		// alone: a batch holding it could hold its group); a close waits
 		// for it until its bound only, and says so.
 		callCtx, bound := c.boundByClose(ctx)
-		o, ok := c.calls.op(callCtx, p.acquireCall(mode, ticket, c), func(outcome) {
+		o, ok := c.calls.op(callCtx, p.acquireCall(mode, ticket, c).under(ctx), func(outcome) {
 			// The script may have queued or granted the ticket after the
 			// caller left, or before its reply was lost. (A caller whose
 			// context lasts left because the close ended the call: the
@@ -254,6 +254,20 @@ func (c *Client) closeReport() func(error) {
 	return s.failWithdrawal
 }
 
+// resendCloseReport returns, once a close has begun, how a release or
+// withdrawal sent again in the background, which the close bounds, is
+// reported to it if it does not land; nil before.
+func (c *Client) resendCloseReport() func(error) {
+	c.mu.Lock()
+	s := c.shut
+	c.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	s.resends.Add(1)
+	return s.failResend
+}
+
 // giveBack releases a grant its caller will not use, like withdraw.
 func (c *Client) giveBack(ctx context.Context, p plan, ticket string, tokens []int64) {
 	c.letGo(ctx, p.releaseCall(opRelease, ticket, c, false, tokens), p, nil)
@@ -331,30 +345,39 @@ func (c *Client) cleanUpReport(ctx context.Context, oc opCall, p plan, report fu
 	}
 }
 
-// boundByClose returns the context a blocking call's script call (an
-// acquisition's, a condition wait's) runs under: ctx, ended by the
-// client's close as well when ctx may outlast the close's bound (see
-// mayOutlastClose), so that neither the caller nor the Redis client's
-// retries (a Cluster client tries a command four times, each try waiting
-// out its read timeout when Redis stalls) outlast that bound; its done
-// releases it once the call has returned. A call under a context that
-// cannot end runs as it comes (a close waits for it until its bound only,
-// and says so).
+// boundByClose returns the context a call's script call (an acquisition's,
+// a condition wait's, a signal's) runs under: ctx, ended by the client's
+// close as well when ctx may outlast the close's bound (see boundBy).
 func (c *Client) boundByClose(ctx context.Context) (context.Context, closeBound) {
-	if !c.mayOutlastClose(ctx) {
-		return ctx, closeBound{}
-	}
-	callCtx, end := context.WithCancel(ctx)
-	return callCtx, closeBound{end: end, unhook: context.AfterFunc(c.closing, end)}
+	return c.boundBy(ctx, c.closing)
 }
 
-// A closeBound ends a call's context at the client's close (boundByClose).
+// boundBy returns the context a call's script call runs under: ctx, ended
+// by end as well (the client's close, or, for a release, the close's end
+// of the leases: see Client.renewing) when ctx may outlast the close's
+// bound (see mayOutlastClose; a nil end: none), so that neither the caller nor the Redis
+// client's retries (a Cluster client tries a command four times, each try
+// waiting out its read timeout when Redis stalls) nor a Backend that
+// returns only by its context's end outlast that bound; its done releases
+// it once the call has returned. Through go-redis, a call under a context
+// that cannot end runs as it comes, each try bounded by the read timeout
+// (a close waits for it until its bound and the read timeout only, and
+// says so).
+func (c *Client) boundBy(ctx, end context.Context) (context.Context, closeBound) {
+	if end == nil || !c.mayOutlastClose(ctx) {
+		return ctx, closeBound{}
+	}
+	callCtx, cancel := context.WithCancel(ctx)
+	return callCtx, closeBound{end: cancel, unhook: context.AfterFunc(end, cancel)}
+}
+
+// A closeBound ends a call's context at the client's close (boundBy).
 type closeBound struct {
 	end    context.CancelFunc
 	unhook func() bool
 }
 
-// done releases what boundByClose set up, once the call has returned.
+// done releases what boundBy set up, once the call has returned.
 func (b closeBound) done() {
 	if b.end != nil {
 		b.unhook()
@@ -362,22 +385,33 @@ func (b closeBound) done() {
 	}
 }
 
-// endedByClose returns the error of a blocking call whose script call
-// failed with err under boundByClose's context: ErrClosed when the close,
-// not ctx, ended it.
+// endedByClose returns the error of a call whose script call failed with
+// err under boundByClose's context: ErrClosed when the close, not ctx,
+// ended it.
 func (c *Client) endedByClose(ctx context.Context, err error) error {
-	if ctx.Err() == nil && c.closing.Err() != nil {
+	return c.endedBy(ctx, c.closing, err)
+}
+
+// endedBy returns the error of a call whose script call failed with err
+// under boundBy's context for end: ErrClosed when end (the close), not
+// ctx, ended it.
+func (c *Client) endedBy(ctx, end context.Context, err error) error {
+	if end != nil && ctx.Err() == nil && end.Err() != nil {
 		return fmt.Errorf("%w: the call was on its way to Redis", ErrClosed)
 	}
 	return err
 }
 
-// mayOutlastClose reports whether ctx can end, but may last longer than
-// a close begun now would wait (one waiter TTL): no deadline, or a later
-// one.
+// mayOutlastClose reports whether a call under ctx may last longer than
+// a close begun now would wait (one waiter TTL): ctx can end, with no
+// deadline or a later one; or ctx cannot end and the Backend returns only
+// by its context's end (backend.Info.Deadlines: rueidis, valkey-go), so
+// that nothing but the close's end of it bounds a call to a Redis that
+// does not answer. (Through go-redis, the read timeout bounds each try of
+// a call under a context that cannot end, on its caller's goroutine.)
 func (c *Client) mayOutlastClose(ctx context.Context) bool {
 	if ctx.Done() == nil {
-		return false
+		return c.info.Deadlines
 	}
 	dl, ok := ctx.Deadline()
 	return !ok || dl.After(time.Now().Add(c.cfg.waiterTTL))

@@ -63,13 +63,14 @@ func newBatcher(c *caller, max int, closing context.Context) *batcher {
 }
 
 // batches reports whether oc, under ctx, may go in a batch. Through a
-// Backend that returns by its context's end, a call whose context cannot
-// end is sent alone, on its caller's goroutine, as without batching: a
-// batch holding it could stay out for good (a Redis that never answers),
-// and with it its group and the client's Close. (Through go-redis, every
-// call returns within its read timeout.)
+// Backend that returns by its context's end, a call whose caller's context
+// cannot end (ctx, or oc.endless: ctx is then the caller's ended only by
+// the close, see boundBy) is sent alone, on its caller's goroutine, as
+// without batching: a batch holding it could stay out for good (a Redis
+// that never answers), and with it its group, until the close. (Through
+// go-redis, every call returns within its read timeout.)
 func (b *batcher) batches(ctx context.Context, oc opCall) bool {
-	return b != nil && entries[oc.op.entry].batch && len(oc.keys) > 0 && (ctx.Done() != nil || !b.c.info.Deadlines)
+	return b != nil && entries[oc.op.entry].batch && len(oc.keys) > 0 && (ctx.Done() != nil && !oc.endless || !b.c.info.Deadlines)
 }
 
 // do runs oc, in a batch if others of its group are on their way, and

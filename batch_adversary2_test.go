@@ -75,7 +75,8 @@ func TestBatchAdversary2QueuedAcquireHoldsCloseForever(t *testing.T) {
 				wg.Go(func() { _, _ = c.Acquire(bctx, Request{Name: "b", Capacity: 1, Permits: 1}) })
 				// (Under context.Background() B is sent alone, on its
 				// caller's goroutine, as without batching: a Backend that
-				// returns by its context's end would never return it.)
+				// returns by its context's end would hold its group until the
+				// close.)
 				queues := batching > 0 && kind != "background"
 				if queues {
 					advWaitFor(t, "b queued", func() bool { return queuedIn(c, "acquire") == 1 })

@@ -322,22 +322,32 @@ func isNilPointer(v any) bool {
 // back (Redis down, refusing the connection, or failing the script): the
 // error says how many of how many, and the last failure; Redis drops
 // their tickets at their deadlines (a waiter's within the waiter TTL),
-// and each of those calls still returns ErrClosed. So does an Acquire
-// whose script call Redis had not answered by then, on a client that
-// waits for Redis as long as the caller's context lasts (rueidis,
-// valkey-go): Close stops waiting for it at its bound and says how many
-// there were; their tickets end at their waiter TTL. Close stops waiting
-// at its bound whatever the Redis client does (a go-redis Cluster client
-// tries a command up to four times, each try waiting out the ReadTimeout;
-// where fairlock cannot see the client's ReadTimeout, or it has none, it
-// counts 5 s): a release or other call still unanswered then goes on in
-// the background until the Redis client gives it up, and Close returns an
-// error matching ErrRedis that says what it left. An Acquire whose script
-// call is on its way when Close begins returns ErrClosed at once, unless
-// its context ends within one waiter TTL anyway (it returns by then) or
-// cannot end (it returns when its call does, which Close waits for until
-// its bound only); the ticket the script may have queued is withdrawn once
-// the call returns, within the bound (past it, the ticket ends at its
+// and each of those calls still returns ErrClosed. So it does if a
+// release or withdrawal being sent again in the background (after an
+// error that passes, see [Lease.Release]) had not landed by its bound:
+// Close cuts it short there and counts it.
+//
+// Every call of the client's on its way to Redis when Close begins ends
+// at the close: an Acquire's or a condition wait's script call, a
+// Release's, a signal's (and a renewal, which the close stops). The call
+// returns an error matching
+// ErrClosed (a Release's lease counts as released, and its release goes
+// on in the background within the bound, counted as above if it does not
+// land), unless its context ends within one waiter TTL anyway (it returns
+// by then), or it runs through go-redis under a context that cannot end
+// (go-redis bounds each try by its ReadTimeout, which Close waits for
+// past its bound, as for a command already sent). Through rueidis and
+// valkey-go, which return by their context's end, nothing else bounds a
+// call to a Redis that does not answer, so every call ends at the close,
+// whatever its context. Close stops waiting at its bound whatever the
+// Redis client does (a go-redis Cluster client tries a command up to four
+// times, each try waiting out the ReadTimeout; where fairlock cannot see
+// the client's ReadTimeout, or it has none, it counts 5 s): a call still
+// unanswered then (an Acquire, a condition wait, a Release or a release
+// of Close's own) goes on in the background until the Redis client gives
+// it up, and Close returns an error matching ErrRedis that says what it
+// left. The ticket an acquisition's script may have queued is withdrawn
+// once its call returns, within the bound (past it, the ticket ends at its
 // deadline). [Client.Abandon] closes without releasing, for leases that
 // must outlive the process. Close, Shutdown and Abandon may be called many
 // times and concurrently (see Shutdown); a Close during a Shutdown ends

@@ -94,6 +94,12 @@ type shutdownState struct {
 	withdrawals     atomic.Int64 // begun
 	withdrawFailed  atomic.Int64 // that did not land
 	withdrawLastErr atomic.Value // error: why the last of those did not
+	// The releases and withdrawals sent again in the background that the
+	// close found on their way (a Release's or a clean-up's, its call
+	// ended by the close or failed before it), which it bounds.
+	resends       atomic.Int64 // found
+	resendFailed  atomic.Int64 // that did not land
+	resendLastErr atomic.Value // error: why the last of those did not
 
 	err error // set before done closes: releases and withdrawals that did not land
 }
@@ -102,6 +108,13 @@ type shutdownState struct {
 func (s *shutdownState) fail(err error) {
 	s.failed.Add(1)
 	s.lastErr.Store(err)
+}
+
+// failResend notes a release or withdrawal sent again in the background
+// that the close bounded and that did not land, for err.
+func (s *shutdownState) failResend(err error) {
+	s.resendFailed.Add(1)
+	s.resendLastErr.Store(err)
 }
 
 // failWithdrawal notes a withdrawal of an acquisition the close ended
@@ -166,8 +179,10 @@ func (c *Client) Shutdown(ctx context.Context) error {
 // is [Client.Close]: blocked waits end with ErrClosed (leaving their
 // queues), later calls fail with ErrClosed, and Abandon waits for the
 // client's background work, as long as Close would. It returns nil, or
-// Close's error for the withdrawals of the waits it ended that could not
-// land, or, when Close or Shutdown began the close, that close's result
+// Close's error for the withdrawals of the waits it ended, and the
+// releases and withdrawals sent again in the background that it cut
+// short, that could not land, or what it left unanswered at its bound,
+// or, when Close or Shutdown began the close, that close's result
 // (after a Shutdown, it ends the leases still held at once, released as
 // Shutdown decided).
 //
@@ -405,6 +420,10 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, 
 	if n := s.withdrawFailed.Load(); n > 0 {
 		err, _ := s.withdrawLastErr.Load().(error)
 		errs = append(errs, fmt.Errorf("%w: %d of %d acquisitions the close ended could not be withdrawn (last: %w); Redis drops their tickets at their deadlines (a waiter's within its waiter TTL)", ErrRedis, n, s.withdrawals.Load(), err))
+	}
+	if n := s.resendFailed.Load(); n > 0 {
+		err, _ := s.resendLastErr.Load().(error)
+		errs = append(errs, fmt.Errorf("%w: %d of %d releases and withdrawals sent again in the background did not land by the close's bound (last: %w); Redis ends their leases and tickets at their TTL", ErrRedis, n, s.resends.Load(), err))
 	}
 	if n := s.pending.Load(); n > 0 && !ended {
 		errs = append(errs, fmt.Errorf("%w: %d of %d releases were still unanswered when the close's bound passed; Redis ends those leases when their TTL runs out", ErrRedis, n, len(leases)))

@@ -142,7 +142,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	sent := time.Now()
 	// The call ends at the close too (see boundByClose).
 	callCtx, bound := c.boundByClose(ctx)
-	o, ok := c.calls.op(callCtx, wait, func(outcome) {
+	o, ok := c.calls.op(callCtx, wait.under(ctx), func(outcome) {
 		// The script may have run, or not: release the lease (a resend
 		// finds its tombstone) and withdraw the new ticket. (A caller
 		// whose context lasts left because the close ended the call: the
@@ -259,6 +259,10 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release opCall, until
 	return wrap("its release failed too (%v): the lease is no longer renewed, and its permits return when its TTL runs out", rerr)
 }
 
+// maxSignalScripts bounds the scripts one signal or broadcast runs (each
+// drops or wakes up to the script budget).
+const maxSignalScripts = 100000
+
 // signal wakes the longest waiter of the condition variable cond of the
 // semaphore name, if any (or, all, every waiter that waited when it was
 // called, in the order they began to wait, in several scripts of bounded
@@ -271,11 +275,8 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release opCall, until
 // An invalid name fails with [ErrInvalidName]. When ctx ends first, signal
 // returns an error matching ctx.Err(); the signal may have been delivered
 // or not. A Redis that cannot be reached yields [ErrRedis], a closed
-// client [ErrClosed].
-// maxSignalScripts bounds the scripts one signal or broadcast runs (each
-// drops or wakes up to the script budget).
-const maxSignalScripts = 100000
-
+// client [ErrClosed]; so does a signal on its way when the client closes
+// (delivered or not), which the close ends as it ends an acquisition.
 func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, error) {
 	op := "signal"
 	if all {
@@ -302,9 +303,12 @@ func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, 
 	for range maxSignalScripts {
 		// Each script has an id of its own, which a resend (go-redis's)
 		// carries too: the resend finds the first run's reply.
-		o, ok := c.calls.op(ctx, signalCall(keys, cond, all, bound, newTicket()), nil)
+		// The call ends at the close too (see boundByClose).
+		callCtx, closeBound := c.boundByClose(ctx)
+		o, ok := c.calls.op(callCtx, signalCall(keys, cond, all, bound, newTicket()).under(ctx), nil)
+		closeBound.done()
 		if !ok {
-			return total, wrap(o.res.err)
+			return total, wrap(c.endedByClose(ctx, o.res.err))
 		}
 		rep, err := parseSignalReply(o.res)
 		if err != nil {

@@ -293,7 +293,13 @@ func (l *Lease) endLocked(cause error) {
 // the lease counts as released, and the release goes on in the background
 // (sent again as above if it failed). [Client.Close] waits for releases
 // going on in the background, at most a waiter TTL; the permits of one
-// that has not landed by then return when the lease's TTL runs out.
+// that has not landed by then return when the lease's TTL runs out, and
+// Close's error says so. A Release whose call is on its way when its
+// client's Close ends the leases (or a Shutdown, once it does) returns an
+// error matching [ErrClosed] as the close begins, unless ctx ends within a
+// waiter TTL anyway or, through go-redis, cannot end (see Client.Close):
+// the lease counts as released, and its release goes on in the
+// background as above, within Close's bound.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -310,19 +316,32 @@ func (l *Lease) Release(ctx context.Context) error {
 	// expiry of it), a release that finds no trace of it knows that an
 	// earlier run of this call released it.
 	live := time.Now().Before(until)
-	o, ok := l.c.calls.op(ctx, rel, func(o outcome) {
+	// The call ends when the client's close ends the leases it holds, too
+	// (see boundBy): a close waits for this lease (Release holds its mu)
+	// and must not wait past its bound for a Redis that does not answer.
+	// The release then goes on in the background within the close's
+	// bound, which reports it if it does not land (see resendReport).
+	// (Under a context that cannot end, through go-redis: the thin path,
+	// no bound and no lock for it.)
+	var end context.Context
+	if l.c.mayOutlastClose(ctx) {
+		end = l.c.releaseEnd()
+	}
+	callCtx, bound := l.c.boundBy(ctx, end)
+	o, ok := l.c.calls.op(callCtx, rel.under(ctx), func(o outcome) {
 		if _, err := l.c.released(l.p, o.res); transient(err) || cutShort(err) { // hands on work the script left
 			// The release did not reach Redis, or the caller's context
-			// ended before it was sent: send it again.
+			// (or the close) ended it before it was sent: send it again.
 			l.c.resendLater(rel, l.p, until)
 		}
 	})
+	bound.done()
 	if !ok {
 		// The release goes on in the background; the lease counts as
 		// released.
 		l.released = true
 		l.finish(errReleased)
-		return opError("release", l.p.names, o.res.err)
+		return opError("release", l.p.names, l.c.endedBy(ctx, end, o.res.err))
 	}
 	res, ackErr := o.res, o.ackErr
 	n, err := l.c.released(l.p, res)
@@ -363,6 +382,20 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.finish(errReleased)
 	return nil
+}
+
+// releaseEnd returns what ends a Release's call besides its context (see
+// boundBy): the close's end of the client's leases (Client.renewing),
+// which waits for a Release under way; nil once an Abandon has closed the
+// client, whose close waits for no release (a Release after Abandon still
+// releases its lease).
+func (c *Client) releaseEnd() context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := c.shut; s != nil && !s.release {
+		return nil
+	}
+	return c.renewing
 }
 
 // errReleased is the cause a lease ends with when its holder released it

@@ -26,7 +26,9 @@ func (c *Client) resendLater(oc opCall, p plan, until time.Time) {
 
 // resendReport is resendLater that, if report is not nil, passes it why
 // oc did not land (failed for good, or given up at until; last is the
-// error of the send before this one, if any) before it logs so.
+// error of the send before this one, if any) before it logs so. Without
+// report, a resend that the client's close finds on its way reports to
+// the close (see resendCloseReport).
 func (c *Client) resendReport(oc opCall, p plan, until time.Time, report func(error), last error) {
 	c.spawn(func() {
 		done := c.done
@@ -50,8 +52,12 @@ func (c *Client) resendReport(oc opCall, p plan, until time.Time, report func(er
 			case <-done:
 				t.Stop()
 				// Closing: the remaining tries get a waiter TTL at most,
-				// and end by the close's bound.
+				// and end by the close's bound; if they do not land,
+				// the close says so (unless the caller reports it).
 				until = minTime(until, c.cleanUpBy())
+				if report == nil {
+					report = c.resendCloseReport()
+				}
 				done = nil // closed for good: from now on the timer alone
 				continue
 			}

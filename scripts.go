@@ -146,6 +146,17 @@ type opCall struct {
 	// once rather than at every call; shorter than args (nil) when args
 	// were appended to without it (see goRedis.send).
 	argv []any
+	// endless: the caller's context cannot end (the close's end that
+	// boundBy gives it aside), so the call is sent alone through a
+	// Backend that returns by its context's end (see batcher.batches).
+	endless bool
+}
+
+// under returns oc marked endless if ctx, its caller's context, cannot
+// end.
+func (oc opCall) under(ctx context.Context) opCall {
+	oc.endless = ctx.Done() == nil
+	return oc
 }
 
 // newCall starts a call of o on keys with room for n arguments after the
