@@ -312,7 +312,11 @@ func isNilPointer(v any) bool {
 // that timeout rather than by the context. So Close returns within one
 // waiter TTL plus the ReadTimeout of its call, Redis up, down or stalled
 // (through rueidis and valkey-go, which honour deadlines, within one
-// waiter TTL and a little). A withdrawal that Redis refuses a connection
+// waiter TTL and a second: those clients end a blocking read only at its
+// deadline, and the listener's, a one-second BLMPOP, has its deadline one
+// waiter TTL past its timeout, so that a read begun just before Close on
+// a Redis that stopped answering ends up to a waiter TTL and a second
+// after it). A withdrawal that Redis refuses a connection
 // for ends at once (see [New]) and is not sent again (the ticket ends at
 // its deadline). If some leases could not be released in that time (Redis
 // down), Close returns an error matching [ErrRedis] that says how many;
