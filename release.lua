@@ -122,8 +122,11 @@ if result == 0 then
       else
         drop_holder(p.r, p.hm, p.n, false)
       end
-    elseif op ~= 'renew' and is_token(p.r.grant) then
-      -- A record whose lease is gone: the grant is over.
+    elseif op ~= 'renew' and is_token(p.r.grant) and p.r.grant == p.ts then
+      -- A record whose lease is gone: the grant is over. (A record of
+      -- another token is a later grant of the ticket, made by a late
+      -- copy of its acquire after this lease was released: not this
+      -- call's to end.)
       record(p.r, ticket, ENDED)
     end
   end

@@ -146,6 +146,48 @@ func TestResentReleaseOfRequeuedTicketAnswersAlike(t *testing.T) {
 	}
 }
 
+// A resent release of a lease (here a condition wait's, which releases
+// it) that finds its ticket granted again, under another token, by a late
+// copy of its acquire after the release, leaves that grant's record: it is
+// a later lease of the ticket, not the call's. Ending it (a tombstone)
+// let the record's tombstone be trimmed while that lease lived, and a
+// further copy of the acquire was then granted too: one ticket held the
+// semaphore twice.
+func TestResentReleaseLeavesALaterGrantsRecord(t *testing.T) {
+	g := newTraceRig(t)
+	base := "trace:{s}"
+	all := []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}
+	withCond := append(slices.Clip(all), condKeys(keys{base: base, all: all}, "x")...)
+	acquire := func() []any {
+		got, _ := g.run("acquire", "TA", "PA", "200000", "3000", "", "1", "2").([]any)
+		return got
+	}
+	first := tokenOf(t, acquire())
+	wait := func() string {
+		return fmt.Sprint(g.runOn(withCond, "wait", "TA", "PA", "200000", "3000", "", "0", "1", first, "TW", "x"))
+	}
+	if got := wait(); !strings.HasPrefix(got, "[1 ") {
+		t.Fatalf("the condition wait = %v", got)
+	}
+	g.runOn(withCond, "leave", "TW", "PA", "200000", "3000", "", "0", "1", "0")
+	later := tokenOf(t, acquire()) // a late copy, taken for a new request
+	if got := wait(); !strings.HasPrefix(got, "[0 ") {
+		t.Fatalf("the condition wait sent again = %v, want [0 ...] (its lease is gone)", got)
+	}
+	g.advance(20000) // past every tombstone's time
+	g.run("pump")
+	for i := range 2 {
+		got := acquire()
+		if len(got) < 4 || got[0] != int64(acqGrantedBefore) || fmt.Sprint(got[3]) != later {
+			t.Fatalf("copy %d of the acquire = %v, want %d with the later grant's token %s\n%s", i+1, got, acqGrantedBefore, later, g.dump())
+		}
+	}
+	st := statecheck.State{Prefix: "trace:", Bases: []string{base}, At: g.now / 1000, Shift: differential.ExpiryShift}
+	if err := statecheck.Check(context.Background(), g.r.RDB, st); err != nil {
+		t.Fatalf("%v\n%s", err, g.dump())
+	}
+}
+
 // A leave of a condition waiter that died (its deadline passed) and whose
 // condition's key expired since (the key lives as long as its waiters'
 // deadlines; the semaphore's keys have moved past it, a later lease
