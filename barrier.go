@@ -180,7 +180,7 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 		return arrival{round: rep[1], index: rep[2]}, nil
 	case 2:
 		c.waits.unregister(r, w)
-		return arrival{round: rep[1], index: rep[2], broken: rep[3] != barrierCompleted}, nil
+		return arrival{round: rep[1], index: rep[2], broken: true}, nil
 	}
 	a := arrival{round: rep[3], index: rep[4]}
 	asked := itoa(a.round)
@@ -206,14 +206,14 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 				return arrival{}, wrap(o.res.err)
 			}
 			rep, err := barrierInts(o.res, 4)
-			if err == nil && (rep[0] != 2 || len(rep) < 4) {
+			if err == nil && (rep[0] == 1 || len(rep) < 3) {
 				err = fmt.Errorf("%w: barrier script reply %v to a re-ask", ErrRedis, rep)
 			}
 			if err != nil {
 				c.letGo(ctx, breaks(asked), cp, nil)
 				return arrival{}, fail(ctx, op, names, err)
 			}
-			a.broken = rep[3] != barrierCompleted
+			a.broken = rep[0] != 0
 			return a, nil
 		}
 		c.waits.grants.add(wk.via)

@@ -33,12 +33,13 @@
 -- barrier_break; one stored with other parties fails every op, having
 -- written nothing, with the error "FAIRLOCK_BARRIER_PARTIES <stored>".
 -- Reply:
---   barrier_await   {0, round, index}: this arrival completed the round
---                   (index is 0-based, in arrival order);
+--   barrier_await   {0, round, index}: the ticket's round completed (by
+--                   this arrival, or, on a resend or a re-ask, found in
+--                   its record); index is 0-based, in arrival order;
 --                   {1, nowMs, nextEventMs, round, index}: it waits (a
 --                   resend finds it waiting and does nothing);
---                   {2, round, index, outcome}: the ticket's round ended
---                   (outcome 1 completed, 2 broken; index -1 unknown).
+--                   {2, round, index, 2}: the ticket's round broke
+--                   (index -1 unknown).
 --   barrier_break   {broke, 0}: broke 1 if this call broke the ticket's
 --                   round (release.lua's reply form).
 --   barrier_status  {round, parties, broken, client...}: the clients of
@@ -141,6 +142,8 @@ end
 if is_signalled(r.grant) then
   local rd, idx, outcome = parse_signalled(r.grant)
   if op == 'barrier_break' then return { 0, 0 } end
+  -- As the first run answered, when it completed the round.
+  if outcome == COMPLETED then return { 0, rd, idx } end
   return { 2, rd, idx, outcome }
 end
 
