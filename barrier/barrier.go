@@ -164,8 +164,11 @@ func (b *Barrier) mismatch(op string, stored int64) error {
 // When ctx ends first, Await returns an error matching ctx.Err(), and the
 // round breaks for every other party, in the background (if Redis cannot
 // be reached, within the client's waiter TTL, when its waiter dies); a
-// closed client (also while Await blocks) yields [fairlock.ErrClosed] and
-// breaks the round the same way.
+// round that completed before the break reached Redis stays completed
+// for the other parties (this one's Await still returns ctx's error, as
+// a done context wins). A closed client (also while Await blocks) yields
+// [fairlock.ErrClosed] and breaks the round the same way. A party that
+// arrives after its round broke starts the next round.
 //
 // Each Await acts once: a call that the Redis client sends again after an
 // error that passes finds its first run's arrival. Parties other than the

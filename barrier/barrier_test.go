@@ -144,8 +144,23 @@ func TestRoundsInOrder(t *testing.T) {
 				}
 			}
 		}
+		// Status lists the waiting parties' owners in arrival order.
+		var chs []<-chan result
+		for i, br := range bs[:parties-1] {
+			chs = append(chs, awaitAsync(ctx, br))
+			e.WaitFor("the arrival", func() bool { return e.waiters("order") == int64(i+1) })
+		}
+		if s := e.status(bs[0]); !slices.Equal(s.Arrived, []string{"p0", "p1", "p2"}) {
+			t.Fatalf("Status().Arrived = %q, want [p0 p1 p2]", s.Arrived)
+		}
+		chs = append(chs, awaitAsync(ctx, bs[parties-1]))
+		for i, ch := range chs {
+			if r := receive(t, ch, "Await"); r.err != nil || r.a != (barrier.Arrival{Round: rounds + 1, Index: i}) {
+				t.Fatalf("Await() = %+v, %v; want {%d %d}", r.a, r.err, rounds+1, i)
+			}
+		}
 		st := e.status(bs[0])
-		if st.Round != rounds+1 || len(st.Arrived) != 0 || st.Parties != parties {
+		if st.Round != rounds+2 || len(st.Arrived) != 0 || st.Parties != parties {
 			t.Fatalf("Status() after %d rounds = %+v", rounds, st)
 		}
 	})
