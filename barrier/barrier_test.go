@@ -526,3 +526,38 @@ func dump(t *testing.T, rdb *redis.Client) string {
 	}
 	return out
 }
+
+// A party that does not hear its wake-up (its process's blocking reads
+// are held back) learns its round's end from its refresh, which reports
+// it gone, and its re-ask, which finds its ticket's record: completed, or
+// broken.
+func TestLostWakeUpTellsTheOutcome(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		dc, faults := e.FaultyClient(fairlock.WithWaiterTTL(300 * time.Millisecond))
+		faults.Deafen(t)
+		deaf := e.barrier(dc, "deaf", 2)
+		other := e.barrier(e.Client(), "deaf", 2)
+
+		ch := awaitAsync(ctx, deaf)
+		e.WaitFor("the deaf party", func() bool { return e.waiters("deaf") == 1 })
+		if a, err := other.Await(ctx); err != nil || a != (barrier.Arrival{Round: 1, Index: 1}) {
+			t.Fatalf("Await() = %+v, %v; want {1 1}", a, err)
+		}
+		if r := receive(t, ch, "the deaf Await"); r.err != nil || r.a != (barrier.Arrival{Round: 1, Index: 0}) {
+			t.Fatalf("deaf Await() of a completed round = %+v, %v; want {1 0}", r.a, r.err)
+		}
+
+		// A round of three, broken by the other party's leave.
+		deaf3, other3 := e.barrier(dc, "deaf3", 3), e.barrier(e.Client(), "deaf3", 3)
+		ch = awaitAsync(ctx, deaf3)
+		e.WaitFor("the deaf party", func() bool { return e.waiters("deaf3") == 1 })
+		cctx, cancel := context.WithCancel(ctx)
+		oc := awaitAsync(cctx, other3)
+		e.WaitFor("the other party", func() bool { return e.waiters("deaf3") == 2 })
+		cancel()
+		<-oc
+		wantBroken(t, receive(t, ch, "the deaf Await").err, 1, "deaf Await() of a broken round")
+	})
+}
