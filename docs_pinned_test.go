@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/barrier"
 	"github.com/fairlock/fairlock/election"
 	"github.com/fairlock/fairlock/latch"
 	"github.com/fairlock/fairlock/semaphore"
@@ -46,6 +47,9 @@ func limitValues(t *testing.T) map[string]any {
 		"latch.MaxCount":                int64(latch.MaxCount),
 		"latch.DefaultTTL":              latch.DefaultTTL,
 		"latch.MaxTTL":                  latch.MaxTTL,
+		"barrier.MaxParties":            int64(barrier.MaxParties),
+		"barrier.DefaultTTL":            barrier.DefaultTTL,
+		"barrier.MaxTTL":                barrier.MaxTTL,
 		"WithPrefix":                    longestAccepted(t, func(n int64) []fairlock.Option { return opts(fairlock.WithPrefix(strings.Repeat("p", int(n)))) }),
 		"WithOwner":                     longestAccepted(t, func(n int64) []fairlock.Option { return opts(fairlock.WithOwner(strings.Repeat("o", int(n)))) }),
 		"WithLeaseTTL`, `WithWaiterTTL": shortestTTL(t),
@@ -191,7 +195,7 @@ func TestDocsLimitsTable(t *testing.T) {
 // (or *Max) of the library's packages, qualified.
 func exportedLimits(t *testing.T) []string {
 	var out []string
-	for dir, pkg := range map[string]string{".": "fairlock", "semaphore": "semaphore", "multilock": "multilock", "election": "election", "latch": "latch"} {
+	for dir, pkg := range map[string]string{".": "fairlock", "semaphore": "semaphore", "multilock": "multilock", "election": "election", "latch": "latch", "barrier": "barrier"} {
 		for _, d := range declsOf(t, dir) {
 			g, ok := d.(*ast.GenDecl)
 			if !ok || g.Tok != token.CONST {

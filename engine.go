@@ -64,6 +64,14 @@ func init() {
 	engine.LatchWait = func(ctx context.Context, c any, name string, init int64, ttl time.Duration) (int64, error) {
 		return c.(*Client).latchWait(ctx, name, init, ttl)
 	}
+	engine.BarrierAwait = func(ctx context.Context, c any, name string, parties int64, ttl time.Duration) (engine.Arrival, error) {
+		a, err := c.(*Client).barrierAwait(ctx, name, parties, ttl)
+		return engine.Arrival{Round: a.round, Index: a.index, Broken: a.broken, Stored: a.stored}, err
+	}
+	engine.BarrierStatus = func(ctx context.Context, c any, name string, parties int64) (engine.BarrierState, error) {
+		round, arrived, broken, stored, err := c.(*Client).barrierStatus(ctx, name, parties)
+		return engine.BarrierState{Round: round, Arrived: arrived, Broken: broken, Stored: stored}, err
+	}
 	engine.LeaderChannel = func(c any, name string) (string, error) {
 		k, err := c.(*Client).keys(name)
 		return leaderChannel(k), err

@@ -121,7 +121,7 @@ var (
 // ErrRedis, ...), the caller's context error, and, with ErrRedis, the
 // error go-redis reported.
 type Error struct {
-	Op    string   // "acquire", "try acquire", "release", "renew", "hold", "wait", "signal", "broadcast", "status", "new", "close", "shutdown"; a latch's "new latch", "count down", "wait latch", "latch count"
+	Op    string   // "acquire", "try acquire", "release", "renew", "hold", "wait", "signal", "broadcast", "status", "new", "close", "shutdown"; a latch's "new latch", "count down", "wait latch", "latch count"; a barrier's "new barrier", "await barrier", "barrier status"
 	Names []string // the semaphores, in name order; none for "new", "close" and "shutdown"
 	Err   error
 }

@@ -76,6 +76,10 @@ func semKeys(s *csem, procs []*cproc) []fkey {
 	if strings.HasSuffix(s.base, keySep+kindLatch) {
 		k = append(k, fkey{s.base, "hash"})
 	}
+	// A barrier's state, when s is a barrier's waiters (barrierOf).
+	if strings.HasSuffix(s.base, keySep+kindBarrier) {
+		k = append(k, fkey{s.base, "hash"})
+	}
 	// An election's record (the leader ops).
 	return append(k, fkey{(keys{base: s.base}).derived(kindLeader), "hash"})
 }
@@ -667,6 +671,31 @@ func (s *fscen) latchWait(p *cproc, sem *csem, init int64) *cticket {
 	return tk
 }
 
+// barrierOf makes sem the waiters of the barrier of sem's name
+// (barrierKeysOf) and returns it.
+func (s *fscen) barrierOf(sem *csem) *csem {
+	sem.base = barrierKeysOf(keys{base: sem.base}).state
+	return sem
+}
+
+// barrier sends barrier.lua's op on the barrier whose waiters are sem,
+// made with parties, with args after parties.
+func (s *fscen) barrier(op string, sem *csem, parties int64, args ...string) []any {
+	return s.exec(call{Keys: barrierKeysOf(keys{base: strings.TrimSuffix(sem.base, keySep+kindBarrier)}).call(opBarrierAwait, parties).keys,
+		Args: append([]string{op, num(parties)}, args...)})
+}
+
+// barrierAwait makes a new ticket of p arrive at the barrier whose
+// waiters are sem and returns it; with tk, it asks again for tk, which
+// arrived in round asked.
+func (s *fscen) barrierAwait(p *cproc, sem *csem, parties int64, tk *cticket, asked string) *cticket {
+	if tk == nil {
+		tk = &cticket{ticket: s.ticket(), p: p, parts: []cpart{{sem, 1}}, cond: "c:" + barrierCond}
+	}
+	s.barrier("barrier_await", sem, parties, "86400000", tk.ticket, p.id, num(p.lease), num(p.wait), asked)
+	return tk
+}
+
 func (s *fscen) simple(op string, sem *csem) {
 	s.exec(call{Keys: sem.keys(), Args: []string{op}})
 }
@@ -848,6 +877,35 @@ var foreignScenarios = []foreignScenario{
 		s.latch("latch_down", l, 3, "86400000", s.ticket()) // open: stays 0
 		s.latchWait(b, l, 3)                                // open: at once
 		s.latch("latch_count", l, 3)
+	}},
+	{"cyclic barrier", []int64{1}, func(s *fscen, a, b, c, d *cproc) {
+		br := s.barrierOf(s.sems[0])
+		s.barrier("barrier_status", br, 3)
+		x := s.barrierAwait(a, br, 3, nil, "")
+		y := s.barrierAwait(b, br, 3, nil, "")
+		s.barrier("barrier_status", br, 4) // other parties: refused
+		s.refresh(a, br, x)
+		s.barrier("barrier_status", br, 3)
+		s.barrierAwait(c, br, 3, nil, "") // completes round 1: wakes x and y
+		s.hear(a, br, x)
+		s.hear(b, br, y)
+		s.barrierAwait(a, br, 3, x, "1") // a re-ask finds x's record
+		// Round 2: d's party dies; a's refresh reports a's party gone, and
+		// its re-ask breaks the round, waking b's.
+		x = s.barrierAwait(a, br, 3, nil, "")
+		y = s.barrierAwait(b, br, 3, nil, "")
+		s.barrierAwait(d, br, 3, nil, "") // its process dies
+		s.now += 250_000
+		s.refresh(a, br, x)
+		s.barrierAwait(a, br, 3, x, "2")
+		s.hear(b, br, y)
+		// Round 3: c's party leaves, breaking it for a's.
+		x = s.barrierAwait(a, br, 3, nil, "")
+		z := s.barrierAwait(c, br, 3, nil, "")
+		s.barrier("barrier_break", br, 3, "86400000", z.ticket, "3")
+		s.hear(a, br, x)
+		s.barrierAwait(b, br, 3, nil, "") // round 4's first party
+		s.barrier("barrier_status", br, 3)
 	}},
 	{"tombstones", []int64{1}, func(s *fscen, a, b, _, d *cproc) {
 		s.acquire("acquire", d, s.sems[:1], 1) // holds for 300 ms, never released

@@ -64,6 +64,20 @@ var keyNamers = []keyNamer{
 		k, err := keysFor(o.prefix, o.name)
 		return controlList(o, latchKeysOf(k).res.ownWake(o.client), o.client, err)
 	}},
+	{"barrier", func(o keyObject) (string, []string, error) {
+		k, err := keysFor(o.prefix, o.name)
+		// Its state, its waiters' resource and their condition: every key
+		// its ops declare.
+		return fmt.Sprintf("barrier %q %q", o.prefix, o.name), barrierKeysOf(k).call(opBarrierAwait, 1).keys, err
+	}},
+	{"own wake list on a barrier", func(o keyObject) (string, []string, error) {
+		k, err := keysFor(o.prefix, o.name)
+		return fmt.Sprintf("wake list of %q on barrier %q %q", o.client, o.prefix, o.name), []string{barrierKeysOf(k).res.ownWake(o.client)}, err
+	}},
+	{"control list beside an own wake list on a barrier", func(o keyObject) (string, []string, error) {
+		k, err := keysFor(o.prefix, o.name)
+		return controlList(o, barrierKeysOf(k).res.ownWake(o.client), o.client, err)
+	}},
 	{"own wake list", func(o keyObject) (string, []string, error) {
 		k, err := keysFor(o.prefix, o.name)
 		return fmt.Sprintf("wake list of %q on %q %q", o.client, o.prefix, o.name), []string{k.ownWake(o.client)}, err
@@ -148,7 +162,7 @@ func checkKeyOwners(a, b keyObject) error {
 
 // keyPieces are the bits collisions are made of: the suffixes and
 // separators of keys, braces, and short names.
-var keyPieces = []string{"a", "b", "c", "q", "s", "d", "h", "t", "w", "ld", "l", "L", ":", "{", "}", "{a}", ":c", ":w:", ":ld", "L:s", "x", "/", "1"}
+var keyPieces = []string{"a", "b", "c", "q", "s", "d", "h", "t", "w", "ld", "l", "L", "B", ":", "{", "}", "{a}", ":c", ":w:", ":ld", "L:s", "B:s", "x", "/", "1"}
 
 // collidingText draws text made of keyPieces.
 func collidingText(t *rapid.T, label string, max int) string {
@@ -288,6 +302,10 @@ func FuzzKeyOwners(f *testing.F) {
 		{"latch", "p:", "a", "", "semaphore", "p:", "a", ""},
 		{"latch", "p:", "a", "", "condition", "p:", "a", "L"},
 		{"own wake list on a latch", "p:", "a", "", "own wake list", "p:", "a", ""},
+		{"barrier", "p:", "a", "", "semaphore", "p:", "a", ""},
+		{"barrier", "p:", "a", "", "latch", "p:", "a", ""},
+		{"barrier", "p:", "a", "", "condition", "p:", "a", "B"},
+		{"own wake list on a barrier", "p:", "a", "", "own wake list on a latch", "p:", "a", ""},
 	} {
 		f.Add(s.kindA, s.prefixA, s.nameA, s.condA, s.kindB, s.prefixB, s.nameB, s.condB, uint64(1), "c:x")
 	}

@@ -58,6 +58,7 @@ const (
 	kindWake         = "w"  // one client's wake list on one semaphore; payload the client id
 	kindControl      = "l"  // a listener's control list; payload client id and number
 	kindLatch        = "L"  // a countdown latch's count; its waiters are a resource whose base is this key
+	kindBarrier      = "B"  // a cyclic barrier's state; its waiters are a resource whose base is this key
 )
 
 // derived returns the key or channel of kind (with payload, if any) hung
@@ -192,7 +193,8 @@ func keysFor(prefix, name string) (keys, error) {
 }
 
 // coreKeys returns the keys of the resource whose keys start with base:
-// a semaphore's (keysFor), or a latch's waiters' (latchKeysOf).
+// a semaphore's (keysFor), a latch's waiters' (latchKeysOf), or a
+// barrier's (barrierKeysOf).
 func coreKeys(base string) keys {
 	return keys{base: base, all: []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}}
 }

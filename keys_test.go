@@ -41,8 +41,11 @@ func TestKeyLayout(t *testing.T) {
 		}
 		// A latch of the name: its count, its waiters' keys and wake
 		// lists share the tag (one Cluster slot per latch).
-		lk := latchKeysOf(k)
-		for _, key := range append(append(k.list(), k.wake("C")), append(lk.call(opLatchDown, 1).keys, lk.res.ownWake("C"))...) {
+		lk, bk := latchKeysOf(k), barrierKeysOf(k)
+		keys := append(append(k.list(), k.wake("C")), append(lk.call(opLatchDown, 1).keys, lk.res.ownWake("C"))...)
+		// A barrier's likewise.
+		keys = append(keys, append(bk.call(opBarrierAwait, 1).keys, bk.res.ownWake("C"))...)
+		for _, key := range keys {
 			if got := hashTag(key); got != tc.tag {
 				t.Errorf("hash tag of %q = %q, want %q", key, got, tc.tag)
 			}

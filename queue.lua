@@ -20,7 +20,8 @@
 -- acquire.lua (acquire, try), release.lua (release, renew, leave, wait),
 -- lua/ops/refresh.lua, renew_batch.lua, signal.lua, pump.lua, status.lua,
 -- leader.lua (an election's record), latch.lua (a countdown latch, whose
--- waiters are condition waiters of a resource of its own).
+-- waiters are condition waiters of a resource of its own), barrier.lua (a
+-- cyclic barrier, whose parties are too).
 --
 -- A script serves one or more semaphores ("resources"); KEYS holds five
 -- keys for each, in this order (one resource's keys share one hash tag, so

@@ -104,6 +104,16 @@ func callerOutcome(op string, out any, err error) string {
 	case "latch_wait":
 		// Open (0) or waiting (1); the next event schedules a refresh.
 		return fmt.Sprintf("result %v", at(0))
+	case "barrier_await":
+		// Waiting (1): its round and index; the next event schedules a
+		// refresh. Otherwise the whole reply: its round's end.
+		if at(0) == int64(1) {
+			return fmt.Sprintf("waiting %v %v", at(3), at(4))
+		}
+		return fmt.Sprintf("%#v", out)
+	case "barrier_break":
+		// The client reads nothing but an error (a withdrawal's clean-up).
+		return "broken"
 	case "refresh":
 		return fmt.Sprintf("gone %v", at(1))
 	case "renew_batch":
@@ -177,7 +187,7 @@ func TestResentCallsActOnce(t *testing.T) {
 
 // TestResentScenariosActOnce runs the scenarios of TestForeignKeys's
 // table (foreignScenarios: locks, handoffs, a condition variable, an
-// election, a countdown latch...) with every call sent once on one
+// election, a countdown latch, a cyclic barrier...) with every call sent once on one
 // database and twice on the other, checked as TestResentCallsActOnce
 // checks the call machine's.
 func TestResentScenariosActOnce(t *testing.T) {
@@ -194,14 +204,16 @@ func TestResentScenariosActOnce(t *testing.T) {
 	})
 }
 
-// TestResentScenariosCatchBrokenRules breaks what makes a resent latch
-// call act once and checks that TestResentScenariosActOnce's latch
-// scenario catches it.
+// TestResentScenariosCatchBrokenRules breaks what makes a resent latch or
+// barrier call act once and checks that TestResentScenariosActOnce's
+// latch or barrier scenario catches it.
 func TestResentScenariosCatchBrokenRules(t *testing.T) {
 	real := redistest.RealBackend(t) != nil
 	for _, tc := range []struct{ name, scenario, file, old, new string }{
 		{"a resent count down counts again", "countdown latch", "lua/ops/latch.lua", "if is_signalled(r.grant) then", "if false then"},
 		{"a resent latch wait waits again", "countdown latch", "lua/ops/latch.lua", "r.grant == CONDITION .. LATCH_COND then", "false then"},
+		{"a resent arrival arrives again", "cyclic barrier", "lua/ops/barrier.lua", "local waiting = r.grant == CONDITION .. BARRIER_COND", "local waiting = false"},
+		{"a resent last arrival completes another round", "cyclic barrier", "lua/ops/barrier.lua", "if is_signalled(r.grant) then", "if false then"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !strings.Contains(source(tc.file), tc.old) {

@@ -76,6 +76,12 @@ var entries = []entry{
 	{"latch_wait", "lua/ops/latch.lua", "", false},
 	{"latch_down", "lua/ops/latch.lua", "allow-oom," + crossSlot, false},
 	{"latch_count", "lua/ops/latch.lua", "no-writes", false},
+	// A cyclic barrier (package barrier): an arrival may grow memory (a
+	// waiter) or end a round, pushing wake-ups; a break frees waiters and
+	// pushes theirs.
+	{"barrier_await", "lua/ops/barrier.lua", crossSlot, false},
+	{"barrier_break", "lua/ops/barrier.lua", "allow-oom," + crossSlot, false},
+	{"barrier_status", "lua/ops/barrier.lua", "no-writes", false},
 }
 
 // An op is one operation of the engine's scripts: what ARGV[1] names, the
@@ -92,27 +98,30 @@ type op struct {
 
 // The ops a client sends, each once.
 var (
-	opAcquire     = newOp("acquire", "acquire", true)
-	opTry         = newOp("try", "acquire", true)
-	opRelease     = newOp("release", "release", true)
-	opRenew       = newOp("renew", "release", true)
-	opLeave       = newOp("leave", "release", true)
-	opWait        = newOp("wait", "wait", true)
-	opRefresh     = newOp("refresh", "refresh", true)
-	opRenewBatch  = newOp("renew_batch", "renew_batch", true)
-	opSignal      = newOp("signal", "signal", true)
-	opPump        = newOp("pump", "pump", false)
-	opStatus      = newOp("status", "status", false)
-	opLeaderSet   = newOp("leader_set", "leader", true)
-	opLeaderClear = newOp("leader_clear", "leader", true)
-	opLeaderGet   = newOp("leader_get", "leader_get", false)
-	opLatchWait   = newOp("latch_wait", "latch_wait", true)
-	opLatchDown   = newOp("latch_down", "latch_down", true)
-	opLatchCount  = newOp("latch_count", "latch_count", false)
+	opAcquire       = newOp("acquire", "acquire", true)
+	opTry           = newOp("try", "acquire", true)
+	opRelease       = newOp("release", "release", true)
+	opRenew         = newOp("renew", "release", true)
+	opLeave         = newOp("leave", "release", true)
+	opWait          = newOp("wait", "wait", true)
+	opRefresh       = newOp("refresh", "refresh", true)
+	opRenewBatch    = newOp("renew_batch", "renew_batch", true)
+	opSignal        = newOp("signal", "signal", true)
+	opPump          = newOp("pump", "pump", false)
+	opStatus        = newOp("status", "status", false)
+	opLeaderSet     = newOp("leader_set", "leader", true)
+	opLeaderClear   = newOp("leader_clear", "leader", true)
+	opLeaderGet     = newOp("leader_get", "leader_get", false)
+	opLatchWait     = newOp("latch_wait", "latch_wait", true)
+	opLatchDown     = newOp("latch_down", "latch_down", true)
+	opLatchCount    = newOp("latch_count", "latch_count", false)
+	opBarrierAwait  = newOp("barrier_await", "barrier_await", true)
+	opBarrierBreak  = newOp("barrier_break", "barrier_break", true)
+	opBarrierStatus = newOp("barrier_status", "barrier_status", false)
 )
 
 // allOps lists the ops, for opNamed.
-var allOps = []*op{opAcquire, opTry, opRelease, opRenew, opLeave, opWait, opRefresh, opRenewBatch, opSignal, opPump, opStatus, opLeaderSet, opLeaderClear, opLeaderGet, opLatchWait, opLatchDown, opLatchCount}
+var allOps = []*op{opAcquire, opTry, opRelease, opRenew, opLeave, opWait, opRefresh, opRenewBatch, opSignal, opPump, opStatus, opLeaderSet, opLeaderClear, opLeaderGet, opLatchWait, opLatchDown, opLatchCount, opBarrierAwait, opBarrierBreak, opBarrierStatus}
 
 // opNamed returns the op called name, or nil: for tests, which replay
 // recorded calls.

@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/barrier"
 	"slices"
 	"strconv"
 	"strings"
@@ -76,6 +77,7 @@ func Run(t *testing.T, tg Target) {
 		{"ReplicaAck", replicaAck},
 		{"Election", electionObserved},
 		{"Latch", latchWoken},
+		{"Barrier", barrierRounds},
 		{"ConnectionsKilled", connectionsKilled},
 		{"ReleaseCancelled", releaseCancelled},
 		{"Batching", batching},
@@ -183,6 +185,65 @@ func latchWoken(t *testing.T, tg Target) {
 	}
 	if c, err := ls[1].Count(ctx); err != nil || c != 0 {
 		t.Fatalf("Count() = %d, %v; want 0", c, err)
+	}
+}
+
+// A cyclic barrier through the client under test: parties in several
+// processes go through rounds together, every one woken by a push when
+// its round's last party arrives (their waiter TTL is a minute: none
+// learns it from a refresh within the test's bound), each round's indexes
+// 0..parties-1 once each; an Await whose context ends breaks its round
+// for the party waiting with it, pushed too; the next round is clean.
+func barrierRounds(t *testing.T, tg Target) {
+	ctx := ctxFor(t, 30*time.Second)
+	n := name(t, newTag(), "")
+	const procs, parties, rounds = 3, 12, 3
+	var bs []*barrier.Barrier
+	for range procs {
+		b, err := barrier.New(open(t, tg, fairlock.WithWaiterTTL(time.Minute)), n, parties)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs = append(bs, b)
+	}
+	// The waiters' condition key (lua/ops/barrier.lua).
+	cond := fairlock.DefaultPrefix + n + "\x1fB\x1fc\x1f"
+	waiters := func() int64 { return tg.Admin.ZCard(ctx, cond).Val() }
+	for round := int64(1); round <= rounds; round++ {
+		type res struct {
+			a   barrier.Arrival
+			err error
+		}
+		got := make(chan res, parties)
+		for i := range parties {
+			go func() {
+				a, err := bs[i%procs].Await(ctx)
+				got <- res{a, err}
+			}()
+		}
+		seen := make([]bool, parties)
+		for range parties {
+			r := <-got
+			if r.err != nil || r.a.Round != round || r.a.Index < 0 || r.a.Index >= parties || seen[r.a.Index] {
+				t.Fatalf("Await() in round %d = %+v, %v", round, r.a, r.err)
+			}
+			seen[r.a.Index] = true
+		}
+	}
+	other := make(chan error, 1)
+	go func() { _, err := bs[0].Await(ctx); other <- err }()
+	waitFor(t, "the first party", func() bool { return waiters() == 1 })
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	if _, err := bs[1].Await(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Await() past its deadline = %v, want context.DeadlineExceeded", err)
+	}
+	cancel()
+	var be *barrier.BrokenError
+	if err := <-other; !errors.As(err, &be) || be.Round != rounds+1 {
+		t.Fatalf("Await() when its round broke = %v, want ErrBrokenBarrier naming round %d", err, rounds+1)
+	}
+	if st, err := bs[2].Status(ctx); err != nil || st.Round != rounds+2 || len(st.Arrived) != 0 {
+		t.Fatalf("Status() after the break = %+v, %v; want round %d, nobody", st, err, rounds+2)
 	}
 }
 

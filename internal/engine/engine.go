@@ -1,5 +1,5 @@
 // Package engine is how the packages built on fairlock's engine (package
-// semaphore's condition variables, package election, package latch, the
+// semaphore's condition variables, package election, package latch, package barrier, the
 // command line, and any later primitive) reach what the engine does not export, and run its
 // ops: through its
 // call path, so that their calls keep its promises (they return by their
@@ -90,7 +90,32 @@ var (
 	// LatchCount), or when ctx ends (its waiter withdrawn in the
 	// background).
 	LatchWait func(ctx context.Context, c any, name string, init int64, ttl time.Duration) (stored int64, err error)
+	// BarrierAwait arrives at the barrier name (made with parties, its
+	// state kept ttl) and returns when the round it arrived in ends,
+	// completed or broken; or when ctx ends (the round then breaks in the
+	// background).
+	BarrierAwait func(ctx context.Context, c any, name string, parties int64, ttl time.Duration) (Arrival, error)
+	// BarrierStatus returns the barrier's round and its waiting parties.
+	BarrierStatus func(ctx context.Context, c any, name string, parties int64) (BarrierState, error)
 	// LeaderChannel names the channel on which the record's changes are
 	// published: "term value", or "0" when it is cleared.
 	LeaderChannel func(c any, name string) (string, error)
 )
+
+// An Arrival is how a barrier's round ended for one party: its round and
+// 0-based index (-1 unknown), whether it broke, or the parties the
+// barrier is stored with (Stored > 0) when those are others.
+type Arrival struct {
+	Round, Index, Stored int64
+	Broken               bool
+}
+
+// A BarrierState is a barrier's round, the owners of its waiting parties
+// in arrival order, whether the round has lost a party, or Stored as in
+// Arrival.
+type BarrierState struct {
+	Round   int64
+	Arrived []string
+	Broken  bool
+	Stored  int64
+}

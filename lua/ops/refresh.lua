@@ -10,7 +10,9 @@
 --   (dropped, or dead: a waiter whose deadline came before this refresh
 --   is not brought back). A ticket waiting on a condition variable (its
 --   CONDITION mark in S) is kept alive there, unless it waits on a
---   countdown latch that is open (see open below): then it is gone.
+--   countdown latch that is open (see open below), or on a cyclic
+--   barrier whose round has lost a party (see broken below): then it is
+--   gone.
 
 begin(KEYS)
 local first = declared()[1]
@@ -41,6 +43,24 @@ local function open()
   end
   return is_open
 end
+-- broken reports whether first is a cyclic barrier's waiters (its base
+-- is the barrier's hash: lua/ops/barrier.lua) and its round has lost a
+-- party: fewer of them live than arrived in the round (one died, or
+-- left). Its waiters are then gone: each asks again with its ticket, and
+-- the first to ask breaks the round for all (pushing each its wake-up).
+local is_broken = nil
+local function broken()
+  if is_broken == nil then
+    is_broken = false
+    if string.sub(first.base, -2) == KEY_SEP .. 'B' then
+      reach(first.base, 'hash')
+      local n = tonumber(redis.call('HGET', first.base, 'n')) or 0
+      is_broken = redis.call('ZCOUNT', first.D, live_min(), '+inf') ~= n
+      seen(first.D)
+    end
+  end
+  return is_broken
+end
 for i = 5, #ARGV, 3 do
   local ticket, n, group = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local parts = { { base = first.base, n = n } }
@@ -62,7 +82,7 @@ for i = 5, #ARGV, 3 do
     end
     if cv.off then
       -- Unreachable now: its deadline stays; the next refresh tries.
-    elseif alive(at) and open() then
+    elseif alive(at) and (open() or broken()) then
       cond_drop(first, cv, m)
       out[#out + 1] = ticket
       out[#out + 1] = '0'

@@ -1,0 +1,283 @@
+package fairlock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Cyclic barriers (package barrier), on the engine's seam as countdown
+// latches are (latch.go). A barrier named N keeps its state in a hash
+// derived from N's base (kind kindBarrier: {parties, round, n}); its
+// waiters are condition waiters of a resource of its own whose base is
+// that hash's key, so that they register, are refreshed by their
+// process's room, are dropped within their waiter TTL when it dies, and
+// are woken through their process's wake list, as a condition's are.
+// Nothing is ever granted there: a round's end is pushed to each waiter
+// as a grant of nothing whose one token says how it ended
+// (barrierCompleted, barrierBroken), and recorded under its ticket, so
+// that a waiter whose wake-up is lost, reported gone by its refresh, asks
+// again with its ticket and finds it (lua/ops/barrier.lua). A refresh
+// also reports gone the waiters of a round that lost a party
+// (refresh.lua's broken), whose re-ask breaks the round for all.
+// Package barrier reaches these through internal/engine (engine.go).
+
+// barrierCond is the condition a barrier's waiters wait on
+// (BARRIER_COND in lua/ops/barrier.lua).
+const barrierCond = ""
+
+// A round's outcomes, as its wake-ups' token and replies carry them.
+const (
+	barrierCompleted = 1
+	barrierBroken    = 2
+)
+
+// barrierKeys are a barrier's keys: its waiters' resource, and its hash.
+type barrierKeys struct {
+	res   keys
+	state string
+}
+
+// barrierKeysOf returns the keys of the barrier whose name has keys k,
+// each derived from k's base under kindBarrier (TestKeyOwners).
+func barrierKeysOf(k keys) barrierKeys {
+	state := k.derived(kindBarrier)
+	return barrierKeys{res: coreKeys(state), state: state}
+}
+
+// plan is the plan of a party of the barrier name: one permit of the
+// waiters' resource (what its member and its refresh name).
+func (bk barrierKeys) plan(name string) plan {
+	return plan{parts: []part{{k: bk.res, req: Request{Name: name, Permits: 1}}}, keys: bk.res.list(), names: []string{name}}
+}
+
+// call is barrier.lua's op o on bk: the waiters' resource's keys, its
+// condition's, then the hash; args after parties.
+func (bk barrierKeys) call(o *op, parties int64, args ...string) opCall {
+	keys := append(append(make([]string, 0, 7), bk.res.list()...), condKeys(bk.res, barrierCond)...)
+	keys = append(keys, bk.state)
+	return newCall(o, keys, 1+len(args)).with(itoa(parties)).with(args...)
+}
+
+// barrierInts reads the first n integers of a script's reply (at least one).
+func barrierInts(out result, n int) ([]int64, error) {
+	res, err := out.Slice()
+	if err != nil {
+		return nil, err
+	}
+	if len(res) == 0 {
+		return nil, fmt.Errorf("%w: empty barrier script reply", ErrRedis)
+	}
+	r := make([]int64, min(len(res), n))
+	for i := range r {
+		if r[i], err = reply(res).int(i); err != nil {
+			return nil, fmt.Errorf("%w: barrier script reply %v: %w", ErrRedis, res, err)
+		}
+	}
+	return r, nil
+}
+
+// barrierPartiesErrPrefix starts the error of a barrier op called with
+// other parties than the stored ones: "FAIRLOCK_BARRIER_PARTIES <stored>".
+const barrierPartiesErrPrefix = "FAIRLOCK_BARRIER_PARTIES "
+
+// barrierStored returns the parties a barrier is stored with when err is
+// a barrier op's refusal of others (nothing was written).
+func barrierStored(err error) (int64, bool) {
+	msg, ok := replyOf(err)
+	if !ok {
+		return 0, false
+	}
+	rest, ok := strings.CutPrefix(msg, barrierPartiesErrPrefix)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(rest, 10, 64)
+	return n, err == nil && n > 0
+}
+
+// An arrival is what barrierAwait learns: the round, the party's index
+// in it (-1 unknown), whether the round broke, or the parties the
+// barrier is stored with (stored > 0) when those are others.
+type arrival struct {
+	round, index, stored int64
+	broken               bool
+}
+
+// barrierAwait arrives at the barrier name (made with parties, its hash
+// kept ttl) and returns when the round it arrived in ends: completed by
+// its last party's arrival, or broken by a party that left or died. The
+// arrival that completes a round returns at once; any other waits on the
+// barrier's condition, registered in Redis, for the wake-up the round's
+// end pushes. A waiter reported gone by its refresh (its wake-up lost, or
+// its round having lost a party) asks again with its ticket, and learns
+// its round's end, or breaks the round. When ctx ends, or the client
+// closes, first, its round breaks in the background (barrier_break) and
+// barrierAwait returns ctx's error (ErrClosed).
+func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, ttl time.Duration) (arrival, error) {
+	const op = "await barrier"
+	names := []string{name}
+	wrap := func(err error) error { return opError(op, names, err) }
+	bk, err := c.barrierStart(ctx, op, name)
+	if err != nil {
+		return arrival{}, err
+	}
+	// A close waits for the wait until it returns, so that its round has
+	// been broken (or is being broken) by then.
+	if !c.hold() {
+		return arrival{}, wrap(ErrClosed)
+	}
+	defer c.unhold()
+	p := bk.plan(name)
+	cp := p.withCond(barrierCond)
+	lease, _ := p.leaseArgs(c)
+	// The waiter registers before its script runs, so a wake-up pushed
+	// the moment it waits finds it.
+	r, w, err := c.waits.register(p, true)
+	if err != nil {
+		return arrival{}, wrap(err)
+	}
+	ticket := w.ticket
+	await := func(asked string) opCall {
+		return bk.call(opBarrierAwait, parties, msArg(ttl), ticket, c.id, lease, c.waiterMs, asked)
+	}
+	breaks := func(asked string) opCall { return bk.call(opBarrierBreak, parties, msArg(ttl), ticket, asked) }
+	sent := time.Now()
+	callCtx, bound := c.boundByClose(ctx)
+	o, ok := c.calls.op(callCtx, await(""), func(outcome) {
+		// The script may have made the ticket wait after the caller left.
+		var report func(error)
+		if ctx.Err() == nil {
+			report = c.closeReport()
+		}
+		c.cleanUpReport(ctx, breaks(""), cp, report)
+	})
+	bound.done()
+	if !ok {
+		c.waits.unregister(r, w)
+		return arrival{}, wrap(c.endedByClose(ctx, o.res.err))
+	}
+	rep, err := barrierInts(o.res, 5)
+	if stored, ok := barrierStored(err); ok {
+		c.waits.unregister(r, w) // (nothing was written)
+		return arrival{stored: stored}, nil
+	}
+	if err == nil && (rep[0] == 1 && len(rep) < 5 || rep[0] != 1 && len(rep) < 3 || rep[0] == 2 && len(rep) < 4) {
+		err = fmt.Errorf("%w: barrier script reply %v", ErrRedis, rep)
+	}
+	if err != nil {
+		c.waits.unregister(r, w)
+		if !isDialError(err) { // (then the call's late clean-up breaks)
+			c.letGo(ctx, breaks(""), cp, nil)
+		}
+		return arrival{}, fail(ctx, op, names, err)
+	}
+	switch rep[0] {
+	case 0:
+		c.waits.unregister(r, w)
+		return arrival{round: rep[1], index: rep[2]}, nil
+	case 2:
+		c.waits.unregister(r, w)
+		return arrival{round: rep[1], index: rep[2], broken: true}, nil
+	}
+	a := arrival{round: rep[3], index: rep[4]}
+	asked := itoa(a.round)
+	if o.ackErr != nil {
+		c.waits.unregister(r, w)
+		c.letGo(ctx, breaks(asked), cp, nil)
+		return arrival{}, wrap(o.ackErr)
+	}
+	c.waits.noteQueued(r, w, time.Duration(rep[2])*time.Millisecond, clockSample{sent: sent, redis: rep[1]})
+	select {
+	case wk := <-w.ch:
+		switch {
+		case wk.err != nil:
+			c.letGo(ctx, breaks(asked), cp, nil)
+			return arrival{}, fail(ctx, op, names, wk.err)
+		case wk.requeue:
+			// Reported gone: its wake-up was lost, or its round lost a
+			// party. Its ticket's record, or the round's break, says
+			// which.
+			o, ok := c.calls.op(ctx, await(asked), func(outcome) { c.cleanUp(ctx, breaks(asked), cp) })
+			if !ok {
+				c.letGo(ctx, breaks(asked), cp, nil)
+				return arrival{}, wrap(o.res.err)
+			}
+			rep, err := barrierInts(o.res, 4)
+			if err == nil && (rep[0] == 1 || len(rep) < 3) {
+				err = fmt.Errorf("%w: barrier script reply %v to a re-ask", ErrRedis, rep)
+			}
+			if err != nil {
+				c.letGo(ctx, breaks(asked), cp, nil)
+				return arrival{}, fail(ctx, op, names, err)
+			}
+			a.broken = rep[0] != 0
+			return a, nil
+		}
+		c.waits.grants.add(wk.via)
+		a.broken = len(wk.grant.tokens) == 0 || wk.grant.tokens[0] != barrierCompleted
+		return a, nil
+	case <-ctx.Done():
+	case <-c.done:
+	}
+	c.waits.unregister(r, w)
+	if err := ctx.Err(); err != nil {
+		c.letGo(ctx, breaks(asked), cp, nil)
+		return arrival{}, wrap(err)
+	}
+	c.letGo(ctx, breaks(asked), cp, c.closeReport())
+	return arrival{}, wrap(ErrClosed)
+}
+
+// barrierStart checks what every barrier op checks first: the name, and
+// that the client is open and ctx has not ended.
+func (c *Client) barrierStart(ctx context.Context, op, name string) (barrierKeys, error) {
+	k, err := c.keys(name)
+	if err != nil {
+		return barrierKeys{}, opError(op, []string{name}, err)
+	}
+	if c.isClosed() {
+		return barrierKeys{}, opError(op, []string{name}, ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return barrierKeys{}, opError(op, []string{name}, err)
+	}
+	return barrierKeysOf(k), nil
+}
+
+// barrierStatus returns the barrier's round, the owners of its waiting
+// parties in arrival order, and whether the round has lost a party (it
+// breaks at the next refresh or arrival); or the parties it is stored
+// with when those are others (stored > 0).
+func (c *Client) barrierStatus(ctx context.Context, name string, parties int64) (round int64, arrived []string, broken bool, stored int64, err error) {
+	const op = "barrier status"
+	bk, err := c.barrierStart(ctx, op, name)
+	if err != nil {
+		return 0, nil, false, 0, err
+	}
+	o, ok := c.calls.op(ctx, bk.call(opBarrierStatus, parties), nil)
+	if !ok {
+		return 0, nil, false, 0, opError(op, []string{name}, o.res.err)
+	}
+	res, err := o.res.Slice()
+	if stored, ok := barrierStored(err); ok {
+		return 0, nil, false, stored, nil
+	}
+	var head []int64
+	if err == nil {
+		head, err = barrierInts(o.res, 3)
+	}
+	if err == nil && len(head) < 3 {
+		err = fmt.Errorf("%w: barrier status reply %v", ErrRedis, res)
+	}
+	if err != nil {
+		return 0, nil, false, 0, fail(ctx, op, []string{name}, err)
+	}
+	for _, v := range res[3:] {
+		s, _ := v.(string)
+		arrived = append(arrived, owner(s))
+	}
+	return head[0], arrived, head[2] == 1, 0, nil
+}
