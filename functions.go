@@ -48,10 +48,12 @@ func newLibrary(entries []entry, read func(file string) string) *library {
 		}
 	}
 	for i, src := range bodies {
-		// Each body runs through queue.lua's run_entry, as an EVAL's does.
-		fmt.Fprintf(&body, "\nlocal body%d = function(KEYS, ARGV)\n%s\nend\nbodies[%d] = function(KEYS, ARGV) return run_entry(body%d, KEYS, ARGV) end\n", i+1, src, i+1, i+1)
-		// A batch form (entry.batch) runs the same body once per call.
-		fmt.Fprintf(&body, "batches[%d] = function(KEYS, ARGV) return run_batch(body%d, KEYS, ARGV) end\n", i+1, i+1)
+		// Each body runs through queue.lua's run_entry, as an EVAL's does;
+		// a batch form (entry.batch) runs the same body once per call. The
+		// body's local lives in a block of its own, so that entries do
+		// not count against Lua's limit of locals in define.
+		fmt.Fprintf(&body, "\ndo\nlocal body = function(KEYS, ARGV)\n%s\nend\nbodies[%d] = function(KEYS, ARGV) return run_entry(body, KEYS, ARGV) end\n", src, i+1)
+		fmt.Fprintf(&body, "batches[%d] = function(KEYS, ARGV) return run_batch(body, KEYS, ARGV) end\nend\n", i+1)
 	}
 	h := sha1.New()
 	h.Write([]byte(body.String()))
