@@ -146,6 +146,7 @@ func TestCloseBoundCallOnItsWay(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // a Cluster of its own, waited on
 			cl, err := redisserver.StartCluster(3)
 			if err != nil {
 				t.Skipf("no Cluster: %v", err)

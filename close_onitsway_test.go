@@ -205,6 +205,9 @@ func TestCloseBoundEveryCallOnItsWay(t *testing.T) {
 						name += map[bool]string{false: "/cannot end", true: "/can end"}[cancellable]
 					}
 					t.Run(name, func(t *testing.T) {
+						// A client and keys of its own; the row mostly
+						// waits on its stall.
+						t.Parallel()
 						if via.tries > 1 {
 							// The longest rows (each try waits out the read
 							// timeout): the full suite's.
