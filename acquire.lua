@@ -64,12 +64,18 @@ end
 
 -- A resent call finds what the first one did: a grant (recorded in S until
 -- its lease ends), a tombstone (the grant has ended without its release),
--- or its place in the queue.
+-- or its member in the queue.
 local g = rs[1].grant
 if is_tomb(g) then return { 4 } end
-if g and g ~= QUEUED then return granted(3) end
+if g then return granted(3) end
 
-if g == QUEUED then
+local want, members = {}, {}
+for i in ipairs(rs) do
+  want[i] = want_of(a, i)
+  members[i] = waiter_member(ticket, want[i], client, lease, wait, a[GROUP])
+end
+
+if queued(rs[1], members[1]) then
   -- A resend of a call that queued the ticket: it waits where the first
   -- run put it, and the first run did all there was to do then (its
   -- process's refresh keeps it alive and learns its grant). Nothing is
@@ -78,9 +84,7 @@ if g == QUEUED then
   return { 2, now, next_event() }
 end
 
-local want = {}
 for i, r in ipairs(rs) do
-  want[i] = want_of(a, i)
   local capacity = cap_of(a, i)
   if r.cap and r.cap ~= capacity and not is_idle(r.nh, r.nq, r.nc) then
     -- The users of the stored capacity may all be gone: leases expired,
@@ -98,11 +102,6 @@ for i, r in ipairs(rs) do
     -- Nothing has been written: the buffer is dropped.
     return redis.error_reply('FAIRLOCK_CAPACITY ' .. num(r.cap) .. ' ' .. i)
   end
-end
-
-local members = {}
-for i in ipairs(rs) do
-  members[i] = waiter_member(ticket, want[i], client, lease, wait, a[GROUP])
 end
 
 -- Expired leases and dead waiters may have made room for the queues.

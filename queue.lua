@@ -39,8 +39,9 @@
 --                holder (every mutex) needs no :h; a grant takes this
 --                place when it is free, any other goes to :h;
 --                a field whose value is 0 (used, nh, nq, nc) is absent;
---                ticket -> "q" for every ticket in :q (what a resent
---                acquire and a refresh find);
+--                a ticket in :q has no field: its member there is what a
+--                resent acquire (ZADD NX answers 0), a refresh and a
+--                leave find;
 --                ticket -> "c" followed by the condition's name for every
 --                ticket waiting on a condition variable (in <b>/c/...);
 --                ticket -> token of every live grant, made at once or

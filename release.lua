@@ -77,10 +77,11 @@ if op == 'leave' then
   for _, p in ipairs(parts) do
     local g = p.r.grant
     p.ts = is_token(g) and g or '0'
-    if g == QUEUED then
-      unqueue(p.r, waiter_member(ticket, p.n, client, lease, wait, group), true)
-      result = 1
-    elseif g and string.sub(g, 1, 1) == CONDITION then
+    if not g then
+      -- Queued, if its member is in the queue (a queued ticket has no
+      -- record).
+      if unqueue(p.r, waiter_member(ticket, p.n, client, lease, wait, group), false) then result = 1 end
+    elseif string.sub(g, 1, 1) == CONDITION then
       -- Waiting on a condition variable.
       local c = cond_load(p.r, string.sub(g, 2), ckeys[1])
       local m = waiter_member(ticket, p.n, client, lease, wait, '')

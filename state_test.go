@@ -113,7 +113,7 @@ func TestGrantRecordsDoNotPile(t *testing.T) {
 		}
 		// records counts the hash's grant records: fields that are not
 		// state fields, whose value is a token (not a tombstone, "x",
-		// which the scripts trim after a while, or a queued mark).
+		// which the scripts trim after a while).
 		records := func() int {
 			t.Helper()
 			kv, err := e.RDB.HGetAll(ctx, e.Key("busy", "s")).Result()
@@ -125,7 +125,7 @@ func TestGrantRecordsDoNotPile(t *testing.T) {
 				switch {
 				case k == "cap" || k == "used" || k == "nh" || k == "nq" || k == "seq" || k == "exp" || k == "tnext" || k == "hmin" || k == "dmin" ||
 					k == "nc" || k == "layout" || k == "o" || k == "oe":
-				case v == "x" || v == "q": // tombstones, queued tickets
+				case v == "x": // tombstones
 				default:
 					n++
 				}

@@ -40,6 +40,15 @@ local function fast_expire(key, at)
   redis.pcall('PEXPIREAT', key, num(at))
 end
 
+-- next_at returns the milliseconds until the next event, as next_event
+-- reports it, given the bounds of :h and :d and the expiry of the lease
+-- kept in the state hash (nil: none), none of them due: -1 for none.
+local function next_at(hmin, dmin, oe)
+  local nxt = math.min(hmin, dmin, oe or math.huge)
+  if nxt == math.huge then return -1 end
+  return nxt - now
+end
+
 -- fast_acquire takes an "acquire" or "try" a (parse_acquire) for one
 -- resource (keys K) that asks for the stored capacity (or for a resource
 -- with no state: a new one) and is not a resend, when no tombstone trim
@@ -88,7 +97,7 @@ local function fast_acquire(K, a)
   else
     at = now + wait
     member = waiter_member(ticket, n, client, lease, wait, '')
-    f = { 'nq', num(nq + 1), 'seq', ts, ticket, QUEUED }
+    f = { 'nq', num(nq + 1), 'seq', ts }
     low = lowered(dmin, at)
     put(f, 'dmin', low, dmin)
   end
@@ -115,17 +124,19 @@ local function fast_acquire(K, a)
   else
     if moved and has_h then must_be(K[KH], 'zset') end
     must_be(K[KD], 'zset')
-    redis.call('ZADD', K[KQ], ts, member)
+    -- A queued ticket has no record but its member: a resend of the call
+    -- that queued it finds it there (ZADD NX answers 0) and writes
+    -- nothing more.
+    if redis.call('ZADD', K[KQ], 'NX', ts, member) == 0 then
+      return { 2, now, next_at(hmin, dmin, o and oe) }
+    end
     redis.call('ZADD', K[KD], num(at), member)
   end
   redis.call('HSET', S, unpack(f))
   expiring(K, moved, has_h, has_q, has_d, has_t, grant and not inline and inh <= 0, not grant and nq <= 0,
     not grant and nq + nc <= 0, false, fast_expire, exp)
   if grant then return { 1, now, at, ts } end
-  -- The next event, as next_event reports it: neither bound is due.
-  local nxt = math.min(hmin, low)
-  if o then nxt = math.min(nxt, oe) end
-  return { 2, now, nxt - now }
+  return { 2, now, next_at(hmin, low, o and oe) }
 end
 
 -- fast_release takes a "release" a (ARGV: it reads the ticket, client

@@ -73,20 +73,27 @@ local function purge_holders(r)
   end
 end
 
--- unqueue takes waiter m out of one resource's queue. known says m was read
--- from that queue; otherwise it is looked up first.
+-- queued reports whether waiter m is in r's queue (and not taken out by
+-- this script). A queued ticket has no record in the state hash: its
+-- member is what a resent acquire, a refresh and a leave look for.
+local function queued(r, m)
+  if r.qgone[m] or r.off or r.nq <= 0 then return false end
+  local at = redis.call('ZSCORE', r.Q, m)
+  seen(r.Q)
+  return at ~= false and at ~= nil
+end
+
+-- unqueue takes waiter m out of one resource's queue, and reports whether
+-- it was there. known says m was read from that queue; otherwise it is
+-- looked up first.
 local function unqueue(r, m, known)
-  if r.qgone[m] or r.off then return end
-  if not known then
-    local at = redis.call('ZSCORE', r.Q, m)
-    seen(r.Q)
-    if not at then return end
-  end
+  if r.qgone[m] or r.off then return false end
+  if not known and not queued(r, m) then return false end
   r.qgone[m], r.dgone[m] = true, true
   write('ZREM', r.Q, m)
   write('ZREM', r.D, m)
   r.nq = r.nq - 1
-  record(r, ticket_of(m), false)
+  return true
 end
 
 -- drop_waiter takes waiter m (read from r's queue; w parsed, or nil to
@@ -114,8 +121,8 @@ local function due_waiter(r, m)
 end
 
 -- purge_waiters drops waiters whose process stopped refreshing, at most the
--- budget left: those queued, and those waiting on a condition variable
--- (whose marks in S say which). Each deadline is absolute and its own: a
+-- budget left: those waiting on a condition variable (whose marks in S
+-- say which), and those queued. Each deadline is absolute and its own: a
 -- dead waiter never pushes anybody else's deadline later, so any number of
 -- dead waiters cost one TTL.
 local function purge_waiters(r)
@@ -139,21 +146,15 @@ local function purge_waiters(r)
     budget = budget - 1
     local g = r.grants[tickets[i]]
     if g == nil then g = marks[i] end
-    if g == QUEUED then
-      drop_waiter(r, m)
-    elseif type(g) == 'string' and string.sub(g, 1, 1) == CONDITION then
+    if type(g) == 'string' and string.sub(g, 1, 1) == CONDITION then
       drop_cond_waiter(r, string.sub(g, 2), m)
+    elseif queued(r, m) then
+      drop_waiter(r, m)
     else
-      -- No mark (the state hash was lost, or the ticket left): a waiter
-      -- in the queue is dropped from it; anything else only leaves :d.
-      local queued = redis.call('ZSCORE', r.Q, m)
-      seen(r.Q)
-      if queued then
-        drop_waiter(r, m)
-      else
-        r.dgone[m] = true
-        write('ZREM', r.D, m)
-      end
+      -- In no queue (the ticket left, or the state hash was lost with
+      -- its condition's mark): it only leaves :d.
+      r.dgone[m] = true
+      write('ZREM', r.D, m)
     end
   end
 end
@@ -276,7 +277,6 @@ end
 local function enqueue(r, ticket, m, wait)
   write('ZADD', r.Q, num(next_seq(r)), m)
   wait_at(r, now + wait, m)
-  record(r, ticket, QUEUED)
   -- A queue that had waiters keeps them through this script (adds go
   -- first), and so its TTL; so does :d.
   if r.nq0 <= 0 then r.wrote_q = true end

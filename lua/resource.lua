@@ -67,7 +67,7 @@ local function load(base, k, ticket)
     -- emptied and created again) here and so have no TTL yet.
     wrote_h = false, wrote_q = false, wrote_d = false, wrote_t = false,
     hpurged = false, wpurged = false, newcap = false,
-    -- Grants to record (ticket -> token), marks (ticket -> QUEUED...),
+    -- Grants to record (ticket -> token), marks (ticket -> CONDITION...),
     -- tombstones (ticket -> ENDED) or forget (ticket -> false) in S, and
     -- their order.
     grants = {}, gorder = {},

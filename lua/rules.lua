@@ -3,8 +3,8 @@
 -- it may skip the general path's work, never what a rule says.
 
 -- The marks a resource's state hash keeps for a ticket besides a grant's
--- token (see the key layout in queue.lua).
-local QUEUED = 'q'    -- waiting in the resource's queue
+-- token (see the key layout in queue.lua). A queued ticket has none: its
+-- member in the queue is its record.
 local ENDED = 'x'     -- tombstone: the lease or request ended without its
                       -- holder's release (a released one leaves none)
 local CONDITION = 'c' -- followed by the condition's name: waiting there

@@ -13,7 +13,8 @@
 //     and the holder kept in the hash (o, with its expiry oe), used the
 //     permits they hold, nq the members of :q, nc those of the
 //     condition variables' keys; :d holds exactly the waiters of :q and of
-//     the conditions; every queued ticket is marked "q" in the state hash;
+//     the conditions; a queued ticket has no field in the state hash (its
+//     member in :q is its record);
 //   - the bounds hmin and dmin are no later than the earliest expiry in :h
 //     and the earliest deadline in :d;
 //   - each key lives at least as long as what it records: :h its latest
@@ -343,8 +344,8 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 	}
 	for _, z := range q {
 		ticket, _, _ := strings.Cut(z.Member.(string), " ")
-		if st[ticket] != "q" {
-			return fmt.Errorf("queued ticket %s is marked %q in the state hash", ticket, st[ticket])
+		if v, ok := st[ticket]; ok {
+			return fmt.Errorf("queued ticket %s has a field %q in the state hash", ticket, v)
 		}
 	}
 	// Bounds.

@@ -21,8 +21,9 @@ local client, lease, wait = ARGV[2], ARGV[3], tonumber(ARGV[4])
 purge_holders(first)
 local out = {}
 local waiting = {} -- the tickets refreshed in a queue
--- What the first resource's state says of each ticket: QUEUED, waiting on
--- a condition, a token (granted), else gone.
+-- What the first resource's state says of each ticket: waiting on a
+-- condition, a token (granted), or nothing (queued, if its member is in
+-- the queue; else gone).
 local tickets = {}
 for i = 5, #ARGV, 3 do tickets[#tickets + 1] = ARGV[i] end
 local said = {}
@@ -70,6 +71,9 @@ for i = 5, #ARGV, 3 do
   if type(state) == 'string' and string.sub(state, 1, 1) == CONDITION then
     cv = cond_load(first, string.sub(state, 2))
   end
+  -- A queued ticket's member in the queue (of its first resource).
+  local m1 = waiter_member(ticket, parts[1].n, client, lease, wait, group)
+  local inq = not cv and not state and queued(first, m1)
   if cv then
     -- Waiting on a condition variable: alive there while its member is
     -- and its deadline has not come.
@@ -98,12 +102,12 @@ for i = 5, #ARGV, 3 do
       out[#out + 1] = ticket
       out[#out + 1] = '0'
     end
-  elseif state == QUEUED and due_waiter(first, waiter_member(ticket, parts[1].n, client, lease, wait, group)) then
+  elseif inq and due_waiter(first, m1) then
     -- Dead: its deadline came before this refresh. It is not brought
     -- back; purge_waiters below drops it.
     out[#out + 1] = ticket
     out[#out + 1] = '0'
-  elseif state == QUEUED then
+  elseif inq then
     waiting[#waiting + 1] = { ticket = ticket, parts = parts }
     for _, p in ipairs(parts) do
       local r = load(p.base)
