@@ -86,11 +86,13 @@ local function fast_acquire(K, a)
   if grant then
     at = now + grant_ttl(lease, wait, false)
     member = holder_member(ticket, num(n), client, ts)
-    f = { 'used', num(used + n), 'nh', num(nh + 1), 'seq', ts, ticket, ts }
+    f = { 'used', num(used + n), 'nh', num(nh + 1), 'seq', ts }
     if inline then
-      -- The state hash's place is free: the lease takes it.
-      f[9], f[10], f[11], f[12] = 'o', member, 'oe', num(at)
+      -- The state hash's place is free: the lease takes it, and its
+      -- member is its record.
+      f[7], f[8], f[9], f[10] = 'o', member, 'oe', num(at)
     else
+      f[7], f[8] = ticket, ts
       low = lowered(hmin, at)
       put(f, 'hmin', low, hmin)
     end
@@ -197,8 +199,10 @@ local function fast_release(K, a)
     redis.call('DEL', S)
     return { 1, 0 }
   end
-  -- The released ticket's record goes.
-  local f, d = {}, { ticket }
+  -- The released ticket's record goes (the holder kept in the state hash
+  -- has none: its member was its record).
+  local f, d = {}, {}
+  if not mine then d[1] = ticket end
   -- The state hash's place, free after the release.
   local free = mine or not o
   local horizon, ttl, ts, wm, hs = 0, nil, nil, nil, nil
@@ -209,13 +213,15 @@ local function fast_release(K, a)
     horizon = now + ttl
     hs = num(horizon)
     wm = holder_member(w.ticket, w.ns, w.client, ts)
-    f[1], f[2] = w.ticket, ts
     put0(f, d, 'nq', nq - 1, nq)
     local k = #f
     f[k + 1], f[k + 2] = 'seq', ts
     if free then
+      -- The grant takes the state hash's place: its member is its
+      -- record.
       f[k + 3], f[k + 4], f[k + 5], f[k + 6] = 'o', wm, 'oe', hs
     else
+      f[k + 3], f[k + 4] = w.ticket, ts
       put(f, 'hmin', lowered(hmin, horizon), hmin)
     end
   else
@@ -250,7 +256,7 @@ local function fast_release(K, a)
     list = push_wake(l, fallback, { wake_entry(w.ticket, hs, { ts }) })
   end
   if #f > 0 then redis.call('HSET', S, unpack(f)) end
-  redis.call('HDEL', S, unpack(d))
+  if #d > 0 then redis.call('HDEL', S, unpack(d)) end
   if not mine then redis.call('ZREM', K[KH], m) end
   if w then
     redis.call('ZREM', K[KQ], head)

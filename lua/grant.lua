@@ -11,10 +11,13 @@ local drop_cond_waiter
 -- drop_holder forgets a lease of n permits (n is read from the member
 -- when not given) and frees its permits. A lease its holder released
 -- (released) leaves no trace; any other leaves a tombstone (ENDED).
+-- A lease's record is its token under its ticket, but for the holder
+-- kept in the state hash (o), whose member is its record.
 local function drop_holder(r, m, n, released)
   if r.hgone[m] then return end
   r.hgone[m] = true
-  if r.o == m then
+  local inline = r.o == m
+  if inline then
     r.o, r.oe = false, nil
   else
     write('ZREM', r.H, m)
@@ -23,7 +26,9 @@ local function drop_holder(r, m, n, released)
   r.used = r.used - (n or held)
   r.nh = r.nh - 1
   if released then
-    record(r, ticket, false)
+    -- The holder kept in the state hash has no record, unless this
+    -- script made one (granted it).
+    if not inline or r.grants[ticket] ~= nil then record(r, ticket, false) end
   else
     record(r, ticket, ENDED)
   end

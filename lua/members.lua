@@ -55,6 +55,16 @@ local function parse_waiter(m)
   return w
 end
 
+-- inline_token returns the token of ticket's lease when it is the holder
+-- kept in the state hash (o: its member, or false), else false. That
+-- holder has no record of its own in the hash: its member is its record.
+local function inline_token(o, ticket)
+  if not o or not ticket then return false end
+  local t, ts = string.match(o, '^(%S+) %d+ %S+ (%d+)$')
+  if t == ticket then return ts end
+  return false
+end
+
 -- base_of returns the base of a resource's keys, given its state hash.
 local function base_of(S)
   return string.sub(S, 1, -3)
@@ -90,7 +100,8 @@ local CAP, USED, NH, NQ, SEQ, EXP, TNEXT, HMIN, DMIN, NC, O, OE, MARK, EXISTS = 
 -- unknown), USED, NH, NQ, SEQ, EXP, TNEXT, NC, HMIN and DMIN (as stored:
 -- nil unknown), O and OE (the holder kept in the hash, see queue.lua, and
 -- its expiry: false and nil when there is none), MARK (the ticket's
--- field: a token, a mark, or false), and EXISTS (whether the hash
+-- record: its field, a token or a mark; the token of the holder kept in
+-- the hash, which has no field; or false), and EXISTS (whether the hash
 -- exists). The row is HMGET's reply converted in place: the fast paths
 -- read it on every call, and a table built with named fields costs more
 -- than the rest of their reading. A state hash of another layout than
@@ -110,6 +121,6 @@ local function read_state(S, ticket)
   st[1], st[2], st[3], st[4] = tonumber(st[1]), tonumber(st[2]) or 0, tonumber(st[3]) or 0, tonumber(st[4]) or 0
   st[5], st[6], st[7], st[8] = tonumber(st[5]) or 0, tonumber(st[6]) or 0, tonumber(st[7]), tonumber(st[8])
   st[9], st[10], st[12], st[13] = tonumber(st[9]), tonumber(st[10]) or 0, st[12] or false, tonumber(st[13])
-  st[14], st[15] = st[14] or false, exists
+  st[14], st[15] = st[14] or inline_token(st[12], ticket), exists
   return st
 end

@@ -70,7 +70,7 @@ local function load(base, k, ticket)
     -- Grants to record (ticket -> token), marks (ticket -> CONDITION...),
     -- tombstones (ticket -> ENDED) or forget (ticket -> false) in S, and
     -- their order.
-    grants = {}, gorder = {},
+    grants = {}, gorder = {}, cleared = {},
     -- Members this script removed (buffered), which reads still return:
     -- from :h, from :q, and from :d (waiters dropped from :q or a
     -- condition).
@@ -113,9 +113,13 @@ local function holder_at(r, m)
 end
 
 -- record notes a grant's token (a string), a mark, a tombstone, or
--- forgets the ticket (false); finish buffers it.
+-- forgets the ticket (false); finish buffers it. A ticket forgotten and
+-- then granted by one script (a condition's waiter woken and granted)
+-- had a field, which a grant kept in the state hash deletes (cleared).
 local function record(r, ticket, v)
-  if r.grants[ticket] == nil then r.gorder[#r.gorder + 1] = ticket end
+  local was = r.grants[ticket]
+  if was == nil then r.gorder[#r.gorder + 1] = ticket end
+  if was == false then r.cleared[ticket] = true end
   r.grants[ticket] = v
 end
 
@@ -238,6 +242,10 @@ local function finish_one(r)
       r.horizon = math.max(r.horizon, untl)
       local tn = tnext_with(r.tnext, untl)
       if tn then r.tnext, r.tnext_set = tn, true end
+    elseif v and inline_token(r.o, t) == v then
+      -- The holder kept in the state hash: its member is its record. A
+      -- field the ticket had (see record) goes.
+      if r.cleared[t] then d[#d + 1] = t end
     elseif v then
       write('HSET', r.S, t, v)
     else
@@ -263,7 +271,7 @@ local function finish_one(r)
   if in_h(r) > 0 and r.hmin and r.hmin < math.huge then put(f, 'hmin', r.hmin, r.hmin0) end
   if r.nq + r.nc > 0 and r.dmin and r.dmin < math.huge then put(f, 'dmin', r.dmin, r.dmin0) end
   local exp = r.exp
-  if not idle or #f > 0 or changed then
+  if not idle or #f > 0 or #d > 0 or changed then
     if idle and (r.tnext or 0) > 0 and r.horizon < tomb_until() then
       -- The keys of an idle resource live as long as its tombstones,
       -- those of earlier scripts too (this script wrote none later).

@@ -14,7 +14,8 @@
 //     permits they hold, nq the members of :q, nc those of the
 //     condition variables' keys; :d holds exactly the waiters of :q and of
 //     the conditions; a queued ticket has no field in the state hash (its
-//     member in :q is its record);
+//     member in :q is its record), nor has the holder kept in the hash
+//     (o is its record);
 //   - the bounds hmin and dmin are no later than the earliest expiry in :h
 //     and the earliest deadline in :d;
 //   - each key lives at least as long as what it records: :h its latest
@@ -260,6 +261,11 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 			return fmt.Errorf("the holder kept in the state hash, %q, has expiry %q", o, st["oe"])
 		}
 		holders = append([]redis.Z{{Member: o, Score: float64(oe)}}, h...)
+		// Its member is its record: its ticket has no field.
+		ticket, _, _ := strings.Cut(o, " ")
+		if v, ok := st[ticket]; ok {
+			return fmt.Errorf("the holder kept in the state hash, %q, has a field %q of its ticket", o, v)
+		}
 	} else if _, ok := st["oe"]; ok {
 		return fmt.Errorf("the state hash has an expiry oe %s and no holder o", st["oe"])
 	}

@@ -62,18 +62,35 @@ local function broken()
   end
   return is_broken
 end
+-- The tickets with no record (the holder kept in the state hash has no
+-- field: its member says) are queued if their members are in the first
+-- resource's queue: one look-up of them all, in calls of at most CHUNK.
+local states, inq, look, at_k = {}, {}, {}, {}
 for i = 5, #ARGV, 3 do
-  local ticket, n, group = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local k, ticket, n, group = (i - 5) / 3 + 1, ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  states[k] = said[k] or inline_token(first.o, ticket)
+  if not states[k] and first.nq > 0 then
+    if group ~= '' then n = parse_group(group)[1].n end
+    look[#look + 1] = waiter_member(ticket, n, client, lease, wait, group)
+    at_k[#at_k + 1] = k
+  end
+end
+for j = 1, #look, CHUNK do
+  local got = redis.call('ZMSCORE', first.Q, unpack(look, j, math.min(j + CHUNK - 1, #look)))
+  seen(first.Q)
+  for x = 1, #got do inq[at_k[j + x - 1]] = got[x] ~= false and got[x] ~= nil end
+end
+for i = 5, #ARGV, 3 do
+  local k, ticket, n, group = (i - 5) / 3 + 1, ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local parts = { { base = first.base, n = n } }
   if group ~= '' then parts = parse_group(group) end
-  local state = said[(i - 5) / 3 + 1]
+  local state = states[k]
   local cv = nil
   if type(state) == 'string' and string.sub(state, 1, 1) == CONDITION then
     cv = cond_load(first, string.sub(state, 2))
   end
-  -- A queued ticket's member in the queue (of its first resource).
+  -- Its member in the first resource's queue, if it is queued (inq).
   local m1 = waiter_member(ticket, parts[1].n, client, lease, wait, group)
-  local inq = not cv and not state and queued(first, m1)
   if cv then
     -- Waiting on a condition variable: alive there while its member is
     -- and its deadline has not come.
@@ -102,12 +119,12 @@ for i = 5, #ARGV, 3 do
       out[#out + 1] = ticket
       out[#out + 1] = '0'
     end
-  elseif inq and due_waiter(first, m1) then
+  elseif inq[k] and due_waiter(first, m1) then
     -- Dead: its deadline came before this refresh. It is not brought
     -- back; purge_waiters below drops it.
     out[#out + 1] = ticket
     out[#out + 1] = '0'
-  elseif inq then
+  elseif inq[k] then
     waiting[#waiting + 1] = { ticket = ticket, parts = parts }
     for _, p in ipairs(parts) do
       local r = load(p.base)
@@ -130,7 +147,7 @@ for i = 5, #ARGV, 3 do
         if j == 1 then
           token = state
         elseif not r.off then
-          token = redis.call('HGET', r.S, ticket)
+          token = redis.call('HGET', r.S, ticket) or inline_token(r.o, ticket)
         end
       end
       local at = nil
