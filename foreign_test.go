@@ -23,9 +23,9 @@ package fairlock
 // planted key (the clock is the recorded one: see replayed).
 //
 // Another release of fairlock is the same class with one more "type": a
-// state hash in another key layout (otherLayout: the previous release's,
-// which has no 'layout' field, its other fields as they were), which every
-// call that reads it must refuse, naming it, before it writes anything.
+// state hash in another key layout (otherLayout: the previous layout's,
+// 2, its other fields as they were), which every call that reads it must
+// refuse, naming it, before it writes anything.
 
 import (
 	"context"
@@ -85,8 +85,9 @@ func semKeys(s *csem, procs []*cproc) []fkey {
 }
 
 // otherLayout is the planted "type" of a state hash written by a release
-// of fairlock with another key layout: the first layout's, without the
-// 'layout' field (check_layout refuses any other value the same way).
+// of fairlock with another key layout: the previous layout's, 2
+// (check_layout refuses any other value, and a hash without the field,
+// the first layout's, the same way: TestAnotherLayoutRefused).
 const otherLayout = "layout"
 
 // plantsFor returns the types that may be planted at k: every other type,
@@ -100,14 +101,14 @@ func plantsFor(k fkey) []string {
 }
 
 // plantScript puts a value of type ARGV[1] at KEYS[1], replacing what is
-// there; otherLayout makes the hash there the first layout's: its
-// 'layout' field deleted, its other fields kept (a hash of that layout
+// there; otherLayout makes the hash there the previous layout's: its
+// 'layout' field says 2, its other fields kept (a hash of that layout
 // always holds its sequence and expiry: a missing one is made so).
 var plantScript = redis.NewScript(`
 local k, t = KEYS[1], ARGV[1]
 if t == 'layout' then
   if redis.call('EXISTS', k) == 0 then redis.call('HSET', k, 'seq', '1', 'exp', '1') end
-  redis.call('HDEL', k, 'layout')
+  redis.call('HSET', k, 'layout', '2')
   return 1
 end
 redis.call('DEL', k)
@@ -389,7 +390,7 @@ func (p *foreignPair) plantAndCheck(ctx context.Context, c call, step int, k fke
 		p.refused[op]++
 		want := fmt.Sprintf("FAIRLOCK_FOREIGN_KEY %s %s %s", typ, k.kind, k.key)
 		if typ == otherLayout {
-			want = "FAIRLOCK_LAYOUT 1 2 " + k.key
+			want = "FAIRLOCK_LAYOUT 2 3 " + k.key
 		}
 		switch {
 		case cerr.Error() != want:

@@ -25,100 +25,116 @@ import (
 // against such a hash; this checks what callers see.
 func TestAnotherLayoutRefused(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		ctx := context.Background()
-		rdb := b.Client(t)
-		prefix := redistest.Prefix(t)
-		c, err := fairlock.New(rdb, fairlock.WithPrefix(prefix), fairlock.WithLeaseTTL(time.Second), fairlock.WithWaiterTTL(time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		mutex := fairlock.Request{Name: "m", Capacity: 1, Permits: 1}
-		other := fairlock.Request{Name: "other", Capacity: 1, Permits: 1}
-		state := prefix + "{m}:s"
-
-		// A lease held, and a waiter queued behind it, when the layout
-		// changes (an operator's restore, say).
-		held, err := c.Acquire(ctx, mutex)
-		if err != nil {
-			t.Fatal(err)
-		}
-		waited := make(chan error, 1)
-		go func() {
-			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-			defer cancel()
-			l, err := c.Acquire(wctx, mutex)
-			if err == nil {
-				_ = l.Release(ctx)
-			}
-			waited <- err
-		}()
-		for {
-			st, err := c.Status(ctx, "m")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if st.Queued == 1 {
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		if err := rdb.HDel(ctx, state, "layout").Err(); err != nil {
-			t.Fatal(err)
-		}
-		before := dumpKeys(t, rdb, prefix+"{m}")
-
-		refused := func(what string, err error) {
-			t.Helper()
-			fltest.IsErr(t, what, err, fairlock.ErrIncompatible)
-			fltest.IsErr(t, what, err, fairlock.ErrRedis)
-			for _, want := range []string{state, "layout 2", "layout 1"} {
-				if !strings.Contains(err.Error(), want) {
-					t.Errorf("%s: %q does not say %q", what, err, want)
-				}
-			}
-		}
-		_, err = c.TryAcquire(ctx, mutex)
-		refused("TryAcquire", err)
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err = c.Acquire(actx, mutex)
-		cancel()
-		refused("Acquire", err)
-		_, err = c.AcquireAll(ctx, other, mutex)
-		refused("AcquireAll with the other layout's semaphore second", err)
-		_, err = c.Status(ctx, "m")
-		refused("Status", err)
-
-		select {
-		case err := <-waited:
-			refused("the queued waiter's Acquire", err)
-		case <-time.After(15 * time.Second):
-			t.Fatal("the queued waiter did not return")
-		}
-		select {
-		case <-held.Done():
-			fltest.IsErr(t, "the held lease's Err", held.Err(), fairlock.ErrLeaseLost)
-			refused("the held lease's Err", held.Err())
-		case <-time.After(15 * time.Second):
-			t.Fatal("the held lease did not end")
-		}
-		if err := held.Release(ctx); !errors.Is(err, fairlock.ErrNotHeld) && !errors.Is(err, fairlock.ErrIncompatible) {
-			t.Errorf("Release of the ended lease = %v", err)
-		}
-
-		// The keys of m are as the other release left them, but for
-		// their TTLs, which run down.
-		if after := dumpKeys(t, rdb, prefix+"{m}"); !maps.Equal(before, after) {
-			t.Errorf("the semaphore's keys changed:\nbefore %v\nafter  %v", before, after)
-		}
-		l, err := c.Acquire(ctx, other)
-		if err != nil {
-			t.Fatalf("a semaphore in this release's layout: %v", err)
-		}
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
+		// The layouts before this one: the first (its state hash names
+		// none) and the second.
+		for _, prev := range []string{"1", "2"} {
+			t.Run("layout "+prev, func(t *testing.T) { anotherLayoutRefused(t, b, prev) })
 		}
 	})
+}
+
+// anotherLayoutRefused is TestAnotherLayoutRefused for a state hash in
+// layout prev.
+func anotherLayoutRefused(t *testing.T, b *redistest.Backend, prev string) {
+	ctx := context.Background()
+	rdb := b.Client(t)
+	prefix := redistest.Prefix(t)
+	c, err := fairlock.New(rdb, fairlock.WithPrefix(prefix), fairlock.WithLeaseTTL(time.Second), fairlock.WithWaiterTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	mutex := fairlock.Request{Name: "m", Capacity: 1, Permits: 1}
+	other := fairlock.Request{Name: "other", Capacity: 1, Permits: 1}
+	state := prefix + "{m}:s"
+
+	// A lease held, and a waiter queued behind it, when the layout
+	// changes (an operator's restore, say).
+	held, err := c.Acquire(ctx, mutex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		l, err := c.Acquire(wctx, mutex)
+		if err == nil {
+			_ = l.Release(ctx)
+		}
+		waited <- err
+	}()
+	for {
+		st, err := c.Status(ctx, "m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Queued == 1 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var marked error
+	if prev == "1" {
+		marked = rdb.HDel(ctx, state, "layout").Err() // the first layout names none
+	} else {
+		marked = rdb.HSet(ctx, state, "layout", prev).Err()
+	}
+	if marked != nil {
+		t.Fatal(marked)
+	}
+	before := dumpKeys(t, rdb, prefix+"{m}")
+
+	refused := func(what string, err error) {
+		t.Helper()
+		fltest.IsErr(t, what, err, fairlock.ErrIncompatible)
+		fltest.IsErr(t, what, err, fairlock.ErrRedis)
+		for _, want := range []string{state, "layout 3", "layout " + prev} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: %q does not say %q", what, err, want)
+			}
+		}
+	}
+	_, err = c.TryAcquire(ctx, mutex)
+	refused("TryAcquire", err)
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	_, err = c.Acquire(actx, mutex)
+	cancel()
+	refused("Acquire", err)
+	_, err = c.AcquireAll(ctx, other, mutex)
+	refused("AcquireAll with the other layout's semaphore second", err)
+	_, err = c.Status(ctx, "m")
+	refused("Status", err)
+
+	select {
+	case err := <-waited:
+		refused("the queued waiter's Acquire", err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the queued waiter did not return")
+	}
+	select {
+	case <-held.Done():
+		fltest.IsErr(t, "the held lease's Err", held.Err(), fairlock.ErrLeaseLost)
+		refused("the held lease's Err", held.Err())
+	case <-time.After(15 * time.Second):
+		t.Fatal("the held lease did not end")
+	}
+	if err := held.Release(ctx); !errors.Is(err, fairlock.ErrNotHeld) && !errors.Is(err, fairlock.ErrIncompatible) {
+		t.Errorf("Release of the ended lease = %v", err)
+	}
+
+	// The keys of m are as the other release left them, but for
+	// their TTLs, which run down.
+	if after := dumpKeys(t, rdb, prefix+"{m}"); !maps.Equal(before, after) {
+		t.Errorf("the semaphore's keys changed:\nbefore %v\nafter  %v", before, after)
+	}
+	l, err := c.Acquire(ctx, other)
+	if err != nil {
+		t.Fatalf("a semaphore in this release's layout: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // dumpKeys returns each key under base (its type and contents, not its TTL).

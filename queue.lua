@@ -194,7 +194,7 @@ local FOREIGN = 'FAIRLOCK_FOREIGN_KEY'
 -- (check_layout checks; run_entry replies). For that, every release keeps
 -- its state hash for as long as any other key of the semaphore lives
 -- (the first layout refuses a hash whose field names another, too).
-local LAYOUT = '2'
+local LAYOUT = '3'
 local LAYOUT_ERR = 'FAIRLOCK_LAYOUT'
 
 -- type_of returns the type of key, as TYPE names it ('none' if absent).

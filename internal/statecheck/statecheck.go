@@ -51,7 +51,7 @@ const TombMs = 20000
 const IdleMs = 120000
 
 // Layout is the layout every state hash names (queue.lua's LAYOUT).
-const Layout = "2"
+const Layout = "3"
 
 // State says what Check is to check.
 type State struct {
