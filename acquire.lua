@@ -64,9 +64,16 @@ end
 
 -- A resent call finds what the first one did: a grant (recorded in S until
 -- its lease ends), a tombstone (the grant has ended without its release),
--- or its member in the queue.
-local g = rs[1].grant
-if is_tomb(g) then return { 4 } end
+-- or its member in the queue. A multi-request's parts may end apart (each
+-- resource drops its expired lease and trims its tombstone when a script
+-- comes by), so any resource's record counts: a tombstone on any says the
+-- request has ended; a grant on any, that it was granted (the parts gone
+-- since answer as expired), and no part is granted twice.
+local g = false
+for _, r in ipairs(rs) do
+  if is_tomb(r.grant) then return { 4 } end
+  if not g then g = r.grant end
+end
 if g then return granted(3) end
 
 local want, members = {}, {}
@@ -75,7 +82,14 @@ for i in ipairs(rs) do
   members[i] = waiter_member(ticket, want[i], client, lease, wait, a[GROUP])
 end
 
-if queued(rs[1], members[1]) then
+-- A multi-request dropped from one of its queues (dead there) stays in
+-- the others until a queue run finds it broken: a part still queued is
+-- the first run's too.
+local waiting = false
+for i, r in ipairs(rs) do
+  if not waiting and queued(r, members[i]) then waiting = true end
+end
+if waiting then
   -- A resend of a call that queued the ticket: it waits where the first
   -- run put it, and the first run did all there was to do then (its
   -- process's refresh keeps it alive and learns its grant). Nothing is

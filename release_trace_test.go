@@ -24,10 +24,13 @@ type traceRig struct {
 	now int64
 }
 
-func newTraceRig(t *testing.T) *traceRig {
+func newTraceRig(t *testing.T) *traceRig { return newTraceRigWith(t, nil) }
+
+// newTraceRigWith is newTraceRig running scripts changed by transform.
+func newTraceRigWith(t *testing.T, transform func(string) string) *traceRig {
 	m := miniredis.RunT(t)
 	m.SetTime(time.Now())
-	return &traceRig{t: t, r: newReplayer(t, "trace", m.Addr(), 1, replayed(nil)), now: time.Now().UnixMicro()}
+	return &traceRig{t: t, r: newReplayer(t, "trace", m.Addr(), 1, replayed(transform)), now: time.Now().UnixMicro()}
 }
 
 func (g *traceRig) run(args ...string) any {
@@ -251,4 +254,90 @@ func TestReleaseAfterLapseIsLost(t *testing.T) {
 			t.Fatalf("Release of a lease that lapsed (and whose keys expired) = %v; want ErrLeaseLost", err)
 		}
 	})
+}
+
+// A late copy of a multi-request's acquire that finds no trace of its
+// ticket on its first semaphore (the part there expired, was dropped and
+// its tombstone trimmed) but its expired part still held on another
+// (nobody came by there) is the first request's, not a new one: it answers
+// granted before, expired, and grants nothing. It was once granted anew on
+// both, and the ticket held the second semaphore twice (its expired lease
+// and the new one, which capacity 2 let in), until the old lease's purge
+// wrote its tombstone over the new grant's record.
+func TestLateMultiAcquireSeesItsPartLeftOnAnotherSemaphore(t *testing.T) {
+	g := newTraceRig(t)
+	a, b := "trace:{a}", "trace:{b}"
+	keysOf := func(base string) []string {
+		return []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}
+	}
+	both := append(keysOf(a), keysOf(b)...)
+	group := a + "\t1\t1\t" + b + "\t1\t2"
+	acquire := func() []any {
+		got, _ := g.runOn(both, "acquire", "TM", "PM", "200000", "3000", group, "1", "1", "1", "2").([]any)
+		return got
+	}
+	if got := acquire(); len(got) != 5 || got[0] != int64(1) {
+		t.Fatalf("the multi-request = %v, want granted at once", got)
+	}
+	g.advance(201000) // the lease has expired on both
+	// Another request on a alone drops the expired part there (a
+	// tombstone), and one more, past the tombstone's time, trims it; b
+	// sees nobody.
+	for _, ticket := range []string{"TA", "TB"} {
+		tok := tokenOf(t, g.runOn(keysOf(a), "acquire", ticket, "PA", "200000", "3000", "", "1", "1"))
+		g.runOn(keysOf(a), "release", ticket, "PA", "200000", "3000", "", "0", "1", tok)
+		g.advance(21000)
+	}
+	got := acquire() // the late copy
+	if len(got) < 3 || got[0] != int64(acqGrantedBefore) || got[2] != int64(0) {
+		t.Fatalf("the late copy = %v, want %d (granted before) with expiry 0\n%s", got, acqGrantedBefore, g.dump())
+	}
+	st := statecheck.State{Prefix: "trace:", Bases: []string{a, b}, At: g.now / 1000, Shift: differential.ExpiryShift}
+	if err := statecheck.Check(context.Background(), g.r.RDB, st); err != nil {
+		t.Fatalf("%v\n%s", err, g.dump())
+	}
+}
+
+// A grant handed over through the queue to a lease in :h (the state
+// hash's place held by another), then confirmed by its holder's renewal,
+// keeps its record: a late copy of its acquire finds it granted, not a
+// ticket to queue again. (The holder kept in the state hash needs no
+// record of its own; one in :h does.)
+func TestLateCopyFindsAConfirmedHandoverInH(t *testing.T) {
+	if err := lateCopyFindsConfirmedHandover(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lateCopyFindsConfirmedHandover is TestLateCopyFindsAConfirmedHandoverInH
+// on scripts changed by transform: the error says what went wrong.
+func lateCopyFindsConfirmedHandover(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	acquire := func(ticket, client string) []any {
+		got, _ := g.run("acquire", ticket, client, "200000", "3000", "", "1", "2").([]any)
+		return got
+	}
+	acquire("TA", "PA") // kept in the state hash
+	held := acquire("TC", "PC")
+	if len(held) < 4 || held[0] != int64(acqGranted) {
+		return fmt.Errorf("the second lease = %v, want granted", held)
+	}
+	if got := acquire("TB", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("the third request = %v, want queued", got)
+	}
+	g.run("release", "TC", "PC", "200000", "3000", "", "0", "1", fmt.Sprint(held[3]))
+	// Handed over to TB in :h; a copy of its acquire learns the token.
+	got := acquire("TB", "PB")
+	if len(got) < 4 || got[0] != int64(acqGrantedBefore) {
+		return fmt.Errorf("TB after the handover = %v, want granted before\n%s", got, g.dump())
+	}
+	token := fmt.Sprint(got[3])
+	if got := fmt.Sprint(g.run("renew", "TB", "PB", "200000", "3000", "", "1", "1", token)); got != "[1 0]" {
+		return fmt.Errorf("the confirmation = %v, want [1 0]", got)
+	}
+	got = acquire("TB", "PB") // a late copy
+	if len(got) < 4 || got[0] != int64(acqGrantedBefore) || fmt.Sprint(got[3]) != token || got[2] == int64(0) {
+		return fmt.Errorf("a late copy of TB's acquire after its confirmation = %v, want %d with token %s, live\n%s", got, acqGrantedBefore, token, g.dump())
+	}
+	return nil
 }

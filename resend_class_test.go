@@ -247,23 +247,40 @@ func TestResentCallsCatchBrokenRules(t *testing.T) {
 		return
 	}
 	real := redistest.RealBackend(t) != nil
-	for _, tc := range []struct{ name, file, old, new string }{
-		{"a resent signal acts again", "lua/ops/signal.lua", "if is_signalled(r.grant) then", "if false then"},
-		{"a resent queued acquire queues again", "acquire.lua", "if queued(rs[1], members[1]) then\n", "if false then\n"},
-		{"a resent release is taken for a lost lease", "release.lua", "    if p.at or is_lease_trace(p.r.grant) or is_lease_trace(p.r.grants[ticket]) then again = false end\n", "    again = false\n"},
-		{"a trim forgets the calling ticket's tombstone", "lua/resource.lua", "if r.grants[t] == nil and t ~= r.ticket then", "if r.grants[t] == nil then"},
-		{"a confirmation forgets a handed-over grant's record", "release.lua", "        renew(p.r, p.hm, lease)\n", "        renew(p.r, p.hm, lease)\n        if ARGV[7] == '1' then record(p.r, ticket, false) end\n"},
-		{"a batched confirmation forgets a handed-over grant's record", "lua/ops/renew_batch.lua", "    renew(r, l.m, l.ttl)\n", "    renew(r, l.m, l.ttl)\n    if ARGV[3 + 5 * (j - 1) + 3] == '1' then record(r, l.ticket, false) end\n"},
-		{"a renewal forgets the grant's record", "lua/grant.lua", "  hold_at(r, now + ttl, m)\nend", "  hold_at(r, now + ttl, m)\n  record(r, (parse_holder(m)), false)\nend"},
-		{"a refresh does not find a grant kept in the state hash", "lua/ops/refresh.lua", "  states[k] = said[k] or inline_token(first.o, ticket)\n", "  states[k] = said[k]\n"},
-		{"a refresh does not report its own grants", "lua/ops/refresh.lua", "  if tokens then\n    out[#out + 1] = w.ticket", "  if false then\n    out[#out + 1] = w.ticket"},
+	for _, tc := range []struct {
+		name, file, old, new string
+		// scenario, when set, is the rule's written-out scenario, run
+		// instead of the machines, which reach the case too seldom.
+		scenario func(*testing.T, func(string) string) error
+	}{
+		{"a resent signal acts again", "lua/ops/signal.lua", "if is_signalled(r.grant) then", "if false then", nil},
+		{"a resent queued acquire queues again", "acquire.lua", "if waiting then\n", "if false then\n", nil},
+		{"a resent release is taken for a lost lease", "release.lua", "    if p.at or is_lease_trace(p.r.grant) or is_lease_trace(p.r.grants[ticket]) then again = false end\n", "    again = false\n", nil},
+		{"a trim forgets the calling ticket's tombstone", "lua/resource.lua", "if r.grants[t] == nil and t ~= r.ticket then", "if r.grants[t] == nil then", nil},
+		// Only a grant in :h has a record to forget (the holder kept in
+		// the state hash has none), which the machines reach too seldom
+		// (one in about 1,500): a handover to :h, confirmed, then a late
+		// copy of the acquire, written out.
+		{"a confirmation forgets a handed-over grant's record", "release.lua", "        renew(p.r, p.hm, lease)\n", "        renew(p.r, p.hm, lease)\n        if ARGV[7] == '1' then record(p.r, ticket, false) end\n", lateCopyFindsConfirmedHandover},
+		{"a batched confirmation forgets a handed-over grant's record", "lua/ops/renew_batch.lua", "    renew(r, l.m, l.ttl)\n", "    renew(r, l.m, l.ttl)\n    if ARGV[3 + 5 * (j - 1) + 3] == '1' then record(r, l.ticket, false) end\n", nil},
+		{"a renewal forgets the grant's record", "lua/grant.lua", "  hold_at(r, now + ttl, m)\nend", "  hold_at(r, now + ttl, m)\n  record(r, (parse_holder(m)), false)\nend", nil},
+		{"a refresh does not find a grant kept in the state hash", "lua/ops/refresh.lua", "  states[k] = said[k] or inline_token(first.o, ticket)\n", "  states[k] = said[k]\n", nil},
+		{"a refresh does not report its own grants", "lua/ops/refresh.lua", "  if tokens then\n    out[#out + 1] = w.ticket", "  if false then\n    out[#out + 1] = w.ticket", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !strings.Contains(source(tc.file), tc.old) {
 				t.Fatalf("%s no longer contains %q", tc.file, tc.old)
 			}
-			pair := newResendPair(t, real, true)
 			broken := mutate(tc.file, tc.old, tc.new)
+			if tc.scenario != nil {
+				err := tc.scenario(t, broken)
+				if err == nil {
+					t.Fatal("not caught by its scenario")
+				}
+				t.Logf("caught: %v", err)
+				return
+			}
+			pair := newResendPair(t, real, true)
 			for _, r := range pair.sides() {
 				r.Run = scriptRunner(r.RDB, replayed(broken))
 			}
