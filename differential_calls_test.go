@@ -84,6 +84,7 @@ type callMachine struct {
 	pair    callSides
 	now     int64 // µs, Redis's clock as the replayers see it
 	sems    []*csem
+	latch   *clatch // differential_latch_test.go
 	procs   []*cproc
 	waiting []*cticket
 	holding []*cticket
@@ -131,6 +132,9 @@ func (m *callMachine) exec(c call) any {
 		if err := m.stateOutlives(s, hs); err != nil {
 			m.t.Fatalf("after step %d (%s): %v", len(m.sent), c, err)
 		}
+	}
+	if m.latch != nil {
+		bases = append(bases, m.latch.res.base)
 	}
 	// The keys' invariants, on the machine's clock (the replayers'), as
 	// the model-based tests check them on the server's.
@@ -469,6 +473,9 @@ func (m *callMachine) learn(ticket, grant string) {
 		return
 	}
 	tk := m.waiting[i]
+	if m.latchWoken(ticket) {
+		return // the latch opened: nothing is granted
+	}
 	m.waiting = slices.Delete(m.waiting, i, i+1)
 	f := strings.Fields(grant)
 	if len(f) < 2 {
@@ -485,7 +492,7 @@ func (m *callMachine) learn(ticket, grant string) {
 // semaphores: its one list, if it has one, and each semaphore's own.
 func (m *callMachine) wakeLists(p *cproc) []string {
 	var lists []string
-	for _, s := range m.sems {
+	for _, s := range m.wakeSems() {
 		k := keys{base: s.base}
 		for _, l := range []string{k.wake(p.id), k.ownWake(p.id)} {
 			if !slices.Contains(lists, l) {
@@ -515,7 +522,7 @@ func (m *callMachine) hear(t *rapid.T) {
 				t.Fatalf("wake list %s: %s %q, %s %q", list, sides[0].Name, got[0], sides[j].Name, got[j])
 			}
 		}
-		for _, s := range m.sems {
+		for _, s := range m.wakeSems() {
 			k := keys{base: s.base}
 			if !planting && len(got[0]) > 0 && list == k.ownWake(p.id) && list != k.wake(p.id) {
 				t.Fatalf("wake list %s holds %q, but process %s hears its grants on %s", list, got[0], p.id, k.wake(p.id))
@@ -799,10 +806,12 @@ func runCallMachine(rt *rapid.T, pair callSides, started ...func(*callMachine)) 
 			wait:  rapid.SampledFrom([]int64{200, 600, 3000}).Draw(rt, "waiter TTL"),
 		})
 	}
+	m.newCallLatch(rt)
 	for _, f := range started {
 		f(m)
 	}
 	rt.Repeat(map[string]func(*rapid.T){
+		"latch":        m.latchCall,
 		"acquire":      m.acquire,
 		"release":      m.release,
 		"renew batch":  m.renewBatch,

@@ -153,6 +153,11 @@ func (l *Latch) CountDown(ctx context.Context) error {
 // [fairlock.ErrForeignKey]; Redis failing, or a waiter its process could
 // not keep alive, yields [fairlock.ErrRedis], and a closed client (also
 // while Wait blocks) [fairlock.ErrClosed].
+//
+// The client's observer ([fairlock.WithObserver]) sees a Wait that had
+// to wait from [fairlock.WaitStarted] to [fairlock.WaitEnded] (the latch
+// opened) or [fairlock.WaitAbandoned], under one ID; a Wait on an open
+// latch reports nothing.
 func (l *Latch) Wait(ctx context.Context) error {
 	stored, err := engine.LatchWait(ctx, l.c, l.name, l.count, l.ttl)
 	if err == nil && stored > 0 {
