@@ -637,13 +637,18 @@ func (m *callMachine) recent(c call) bool {
 
 // resend sends one of the last calls again, now. (However long ago it
 // was sent: a call about a ticket whose tombstone is due to be trimmed is
-// also what a late release of an old lease makes.)
+// also what a late release of an old lease makes. A count down is the
+// exception: see resendDown.)
 func (m *callMachine) resend(t *rapid.T) {
 	if len(m.sent) == 0 {
 		t.Skip("nothing sent")
 	}
 	back := rapid.IntRange(1, min(len(m.sent), 6)).Draw(t, "calls back")
 	c := m.sent[len(m.sent)-back]
+	if c.Op() == "latch_down" {
+		m.resendDown(t, c) // within the copy window only
+		return
+	}
 	m.exec(call{Script: c.Script, Keys: c.Keys, Args: c.Args})
 }
 

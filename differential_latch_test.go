@@ -24,6 +24,7 @@ type clatch struct {
 	init, count int64
 	res         *csem // its waiters' resource: never acquired
 	k           latchKeys
+	downs       map[string]string // each count down's first reply, by its id
 }
 
 // callLatchTTL is the count's TTL: longer than any run's clock.
@@ -34,7 +35,7 @@ func (m *callMachine) newCallLatch(t *rapid.T) {
 	k := keys{base: callPrefix + "{l}"}
 	lk := latchKeysOf(k)
 	init := rapid.Int64Range(1, 3).Draw(t, "latch count")
-	m.latch = &clatch{init: init, count: init, k: lk, res: &csem{name: "l", base: lk.res.base}}
+	m.latch = &clatch{init: init, count: init, k: lk, res: &csem{name: "l", base: lk.res.base}, downs: map[string]string{}}
 }
 
 // isLatchWaiter reports whether tk waits on the machine's latch.
@@ -65,10 +66,12 @@ func (m *callMachine) latchCall(t *rapid.T) {
 			m.waiting = append(m.waiting, tk)
 		}
 	case "count down":
-		res := run("latch_down", num(callLatchTTL), m.newTicket())
+		id := m.newTicket()
+		res := run("latch_down", num(callLatchTTL), id)
 		if len(res) == 0 || init != l.init {
 			return
 		}
+		l.downs[id] = fmt.Sprint(res)
 		l.count = max(l.count-1, 0)
 		if n, _ := res[0].(int64); n != l.count {
 			t.Fatalf("latch_down answered %v; the count is %d (init %d less the distinct count downs, floored at 0)", res, l.count, l.init)
@@ -121,4 +124,22 @@ func (m *callMachine) wakeSems() []*csem {
 		return m.sems
 	}
 	return append(slices.Clip(m.sems), m.latch.res)
+}
+
+// resendDown sends the count down c again now, as the resend action sends
+// any call, but only within copyWindow of its first run: the promise that
+// a count down acts once covers the copies a client sends (go-redis's,
+// on a connection whose reply was lost; CountDown's own, for at most its
+// waiter TTL), which a count down's record (kept as a tombstone, 10 to
+// 20 s) answers. A copy later than that finds its record trimmed, or its
+// keys expired, and is a new count down; no client sends one. The copy
+// must answer what the first run answered, and change no count.
+func (m *callMachine) resendDown(t *rapid.T, c call) {
+	if !m.recent(c) {
+		t.Skip("a count down's copy comes within the copy window")
+	}
+	res := m.exec(call{Script: c.Script, Keys: c.Keys, Args: c.Args})
+	if first, ok := m.latch.downs[c.Args[3]]; ok && fmt.Sprint(res) != first {
+		t.Fatalf("a copy of a count down answered %v, its first run %s: it counted again", res, first)
+	}
 }
