@@ -118,12 +118,17 @@ func (m *callMachine) latchWoken(ticket string) bool {
 }
 
 // wakeSems are the resources whose wake lists the machine's processes
-// hear: its semaphores and its latch's waiters' resource.
+// hear: its semaphores, and its latch's and its barrier's waiters'
+// resources.
 func (m *callMachine) wakeSems() []*csem {
-	if m.latch == nil {
-		return m.sems
+	sems := slices.Clip(m.sems)
+	if m.latch != nil {
+		sems = append(sems, m.latch.res)
 	}
-	return append(slices.Clip(m.sems), m.latch.res)
+	if m.barrier != nil {
+		sems = append(sems, m.barrier.res)
+	}
+	return sems
 }
 
 // resendDown sends the count down c again now, as the resend action sends

@@ -210,6 +210,20 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 			"  cond_add(r, cv, ticket, 1, client, lease, wait)\n", 0, false},
 		{"latch waiter dropped by its refresh while the count is above 0", "lua/ops/refresh.lua",
 			"is_open = redis.call('HGET', first.base, 'count') == '0'", "is_open = true", 0, false},
+		// The cyclic barrier's rules (lua/ops/barrier.lua), which the
+		// call machine checks (differential_barrier_test.go).
+		{"barrier completes a round before its last party", "lua/ops/barrier.lua",
+			"if n + 1 >= parties then", "if n + 2 >= parties then", 0, true},
+		{"barrier arrival joins a round that lost a party", "lua/ops/barrier.lua",
+			"if not intact() then end_round(BROKEN, nil) end\n", "\n", 0, true},
+		{"barrier break leaves its round running", "lua/ops/barrier.lua",
+			"    end_round(BROKEN, ticket)\n    record(r, ticket, signalled(round - 1, 0, BROKEN, 0))\n",
+			"    record(r, ticket, signalled(round, 0, BROKEN, 0))\n", 0, true},
+		{"barrier wakes a broken round's waiters completed", "lua/ops/barrier.lua",
+			"wake(list, fallback, wake_entry(w.ticket, now, { num(outcome) }), w.wait)",
+			"wake(list, fallback, wake_entry(w.ticket, now, { num(COMPLETED) }), w.wait)", 0, true},
+		{"barrier status lists its waiters out of arrival order", "lua/ops/barrier.lua",
+			"ipairs(redis.call('ZRANGE', cv.C, 0, -1))", "ipairs(redis.call('ZREVRANGE', cv.C, 0, -1))", 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			restore := breakScript(t, tc.file, tc.old, tc.new)
