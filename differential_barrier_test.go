@@ -132,7 +132,7 @@ func (m *callMachine) barrierCall(t *rapid.T) {
 					res, r, idx, len(b.waited[r]), b.round, b.parties)
 			}
 			if _, ended := b.ended[r]; ended {
-				t.Fatalf("an arrival answered %v: it waits in round %d, which %s", res, r, b.ended[r])
+				t.Fatalf("an arrival answered %v: it waits in round %d, which ended (%s)", res, r, b.ended[r])
 			}
 			m.barrierReached(t, r)
 			b.waited[r] = append(b.waited[r], tk)
