@@ -144,13 +144,20 @@ func (c *Client) latchCount(ctx context.Context, name string, init int64) (count
 	return r[0], 0, nil
 }
 
+// latchResendFor bounds how long latchDown sends one script again under
+// its id: less than the shortest life of the script's record (a
+// tombstone, 10 s from its run, which comes after the first send), so
+// that every copy it sends finds the record and none counts again.
+const latchResendFor = 9 * time.Second
+
 // latchDown counts the latch name (made with init) down by one, never
 // below 0, keeping its count ttl; the call that takes it to 0 wakes every
 // waiter, in scripts of bounded length. It returns the count after, or
 // the stored init when that is another (stored > 0). Each script has an
 // id of its own: go-redis's resend of it, and latchDown's own after an
 // error that passes (sent again with backoff while ctx lasts, for at most
-// a waiter TTL), find the first run's reply and act no more.
+// a waiter TTL or latchResendFor, whichever is shorter), find the first
+// run's reply and act no more.
 func (c *Client) latchDown(ctx context.Context, name string, init int64, ttl time.Duration) (count, stored int64, err error) {
 	const op = "count down"
 	lk, err := c.latchStart(ctx, op, name)
@@ -158,8 +165,8 @@ func (c *Client) latchDown(ctx context.Context, name string, init int64, ttl tim
 		return 0, 0, err
 	}
 	names := []string{name}
-	until := time.Now().Add(c.cfg.waiterTTL)
 	id, wait := newTicket(), resendFirst
+	until := time.Now().Add(min(c.cfg.waiterTTL, latchResendFor))
 	for scripts := 0; scripts < maxLatchScripts; {
 		o, ok := c.calls.op(ctx, lk.call(opLatchDown, init, msArg(ttl), id), nil)
 		if !ok {
