@@ -454,8 +454,49 @@ func keys0(tk *cticket) keys {
 // refresh refreshes a process's waiters on one semaphore (those whose
 // first semaphore it is), and learns which were granted or dropped.
 func (m *callMachine) refresh(t *rapid.T) {
-	p := m.drawProc(t)
-	s := m.sems[rapid.IntRange(0, len(m.sems)-1).Draw(t, "semaphore")]
+	m.refreshOf(m.drawProc(t), m.sems[rapid.IntRange(0, len(m.sems)-1).Draw(t, "semaphore")])
+}
+
+// overdue moves the clock just past the expiry of a lease on a semaphore
+// a ticket waits on, and has the waiter's process refresh that semaphore
+// at once, before any other call grants the freed permits: the edge where
+// a refresh's own run grants the waiters it refreshes (and must say so,
+// as a copy of it would), which a separate advance and refresh reach
+// only when no call comes between them.
+func (m *callMachine) overdue(t *rapid.T) {
+	var queued []*cticket
+	for _, tk := range m.waiting {
+		if tk.cond == "" {
+			queued = append(queued, tk)
+		}
+	}
+	if len(queued) == 0 {
+		t.Skip("no queued waiter")
+	}
+	tk := queued[rapid.IntRange(0, len(queued)-1).Draw(t, "waiter")]
+	s := tk.parts[0].sem
+	hs, err := statecheck.Holders(m.ctx, m.pair.sides()[0].RDB, s.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An expiry within the waiter's life, which a refresh now renews.
+	var ahead []int64
+	for _, h := range hs {
+		if at := int64(h.Score); at >= m.nowMs() && at+1 < m.nowMs()+tk.p.wait {
+			ahead = append(ahead, at)
+		}
+	}
+	if len(ahead) == 0 {
+		t.Skip("no lease's expiry within the waiter's TTL")
+	}
+	m.refreshOf(tk.p, s)
+	at := ahead[rapid.IntRange(0, len(ahead)-1).Draw(t, "expiry")] + rapid.Int64Range(0, 1).Draw(t, "past")
+	m.now = max(m.now, at*1000+rapid.Int64Range(0, 999).Draw(t, "µs"))
+	m.refreshOf(tk.p, s)
+}
+
+// refreshOf has process p refresh its waiters whose first semaphore is s.
+func (m *callMachine) refreshOf(p *cproc, s *csem) {
 	args := []string{"refresh", p.id, num(p.lease), num(p.wait)}
 	for _, tk := range m.waiting {
 		if tk.p == p && tk.parts[0].sem == s {
@@ -844,6 +885,7 @@ func runCallMachine(rt *rapid.T, pair callSides, started ...func(*callMachine)) 
 		"resend":       m.resend,
 		"late acquire": m.resendAcquire,
 		"lapse":        m.lapse,
+		"overdue":      m.overdue,
 		"advance":      m.advance,
 		"":             func(*rapid.T) {},
 	})

@@ -144,6 +144,30 @@ func (c *Client) latchCount(ctx context.Context, name string, init int64) (count
 	return r[0], 0, nil
 }
 
+// latchInspect returns the latch name's count, the count it was made
+// with (0 and 0 when it does not exist) and how many waiters it has
+// registered (the dead among them until they are dropped), whatever count
+// it was made with: a tool's read.
+func (c *Client) latchInspect(ctx context.Context, name string) (count, init, waiting int64, err error) {
+	const op = "latch count"
+	lk, err := c.latchStart(ctx, op, name)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	o, ok := c.calls.op(ctx, lk.call(opLatchCount, 0), nil)
+	if !ok {
+		return 0, 0, 0, opError(op, []string{name}, o.res.err)
+	}
+	r, err := latchReply(o.res)
+	if err == nil && (r[0] < 0 || r[1] < 0 || r[2] < 0) {
+		err = fmt.Errorf("%w: latch count reply %v", ErrRedis, r)
+	}
+	if err != nil {
+		return 0, 0, 0, fail(ctx, op, []string{name}, err)
+	}
+	return r[0], r[1], r[2], nil
+}
+
 // latchResendFor bounds how long latchDown sends one script again under
 // its id: less than the shortest life of the script's record (a
 // tombstone, 10 s from its run, which comes after the first send), so

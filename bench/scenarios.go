@@ -27,6 +27,7 @@ var scenarios = map[string]func(*env) ([]*Table, []Target, error){
 	"drain":           drain,
 	"semaphore":       countingSemaphore,
 	"dining":          dining,
+	"phase":           phase,
 	"floor":           floor,
 	"scale":           atScale,
 	"wake":            manyNames,

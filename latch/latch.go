@@ -178,3 +178,32 @@ func (l *Latch) Count(ctx context.Context) (int64, error) {
 	}
 	return n, err
 }
+
+// A Status is a latch's state in Redis at one moment, as [Inspect] reads
+// it.
+type Status struct {
+	Exists  bool  `json:"exists"`  // the latch exists in Redis; when false the counts are 0
+	Count   int64 `json:"count"`   // its count now: 0 when it is open
+	Initial int64 `json:"initial"` // the count it was made with
+	// Waiting is how many waiters are registered: Waits blocked on it,
+	// with those whose process died until they are dropped (within their
+	// waiter TTL).
+	Waiting int64 `json:"waiting"`
+}
+
+// Inspect reads the latch name kept through c as Redis stores it,
+// whatever count it was made with: for a tool that does not know that
+// count (fairlock status). It changes nothing, and makes no latch. A
+// nil client fails with [fairlock.ErrInvalidArgument], a name fairlock
+// cannot use with [fairlock.ErrInvalidName]; its other errors are
+// [Latch.Count]'s.
+func Inspect(ctx context.Context, c *fairlock.Client, name string) (Status, error) {
+	if c == nil {
+		return Status{}, &fairlock.Error{Op: "latch count", Names: []string{name}, Err: fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument)}
+	}
+	s, err := engine.LatchInspect(ctx, c, name)
+	if err != nil {
+		return Status{}, err
+	}
+	return Status{Exists: s.Init > 0, Count: s.Count, Initial: s.Init, Waiting: s.Waiting}, nil
+}

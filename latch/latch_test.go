@@ -156,6 +156,61 @@ func TestCountDownWaitCount(t *testing.T) {
 	})
 }
 
+// Inspect reads a latch as stored, whatever count it was made with, and
+// changes nothing: nothing before the first call makes it; then its
+// count, initial count and waiters.
+func TestInspect(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		c := e.Client()
+		inspect := func() latch.Status {
+			t.Helper()
+			st, err := latch.Inspect(ctx, c, "in")
+			if err != nil {
+				t.Fatalf("Inspect: %v", err)
+			}
+			return st
+		}
+		if st := inspect(); st != (latch.Status{}) {
+			t.Fatalf("Inspect of a latch nobody made = %+v, want the zero Status", st)
+		}
+		if keys := e.RDB.Keys(ctx, e.Prefix+"*").Val(); len(keys) != 0 {
+			t.Fatalf("Inspect made keys: %q", keys)
+		}
+		l := e.latch(c, "in", 3)
+		e.countDown(l)
+		if st, want := inspect(), (latch.Status{Exists: true, Count: 2, Initial: 3}); st != want {
+			t.Fatalf("Inspect after a CountDown of 3 = %+v, want %+v", st, want)
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		ch := waitAsync(wctx, e.latch(e.Client(), "in", 3))
+		e.WaitFor("the waiter", func() bool { return e.waiters("in") == 1 })
+		before := dump(t, e.RDB)
+		if st, want := inspect(), (latch.Status{Exists: true, Count: 2, Initial: 3, Waiting: 1}); st != want {
+			t.Fatalf("Inspect with a waiter = %+v, want %+v", st, want)
+		}
+		if after := dump(t, e.RDB); after != before {
+			t.Fatalf("Inspect changed Redis:\nbefore %s\nafter  %s", before, after)
+		}
+		e.countDown(l)
+		e.countDown(l)
+		if err := receive(t, ch, "Wait"); err != nil {
+			t.Fatal(err)
+		}
+		if st, want := inspect(), (latch.Status{Exists: true, Count: 0, Initial: 3}); st != want {
+			t.Fatalf("Inspect of an open latch = %+v, want %+v", st, want)
+		}
+		if _, err := latch.Inspect(ctx, nil, "in"); !errors.Is(err, fairlock.ErrInvalidArgument) {
+			t.Fatalf("Inspect with a nil client = %v, want ErrInvalidArgument", err)
+		}
+		if _, err := latch.Inspect(ctx, c, ""); !errors.Is(err, fairlock.ErrInvalidName) {
+			t.Fatalf("Inspect of the name \"\" = %v, want ErrInvalidName", err)
+		}
+	})
+}
+
 // callCounter is a go-redis hook that counts the calls of a latch op.
 type callCounter struct {
 	op string
@@ -637,6 +692,7 @@ func TestForeignKeys(t *testing.T) {
 			// checks), and their :q and :h when :s is missing
 			// (lua/resource.lua's rebuild).
 			{"count", false, []int{0, 1, 3, 6}},
+			{"inspect", false, []int{0, 1, 3, 6}},
 			{"count down", false, []int{0, 1, 3, 4, 6}},
 			{"wait", false, []int{0, 1, 2, 3, 5, 6}},
 			{"count down", true, []int{0, 1, 2, 3, 4, 5, 6}}, // opens the latch
@@ -670,6 +726,8 @@ func TestForeignKeys(t *testing.T) {
 						err = l.Wait(short)
 					case "count":
 						_, err = l.Count(short)
+					case "inspect":
+						_, err = latch.Inspect(short, c, "fk")
 					}
 					refuse := slices.Contains(tc.refuses, i)
 					switch {
