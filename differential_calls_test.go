@@ -84,6 +84,8 @@ type callMachine struct {
 	pair    callSides
 	now     int64 // µs, Redis's clock as the replayers see it
 	sems    []*csem
+	latch   *clatch   // differential_latch_test.go
+	barrier *cbarrier // differential_barrier_test.go
 	procs   []*cproc
 	waiting []*cticket
 	holding []*cticket
@@ -131,6 +133,12 @@ func (m *callMachine) exec(c call) any {
 		if err := m.stateOutlives(s, hs); err != nil {
 			m.t.Fatalf("after step %d (%s): %v", len(m.sent), c, err)
 		}
+	}
+	if m.latch != nil {
+		bases = append(bases, m.latch.res.base)
+	}
+	if m.barrier != nil {
+		bases = append(bases, m.barrier.res.base)
 	}
 	// The keys' invariants, on the machine's clock (the replayers'), as
 	// the model-based tests check them on the server's.
@@ -433,6 +441,9 @@ func (m *callMachine) leave(t *rapid.T) {
 	}
 	m.exec(call{Keys: keys, Args: releaseArgs("leave", tk, tk.p.lease)})
 	m.waiting = slices.Delete(m.waiting, i, i+1)
+	if m.isBarrierWaiter(tk) {
+		m.barrierLeft(tk)
+	}
 }
 
 // keys0 returns the engine's keys of tk's first semaphore.
@@ -510,6 +521,9 @@ func (m *callMachine) learn(ticket, grant string) {
 		return
 	}
 	tk := m.waiting[i]
+	if m.latchWoken(ticket) || m.barrierWoken(ticket, grant) {
+		return // the latch opened, or the barrier's round ended: nothing is granted
+	}
 	m.waiting = slices.Delete(m.waiting, i, i+1)
 	f := strings.Fields(grant)
 	if len(f) < 2 {
@@ -526,7 +540,7 @@ func (m *callMachine) learn(ticket, grant string) {
 // semaphores: its one list, if it has one, and each semaphore's own.
 func (m *callMachine) wakeLists(p *cproc) []string {
 	var lists []string
-	for _, s := range m.sems {
+	for _, s := range m.wakeSems() {
 		k := keys{base: s.base}
 		for _, l := range []string{k.wake(p.id), k.ownWake(p.id)} {
 			if !slices.Contains(lists, l) {
@@ -556,7 +570,7 @@ func (m *callMachine) hear(t *rapid.T) {
 				t.Fatalf("wake list %s: %s %q, %s %q", list, sides[0].Name, got[0], sides[j].Name, got[j])
 			}
 		}
-		for _, s := range m.sems {
+		for _, s := range m.wakeSems() {
 			k := keys{base: s.base}
 			if !planting && len(got[0]) > 0 && list == k.ownWake(p.id) && list != k.wake(p.id) {
 				t.Fatalf("wake list %s holds %q, but process %s hears its grants on %s", list, got[0], p.id, k.wake(p.id))
@@ -671,13 +685,23 @@ func (m *callMachine) recent(c call) bool {
 
 // resend sends one of the last calls again, now. (However long ago it
 // was sent: a call about a ticket whose tombstone is due to be trimmed is
-// also what a late release of an old lease makes.)
+// also what a late release of an old lease makes. A count down is the
+// exception, see resendDown, and so are the barrier's calls.)
 func (m *callMachine) resend(t *rapid.T) {
 	if len(m.sent) == 0 {
 		t.Skip("nothing sent")
 	}
 	back := rapid.IntRange(1, min(len(m.sent), 6)).Draw(t, "calls back")
 	c := m.sent[len(m.sent)-back]
+	switch c.Op() {
+	case "latch_down":
+		m.resendDown(t, c) // within the copy window only
+		return
+	case "barrier_await", "barrier_break":
+		// A copy may end a round the model would not see end: the
+		// barrier's copies are the resend pair's (TestResentCallsActOnce).
+		t.Skip("a barrier call's copy")
+	}
 	m.exec(call{Script: c.Script, Keys: c.Keys, Args: c.Args})
 }
 
@@ -840,10 +864,14 @@ func runCallMachine(rt *rapid.T, pair callSides, started ...func(*callMachine)) 
 			wait:  rapid.SampledFrom([]int64{200, 600, 3000}).Draw(rt, "waiter TTL"),
 		})
 	}
+	m.newCallLatch(rt)
+	m.newCallBarrier(rt)
 	for _, f := range started {
 		f(m)
 	}
 	rt.Repeat(map[string]func(*rapid.T){
+		"latch":        m.latchCall,
+		"barrier":      m.barrierCall,
 		"acquire":      m.acquire,
 		"release":      m.release,
 		"renew batch":  m.renewBatch,

@@ -256,6 +256,7 @@ func TestResentCallsCatchBrokenRules(t *testing.T) {
 		{"a batched confirmation forgets a handed-over grant's record", "lua/ops/renew_batch.lua", "    renew(r, l.m, l.ttl)\n", "    renew(r, l.m, l.ttl)\n    if ARGV[3 + 5 * (j - 1) + 3] == '1' then record(r, l.ticket, false) end\n"},
 		{"a renewal forgets the grant's record", "lua/grant.lua", "  hold_at(r, now + ttl, m)\nend", "  hold_at(r, now + ttl, m)\n  record(r, (parse_holder(m)), false)\nend"},
 		{"a refresh does not report its own grants", "lua/ops/refresh.lua", "  if tokens then\n    out[#out + 1] = w.ticket", "  if false then\n    out[#out + 1] = w.ticket"},
+		{"a resent count down counts again", "lua/ops/latch.lua", "if is_signalled(r.grant) then", "if false then"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !strings.Contains(source(tc.file), tc.old) {

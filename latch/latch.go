@@ -121,7 +121,8 @@ func (l *Latch) mismatch(op string, stored int64) error {
 // Each CountDown acts once: a call that the Redis client, or CountDown
 // itself, sends again after an error that passes (a dropped connection, a
 // failover, a slot migrating; CountDown sends again with backoff while
-// ctx lasts, for at most the client's waiter TTL) finds its first run's
+// ctx lasts, for at most the client's waiter TTL or 9 s, whichever is
+// shorter, while its first run's record lasts) finds its first run's
 // outcome. A count other than the stored one fails with
 // [ErrCountMismatch], another program's value at one of the latch's keys
 // with [fairlock.ErrForeignKey], both having changed nothing. When ctx
@@ -153,6 +154,11 @@ func (l *Latch) CountDown(ctx context.Context) error {
 // [fairlock.ErrForeignKey]; Redis failing, or a waiter its process could
 // not keep alive, yields [fairlock.ErrRedis], and a closed client (also
 // while Wait blocks) [fairlock.ErrClosed].
+//
+// The client's observer ([fairlock.WithObserver]) sees a Wait that had
+// to wait from [fairlock.WaitStarted] to [fairlock.WaitEnded] (the latch
+// opened) or [fairlock.WaitAbandoned], under one ID; a Wait on an open
+// latch reports nothing.
 func (l *Latch) Wait(ctx context.Context) error {
 	stored, err := engine.LatchWait(ctx, l.c, l.name, l.count, l.ttl)
 	if err == nil && stored > 0 {

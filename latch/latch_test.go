@@ -411,6 +411,75 @@ func (h *failAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
+// lateCopies is a go-redis hook that lets the first call of a latch op
+// run in Redis and loses its reply, then fails every call of the op
+// before it reaches Redis (a connection that does not come back) until
+// open is set.
+type lateCopies struct {
+	op        string
+	ran, open atomic.Bool
+}
+
+func (h *lateCopies) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *lateCopies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *lateCopies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !runsOp(cmd, h.op) || h.open.Load() {
+			return next(ctx, cmd)
+		}
+		if h.ran.Load() {
+			cmd.SetErr(io.ErrUnexpectedEOF)
+			return io.ErrUnexpectedEOF
+		}
+		if err := next(ctx, cmd); err != nil {
+			return err
+		}
+		h.ran.Store(true)
+		cmd.SetErr(io.ErrUnexpectedEOF)
+		return io.ErrUnexpectedEOF
+	}
+}
+
+// CountDown sends a count down again under its id only while the record
+// of its first run lasts (at least 10 s from the run), whatever the
+// client's waiter TTL: a copy later than that finds the record trimmed
+// and counts again. Here the first run's reply is lost, every send after
+// it fails for 9.5 s, and meanwhile (by Redis's clock, moved 25 s on)
+// another count down trims the first's record: CountDown must have
+// given up, with the error, rather than count twice.
+func TestCountDownSendsAgainOnlyWhileItsRecordLasts(t *testing.T) {
+	redistest.Long(t) // 9.5 s of real time
+	b := redistest.Mini(t)
+	e := newEnv(t, b)
+	rdb := b.Client(t)
+	hook := &lateCopies{op: "latch_down"}
+	rdb.AddHook(hook)
+	l := e.latch(e.ClientOn(rdb, fairlock.WithWaiterTTL(30*time.Second)), "late", 5)
+	other := e.latch(e.Client(), "late", 5)
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- l.CountDown(context.Background()) }()
+	e.WaitFor("the first run", hook.ran.Load)
+	b.Mini.SetTime(start.Add(25 * time.Second))
+	e.countDown(other)
+	time.Sleep(time.Until(start.Add(9500 * time.Millisecond)))
+	hook.open.Store(true)
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("CountDown did not return")
+	}
+	if n := e.count(other); n != 3 {
+		t.Fatalf("Count() after a CountDown that ran once (its copies failing for 9.5 s) and another = %d, want 3 (CountDown returned %v)", n, err)
+	}
+	if !errors.Is(err, fairlock.ErrRedis) {
+		t.Fatalf("CountDown() = %v, want the error of its last send (matching ErrRedis)", err)
+	}
+}
+
 // A CountDown that opens the latch but fails before it has woken every
 // waiter (more than one script's 400) leaves none waiting for long: each
 // waiter's refresh finds the latch open, and it returns.

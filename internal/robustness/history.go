@@ -25,7 +25,8 @@ type Op struct {
 	Class    string `json:"class,omitempty"` // the error's kind (see classify)
 	Call     int64  `json:"call"`
 	Return   int64  `json:"return"`
-	Deadline int64  `json:"deadline,omitempty"` // the call's context deadline (acquire, release)
+	Deadline int64  `json:"deadline,omitempty"` // the call's context deadline (acquire, release, latch calls)
+	N        int64  `json:"n,omitempty"`        // the count a latch call answered (latch_down, latch_count)
 }
 
 // A Lease is one grant as a child saw it: its parts and the span in which

@@ -23,6 +23,11 @@ var Mutations = map[string]Mutation{
 	"token-reuse": {"lua/rules.lua",
 		"  return math.max(seq + 1, now_us)\n",
 		"  return math.max(seq, now_us - now_us % 1000000)\n"},
+	// A countdown latch opens on any count down that finds waiters, its
+	// count not yet 0: their Waits return early.
+	"latch-early": {"lua/ops/latch.lua",
+		"if count == 0 and r.nc > 0 then\n  -- Open:",
+		"if r.nc > 0 then\n  -- Open:"},
 }
 
 // Transform returns the script transform (for internal/testhook.Transform)
