@@ -64,9 +64,18 @@ end
 
 -- A resent call finds what the first one did: a grant (recorded in S until
 -- its lease ends), a tombstone (the grant has ended without its release),
--- or its place in the queue.
-local g = rs[1].grant
-if is_tomb(g) then return { 4 } end
+-- or its place in the queue. A multi-request's parts may end apart (each
+-- resource drops its expired lease and trims its tombstone when a script
+-- comes by), so any resource's record counts: a tombstone on any says the
+-- request has ended; a grant on any, that it was granted (the parts gone
+-- since answer as expired), and no part is granted twice; a mark on any,
+-- that it waits (a part dropped from one queue, dead there, stays in the
+-- others until a queue run finds it broken).
+local g = false
+for _, r in ipairs(rs) do
+  if is_tomb(r.grant) then return { 4 } end
+  if r.grant and (not g or g == QUEUED) then g = r.grant end
+end
 if g and g ~= QUEUED then return granted(3) end
 
 if g == QUEUED then

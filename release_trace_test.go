@@ -252,3 +252,45 @@ func TestReleaseAfterLapseIsLost(t *testing.T) {
 		}
 	})
 }
+
+// A late copy of a multi-request's acquire that finds no trace of its
+// ticket on its first semaphore (the part there expired, was dropped and
+// its tombstone trimmed) but its expired part still held on another
+// (nobody came by there) is the first request's, not a new one: it answers
+// granted before, expired, and grants nothing. It was once granted anew on
+// both, and the ticket held the second semaphore twice (its expired lease
+// and the new one, which capacity 2 let in), until the old lease's purge
+// wrote its tombstone over the new grant's record.
+func TestLateMultiAcquireSeesItsPartLeftOnAnotherSemaphore(t *testing.T) {
+	g := newTraceRig(t)
+	a, b := "trace:{a}", "trace:{b}"
+	keysOf := func(base string) []string {
+		return []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}
+	}
+	both := append(keysOf(a), keysOf(b)...)
+	group := a + "\t1\t1\t" + b + "\t1\t2"
+	acquire := func() []any {
+		got, _ := g.runOn(both, "acquire", "TM", "PM", "200000", "3000", group, "1", "1", "1", "2").([]any)
+		return got
+	}
+	if got := acquire(); len(got) != 5 || got[0] != int64(1) {
+		t.Fatalf("the multi-request = %v, want granted at once", got)
+	}
+	g.advance(201000) // the lease has expired on both
+	// Another request on a alone drops the expired part there (a
+	// tombstone), and one more, past the tombstone's time, trims it; b
+	// sees nobody.
+	for _, ticket := range []string{"TA", "TB"} {
+		tok := tokenOf(t, g.runOn(keysOf(a), "acquire", ticket, "PA", "200000", "3000", "", "1", "1"))
+		g.runOn(keysOf(a), "release", ticket, "PA", "200000", "3000", "", "0", "1", tok)
+		g.advance(21000)
+	}
+	got := acquire() // the late copy
+	if len(got) < 3 || got[0] != int64(acqGrantedBefore) || got[2] != int64(0) {
+		t.Fatalf("the late copy = %v, want %d (granted before) with expiry 0\n%s", got, acqGrantedBefore, g.dump())
+	}
+	st := statecheck.State{Prefix: "trace:", Bases: []string{a, b}, At: g.now / 1000, Shift: differential.ExpiryShift}
+	if err := statecheck.Check(context.Background(), g.r.RDB, st); err != nil {
+		t.Fatalf("%v\n%s", err, g.dump())
+	}
+}
