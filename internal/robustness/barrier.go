@@ -170,8 +170,16 @@ func CheckBarrier(h History, pauses []Pause, lim Limits) BarrierResult {
 		}
 	}
 	res.Violations = calls.Violations
+	if n := len(res.Violations); n > maxBarrierViolations {
+		res.Violations = append(res.Violations[:maxBarrierViolations:maxBarrierViolations],
+			fmt.Sprintf("barrier: %d violations more", n-maxBarrierViolations))
+	}
 	return res
 }
+
+// maxBarrierViolations is how many violations CheckBarrier names; a rule
+// broken in every round would otherwise name each.
+const maxBarrierViolations = 10
 
 func indices(ops []Op) []int {
 	out := make([]int, 0, len(ops))
