@@ -50,7 +50,7 @@ type bresult struct {
 
 // newBarrier draws the machine's barrier.
 func (m *machine) newBarrier(t *rapid.T) {
-	parties := rapid.SampledFrom([]int64{1, 2, 3, 3}).Draw(t, "barrier parties")
+	parties := rapid.SampledFrom([]int64{1, 2, 3, 3, 4}).Draw(t, "barrier parties")
 	k, _ := m.obs.keys("b")
 	m.barrier = &mbarrier{name: "b", parties: parties, ttl: time.Hour, round: 1, k: barrierKeysOf(k)}
 }
