@@ -224,6 +224,16 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 			"wake(list, fallback, wake_entry(w.ticket, now, { num(COMPLETED) }), w.wait)", 0, true},
 		{"barrier status lists its waiters out of arrival order", "lua/ops/barrier.lua",
 			"ipairs(redis.call('ZRANGE', cv.C, 0, -1))", "ipairs(redis.call('ZREVRANGE', cv.C, 0, -1))", 0, true},
+		// The same rules, which the machine's barrier model checks
+		// (property_barrier_test.go) through whole clients.
+		{"barrier model: a round completes before its last party", "lua/ops/barrier.lua",
+			"if n + 1 >= parties then", "if n + 2 >= parties then", 0, false},
+		{"barrier model: a cancel leaves its round running", "lua/ops/barrier.lua",
+			"    end_round(BROKEN, ticket)\n    record(r, ticket, signalled(round - 1, 0, BROKEN, 0))\n",
+			"    record(r, ticket, signalled(round, 0, BROKEN, 0))\n", 0, false},
+		{"barrier model: a broken round's parties woken completed", "lua/ops/barrier.lua",
+			"wake(list, fallback, wake_entry(w.ticket, now, { num(outcome) }), w.wait)",
+			"wake(list, fallback, wake_entry(w.ticket, now, { num(COMPLETED) }), w.wait)", 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			restore := breakScript(t, tc.file, tc.old, tc.new)
@@ -600,7 +610,8 @@ const (
 	waiting
 	holding
 	crashed
-	latching // waits on the machine's latch (property_latch_test.go)
+	latching   // waits on the machine's latch (property_latch_test.go)
+	barriering // waits at the machine's barrier (property_barrier_test.go)
 )
 
 type actor struct {
@@ -620,6 +631,7 @@ type actor struct {
 	ticket string
 	crowd  *crowd   // the crowd it belongs to, or nil for a process of its own
 	lw     *lwaiter // its Wait on the latch (latching)
+	bw     *bwaiter // its Await on the barrier (barriering)
 }
 
 // A crowd is one process (one Client) with many requests at once, each of
@@ -696,6 +708,7 @@ type machine struct {
 	rdb     *redis.Client
 	sems    []*msem
 	latch   *mlatch
+	barrier *mbarrier
 	actors  []*actor
 	byCID   map[string]*actor
 	known   map[string]bool // tickets the model has learned
@@ -757,6 +770,7 @@ func runMachine(rt *rapid.T, b *redistest.Backend, cfg mconfig) {
 		m.sems = append(m.sems, &msem{name: name, cap: capacity, k: k})
 	}
 	m.newLatch(rt)
+	m.newBarrier(rt)
 	for range 3 {
 		m.spawn(rt)
 	}
@@ -781,7 +795,10 @@ func runMachine(rt *rapid.T, b *redistest.Backend, cfg mconfig) {
 		// the semaphores keep most of the actions.
 		"latch":      m.latchAction,
 		"count down": m.latchDown,
-		"":           m.check,
+		// The cyclic barrier (property_barrier_test.go): one action whose
+		// draw picks an Await or a waiting party's cancel.
+		"barrier": m.barrierAction,
+		"":        m.check,
 	}
 	if m.frozen {
 		actions["crash"] = m.crash
@@ -826,7 +843,7 @@ func (m *machine) newClientTTL(hook redis.Hook, ttl, wttl time.Duration) *Client
 }
 
 func (m *machine) spawn(t *rapid.T) {
-	if len(m.solo(idle, waiting, holding, latching)) >= 6 {
+	if len(m.solo(idle, waiting, holding, latching, barriering)) >= 6 {
 		return
 	}
 	cu := &cut{}
@@ -1196,6 +1213,11 @@ func (m *machine) pauseRelease(t *rapid.T) {
 			most = min(most, w.at-now-ms(pChunk)-1)
 		}
 	}
+	for _, w := range m.barrier.waiters {
+		if w.at > now {
+			most = min(most, w.at-now-ms(pChunk)-1)
+		}
+	}
 	if most < 1 {
 		t.Skip("a live entry is about to expire")
 	}
@@ -1450,6 +1472,7 @@ func (m *machine) heartbeat(t *rapid.T) {
 		}
 	}
 	m.latchHeartbeat(t)
+	m.barrierHeartbeat(t)
 }
 
 func (m *machine) receive(t *rapid.T, a *actor) acqResult {
@@ -1568,6 +1591,7 @@ func (m *machine) redisHolders(s *msem) []rentry {
 func (m *machine) check(t *rapid.T) {
 	m.checkState(t)
 	m.latchCheck(t)
+	m.barrierCheck(t)
 	for _, s := range m.sems {
 		// Safety: live leases never hold more than the capacity, and they
 		// are exactly the model's holders: none the model says expired.
@@ -1689,6 +1713,7 @@ func (m *machine) finish() {
 	t := m.t
 	ctx := context.Background()
 	m.latchFinish()
+	m.barrierFinish()
 	for _, a := range m.live(waiting, holding) {
 		if a.state == waiting {
 			a.cancel()

@@ -28,6 +28,11 @@ var Mutations = map[string]Mutation{
 	"latch-early": {"lua/ops/latch.lua",
 		"if count == 0 and r.nc > 0 then\n  -- Open:",
 		"if r.nc > 0 then\n  -- Open:"},
+	// A cyclic barrier's round completes one party early: its
+	// next-to-last arrival ends it.
+	"barrier-early": {"lua/ops/barrier.lua",
+		"if n + 1 >= parties then\n",
+		"if n + 2 >= parties then\n"},
 }
 
 // Transform returns the script transform (for internal/testhook.Transform)
