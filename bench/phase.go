@@ -28,13 +28,8 @@ type phaseWay struct {
 // phase is scenario 6c: phaseParties processes go through rounds of a
 // phase, each round ending when the last of them arrives.
 func phase(e *env) ([]*Table, []Target, error) {
-	var im impl
-	for _, x := range e.impls {
-		if x.ownRow() {
-			im = x
-		}
-	}
-	if im.name == "" {
+	im, ok := e.own()
+	if !ok {
 		return nil, nil, nil
 	}
 	poll := func(every time.Duration) phaseWay {
