@@ -250,7 +250,9 @@ func (c *Client) barrierStart(ctx context.Context, op, name string) (barrierKeys
 // barrierStatus returns the barrier's round, the owners of its waiting
 // parties in arrival order, and whether the round has lost a party (it
 // breaks at the next refresh or arrival); or the parties it is stored
-// with when those are others (stored > 0).
+// with when those are others (stored > 0). With parties 0 it reads
+// whatever parties are stored, and returns them as stored (0 when the
+// barrier does not exist): a tool's read.
 func (c *Client) barrierStatus(ctx context.Context, name string, parties int64) (round int64, arrived []string, broken bool, stored int64, err error) {
 	const op = "barrier status"
 	bk, err := c.barrierStart(ctx, op, name)
@@ -279,5 +281,8 @@ func (c *Client) barrierStatus(ctx context.Context, name string, parties int64) 
 		s, _ := v.(string)
 		arrived = append(arrived, owner(s))
 	}
-	return head[0], arrived, head[2] == 1, 0, nil
+	if parties == 0 {
+		stored = head[1]
+	}
+	return head[0], arrived, head[2] == 1, stored, nil
 }

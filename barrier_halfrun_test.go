@@ -91,7 +91,10 @@ func TestBarrierScriptsNeverHalfRun(t *testing.T) {
 		}
 		faults := &redistest.Faults{}
 		drdb := b.Client(t)
-		dc, err := fairlock.New(drdb, fairlock.WithPrefix(prefix), fairlock.WithWaiterTTL(100*time.Millisecond), redistest.AddHook[fairlock.Option](drdb, faults))
+		// (A waiter TTL of a second: with 100 ms, on a busy machine the
+		// doomed party's refresh came late, it died before the live party
+		// arrived, and the live party's arrival broke the round.)
+		dc, err := fairlock.New(drdb, fairlock.WithPrefix(prefix), fairlock.WithWaiterTTL(time.Second), redistest.AddHook[fairlock.Option](drdb, faults))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -101,7 +104,7 @@ func TestBarrierScriptsNeverHalfRun(t *testing.T) {
 		deadDone := make(chan error, 1)
 		go func() { _, err := newBarrier(dc, "broken", 3).Await(dead); deadDone <- err }()
 		waitFor("the doomed party", func() bool { return waiters("broken") == 1 })
-		live := newBarrier(client(fairlock.WithWaiterTTL(100*time.Millisecond)), "broken", 3)
+		live := newBarrier(client(fairlock.WithWaiterTTL(time.Second)), "broken", 3)
 		liveDone := make(chan error, 1)
 		go func() { _, err := live.Await(ctx); liveDone <- err }()
 		waitFor("the live party", func() bool { return waiters("broken") == 2 })

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -197,9 +198,14 @@ type boxedCheckBackend struct {
 	mu   sync.Mutex
 	bad  []string
 	seen atomic.Int32
+	// renewals counts the renewal calls, Boxed set or not.
+	renewals atomic.Int32
 }
 
 func (b *boxedCheckBackend) Script(ctx context.Context, sc backend.Script) (any, error) {
+	if len(sc.Args) > 0 && strings.HasPrefix(sc.Args[0], "renew") {
+		b.renewals.Add(1)
+	}
 	if sc.Boxed != nil {
 		b.seen.Add(1)
 		ok := len(sc.Boxed) == len(sc.Args)
@@ -228,7 +234,9 @@ func (b *boxedCheckBackend) Script(ctx context.Context, sc backend.Script) (any,
 func TestBatchAdversary2BoxedIsArgs(t *testing.T) {
 	b := redistest.Mini(t)
 	chk := &boxedCheckBackend{Backend: newGoRedis(b.Client(t))}
-	const ttl = 300 * time.Millisecond
+	// (A TTL that a busy machine's stalls do not reach: the test is of
+	// the renewals' arguments, not of their timing.)
+	const ttl = 1500 * time.Millisecond
 	c, err := NewWithBackend(chk, WithPrefix("boxed:"), WithLeaseTTL(ttl))
 	if err != nil {
 		t.Fatal(err)
@@ -240,7 +248,14 @@ func TestBatchAdversary2BoxedIsArgs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * ttl) // a few renewals
+	// A few renewals (every TTL/3): a renewal sent with a Boxed cut short
+	// loses the lease.
+	for deadline := time.Now().Add(10 * time.Second); chk.renewals.Load() < 3 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := chk.renewals.Load(); n < 3 {
+		t.Fatalf("%d renewals in 10 s, want three", n)
+	}
 	if err := l.Err(); err != nil {
 		t.Fatalf("lease ended: %v", err)
 	}

@@ -84,6 +84,8 @@ type callMachine struct {
 	pair    callSides
 	now     int64 // µs, Redis's clock as the replayers see it
 	sems    []*csem
+	latch   *clatch   // differential_latch_test.go
+	barrier *cbarrier // differential_barrier_test.go
 	procs   []*cproc
 	waiting []*cticket
 	holding []*cticket
@@ -131,6 +133,12 @@ func (m *callMachine) exec(c call) any {
 		if err := m.stateOutlives(s, hs); err != nil {
 			m.t.Fatalf("after step %d (%s): %v", len(m.sent), c, err)
 		}
+	}
+	if m.latch != nil {
+		bases = append(bases, m.latch.res.base)
+	}
+	if m.barrier != nil {
+		bases = append(bases, m.barrier.res.base)
 	}
 	// The keys' invariants, on the machine's clock (the replayers'), as
 	// the model-based tests check them on the server's.
@@ -433,6 +441,9 @@ func (m *callMachine) leave(t *rapid.T) {
 	}
 	m.exec(call{Keys: keys, Args: releaseArgs("leave", tk, tk.p.lease)})
 	m.waiting = slices.Delete(m.waiting, i, i+1)
+	if m.isBarrierWaiter(tk) {
+		m.barrierLeft(tk)
+	}
 }
 
 // keys0 returns the engine's keys of tk's first semaphore.
@@ -443,8 +454,49 @@ func keys0(tk *cticket) keys {
 // refresh refreshes a process's waiters on one semaphore (those whose
 // first semaphore it is), and learns which were granted or dropped.
 func (m *callMachine) refresh(t *rapid.T) {
-	p := m.drawProc(t)
-	s := m.sems[rapid.IntRange(0, len(m.sems)-1).Draw(t, "semaphore")]
+	m.refreshOf(m.drawProc(t), m.sems[rapid.IntRange(0, len(m.sems)-1).Draw(t, "semaphore")])
+}
+
+// overdue moves the clock just past the expiry of a lease on a semaphore
+// a ticket waits on, and has the waiter's process refresh that semaphore
+// at once, before any other call grants the freed permits: the edge where
+// a refresh's own run grants the waiters it refreshes (and must say so,
+// as a copy of it would), which a separate advance and refresh reach
+// only when no call comes between them.
+func (m *callMachine) overdue(t *rapid.T) {
+	var queued []*cticket
+	for _, tk := range m.waiting {
+		if tk.cond == "" {
+			queued = append(queued, tk)
+		}
+	}
+	if len(queued) == 0 {
+		t.Skip("no queued waiter")
+	}
+	tk := queued[rapid.IntRange(0, len(queued)-1).Draw(t, "waiter")]
+	s := tk.parts[0].sem
+	hs, err := statecheck.Holders(m.ctx, m.pair.sides()[0].RDB, s.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An expiry within the waiter's life, which a refresh now renews.
+	var ahead []int64
+	for _, h := range hs {
+		if at := int64(h.Score); at >= m.nowMs() && at+1 < m.nowMs()+tk.p.wait {
+			ahead = append(ahead, at)
+		}
+	}
+	if len(ahead) == 0 {
+		t.Skip("no lease's expiry within the waiter's TTL")
+	}
+	m.refreshOf(tk.p, s)
+	at := ahead[rapid.IntRange(0, len(ahead)-1).Draw(t, "expiry")] + rapid.Int64Range(0, 1).Draw(t, "past")
+	m.now = max(m.now, at*1000+rapid.Int64Range(0, 999).Draw(t, "µs"))
+	m.refreshOf(tk.p, s)
+}
+
+// refreshOf has process p refresh its waiters whose first semaphore is s.
+func (m *callMachine) refreshOf(p *cproc, s *csem) {
 	args := []string{"refresh", p.id, num(p.lease), num(p.wait)}
 	for _, tk := range m.waiting {
 		if tk.p == p && tk.parts[0].sem == s {
@@ -469,6 +521,9 @@ func (m *callMachine) learn(ticket, grant string) {
 		return
 	}
 	tk := m.waiting[i]
+	if m.latchWoken(ticket) || m.barrierWoken(ticket, grant) {
+		return // the latch opened, or the barrier's round ended: nothing is granted
+	}
 	m.waiting = slices.Delete(m.waiting, i, i+1)
 	f := strings.Fields(grant)
 	if len(f) < 2 {
@@ -485,7 +540,7 @@ func (m *callMachine) learn(ticket, grant string) {
 // semaphores: its one list, if it has one, and each semaphore's own.
 func (m *callMachine) wakeLists(p *cproc) []string {
 	var lists []string
-	for _, s := range m.sems {
+	for _, s := range m.wakeSems() {
 		k := keys{base: s.base}
 		for _, l := range []string{k.wake(p.id), k.ownWake(p.id)} {
 			if !slices.Contains(lists, l) {
@@ -515,7 +570,7 @@ func (m *callMachine) hear(t *rapid.T) {
 				t.Fatalf("wake list %s: %s %q, %s %q", list, sides[0].Name, got[0], sides[j].Name, got[j])
 			}
 		}
-		for _, s := range m.sems {
+		for _, s := range m.wakeSems() {
 			k := keys{base: s.base}
 			if !planting && len(got[0]) > 0 && list == k.ownWake(p.id) && list != k.wake(p.id) {
 				t.Fatalf("wake list %s holds %q, but process %s hears its grants on %s", list, got[0], p.id, k.wake(p.id))
@@ -630,13 +685,23 @@ func (m *callMachine) recent(c call) bool {
 
 // resend sends one of the last calls again, now. (However long ago it
 // was sent: a call about a ticket whose tombstone is due to be trimmed is
-// also what a late release of an old lease makes.)
+// also what a late release of an old lease makes. A count down is the
+// exception, see resendDown, and so are the barrier's calls.)
 func (m *callMachine) resend(t *rapid.T) {
 	if len(m.sent) == 0 {
 		t.Skip("nothing sent")
 	}
 	back := rapid.IntRange(1, min(len(m.sent), 6)).Draw(t, "calls back")
 	c := m.sent[len(m.sent)-back]
+	switch c.Op() {
+	case "latch_down":
+		m.resendDown(t, c) // within the copy window only
+		return
+	case "barrier_await", "barrier_break":
+		// A copy may end a round the model would not see end: the
+		// barrier's copies are the resend pair's (TestResentCallsActOnce).
+		t.Skip("a barrier call's copy")
+	}
 	m.exec(call{Script: c.Script, Keys: c.Keys, Args: c.Args})
 }
 
@@ -799,10 +864,14 @@ func runCallMachine(rt *rapid.T, pair callSides, started ...func(*callMachine)) 
 			wait:  rapid.SampledFrom([]int64{200, 600, 3000}).Draw(rt, "waiter TTL"),
 		})
 	}
+	m.newCallLatch(rt)
+	m.newCallBarrier(rt)
 	for _, f := range started {
 		f(m)
 	}
 	rt.Repeat(map[string]func(*rapid.T){
+		"latch":        m.latchCall,
+		"barrier":      m.barrierCall,
 		"acquire":      m.acquire,
 		"release":      m.release,
 		"renew batch":  m.renewBatch,
@@ -816,6 +885,7 @@ func runCallMachine(rt *rapid.T, pair callSides, started ...func(*callMachine)) 
 		"resend":       m.resend,
 		"late acquire": m.resendAcquire,
 		"lapse":        m.lapse,
+		"overdue":      m.overdue,
 		"advance":      m.advance,
 		"":             func(*rapid.T) {},
 	})

@@ -58,6 +58,10 @@ func init() {
 	engine.LatchCount = func(ctx context.Context, c any, name string, init int64) (int64, int64, error) {
 		return c.(*Client).latchCount(ctx, name, init)
 	}
+	engine.LatchInspect = func(ctx context.Context, c any, name string) (engine.LatchState, error) {
+		count, init, waiting, err := c.(*Client).latchInspect(ctx, name)
+		return engine.LatchState{Count: count, Init: init, Waiting: waiting}, err
+	}
 	engine.LatchDown = func(ctx context.Context, c any, name string, init int64, ttl time.Duration) (int64, int64, error) {
 		return c.(*Client).latchDown(ctx, name, init, ttl)
 	}

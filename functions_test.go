@@ -160,6 +160,11 @@ func renewOnce(t *testing.T, c *Client, s *sent) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for s.get("script:renew")+s.get("script:renew_batch") == 0 {
+		if err := l.Err(); err != nil {
+			// (A process starved of CPU past the lease's deadline ends
+			// it without sending a renewal.)
+			t.Fatalf("lease lost before its first renewal: %v", err)
+		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no renewal within 10s: %v", s.n)
 		}

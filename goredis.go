@@ -107,6 +107,16 @@ func init() {
 	testhook.GivenBack = func(client any) int64 {
 		return client.(*Client).waits.grants.late.Load()
 	}
+	testhook.OpFlags = func(name string) ([]string, bool) {
+		o := opNamed(name)
+		if o == nil {
+			return nil, false
+		}
+		if f := entries[o.entry].flags; f != "" {
+			return strings.Split(f, ","), true
+		}
+		return nil, true
+	}
 	testhook.Batches = func(client any) (batches, calls int64) {
 		if b := client.(*Client).calls.batch; b != nil {
 			return b.sent.Load(), b.sentCalls.Load()

@@ -144,13 +144,44 @@ func (c *Client) latchCount(ctx context.Context, name string, init int64) (count
 	return r[0], 0, nil
 }
 
+// latchInspect returns the latch name's count, the count it was made
+// with (0 and 0 when it does not exist) and how many waiters it has
+// registered (the dead among them until they are dropped), whatever count
+// it was made with: a tool's read.
+func (c *Client) latchInspect(ctx context.Context, name string) (count, init, waiting int64, err error) {
+	const op = "latch count"
+	lk, err := c.latchStart(ctx, op, name)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	o, ok := c.calls.op(ctx, lk.call(opLatchCount, 0), nil)
+	if !ok {
+		return 0, 0, 0, opError(op, []string{name}, o.res.err)
+	}
+	r, err := latchReply(o.res)
+	if err == nil && (r[0] < 0 || r[1] < 0 || r[2] < 0) {
+		err = fmt.Errorf("%w: latch count reply %v", ErrRedis, r)
+	}
+	if err != nil {
+		return 0, 0, 0, fail(ctx, op, []string{name}, err)
+	}
+	return r[0], r[1], r[2], nil
+}
+
+// latchResendFor bounds how long latchDown sends one script again under
+// its id: less than the shortest life of the script's record (a
+// tombstone, 10 s from its run, which comes after the first send), so
+// that every copy it sends finds the record and none counts again.
+const latchResendFor = 9 * time.Second
+
 // latchDown counts the latch name (made with init) down by one, never
 // below 0, keeping its count ttl; the call that takes it to 0 wakes every
 // waiter, in scripts of bounded length. It returns the count after, or
 // the stored init when that is another (stored > 0). Each script has an
 // id of its own: go-redis's resend of it, and latchDown's own after an
 // error that passes (sent again with backoff while ctx lasts, for at most
-// a waiter TTL), find the first run's reply and act no more.
+// a waiter TTL or latchResendFor, whichever is shorter), find the first
+// run's reply and act no more.
 func (c *Client) latchDown(ctx context.Context, name string, init int64, ttl time.Duration) (count, stored int64, err error) {
 	const op = "count down"
 	lk, err := c.latchStart(ctx, op, name)
@@ -158,8 +189,8 @@ func (c *Client) latchDown(ctx context.Context, name string, init int64, ttl tim
 		return 0, 0, err
 	}
 	names := []string{name}
-	until := time.Now().Add(c.cfg.waiterTTL)
 	id, wait := newTicket(), resendFirst
+	until := time.Now().Add(min(c.cfg.waiterTTL, latchResendFor))
 	for scripts := 0; scripts < maxLatchScripts; {
 		o, ok := c.calls.op(ctx, lk.call(opLatchDown, init, msArg(ttl), id), nil)
 		if !ok {
@@ -221,7 +252,35 @@ func (c *Client) pause(ctx context.Context, d time.Duration) error {
 // the client closes, the waiter withdraws in the background and
 // latchWait returns ctx's error (ErrClosed). stored > 0 is the init the
 // latch is stored with, when that is another.
+//
+// With an observer, a wait that had to wait is reported from its start
+// (WaitStarted, once, however often it asks again) to its end: WaitEnded
+// when the latch opened, WaitAbandoned otherwise.
 func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl time.Duration) (stored int64, err error) {
+	if c.cfg.observer == nil {
+		return c.latchWaitFor(ctx, name, init, ttl, nil)
+	}
+	id, names := eventIDs.Add(1), []string{name}
+	var started time.Time
+	stored, err = c.latchWaitFor(ctx, name, init, ttl, func() {
+		if started.IsZero() {
+			started = time.Now()
+			c.observe(Event{Kind: WaitStarted, Names: names, ID: id})
+		}
+	})
+	switch {
+	case started.IsZero():
+	case err == nil && stored == 0:
+		c.observe(Event{Kind: WaitEnded, Names: names, Wait: time.Since(started), ID: id})
+	default:
+		c.observe(Event{Kind: WaitAbandoned, Names: names, Wait: time.Since(started), Err: err, ID: id})
+	}
+	return stored, err
+}
+
+// latchWaitFor is latchWait; waiting (when not nil) is called each time
+// its waiter is registered in Redis to wait.
+func (c *Client) latchWaitFor(ctx context.Context, name string, init int64, ttl time.Duration, waiting func()) (stored int64, err error) {
 	const op = "wait latch"
 	lk, err := c.latchStart(ctx, op, name)
 	if err != nil {
@@ -283,6 +342,9 @@ func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl tim
 			return 0, wrap(o.ackErr)
 		}
 		c.waits.noteQueued(r, w, time.Duration(rep[2])*time.Millisecond, clockSample{sent: sent, redis: rep[1]})
+		if waiting != nil {
+			waiting()
+		}
 		open, err := c.awaitOpen(ctx, op, cp, r, w)
 		if err != nil || open {
 			return 0, err

@@ -11,14 +11,17 @@ type EventKind int
 // The events a [Client] reports to its [Observer].
 const (
 	// WaitStarted: a request joined a queue (it was not granted at once),
-	// or a lease began to wait on a condition variable (semaphore.Cond.Wait).
+	// a lease began to wait on a condition variable (semaphore.Cond.Wait),
+	// or a countdown latch's Wait (package latch) began to wait (the
+	// latch was not open).
 	WaitStarted EventKind = iota + 1
 	// Granted: a request was granted, at once (Wait is 0) or after
 	// waiting (Wait is how long: for a condition wait, on the condition
 	// and then in the queue).
 	Granted
-	// WaitAbandoned: a queued request gave up (Err says why: the caller's
-	// context, Close, or Redis); Wait is how long it waited.
+	// WaitAbandoned: a queued request, or a latch's Wait, gave up (Err
+	// says why: the caller's context, Close, or Redis); Wait is how long
+	// it waited.
 	WaitAbandoned
 	// LeaseRenewed: a renewal extended a lease; Held is its age.
 	LeaseRenewed
@@ -33,9 +36,13 @@ const (
 	// matching ErrClosed (its message says which), as the lease's own Err
 	// does; LeaseReleased is the holder's release alone.
 	LeaseLost
+	// WaitEnded: a wait that grants nothing ended because what it waited
+	// for happened: a countdown latch's Wait returned because the latch
+	// opened. Wait is how long it waited. No lease follows.
+	WaitEnded
 )
 
-var kindNames = [...]string{"", "wait_started", "granted", "wait_abandoned", "lease_renewed", "lease_released", "lease_lost"}
+var kindNames = [...]string{"", "wait_started", "granted", "wait_abandoned", "lease_renewed", "lease_released", "lease_lost", "wait_ended"}
 
 // String returns the kind's name in snake case ("lease_lost"), or
 // "unknown" for a value that is not one of the kinds.
@@ -50,11 +57,13 @@ func (k EventKind) String() string {
 type Event struct {
 	Kind EventKind
 	// Names are the semaphores of the request, in name order (one for a
-	// single semaphore).
+	// single semaphore), or the latch's name for a latch's Wait.
 	Names []string
-	// Permits are the permits asked or held, of each semaphore in Names.
+	// Permits are the permits asked or held, of each semaphore in Names
+	// (nil for a latch's Wait, which asks for none).
 	Permits []int64
-	// Wait is how long the request waited (Granted, WaitAbandoned).
+	// Wait is how long the request waited (Granted, WaitAbandoned,
+	// WaitEnded).
 	Wait time.Duration
 	// Held is how long the lease has been held (LeaseRenewed,
 	// LeaseReleased, LeaseLost).

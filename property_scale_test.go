@@ -282,11 +282,16 @@ type runStats struct {
 	queue   int   // waiters of one semaphore in Redis
 	bulk    int   // requests granted by one step of the model
 	expired int   // leases and waiters expiring in one step of the model
+	woken   int   // latch waiters woken by the CountDown that opened it
+	remade  bool  // the latch's count expired, and a call made it again
+	// completed and broken are the most barrier parties one round's end
+	// returned: completed by its last arrival, broken by a cancel.
+	completed, broken int
 }
 
 func (r runStats) String() string {
-	return fmt.Sprintf("capacity %d, permits %d, crowd %d, queue %d, bulk grant %d, expired at once %d",
-		r.cap, r.weight, r.crowd, r.queue, r.bulk, r.expired)
+	return fmt.Sprintf("capacity %d, permits %d, crowd %d, queue %d, bulk grant %d, expired at once %d, latch waiters woken %d, barrier round completed for %d, broken for %d",
+		r.cap, r.weight, r.crowd, r.queue, r.bulk, r.expired, r.woken, r.completed, r.broken)
 }
 
 // propStats gathers runStats over the machines of one test.
@@ -313,7 +318,20 @@ func (p *propStats) log(t *testing.T) {
 	reached := map[string]int{}
 	for i, r := range p.runs {
 		top = runStats{max(top.cap, r.cap), max(top.weight, r.weight), max(top.crowd, r.crowd),
-			max(top.queue, r.queue), max(top.bulk, r.bulk), max(top.expired, r.expired)}
+			max(top.queue, r.queue), max(top.bulk, r.bulk), max(top.expired, r.expired), max(top.woken, r.woken), false,
+			max(top.completed, r.completed), max(top.broken, r.broken)}
+		if r.woken > 0 {
+			reached["latch opened on waiters"]++
+		}
+		if r.remade {
+			reached["latch remade"]++
+		}
+		if r.completed >= 2 {
+			reached["barrier completed on waiters"]++
+		}
+		if r.broken >= 1 {
+			reached["barrier broken on waiters"]++
+		}
 		if r.queue >= 100 {
 			reached["queue>=100"]++
 		}

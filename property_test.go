@@ -194,6 +194,45 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 
 		{"dead waiters stay behind a full semaphore", "lua/ops/refresh.lua",
 			"purge_waiters(first)\nrun_queues(loaded)\n", "run_queues(loaded)\n", 0, false},
+		// The countdown latch's rules (lua/ops/latch.lua), which the
+		// machine's latch model checks (property_latch_test.go).
+		{"latch count falls below 0", "lua/ops/latch.lua",
+			"if count > 0 then count = count - 1 end\n", "count = count - 1\n", 0, false},
+		{"latch opens before its count is 0", "lua/ops/latch.lua",
+			"if count == 0 and r.nc > 0 then\n  -- Open:", "if r.nc > 0 then\n  -- Open:", 0, false},
+		{"latch counts a resent count down again", "lua/ops/latch.lua",
+			"if is_signalled(r.grant) then\n", "if false then\n", 0, false},
+		{"latch wait on an open latch waits", "lua/ops/latch.lua",
+			"  if count <= 0 then return { 0 } end\n", "  if count < 0 then return { 0 } end\n", 0, false},
+		{"latch wait neither makes nor keeps the count", "lua/ops/latch.lua",
+			"  cond_add(r, cv, ticket, 1, client, lease, wait)\n  keep_count(count)\n",
+			"  cond_add(r, cv, ticket, 1, client, lease, wait)\n", 0, false},
+		{"latch waiter dropped by its refresh while the count is above 0", "lua/ops/refresh.lua",
+			"is_open = redis.call('HGET', first.base, 'count') == '0'", "is_open = true", 0, false},
+		// The cyclic barrier's rules (lua/ops/barrier.lua), which the
+		// call machine checks (differential_barrier_test.go).
+		{"barrier completes a round before its last party", "lua/ops/barrier.lua",
+			"if n + 1 >= parties then", "if n + 2 >= parties then", 0, true},
+		{"barrier arrival joins a round that lost a party", "lua/ops/barrier.lua",
+			"if not intact() then end_round(BROKEN, nil) end\n", "\n", 0, true},
+		{"barrier break leaves its round running", "lua/ops/barrier.lua",
+			"    end_round(BROKEN, ticket)\n    record(r, ticket, signalled(round - 1, 0, BROKEN, 0))\n",
+			"    record(r, ticket, signalled(round, 0, BROKEN, 0))\n", 0, true},
+		{"barrier wakes a broken round's waiters completed", "lua/ops/barrier.lua",
+			"wake(list, fallback, wake_entry(w.ticket, now, { num(outcome) }), w.wait)",
+			"wake(list, fallback, wake_entry(w.ticket, now, { num(COMPLETED) }), w.wait)", 0, true},
+		{"barrier status lists its waiters out of arrival order", "lua/ops/barrier.lua",
+			"ipairs(redis.call('ZRANGE', cv.C, 0, -1))", "ipairs(redis.call('ZREVRANGE', cv.C, 0, -1))", 0, true},
+		// The same rules, which the machine's barrier model checks
+		// (property_barrier_test.go) through whole clients.
+		{"barrier model: a round completes before its last party", "lua/ops/barrier.lua",
+			"if n + 1 >= parties then", "if n + 2 >= parties then", 0, false},
+		{"barrier model: a cancel leaves its round running", "lua/ops/barrier.lua",
+			"    end_round(BROKEN, ticket)\n    record(r, ticket, signalled(round - 1, 0, BROKEN, 0))\n",
+			"    record(r, ticket, signalled(round, 0, BROKEN, 0))\n", 0, false},
+		{"barrier model: a broken round's parties woken completed", "lua/ops/barrier.lua",
+			"wake(list, fallback, wake_entry(w.ticket, now, { num(outcome) }), w.wait)",
+			"wake(list, fallback, wake_entry(w.ticket, now, { num(COMPLETED) }), w.wait)", 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			restore := breakScript(t, tc.file, tc.old, tc.new)
@@ -570,6 +609,8 @@ const (
 	waiting
 	holding
 	crashed
+	latching   // waits on the machine's latch (property_latch_test.go)
+	barriering // waits at the machine's barrier (property_barrier_test.go)
 )
 
 type actor struct {
@@ -587,7 +628,9 @@ type actor struct {
 	res    chan acqResult
 	lease  *Lease
 	ticket string
-	crowd  *crowd // the crowd it belongs to, or nil for a process of its own
+	crowd  *crowd   // the crowd it belongs to, or nil for a process of its own
+	lw     *lwaiter // its Wait on the latch (latching)
+	bw     *bwaiter // its Await on the barrier (barriering)
 }
 
 // A crowd is one process (one Client) with many requests at once, each of
@@ -663,6 +706,8 @@ type machine struct {
 	obs     *Client
 	rdb     *redis.Client
 	sems    []*msem
+	latch   *mlatch
+	barrier *mbarrier
 	actors  []*actor
 	byCID   map[string]*actor
 	known   map[string]bool // tickets the model has learned
@@ -723,6 +768,8 @@ func runMachine(rt *rapid.T, b *redistest.Backend, cfg mconfig) {
 		k, _ := m.obs.keys(name)
 		m.sems = append(m.sems, &msem{name: name, cap: capacity, k: k})
 	}
+	m.newLatch(rt)
+	m.newBarrier(rt)
 	for range 3 {
 		m.spawn(rt)
 	}
@@ -742,7 +789,15 @@ func runMachine(rt *rapid.T, b *redistest.Backend, cfg mconfig) {
 		// A caller with another capacity: refused while anybody uses the
 		// semaphore (holders, queued waiters, condition waiters).
 		"other capacity": m.otherCapacity,
-		"":               m.check,
+		// The countdown latch (property_latch_test.go): CountDown, and one
+		// action whose draw picks Wait, a Wait's cancel or Count, so that
+		// the semaphores keep most of the actions.
+		"latch":      m.latchAction,
+		"count down": m.latchDown,
+		// The cyclic barrier (property_barrier_test.go): one action whose
+		// draw picks an Await or a waiting party's cancel.
+		"barrier": m.barrierAction,
+		"":        m.check,
 	}
 	if m.frozen {
 		actions["crash"] = m.crash
@@ -787,7 +842,7 @@ func (m *machine) newClientTTL(hook redis.Hook, ttl, wttl time.Duration) *Client
 }
 
 func (m *machine) spawn(t *rapid.T) {
-	if len(m.solo(idle, waiting, holding)) >= 6 {
+	if len(m.solo(idle, waiting, holding, latching, barriering)) >= 6 {
 		return
 	}
 	cu := &cut{}
@@ -1152,6 +1207,16 @@ func (m *machine) pauseRelease(t *rapid.T) {
 			}
 		}
 	}
+	for _, w := range m.latch.waiters {
+		if !w.dead && w.at > now {
+			most = min(most, w.at-now-ms(pChunk)-1)
+		}
+	}
+	for _, w := range m.barrier.waiters {
+		if w.at > now {
+			most = min(most, w.at-now-ms(pChunk)-1)
+		}
+	}
 	if most < 1 {
 		t.Skip("a live entry is about to expire")
 	}
@@ -1223,7 +1288,7 @@ func (m *machine) crash(t *rapid.T) {
 		m.settle(t)
 		return
 	}
-	as := m.solo(idle, waiting, holding)
+	as := m.solo(idle, waiting, holding, latching)
 	if len(as) == 0 {
 		t.Skip("nobody to crash")
 	}
@@ -1231,6 +1296,7 @@ func (m *machine) crash(t *rapid.T) {
 	m.logf("process %d crashes (state %d)", a.id, a.state)
 	a.cut.crash()
 	a.state = crashed
+	m.latchCrash(a)
 	for _, s := range m.sems {
 		for _, e := range slices.Concat(s.queue, s.holders, s.cond) {
 			if e.a == a {
@@ -1329,12 +1395,19 @@ func (m *machine) settle(t *rapid.T) {
 	if err != nil {
 		t.Fatalf("TIME: %v", err)
 	}
+	ks := make([]keys, 0, len(m.sems)+1)
 	for _, s := range m.sems {
+		ks = append(ks, s.k)
+	}
+	if m.latch != nil {
+		ks = append(ks, m.latch.k.res) // its waiters' resource: purged as any
+	}
+	for _, k := range ks {
 		// One script does a bounded part of the work (grants, purges);
 		// its reply's next event is 0 while work is left, and a waiting
 		// process refreshes again at once, as this does.
 		for i := 0; ; i++ {
-			res, err := m.obs.calls.scripts.named("refresh").Run(context.Background(), m.rdb, s.k.list(), "refresh", m.obs.id,
+			res, err := m.obs.calls.scripts.named("refresh").Run(context.Background(), m.rdb, k.list(), "refresh", m.obs.id,
 				ms(m.leaseTTL()), ms(m.waiterTTL())).Slice()
 			if err != nil {
 				t.Fatalf("observer's refresh: %v", err)
@@ -1397,6 +1470,8 @@ func (m *machine) heartbeat(t *rapid.T) {
 			}
 		}
 	}
+	m.latchHeartbeat(t)
+	m.barrierHeartbeat(t)
 }
 
 func (m *machine) receive(t *rapid.T, a *actor) acqResult {
@@ -1514,6 +1589,8 @@ func (m *machine) redisHolders(s *msem) []rentry {
 // invariants of the keys (statecheck) as they are now.
 func (m *machine) check(t *rapid.T) {
 	m.checkState(t)
+	m.latchCheck(t)
+	m.barrierCheck(t)
 	for _, s := range m.sems {
 		// Safety: live leases never hold more than the capacity, and they
 		// are exactly the model's holders: none the model says expired.
@@ -1611,9 +1688,12 @@ func (m *machine) check(t *rapid.T) {
 // checkState checks the invariants every key must keep at every moment
 // (statecheck.Check), on every semaphore of the machine.
 func (m *machine) checkState(t *rapid.T) {
-	bases := make([]string, len(m.sems))
+	bases := make([]string, len(m.sems), len(m.sems)+1)
 	for i, s := range m.sems {
 		bases[i] = s.k.base
+	}
+	if m.latch != nil {
+		bases = append(bases, m.latch.k.res.base)
 	}
 	st := statecheck.State{Prefix: m.prefix, Bases: bases, Purged: m.purged}
 	if err := statecheck.Check(context.Background(), m.rdb, st); err != nil {
@@ -1631,6 +1711,8 @@ func (m *machine) checkState(t *rapid.T) {
 func (m *machine) finish() {
 	t := m.t
 	ctx := context.Background()
+	m.latchFinish()
+	m.barrierFinish()
 	for _, a := range m.live(waiting, holding) {
 		if a.state == waiting {
 			a.cancel()

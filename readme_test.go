@@ -26,6 +26,38 @@ func TestReadmeQuickstart(t *testing.T) {
 	}
 }
 
+// The README names two commands, the main job and every test; the second
+// is what CI runs (.ci/run) and what CONTRIBUTING.md calls the full suite,
+// word for word.
+func TestReadmeTestCommandIsCIs(t *testing.T) {
+	read := func(name string) string {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	block := regexp.MustCompile("(?s)## Working on fairlock: the two commands\n.*?```sh\n(.*?)```").FindStringSubmatch(read("README.md"))
+	if block == nil {
+		t.Fatal("README.md has no sh block under \"Working on fairlock: the two commands\"")
+	}
+	var cmds []string
+	for _, line := range strings.Split(strings.TrimSpace(block[1]), "\n") {
+		cmd, _, _ := strings.Cut(line, "#")
+		cmds = append(cmds, strings.TrimSpace(cmd))
+	}
+	if len(cmds) != 2 || cmds[0] != "go -C bench run ." {
+		t.Fatalf("README.md's two commands are %q, want the main job (go -C bench run .) and every test", cmds)
+	}
+	test := cmds[1]
+	if !regexp.MustCompile("(?m)^" + regexp.QuoteMeta(test) + " \\|\\| exit 1$").MatchString(read(".ci/run")) {
+		t.Errorf(".ci/run does not run the README's test command %q (followed by || exit 1)", test)
+	}
+	if !strings.Contains(read("CONTRIBUTING.md"), "\n"+test+"  # the full suite") {
+		t.Errorf("CONTRIBUTING.md's full suite is not the README's test command %q", test)
+	}
+}
+
 // CONTRIBUTING.md's Layout table names every folder of the tree (top
 // level, and one level down in cmd, examples and internal), and every path
 // it names exists.

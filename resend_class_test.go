@@ -266,6 +266,7 @@ func TestResentCallsCatchBrokenRules(t *testing.T) {
 		{"a renewal forgets the grant's record", "lua/grant.lua", "  hold_at(r, now + ttl, m)\nend", "  hold_at(r, now + ttl, m)\n  record(r, (parse_holder(m)), false)\nend", nil},
 		{"a refresh does not find a grant kept in the state hash", "lua/ops/refresh.lua", "  states[k] = said[k] or inline_token(first.o, ticket)\n", "  states[k] = said[k]\n", nil},
 		{"a refresh does not report its own grants", "lua/ops/refresh.lua", "  if tokens then\n    out[#out + 1] = w.ticket", "  if false then\n    out[#out + 1] = w.ticket", nil},
+		{"a resent count down counts again", "lua/ops/latch.lua", "if is_signalled(r.grant) then", "if false then", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !strings.Contains(source(tc.file), tc.old) {

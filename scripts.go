@@ -345,12 +345,21 @@ func newCode(transform func(string) string) *code {
 	k := &code{evals: map[string]*evalCode{}, flagged: map[string]*evalCode{},
 		batchEvals: map[string]*evalCode{}, batchFlagged: map[string]*evalCode{}}
 	add := func(evals, flagged map[string]*evalCode, e entry, src string) {
+		// A transform sees the flags as the server does, so that it can
+		// keep them (a recording adds no write to a no-writes script).
+		if e.flags != "" {
+			src = "#!lua flags=" + e.flags + "\n" + src
+		}
 		if transform != nil {
 			src = transform(src)
 		}
-		evals[e.name] = newEvalCode(src)
-		if e.flags != "" {
-			flagged[e.name] = newEvalCode("#!lua flags=" + e.flags + "\n" + src)
+		line, body := testhook.SplitShebang(src)
+		if (line != "") != (e.flags != "") {
+			panic("fairlock: a transform moved, dropped or added the #!lua line of entry " + e.name)
+		}
+		evals[e.name] = newEvalCode(body)
+		if line != "" {
+			flagged[e.name] = newEvalCode(src)
 		}
 	}
 	for _, e := range entries {

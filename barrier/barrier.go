@@ -80,10 +80,10 @@ type Arrival struct {
 
 // A Status is a barrier's state at one moment.
 type Status struct {
-	Round   int64    // the current round (1 when the barrier does not exist in Redis)
-	Parties int      // the parties each round waits for
-	Arrived []string // the owners ([fairlock.WithOwner] label, or client id) of its waiting parties, in arrival order
-	Broken  bool     // the round has lost a party, and breaks at the next refresh or arrival
+	Round   int64    `json:"round"`   // the current round (1 when the barrier does not exist in Redis)
+	Parties int      `json:"parties"` // the parties each round waits for
+	Arrived []string `json:"arrived"` // the owners ([fairlock.WithOwner] label, or client id) of its waiting parties, in arrival order
+	Broken  bool     `json:"broken"`  // the round has lost a party, and breaks at the next refresh or arrival
 }
 
 // A Barrier is a cyclic barrier named in Redis. It holds no per-call
@@ -201,4 +201,22 @@ func (b *Barrier) Status(ctx context.Context) (Status, error) {
 		return Status{}, b.mismatch("barrier status", s.Stored)
 	}
 	return Status{Round: s.Round, Parties: b.parties, Arrived: s.Arrived, Broken: s.Broken}, nil
+}
+
+// Inspect reads the barrier name kept through c as Redis stores it,
+// whatever parties it was made with: for a tool that does not know them
+// (fairlock status). Its Parties is 0 when the barrier does not exist in
+// Redis (its Round is then 1). It changes nothing, and makes no barrier.
+// A nil client fails with [fairlock.ErrInvalidArgument], a name fairlock
+// cannot use with [fairlock.ErrInvalidName]; its other errors are
+// [Barrier.Status]'s.
+func Inspect(ctx context.Context, c *fairlock.Client, name string) (Status, error) {
+	if c == nil {
+		return Status{}, &fairlock.Error{Op: "barrier status", Names: []string{name}, Err: fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument)}
+	}
+	s, err := engine.BarrierStatus(ctx, c, name, 0)
+	if err != nil {
+		return Status{}, err
+	}
+	return Status{Round: s.Round, Parties: int(s.Stored), Arrived: s.Arrived, Broken: s.Broken}, nil
 }

@@ -116,6 +116,57 @@ func wantBroken(t *testing.T, err error, round int64, what string) {
 // Rounds complete only with all their parties, numbered 1, 2, ...; each
 // party's index is its place in the round's arrival order (FIFO), which
 // Status shows while the round fills.
+// Inspect reads a barrier as stored, whatever parties it was made with,
+// and changes nothing.
+func TestInspect(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		c := e.Client()
+		inspect := func() barrier.Status {
+			t.Helper()
+			st, err := barrier.Inspect(ctx, c, "in")
+			if err != nil {
+				t.Fatalf("Inspect: %v", err)
+			}
+			return st
+		}
+		if st := inspect(); st.Round != 1 || st.Parties != 0 || len(st.Arrived) != 0 || st.Broken {
+			t.Fatalf("Inspect of a barrier nobody made = %+v, want round 1, parties 0, nobody", st)
+		}
+		if keys := e.RDB.Keys(ctx, e.Prefix+"*").Val(); len(keys) != 0 {
+			t.Fatalf("Inspect made keys: %q", keys)
+		}
+		var chs []<-chan result
+		for i := range 2 {
+			chs = append(chs, awaitAsync(ctx, e.barrier(e.Client(fairlock.WithOwner("p"+strconv.Itoa(i))), "in", 3)))
+			e.WaitFor("the arrival", func() bool { return e.waiters("in") == int64(i+1) })
+		}
+		before := dump(t, e.RDB)
+		if st := inspect(); st.Round != 1 || st.Parties != 3 || !slices.Equal(st.Arrived, []string{"p0", "p1"}) || st.Broken {
+			t.Fatalf("Inspect of a barrier of 3 with two parties in = %+v, want round 1, parties 3, [p0 p1]", st)
+		}
+		if after := dump(t, e.RDB); after != before {
+			t.Fatalf("Inspect changed Redis:\nbefore %s\nafter  %s", before, after)
+		}
+		chs = append(chs, awaitAsync(ctx, e.barrier(c, "in", 3)))
+		for _, ch := range chs {
+			if r := receive(t, ch, "Await"); r.err != nil {
+				t.Fatal(r.err)
+			}
+		}
+		if st := inspect(); st.Round != 2 || st.Parties != 3 || len(st.Arrived) != 0 {
+			t.Fatalf("Inspect after a round = %+v, want round 2, parties 3, nobody", st)
+		}
+		if _, err := barrier.Inspect(ctx, nil, "in"); !errors.Is(err, fairlock.ErrInvalidArgument) {
+			t.Fatalf("Inspect with a nil client = %v, want ErrInvalidArgument", err)
+		}
+		if _, err := barrier.Inspect(ctx, c, ""); !errors.Is(err, fairlock.ErrInvalidName) {
+			t.Fatalf("Inspect of the name \"\" = %v, want ErrInvalidName", err)
+		}
+	})
+}
+
 func TestRoundsInOrder(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := newEnv(t, b)
@@ -458,6 +509,7 @@ func TestForeignKeys(t *testing.T) {
 			refuses []int
 		}{
 			{"status", false, []int{0, 1, 3, 6}},
+			{"inspect", false, []int{0, 1, 3, 6}},
 			{"await", false, []int{0, 1, 2, 3, 5, 6}},
 			{"await", true, []int{0, 1, 2, 3, 4, 5, 6}}, // completes the round (its idle keys deleted)
 		} {
@@ -487,6 +539,8 @@ func TestForeignKeys(t *testing.T) {
 						_, err = br.Await(short)
 					case "status":
 						_, err = br.Status(short)
+					case "inspect":
+						_, err = barrier.Inspect(short, c, "fk")
 					}
 					refuse := slices.Contains(tc.refuses, i)
 					switch {

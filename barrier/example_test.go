@@ -58,18 +58,26 @@ func Example() {
 	fmt.Println("rounds done by each worker:", last)
 
 	// A worker whose context ends breaks the round for the others.
+	arrived := func(n int) { // (for the example's order: n parties are in)
+		for st, _ := step.Status(ctx); len(st.Arrived) < n; st, _ = step.Status(ctx) {
+			time.Sleep(time.Millisecond)
+		}
+	}
 	waiting := make(chan error, 1)
 	go func() {
 		_, err := step.Await(ctx)
 		waiting <- err
 	}()
-	for st, _ := step.Status(ctx); len(st.Arrived) < 1; st, _ = step.Status(ctx) {
-		time.Sleep(time.Millisecond)
-	}
-	quick, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
-	defer cancel()
-	_, err = step.Await(quick)
-	fmt.Println("the impatient worker:", errors.Is(err, context.DeadlineExceeded))
+	arrived(1)
+	giveUp, cancel := context.WithCancel(ctx)
+	impatient := make(chan error, 1)
+	go func() {
+		_, err := step.Await(giveUp)
+		impatient <- err
+	}()
+	arrived(2)
+	cancel() // the impatient worker gives up
+	fmt.Println("the impatient worker:", errors.Is(<-impatient, context.Canceled))
 	err = <-waiting
 	var broken *barrier.BrokenError
 	fmt.Println("the waiting worker:", errors.Is(err, barrier.ErrBrokenBarrier), errors.As(err, &broken) && broken.Round == 3)

@@ -86,6 +86,19 @@ func impls() []impl {
 // judge.
 func (im impl) ownRow() bool { return !im.peer && !im.reference && !im.variant }
 
+// own returns fairlock's own row among the run's implementations, and
+// false when the run measures none (-impls left it out): the scenarios
+// only fairlock can run then have nothing to measure.
+func (e *env) own() (impl, bool) {
+	var im impl
+	for _, x := range e.impls {
+		if x.ownRow() {
+			im = x
+		}
+	}
+	return im, im.name != ""
+}
+
 // inOrder returns a before b in name order.
 func inOrder(a, b string) (string, string) {
 	if b < a {

@@ -62,7 +62,7 @@ type config struct {
 	cpuProf   string        // where a CPU profile of the whole run goes; "" for none
 }
 
-var allScenarios = []string{"uncontended", "handoff", "contended", "contended-100us", "fifo", "drain", "semaphore", "dining", "queue", "floor", "scale", "wake"}
+var allScenarios = []string{"uncontended", "handoff", "contended", "contended-100us", "fifo", "drain", "semaphore", "dining", "phase", "queue", "floor", "scale", "wake"}
 
 func parse(args []string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)

@@ -44,13 +44,8 @@ func (c *countQueued) Observe(ev fairlock.Event) {
 // woken waiter's lease becomes the held one. The queue grows from one
 // size to the next on the same semaphore.
 func queueScaling(e *env) ([]*Table, []Target, error) {
-	var im impl
-	for _, x := range e.impls {
-		if x.ownRow() {
-			im = x
-		}
-	}
-	if im.name == "" {
+	im, ok := e.own()
+	if !ok {
 		return nil, nil, nil
 	}
 	const clients = 4    // processes holding the waiters

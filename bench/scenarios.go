@@ -27,6 +27,7 @@ var scenarios = map[string]func(*env) ([]*Table, []Target, error){
 	"drain":           drain,
 	"semaphore":       countingSemaphore,
 	"dining":          dining,
+	"phase":           phase,
 	"floor":           floor,
 	"scale":           atScale,
 	"wake":            manyNames,
@@ -1166,13 +1167,8 @@ func drain(e *env) ([]*Table, []Target, error) {
 // permits. Only fairlock has one; its peers offer mutexes.
 func countingSemaphore(e *env) ([]*Table, []Target, error) {
 	const capacity, procs = 4, 16
-	var im impl
-	for _, x := range e.impls {
-		if x.ownRow() {
-			im = x
-		}
-	}
-	if im.name == "" {
+	im, ok := e.own()
+	if !ok {
 		return nil, nil, nil
 	}
 	ps, closeAll, err := e.procs(im, procs, &counter{})

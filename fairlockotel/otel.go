@@ -15,7 +15,8 @@
 // an attribute, so the number of series grows only with the names in use.
 //
 //	fairlock.wait.duration   histogram, s   how long a queued request waited (0 for one granted at
-//	                                        once); fairlock.outcome granted or abandoned
+//	                                        once); fairlock.outcome granted or abandoned (or opened,
+//	                                        for a latch's Wait)
 //	fairlock.hold.duration   histogram, s   how long a lease was held; fairlock.outcome released or lost
 //	fairlock.acquisitions    counter        acquisitions that ended: fairlock.outcome granted, or
 //	                                        abandoned with fairlock.reason canceled, deadline,
@@ -30,7 +31,12 @@
 // counted: the client reports no event for it. A condition wait
 // (semaphore.Cond.Wait) is an acquisition of its
 // own: the lease it gives up is released, and its wait runs from the wait
-// on the condition to the grant of the lease it returns.
+// on the condition to the grant of the lease it returns. A countdown
+// latch's Wait (package latch) that had to wait is a wait on the latch's
+// name (in fairlock.semaphore): counted in fairlock.waiters while it
+// waits, with a "fairlock.wait" span, and in fairlock.wait.duration with
+// the outcome opened when the latch opened; one that gives up is
+// reported as an abandoned acquisition is.
 //
 // # Spans
 //
@@ -65,8 +71,8 @@ const (
 	// SemaphoreKey is the semaphore's name (names joined with "," for a
 	// multi-lock).
 	SemaphoreKey = attribute.Key("fairlock.semaphore")
-	// OutcomeKey is granted or abandoned (acquisitions, waits), released
-	// or lost (holds).
+	// OutcomeKey is granted or abandoned (acquisitions, waits), opened (a
+	// latch's waits), released or lost (holds).
 	OutcomeKey = attribute.Key("fairlock.outcome")
 	// ReasonKey says why a wait was abandoned or a lease lost.
 	ReasonKey = attribute.Key("fairlock.reason")
@@ -234,6 +240,18 @@ func (o *Observer) Observe(e fairlock.Event) {
 		}
 		o.waitDur.Record(ctx, e.Wait.Seconds(), metric.WithAttributes(append(name, OutcomeKey.String("abandoned"))...))
 		o.acquisitions.Add(ctx, 1, metric.WithAttributes(append(name, OutcomeKey.String("abandoned"), ReasonKey.String(reason))...))
+
+	case fairlock.WaitEnded:
+		// A wait that grants nothing ended (a latch opened): no lease.
+		o.mu.Lock()
+		r := o.live[e.ID]
+		delete(o.live, e.ID)
+		o.mu.Unlock()
+		if r != nil && r.waiting {
+			o.waiters.Add(ctx, -1, metric.WithAttributes(name...))
+			r.waitSpan.End()
+		}
+		o.waitDur.Record(ctx, e.Wait.Seconds(), metric.WithAttributes(append(name, OutcomeKey.String("opened"))...))
 
 	case fairlock.LeaseReleased, fairlock.LeaseLost:
 		o.mu.Lock()

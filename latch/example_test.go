@@ -57,3 +57,35 @@ func Example() {
 	fmt.Println("shards loaded; count", n)
 	// Output: shards loaded; count 0
 }
+
+// A tool reads a latch without knowing the count it was made with.
+func ExampleInspect() {
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+
+	c, err := fairlock.New(rdb, fairlock.WithPrefix("myapp:"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	loaded, err := latch.New(c, "shards-loaded", 3)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := loaded.CountDown(ctx); err != nil {
+		log.Fatal(err)
+	}
+	st, err := latch.Inspect(ctx, c, "shards-loaded")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("count %d of %d, %d waiting\n", st.Count, st.Initial, st.Waiting)
+	// Output: count 2 of 3, 0 waiting
+}

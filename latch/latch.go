@@ -121,7 +121,8 @@ func (l *Latch) mismatch(op string, stored int64) error {
 // Each CountDown acts once: a call that the Redis client, or CountDown
 // itself, sends again after an error that passes (a dropped connection, a
 // failover, a slot migrating; CountDown sends again with backoff while
-// ctx lasts, for at most the client's waiter TTL) finds its first run's
+// ctx lasts, for at most the client's waiter TTL or 9 s, whichever is
+// shorter, while its first run's record lasts) finds its first run's
 // outcome. A count other than the stored one fails with
 // [ErrCountMismatch], another program's value at one of the latch's keys
 // with [fairlock.ErrForeignKey], both having changed nothing. When ctx
@@ -153,6 +154,11 @@ func (l *Latch) CountDown(ctx context.Context) error {
 // [fairlock.ErrForeignKey]; Redis failing, or a waiter its process could
 // not keep alive, yields [fairlock.ErrRedis], and a closed client (also
 // while Wait blocks) [fairlock.ErrClosed].
+//
+// The client's observer ([fairlock.WithObserver]) sees a Wait that had
+// to wait from [fairlock.WaitStarted] to [fairlock.WaitEnded] (the latch
+// opened) or [fairlock.WaitAbandoned], under one ID; a Wait on an open
+// latch reports nothing.
 func (l *Latch) Wait(ctx context.Context) error {
 	stored, err := engine.LatchWait(ctx, l.c, l.name, l.count, l.ttl)
 	if err == nil && stored > 0 {
@@ -171,4 +177,33 @@ func (l *Latch) Count(ctx context.Context) (int64, error) {
 		return 0, l.mismatch("latch count", stored)
 	}
 	return n, err
+}
+
+// A Status is a latch's state in Redis at one moment, as [Inspect] reads
+// it.
+type Status struct {
+	Exists  bool  `json:"exists"`  // the latch exists in Redis; when false the counts are 0
+	Count   int64 `json:"count"`   // its count now: 0 when it is open
+	Initial int64 `json:"initial"` // the count it was made with
+	// Waiting is how many waiters are registered: Waits blocked on it,
+	// with those whose process died until they are dropped (within their
+	// waiter TTL).
+	Waiting int64 `json:"waiting"`
+}
+
+// Inspect reads the latch name kept through c as Redis stores it,
+// whatever count it was made with: for a tool that does not know that
+// count (fairlock status). It changes nothing, and makes no latch. A
+// nil client fails with [fairlock.ErrInvalidArgument], a name fairlock
+// cannot use with [fairlock.ErrInvalidName]; its other errors are
+// [Latch.Count]'s.
+func Inspect(ctx context.Context, c *fairlock.Client, name string) (Status, error) {
+	if c == nil {
+		return Status{}, &fairlock.Error{Op: "latch count", Names: []string{name}, Err: fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument)}
+	}
+	s, err := engine.LatchInspect(ctx, c, name)
+	if err != nil {
+		return Status{}, err
+	}
+	return Status{Exists: s.Init > 0, Count: s.Count, Initial: s.Init, Waiting: s.Waiting}, nil
 }

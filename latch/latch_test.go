@@ -156,6 +156,61 @@ func TestCountDownWaitCount(t *testing.T) {
 	})
 }
 
+// Inspect reads a latch as stored, whatever count it was made with, and
+// changes nothing: nothing before the first call makes it; then its
+// count, initial count and waiters.
+func TestInspect(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		e := newEnv(t, b)
+		ctx := context.Background()
+		c := e.Client()
+		inspect := func() latch.Status {
+			t.Helper()
+			st, err := latch.Inspect(ctx, c, "in")
+			if err != nil {
+				t.Fatalf("Inspect: %v", err)
+			}
+			return st
+		}
+		if st := inspect(); st != (latch.Status{}) {
+			t.Fatalf("Inspect of a latch nobody made = %+v, want the zero Status", st)
+		}
+		if keys := e.RDB.Keys(ctx, e.Prefix+"*").Val(); len(keys) != 0 {
+			t.Fatalf("Inspect made keys: %q", keys)
+		}
+		l := e.latch(c, "in", 3)
+		e.countDown(l)
+		if st, want := inspect(), (latch.Status{Exists: true, Count: 2, Initial: 3}); st != want {
+			t.Fatalf("Inspect after a CountDown of 3 = %+v, want %+v", st, want)
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		ch := waitAsync(wctx, e.latch(e.Client(), "in", 3))
+		e.WaitFor("the waiter", func() bool { return e.waiters("in") == 1 })
+		before := dump(t, e.RDB)
+		if st, want := inspect(), (latch.Status{Exists: true, Count: 2, Initial: 3, Waiting: 1}); st != want {
+			t.Fatalf("Inspect with a waiter = %+v, want %+v", st, want)
+		}
+		if after := dump(t, e.RDB); after != before {
+			t.Fatalf("Inspect changed Redis:\nbefore %s\nafter  %s", before, after)
+		}
+		e.countDown(l)
+		e.countDown(l)
+		if err := receive(t, ch, "Wait"); err != nil {
+			t.Fatal(err)
+		}
+		if st, want := inspect(), (latch.Status{Exists: true, Count: 0, Initial: 3}); st != want {
+			t.Fatalf("Inspect of an open latch = %+v, want %+v", st, want)
+		}
+		if _, err := latch.Inspect(ctx, nil, "in"); !errors.Is(err, fairlock.ErrInvalidArgument) {
+			t.Fatalf("Inspect with a nil client = %v, want ErrInvalidArgument", err)
+		}
+		if _, err := latch.Inspect(ctx, c, ""); !errors.Is(err, fairlock.ErrInvalidName) {
+			t.Fatalf("Inspect of the name \"\" = %v, want ErrInvalidName", err)
+		}
+	})
+}
+
 // callCounter is a go-redis hook that counts the calls of a latch op.
 type callCounter struct {
 	op string
@@ -353,6 +408,75 @@ func (h *failAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		err := next(ctx, cmd)
 		h.answered.Store(err == nil)
 		return err
+	}
+}
+
+// lateCopies is a go-redis hook that lets the first call of a latch op
+// run in Redis and loses its reply, then fails every call of the op
+// before it reaches Redis (a connection that does not come back) until
+// open is set.
+type lateCopies struct {
+	op        string
+	ran, open atomic.Bool
+}
+
+func (h *lateCopies) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *lateCopies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *lateCopies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !runsOp(cmd, h.op) || h.open.Load() {
+			return next(ctx, cmd)
+		}
+		if h.ran.Load() {
+			cmd.SetErr(io.ErrUnexpectedEOF)
+			return io.ErrUnexpectedEOF
+		}
+		if err := next(ctx, cmd); err != nil {
+			return err
+		}
+		h.ran.Store(true)
+		cmd.SetErr(io.ErrUnexpectedEOF)
+		return io.ErrUnexpectedEOF
+	}
+}
+
+// CountDown sends a count down again under its id only while the record
+// of its first run lasts (at least 10 s from the run), whatever the
+// client's waiter TTL: a copy later than that finds the record trimmed
+// and counts again. Here the first run's reply is lost, every send after
+// it fails for 9.5 s, and meanwhile (by Redis's clock, moved 25 s on)
+// another count down trims the first's record: CountDown must have
+// given up, with the error, rather than count twice.
+func TestCountDownSendsAgainOnlyWhileItsRecordLasts(t *testing.T) {
+	redistest.Long(t) // 9.5 s of real time
+	b := redistest.Mini(t)
+	e := newEnv(t, b)
+	rdb := b.Client(t)
+	hook := &lateCopies{op: "latch_down"}
+	rdb.AddHook(hook)
+	l := e.latch(e.ClientOn(rdb, fairlock.WithWaiterTTL(30*time.Second)), "late", 5)
+	other := e.latch(e.Client(), "late", 5)
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- l.CountDown(context.Background()) }()
+	e.WaitFor("the first run", hook.ran.Load)
+	b.Mini.SetTime(start.Add(25 * time.Second))
+	e.countDown(other)
+	time.Sleep(time.Until(start.Add(9500 * time.Millisecond)))
+	hook.open.Store(true)
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("CountDown did not return")
+	}
+	if n := e.count(other); n != 3 {
+		t.Fatalf("Count() after a CountDown that ran once (its copies failing for 9.5 s) and another = %d, want 3 (CountDown returned %v)", n, err)
+	}
+	if !errors.Is(err, fairlock.ErrRedis) {
+		t.Fatalf("CountDown() = %v, want the error of its last send (matching ErrRedis)", err)
 	}
 }
 
@@ -568,6 +692,7 @@ func TestForeignKeys(t *testing.T) {
 			// checks), and their :q and :h when :s is missing
 			// (lua/resource.lua's rebuild).
 			{"count", false, []int{0, 1, 3, 6}},
+			{"inspect", false, []int{0, 1, 3, 6}},
 			{"count down", false, []int{0, 1, 3, 4, 6}},
 			{"wait", false, []int{0, 1, 2, 3, 5, 6}},
 			{"count down", true, []int{0, 1, 2, 3, 4, 5, 6}}, // opens the latch
@@ -601,6 +726,8 @@ func TestForeignKeys(t *testing.T) {
 						err = l.Wait(short)
 					case "count":
 						_, err = l.Count(short)
+					case "inspect":
+						_, err = latch.Inspect(short, c, "fk")
 					}
 					refuse := slices.Contains(tc.refuses, i)
 					switch {

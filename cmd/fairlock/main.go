@@ -1,5 +1,6 @@
 // Command fairlock runs a command under a fair, first-in first-out lock
-// kept in Redis, and shows who holds and who waits for a lock.
+// kept in Redis, and shows who holds and who waits for a lock (or a
+// countdown latch's count, or a cyclic barrier's round).
 //
 //	fairlock run [flags] NAME -- COMMAND [ARGS...]
 //	fairlock elect [flags] NAME -- COMMAND [ARGS...]
@@ -76,7 +77,10 @@ is lost, COMMAND gets SIGTERM, then SIGKILL after -grace, and elect exits 76.
 
 status shows who holds NAME (owner, permits, token, held for, time left),
 how many wait and for how long the oldest has, who waits (position, owner,
-permits, waiting for), and, if NAME is an election, its leader. An owner is
+permits, waiting for), and, if NAME is an election, its leader. With
+-kind latch it shows the countdown latch NAME (its count, the count it
+started at, its waiters), with -kind barrier the cyclic barrier NAME (its
+parties, its round, who has arrived, whether the round broke). An owner is
 host:pid for fairlock's own processes (and a library client's WithOwner
 label), else the start of its client id. With -watch it prints again at
 that interval until interrupted; while Redis cannot be reached it says so
@@ -122,6 +126,7 @@ Examples:
   fairlock elect -value "$(hostname):8080" scheduler -- ./scheduler
   fairlock status -json nightly-report encoders
   fairlock status -watch 1s encoders
+  fairlock status -kind latch nightly-inputs      # a countdown latch: its count, its waiters
 `
 
 // A command is one of fairlock's commands, as its help shows it.

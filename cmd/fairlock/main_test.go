@@ -10,13 +10,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/barrier"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/latch"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -291,6 +294,79 @@ func TestStatusMatchesLibrary(t *testing.T) {
 		if !strings.Contains(out.String(), s) {
 			t.Fatalf("status table lacks %q:\n%s", s, out.String())
 		}
+	}
+}
+
+// status -kind latch and -kind barrier show what latch.Inspect and
+// barrier.Inspect read, whatever count or parties the objects were made
+// with; a bad -kind is a usage error.
+func TestStatusOfLatchAndBarrier(t *testing.T) {
+	c := newCLI(t)
+	ctx := context.Background()
+	l, err := latch.New(c.lib, "phase", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.CountDown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	b, err := barrier.New(c.client("party"), "phase", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go b.Await(wctx)
+	c.waitFor("a party", func() bool {
+		st, err := barrier.Inspect(ctx, c.lib, "phase")
+		return err == nil && len(st.Arrived) == 1
+	})
+	run := func(args ...string) string {
+		t.Helper()
+		var out, errb bytes.Buffer
+		cmd := c.cmd("status", args...)
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if got := exit(t, cmd); got != 0 {
+			t.Fatalf("status %q exited %d: %s", args, got, errb.String())
+		}
+		return out.String()
+	}
+	var ls []struct {
+		Name, Kind string
+		latch.Status
+	}
+	if err := json.Unmarshal([]byte(run("-kind", "latch", "-json", "phase", "none")), &ls); err != nil {
+		t.Fatal(err)
+	}
+	if len(ls) != 2 || ls[0].Name != "phase" || ls[0].Kind != "latch" || ls[0].Status != (latch.Status{Exists: true, Count: 2, Initial: 3}) || ls[1].Exists {
+		t.Fatalf("status -kind latch -json = %+v, want phase at 2 of 3 and no latch none", ls)
+	}
+	var bs []struct {
+		Name, Kind string
+		barrier.Status
+	}
+	if err := json.Unmarshal([]byte(run("-kind", "barrier", "-json", "phase")), &bs); err != nil {
+		t.Fatal(err)
+	}
+	if len(bs) != 1 || bs[0].Kind != "barrier" || bs[0].Parties != 2 || bs[0].Round != 1 || !slices.Equal(bs[0].Arrived, []string{"party"}) {
+		t.Fatalf("status -kind barrier -json = %+v, want phase of 2 parties, round 1, [party]", bs)
+	}
+	for args, want := range map[string][]string{
+		"latch":   {"phase: latch at 2 of 3, 0 waiting", "none: no latch"},
+		"barrier": {"phase: barrier of 2 parties, round 1, 1 arrived", "INDEX", "party", "none: no barrier"},
+	} {
+		out := run("-kind", args, "phase", "none")
+		for _, s := range want {
+			if !strings.Contains(out, s) {
+				t.Fatalf("status -kind %s lacks %q:\n%s", args, s, out)
+			}
+		}
+	}
+	var errb bytes.Buffer
+	cmd := c.cmd("status", "-kind", "queue", "phase")
+	cmd.Stderr = &errb
+	if got := exit(t, cmd); got != exitUsage || !strings.Contains(errb.String(), "-kind") {
+		t.Fatalf("status -kind queue exited %d (%s), want %d naming -kind", got, errb.String(), exitUsage)
 	}
 }
 

@@ -10,24 +10,32 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/barrier"
 	"github.com/fairlock/fairlock/election"
 	"github.com/fairlock/fairlock/internal/engine"
+	"github.com/fairlock/fairlock/latch"
 )
 
 // statusOptions are status's own flags.
 type statusOptions struct {
 	json  bool
 	watch time.Duration
+	kind  string
 }
+
+// statusKinds are what -kind accepts: the kinds of object NAME names.
+var statusKinds = []string{"semaphore", "latch", "barrier"}
 
 func (o *statusOptions) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.json, "json", false, "print JSON: one object per NAME, in an array")
+	fs.StringVar(&o.kind, "kind", "semaphore", "what each NAME is: semaphore (a mutex, a read-write mutex, an election), latch or\nbarrier (a latch or a barrier of a name shares no key with its semaphore)")
 	durationVar(fs, &o.watch, "watch", 0, "print again at this interval until interrupted, riding out Redis failures\n(0: print once)")
 }
 
@@ -43,6 +51,10 @@ func statusCmd(cmd *command, args []string, stdout, stderr io.Writer) int {
 	}
 	if !nonNegative(cmd, stderr, "watch", o.watch) {
 		return exitUsage
+	}
+	if !slices.Contains(statusKinds, o.kind) {
+		fmt.Fprintf(stderr, "fairlock status: -kind %q: want one of %s\n", o.kind, strings.Join(statusKinds, ", "))
+		return cmd.usageError(stderr)
 	}
 	names := fs.Args()
 	if len(names) == 0 {
@@ -74,7 +86,7 @@ func statusCmd(cmd *command, args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if o.watch == 0 {
-		all, err := readAll(ctx, fc, names)
+		all, err := readAll(ctx, fc, o.kind, names)
 		if err != nil {
 			if ctx.Err() != nil {
 				return 0
@@ -88,7 +100,7 @@ func statusCmd(cmd *command, args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	return watchStatus(ctx, fc, names, o.watch, o.json, stdout, stderr)
+	return watchStatus(ctx, fc, o.kind, names, o.watch, o.json, stdout, stderr)
 }
 
 // watchStatus prints the status of names every interval until ctx ends
@@ -96,7 +108,7 @@ func statusCmd(cmd *command, args []string, stdout, stderr io.Writer) int {
 // (Redis restarting, unreachable, or slow past max(interval, 5s)) is said
 // on stderr, each time on a terminal, once per outage off one, and the
 // next round tries again.
-func watchStatus(ctx context.Context, fc *fairlock.Client, names []string, interval time.Duration, asJSON bool, stdout, stderr io.Writer) int {
+func watchStatus(ctx context.Context, fc *fairlock.Client, kind string, names []string, interval time.Duration, asJSON bool, stdout, stderr io.Writer) int {
 	term := !asJSON && isTerminal(stdout)
 	var down time.Time // when reads began to fail; zero while they work
 	t := time.NewTimer(0)
@@ -108,7 +120,7 @@ func watchStatus(ctx context.Context, fc *fairlock.Client, names []string, inter
 		case <-t.C:
 		}
 		rctx, cancel := context.WithTimeout(ctx, max(interval, 5*time.Second))
-		all, err := readAll(rctx, fc, names)
+		all, err := readAll(rctx, fc, kind, names)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
@@ -167,11 +179,24 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
-// readAll reads the status of each of names.
-func readAll(ctx context.Context, fc *fairlock.Client, names []string) ([]status, error) {
-	var all []status
+// readAll reads the status of each of names, objects of kind.
+func readAll(ctx context.Context, fc *fairlock.Client, kind string, names []string) ([]entry, error) {
+	var all []entry
 	for _, name := range names {
-		st, err := readStatus(ctx, fc, name)
+		var st entry
+		var err error
+		switch kind {
+		case "latch":
+			var ls latch.Status
+			ls, err = latch.Inspect(ctx, fc, name)
+			st = latchStatus{Name: name, Kind: kind, Status: ls}
+		case "barrier":
+			var bs barrier.Status
+			bs, err = barrier.Inspect(ctx, fc, name)
+			st = barrierStatus{Name: name, Kind: kind, Status: bs}
+		default:
+			st, err = readStatus(ctx, fc, name)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -180,16 +205,28 @@ func readAll(ctx context.Context, fc *fairlock.Client, names []string) ([]status
 	return all, nil
 }
 
-func printStatus(w io.Writer, all []status, asJSON bool) error {
+func printStatus(w io.Writer, all []entry, asJSON bool) error {
 	if asJSON {
 		return json.NewEncoder(w).Encode(all)
 	}
-	printTable(w, all)
-	return nil
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for i, st := range all {
+		if i > 0 {
+			fmt.Fprintln(tw)
+		}
+		st.table(tw)
+	}
+	return tw.Flush()
 }
 
-// status is what status prints of one NAME: the semaphore's Status and,
-// if NAME is an election with a leader, the leader.
+// An entry is what status prints of one NAME: a table, or an object of
+// the JSON array.
+type entry interface {
+	table(w io.Writer)
+}
+
+// status is what status prints of a semaphore: its Status and, if NAME
+// is an election with a leader, the leader.
 type status struct {
 	fairlock.Status
 	Leader *election.Info `json:"leader,omitempty"`
@@ -214,38 +251,74 @@ func readStatus(ctx context.Context, fc *fairlock.Client, name string) (status, 
 	return status{Status: st, Leader: &info}, nil
 }
 
-func printTable(w io.Writer, all []status) {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	for i, st := range all {
-		if i > 0 {
-			fmt.Fprintln(tw)
-		}
-		if st.Capacity == 0 {
-			fmt.Fprintf(tw, "%s: idle\n", st.Name)
-			continue
-		}
-		fmt.Fprintf(tw, "%s: %d of %d permits held, %d waiting", st.Name, st.InUse, st.Capacity, st.Queued)
-		if st.Queued > 0 {
-			fmt.Fprintf(tw, ", the oldest for %v", st.OldestWait.Round(time.Millisecond))
-		}
-		fmt.Fprintln(tw)
-		if st.Leader != nil {
-			fmt.Fprintf(tw, "  leader %s, term %d\n", st.Leader.Value, st.Leader.Term)
-		}
-		if len(st.Holders) > 0 {
-			fmt.Fprintln(tw, "  HOLDER\tPERMITS\tTOKEN\tHELD FOR\tEXPIRES IN\t")
-			for _, h := range st.Holders {
-				fmt.Fprintf(tw, "  %s\t%d\t%d\t%v\t%v\t\n", who(h.Owner), h.Permits, h.Token, h.HeldFor.Round(time.Millisecond), h.ExpiresIn)
-			}
-		}
-		if len(st.Waiters) > 0 {
-			fmt.Fprintln(tw, "  POSITION\tWAITER\tPERMITS\tWAITING FOR\t")
-			for j, wt := range st.Waiters {
-				fmt.Fprintf(tw, "  %d\t%s\t%d\t%v\t\n", j+1, who(wt.Owner), wt.Permits, max(st.Time.Sub(wt.Since), 0).Round(time.Millisecond))
-			}
+func (st status) table(tw io.Writer) {
+	if st.Capacity == 0 {
+		fmt.Fprintf(tw, "%s: idle\n", st.Name)
+		return
+	}
+	fmt.Fprintf(tw, "%s: %d of %d permits held, %d waiting", st.Name, st.InUse, st.Capacity, st.Queued)
+	if st.Queued > 0 {
+		fmt.Fprintf(tw, ", the oldest for %v", st.OldestWait.Round(time.Millisecond))
+	}
+	fmt.Fprintln(tw)
+	if st.Leader != nil {
+		fmt.Fprintf(tw, "  leader %s, term %d\n", st.Leader.Value, st.Leader.Term)
+	}
+	if len(st.Holders) > 0 {
+		fmt.Fprintln(tw, "  HOLDER\tPERMITS\tTOKEN\tHELD FOR\tEXPIRES IN\t")
+		for _, h := range st.Holders {
+			fmt.Fprintf(tw, "  %s\t%d\t%d\t%v\t%v\t\n", who(h.Owner), h.Permits, h.Token, h.HeldFor.Round(time.Millisecond), h.ExpiresIn)
 		}
 	}
-	tw.Flush()
+	if len(st.Waiters) > 0 {
+		fmt.Fprintln(tw, "  POSITION\tWAITER\tPERMITS\tWAITING FOR\t")
+		for j, wt := range st.Waiters {
+			fmt.Fprintf(tw, "  %d\t%s\t%d\t%v\t\n", j+1, who(wt.Owner), wt.Permits, max(st.Time.Sub(wt.Since), 0).Round(time.Millisecond))
+		}
+	}
+}
+
+// latchStatus is what status -kind latch prints of NAME.
+type latchStatus struct {
+	Name string `json:"name"`
+	Kind string `json:"kind"`
+	latch.Status
+}
+
+func (st latchStatus) table(tw io.Writer) {
+	switch {
+	case !st.Exists:
+		fmt.Fprintf(tw, "%s: no latch\n", st.Name)
+	case st.Count == 0:
+		fmt.Fprintf(tw, "%s: latch open (counted down from %d), %d waiting\n", st.Name, st.Initial, st.Waiting)
+	default:
+		fmt.Fprintf(tw, "%s: latch at %d of %d, %d waiting\n", st.Name, st.Count, st.Initial, st.Waiting)
+	}
+}
+
+// barrierStatus is what status -kind barrier prints of NAME.
+type barrierStatus struct {
+	Name string `json:"name"`
+	Kind string `json:"kind"`
+	barrier.Status
+}
+
+func (st barrierStatus) table(tw io.Writer) {
+	if st.Parties == 0 {
+		fmt.Fprintf(tw, "%s: no barrier\n", st.Name)
+		return
+	}
+	fmt.Fprintf(tw, "%s: barrier of %d parties, round %d, %d arrived", st.Name, st.Parties, st.Round, len(st.Arrived))
+	if st.Broken {
+		fmt.Fprint(tw, ", broken (a party left or died: the round breaks for all)")
+	}
+	fmt.Fprintln(tw)
+	if len(st.Arrived) > 0 {
+		fmt.Fprintln(tw, "  INDEX\tPARTY\t")
+		for j, p := range st.Arrived {
+			fmt.Fprintf(tw, "  %d\t%s\t\n", j, who(p))
+		}
+	}
 }
 
 // who is how the status table shows a holder's or a waiter's owner (see

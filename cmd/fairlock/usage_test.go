@@ -70,7 +70,7 @@ func TestHelp(t *testing.T) {
 	own := map[string][]string{
 		"run":    {"capacity", "grace", "max-hold", "n", "permits", "ttl", "w"},
 		"elect":  {"grace", "ttl", "value", "w"},
-		"status": {"json", "watch"},
+		"status": {"json", "kind", "watch"},
 	}
 	listed := flagsIn(top.stdout)
 	for name, flags := range own {

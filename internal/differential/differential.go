@@ -122,9 +122,10 @@ func onLine(lua string) string { return strings.ReplaceAll(lua, "\n", " ") }
 // Recording returns a transform (testhook.Transform) that records every call of
 // the scripts it is given, after passing them through inner (if not nil):
 // when a script first reads Redis's TIME, it pushes the call (script,
-// keys, arguments, the time read) onto the list logKey. The reads (ops
-// status and leader_get, whose scripts declare no writes, which Redis 7
-// then forbids) are not recorded: they change nothing.
+// keys, arguments, the time read) onto the list logKey. A script that
+// declares no-writes (testhook.NoWrites: a read, such as a status) is not
+// recorded, on any server: Redis 7 refuses its every write, and it
+// changes nothing.
 func Recording(logKey string, inner func(string) string) func(string) string {
 	return func(src string) string {
 		name := testhook.EntryName(src)
@@ -135,10 +136,14 @@ func Recording(logKey string, inner func(string) string) func(string) string {
 			// A batch holds several calls, which this recording (the
 			// first TIME a script reads) would take for one: a recorded
 			// client must not batch.
-			return "return redis.error_reply('differential: a batch of calls (WithBatching) is not recorded')"
+			line, _ := testhook.SplitShebang(src)
+			return line + "return redis.error_reply('differential: a batch of calls (WithBatching) is not recorded')"
 		}
 		if inner != nil {
 			src = inner(src)
+		}
+		if testhook.NoWrites(src) {
+			return src
 		}
 		// ARGV is copied as it arrives: the scripts' parsers convert its
 		// numbers in place.
@@ -147,7 +152,6 @@ for i, v in ipairs(ARGV) do __rec_argv[i] = v end
 local function __rec_time(cmd, res)
   if cmd == 'TIME' and not __rec_done and type(res) == 'table' and not res.err then
     __rec_done = true
-    if __rec_argv[1] == 'status' or __rec_argv[1] == 'leader_get' then return res end
     redis.call('RPUSH', %q, cjson.encode({ s = %q, k = KEYS, a = __rec_argv, t = res }))
   end
   return res
@@ -160,8 +164,9 @@ local function __rec_pcall(cmd, ...)
 end
 `, logKey, name)
 		// (A wrapper such as internal/halfrun's calls redis.pcall.)
-		src = strings.ReplaceAll(src, "redis.call(", "__rec_call(")
-		return onLine(prelude) + strings.ReplaceAll(src, "redis.pcall(", "__rec_pcall(")
+		line, body := testhook.SplitShebang(src)
+		body = strings.ReplaceAll(body, "redis.call(", "__rec_call(")
+		return line + onLine(prelude) + strings.ReplaceAll(body, "redis.pcall(", "__rec_pcall(")
 	}
 }
 
@@ -197,9 +202,10 @@ end
 		if inner != nil {
 			src = inner(src)
 		}
-		src = strings.ReplaceAll(src, "redis.call(", "__clk_call(")
-		src = strings.ReplaceAll(src, "redis.pcall(", "__clk_pcall(")
-		return onLine(prelude) + src
+		line, body := testhook.SplitShebang(src)
+		body = strings.ReplaceAll(body, "redis.call(", "__clk_call(")
+		body = strings.ReplaceAll(body, "redis.pcall(", "__clk_pcall(")
+		return line + onLine(prelude) + body
 	}
 }
 
@@ -217,7 +223,8 @@ func Compose(fs ...func(string) string) func(string) string {
 }
 
 // ReadLog returns the calls recorded on rdb under logKey, and deletes
-// them.
+// them. A recorded call of an op whose script declares no-writes
+// (testhook.OpFlags) is an error: Recording leaves those scripts alone.
 func ReadLog(ctx context.Context, rdb redis.Cmdable, logKey string) ([]Call, error) {
 	raw, err := rdb.LRange(ctx, logKey, 0, -1).Result()
 	if err != nil {
@@ -231,6 +238,11 @@ func ReadLog(ctx context.Context, rdb redis.Cmdable, logKey string) ([]Call, err
 		}
 		if len(calls[i].Time) != 2 {
 			return nil, fmt.Errorf("recorded call %d %q has no time", i, r)
+		}
+		if testhook.OpFlags != nil {
+			if flags, _ := testhook.OpFlags(calls[i].Op()); slices.Contains(flags, "no-writes") {
+				return nil, fmt.Errorf("recorded call %d (%s): its script declares no-writes, and a recording must add no write to it", i, calls[i])
+			}
 		}
 	}
 	return calls, nil

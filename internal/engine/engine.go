@@ -82,6 +82,9 @@ var (
 	// init (init when it does not exist), or the count it was made with
 	// when that is another (stored > 0; then count is 0).
 	LatchCount func(ctx context.Context, c any, name string, init int64) (count, stored int64, err error)
+	// LatchInspect reads the latch name as stored, whatever count it
+	// was made with.
+	LatchInspect func(ctx context.Context, c any, name string) (LatchState, error)
 	// LatchDown counts the latch name down by one, never below 0, keeping
 	// its count for ttl, and returns the count after (or stored, as
 	// LatchCount); the call that reaches 0 wakes every waiter.
@@ -96,6 +99,8 @@ var (
 	// background).
 	BarrierAwait func(ctx context.Context, c any, name string, parties int64, ttl time.Duration) (Arrival, error)
 	// BarrierStatus returns the barrier's round and its waiting parties.
+	// With parties 0 it reads whatever parties are stored, and returns
+	// them as Stored (0 when the barrier does not exist).
 	BarrierStatus func(ctx context.Context, c any, name string, parties int64) (BarrierState, error)
 	// LeaderChannel names the channel on which the record's changes are
 	// published: "term value", or "0" when it is cleared.
@@ -108,6 +113,12 @@ var (
 type Arrival struct {
 	Round, Index, Stored int64
 	Broken               bool
+}
+
+// A LatchState is a latch's count and the count it was made with (0 and
+// 0 when it does not exist), and how many waiters it has registered.
+type LatchState struct {
+	Count, Init, Waiting int64
 }
 
 // A BarrierState is a barrier's round, the owners of its waiting parties

@@ -22,6 +22,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fairlock/fairlock/internal/testhook"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -103,11 +104,13 @@ end
 // "redis.call(" calls the wrapper, and the whole script runs inside a
 // protected call so that Lua errors after a write are caught too.
 func Transform(src string) string {
-	body := strings.ReplaceAll(src, "redis.call(", "__halfrun_call(")
+	// A script's "#!lua" line (its flags) stays first.
+	line, body := testhook.SplitShebang(src)
+	body = strings.ReplaceAll(body, "redis.call(", "__halfrun_call(")
 	// The prelude takes no line of its own, so errors keep the script's
 	// line numbers.
 	head := strings.ReplaceAll(prelude(), "\n", " ")
-	return head + `local __halfrun_ok, __halfrun_res = pcall(function() ` + body + `
+	return line + head + `local __halfrun_ok, __halfrun_res = pcall(function() ` + body + `
 end)
 if not __halfrun_ok then
   local e = __halfrun_res

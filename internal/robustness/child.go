@@ -35,6 +35,8 @@ const (
 	envAck       = "ROBUSTNESS_REPLICA_ACK" // replicas to wait for; 0 for none
 	envSentinels = "ROBUSTNESS_SENTINELS"   // Sentinel addresses, comma-separated, in place of envAddr
 	envCluster   = "ROBUSTNESS_CLUSTER"     // Cluster node addresses, likewise
+	envLatch     = "ROBUSTNESS_LATCH"       // "1": a fifth worker runs the latch traffic (latch.go)
+	envBarrier   = "ROBUSTNESS_BARRIER"     // "1": a sixth worker runs the barrier traffic (barrier.go)
 )
 
 // The traffic's semaphores and the store resources each one guards.
@@ -120,6 +122,22 @@ func ChildMain(dial Dial) int {
 			for stop.Err() == nil {
 				w.round(run)
 			}
+		})
+	}
+	if os.Getenv(envLatch) == "1" {
+		wg.Go(func() {
+			w := *w
+			w.client = idx*16 + 4
+			w.rng = rand.New(rand.NewPCG(uint64(idx), 4))
+			latchTraffic(stop, &w)
+		})
+	}
+	if os.Getenv(envBarrier) == "1" {
+		wg.Go(func() {
+			w := *w
+			w.client = idx*16 + 5
+			w.rng = rand.New(rand.NewPCG(uint64(idx), 5))
+			barrierTraffic(stop, &w)
 		})
 	}
 	wg.Wait()

@@ -22,6 +22,14 @@
 //   - a multi-lock (multilock.Lock) of two mutexes, each guarding its own
 //     register, fenced with its own part token.
 //
+// Two more workers join a run that asks for them: a countdown latch
+// worker (latch.go: count down, count, wait on a sequence of latches,
+// checked by [CheckLatch] against porcupine's [LatchModel]) and a cyclic
+// barrier worker (barrier.go: every child awaits one barrier of three
+// parties, round after round, checked by [CheckBarrier]: whole rounds,
+// each ending between its parties' calls and returns, rising per party,
+// never both completed and broken).
+//
 // # The fenced store
 //
 // The parent runs the store ([Store]), on loopback and never faulted. Per
@@ -91,6 +99,7 @@
 // # Mutations
 //
 // [Mutations] breaks one rule of the Lua at a time (the capacity check,
-// the token sequence) through internal/testhook in the children, and
+// the token sequence, a latch that opens early, a barrier round that
+// completes a party short) through internal/testhook in the children, and
 // TestMutationsCaught requires the checks to fail.
 package robustness

@@ -10,7 +10,7 @@ import (
 )
 
 // An Op is one entry of a history: a call to the store (Kind "read" or
-// "write") or to fairlock (Kind "acquire" or "release"), with its
+// "write") or to fairlock (Kind "acquire" or "release", the latch's and the barrier's calls), with its
 // invocation and return times in Unix microseconds by the host's clock.
 type Op struct {
 	Child  int    `json:"child"`
@@ -25,7 +25,9 @@ type Op struct {
 	Class    string `json:"class,omitempty"` // the error's kind (see classify)
 	Call     int64  `json:"call"`
 	Return   int64  `json:"return"`
-	Deadline int64  `json:"deadline,omitempty"` // the call's context deadline (acquire, release)
+	Deadline int64  `json:"deadline,omitempty"` // the call's context deadline (acquire, release, latch calls)
+	N        int64  `json:"n,omitempty"`        // the count a latch call answered (latch_down, latch_count); the round a barrier Await reported
+	Index    int    `json:"index,omitempty"`    // the index in its round a barrier Await reported
 }
 
 // A Lease is one grant as a child saw it: its parts and the span in which

@@ -23,6 +23,16 @@ var Mutations = map[string]Mutation{
 	"token-reuse": {"lua/rules.lua",
 		"  return math.max(seq + 1, now_us)\n",
 		"  return math.max(seq, now_us - now_us % 1000000)\n"},
+	// A countdown latch opens on any count down that finds waiters, its
+	// count not yet 0: their Waits return early.
+	"latch-early": {"lua/ops/latch.lua",
+		"if count == 0 and r.nc > 0 then\n  -- Open:",
+		"if r.nc > 0 then\n  -- Open:"},
+	// A cyclic barrier's round completes one party early: its
+	// next-to-last arrival ends it.
+	"barrier-early": {"lua/ops/barrier.lua",
+		"if n + 1 >= parties then\n",
+		"if n + 2 >= parties then\n"},
 }
 
 // Transform returns the script transform (for internal/testhook.Transform)

@@ -75,6 +75,12 @@ type scenario struct {
 	// in use, and the other release's calls on it are refused, so a child
 	// may take no lease at all.
 	otherLayout bool
+	// latch adds the latch traffic (latch.go) to every child, and its
+	// check (CheckLatch) to the run's.
+	latch bool
+	// barrier adds the barrier traffic (barrier.go) to every child, and
+	// its check (CheckBarrier) to the run's.
+	barrier bool
 }
 
 // env is a running scenario, as the nemesis sees it.
@@ -220,7 +226,8 @@ func run(t *testing.T, sc scenario) Result {
 			envChild+"="+strconv.Itoa(i), envStore+"="+store.URL(),
 			envHist+"="+filepath.Join(dir, fmt.Sprintf("child-%d.jsonl", i)),
 			envPrefix+"=rb:", envLease+"="+leaseTTL.String(), envWaiter+"="+waiterTL.String(),
-			envTimeout+"="+callTime.String(), envMutation+"="+sc.mutation)
+			envTimeout+"="+callTime.String(), envMutation+"="+sc.mutation, envLatch+"="+map[bool]string{true: "1"}[sc.latch],
+			envBarrier+"="+map[bool]string{true: "1"}[sc.barrier])
 		k.cmd.Stderr = &k.stderr
 		if k.stdin, err = k.cmd.StdinPipe(); err != nil {
 			t.Fatal(err)
@@ -271,8 +278,25 @@ func run(t *testing.T, sc scenario) Result {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := Check(h, store.Finals(), e.pauses, Limits{Slack: slack, Linearizability: time.Minute})
+	lim := Limits{Slack: slack, Linearizability: time.Minute}
+	res := Check(h, store.Finals(), e.pauses, lim)
 	res.Notes = e.notes()
+	if sc.latch {
+		lr := CheckLatch(h, e.pauses, lim)
+		t.Logf("%s: latch: %d calls, %d Waits opened, %d errors %v, %d violations", sc.name, lr.Ops, lr.Opened, lr.Errors, lr.ErrorKinds, len(lr.Violations))
+		if lr.Opened == 0 {
+			t.Errorf("%s: no latch opened", sc.name)
+		}
+		res.Violations = append(res.Violations, lr.Violations...)
+	}
+	if sc.barrier {
+		br := CheckBarrier(h, e.pauses, lim)
+		t.Logf("%s: %s", sc.name, describeBarrier(br))
+		if br.Rounds == 0 {
+			t.Errorf("%s: no barrier round completed", sc.name)
+		}
+		res.Violations = append(res.Violations, br.Violations...)
+	}
 	t.Logf("%s (%s)", sc.name, strings.Join(who, ", "))
 	for i := range children {
 		if res.ByChild[i] == 0 && !sc.otherLayout {
@@ -321,9 +345,13 @@ func TestMutationsCaught(t *testing.T) {
 	for _, tc := range []struct{ mutation, want string }{
 		{"capacity", "capacity of"},
 		{"token-reuse", "granted twice"},
+		{"latch-early", "latch history is not linearizable"},
+		{"barrier-early", "completed with 2 Arrivals"},
 	} {
 		t.Run(tc.mutation, func(t *testing.T) {
-			res := run(t, scenario{name: "mutation " + tc.mutation, mutation: tc.mutation})
+			latch := strings.HasPrefix(tc.mutation, "latch")
+			bar := strings.HasPrefix(tc.mutation, "barrier")
+			res := run(t, scenario{name: "mutation " + tc.mutation, mutation: tc.mutation, latch: latch, barrier: bar})
 			found := false
 			for _, v := range res.Violations {
 				t.Log(v)

@@ -14,6 +14,7 @@ package testhook
 
 import (
 	"context"
+	"slices"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -22,8 +23,10 @@ import (
 var (
 	// TransformOption returns a fairlock.Option that passes the source of
 	// each of the client's scripts (queue.lua and its includes with the
-	// entry, whole) through f. A client with a transform runs its scripts
-	// by EVAL only.
+	// entry, whole, after the "#!lua" line of the flags its entry
+	// declares, if any: see SplitShebang) through f. A client with a
+	// transform runs its scripts by EVAL only: with that line where the
+	// server reads it, without it elsewhere.
 	TransformOption func(f func(src string) string) any
 	// BlockingHooksOption returns a fairlock.Option that adds hooks to the
 	// go-redis client a client built by fairlock.New makes for its
@@ -52,6 +55,10 @@ var (
 	// their lease could have ended (the process stalled, or a resend
 	// found its grant expired). A process that did not stall gives none.
 	GivenBack func(client any) int64
+
+	// OpFlags returns the flags (no-writes, allow-oom...) that the script
+	// serving op declares, and false when no script serves op.
+	OpFlags func(op string) (flags []string, ok bool)
 
 	// Batches returns how many batches client (a *fairlock.Client) has
 	// sent (WithBatching), and how many calls they held.
@@ -82,3 +89,39 @@ func NoFastPaths(src string) string {
 // BatchSuffix follows an entry's name in what EntryName says of the
 // entry's batch form.
 const BatchSuffix = " batch"
+
+// shebang starts the line on which a script declares its flags
+// ("#!lua flags=no-writes,allow-oom"), its source's first.
+const shebang = "#!lua"
+
+// SplitShebang splits src, a script's whole source as a transform is
+// given it, into its "#!lua" line (with its newline; "" when the script
+// declares no flags) and the rest. The line must stay first: a transform
+// that adds code before the script adds it after the line.
+func SplitShebang(src string) (line, rest string) {
+	if !strings.HasPrefix(src, shebang) {
+		return "", src
+	}
+	i := strings.IndexByte(src, '\n')
+	if i < 0 {
+		return src, ""
+	}
+	return src[:i+1], src[i+1:]
+}
+
+// Flags returns the flags that src's "#!lua" line declares (see
+// SplitShebang), as Redis reads them; none when it has no such line.
+func Flags(src string) []string {
+	line, _ := SplitShebang(src)
+	for _, f := range strings.Fields(line) {
+		if v, ok := strings.CutPrefix(f, "flags="); ok {
+			return strings.Split(v, ",")
+		}
+	}
+	return nil
+}
+
+// NoWrites reports whether src declares the flag no-writes: Redis (7 and
+// later) then refuses every write the script attempts, and a transform
+// must add none.
+func NoWrites(src string) bool { return slices.Contains(Flags(src), "no-writes") }

@@ -28,7 +28,9 @@
 --                   waiterMs, round ('' on arrival; on a re-ask after a
 --                   lost wake-up, the round the ticket arrived in);
 --   barrier_break   ttlMs, ticket, round ('' when unknown);
---   barrier_status  nothing more.
+--   barrier_status  nothing more; with parties 0, it reads whatever
+--                   parties are stored (0 when the barrier does not
+--                   exist).
 -- A hash that does not exist is made (round 1) by barrier_await and
 -- barrier_break; one stored with other parties fails every op, having
 -- written nothing, with the error "FAIRLOCK_BARRIER_PARTIES <stored>".
@@ -59,7 +61,10 @@ local ckeys = begin(KEYS)
 local B = ckeys[2]
 declare_kind(#KEYS, 'hash')
 local op, parties = ARGV[1], tonumber(ARGV[2])
-if not parties or parties < 1 then return redis.error_reply('ERR barrier: bad parties ' .. tostring(ARGV[2])) end
+-- A status read with parties 0 takes whatever parties are stored (a
+-- tool's read: fairlock status).
+local any = op == 'barrier_status' and parties == 0
+if not parties or (parties < 1 and not any) then return redis.error_reply('ERR barrier: bad parties ' .. tostring(ARGV[2])) end
 -- The waiters' state first (another release's layout refused, as on
 -- every resource); ticket is the call's own.
 local ticket = ARGV[4]
@@ -68,8 +73,9 @@ local r = declared(ticket)[1]
 local st = redis.call('HMGET', B, 'parties', 'round', 'n')
 seen(B)
 local stored = tonumber(st[1])
-if stored and stored ~= parties then return redis.error_reply(BARRIER_PARTIES_ERR .. ' ' .. num(stored)) end
+if stored and stored ~= parties and not any then return redis.error_reply(BARRIER_PARTIES_ERR .. ' ' .. num(stored)) end
 local exists = stored ~= nil
+if any then parties = stored or 0 end
 local round, n = tonumber(st[2]) or 1, tonumber(st[3]) or 0
 local cv = cond_load(r, BARRIER_COND, ckeys[1])
 

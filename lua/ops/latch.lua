@@ -13,7 +13,8 @@
 --                waiterMs;
 --   latch_down   ttlMs, id (unique to the call: a resent call carries
 --                the same);
---   latch_count  nothing more.
+--   latch_count  nothing more; with init 0, it reads whatever count is
+--                stored.
 -- A count that does not exist is created at init by latch_wait and
 -- latch_down (latch_count reads it as init); one stored with another init
 -- fails every op, having written nothing, with the error
@@ -31,7 +32,10 @@
 --                reply is recorded under id as a signal's is
 --                (lua/rules.lua's signalled, kept as a tombstone): a
 --                resent call answers it and acts no more.
---   latch_count  {count}.
+--   latch_count  {count}; with init 0, {count, init, waiters}: the
+--                stored count and init (0 and 0 when the latch does not
+--                exist) and the waiters registered (the dead among them
+--                until they are dropped).
 -- Reads and checks first, then writes through the buffer (THE RULE).
 
 -- The condition the latch's waiters wait on.
@@ -51,7 +55,10 @@ local ckeys = begin(KEYS)
 local L = ckeys[2]
 declare_kind(#KEYS, 'hash')
 local op, init = ARGV[1], tonumber(ARGV[2])
-if not init or init < 1 then return redis.error_reply('ERR latch: bad count ' .. tostring(ARGV[2])) end
+-- A count read with init 0 takes whatever count is stored (a tool's
+-- read: fairlock status).
+local any = op == 'latch_count' and init == 0
+if not init or (init < 1 and not any) then return redis.error_reply('ERR latch: bad count ' .. tostring(ARGV[2])) end
 -- The waiters' state, read (and its layout checked: another release's is
 -- refused, as on every resource) before anything else; ticket is the
 -- call's own (a waiter's, or a count down's id).
@@ -59,11 +66,14 @@ local r = declared(ARGV[4])[1]
 local st = redis.call('HMGET', L, 'count', 'init')
 seen(L)
 local stored, count = tonumber(st[2]), tonumber(st[1])
-if stored and stored ~= init then return redis.error_reply(LATCH_COUNT_ERR .. ' ' .. num(stored)) end
+if stored and stored ~= init and not any then return redis.error_reply(LATCH_COUNT_ERR .. ' ' .. num(stored)) end
 local exists = stored ~= nil and count ~= nil
 if not exists then count = init end
 
-if op == 'latch_count' then return { count } end
+if op == 'latch_count' then
+  if any then return { exists and count or 0, exists and stored or 0, r.nc } end
+  return { count }
+end
 
 local ttl = tonumber(ARGV[3])
 if not ttl or ttl < 1 then return redis.error_reply('ERR latch: bad ttl ' .. tostring(ARGV[3])) end

@@ -1,0 +1,69 @@
+package robustness
+
+import (
+	"strings"
+	"testing"
+)
+
+// await is a barrier Await of client over [call, ret]: completed with
+// round and index, or, with class set, failed so ("broken" names the
+// round).
+func await(client int, call, ret, round int64, index int, class string) Op {
+	op := Op{Client: client, Kind: "barrier_await", Res: barrierName, Call: call, Return: ret, N: round, Index: index, Class: class}
+	if class != "" {
+		op.Err = class
+	}
+	return op
+}
+
+// TestCheckBarrier breaks each rule CheckBarrier holds a history to, one
+// history at a time, and requires the violation that names it.
+func TestCheckBarrier(t *testing.T) {
+	whole := []Op{await(1, 0, 10, 1, 0, ""), await(2, 1, 10, 1, 1, ""), await(3, 2, 10, 1, 2, "")}
+	for _, tc := range []struct {
+		name string
+		ops  []Op
+		want string // a violation's text; "" for none
+	}{
+		{"whole rounds", append(whole[:3:3],
+			await(1, 11, 20, 2, 2, ""), await(2, 11, 20, 2, 0, ""), await(3, 12, 20, 2, 1, "")), ""},
+		{"a round broken, then the next whole", []Op{
+			await(1, 0, 5, 1, 0, "broken"), await(2, 1, 5, 1, -1, "broken"), await(3, 2, 4, 0, 0, "deadline"),
+			await(1, 6, 20, 2, 0, ""), await(2, 7, 20, 2, 1, ""), await(3, 8, 20, 2, 2, "")}, ""},
+		{"a lost reply excuses a missing party", []Op{
+			await(1, 0, 10, 1, 0, ""), await(2, 1, 10, 1, 1, ""), await(3, 2, 9, 0, 0, "deadline")}, ""},
+		{"a party short", whole[:2], "completed with 2 Arrivals"},
+		{"an index twice", []Op{await(1, 0, 10, 1, 0, ""), await(2, 1, 10, 1, 1, ""), await(3, 2, 10, 1, 1, "")},
+			"given twice"},
+		{"an index past the parties", []Op{await(1, 0, 10, 1, 0, ""), await(2, 1, 10, 1, 1, ""), await(3, 2, 10, 1, 3, "")},
+			"out of [0, 3)"},
+		{"a round returned before a party of it was called", []Op{
+			await(1, 0, 5, 1, 0, ""), await(2, 1, 10, 1, 1, ""), await(3, 6, 10, 1, 2, "")}, "before another Await of it was called"},
+		{"a party's rounds fall", append(whole[:3:3],
+			await(1, 11, 20, 1, 0, "broken")), "after its earlier Await reported round 1"},
+		{"a round completed and broken", append(whole[:3:3],
+			await(1, 11, 20, 1, 0, "broken")), "both completed"},
+		{"a lost reply after the round's end excuses no party", []Op{
+			await(1, 0, 10, 1, 0, ""), await(2, 1, 10, 1, 1, ""), await(3, 11, 13, 0, 0, "deadline")},
+			"completed with 2 Arrivals"},
+		{"a lost reply excuses no party of a round its client had passed", []Op{
+			await(3, 0, 1, 5, -1, "broken"), await(3, 2, 3, 0, 0, "deadline"),
+			await(1, 4, 10, 3, 0, ""), await(2, 5, 10, 3, 1, "")}, "round 3 completed with 2 Arrivals"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := CheckBarrier(History{Ops: tc.ops}, nil, lim)
+			if tc.want == "" {
+				for _, v := range res.Violations {
+					t.Errorf("unexpected violation: %s", v)
+				}
+				return
+			}
+			for _, v := range res.Violations {
+				if strings.Contains(v, tc.want) {
+					return
+				}
+			}
+			t.Errorf("no violation saying %q; got %q", tc.want, res.Violations)
+		})
+	}
+}

@@ -1,0 +1,172 @@
+package robustness
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sort"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/fairlock/fairlock/internal/engine"
+)
+
+// The latch traffic (scenario.latch): a fifth worker in every child
+// counts down a sequence of countdown latches, "lt0", "lt1", ..., each
+// made with latchCount (one count down per child), reads each one's count
+// and waits for it to open, each call under the call timeout. A latch a
+// child's lost count down leaves shut is given up on when its Wait times
+// out; the child goes on to the next one.
+const (
+	latchCount = 3 // the children of a run (children in the tests)
+	latchTTL   = time.Minute
+)
+
+// latchTraffic runs the latch worker until stop ends.
+func latchTraffic(stop context.Context, w *worker) {
+	for g := 0; stop.Err() == nil; g++ {
+		name := fmt.Sprintf("lt%d", g)
+		w.latchOp("latch_down", name, func(ctx context.Context) (int64, error) {
+			n, stored, err := engine.LatchDown(ctx, w.c, name, latchCount, latchTTL)
+			if err == nil && stored != 0 {
+				err = fmt.Errorf("latch %s stored with count %d", name, stored)
+			}
+			return n, err
+		})
+		count := func() {
+			w.latchOp("latch_count", name, func(ctx context.Context) (int64, error) {
+				n, stored, err := engine.LatchCount(ctx, w.c, name, latchCount)
+				if err == nil && stored != 0 {
+					err = fmt.Errorf("latch %s stored with count %d", name, stored)
+				}
+				return n, err
+			})
+		}
+		if w.rng.IntN(2) == 0 {
+			count()
+		}
+		w.latchOp("latch_wait", name, func(ctx context.Context) (int64, error) {
+			stored, err := engine.LatchWait(ctx, w.c, name, latchCount, latchTTL)
+			if err == nil && stored != 0 {
+				err = fmt.Errorf("latch %s stored with count %d", name, stored)
+			}
+			return 0, err
+		})
+		count()
+	}
+}
+
+// latchOp runs f under the call timeout and records it: its count (N)
+// when it returns one.
+func (w *worker) latchOp(kind, name string, f func(context.Context) (int64, error)) {
+	op := Op{Child: w.child, Client: w.client, Kind: kind, Res: name, Call: now()}
+	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
+	defer cancel()
+	dl, _ := ctx.Deadline()
+	op.Deadline = dl.UnixMicro()
+	n, err := f(ctx)
+	op.Return = now()
+	op.N = n
+	if err != nil {
+		op.Err, op.Class = err.Error(), classify(err)
+	}
+	w.record(record{Op: &op})
+}
+
+// LatchModel is the porcupine model of one countdown latch: a count that
+// starts at latchCount; a count down lowers it by one, never below 0, and
+// answers the count after; a count answers it; a Wait returns (without
+// an error) only while it is 0. A count down that failed may or may not
+// have counted, at any time after its call (its script may run late):
+// both states follow it. Waits and counts that failed say nothing.
+var LatchModel = (&porcupine.NondeterministicModel{
+	Partition: func(history []porcupine.Operation) [][]porcupine.Operation {
+		by := map[string][]porcupine.Operation{}
+		var names []string
+		for _, op := range history {
+			r := op.Input.(Op).Res
+			if by[r] == nil {
+				names = append(names, r)
+			}
+			by[r] = append(by[r], op)
+		}
+		out := make([][]porcupine.Operation, 0, len(names))
+		for _, n := range names {
+			out = append(out, by[n])
+		}
+		return out
+	},
+	Init: func() []any { return []any{int64(latchCount)} },
+	Step: func(st, in, _ any) []any {
+		s, op := st.(int64), in.(Op)
+		down := max(s-1, 0)
+		switch {
+		case op.Kind == "latch_down" && op.Err != "":
+			return []any{s, down}
+		case op.Kind == "latch_down" && op.N == down:
+			return []any{down}
+		case op.Kind == "latch_count" && op.N == s:
+			return []any{s}
+		case op.Kind == "latch_wait" && s == 0:
+			return []any{s}
+		}
+		return nil
+	},
+	Equal: func(a, b any) bool { return a.(int64) == b.(int64) },
+	DescribeOperation: func(in, _ any) string {
+		op := in.(Op)
+		if op.Err != "" {
+			return fmt.Sprintf("%s(%s) failed: %s", op.Kind, op.Res, op.Err)
+		}
+		return fmt.Sprintf("%s(%s) -> %d", op.Kind, op.Res, op.N)
+	},
+	DescribeState: func(st any) string { return fmt.Sprintf("count %d", st.(int64)) },
+}).ToModel()
+
+// LatchResult is what CheckLatch found.
+type LatchResult struct {
+	Ops, Opened, Errors int // calls; Waits that returned nil; calls that failed
+	ErrorKinds          map[string]int
+	Violations          []string
+}
+
+// CheckLatch checks the latch calls of a history: linearizable against
+// LatchModel, and each returned by its context's end (plus slack).
+func CheckLatch(h History, pauses []Pause, lim Limits) LatchResult {
+	var res LatchResult
+	var ops []porcupine.Operation
+	var calls Result
+	for _, op := range h.Ops {
+		switch op.Kind {
+		case "latch_down", "latch_count", "latch_wait":
+		default:
+			continue
+		}
+		res.Ops++
+		checkDeadline(&calls, op, pauses, lim.Slack)
+		ret := op.Return
+		if op.Err != "" {
+			res.Errors++
+			if res.ErrorKinds == nil {
+				res.ErrorKinds = map[string]int{}
+			}
+			res.ErrorKinds[op.Kind+" "+op.Class]++
+			if op.Kind != "latch_down" {
+				continue // it says nothing
+			}
+			ret = math.MaxInt64 // it may count at any time after its call
+		} else if op.Kind == "latch_wait" {
+			res.Opened++
+		}
+		ops = append(ops, porcupine.Operation{ClientId: op.Client, Input: op, Call: op.Call, Return: ret})
+	}
+	sort.SliceStable(ops, func(i, j int) bool { return ops[i].Call < ops[j].Call })
+	res.Violations = calls.Violations
+	switch porcupine.CheckOperationsTimeout(LatchModel, ops, lim.Linearizability) {
+	case porcupine.Illegal:
+		res.Violations = append(res.Violations, "the latch history is not linearizable: a count down, a count or a Wait that returned saw a count no sequence of the calls gives")
+	case porcupine.Unknown:
+		res.Violations = append(res.Violations, fmt.Sprintf("latch linearizability not decided within %v", lim.Linearizability))
+	}
+	return res
+}
