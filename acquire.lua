@@ -35,7 +35,7 @@ if FAST_PATHS and #KEYS == 5 and a[GROUP] == '' then
 end
 begin(KEYS)
 local ticket, client, lease, wait = a[TICKET], a[CLIENT], a[LEASE], a[WAIT]
-local rs = declared(ticket)
+local rs = declared(ticket, client)
 
 -- granted returns the reply for a ticket granted on every resource: its
 -- tokens and the earliest expiry of its parts (0 if any has expired).
@@ -148,6 +148,6 @@ if a[OP] == 'try' then
   return { 0 }
 end
 
-for i, r in ipairs(rs) do enqueue(r, ticket, members[i], wait) end
+for i, r in ipairs(rs) do enqueue(r, ticket, members[i], client, wait) end
 finish()
 return { 2, now, next_event() }

@@ -174,6 +174,8 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 			"redis.call('ZREVRANGEBYSCORE', cv.C, max, '-inf', 'LIMIT', 0, want + skip)", 0, false},
 		{"queued at the head", "lua/grant.lua",
 			"  write('ZADD', r.Q, num(next_seq(r)), m)\n", "  write('ZADD', r.Q, '1', m)\n", 0, false},
+		{"liveness field not written by a process's first acquire", "lua/rules.lua",
+			"  return at == nil or at < now + wait - math.floor(wait / 3)\n", "  return at ~= nil and at < now + wait - math.floor(wait / 3)\n", 0, false},
 		{"condition waiter not refreshed", "lua/ops/refresh.lua",
 			"      wait_at(first, now + wait, m)\n", "", 0, false},
 		{"condition waiter not a user of its mutex", "acquire.lua",

@@ -55,7 +55,7 @@ local ckeys = begin(KEYS)
 
 local op, ticket, client, lease, wait, group = a[OP], a[TICKET], a[CLIENT], a[LEASE], a[WAIT], a[GROUP]
 local fresh, cond = wait_args(a, nres)
-local rs = declared(ticket)
+local rs = declared(ticket, client)
 local parts = {}
 for i, r in ipairs(rs) do
   local n, ns, ts = part_of(a, i)

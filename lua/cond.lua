@@ -37,6 +37,7 @@ local function cond_add(r, cv, ticket, ns, client, lease, wait)
   local m = waiter_member(ticket, ns, client, lease, wait, '')
   write('ZADD', cv.C, num(next_seq(r)), m)
   wait_at(r, now + wait, m)
+  keep_alive(r, client, wait)
   record(r, ticket, CONDITION .. cv.name)
   if r.nq0 + r.nc0 <= 0 then r.wrote_d = true end
   r.nc = r.nc + 1
@@ -102,5 +103,5 @@ local function cond_wake(r, cv, m, w)
   -- The member stays in :d (a removal there would undo the new deadline:
   -- apply adds before it removes).
   cond_unlink(r, cv, m)
-  enqueue(r, w.ticket, m, w.wait)
+  enqueue(r, w.ticket, m, w.client, w.wait)
 end

@@ -20,11 +20,11 @@
 local FAST_PATHS = true
 
 -- fast_start reads Redis's clock and resource state hash S with ticket's
--- mark (read_state), as begin and load would.
-local function fast_start(S, ticket)
+-- mark and client's liveness (read_state), as begin and load would.
+local function fast_start(S, ticket, client)
   local clock = redis.call('TIME')
   set_now(clock)
-  return clock, read_state(S, ticket)
+  return clock, read_state(S, ticket, client)
 end
 
 -- fast_defer leaves what a fast path read to the general path (see pre),
@@ -57,7 +57,7 @@ end
 -- bounds): then a "try" is refused and an "acquire" queued.
 local function fast_acquire(K, a)
   local S, ticket, client, lease, wait = K[KS], a[TICKET], a[CLIENT], a[LEASE], a[WAIT]
-  local clock, st = fast_start(S, ticket)
+  local clock, st = fast_start(S, ticket, client)
   local cap, used, nh, nq, nc, exp0, o, oe = st[CAP], st[USED], st[NH], st[NQ], st[NC], st[EXP], st[O], st[OE]
   local fresh = not st[EXISTS]
   if fresh then cap = cap_of(a, 1) end
@@ -102,6 +102,11 @@ local function fast_acquire(K, a)
     f = { 'nq', num(nq + 1), 'seq', ts }
     low = lowered(dmin, at)
     put(f, 'dmin', low, dmin)
+    -- Its process's liveness (keep_alive).
+    if live_stale(st[LIVE], wait) then
+      local k = #f
+      f[k + 1], f[k + 2] = live_field(client), num(at)
+    end
   end
   if fresh then
     local k = #f
@@ -153,7 +158,7 @@ end
 local function fast_release(K, a)
   local S, ticket, client = K[KS], a[TICKET], a[CLIENT]
   local n, ns, token = part_of(a, 1)
-  local clock, st = fast_start(S, ticket)
+  local clock, st = fast_start(S, ticket, client)
   local cap, used, nh, nq, nc, exp0, o, oe = st[CAP], st[USED], st[NH], st[NQ], st[NC], st[EXP], st[O], st[OE]
   local inh = nh - (o and 1 or 0)
   local hmin, dmin = bound_of(st[HMIN], inh), bound_of(st[DMIN], nq + nc)

@@ -277,11 +277,12 @@ local function announce(w, parts)
   wake(list, fallback, wake_entry(w.ticket, num(now + ttl), tokens), ttl)
 end
 
--- enqueue queues waiter m (ticket's member in r's queue) behind everyone
--- queued, alive until now + wait unless refreshed.
-local function enqueue(r, ticket, m, wait)
+-- enqueue queues waiter m (ticket's member in r's queue, of process
+-- client) behind everyone queued, alive until now + wait unless refreshed.
+local function enqueue(r, ticket, m, client, wait)
   write('ZADD', r.Q, num(next_seq(r)), m)
   wait_at(r, now + wait, m)
+  keep_alive(r, client, wait)
   -- A queue that had waiters keeps them through this script (adds go
   -- first), and so its TTL; so does :d.
   if r.nq0 <= 0 then r.wrote_q = true end

@@ -65,6 +65,13 @@ local function inline_token(o, ticket)
   return false
 end
 
+-- live_field names the field of a resource's state hash that holds the
+-- liveness deadline (ms) of process client's waiters there: "l", KEY_SEP,
+-- the client (a control character no state field or ticket holds).
+local function live_field(client)
+  return 'l' .. KEY_SEP .. client
+end
+
 -- base_of returns the base of a resource's keys, given its state hash.
 local function base_of(S)
   return string.sub(S, 1, -3)
@@ -93,7 +100,7 @@ local function check_layout(S, v, exists)
 end
 
 -- The fields of a resource's state row (read_state), by name.
-local CAP, USED, NH, NQ, SEQ, EXP, TNEXT, HMIN, DMIN, NC, O, OE, MARK, EXISTS = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15
+local CAP, USED, NH, NQ, SEQ, EXP, TNEXT, HMIN, DMIN, NC, O, OE, MARK, EXISTS, LIVE = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16
 
 -- read_state reads resource state hash S, and ticket's mark in it when
 -- ticket is given, into a row indexed by the names above: CAP (nil:
@@ -101,14 +108,18 @@ local CAP, USED, NH, NQ, SEQ, EXP, TNEXT, HMIN, DMIN, NC, O, OE, MARK, EXISTS = 
 -- nil unknown), O and OE (the holder kept in the hash, see queue.lua, and
 -- its expiry: false and nil when there is none), MARK (the ticket's
 -- record: its field, a token or a mark; the token of the holder kept in
--- the hash, which has no field; or false), and EXISTS (whether the hash
--- exists). The row is HMGET's reply converted in place: the fast paths
+-- the hash, which has no field; or false), EXISTS (whether the hash
+-- exists) and LIVE (when client is given with ticket: its process's
+-- liveness deadline, see live_field; nil when it has none). The row is HMGET's reply converted in place: the fast paths
 -- read it on every call, and a table built with named fields costs more
 -- than the rest of their reading. A state hash of another layout than
 -- LAYOUT fails the call here (check_layout), before anything is written.
-local function read_state(S, ticket)
+local function read_state(S, ticket, client)
   local st
-  if ticket then
+  if ticket and client then
+    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe', ticket, live_field(client))
+    st[16] = tonumber(st[15])
+  elseif ticket then
     st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe', ticket)
   else
     st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe')

@@ -20,11 +20,12 @@ end
 
 -- load returns the resource with key base base, reading its state on first
 -- use. k is the index in KEYS of its first key, if it was declared; ticket,
--- if given, is looked up in its grants (r.grant). An undeclared resource
+-- if given, is looked up in its grants (r.grant), and client (given with
+-- it) in its liveness fields (r.lv, see keep_alive). An undeclared resource
 -- whose keys this node cannot serve now (its slot is migrating) comes back
 -- with r.off set and no state: nothing may be granted on it or written to
 -- it in this script.
-local function load(base, k, ticket)
+local function load(base, k, ticket, client)
   local r = by_base[base]
   if r then return r end
   local K
@@ -44,13 +45,16 @@ local function load(base, k, ticket)
   if ticket and pre_call and pre_call.S == K[KS] then
     st = pre_call.st -- read by a fast path that deferred to this one
   else
-    st = read_state(K[KS], ticket)
+    st = read_state(K[KS], ticket, client)
   end
   seen(K[KS])
   -- One constructor with every field: growing a table field by field
   -- costs more than the rest of this function.
   r = {
     base = base, keys = K, S = K[KS], Q = K[KQ], D = K[KD], H = K[KH], T = K[KT], grant = st[MARK], ticket = ticket,
+    -- The liveness field of the caller's process (client) as read; the
+    -- fields this script writes (client -> deadline), and their order.
+    lclient = client, lv = st[LIVE], lives = {}, lorder = {},
     cap = st[CAP], used = st[USED], nh = st[NH], nq = st[NQ], seq = st[SEQ], exp = st[EXP], existed = st[EXISTS],
     -- The holder kept in the hash (false: none) and its expiry, and as
     -- read.
@@ -85,13 +89,42 @@ local function load(base, k, ticket)
 end
 
 -- declared returns the resources whose keys the caller passed in KEYS,
--- looking ticket up in each.
-local function declared(ticket)
+-- looking ticket (and client's liveness, if given) up in each.
+local function declared(ticket, client)
   local rs = {}
   for i = 1, #keys, 5 do
-    rs[#rs + 1] = load(base_of(keys[i]), i, ticket)
+    rs[#rs + 1] = load(base_of(keys[i]), i, ticket, client)
   end
   return rs
+end
+
+-- live_of returns process client's liveness deadline on r (nil: none), as
+-- this script leaves it: written here, read with the state, or read now.
+local function live_of(r, client)
+  local at = r.lives[client]
+  if at then return at end
+  if client == r.lclient then return r.lv end
+  if r.off then return nil end
+  return tonumber(redis.call('HGET', r.S, live_field(client)))
+end
+
+-- set_live buffers process client's liveness deadline on r.
+local function set_live(r, client, at)
+  if not r.lives[client] then r.lorder[#r.lorder + 1] = client end
+  r.lives[client] = at
+  r.horizon = math.max(r.horizon, at)
+end
+
+-- keep_alive keeps process client's waiters on r alive for wait ms from
+-- now, as a call that makes one of them wait there does: its liveness
+-- field is written when live_stale says so. A refresh writes it always
+-- (refresh_live).
+local function keep_alive(r, client, wait)
+  if r.off then return end
+  if live_stale(live_of(r, client), wait) then set_live(r, client, now + wait) end
+end
+local function refresh_live(r, client, wait)
+  if not r.off then set_live(r, client, now + wait) end
 end
 
 -- in_h returns how many of r's holders :h holds: all but the one kept in
@@ -254,6 +287,9 @@ local function finish_one(r)
     changed = true
   end
   local f = {}
+  for _, c in ipairs(r.lorder) do
+    f[#f + 1], f[#f + 2] = live_field(c), num(r.lives[c])
+  end
   if r.newcap then put(f, 'cap', r.cap or 0, nil) end
   put0(f, d, 'used', r.used, r.used0)
   put0(f, d, 'nh', r.nh, r.nh0)

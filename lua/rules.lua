@@ -107,6 +107,16 @@ local function grant_ttl(lease, wait, announced)
   return lease
 end
 
+-- live_stale reports whether a process's liveness field on a resource
+-- (its deadline, ms, or nil: none) must be written again by a call that
+-- makes one of its waiters wait there for wait ms: when missing, or when
+-- more than a third of the waiter TTL old. Writing it at every call would
+-- cost nothing (it goes in the HSET a queued call makes anyway), but its
+-- age says how stale a refresh has let it become.
+local function live_stale(at, wait)
+  return at == nil or at < now + wait - math.floor(wait / 3)
+end
+
 -- fits_in reports whether n more permits fit with used held, on a
 -- resource of capacity cap (nil: unknown, nothing fits).
 local function fits_in(used, n, cap)

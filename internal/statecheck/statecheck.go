@@ -15,7 +15,8 @@
 //     condition variables' keys; :d holds exactly the waiters of :q and of
 //     the conditions; a queued ticket has no field in the state hash (its
 //     member in :q is its record), nor has the holder kept in the hash
-//     (o is its record);
+//     (o is its record); every waiter's process has its liveness field
+//     (LiveField) in the state hash;
 //   - the bounds hmin and dmin are no later than the earliest expiry in :h
 //     and the earliest deadline in :d;
 //   - each key lives at least as long as what it records: :h its latest
@@ -71,6 +72,10 @@ type State struct {
 	// Shift ms past what they meant.
 	At, Shift int64
 }
+
+// LiveField names the field of a state hash that holds the liveness
+// deadline of process client's waiters (members.lua's live_field).
+func LiveField(client string) string { return "l\x1f" + client }
 
 // condMark is what follows a semaphore's base in the keys of its
 // condition variables: the library's derived keys are base, U+001F, a
@@ -352,6 +357,26 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 		ticket, _, _ := strings.Cut(z.Member.(string), " ")
 		if v, ok := st[ticket]; ok {
 			return fmt.Errorf("queued ticket %s has a field %q in the state hash", ticket, v)
+		}
+	}
+	// Every waiter's process has its liveness field (LiveField).
+	for j, zs := range append([][]redis.Z{q}, conds...) {
+		key := Q
+		if j > 0 {
+			key = condKeys[j-1]
+		}
+		for _, z := range zs {
+			f := strings.Fields(z.Member.(string))
+			if len(f) < 5 {
+				return fmt.Errorf("waiter %q of %s has a bad form", z.Member, key)
+			}
+			v, ok := st[LiveField(f[2])]
+			if !ok {
+				return fmt.Errorf("waiter %q of %s: its process %s has no liveness field", z.Member, key, f[2])
+			}
+			if _, err := strconv.ParseInt(v, 10, 64); err != nil {
+				return fmt.Errorf("the liveness field of process %s is %q", f[2], v)
+			}
 		}
 	}
 	// Bounds.

@@ -24,10 +24,11 @@ func waitOn(ctx context.Context, rdb redis.Cmdable, base, cond, ticket string, c
 	}
 	m := ticket + " 1 client lease 1000"
 	tx := rdb.TxPipeline()
-	tx.HSet(ctx, base+":s", "layout", Layout, "cap", "1", ticket, "c"+cond)
+	at := now.Add(10 * time.Second).UnixMilli()
+	tx.HSet(ctx, base+":s", "layout", Layout, "cap", "1", ticket, "c"+cond, LiveField("client"), at)
 	tx.HIncrBy(ctx, base+":s", "nc", 1)
 	tx.PExpire(ctx, base+":s", time.Minute)
-	tx.ZAdd(ctx, base+":d", redis.Z{Score: float64(now.Add(10 * time.Second).UnixMilli()), Member: m})
+	tx.ZAdd(ctx, base+":d", redis.Z{Score: float64(at), Member: m})
 	tx.PExpire(ctx, base+":d", time.Minute)
 	tx.ZAdd(ctx, base+condMark+cond, redis.Z{Score: 1, Member: m})
 	tx.PExpire(ctx, base+condMark+cond, condTTL)
@@ -172,6 +173,31 @@ func TestCheckLostConditionWaiters(t *testing.T) {
 					t.Fatalf("Check = %v, want an error saying %q", err, tc.want)
 				}
 			})
+		}
+	})
+}
+
+// Check wants every waiter's process to have its liveness field in the
+// state hash: a condition waiter kept as the scripts keep it passes, and
+// fails once the field is gone.
+func TestCheckWantsTheLivenessField(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		rdb := b.Client(t)
+		prefix := redistest.Prefix(t)
+		base := prefix + "{x}"
+		if err := waitOn(ctx, rdb, base, "", "T1", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := Check(ctx, rdb, State{Prefix: prefix, Bases: []string{base}}); err != nil {
+			t.Fatalf("Check of a waiter kept as the scripts keep it = %v, want nil", err)
+		}
+		if err := rdb.HDel(ctx, base+":s", LiveField("client")).Err(); err != nil {
+			t.Fatal(err)
+		}
+		err := Check(ctx, rdb, State{Prefix: prefix, Bases: []string{base}})
+		if err == nil || !strings.Contains(err.Error(), "no liveness field") {
+			t.Fatalf("Check of a waiter whose process has no liveness field = %v, want an error saying so", err)
 		}
 	})
 }

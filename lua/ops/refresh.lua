@@ -109,6 +109,7 @@ for i = 5, #ARGV, 3 do
       out[#out + 1] = '0'
     elseif alive(at) then
       wait_at(first, now + wait, m)
+      refresh_live(first, client, wait)
       -- purge_waiters reads the deadlines as they were.
       first.fresh = first.fresh or {}
       first.fresh[m] = true
@@ -131,6 +132,7 @@ for i = 5, #ARGV, 3 do
       if not r.off then
         local m = waiter_member(ticket, p.n, client, lease, wait, group)
         wait_at(r, now + wait, m)
+        refresh_live(r, client, wait)
         -- purge_waiters reads the deadlines as they were.
         r.fresh = r.fresh or {}
         r.fresh[m] = true
