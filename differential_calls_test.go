@@ -650,16 +650,22 @@ func (m *callMachine) lapse(t *rapid.T) {
 	i := rapid.IntRange(0, len(m.holding)-1).Draw(t, "holder")
 	tk := m.holding[i]
 	s := tk.parts[rapid.IntRange(0, len(tk.parts)-1).Draw(t, "part")].sem
-	zs, err := m.pair.sides()[0].RDB.ZRangeWithScores(m.ctx, s.base+":d", 0, 2).Result()
+	// The waiters' processes' liveness deadlines there.
+	st, err := m.pair.sides()[0].RDB.HGetAll(m.ctx, s.base+":s").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var ahead []int64
-	for _, z := range zs {
-		if int64(z.Score) >= m.nowMs() {
-			ahead = append(ahead, int64(z.Score))
+	for f, v := range st {
+		if !strings.HasPrefix(f, statecheck.LiveField("")) {
+			continue
+		}
+		if at, _, ok := statecheck.ParseLive(v); ok && at >= m.nowMs() {
+			ahead = append(ahead, at)
 		}
 	}
+	slices.Sort(ahead)
+	ahead = ahead[:min(len(ahead), 3)]
 	if len(ahead) == 0 {
 		t.Skip("no waiter's deadline ahead")
 	}

@@ -996,17 +996,10 @@ var brokenGuards = []struct {
 	name, file, old, new string
 	fast                 bool
 }{
-	{"queued fast acquire writes :d unproven", "lua/fast.lua",
-		"    must_be(K[KD], 'zset')\n    -- A queued ticket", "    -- A queued ticket", true},
+	{"queued fast acquire gives an unproven :h a TTL", "lua/fast.lua",
+		"    if moved and has_h then must_be(K[KH], 'zset') end\n    -- A queued ticket", "    -- A queued ticket", true},
 	{"fast grant gives an unproven :t a TTL", "lua/fast.lua",
 		"    if has_t then must_be(K[KT], 'zset') end\n    if has_h and inline then", "    if has_h and inline then", true},
-	{"handing fast release writes before its unproven :d", "lua/fast.lua",
-		"    redis.call('ZREM', K[KD], head)\n    if not free then redis.call('ZADD', K[KH], hs, wm) end\n" +
-			"    -- The wake list is not declared: losing a wake-up is safe.\n    local l, fallback = wake_list(base_of(S), w.client)\n" +
-			"    list = push_wake(l, fallback, { wake_entry(w.ticket, hs, { ts }) })\n",
-		"    if not free then redis.call('ZADD', K[KH], hs, wm) end\n" +
-			"    -- The wake list is not declared: losing a wake-up is safe.\n    local l, fallback = wake_list(base_of(S), w.client)\n" +
-			"    list = push_wake(l, fallback, { wake_entry(w.ticket, hs, { ts }) })\n    redis.call('ZREM', K[KD], head)\n", true},
 	{"fast release gives a refused wake list a TTL", "lua/fast.lua",
 		"if list then redis.pcall('PEXPIRE', list, num(ttl)) end", "redis.pcall('PEXPIRE', wake_list(base_of(S), w.client), num(ttl))", true},
 	{"fast release drops a wake-up its client's one list refused", "lua/fast.lua",

@@ -11,6 +11,7 @@ import (
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/statecheck"
 )
 
 // mutexTTL is the request for the mutex name with lease TTL ttl (0: the
@@ -153,9 +154,10 @@ func TestRequestLeaseTTLFrozen(t *testing.T) {
 
 // A waiter queued with a lease TTL of its own is refreshed as the member
 // it queued as (the member holds the TTL): however long it waits, the
-// queue holds one deadline for it, and its grant has its TTL. The clock
-// is frozen: the refreshes run on the local clock, each moving the
-// deadline to Redis's now plus the waiter TTL.
+// queue holds it once, its process's liveness deadline moves on (a
+// refresh naming another member finds it gone), and its grant has its
+// TTL. The clock is frozen: the refreshes run on the local clock, each
+// moving the deadline to Redis's now plus the waiter TTL.
 func TestRequestLeaseTTLWaiterRefreshed(t *testing.T) {
 	b := redistest.Mini(t)
 	b.Freeze(t)
@@ -172,7 +174,7 @@ func TestRequestLeaseTTLWaiterRefreshed(t *testing.T) {
 	e.WaitQueued("w", 1)
 	deadlines := func() []string {
 		t.Helper()
-		m, err := e.RDB.ZRange(ctx, e.Key("w", "d"), 0, -1).Result()
+		m, err := e.RDB.ZRange(ctx, e.Key("w", "q"), 0, -1).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -180,20 +182,31 @@ func TestRequestLeaseTTLWaiterRefreshed(t *testing.T) {
 	}
 	first := deadlines()
 	if len(first) != 1 || !strings.Contains(first[0], " 2000 ") {
-		t.Fatalf("waiter deadlines %q: want one member with lease TTL 2000 ms", first)
+		t.Fatalf("waiters %q: want one member with lease TTL 2000 ms", first)
 	}
-	start, _ := e.RDB.ZScore(ctx, e.Key("w", "d"), first[0]).Result()
+	// Its process's liveness deadline (statecheck.WaiterDeadline).
+	deadline := func() int64 {
+		t.Helper()
+		st, err := e.RDB.HGetAll(ctx, e.Key("w", "s")).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq, err := e.RDB.ZScore(ctx, e.Key("w", "q"), first[0]).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		at, _ := statecheck.WaiterDeadline(st, first[0], int64(seq))
+		return at
+	}
+	start := deadline()
 	// Several refreshes (every 100ms), Redis's clock moving on between
 	// them by less than the waiter TTL each time.
 	for i := range 5 {
 		b.Advance(t, 200*time.Millisecond)
-		e.WaitFor("a refresh to move the waiter's deadline (a refresh naming another member than the one it queued as leaves it)", func() bool {
-			at, err := e.RDB.ZScore(ctx, e.Key("w", "d"), first[0]).Result()
-			return err == nil && at > start+float64(200*i)
-		})
+		e.WaitFor("a refresh to move the waiter's deadline", func() bool { return deadline() > start+int64(200*i) })
 	}
 	if got := deadlines(); len(got) != 1 || got[0] != first[0] {
-		t.Fatalf("after the refreshes the waiter deadlines are %q, want %q alone", got, first)
+		t.Fatalf("after the refreshes the waiters are %q, want %q alone (a refresh naming another member than the one it queued as finds it gone)", got, first)
 	}
 	e.NotYet(ch, "Acquire while the mutex is held")
 
@@ -207,7 +220,7 @@ func TestRequestLeaseTTLWaiterRefreshed(t *testing.T) {
 		t.Fatalf("cancelled Acquire = %v, %v", r.Lease, r.Err)
 	}
 	if got := deadlines(); len(got) != 1 || got[0] != first[0] {
-		t.Fatalf("after the second waiter left, the waiter deadlines are %q, want %q alone", got, first)
+		t.Fatalf("after the second waiter left, the waiters are %q, want %q alone", got, first)
 	}
 
 	e.Release(h)

@@ -118,9 +118,9 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 		// The fast paths (lua/fast.lua) must do exactly what the general
 		// path does: each mutation breaks one fast path's use of a rule.
 		{"fast release hands on to a dead head", "lua/fast.lua",
-			" and (nq + nc <= 0 or nothing_due(dmin))\n", "\n", 0, true},
+			"      ok = waiter_alive(tonumber(got[2]), lat, born)\n", "      ok = true\n", 0, true},
 		{"fast acquire does not lower the deadline bound", "lua/fast.lua",
-			"    low = lowered(dmin, at)\n", "    low = dmin\n", 0, true},
+			"    if lat then low = lowered(lmin, lat) end\n", "\n", 0, true},
 		{"fast acquire barges", "lua/fast.lua",
 			"  local grant = n and may_grant_now(nq, used, n, cap)\n", "  local grant = n and fits_in(used, n, cap)\n", 0, true},
 		{"fast grant's TTL", "lua/fast.lua",
@@ -157,8 +157,7 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 			// the leases around it. With the first lease kept in the state
 			// hash, it matters only for a second lease in :h, which the
 			// random machines reach too seldom to count on.
-			"  r[bound] = lowered(r[bound], at)\n",
-			"  if z == 'd' then r[bound] = lowered(r[bound], at) end\n", -1, false},
+			"  r.hmin = lowered(r.hmin, at)\n", "\n", -1, false},
 		{"multi-request barging", "lua/grant.lua",
 			"    if m ~= want then\n", "    if false then\n",
 			// It takes three requests with the right sizes in the right
@@ -169,15 +168,15 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 			"      local ok, broken = ready(w)\n", "      local ok, broken = fits(r, w.n), false\n", 0, false},
 		{"token not monotonic", "lua/rules.lua",
 			"  return math.max(seq + 1, now_us)\n", "  return now_us\n", 0, false},
-		{"signal wakes the newest waiter", "lua/ops/signal.lua",
-			"redis.call('ZRANGEBYSCORE', cv.C, '-inf', max, 'LIMIT', 0, want + skip)",
-			"redis.call('ZREVRANGEBYSCORE', cv.C, max, '-inf', 'LIMIT', 0, want + skip)", 0, false},
+		{"signal wakes the newest waiter", "lua/cond.lua",
+			"redis.call('ZRANGEBYSCORE', cv.C, '-inf', max, 'WITHSCORES', 'LIMIT', 0, limit + skip)",
+			"redis.call('ZREVRANGEBYSCORE', cv.C, max, '-inf', 'WITHSCORES', 'LIMIT', 0, limit + skip)", 0, false},
 		{"queued at the head", "lua/grant.lua",
 			"  write('ZADD', r.Q, num(next_seq(r)), m)\n", "  write('ZADD', r.Q, '1', m)\n", 0, false},
 		{"liveness field not written by a process's first acquire", "lua/rules.lua",
-			"  return at == nil or at < now + wait - math.floor(wait / 3)\n", "  return at ~= nil and at < now + wait - math.floor(wait / 3)\n", 0, false},
+			"  if at ~= nil and at >= now + wait - math.floor(wait / 3) then return nil end\n", "  if at == nil or at >= now + wait - math.floor(wait / 3) then return nil end\n", 0, false},
 		{"condition waiter not refreshed", "lua/ops/refresh.lua",
-			"      wait_at(first, now + wait, m)\n", "", 0, false},
+			"      keep_alive(first, client, wait)\n      -- The condition's key", "      -- The condition's key", 0, false},
 		{"condition waiter not a user of its mutex", "acquire.lua",
 			"  if not r.cap or is_idle(r.nh, r.nq, r.nc) then\n", "  if not r.cap or is_idle(r.nh, r.nq, 0) then\n", 0, false},
 		{"cancelled condition waiter stays", "release.lua",
@@ -194,8 +193,17 @@ func TestPropertyCatchesBrokenRules(t *testing.T) {
 			"    if cv.wrote then expire_at(cv.C, at) end\n",
 			"    if cv.wrote then expire_at(cv.C, cv.name == '' and at or num(now + 1)) end\n", 0, false},
 
-		{"dead waiters stay behind a full semaphore", "lua/ops/refresh.lua",
-			"purge_waiters(first)\nrun_queues(loaded)\n", "run_queues(loaded)\n", 0, false},
+		// A waiter's liveness is its process's field (rules.lua's
+		// waiter_alive), checked where a waiter would be granted.
+		{"liveness not checked at the grant", "lua/grant.lua",
+			"          if waiter_alive(tonumber(page[r.pos + 1]), live_of(r, w.client)) then return m, w end\n",
+			"          if true then return m, w end\n", 0, false},
+		{"a refresh brings a dead process's waiters back", "lua/resource.lua",
+			"    if not alive(at) or born == nil then return end\n", "    born = born or 0\n", 0, false},
+		// (checks -1: a written-out scenario, writtenOut: a process
+		// paused past its TTL that queues again.)
+		{"a dead process's field written anew keeps its old waiters alive", "lua/rules.lua",
+			"  if not alive(at) or born == nil then return seq end\n", "  if born == nil then return seq end\n", -1, false},
 		// The countdown latch's rules (lua/ops/latch.lua), which the
 		// machine's latch model checks (property_latch_test.go).
 		{"latch count falls below 0", "lua/ops/latch.lua",
@@ -288,8 +296,9 @@ var writtenOut = map[string]func(*testing.T, func(string) string) error{
 	"idle keys expire before their tombstones": func(t *testing.T, _ func(string) string) error {
 		return idleStateOutlivesTombstones(t)
 	},
-	"fast handoff leaves the hash's place empty": handoffToTheFreedPlace,
-	"lease bound not lowered":                    leaseBoundLowered,
+	"fast handoff leaves the hash's place empty":                      handoffToTheFreedPlace,
+	"lease bound not lowered":                                         leaseBoundLowered,
+	"a dead process's field written anew keeps its old waiters alive": deadProcessWaitersStayDead,
 }
 
 // leaseBoundLowered runs, through the general path (fast paths off,
@@ -1543,23 +1552,21 @@ type rentry struct {
 func (m *machine) redisQueue(s *msem) []rentry {
 	ctx := context.Background()
 	// Two reads, not one per member: queues grow to thousands.
-	members, err := m.rdb.ZRange(ctx, s.k.list()[keyQueue], 0, -1).Result()
+	members, err := m.rdb.ZRangeWithScores(ctx, s.k.list()[keyQueue], 0, -1).Result()
 	if err != nil {
 		m.t.Fatal(err)
 	}
-	deadlines, err := m.rdb.ZRangeWithScores(ctx, s.k.list()[keyDeadlines], 0, -1).Result()
+	st, err := m.rdb.HGetAll(ctx, s.k.list()[keyState]).Result()
 	if err != nil {
 		m.t.Fatal(err)
-	}
-	due := make(map[string]float64, len(deadlines))
-	for _, z := range deadlines {
-		due[z.Member.(string)] = z.Score
 	}
 	var out []rentry
-	for _, mem := range members {
+	for _, z := range members {
+		mem := z.Member.(string)
 		head, _, _ := strings.Cut(mem, "\t") // a multi-request's group follows a tab
 		f := strings.Fields(head)
-		at, ok := due[mem]
+		// Its deadline: its process's liveness field's.
+		at, ok := statecheck.WaiterDeadline(st, mem, int64(z.Score))
 		if !ok || len(f) != 5 {
 			m.t.Fatalf("queue member %q has no deadline or a bad form", mem)
 		}
@@ -1853,22 +1860,19 @@ func (m *machine) condSignal(t *rapid.T, all bool) {
 func (m *machine) redisCond(s *msem, cond string) []rentry {
 	ctx := context.Background()
 	keys := condKeys(s.k, cond)
-	members, err := m.rdb.ZRange(ctx, keys[0], 0, -1).Result()
+	members, err := m.rdb.ZRangeWithScores(ctx, keys[0], 0, -1).Result()
 	if err != nil {
 		m.t.Fatal(err)
 	}
-	deadlines, err := m.rdb.ZRangeWithScores(ctx, s.k.list()[keyDeadlines], 0, -1).Result()
+	st, err := m.rdb.HGetAll(ctx, s.k.list()[keyState]).Result()
 	if err != nil {
 		m.t.Fatal(err)
-	}
-	due := make(map[string]float64, len(deadlines))
-	for _, z := range deadlines {
-		due[z.Member.(string)] = z.Score
 	}
 	var out []rentry
-	for _, mem := range members {
+	for _, z := range members {
+		mem := z.Member.(string)
 		f := strings.Fields(mem)
-		at, ok := due[mem]
+		at, ok := statecheck.WaiterDeadline(st, mem, int64(z.Score))
 		if !ok || len(f) != 5 {
 			m.t.Fatalf("condition member %q has no deadline or a bad form", mem)
 		}
@@ -1883,9 +1887,9 @@ func (m *machine) redisCond(s *msem, cond string) []rentry {
 // The position of each key in keys.list, the order queue.lua's header
 // gives.
 const (
-	keyState     = iota // :s hash: capacity, counts, token sequence, records
-	keyQueue            // :q waiters by arrival
-	keyDeadlines        // :d waiters by liveness deadline
-	keyHolders          // :h leases by expiry
-	keyTombs            // :t tombstoned tickets
+	keyState   = iota // :s hash: capacity, counts, token sequence, records
+	keyQueue          // :q waiters by arrival
+	keyUnused         // the third key (:d in layouts 1 and 2): unused
+	keyHolders        // :h leases by expiry
+	keyTombs          // :t tombstoned tickets
 )

@@ -29,16 +29,25 @@
 --   <b>:s  hash  layout (LAYOUT, below), cap, used (permits held), nh
 --                (holders), nq (waiters), seq (last sequence number),
 --                exp (when keys expire, ms), tnext (when the oldest
---                tombstone may be trimmed, ms), hmin, dmin (no later than
---                the earliest lease expiry in :h and the earliest waiter
---                deadline in :d, ms: until then nothing there is due, and
---                no script reads them); nc (waiters on the condition
+--                tombstone may be trimmed, ms), hmin (no later than the
+--                earliest lease expiry in :h, ms: until then nothing
+--                there is due, and no script reads it), lmin (no later
+--                than the earliest live liveness deadline below, while
+--                anybody waits); nc (waiters on the condition
 --                variables bound to it); o, oe: one holder kept in the
 --                hash itself, "ticket permits client token" as in :h, and
 --                its lease expiry (ms), so that a semaphore with one
 --                holder (every mutex) needs no :h; a grant takes this
 --                place when it is free, any other goes to :h;
 --                a field whose value is 0 (used, nh, nq, nc) is absent;
+--                l KEY_SEP client -> "deadline born" for every process
+--                with waiters here (queued or on a condition): their
+--                liveness (rules.lua's waiter_alive), which its refresh
+--                moves on; the waiters it had before born are dead. A
+--                process's waiters die together, and any number of dead
+--                waiters cost one waiter TTL; a dead one leaves when it
+--                reaches the queue's head, or a signal, its refresh or
+--                leave finds it. The field stays until the state goes;
 --                a ticket in :q has no field: its member there is what a
 --                resent acquire (ZADD NX answers 0), a refresh and a
 --                leave find;
@@ -59,8 +68,8 @@
 --                sequence is a second old is deleted by the release that
 --                leaves it idle.
 --   <b>:q  zset  waiters, scored by arrival sequence
---   <b>:d  zset  every waiter's liveness deadline (ms): the waiters of :q
---                and those of the condition variables (<b>/c/...) bound to it
+--   <b>:d        unused (the waiters' deadlines in layouts 1 and 2): still
+--                declared in KEYS, never read or written
 --   <b>:h  zset  holders "ticket permits client token" (but the one in o),
 --                scored by lease expiry (ms)
 --   <b>:t  zset  tombstoned tickets, scored by when they may be forgotten
@@ -71,12 +80,11 @@
 -- condition (wait, signal, a waiter's leave) and reached from the "c"
 -- marker by a refresh or a purge (see cond_load):
 --   <b>/c/<cond>  zset  its waiters, scored by sequence (when they began
---                       to wait), members as in :q; their deadlines
---                       are in :d
+--                       to wait), members as in :q; their liveness is
+--                       their process's field in :s
 -- (<cond> is "" for the default condition). A signalled waiter moves to
 -- :q under a new sequence number: behind those already queued, in signal
--- order. A waiter is in :q or in one :c, never both, and in :d while it is
--- in either.
+-- order. A waiter is in :q or in one :c, never both.
 -- A waiter is "ticket permits client leaseMs waiterMs". A waiter that asks
 -- for several resources at once (a multi-request) is queued in each of
 -- them, its member followed by a tab and its group: "base\tpermits\tcap"

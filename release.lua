@@ -88,17 +88,11 @@ if op == 'leave' then
       if not c.off then
         local at = redis.call('ZSCORE', c.C, m)
         seen(c.C)
-        if at then
-          cond_drop(p.r, c, m)
-          result = 1
-        else
-          -- Dead, and its condition's key expired with it (the key
-          -- outlives its waiters' deadlines, not the keys' later moves):
-          -- it still counts while its deadline is in :d.
-          local dl = redis.call('ZSCORE', p.r.D, m)
-          seen(p.r.D)
-          cond_forget(p.r, c, m, ticket, dl)
-        end
+        -- Its mark counts it: it goes. It was waiting unless its
+        -- condition's key expired with it (the key outlives its waiters'
+        -- deadlines, not the keys' later moves).
+        cond_drop(p.r, c, m)
+        if at then result = 1 end
       end
     end
   end

@@ -341,3 +341,40 @@ func lateCopyFindsConfirmedHandover(t *testing.T, transform func(string) string)
 	}
 	return nil
 }
+
+// A process whose liveness deadline passed (it paused past its waiter
+// TTL) and that then queues again writes its liveness field anew: the
+// waiters it queued before are dead and stay dead (the field's born is
+// the new waiter's sequence), so the release hands on to its new waiter,
+// not to the old one, which it reported gone.
+func TestDeadProcessWaitersStayDead(t *testing.T) {
+	if err := deadProcessWaitersStayDead(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// deadProcessWaitersStayDead is TestDeadProcessWaitersStayDead on scripts
+// changed by transform: the error says what went wrong.
+func deadProcessWaitersStayDead(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	acquire := func(ticket, client string) []any {
+		got, _ := g.run("acquire", ticket, client, "200000", "3000", "", "1", "1").([]any)
+		return got
+	}
+	held := acquire("TA", "PA")
+	if len(held) < 4 || held[0] != int64(acqGranted) {
+		return fmt.Errorf("the first lease = %v, want granted", held)
+	}
+	if got := acquire("TB", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("PB's first request = %v, want queued", got)
+	}
+	g.advance(4000) // PB's waiter TTL (3 s) passes unrefreshed
+	if got := acquire("TC", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("PB's second request = %v, want queued", got)
+	}
+	g.run("release", "TA", "PA", "200000", "3000", "", "0", "1", fmt.Sprint(held[3]))
+	if d := g.dump(); !strings.Contains(d, "o = TC ") {
+		return fmt.Errorf("after the release, the holder is not PB's new request TC\n%s", d)
+	}
+	return nil
+}

@@ -1,10 +1,11 @@
 -- cond.lua: condition variables bound to a resource (a mutex); see the
 -- key layout in queue.lua. A condition's waiter leaves it atomically in
 -- one of four ways: woken by a signal (cond_wake: granted at once or
--- queued), dropped as dead (its deadline passed: purge_waiters, as any
--- waiter of the resource), withdrawn by its process (leave), or found
--- inconsistent by a refresh. Each takes its member out of the condition's
--- key, and out of :d unless it moves to the queue, and its marker out of S.
+-- queued), dropped as dead (its process's liveness, waiter_alive, found
+-- gone by a signal, a latch's opening, a barrier or a refresh that reach
+-- it), withdrawn by its process (leave), or found inconsistent by a
+-- refresh. Each takes its member out of the condition's key and its
+-- marker out of S.
 
 -- cond_key names the key of the condition name of the resource at base.
 local function cond_key(base, name)
@@ -35,19 +36,17 @@ end
 -- arrival order, alive until now + wait unless refreshed.
 local function cond_add(r, cv, ticket, ns, client, lease, wait)
   local m = waiter_member(ticket, ns, client, lease, wait, '')
-  write('ZADD', cv.C, num(next_seq(r)), m)
-  wait_at(r, now + wait, m)
-  keep_alive(r, client, wait)
+  local seq = next_seq(r)
+  write('ZADD', cv.C, num(seq), m)
+  keep_alive(r, client, wait, seq)
   record(r, ticket, CONDITION .. cv.name)
-  if r.nq0 + r.nc0 <= 0 then r.wrote_d = true end
   r.nc = r.nc + 1
   cv.wrote = true
 end
 
--- cond_unlink takes waiter m (read from cv) off condition cv of r, and
--- out of its count and S; its deadline in :d stays (see cond_drop,
--- cond_wake).
-local function cond_unlink(r, cv, m)
+-- cond_drop takes waiter m (read from cv, or found there by its mark)
+-- off condition cv of r, and out of its count and S.
+local function cond_drop(r, cv, m)
   if cv.gone[m] then return false end
   cv.gone[m] = true
   write('ZREM', cv.C, m)
@@ -57,51 +56,89 @@ local function cond_unlink(r, cv, m)
   return true
 end
 
--- cond_drop takes waiter m (read from cv) out of condition cv of r, and
--- its deadline out of :d.
-local function cond_drop(r, cv, m)
-  if cond_unlink(r, cv, m) then
-    r.dgone[m] = true
-    write('ZREM', r.D, m)
-  end
-end
-
--- cond_forget ends waiter m (ticket) of condition cv of r, found dead or
--- gone from cv, given its deadline at in :d (nil: none there): one with a
--- deadline still counts, and goes with it (cond_drop); one without has
--- only its mark in S left. The leave and the refresh both end such a
--- waiter this way.
-local function cond_forget(r, cv, m, ticket, at)
-  if at then
-    cond_drop(r, cv, m)
+-- cond_waiters returns condition cv's waiters that this script has not
+-- taken off, at most limit of them (nil: all), in order, with bound the
+-- highest sequence to read (nil: all): their members, and their
+-- sequences (scores).
+local function cond_waiters(r, cv, limit, bound)
+  local skip = 0
+  for _ in pairs(cv.gone) do skip = skip + 1 end
+  local max = '+inf'
+  if bound and bound < math.huge then max = num(bound) end
+  local got
+  if limit then
+    got = redis.call('ZRANGEBYSCORE', cv.C, '-inf', max, 'WITHSCORES', 'LIMIT', 0, limit + skip)
   else
-    record(r, ticket, false)
+    got = redis.call('ZRANGEBYSCORE', cv.C, '-inf', max, 'WITHSCORES')
   end
+  seen(cv.C)
+  local ms, seqs = {}, {}
+  for i = 1, #got, 2 do
+    if not cv.gone[got[i]] then
+      ms[#ms + 1], seqs[#seqs + 1] = got[i], tonumber(got[i + 1])
+    end
+  end
+  return ms, seqs, #got < (limit or 0) + skip
 end
 
--- drop_cond_waiter takes dead waiter m of r's condition name out of it
--- (see grant.lua's forward declaration). A condition that cannot be
--- reached now keeps it: it stays due, and a later script drops it.
-drop_cond_waiter = function(r, name, m)
-  local cv = cond_load(r, name)
-  if not cv.off then cond_drop(r, cv, m) end
+-- cond_purge drops condition cv's dead waiters (waiter_alive), at most
+-- the budget left, reading at most limit of them (nil: all; a barrier's
+-- round, at most its parties). It returns how many live ones it read.
+local function cond_purge(r, cv, limit)
+  if cv.off or r.nc <= 0 then return 0 end
+  local ms, seqs = cond_waiters(r, cv, limit)
+  local live = 0
+  for i, m in ipairs(ms) do
+    local w = parse_waiter(m)
+    if w and waiter_alive(seqs[i], live_of(r, w.client)) then
+      live = live + 1
+    elseif budget > 0 then
+      budget = budget - 1
+      cond_drop(r, cv, m)
+    else
+      more = true
+    end
+  end
+  return live
+end
+
+-- purge_waiters drops r's dead waiters that the capacity check must look
+-- past (acquire.lua): the queue's dead heads (head stops at the first
+-- live one, which keeps the resource in use), and the dead waiters of its
+-- condition variables, found by their marks in S, read whole: a rare
+-- path (a capacity that differs while the resource is in use). At most
+-- the budget.
+local function purge_waiters(r)
+  if r.off or r.wpurged then return end
+  r.wpurged = true
+  head(r)
+  if r.nc <= 0 then return end
+  local all = redis.call('HGETALL', r.S)
+  local names, seen_name = {}, {}
+  for i = 2, #all, 2 do
+    local v = all[i]
+    -- A mark (CONDITION and the name); tickets are upper-case, and no
+    -- other value starts with CONDITION.
+    if string.sub(v, 1, 1) == CONDITION and not seen_name[v] then
+      seen_name[v] = true
+      names[#names + 1] = string.sub(v, 2)
+    end
+  end
+  for _, name in ipairs(names) do cond_purge(r, cond_load(r, name), nil) end
 end
 
 -- cond_wake moves waiter m (parsed: w) from condition cv into r's queue,
 -- under a new sequence number: behind every ticket already queued, and
--- behind the waiters woken before it, with a new deadline. When nobody is
+-- behind the waiters woken before it. When nobody is
 -- queued (r's queue has been run by the caller) and it fits, it is granted
 -- at once instead: the queue reads what Redis holds, not what this script
 -- has buffered, so a waiter queued here could not be granted before the
 -- next script.
 local function cond_wake(r, cv, m, w)
+  cond_drop(r, cv, m)
   if grantable_now(r, w.n) then
-    cond_drop(r, cv, m)
     announce(w, { { base = r.base, n = w.n, ns = w.ns } })
     return
   end
-  -- The member stays in :d (a removal there would undo the new deadline:
-  -- apply adds before it removes).
-  cond_unlink(r, cv, m)
   enqueue(r, w.ticket, m, w.client, w.wait)
 end

@@ -41,10 +41,11 @@ local function fast_expire(key, at)
 end
 
 -- next_at returns the milliseconds until the next event, as next_event
--- reports it, given the bounds of :h and :d and the expiry of the lease
--- kept in the state hash (nil: none), none of them due: -1 for none.
-local function next_at(hmin, dmin, oe)
-  local nxt = math.min(hmin, dmin, oe or math.huge)
+-- reports it, given the bounds of :h and of the liveness fields and the
+-- expiry of the lease kept in the state hash (nil: none), none of them
+-- due: -1 for none.
+local function next_at(hmin, lmin, oe)
+  local nxt = math.min(hmin, lmin, oe or math.huge)
   if nxt == math.huge then return -1 end
   return nxt - now
 end
@@ -63,13 +64,13 @@ local function fast_acquire(K, a)
   if fresh then cap = cap_of(a, 1) end
   local n = want_of(a, 1)
   local inh = nh - (o and 1 or 0)
-  local hmin, dmin = bound_of(st[HMIN], inh), bound_of(st[DMIN], nq + nc)
+  local hmin, lmin = bound_of(st[HMIN], inh), bound_of(st[LMIN], nq + nc)
   local grant = n and may_grant_now(nq, used, n, cap)
   local ok = not st[MARK] and cap and n and lease and wait and cap == cap_of(a, 1) and not trim_due(st[TNEXT])
   if ok and not grant then
     -- No queue may move: nothing is due, and a queue with waiters is
-    -- full. The waiters' deadline bound must be known (for the reply).
-    local still = nh > 0 and nothing_due(hmin) and not (o and due(oe)) and nothing_due(dmin) and (used >= cap or nq <= 0)
+    -- full. The liveness bound must be known (for the reply).
+    local still = nh > 0 and nothing_due(hmin) and not (o and due(oe)) and nothing_due(lmin) and (used >= cap or nq <= 0)
     ok = still
   end
   if not ok then return fast_defer(clock, S, st) end
@@ -93,20 +94,24 @@ local function fast_acquire(K, a)
       f[7], f[8], f[9], f[10] = 'o', member, 'oe', num(at)
     else
       f[7], f[8] = ticket, ts
-      low = lowered(hmin, at)
-      put(f, 'hmin', low, hmin)
+      put(f, 'hmin', lowered(hmin, at), hmin)
     end
   else
     at = now + wait
     member = waiter_member(ticket, n, client, lease, wait, '')
     f = { 'nq', num(nq + 1), 'seq', ts }
-    low = lowered(dmin, at)
-    put(f, 'dmin', low, dmin)
-    -- Its process's liveness (keep_alive).
-    if live_stale(st[LIVE], wait) then
+    -- Its process's liveness (keep_alive): a field missing or dead takes
+    -- this waiter's sequence as its born.
+    local lat = st[LIVE]
+    local born = live_write(lat, st[BORN], wait, seq)
+    if born then
       local k = #f
-      f[k + 1], f[k + 2] = live_field(client), num(at)
+      f[k + 1], f[k + 2] = live_field(client), live_value(at, born)
+      lat = at
     end
+    low = lmin
+    if lat then low = lowered(lmin, lat) end
+    put(f, 'lmin', low, lmin)
   end
   if fresh then
     local k = #f
@@ -117,31 +122,27 @@ local function fast_acquire(K, a)
   local moved = exp ~= exp0
   -- What the keys hold after.
   local has_h = inh > 0 or (grant and not inline)
-  local has_q, has_d, has_t = nq > 0 or not grant, nq + nc > 0 or not grant, (st[TNEXT] or 0) > 0
+  local has_q, has_t = nq > 0 or not grant, (st[TNEXT] or 0) > 0
   -- Proven before the first write (a grant's is to S, which was read, or
   -- to :h; a waiter's to :q): the other keys written or given a TTL.
   if moved then
     if has_t then must_be(K[KT], 'zset') end
     if has_h and inline then must_be(K[KH], 'zset') end
     if has_q and grant then must_be(K[KQ], 'zset') end
-    if has_d and grant then must_be(K[KD], 'zset') end
   end
   if grant then
     if not inline then redis.call('ZADD', K[KH], num(at), member) end
   else
     if moved and has_h then must_be(K[KH], 'zset') end
-    must_be(K[KD], 'zset')
     -- A queued ticket has no record but its member: a resend of the call
     -- that queued it finds it there (ZADD NX answers 0) and writes
     -- nothing more.
     if redis.call('ZADD', K[KQ], 'NX', ts, member) == 0 then
-      return { 2, now, next_at(hmin, dmin, o and oe) }
+      return { 2, now, next_at(hmin, lmin, o and oe) }
     end
-    redis.call('ZADD', K[KD], num(at), member)
   end
   redis.call('HSET', S, unpack(f))
-  expiring(K, moved, has_h, has_q, has_d, has_t, grant and not inline and inh <= 0, not grant and nq <= 0,
-    not grant and nq + nc <= 0, false, fast_expire, exp)
+  expiring(K, moved, has_h, has_q, has_t, grant and not inline and inh <= 0, not grant and nq <= 0, false, fast_expire, exp)
   if grant then return { 1, now, at, ts } end
   return { 2, now, next_at(hmin, low, o and oe) }
 end
@@ -161,21 +162,27 @@ local function fast_release(K, a)
   local clock, st = fast_start(S, ticket, client)
   local cap, used, nh, nq, nc, exp0, o, oe = st[CAP], st[USED], st[NH], st[NQ], st[NC], st[EXP], st[O], st[OE]
   local inh = nh - (o and 1 or 0)
-  local hmin, dmin = bound_of(st[HMIN], inh), bound_of(st[DMIN], nq + nc)
+  local hmin, lmin = bound_of(st[HMIN], inh), bound_of(st[LMIN], nq + nc)
   local m = holder_member(ticket, ns, client, token)
   local mine = m == o
-  -- A dead waiter (queued, or on a condition) is the general path's: it
-  -- drops it when it runs the queue.
-  local ok = cap and n and used - n < cap and not trim_due(st[TNEXT]) and (nq + nc <= 0 or nothing_due(dmin))
+  -- A liveness bound due is the general path's: it reads it anew.
+  local ok = cap and n and used - n < cap and not trim_due(st[TNEXT]) and (nq + nc <= 0 or nothing_due(lmin))
   local head, w, after = nil, nil, used
   if ok and nq > 0 then
-    head = redis.call('ZRANGE', K[KQ], 0, 0)[1]
+    local got = redis.call('ZRANGE', K[KQ], 0, 0, 'WITHSCORES')
+    head = got[1]
     local hw = head and parse_waiter(head)
     -- A head that is this very ticket (queued again while it holds: a
     -- resent call) is left to the general path, whose grant replaces
     -- the record this release would forget.
     local single = hw and not hw.parts and hw.ticket ~= ticket
     w, ok = hw, single
+    if ok then
+      -- A dead head is the general path's: it drops it and looks on.
+      local lat, born = st[LIVE], st[BORN]
+      if hw.client ~= client then lat, born = parse_live(redis.call('HGET', S, live_field(hw.client))) end
+      ok = waiter_alive(tonumber(got[2]), lat, born)
+    end
     if ok then
       after = used - n + w.n
       -- No other lease is due (which would make room for more).
@@ -242,19 +249,17 @@ local function fast_release(K, a)
   local moved = exp ~= exp0
   -- What the keys hold after.
   local has_h = inh - (mine and 0 or 1) + ((w and not free) and 1 or 0) > 0
-  local has_q, has_d, has_t = nq - (w and 1 or 0) > 0, nq + nc - (w and 1 or 0) > 0, (st[TNEXT] or 0) > 0
-  -- Proven before the first write (to :d, for a handoff; else to :h or
-  -- S): the other keys written or given a TTL. S, :h (unless the lease
-  -- was the state hash's) and, for a handoff, :q were read.
+  local has_q, has_t = nq - (w and 1 or 0) > 0, (st[TNEXT] or 0) > 0
+  -- Proven before the first write (to :h or S): the other keys written
+  -- or given a TTL. S, :h (unless the lease was the state hash's) and,
+  -- for a handoff, :q were read.
   if moved then
     if has_t then must_be(K[KT], 'zset') end
     if has_h and mine then must_be(K[KH], 'zset') end
     if has_q and not w then must_be(K[KQ], 'zset') end
-    if has_d and not w then must_be(K[KD], 'zset') end
   end
   local list
   if w then
-    redis.call('ZREM', K[KD], head)
     if not free then redis.call('ZADD', K[KH], hs, wm) end
     -- The wake list is not declared: losing a wake-up is safe.
     local l, fallback = wake_list(base_of(S), w.client)
@@ -269,6 +274,6 @@ local function fast_release(K, a)
     -- TTL.
     if list then redis.pcall('PEXPIRE', list, num(ttl)) end
   end
-  expiring(K, moved, has_h, has_q, has_d, has_t, false, false, false, false, fast_expire, exp)
+  expiring(K, moved, has_h, has_q, has_t, false, false, false, fast_expire, exp)
   return { 1, 0 }
 end

@@ -1,12 +1,9 @@
--- grant.lua: the grant rule. Leases and waiters whose time has come are
--- dropped (purge_holders, purge_waiters, drop_waiter); a queue is granted
+-- grant.lua: the grant rule. Leases whose time has come are dropped
+-- (purge_holders), and dead waiters when they reach a queue's head (head,
+-- drop_waiter); a queue is granted
 -- strictly in arrival order while its head fits (pump, run_queues); a
 -- grant is a lease (hold) told to its process on its wake list
 -- (announce); a request that cannot be granted now is queued (enqueue).
-
--- drop_cond_waiter takes a waiter off a condition variable of a resource
--- (cond.lua defines it; purge_waiters drops dead ones with it).
-local drop_cond_waiter
 
 -- drop_holder forgets a lease of n permits (n is read from the member
 -- when not given) and frees its permits. A lease its holder released
@@ -94,9 +91,8 @@ end
 local function unqueue(r, m, known)
   if r.qgone[m] or r.off then return false end
   if not known and not queued(r, m) then return false end
-  r.qgone[m], r.dgone[m] = true, true
+  r.qgone[m] = true
   write('ZREM', r.Q, m)
-  write('ZREM', r.D, m)
   r.nq = r.nq - 1
   return true
 end
@@ -112,54 +108,6 @@ local function drop_waiter(r, m, w)
   for _, p in ipairs(w.parts) do
     if p.base ~= r.base then
       unqueue(load(p.base), waiter_member(w.ticket, p.n, w.client, w.lease, w.wait, w.group), false)
-    end
-  end
-end
-
--- due_waiter reports whether waiter m of r has a deadline and it is due:
--- it is dead, whether or not a script has dropped it yet.
-local function due_waiter(r, m)
-  if r.off then return false end
-  local at = tonumber(redis.call('ZSCORE', r.D, m))
-  seen(r.D)
-  return at ~= nil and due(at)
-end
-
--- purge_waiters drops waiters whose process stopped refreshing, at most the
--- budget left: those waiting on a condition variable (whose marks in S
--- say which), and those queued. Each deadline is absolute and its own: a
--- dead waiter never pushes anybody else's deadline later, so any number of
--- dead waiters cost one TTL.
-local function purge_waiters(r)
-  if r.nq + r.nc <= 0 or r.wpurged or r.off then return end
-  r.wpurged = true
-  local gone
-  gone, r.dmin = read_due(r.D, r.dmin, r.dbuf)
-  local fresh = r.fresh or {}
-  local dead, tickets = {}, {}
-  for _, m in ipairs(gone) do
-    -- A waiter refreshed by this script is not due (its new deadline is
-    -- still in the buffer).
-    if not r.dgone[m] and not fresh[m] then
-      dead[#dead + 1] = m
-      tickets[#tickets + 1] = ticket_of(m)
-    end
-  end
-  if #dead == 0 then return end
-  local marks = redis.call('HMGET', r.S, unpack(tickets))
-  for i, m in ipairs(dead) do
-    budget = budget - 1
-    local g = r.grants[tickets[i]]
-    if g == nil then g = marks[i] end
-    if type(g) == 'string' and string.sub(g, 1, 1) == CONDITION then
-      drop_cond_waiter(r, string.sub(g, 2), m)
-    elseif queued(r, m) then
-      drop_waiter(r, m)
-    else
-      -- In no queue (the ticket left, or the state hash was lost with
-      -- its condition's mark): it only leaves :d.
-      r.dgone[m] = true
-      write('ZREM', r.D, m)
     end
   end
 end
@@ -202,20 +150,34 @@ local function fits(r, n)
   return fits_in(r.used, n, r.cap)
 end
 
--- head returns the first live waiter of r's queue and its member. The queue
--- is read in pages; members this script removed are skipped.
+-- head returns the first live waiter of r's queue, its member and
+-- parsed form (nil for a member fairlock did not write). Dead waiters
+-- found at the head (waiter_alive: their process's liveness) are dropped
+-- on the way, within the budget (more is set when it runs out). The queue
+-- is read in pages, members with their scores; members this script
+-- removed are skipped.
 local function head(r)
-  purge_waiters(r)
   if r.nq <= 0 or r.off then return nil end
   while true do
     local page = r.page
     if page then
-      while r.pos <= #page do
+      while r.pos < #page do
         local m = page[r.pos]
-        if not r.qgone[m] then return m, parse_waiter(m) end
-        r.pos = r.pos + 1
+        if not r.qgone[m] then
+          local w = parse_waiter(m)
+          if not w then return m, nil end
+          if waiter_alive(tonumber(page[r.pos + 1]), live_of(r, w.client)) then return m, w end
+          if budget <= 0 then
+            more = true
+            return nil
+          end
+          budget = budget - 1
+          drop_waiter(r, m, w)
+          if r.nq <= 0 then return nil end
+        end
+        r.pos = r.pos + 2
       end
-      if #page < r.want then
+      if #page < 2 * r.want then
         -- The queue ended: the counter had drifted.
         r.nq = 0
         return nil
@@ -226,9 +188,9 @@ local function head(r)
     local size = 1
     if page then size = PAGE end
     r.want = size
-    r.page = redis.call('ZRANGE', r.Q, r.qread, r.qread + size - 1)
+    r.page = redis.call('ZRANGE', r.Q, r.qread, r.qread + size - 1, 'WITHSCORES')
     seen(r.Q)
-    r.qread = r.qread + #r.page
+    r.qread = r.qread + #r.page / 2
     r.pos = 1
   end
 end
@@ -280,13 +242,12 @@ end
 -- enqueue queues waiter m (ticket's member in r's queue, of process
 -- client) behind everyone queued, alive until now + wait unless refreshed.
 local function enqueue(r, ticket, m, client, wait)
-  write('ZADD', r.Q, num(next_seq(r)), m)
-  wait_at(r, now + wait, m)
-  keep_alive(r, client, wait)
+  local seq = next_seq(r)
+  write('ZADD', r.Q, num(seq), m)
+  keep_alive(r, client, wait, seq)
   -- A queue that had waiters keeps them through this script (adds go
-  -- first), and so its TTL; so does :d.
+  -- first), and so its TTL.
   if r.nq0 <= 0 then r.wrote_q = true end
-  if r.nq0 + r.nc0 <= 0 then r.wrote_d = true end
   r.nq = r.nq + 1
 end
 

@@ -100,38 +100,51 @@ local function check_layout(S, v, exists)
 end
 
 -- The fields of a resource's state row (read_state), by name.
-local CAP, USED, NH, NQ, SEQ, EXP, TNEXT, HMIN, DMIN, NC, O, OE, MARK, EXISTS, LIVE = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16
+local CAP, USED, NH, NQ, SEQ, EXP, TNEXT, HMIN, NC, O, OE, LMIN, LIVE, MARK, EXISTS, BORN = 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15, 16, 17
+
+-- live_value is a liveness field's value: "deadline born", the process's
+-- waiters' deadline (ms) and the sequence number from which its waiters
+-- count (see waiter_alive in rules.lua); parse_live reads one (nil, nil:
+-- none, or a value fairlock did not write).
+local function live_value(at, born)
+  return num(at) .. ' ' .. num(born)
+end
+local function parse_live(v)
+  if type(v) ~= 'string' then return nil, nil end
+  local at, born = string.match(v, '^(%d+) (%d+)$')
+  return tonumber(at), tonumber(born)
+end
 
 -- read_state reads resource state hash S, and ticket's mark in it when
--- ticket is given, into a row indexed by the names above: CAP (nil:
--- unknown), USED, NH, NQ, SEQ, EXP, TNEXT, NC, HMIN and DMIN (as stored:
--- nil unknown), O and OE (the holder kept in the hash, see queue.lua, and
--- its expiry: false and nil when there is none), MARK (the ticket's
--- record: its field, a token or a mark; the token of the holder kept in
--- the hash, which has no field; or false), EXISTS (whether the hash
--- exists) and LIVE (when client is given with ticket: its process's
--- liveness deadline, see live_field; nil when it has none). The row is HMGET's reply converted in place: the fast paths
--- read it on every call, and a table built with named fields costs more
--- than the rest of their reading. A state hash of another layout than
--- LAYOUT fails the call here (check_layout), before anything is written.
+-- ticket is given, and client's liveness field when client is, into a
+-- row indexed by the names above: CAP (nil: unknown), USED, NH, NQ, SEQ,
+-- EXP, TNEXT, NC, HMIN and LMIN (as stored: nil unknown), O and OE (the holder
+-- kept in the hash, see queue.lua, and its expiry: false and nil when
+-- there is none), LIVE and BORN (client's liveness field, parse_live: nil
+-- when it has none), MARK (the ticket's record: its field, a token or a
+-- mark; the token of the holder kept in the hash, which has no field; or
+-- false), and EXISTS (whether the hash exists). The row is HMGET's reply
+-- converted in place: the fast paths read it on every call, and a table
+-- built with named fields costs more than the rest of their reading. A
+-- state hash of another layout than LAYOUT fails the call here
+-- (check_layout), before anything is written.
 local function read_state(S, ticket, client)
-  local st
-  if ticket and client then
-    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe', ticket, live_field(client))
-    st[16] = tonumber(st[15])
-  elseif ticket then
-    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe', ticket)
-  else
-    st = redis.call('HMGET', S, 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe')
-  end
+  local f = { 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'nc', 'layout', 'o', 'oe', 'lmin' }
+  if client then f[14] = live_field(client) else f[14] = 'layout' end
+  if ticket then f[15] = ticket end
+  local st = redis.call('HMGET', S, unpack(f))
   -- Every state hash holds its sequence and its keys' expiry, or says
   -- its layout.
-  local exists = st[5] ~= false or st[6] ~= false or st[1] ~= false or st[11] ~= false
-  check_layout(S, st[11], exists)
+  local exists = st[5] ~= false or st[6] ~= false or st[1] ~= false or st[10] ~= false
+  check_layout(S, st[10], exists)
   -- Literal indexes: the names above, which every reader uses.
+  local at, born = nil, nil
+  if client then at, born = parse_live(st[14]) end
   st[1], st[2], st[3], st[4] = tonumber(st[1]), tonumber(st[2]) or 0, tonumber(st[3]) or 0, tonumber(st[4]) or 0
   st[5], st[6], st[7], st[8] = tonumber(st[5]) or 0, tonumber(st[6]) or 0, tonumber(st[7]), tonumber(st[8])
-  st[9], st[10], st[12], st[13] = tonumber(st[9]), tonumber(st[10]) or 0, st[12] or false, tonumber(st[13])
-  st[14], st[15] = st[14] or inline_token(st[12], ticket), exists
+  st[9], st[11], st[12], st[13], st[14] = tonumber(st[9]) or 0, st[11] or false, tonumber(st[12]), tonumber(st[13]), at
+  local mark = st[15]
+  if not (ticket and mark) then mark = inline_token(st[11], ticket) end
+  st[15], st[16], st[17] = mark, exists, born
   return st
 end

@@ -14,14 +14,14 @@ local function rebuild(r)
     r.used = r.used + n
   end
   r.nh0, r.nq0, r.used0 = 0, 0, 0
-  r.hmin, r.dmin, r.o = nil, nil, false
-  r.wrote_h, r.wrote_q, r.wrote_d = true, r.nq > 0, r.nq > 0
+  r.hmin, r.lmin, r.o = nil, nil, false
+  r.wrote_h, r.wrote_q = true, r.nq > 0
 end
 
 -- load returns the resource with key base base, reading its state on first
 -- use. k is the index in KEYS of its first key, if it was declared; ticket,
--- if given, is looked up in its grants (r.grant), and client (given with
--- it) in its liveness fields (r.lv, see keep_alive). An undeclared resource
+-- if given, is looked up in its grants (r.grant), and client, if given,
+-- in its liveness fields (live_of). An undeclared resource
 -- whose keys this node cannot serve now (its slot is migrating) comes back
 -- with r.off set and no state: nothing may be granted on it or written to
 -- it in this script.
@@ -33,13 +33,15 @@ local function load(base, k, ticket, client)
     K = resource_keys(base, keys, k)
   else
     K = resource_keys(base)
-    local probe = redis.pcall('EXISTS', K[KS], K[KQ], K[KD], K[KH], K[KT])
+    local probe = redis.pcall('EXISTS', K[KS], K[KQ], K[KH], K[KT])
     if type(probe) == 'table' and probe.err then
       r = { base = base, off = true, nq = 0, nh = 0, nc = 0, used = 0 }
       by_base[base] = r
       return r
     end
-    for i = KS, KT do reach(K[i], kind_of(i, 5)) end
+    for i = KS, KT do
+      if i ~= KD then reach(K[i], kind_of(i, 5)) end
+    end
   end
   local st
   if ticket and pre_call and pre_call.S == K[KS] then
@@ -51,37 +53,41 @@ local function load(base, k, ticket, client)
   -- One constructor with every field: growing a table field by field
   -- costs more than the rest of this function.
   r = {
-    base = base, keys = K, S = K[KS], Q = K[KQ], D = K[KD], H = K[KH], T = K[KT], grant = st[MARK], ticket = ticket,
-    -- The liveness field of the caller's process (client) as read; the
-    -- fields this script writes (client -> deadline), and their order.
-    lclient = client, lv = st[LIVE], lives = {}, lorder = {},
+    base = base, keys = K, S = K[KS], Q = K[KQ], H = K[KH], T = K[KT], grant = st[MARK], ticket = ticket,
+    -- Processes' liveness fields (see keep_alive): as read (client ->
+    -- { at, born }, false: none), the caller's with the state; those
+    -- this script writes, and their order.
+    lread = {}, lives = {}, lorder = {},
     cap = st[CAP], used = st[USED], nh = st[NH], nq = st[NQ], seq = st[SEQ], exp = st[EXP], existed = st[EXISTS],
     -- The holder kept in the hash (false: none) and its expiry, and as
     -- read.
     o = st[O], oe = st[OE], o0 = st[O], oe0 = st[OE],
     nc = st[NC], nc0 = st[NC], conds = {}, conds_by = {}, -- condition waiters; conditions loaded (cond_load)
     tnext = st[TNEXT], had_t = (st[TNEXT] or 0) > 0,
-    -- Bounds (see bound_of): nil unknown, math.huge nothing there.
-    -- hbuf, dbuf: the earliest score this script adds (buffered).
-    hmin = bound_of(st[HMIN], st[NH] - (st[O] and 1 or 0)), dmin = bound_of(st[DMIN], st[NQ] + st[NC]), hbuf = math.huge, dbuf = math.huge,
+    -- The bound of :h (see bound_of): nil unknown, math.huge nothing
+    -- there. hbuf: the earliest score this script adds (buffered).
+    hmin = bound_of(st[HMIN], st[NH] - (st[O] and 1 or 0)), hbuf = math.huge,
+    -- The bound of the waiters' liveness deadlines (lmin: no later than
+    -- the earliest live field's, see live_bound).
+    lmin = bound_of(st[LMIN], st[NQ] + st[NC]),
     -- as read, to write back only what changed
-    used0 = st[USED], nh0 = st[NH], nq0 = st[NQ], seq0 = st[SEQ], hmin0 = st[HMIN], dmin0 = st[DMIN],
+    used0 = st[USED], nh0 = st[NH], nq0 = st[NQ], seq0 = st[SEQ], hmin0 = st[HMIN], lmin0 = st[LMIN],
     horizon = 0, -- latest deadline written by this script
     -- Keys this script added members to, which may have been created (or
     -- emptied and created again) here and so have no TTL yet.
-    wrote_h = false, wrote_q = false, wrote_d = false, wrote_t = false,
-    hpurged = false, wpurged = false, newcap = false,
+    wrote_h = false, wrote_q = false, wrote_t = false,
+    hpurged = false, newcap = false,
     -- Grants to record (ticket -> token), marks (ticket -> CONDITION...),
     -- tombstones (ticket -> ENDED) or forget (ticket -> false) in S, and
     -- their order.
     grants = {}, gorder = {}, cleared = {},
     -- Members this script removed (buffered), which reads still return:
-    -- from :h, from :q, and from :d (waiters dropped from :q or a
-    -- condition).
-    hgone = {}, qgone = {}, dgone = {},
+    -- from :h and from :q.
+    hgone = {}, qgone = {},
     -- The queue as read so far: page, position in it, members read.
     page = nil, pos = 1, qread = 0,
   }
+  if client then r.lread[client] = { st[LIVE], st[BORN] } end
   rebuild(r)
   by_base[base] = r
   loaded[#loaded + 1] = r
@@ -98,33 +104,64 @@ local function declared(ticket, client)
   return rs
 end
 
--- live_of returns process client's liveness deadline on r (nil: none), as
--- this script leaves it: written here, read with the state, or read now.
-local function live_of(r, client)
-  local at = r.lives[client]
-  if at then return at end
-  if client == r.lclient then return r.lv end
-  if r.off then return nil end
-  return tonumber(redis.call('HGET', r.S, live_field(client)))
-end
-
--- set_live buffers process client's liveness deadline on r.
-local function set_live(r, client, at)
-  if not r.lives[client] then r.lorder[#r.lorder + 1] = client end
-  r.lives[client] = at
-  r.horizon = math.max(r.horizon, at)
+-- live_of returns process client's liveness field on r (at, born; nil:
+-- none) as this script leaves it (written here), or as it found it when
+-- read is set; each field is read once per script (with the state for
+-- the caller's process).
+local function live_of(r, client, read)
+  local x = r.lives[client]
+  if x and not read then return x[1], x[2] end
+  x = r.lread[client]
+  if not x then
+    x = {}
+    if not r.off then x[1], x[2] = parse_live(redis.call('HGET', r.S, live_field(client))) end
+    r.lread[client] = x
+  end
+  return x[1], x[2]
 end
 
 -- keep_alive keeps process client's waiters on r alive for wait ms from
--- now, as a call that makes one of them wait there does: its liveness
--- field is written when live_stale says so. A refresh writes it always
--- (refresh_live).
-local function keep_alive(r, client, wait)
+-- now. A call that makes one of them wait there (joining at sequence
+-- seq) writes the field as live_write says; a refresh of its live
+-- waiters (seq nil) moves a live field on, and leaves a dead one dead.
+local function keep_alive(r, client, wait, seq)
   if r.off then return end
-  if live_stale(live_of(r, client), wait) then set_live(r, client, now + wait) end
+  local at, born = live_of(r, client)
+  if seq == nil then
+    if not alive(at) or born == nil then return end
+  else
+    born = live_write(at, born, wait, seq)
+    if born == nil then
+      -- Its waiters' deadline bounds the new one's.
+      if at then r.lmin = lowered(r.lmin, at) end
+      return
+    end
+  end
+  if not r.lives[client] then r.lorder[#r.lorder + 1] = client end
+  r.lives[client] = { now + wait, born }
+  r.horizon = math.max(r.horizon, now + wait)
+  r.lmin = lowered(r.lmin, now + wait)
 end
-local function refresh_live(r, client, wait)
-  if not r.off then set_live(r, client, now + wait) end
+
+-- live_bound returns the earliest deadline of r's live liveness fields
+-- (math.huge: none), as this script leaves them: lmin's value when it
+-- is unknown or due (what it bounded may have moved on, or died). It
+-- reads the state hash whole, so it runs only then: about once per
+-- waiter TTL while processes wait.
+local function live_bound(r)
+  local low = math.huge
+  local all = redis.call('HGETALL', r.S)
+  local pre = live_field('')
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, #pre) == pre and not r.lives[string.sub(all[i], #pre + 1)] then
+      local at = parse_live(all[i + 1])
+      if alive(at) and at < low then low = at end
+    end
+  end
+  for _, x in pairs(r.lives) do
+    if x[1] < low then low = x[1] end
+  end
+  return low
 end
 
 -- in_h returns how many of r's holders :h holds: all but the one kept in
@@ -156,30 +193,19 @@ local function record(r, ticket, v)
   r.grants[ticket] = v
 end
 
--- time_at buffers member m's time at in the holders' expiries ('h') or
--- the waiters' deadlines ('d'), keeping that zset's bounds (hmin or dmin,
--- and hbuf or dbuf: the earliest time this script writes) no later than
--- the earliest.
-local function time_at(r, z, at, m)
-  local key, bound, buf = r.H, 'hmin', 'hbuf'
-  if z == 'd' then key, bound, buf = r.D, 'dmin', 'dbuf' end
-  write('ZADD', key, num(at), m)
-  if at < r[buf] then r[buf] = at end
-  r[bound] = lowered(r[bound], at)
-  r.horizon = math.max(r.horizon, at)
-end
-
--- hold_at buffers a holder's expiry (the one kept in the state hash, or
--- one in :h); wait_at a waiter's deadline.
+-- hold_at buffers a holder's expiry: the one kept in the state hash, or
+-- one in :h, keeping :h's bound (hmin, and hbuf: the earliest time this
+-- script writes) no later than the earliest.
 local function hold_at(r, at, m)
+  r.horizon = math.max(r.horizon, at)
   if r.o == m then
     r.oe = at
-    r.horizon = math.max(r.horizon, at)
     return
   end
-  time_at(r, 'h', at, m)
+  write('ZADD', r.H, num(at), m)
+  if at < r.hbuf then r.hbuf = at end
+  r.hmin = lowered(r.hmin, at)
 end
-local function wait_at(r, at, m) time_at(r, 'd', at, m) end
 
 -- next_seq hands out the next number of a resource's sequence (next_token).
 local function next_seq(r)
@@ -287,8 +313,11 @@ local function finish_one(r)
     changed = true
   end
   local f = {}
+  if r.nq + r.nc > 0 and not nothing_due(r.lmin) then r.lmin = live_bound(r) end
+  if r.nq + r.nc > 0 and r.lmin < math.huge then put(f, 'lmin', r.lmin, r.lmin0) end
   for _, c in ipairs(r.lorder) do
-    f[#f + 1], f[#f + 2] = live_field(c), num(r.lives[c])
+    local x = r.lives[c]
+    f[#f + 1], f[#f + 2] = live_field(c), live_value(x[1], x[2])
   end
   if r.newcap then put(f, 'cap', r.cap or 0, nil) end
   put0(f, d, 'used', r.used, r.used0)
@@ -305,7 +334,6 @@ local function finish_one(r)
     end
   end
   if in_h(r) > 0 and r.hmin and r.hmin < math.huge then put(f, 'hmin', r.hmin, r.hmin0) end
-  if r.nq + r.nc > 0 and r.dmin and r.dmin < math.huge then put(f, 'dmin', r.dmin, r.dmin0) end
   local exp = r.exp
   if not idle or #f > 0 or #d > 0 or changed then
     if idle and (r.tnext or 0) > 0 and r.horizon < tomb_until() then
@@ -324,7 +352,7 @@ local function finish_one(r)
   for _, cv in ipairs(r.conds) do
     if cv.wrote then expire_at(cv.C, at) end
   end
-  if #f == 0 and #d == 0 and not changed and not (moved or r.wrote_h or r.wrote_q or r.wrote_d or r.wrote_t) then return end
+  if #f == 0 and #d == 0 and not changed and not (moved or r.wrote_h or r.wrote_q or r.wrote_t) then return end
   if moved then
     f[#f + 1] = 'exp'
     f[#f + 1] = at
@@ -336,7 +364,7 @@ local function finish_one(r)
   end
   for i = 1, #f, 2 do write('HSET', r.S, f[i], f[i + 1]) end
   for _, x in ipairs(d) do write('HDEL', r.S, x) end
-  expiring(r.keys, moved, in_h(r) > 0, r.nq > 0, r.nq + r.nc > 0, (r.tnext or 0) > 0, r.wrote_h, r.wrote_q, r.wrote_d, r.wrote_t, expire_at, at)
+  expiring(r.keys, moved, in_h(r) > 0, r.nq > 0, (r.tnext or 0) > 0, r.wrote_h, r.wrote_q, r.wrote_t, expire_at, at)
 end
 
 -- prove_event_keys proves the keys next_event will read (those whose
@@ -347,7 +375,6 @@ local function prove_event_keys()
   for _, r in ipairs(loaded) do
     if not r.off then
       if in_h(r) > 0 and not nothing_due(r.hmin) and not proven[r.H] then must_be(r.H, 'zset') end
-      if r.nq + r.nc > 0 and not nothing_due(r.dmin) and not proven[r.D] then must_be(r.D, 'zset') end
     end
   end
 end
@@ -362,8 +389,9 @@ local function finish()
 end
 
 -- next_event returns the milliseconds until the earliest lease expiry or
--- waiter deadline of the resources this script loaded, when a queue may
--- move without anybody releasing, or -1 for none or overdue; 0 when work
+-- waiters' liveness deadline (lmin) of the resources this script loaded,
+-- when a queue may move without anybody releasing, or -1 for none or
+-- overdue; 0 when work
 -- was left over. It runs after finish, so its reads may not fail: a key
 -- it cannot read tells nothing.
 local function next_event()
@@ -382,7 +410,8 @@ local function next_event()
     if not r.off then
       if in_h(r) > 0 then first(r.hmin, r.H) end
       if r.o and (at == nil or r.oe < at) then at = r.oe end
-      if r.nq + r.nc > 0 then first(r.dmin, r.D) end
+      -- A waiter's process may die (then the queue moves past it).
+      if r.nq + r.nc > 0 and r.lmin and r.lmin < math.huge and (at == nil or r.lmin < at) then at = r.lmin end
     end
   end
   -- None; or overdue: a lease or waiter this script could not drop (on

@@ -31,13 +31,13 @@ local function alive(at)
   return at ~= nil and at ~= false and not due(at)
 end
 
--- nothing_due reports whether bound (hmin or dmin as loaded: nil unknown,
+-- nothing_due reports whether bound (hmin as loaded: nil unknown,
 -- math.huge nothing there) shows that nothing it bounds is due.
 local function nothing_due(bound)
   return bound ~= nil and not due(bound)
 end
 
--- bound_of reads a stored bound (hmin or dmin, as the state row holds
+-- bound_of reads a stored bound (hmin, as the state row holds
 -- it) of a zset of count members: nothing is due in an empty one (a bound
 -- left from before is stale); an unknown bound is nil.
 local function bound_of(stored, count)
@@ -107,14 +107,34 @@ local function grant_ttl(lease, wait, announced)
   return lease
 end
 
--- live_stale reports whether a process's liveness field on a resource
--- (its deadline, ms, or nil: none) must be written again by a call that
--- makes one of its waiters wait there for wait ms: when missing, or when
--- more than a third of the waiter TTL old. Writing it at every call would
--- cost nothing (it goes in the HSET a queued call makes anyway), but its
--- age says how stale a refresh has let it become.
-local function live_stale(at, wait)
-  return at == nil or at < now + wait - math.floor(wait / 3)
+-- A process's waiters on a resource (queued, or on its condition
+-- variables) live and die together: its liveness field in the state hash
+-- (live_field in members.lua) holds their deadline, which the process's
+-- refresh moves on, and born, the sequence number from which its waiters
+-- count. waiter_alive reports whether a waiter that joined at sequence
+-- seq (its score) is alive, given its process's field (at, born; nil:
+-- none, see live_of): the deadline has not come, and the waiter is not
+-- older than the field. A field written anew after its deadline passed (the process
+-- paused past its waiter TTL and came back) takes a new born: the
+-- waiters it had are dead, and stay so; only those it queues from then on
+-- count.
+local function waiter_alive(seq, at, born)
+  return alive(at) and born ~= nil and seq ~= nil and seq >= born
+end
+
+-- live_write returns the born with which a call that makes one of a
+-- process's waiters wait on a resource for wait ms (joining at sequence
+-- seq) writes the process's liveness field there (at, born as read; nil:
+-- none), or nil when it need not write it: a field missing or dead is
+-- written anew with born seq (the waiters it counted stay dead); one more
+-- than a third of the waiter TTL old is moved on, keeping its born.
+-- Writing it at every call would cost nothing (it goes in the HSET a
+-- queued call makes anyway), but its age says how stale a refresh has let
+-- it become.
+local function live_write(at, born, wait, seq)
+  if at ~= nil and at >= now + wait - math.floor(wait / 3) then return nil end
+  if not alive(at) or born == nil then return seq end
+  return born
 end
 
 -- fits_in reports whether n more permits fit with used held, on a
@@ -223,16 +243,14 @@ end
 -- expiring calls f(key, x) for each of a resource's keys (K, indexed by
 -- KS...KT) that must be given the keys' expiry x: the state hash when the
 -- expiry moved, and each other key that holds something after the script
--- (has_h: holders in :h, has_q: waiters queued, has_d: waiters, queued or
--- on a condition, has_t: tombstones) when the expiry moved or the script
--- may have created it (new_h: holders added to an empty :h; new_q: a
--- waiter to an empty :q; new_d: a waiter, queued or on a condition, to an
--- empty :d; new_t: a tombstone to an empty :t). A key that holds nothing
--- does not exist, and takes no command.
-local function expiring(K, moved, has_h, has_q, has_d, has_t, new_h, new_q, new_d, new_t, f, x)
+-- (has_h: holders in :h, has_q: waiters queued, has_t: tombstones) when
+-- the expiry moved or the script may have created it (new_h: holders
+-- added to an empty :h; new_q: a waiter to an empty :q; new_t: a
+-- tombstone to an empty :t). A key that holds nothing does not exist, and
+-- takes no command. (The third key, KD, is unused: see queue.lua.)
+local function expiring(K, moved, has_h, has_q, has_t, new_h, new_q, new_t, f, x)
   if moved then f(K[KS], x) end
   if has_t and (moved or new_t) then f(K[KT], x) end
   if has_h and (moved or new_h) then f(K[KH], x) end
   if has_q and (moved or new_q) then f(K[KQ], x) end
-  if has_d and (moved or new_d) then f(K[KD], x) end
 end

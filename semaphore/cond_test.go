@@ -3,12 +3,14 @@ package semaphore_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/statecheck"
 	"github.com/fairlock/fairlock/semaphore"
 	"github.com/redis/go-redis/v9"
 )
@@ -52,11 +54,21 @@ func (e condEnv) waiters() int64 {
 // clock) of the one waiter "mu" has, read from its :d.
 func (e condEnv) deadlineOfOnlyWaiter() int64 {
 	e.t.Helper()
-	zs, err := e.RDB.ZRangeWithScores(context.Background(), e.Key("mu", "d"), 0, -1).Result()
+	// Its process's liveness field (statecheck.WaiterDeadline).
+	base := strings.TrimSuffix(e.Key("mu", "s"), ":s")
+	zs, err := e.RDB.ZRangeWithScores(context.Background(), base+"\x1fc\x1f", 0, -1).Result()
 	if err != nil || len(zs) != 1 {
-		e.t.Fatalf("deadlines of mu: %v, %v; want one", zs, err)
+		e.t.Fatalf("waiters of mu's condition: %v, %v; want one", zs, err)
 	}
-	return int64(zs[0].Score)
+	st, err := e.RDB.HGetAll(context.Background(), e.Key("mu", "s")).Result()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	at, ok := statecheck.WaiterDeadline(st, zs[0].Member.(string), int64(zs[0].Score))
+	if !ok {
+		e.t.Fatalf("the waiter %q has no liveness field: %v", zs[0].Member, st)
+	}
+	return at
 }
 
 // pastRedisTime waits until Redis's clock is past at (ms).

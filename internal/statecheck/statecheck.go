@@ -11,25 +11,29 @@
 //   - every state hash says its layout (Layout);
 //   - the state hash's counts are its holders': nh the members of :h
 //     and the holder kept in the hash (o, with its expiry oe), used the
-//     permits they hold, nq the members of :q, nc those of the
-//     condition variables' keys; :d holds exactly the waiters of :q and of
-//     the conditions; a queued ticket has no field in the state hash (its
-//     member in :q is its record), nor has the holder kept in the hash
-//     (o is its record); every waiter's process has its liveness field
-//     (LiveField) in the state hash;
-//   - the bounds hmin and dmin are no later than the earliest expiry in :h
-//     and the earliest deadline in :d;
+//     permits they hold, nq the members of :q, nc the tickets marked
+//     waiting on a condition (each in its condition's key while that key
+//     exists); a queued ticket has no field in the state hash (its member
+//     in :q is its record), nor has the holder kept in the hash (o is its
+//     record); every waiter's process has its liveness field (LiveField,
+//     "deadline born": a waiter older than born is dead); the third key
+//     (:d in layouts 1 and 2) holds nothing, and no dmin is kept;
+//   - the bounds hmin and lmin are no later than the earliest expiry in :h
+//     and the earliest deadline of a live waiter;
 //   - each key lives at least as long as what it records: :h its latest
-//     lease expiry, :d its latest deadline, :q and each condition's key
-//     the latest deadline of their waiters, :s all of those and the token
-//     sequence (until Redis's clock passes the last token, and a second
-//     more), :s and :t every tombstone (so that a call sent again finds
-//     it for as long as it is kept);
+//     lease expiry, :q and each condition's key the latest deadline of
+//     their waiters, :s all of those and the token sequence (until Redis's
+//     clock passes the last token, and a second more), :s and :t every
+//     tombstone (so that a call sent again finds it for as long as it is
+//     kept);
 //   - a semaphore with nothing held, queued or waiting on a condition
 //     keeps only :s and :t, and those no longer than its tombstones and
 //     its sequence need, or the moment it went idle, plus IdleMs;
-//   - after a queue run that left no work (Purged), no lease or waiter
-//     whose time had come by then is left in :h or :d.
+//   - after a queue run that left no work (Purged), no lease whose time
+//     had come by then is left, nor a queue's head whose process's
+//     deadline had passed by then, unless the semaphore is full (a queue
+//     run reads no waiter then: dead waiters leave as they reach the
+//     head).
 package statecheck
 
 import (
@@ -76,6 +80,19 @@ type State struct {
 // LiveField names the field of a state hash that holds the liveness
 // deadline of process client's waiters (members.lua's live_field).
 func LiveField(client string) string { return "l\x1f" + client }
+
+// parseLive reads a liveness field's value, "deadline born" (members.lua's
+// live_value): the waiters of the process that joined at sequence born or
+// later live until deadline (ms); older ones are dead.
+func ParseLive(v string) (at, born int64, ok bool) {
+	a, b, found := strings.Cut(v, " ")
+	if !found {
+		return 0, 0, false
+	}
+	at, err1 := strconv.ParseInt(a, 10, 64)
+	born, err2 := strconv.ParseInt(b, 10, 64)
+	return at, born, err1 == nil && err2 == nil
+}
 
 // condMark is what follows a semaphore's base in the keys of its
 // condition variables: the library's derived keys are base, U+001F, a
@@ -287,37 +304,66 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 			hmin, hmaxH = min(hmin, int64(z.Score)), max(hmaxH, int64(z.Score))
 		}
 	}
-	// Waiters on a condition: those in its key, and those whose key has
-	// expired with them in it. A condition's key outlives its waiters'
-	// deadlines but not, as :d does, the keys' later moves: a waiter dead
-	// since (its deadline in :d passed, not yet dropped) may have lost
-	// it, and still counts until a script drops it by :d.
-	nc := 0
-	inKey := map[string]bool{}
-	for _, c := range conds {
-		nc += len(c)
-		for _, z := range c {
-			inKey[z.Member.(string)] = true
-		}
+	// The third key (:d in layouts 1 and 2) is unused.
+	if len(d) > 0 || late[D] != 0 {
+		return fmt.Errorf("key %s holds %d members: layout %s keeps nothing there", D, len(d), Layout)
 	}
-	for _, z := range q {
-		inKey[z.Member.(string)] = true
-	}
-	for _, z := range d {
-		m := z.Member.(string)
-		if inKey[m] {
+	// Liveness fields (LiveField): "deadline born" each.
+	type live struct{ at, born int64 }
+	lives := map[string]live{}
+	for f, v := range st {
+		client, ok := strings.CutPrefix(f, LiveField(""))
+		if !ok {
 			continue
 		}
-		ticket, _, _ := strings.Cut(m, " ")
-		mark := st[ticket]
-		if int64(z.Score) > now || !strings.HasPrefix(mark, "c") {
-			return fmt.Errorf("waiter %q (deadline %d, now %d, marked %q) is in no queue: only a dead waiter on a condition may have lost its condition's key", m, int64(z.Score), now, mark)
+		at, born, ok := ParseLive(v)
+		if !ok {
+			return fmt.Errorf("the liveness field of process %s is %q", client, v)
 		}
-		if key := b + condMark + mark[1:]; slices.Contains(condKeys, key) {
-			return fmt.Errorf("waiter %q on the condition key %s, which exists, is not in it", m, key)
-		}
-		nc++
+		lives[client] = live{at, born}
 	}
+	// deadlineOf returns a waiter's deadline: its process's, unless it is
+	// older than its process's field (then it is dead: 0).
+	deadlineOf := func(key string, z redis.Z) (int64, error) {
+		f := strings.Fields(z.Member.(string))
+		if len(f) < 5 {
+			return 0, fmt.Errorf("waiter %q of %s has a bad form", z.Member, key)
+		}
+		l, ok := lives[f[2]]
+		if !ok {
+			return 0, fmt.Errorf("waiter %q of %s: its process %s has no liveness field", z.Member, key, f[2])
+		}
+		if int64(z.Score) < l.born {
+			return 0, nil
+		}
+		return l.at, nil
+	}
+	// Waiters on a condition: those in its key, each marked with it in
+	// the state hash; a mark counts its waiter (nc) while the condition's
+	// key exists with it, or after the key expired with it in it (a key
+	// outlives its waiters' deadlines, not the keys' later moves).
+	marks := map[string]string{} // ticket -> condition key
+	for f, v := range st {
+		if len(f) > 0 && (f[0] < 'a' || f[0] > 'z') && strings.HasPrefix(v, "c") {
+			marks[f] = b + condMark + v[1:]
+		}
+	}
+	inCond := map[string]bool{} // ticket -> in its condition's key
+	for j, c := range conds {
+		for _, z := range c {
+			ticket, _, _ := strings.Cut(z.Member.(string), " ")
+			if marks[ticket] != condKeys[j] {
+				return fmt.Errorf("waiter %q of %s is marked %q", z.Member, condKeys[j], st[ticket])
+			}
+			inCond[ticket] = true
+		}
+	}
+	for ticket, key := range marks {
+		if !inCond[ticket] && slices.Contains(condKeys, key) {
+			return fmt.Errorf("ticket %s marked waiting on the condition key %s, which exists, is not in it", ticket, key)
+		}
+	}
+	nc := len(marks)
 	if num("nh") != int64(len(holders)) || num("used") != used || num("nq") != int64(len(q)) || num("nc") != int64(nc) {
 		return fmt.Errorf("state counts nh %s used %s nq %s nc %s; the keys hold %d leases of %d permits, %d queued, %d on conditions",
 			st["nh"], st["used"], st["nq"], st["nc"], len(holders), used, len(q), nc)
@@ -327,23 +373,13 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 			return fmt.Errorf("the state hash keeps %s 0 (a count that is 0 is left out)", f)
 		}
 	}
-	deadline := make(map[string]int64, len(d))
-	dmax, dmin := int64(0), int64(math.MaxInt64)
-	for _, z := range d {
-		deadline[z.Member.(string)] = int64(z.Score)
-		dmax, dmin = max(dmax, int64(z.Score)), min(dmin, int64(z.Score))
-	}
-	if len(d) != len(q)+nc {
-		return fmt.Errorf(":d holds %d deadlines for %d waiters (%d queued, %d on conditions)", len(d), len(q)+nc, len(q), nc)
-	}
-	// Each waiter's deadline, and the latest of a key's waiters.
+	// The latest deadline of a key's waiters.
 	waiters := func(key string, zs []redis.Z) (int64, error) {
 		var last int64
 		for _, z := range zs {
-			m := z.Member.(string)
-			at, ok := deadline[m]
-			if !ok {
-				return 0, fmt.Errorf("waiter %q of %s has no deadline", m, key)
+			at, err := deadlineOf(key, z)
+			if err != nil {
+				return 0, err
 			}
 			last = max(last, at)
 		}
@@ -359,32 +395,27 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 			return fmt.Errorf("queued ticket %s has a field %q in the state hash", ticket, v)
 		}
 	}
-	// Every waiter's process has its liveness field (LiveField).
-	for j, zs := range append([][]redis.Z{q}, conds...) {
-		key := Q
-		if j > 0 {
-			key = condKeys[j-1]
-		}
-		for _, z := range zs {
-			f := strings.Fields(z.Member.(string))
-			if len(f) < 5 {
-				return fmt.Errorf("waiter %q of %s has a bad form", z.Member, key)
-			}
-			v, ok := st[LiveField(f[2])]
-			if !ok {
-				return fmt.Errorf("waiter %q of %s: its process %s has no liveness field", z.Member, key, f[2])
-			}
-			if _, err := strconv.ParseInt(v, 10, 64); err != nil {
-				return fmt.Errorf("the liveness field of process %s is %q", f[2], v)
-			}
-		}
-	}
 	// Bounds.
 	if v, ok := st["hmin"]; ok && len(h) > 0 && num("hmin") > hmin {
 		return fmt.Errorf("hmin %s is later than the earliest lease expiry %d", v, hmin)
 	}
-	if v, ok := st["dmin"]; ok && len(d) > 0 && num("dmin") > dmin {
-		return fmt.Errorf("dmin %s is later than the earliest waiter deadline %d", v, dmin)
+	if v, ok := st["dmin"]; ok {
+		return fmt.Errorf("the state hash keeps dmin %s (layout %s has no :d)", v, Layout)
+	}
+	// lmin is no later than any live waiter's deadline.
+	if v, ok := st["lmin"]; ok && len(q)+nc > 0 {
+		lmin := num("lmin")
+		for j, zs := range append([][]redis.Z{q}, conds...) {
+			key := Q
+			if j > 0 {
+				key = condKeys[j-1]
+			}
+			for _, z := range zs {
+				if at, _ := deadlineOf(key, z); at > now && at < lmin {
+					return fmt.Errorf("lmin %s is later than waiter %q's deadline %d", v, z.Member, at)
+				}
+			}
+		}
 	}
 	// TTLs cover what the keys record.
 	covers := func(key string, at int64, what string) error {
@@ -406,10 +437,9 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 		at        int64
 	}{
 		{H, "its latest lease expiry", hmaxH},
-		{D, "its latest waiter deadline", dmax},
 		{Q, "its latest waiter's deadline", qmax},
 		{S, "the latest lease expiry", hmax},
-		{S, "the latest waiter deadline", dmax},
+		{S, "its latest queued waiter's deadline", qmax},
 		{S, "the token sequence's end", seqNeed},
 		{S, "its latest tombstone", tmax},
 		{T, "its latest tombstone", tmax},
@@ -424,6 +454,9 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 			return err
 		}
 		if err := covers(key, last, "its latest waiter's deadline"); err != nil {
+			return err
+		}
+		if err := covers(S, last, "the latest deadline of the waiters of "+key); err != nil {
 			return err
 		}
 	}
@@ -446,11 +479,36 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 		if len(holders) > 0 && first <= purged {
 			return fmt.Errorf("a lease that expired at %d is still held after a queue run at %d", first, purged)
 		}
-		if len(d) > 0 && dmin <= purged {
-			return fmt.Errorf("a waiter whose deadline passed at %d is still there after a queue run at %d", dmin, purged)
+		// A queue runs past its dead heads unless it is full (a queue
+		// run reads no waiter then).
+		if len(q) > 0 && st["cap"] != "" && used < num("cap") {
+			f := strings.Fields(q[0].Member.(string))
+			if l, ok := lives[f[2]]; ok && int64(q[0].Score) >= l.born && l.at <= purged {
+				return fmt.Errorf("the queue's head %q, whose process's deadline passed at %d, is still there after a queue run at %d with %d of %s permits used", q[0].Member, l.at, purged, used, st["cap"])
+			}
 		}
 	}
 	return nil
+}
+
+// WaiterDeadline returns the deadline (ms) of waiter member m, which
+// joined at sequence seq, as its process's liveness field in the state
+// hash st says (0: dead, older than the field), and false when its
+// process has no field or m has a bad form.
+func WaiterDeadline(st map[string]string, m string, seq int64) (int64, bool) {
+	head, _, _ := strings.Cut(m, "\t")
+	f := strings.Fields(head)
+	if len(f) != 5 {
+		return 0, false
+	}
+	at, born, ok := ParseLive(st[LiveField(f[2])])
+	if !ok {
+		return 0, false
+	}
+	if seq < born {
+		return 0, true
+	}
+	return at, true
 }
 
 // Holders returns a semaphore's holders as Redis keeps them: the one in

@@ -80,7 +80,7 @@ local round, n = tonumber(st[2]) or 1, tonumber(st[3]) or 0
 local cv = cond_load(r, BARRIER_COND, ckeys[1])
 
 -- intact reports whether every party that arrived in the round still
--- waits (after purge_waiters, r.nc counts the live ones).
+-- waits (after cond_purge, r.nc counts the live ones).
 local function intact()
   return r.nc == n
 end
@@ -89,7 +89,12 @@ if op == 'barrier_status' then
   local out = { round, parties, 0 }
   if r.nc > 0 then
     -- Live waiters only: a dead one has broken the round.
-    local live = redis.call('ZCOUNT', r.D, live_min(), '+inf')
+    local live = 0
+    local ms, seqs = cond_waiters(r, cv, nil)
+    for i, m in ipairs(ms) do
+      local w = parse_waiter(m)
+      if w and waiter_alive(seqs[i], live_of(r, w.client)) then live = live + 1 end
+    end
     if live ~= n then out[3] = 1 end
     for _, m in ipairs(redis.call('ZRANGE', cv.C, 0, -1)) do
       local w = parse_waiter(m)
@@ -153,7 +158,7 @@ if is_signalled(r.grant) then
   return { 2, rd, idx, outcome }
 end
 
-purge_waiters(r)
+cond_purge(r, cv, nil)
 local asked = tonumber(ARGV[#ARGV])
 local waiting = r.grant == CONDITION .. BARRIER_COND
 

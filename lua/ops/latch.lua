@@ -92,7 +92,6 @@ if op == 'latch_wait' then
   if r.grant == CONDITION .. LATCH_COND then return { 1, now, -1 } end
   if count <= 0 then return { 0 } end
   local cv = cond_load(r, LATCH_COND, ckeys[1])
-  purge_waiters(r)
   cond_add(r, cv, ticket, 1, client, lease, wait)
   keep_count(count)
   finish()
@@ -109,24 +108,19 @@ end
 if count > 0 then count = count - 1 end
 if count == 0 and r.nc > 0 then
   -- Open: every live waiter leaves the condition and hears it on its
-  -- process's wake list; dead ones are dropped first, never woken.
+  -- process's wake list; dead ones (waiter_alive) are dropped, never
+  -- woken.
   local cv = cond_load(r, LATCH_COND, ckeys[1])
-  purge_waiters(r)
   if budget > 0 and r.nc > 0 then
-    local skip = 0
-    for _ in pairs(cv.gone) do skip = skip + 1 end
-    local got = redis.call('ZRANGE', cv.C, 0, budget + skip - 1)
-    seen(cv.C)
-    for _, m in ipairs(got) do
+    local ms, seqs = cond_waiters(r, cv, budget)
+    for i, m in ipairs(ms) do
       if budget <= 0 then break end
-      if not cv.gone[m] then
-        budget = budget - 1
-        local w = parse_waiter(m)
-        cond_drop(r, cv, m)
-        if w then
-          local list, fallback = wake_list(r.base, w.client)
-          wake(list, fallback, latch_open_entry(w.ticket), w.wait)
-        end
+      budget = budget - 1
+      local w = parse_waiter(m)
+      cond_drop(r, cv, m)
+      if w and waiter_alive(seqs[i], live_of(r, w.client)) then
+        local list, fallback = wake_list(r.base, w.client)
+        wake(list, fallback, latch_open_entry(w.ticket), w.wait)
       end
     end
   end

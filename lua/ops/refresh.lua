@@ -7,16 +7,19 @@
 --       resource it is.
 -- Reply: {nextEventMs, {ticket, "expiryMs token..." or "0", ...}, nowMs}:
 --   tokens mean granted (in case the wake-up was lost), "0" means gone
---   (dropped, or dead: a waiter whose deadline came before this refresh
---   is not brought back). A ticket waiting on a condition variable (its
+--   (dropped, or dead: waiters whose process's liveness deadline came
+--   before this refresh are not brought back, and it drops them). A ticket waiting on a condition variable (its
 --   CONDITION mark in S) is kept alive there, unless it waits on a
 --   countdown latch that is open (see open below), or on a cyclic
 --   barrier whose round has lost a party (see broken below): then it is
 --   gone.
 
 begin(KEYS)
-local first = declared()[1]
 local client, lease, wait = ARGV[2], ARGV[3], tonumber(ARGV[4])
+local first = declared(nil, client)[1]
+-- The process's liveness field on the first resource as read: its
+-- waiters there that it does not keep alive are dead (waiter_alive).
+local lat, lborn = live_of(first, client, true)
 -- Expired leases go, whether or not their permits are needed now.
 purge_holders(first)
 local out = {}
@@ -49,15 +52,24 @@ end
 -- party: fewer of them live than arrived in the round (one died, or
 -- left). Its waiters are then gone: each asks again with its ticket, and
 -- the first to ask breaks the round for all (pushing each its wake-up).
+-- The round's waiters are those of its one condition, cv (at most its
+-- parties), read before this refresh moves any liveness.
 local is_broken = nil
-local function broken()
+local function broken(cv)
   if is_broken == nil then
     is_broken = false
     if string.sub(first.base, -2) == KEY_SEP .. 'B' then
       reach(first.base, 'hash')
       local n = tonumber(redis.call('HGET', first.base, 'n')) or 0
-      is_broken = redis.call('ZCOUNT', first.D, live_min(), '+inf') ~= n
-      seen(first.D)
+      local ms, seqs = cond_waiters(first, cv, nil)
+      local live = 0
+      for j, m in ipairs(ms) do
+        local w = parse_waiter(m)
+        if w then
+          if waiter_alive(seqs[j], live_of(first, w.client, true)) then live = live + 1 end
+        end
+      end
+      is_broken = live ~= n
     end
   end
   return is_broken
@@ -78,7 +90,7 @@ end
 for j = 1, #look, CHUNK do
   local got = redis.call('ZMSCORE', first.Q, unpack(look, j, math.min(j + CHUNK - 1, #look)))
   seen(first.Q)
-  for x = 1, #got do inq[at_k[j + x - 1]] = got[x] ~= false and got[x] ~= nil end
+  for x = 1, #got do inq[at_k[j + x - 1]] = tonumber(got[x]) end
 end
 for i = 5, #ARGV, 3 do
   local k, ticket, n, group = (i - 5) / 3 + 1, ARGV[i], ARGV[i + 1], ARGV[i + 2]
@@ -93,50 +105,46 @@ for i = 5, #ARGV, 3 do
   local m1 = waiter_member(ticket, parts[1].n, client, lease, wait, group)
   if cv then
     -- Waiting on a condition variable: alive there while its member is
-    -- and its deadline has not come.
+    -- (its mark says it counts) and its process lives.
     local m = waiter_member(ticket, n, client, lease, wait, '')
-    local at = nil
+    local seq = nil
     if not cv.off then
-      -- Its deadline (in :d while it waits on cv: the mark says it does).
-      at = tonumber(redis.call('ZSCORE', first.D, m))
-      seen(first.D)
+      seq = tonumber(redis.call('ZSCORE', cv.C, m))
+      seen(cv.C)
     end
     if cv.off then
-      -- Unreachable now: its deadline stays; the next refresh tries.
-    elseif alive(at) and (open() or broken()) then
+      -- Unreachable now: the next refresh tries.
+    elseif waiter_alive(seq, lat, lborn) and (open() or broken(cv)) then
       cond_drop(first, cv, m)
       out[#out + 1] = ticket
       out[#out + 1] = '0'
-    elseif alive(at) then
-      wait_at(first, now + wait, m)
-      refresh_live(first, client, wait)
-      -- purge_waiters reads the deadlines as they were.
-      first.fresh = first.fresh or {}
-      first.fresh[m] = true
+    elseif waiter_alive(seq, lat, lborn) then
+      keep_alive(first, client, wait)
       -- The condition's key lives as long as its waiters' deadlines.
       cv.wrote = true
     else
-      cond_forget(first, cv, m, ticket, at) -- dead: its deadline came first
+      -- Dead (its process's deadline came first), or gone from cv with
+      -- its key (which outlives its waiters' deadlines, not the keys'
+      -- later moves): its mark still counts it, and goes.
+      cond_drop(first, cv, m)
       out[#out + 1] = ticket
       out[#out + 1] = '0'
     end
-  elseif inq[k] and due_waiter(first, m1) then
-    -- Dead: its deadline came before this refresh. It is not brought
-    -- back; purge_waiters below drops it.
+  elseif inq[k] and not waiter_alive(inq[k], lat, lborn) then
+    -- Dead: its process's deadline came before this refresh. It is not
+    -- brought back: it goes from every queue it is in.
+    if budget > 0 then
+      budget = budget - 1
+      drop_waiter(first, m1, parse_waiter(m1))
+    else
+      more = true
+    end
     out[#out + 1] = ticket
     out[#out + 1] = '0'
   elseif inq[k] then
     waiting[#waiting + 1] = { ticket = ticket, parts = parts }
     for _, p in ipairs(parts) do
-      local r = load(p.base)
-      if not r.off then
-        local m = waiter_member(ticket, p.n, client, lease, wait, group)
-        wait_at(r, now + wait, m)
-        refresh_live(r, client, wait)
-        -- purge_waiters reads the deadlines as they were.
-        r.fresh = r.fresh or {}
-        r.fresh[m] = true
-      end
+      keep_alive(load(p.base), client, wait)
     end
   else
     -- Granted, if every part holds a live lease under the token its
@@ -167,9 +175,7 @@ for i = 5, #ARGV, 3 do
     out[#out + 1] = tokens and (num(exp) .. ' ' .. table.concat(tokens, ' ')) or '0'
   end
 end
--- Waiters whose process stopped refreshing go (this script's own are
--- fresh), whether or not the queue can move now.
-purge_waiters(first)
+-- The queues move past their dead heads, as far as they can move.
 run_queues(loaded)
 -- Waiters this refresh's own run granted learn it in its reply, as a
 -- refresh sent again would tell them (announced: a grant's TTL).

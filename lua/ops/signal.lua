@@ -5,10 +5,11 @@
 -- ARGV: op ("signal"), condition name, "1" (signal) or "all" (broadcast),
 --       bound ("" on a first call), id (unique to this call: a resent call
 --       carries the same).
--- Drops the resource's dead waiters (on the condition too), then wakes the
--- condition's longest waiter (or all of those whose sequence is at most
--- bound): each moves to the resource's queue, behind those already
--- queued, in order, or is granted at once if nobody is queued and it fits.
+-- Runs the resource's queue, then wakes the condition's longest live
+-- waiter (or all of those whose sequence is at most bound), dropping the
+-- dead ones it meets on the way (waiter_alive): each moves to the
+-- resource's queue, behind those already queued, in order, or is granted
+-- at once if nobody is queued and it fits.
 -- Reply: {woken, condMore, more, bound}: condMore 1 when a broadcast has
 -- waiters left to wake (call again with bound and a new id), or a signal
 -- found more dead waiters than its budget (call again); more as for
@@ -31,44 +32,37 @@ local all, bound = ARGV[3] == 'all', tonumber(ARGV[4])
 -- sequence is at most the last one handed out then.
 if not bound then bound = r.seq end
 if not all then bound = math.huge end
-purge_waiters(r)
-local cmore = more
 -- Those already queued go first.
 run_queues({ r })
+local cmore = false
 local woken = 0
-if not cmore then
-  local want = 1
-  if all then want = budget end
-  if want > 0 then
-    -- Waiters dropped above are still in the key, at its head.
-    local skip = 0
-    for _ in pairs(cv.gone) do skip = skip + 1 end
-    local max = '+inf'
-    if bound < math.huge then max = num(bound) end
-    local got = redis.call('ZRANGEBYSCORE', cv.C, '-inf', max, 'LIMIT', 0, want + skip)
-    seen(cv.C)
-    for _, m in ipairs(got) do
-      if woken >= want then break end
-      if budget <= 0 then
-        cmore = true
-        break
-      end
-      if not cv.gone[m] then
-        local w = parse_waiter(m)
-        budget = budget - 1
-        if w then
-          cond_wake(r, cv, m, w)
-          woken = woken + 1
-        else
-          cond_drop(r, cv, m) -- not a waiter fairlock wrote
-        end
-      end
+local want = 1
+if all then want = budget end
+if want <= 0 then cmore = true end
+-- Read in order, a page of those still wanted at a time: the dead ones
+-- met (dropped, never woken) take no waking's place.
+while not cmore and woken < want do
+  local ms, seqs, ended = cond_waiters(r, cv, want - woken, bound)
+  if #ms == 0 then break end
+  for i, m in ipairs(ms) do
+    if woken >= want then break end
+    if budget <= 0 then
+      cmore = true
+      break
     end
-    if all and #got >= want + skip then cmore = true end
-  else
-    cmore = true
+    local w = parse_waiter(m)
+    budget = budget - 1
+    if w and waiter_alive(seqs[i], live_of(r, w.client)) then
+      cond_wake(r, cv, m, w)
+      woken = woken + 1
+    else
+      cond_drop(r, cv, m) -- dead, or not a waiter fairlock wrote
+    end
   end
+  if ended then break end
 end
+-- A broadcast that woke as many as its budget allowed may have more.
+if all and not cmore and woken >= want then cmore = true end
 local cm = 0
 if cmore then cm = 1 end
 if bound == math.huge then bound = 0 end

@@ -6,7 +6,9 @@
 -- Reply: {nowMs, capacity, {holder, expiryMs, ...}, {waiter, sequence,
 --   ...}, holders, waiters, inUse}: live entries, at most STATUS_MAX of
 --   each; then the live leases and live waiters counted (those recorded
---   less those due, see due), and the permits the live leases hold (those
+--   less those due, see due; the dead waiters are counted among the first
+--   STATUS_MAX queued, those past them counted as live), and the permits
+--   the live leases hold (those
 --   recorded less those of the leases due: exact while at most
 --   EXPIRED_MAX leases are due and not yet dropped, and otherwise an upper
 --   bound, each lease past that counted as one permit).
@@ -27,31 +29,24 @@ for i = 1, #h, 2 do
   holders[#holders + 1] = h[i]
   holders[#holders + 1] = h[i + 1]
 end
-local q = redis.call('ZRANGE', r.Q, 0, STATUS_MAX - 1, 'WITHSCORES')
+-- A queued waiter lives while its process's liveness field says so
+-- (waiter_alive).
+local ddue = 0
+local q = {}
+if r.nq > 0 then q = redis.call('ZRANGE', r.Q, 0, STATUS_MAX - 1, 'WITHSCORES') end
 for i = 1, #q, 2 do
-  if alive(tonumber(redis.call('ZSCORE', r.D, q[i]))) then
+  local w = parse_waiter(q[i])
+  if w and waiter_alive(tonumber(q[i + 1]), live_of(r, w.client)) then
     waiters[#waiters + 1] = q[i]
     waiters[#waiters + 1] = q[i + 1]
+  else
+    ddue = ddue + 1
   end
 end
--- The leases and waiters due (score at most now) are counted, not read;
--- the permits of the leases due are read, at most EXPIRED_MAX of them.
--- :d holds the deadlines of the condition waiters too: where there are
--- some, the waiters due are looked up in :q, at most EXPIRED_MAX of them
--- (those past that counted as queued).
-local hdue, ddue = 0, 0
+-- The leases due (score at most now) are counted, not read; the permits
+-- of the leases due are read, at most EXPIRED_MAX of them.
+local hdue = 0
 if in_h(r) > 0 then hdue = redis.call('ZCOUNT', r.H, '-inf', due_max()) end
-if r.nq > 0 then ddue = redis.call('ZCOUNT', r.D, '-inf', due_max()) end
-if ddue > 0 and r.nc > 0 then
-  local gone = redis.call('ZRANGEBYSCORE', r.D, '-inf', due_max(), 'LIMIT', 0, EXPIRED_MAX)
-  local queued = ddue - #gone
-  for i = 1, #gone, CHUNK do
-    for _, x in ipairs(redis.call('ZMSCORE', r.Q, unpack(gone, i, math.min(i + CHUNK - 1, #gone)))) do
-      if x then queued = queued + 1 end
-    end
-  end
-  ddue = queued
-end
 local inuse = r.used
 if hdue > 0 then
   local gone = redis.call('ZRANGEBYSCORE', r.H, '-inf', due_max(), 'LIMIT', 0, EXPIRED_MAX)
