@@ -996,8 +996,6 @@ var brokenGuards = []struct {
 	name, file, old, new string
 	fast                 bool
 }{
-	{"queued fast acquire gives an unproven :h a TTL", "lua/fast.lua",
-		"    if moved and has_h then must_be(K[KH], 'zset') end\n    -- A queued ticket", "    -- A queued ticket", true},
 	{"fast grant gives an unproven :t a TTL", "lua/fast.lua",
 		"    if has_t then must_be(K[KT], 'zset') end\n    if has_h and inline then", "    if has_h and inline then", true},
 	{"fast release gives a refused wake list a TTL", "lua/fast.lua",

@@ -114,17 +114,36 @@ local function purge_waiters(r)
   head(r)
   if r.nc <= 0 then return end
   local all = redis.call('HGETALL', r.S)
-  local names, seen_name = {}, {}
+  local names, marked = {}, {}
   for i = 2, #all, 2 do
     local v = all[i]
     -- A mark (CONDITION and the name); tickets are upper-case, and no
     -- other value starts with CONDITION.
-    if string.sub(v, 1, 1) == CONDITION and not seen_name[v] then
-      seen_name[v] = true
-      names[#names + 1] = string.sub(v, 2)
+    if string.sub(v, 1, 1) == CONDITION then
+      if not marked[v] then
+        marked[v] = {}
+        names[#names + 1] = v
+      end
+      marked[v][#marked[v] + 1] = all[i - 1]
     end
   end
-  for _, name in ipairs(names) do cond_purge(r, cond_load(r, name), nil) end
+  for _, v in ipairs(names) do
+    local cv = cond_load(r, string.sub(v, 2))
+    if not cv.off then
+      -- A marked waiter in no key lost it with the key (which outlives
+      -- its waiters' deadlines): dead, it goes by its mark.
+      local present = {}
+      for _, m in ipairs((cond_waiters(r, cv, nil))) do present[ticket_of(m)] = true end
+      for _, t in ipairs(marked[v]) do
+        if not present[t] and budget > 0 and r.grants[t] == nil then
+          budget = budget - 1
+          record(r, t, false)
+          r.nc = math.max(r.nc - 1, 0)
+        end
+      end
+      cond_purge(r, cv, nil)
+    end
+  end
 end
 
 -- cond_wake moves waiter m (parsed: w) from condition cv into r's queue,
