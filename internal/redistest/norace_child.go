@@ -27,8 +27,8 @@ var norace struct {
 	err       error
 }
 
-// RunWithoutRace runs the top-level test t again (the subtests of it that
-// the parent's -run picks) in a test binary of the current package built
+// RunWithoutRace runs the test or subtest t again (the subtests of it
+// that the parent's -run picks) in a test binary of the current package built
 // without the race detector, and fails t if that fails. It is for tests
 // whose cost is all in Lua and whose Go code other tests run under -race:
 // the detector slows them several times over and finds nothing new.
@@ -64,13 +64,11 @@ func RunWithoutRace(t *testing.T) {
 	if norace.err != nil {
 		t.Fatalf("redistest: %s: %v", t.Name(), norace.err)
 	}
-	// The parent's -run may pick subtests (TestX/sub); the child runs
-	// those of this test only.
-	run := "^" + regexp.QuoteMeta(t.Name()) + "$"
+	// The parent's -run may pick subtests below t (TestX/sub/...); the
+	// child runs those of t only.
+	run := childRun(t.Name(), "")
 	if f := flag.Lookup("test.run"); f != nil {
-		if _, sub, ok := strings.Cut(f.Value.String(), "/"); ok {
-			run += "/" + sub
-		}
+		run = childRun(t.Name(), f.Value.String())
 	}
 	args := []string{"-test.run=" + run}
 	if d, ok := t.Deadline(); ok {
@@ -99,6 +97,9 @@ func RunWithoutRace(t *testing.T) {
 		t.Fatalf("%s without -race (%s): %v after %v:\n%s", t.Name(), strings.Join(args, " "), err,
 			time.Since(start).Round(time.Second), out.Bytes())
 	}
+	if bytes.Contains(out.Bytes(), []byte("no tests to run")) {
+		t.Fatalf("%s without -race (%s) ran no test:\n%s", t.Name(), strings.Join(args, " "), out.Bytes())
+	}
 	if testing.Verbose() {
 		t.Log(out.String())
 	}
@@ -111,4 +112,54 @@ func cleanupNorace() {
 	if norace.dir != "" {
 		os.RemoveAll(norace.dir)
 	}
+}
+
+// childRun is the -test.run pattern that picks the test or subtest name
+// (as t.Name gives it) and, of the parent's pattern run, the elements
+// that go below it: TestX/a with run "TestX/a/b" gives ^TestX/^a$/b.
+func childRun(name, run string) string {
+	parts := strings.Split(name, "/")
+	for i, p := range parts {
+		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
+	}
+	if run != "" {
+		if below := strings.Split(run, "/"); len(below) > len(parts) {
+			parts = append(parts, below[len(parts):]...)
+		}
+	}
+	return strings.Join(parts, "/")
+}
+
+// OffRace runs t in the package's test binary built without the race
+// detector (RunWithoutRace) and reports true when this binary has the
+// detector and the run is not -short; the caller then returns. It is for
+// a test whose cost is Lua or pure computation that the detector only
+// slows (miniredis interprets Lua in Go: under -race, several times
+// slower than a real server), while the Go code it calls runs under the
+// detector elsewhere: in the test's real-server half, or in other tests.
+// With -short it reports false: the quick tier's smaller sizes run here.
+func OffRace(t *testing.T) bool {
+	t.Helper()
+	if !Race || testing.Short() {
+		return false
+	}
+	RunWithoutRace(t)
+	return true
+}
+
+// EachOffRace is Each for a test whose miniredis half is the cost
+// OffRace is for: that half runs without the race detector (outside
+// -short), the real server's half under it.
+func EachOffRace(t *testing.T, f func(t *testing.T, b *Backend)) {
+	t.Helper()
+	t.Run("miniredis", func(t *testing.T) {
+		skipMini(t)
+		if OffRace(t) {
+			return
+		}
+		f(t, Mini(t))
+	})
+	t.Run("redis", func(t *testing.T) {
+		f(t, RealBackend(t))
+	})
 }
