@@ -96,6 +96,52 @@ type Observer interface {
 // observer never repeat one.
 var eventIDs atomic.Uint64
 
+// A waitReport reports to its client's observer one wait that grants
+// nothing: a countdown latch's Wait. The wait calls waiting each time it
+// is registered in Redis to wait; its caller calls end with the error the
+// call returns. The wait is reported, under one
+// ID, from WaitStarted (at the first waiting, however often it asks
+// again) to WaitEnded (end(nil): what it waited for happened) or
+// WaitAbandoned (with the error); one that never waited reports nothing,
+// its error included.
+type waitReport struct {
+	c       *Client
+	id      uint64
+	names   []string
+	started time.Time
+}
+
+// reportWait returns the report of a wait on name that grants nothing:
+// its waiting (nil when c has no observer, and nothing is reported) and
+// its end.
+func (c *Client) reportWait(name string) (waiting func(), end func(err error)) {
+	if c.cfg.observer == nil {
+		return nil, func(error) {}
+	}
+	w := &waitReport{c: c, id: eventIDs.Add(1), names: []string{name}}
+	return w.waiting, w.end
+}
+
+// waiting reports the wait's start, the first time it waits.
+func (w *waitReport) waiting() {
+	if w.started.IsZero() {
+		w.started = time.Now()
+		w.c.observe(Event{Kind: WaitStarted, Names: w.names, ID: w.id})
+	}
+}
+
+// end reports the wait's end, if it waited: WaitEnded when err is nil,
+// WaitAbandoned with err otherwise.
+func (w *waitReport) end(err error) {
+	switch {
+	case w.started.IsZero():
+	case err == nil:
+		w.c.observe(Event{Kind: WaitEnded, Names: w.names, Wait: time.Since(w.started), ID: w.id})
+	default:
+		w.c.observe(Event{Kind: WaitAbandoned, Names: w.names, Wait: time.Since(w.started), Err: err, ID: w.id})
+	}
+}
+
 // permits lists a plan's permits in name order.
 func (p plan) permits() []int64 {
 	out := make([]int64, len(p.parts))
