@@ -69,8 +69,8 @@ func init() {
 	engine.LatchWait = func(ctx context.Context, c any, name string, init int64, ttl time.Duration, waiting func()) (int64, error) {
 		return c.(*Client).latchWait(ctx, name, init, ttl, waiting)
 	}
-	engine.BarrierAwait = func(ctx context.Context, c any, name string, parties int64, ttl time.Duration) (engine.Arrival, error) {
-		a, err := c.(*Client).barrierAwait(ctx, name, parties, ttl)
+	engine.BarrierAwait = func(ctx context.Context, c any, name string, parties int64, ttl time.Duration, waiting func()) (engine.Arrival, error) {
+		a, err := c.(*Client).barrierAwait(ctx, name, parties, ttl, waiting)
 		return engine.Arrival{Round: a.round, Index: a.index, Broken: a.broken, Stored: a.stored}, err
 	}
 	engine.BarrierStatus = func(ctx context.Context, c any, name string, parties int64) (engine.BarrierState, error) {
