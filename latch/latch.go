@@ -157,13 +157,16 @@ func (l *Latch) CountDown(ctx context.Context) error {
 //
 // The client's observer ([fairlock.WithObserver]) sees a Wait that had
 // to wait from [fairlock.WaitStarted] to [fairlock.WaitEnded] (the latch
-// opened) or [fairlock.WaitAbandoned], under one ID; a Wait on an open
-// latch reports nothing.
+// opened) or [fairlock.WaitAbandoned] (Err is the error Wait returns),
+// under one ID; a Wait that did not wait (on an open latch, or failing
+// first) reports nothing.
 func (l *Latch) Wait(ctx context.Context) error {
-	stored, err := engine.LatchWait(ctx, l.c, l.name, l.count, l.ttl)
+	waiting, end := engine.ReportWait(l.c, l.name)
+	stored, err := engine.LatchWait(ctx, l.c, l.name, l.count, l.ttl, waiting)
 	if err == nil && stored > 0 {
-		return l.mismatch("wait latch", stored)
+		err = l.mismatch("wait latch", stored)
 	}
+	end(err)
 	return err
 }
 

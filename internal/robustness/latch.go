@@ -46,7 +46,7 @@ func latchTraffic(stop context.Context, w *worker) {
 			count()
 		}
 		w.latchOp("latch_wait", name, func(ctx context.Context) (int64, error) {
-			stored, err := engine.LatchWait(ctx, w.c, name, latchCount, latchTTL)
+			stored, err := engine.LatchWait(ctx, w.c, name, latchCount, latchTTL, nil)
 			if err == nil && stored != 0 {
 				err = fmt.Errorf("latch %s stored with count %d", name, stored)
 			}
