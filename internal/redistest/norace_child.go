@@ -46,21 +46,7 @@ func RunWithoutRace(t *testing.T) {
 		t.Fatal("redistest: RunWithoutRace's child was built with -race (GOFLAGS?)")
 	}
 	t.Parallel()
-	norace.once.Do(func() {
-		gobin, err := exec.LookPath("go")
-		if err != nil {
-			norace.err = fmt.Errorf("running tests without -race needs the go command: %w", err)
-			return
-		}
-		if norace.dir, norace.err = os.MkdirTemp("", "fairlock-norace-"); norace.err != nil {
-			return
-		}
-		norace.path = filepath.Join(norace.dir, "norace.test")
-		cmd := exec.Command(gobin, "test", "-c", "-race=false", "-o", norace.path, ".")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			norace.err = fmt.Errorf("building the package's tests without -race: %v\n%s", err, out)
-		}
-	})
+	norace.once.Do(buildNorace)
 	if norace.err != nil {
 		t.Fatalf("redistest: %s: %v", t.Name(), norace.err)
 	}
@@ -109,6 +95,7 @@ func RunWithoutRace(t *testing.T) {
 // cleanupNorace removes the binary RunWithoutRace built (MainWith calls it
 // once the tests have run).
 func cleanupNorace() {
+	norace.once.Do(func() {}) // waits for a build BuildWithoutRaceEarly began
 	if norace.dir != "" {
 		os.RemoveAll(norace.dir)
 	}
@@ -162,4 +149,43 @@ func EachOffRace(t *testing.T, f func(t *testing.T, b *Backend)) {
 	t.Run("redis", func(t *testing.T) {
 		f(t, RealBackend(t))
 	})
+}
+
+// BuildWithoutRaceEarly starts building, in the background, the binary
+// that RunWithoutRace runs, when this binary has the race detector and runs
+// the whole package's long tier (no -short, no -run): RunWithoutRace's
+// tests run once the serial tests are done, and would otherwise wait for
+// the build then, minutes into the run. The build runs at a lower CPU
+// priority where nice(1) is found. Call it from TestMain after
+// flag.Parse.
+func BuildWithoutRaceEarly() {
+	if !Race || testing.Short() || os.Getenv(childEnv) != "" {
+		return
+	}
+	if f := flag.Lookup("test.run"); f == nil || f.Value.String() != "" {
+		return
+	}
+	go norace.once.Do(buildNorace)
+}
+
+// buildNorace builds the package's test binary without the race detector
+// into a temporary directory (norace.path), or sets norace.err.
+func buildNorace() {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		norace.err = fmt.Errorf("running tests without -race needs the go command: %w", err)
+		return
+	}
+	if norace.dir, norace.err = os.MkdirTemp("", "fairlock-norace-"); norace.err != nil {
+		return
+	}
+	norace.path = filepath.Join(norace.dir, "norace.test")
+	args := []string{gobin, "test", "-c", "-race=false", "-o", norace.path, "."}
+	if nice, err := exec.LookPath("nice"); err == nil {
+		args = append([]string{nice, "-n", "10"}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		norace.err = fmt.Errorf("building the package's tests without -race: %v\n%s", err, out)
+	}
 }
