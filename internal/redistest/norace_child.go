@@ -33,11 +33,13 @@ var norace struct {
 // whose cost is all in Lua and whose Go code other tests run under -race:
 // the detector slows them several times over and finds nothing new.
 //
-// t is marked parallel: it runs once the package's serial tests are done,
-// beside its other parallel tests (each child a process of its own, with
-// a redis-server of its own), so that those children share the machine's
-// cores. The binary is built once per process by the go command on PATH
-// (go test started the parent, so it is there); a child gets the flags
+// t is marked parallel: a test runs once the package's serial tests are
+// done, beside its other parallel tests (each child a process of its own,
+// with a redis-server of its own), so that those children share the
+// machine's cores; a subtest once its parent's function has returned. The
+// binary is built once per process (from the start with
+// BuildWithoutRaceEarly) by the go command on PATH (go test started the
+// parent, so it is there); a child gets the flags
 // given to the parent other than go test's; its output is logged under
 // -v, and shown whole if it fails.
 func RunWithoutRace(t *testing.T) {
@@ -103,7 +105,7 @@ func cleanupNorace() {
 
 // childRun is the -test.run pattern that picks the test or subtest name
 // (as t.Name gives it) and, of the parent's pattern run, the elements
-// that go below it: TestX/a with run "TestX/a/b" gives ^TestX/^a$/b.
+// that go below it: TestX/a with run "TestX/a/b" gives ^TestX$/^a$/b.
 func childRun(name, run string) string {
 	parts := strings.Split(name, "/")
 	for i, p := range parts {
