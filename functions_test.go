@@ -166,7 +166,13 @@ func renewOnce(t *testing.T, c *Client, s *sent) {
 			t.Fatalf("lease lost before its first renewal: %v", err)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no renewal within 10s: %v", s.n)
+			// (Seen once on a machine at load 13, the lease still live by
+			// Err: what the lease believed is logged to find out why.)
+			l.rmu.Lock()
+			until, announced, stopped := time.Until(l.deadline), l.announced, l.stopped
+			l.rmu.Unlock()
+			t.Fatalf("no renewal within 10s: %v; the lease: granted %v ago, its deadline in %v, announced %v, stopped %v, TTL %v",
+				s.n, time.Since(l.granted).Round(time.Millisecond), until.Round(time.Millisecond), announced, stopped, l.p.ttl(c))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
