@@ -14,7 +14,9 @@ import (
 // awaits one cyclic barrier, barrierName, made with barrierParties (one
 // party per child), round after round, each Await under the call
 // timeout. An Await whose context ends breaks its round for the other
-// parties; every party then arrives again and begins the next round.
+// parties; every party then arrives again and begins the next round. An
+// Await still running when the child is told to stop is cancelled (error
+// class "stopped"): the parties told before it will not arrive.
 const (
 	barrierName    = "br"
 	barrierParties = 3 // the children of a run (children in the tests)
@@ -32,7 +34,7 @@ func barrierTraffic(stop context.Context, w *worker) {
 	}
 	for stop.Err() == nil {
 		op := Op{Child: w.child, Client: w.client, Kind: "barrier_await", Res: barrierName, Call: now()}
-		ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
+		ctx, cancel := context.WithTimeout(stop, w.timeout)
 		dl, _ := ctx.Deadline()
 		op.Deadline = dl.UnixMicro()
 		a, err := b.Await(ctx)
