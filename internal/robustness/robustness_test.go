@@ -22,6 +22,7 @@ import (
 )
 
 var (
+	mutate = flag.String("robustness.mutate", "", "a Mutations name the children of TestLatchUnderFaults and TestBarrierUnderFaults run with: the checks must then fail those tests")
 	long   = flag.Bool("robustness.long", false, "inject each fault many times (-robustness.rounds), with longer calm spans, instead of once")
 	rounds = flag.Int("robustness.rounds", 10, "with -robustness.long, how many times each fault is injected")
 )
@@ -91,6 +92,9 @@ type env struct {
 	proxies  []*Proxy
 	kids     []*kid
 	target   int // the child a one-child fault strikes this round
+	// slotTags are the hash tags of the traffic's objects: a Cluster slot
+	// move moves their slots (moveSlots).
+	slotTags []string
 
 	// switched is when the nemesis last saw the sentinels name a new
 	// master (see failover).
@@ -172,7 +176,13 @@ func run(t *testing.T, sc scenario) Result {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	e := &env{}
+	e := &env{slotTags: []string{mutexName, semName, rwName, multiTag}}
+	if sc.latch {
+		e.slotTags = append(e.slotTags, latchTag)
+	}
+	if sc.barrier {
+		e.slotTags = append(e.slotTags, barrierName)
+	}
 	var redisEnv func(i int) string
 	switch sc.deploy {
 	case "":
