@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,17 +31,20 @@ const (
 
 // lostWrites are the violations a fault that can lose acknowledged writes
 // (a restart with appendfsync everysec, a failover without WithReplicaAck)
-// is documented to allow, one for each object of the traffic: a lost grant
-// lets Redis grant the permits again (an overlap: "capacity of"); a lost
-// count down raises a latch's count again, and a lost latch is made again
-// at its count, so a later Count reads more than an earlier one or a Wait
-// waits on a latch another Wait saw open (not linearizable); a lost
-// arrival or round end lets a barrier give a round's number or a party's
-// index again, or complete a round that broke for a party that saw it
-// broken (CheckBarrier's round rules, all of them but the deadline). Every
-// other violation (a deadline missed, a token given twice or going back, a
-// lost update on the fenced store) stays a failure under these faults too.
-var lostWrites = []string{"capacity of", "latch history is not linearizable", "barrier round ", "barrier: client "}
+// is documented to allow. A lost grant lets Redis grant the permits again:
+// an overlap ("capacity of"), anywhere in the run. A lost count down
+// raises a latch's count again, and a lost latch is made again at its
+// count, so a later Count reads more than an earlier one, or a Wait waits
+// on a latch another Wait saw open: not linearizable. A lost arrival or
+// round end lets a barrier give a round's number or a party's index
+// again, or complete a round that broke for a party that saw it broken.
+// Those are allowed only on a latch or a round whose calls meet the
+// fault's span (lossMark, Limits.Faults): a lost write changes what
+// follows it, and the writes a fault can lose are those acknowledged
+// shortly before it. Every other violation (a latch or a round away from
+// the fault, a deadline missed, a token given twice or going back, a lost
+// update on the fenced store) stays a failure under these faults too.
+var lostWrites = []string{"capacity of", lossMark}
 
 // A fault is a row of faults.
 type fault struct {
@@ -171,6 +175,16 @@ func failover(f func(*testing.T, *env) func()) func(*testing.T, *env) func() {
 		if !ok {
 			t.Errorf("master %s not seen up by every sentinel with a replica in sync that they know, within 20s", before)
 		}
+		replica := e.sentinel.Master
+		if replica == e.server {
+			replica = e.sentinel.Replica
+		}
+		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+		e.injected, ok = caughtUp(cctx, e.server.Addr, replica.Addr)
+		ccancel()
+		if !ok {
+			t.Errorf("replica %s did not catch up with master %s within 5s", replica.Addr, before)
+		}
 		start := time.Now()
 		heal := f(t, e)
 		for time.Since(start) < failoverWait {
@@ -240,6 +254,43 @@ func synced(ctx context.Context, addr string) bool {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return false
+}
+
+// caughtUp reads the replication offset of the master at master, then
+// waits until the replica at replica has applied the stream up to it (or
+// ctx ends), and returns when it read the offset (µs, the host's clock)
+// and whether the replica got there. Every write the master acknowledged
+// before that moment is then on the replica, so a failover can lose only
+// writes acknowledged after it: the start of the fault's span
+// (Limits.Faults).
+func caughtUp(ctx context.Context, master, replica string) (int64, bool) {
+	offset := func(addr, field string) (int64, bool) {
+		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		defer rdb.Close()
+		info, err := rdb.Info(ctx, "replication").Result()
+		if err != nil {
+			return 0, false
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, field+":"); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				return n, err == nil
+			}
+		}
+		return 0, false
+	}
+	at := now()
+	want, ok := offset(master, "master_repl_offset")
+	if !ok {
+		return at, false
+	}
+	for ctx.Err() == nil {
+		if got, ok := offset(replica, "slave_repl_offset"); ok && got >= want {
+			return at, true
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return at, false
 }
 
 func pause(t *testing.T, e *env) func() {

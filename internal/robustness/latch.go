@@ -180,7 +180,9 @@ func CheckLatch(h History, pauses []Pause, lim Limits) LatchResult {
 		}
 		by[r] = append(by[r], op)
 	}
-	named := 0
+	// A latch whose calls meet a fault's span is marked (lossMark), and
+	// counted apart: a fault that loses writes allows those alone.
+	named := map[string]int{}
 	for _, name := range names {
 		var v string
 		switch porcupine.CheckOperationsTimeout(LatchModel, by[name], lim.Linearizability) {
@@ -191,12 +193,19 @@ func CheckLatch(h History, pauses []Pause, lim Limits) LatchResult {
 		default:
 			continue
 		}
-		if named++; named <= maxLatchViolations {
-			res.Violations = append(res.Violations, v)
+		from, till := int64(math.MaxInt64), int64(0)
+		for _, o := range by[name] {
+			from, till = min(from, o.Input.(Op).Call), max(till, o.Input.(Op).Return)
+		}
+		mark := near(lim.Faults, from, till)
+		if named[mark]++; named[mark] <= maxLatchViolations {
+			res.Violations = append(res.Violations, mark+v)
 		}
 	}
-	if named > maxLatchViolations {
-		res.Violations = append(res.Violations, fmt.Sprintf("the latch history is not linearizable on %d latches more", named-maxLatchViolations))
+	for mark, n := range named {
+		if n > maxLatchViolations {
+			res.Violations = append(res.Violations, fmt.Sprintf("%sthe latch history is not linearizable on %d latches more", mark, n-maxLatchViolations))
+		}
 	}
 	return res
 }

@@ -99,6 +99,10 @@ type env struct {
 	// switched is when the nemesis last saw the sentinels name a new
 	// master (see failover).
 	switched time.Time
+	// injected, when a fault sets it, is the earliest moment (µs) from
+	// which it may lose writes (failover: see caughtUp); a fault's span
+	// (Limits.Faults) then starts there, not lossBefore before the fault.
+	injected int64
 
 	mu     sync.Mutex
 	pauses []Pause
@@ -253,13 +257,20 @@ func run(t *testing.T, sc scenario) Result {
 	}
 	time.Sleep(calm)
 	healed := make([]int64, children) // when a one-child fault on each was last healed
+	var spans []Span                  // each fault's, for Limits.Faults
 	for round := range n {
 		e.target = round % children
 		if sc.fault != nil {
+			from := now() - lossBefore.Microseconds()
+			e.injected = 0
 			heal := sc.fault(t, e)
+			if e.injected != 0 {
+				from = e.injected
+			}
 			time.Sleep(sc.hold)
 			heal()
 			healed[e.target] = now()
+			spans = append(spans, Span{From: from, Till: healed[e.target] + lossAfter.Microseconds()})
 		}
 		time.Sleep(calm)
 	}
@@ -288,7 +299,7 @@ func run(t *testing.T, sc scenario) Result {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim := Limits{Slack: slack, Linearizability: time.Minute}
+	lim := Limits{Slack: slack, Linearizability: time.Minute, Faults: spans}
 	res := Check(h, store.Finals(), e.pauses, lim)
 	res.Notes = e.notes()
 	if sc.latch {
