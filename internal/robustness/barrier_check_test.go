@@ -67,3 +67,41 @@ func TestCheckBarrier(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckNearAFault requires CheckBarrier and CheckLatch to mark
+// (lossMark) a violation whose calls meet a fault's span, and only such a
+// violation: a fault that loses writes allows those alone (lostWrites).
+func TestCheckNearAFault(t *testing.T) {
+	faulted := lim
+	faulted.Faults = []Span{{From: 100, Till: 200}}
+	short := func(call, ret, round int64) []Op { // a round completed a party short
+		return []Op{await(1, call, ret, round, 0, ""), await(2, call+1, ret, round, 1, "")}
+	}
+	latchOps := func(call int64, name string) []Op { // a Wait that opened a latch no one counted down
+		return []Op{{Client: 1, Kind: "latch_wait", Res: name, Call: call, Return: call + 10}}
+	}
+	for _, tc := range []struct {
+		name   string
+		ops    []Op
+		marked bool
+	}{
+		{"a barrier round before the span", short(0, 10, 1), false},
+		{"a barrier round that meets the span", short(95, 105, 1), true},
+		{"a barrier round after the span", short(300, 310, 1), false},
+		{"a latch before the span", latchOps(0, "{lt}:0"), false},
+		{"a latch that meets the span", latchOps(195, "{lt}:0"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := History{Ops: tc.ops}
+			vs := append(CheckBarrier(h, nil, faulted).Violations, CheckLatch(h, nil, faulted).Violations...)
+			if len(vs) == 0 {
+				t.Fatal("no violation")
+			}
+			for _, v := range vs {
+				if got := strings.HasPrefix(v, lossMark); got != tc.marked || anyPart(v, lostWrites) != tc.marked {
+					t.Errorf("marked (allowed under a fault that loses writes) %v, want %v: %s", got, tc.marked, v)
+				}
+			}
+		})
+	}
+}
