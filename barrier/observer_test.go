@@ -4,34 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/barrier"
+	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redistest"
 )
-
-// events is an Observer that keeps every event.
-type events struct {
-	mu  sync.Mutex
-	all []fairlock.Event
-}
-
-func (r *events) Observe(e fairlock.Event) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.all = append(r.all, e)
-}
-
-// take returns the events so far and forgets them.
-func (r *events) take() []fairlock.Event {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := r.all
-	r.all = nil
-	return out
-}
 
 // waited checks that evs are one wait on the barrier name, under one ID:
 // WaitStarted, then end (WaitEnded or WaitAbandoned). It returns the end.
@@ -59,10 +38,10 @@ func TestObserverSeesBarrierAwaits(t *testing.T) {
 		e := newEnv(t, b)
 		ctx := context.Background()
 		const parties = 3
-		recs := make([]*events, parties)
+		recs := make([]*fltest.Events, parties)
 		brs := make([]*barrier.Barrier, parties)
 		for i := range recs {
-			recs[i] = &events{}
+			recs[i] = &fltest.Events{}
 			brs[i] = e.barrier(e.Client(fairlock.WithObserver(recs[i])), "obs", parties)
 		}
 
@@ -81,13 +60,13 @@ func TestObserverSeesBarrierAwaits(t *testing.T) {
 			if r := receive(t, ch, "Await"); r.err != nil || r.a.Round != 1 {
 				t.Fatalf("party %d's Await() = %+v, %v; want round 1", i, r.a, r.err)
 			}
-			ev := waited(t, recs[i].take(), "obs", fairlock.WaitEnded, fmt.Sprintf("party %d's Await in a completed round", i))
+			ev := waited(t, recs[i].Take(), "obs", fairlock.WaitEnded, fmt.Sprintf("party %d's Await in a completed round", i))
 			if ev.Err != nil || ids[ev.ID] {
 				t.Fatalf("party %d's wait_ended: %+v, want no Err and an ID of its own", i, ev)
 			}
 			ids[ev.ID] = true
 		}
-		if got := recs[parties-1].take(); len(got) != 0 {
+		if got := recs[parties-1].Take(); len(got) != 0 {
 			t.Fatalf("events of the last party's Await, which did not wait: %v, want none", got)
 		}
 
@@ -104,18 +83,18 @@ func TestObserverSeesBarrierAwaits(t *testing.T) {
 		}
 		r := receive(t, first, "the first party's Await")
 		wantBroken(t, r.err, 2, "first party's Await()")
-		ev := waited(t, recs[1].take(), "obs", fairlock.WaitAbandoned, "a cancelled Await")
+		ev := waited(t, recs[1].Take(), "obs", fairlock.WaitAbandoned, "a cancelled Await")
 		if !errors.Is(ev.Err, context.Canceled) {
 			t.Fatalf("wait_abandoned of a cancelled Await: Err %v, want context.Canceled", ev.Err)
 		}
-		ev = waited(t, recs[0].take(), "obs", fairlock.WaitAbandoned, "an Await whose round broke")
+		ev = waited(t, recs[0].Take(), "obs", fairlock.WaitAbandoned, "an Await whose round broke")
 		wantBroken(t, ev.Err, 2, "wait_abandoned's Err of an Await whose round broke")
 		if ev.Err != r.err {
 			t.Fatalf("wait_abandoned's Err %v is not the error Await returned, %v", ev.Err, r.err)
 		}
 
 		// An Await whose client closes while it waits.
-		rc := &events{}
+		rc := &fltest.Events{}
 		c := e.Client(fairlock.WithObserver(rc))
 		ch := awaitAsync(ctx, e.barrier(c, "obs", parties))
 		e.WaitFor("an arrival", func() bool { return e.waiters("obs") == 1 })
@@ -125,7 +104,7 @@ func TestObserverSeesBarrierAwaits(t *testing.T) {
 		if r := receive(t, ch, "Await"); !errors.Is(r.err, fairlock.ErrClosed) {
 			t.Fatalf("Await() when its client closed = %+v, %v; want ErrClosed", r.a, r.err)
 		}
-		ev = waited(t, rc.take(), "obs", fairlock.WaitAbandoned, "an Await whose client closed")
+		ev = waited(t, rc.Take(), "obs", fairlock.WaitAbandoned, "an Await whose client closed")
 		if !errors.Is(ev.Err, fairlock.ErrClosed) {
 			t.Fatalf("wait_abandoned of an Await whose client closed: Err %v, want ErrClosed", ev.Err)
 		}
@@ -134,7 +113,7 @@ func TestObserverSeesBarrierAwaits(t *testing.T) {
 		if _, err := brs[0].Await(cctx); !errors.Is(err, context.Canceled) {
 			t.Fatalf("Await() with a cancelled context = %v, want context.Canceled", err)
 		}
-		if got := recs[0].take(); len(got) != 0 {
+		if got := recs[0].Take(); len(got) != 0 {
 			t.Fatalf("events of an Await that did not arrive: %v, want none", got)
 		}
 	})
