@@ -173,7 +173,11 @@ func (l *Latch) Wait(ctx context.Context) error {
 // Count returns the latch's count now, by a read that changes nothing: its
 // handle's count when the latch does not exist in Redis (no call has made
 // it, or its keys expired). Its errors are CountDown's; it is never sent
-// twice by fairlock itself.
+// twice by fairlock itself. It reads the master and does not wait for
+// replicas, even with [fairlock.WithReplicaAck]: it can see a count down
+// that failed unacknowledged, which a failover can then lose (the count
+// is read higher again); a count down that WithReplicaAck acknowledged
+// is never lost so.
 func (l *Latch) Count(ctx context.Context) (int64, error) {
 	n, stored, err := engine.LatchCount(ctx, l.c, l.name, l.count)
 	if err == nil && stored > 0 {

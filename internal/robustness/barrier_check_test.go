@@ -105,3 +105,57 @@ func TestCheckNearAFault(t *testing.T) {
 		})
 	}
 }
+
+// A count down that failed unacknowledged near a failover can be read by a
+// Count and then lost: the latch's violation is marked as such (which the
+// rows with WithReplicaAck allow), and only when such a count down meets
+// the fault's span. The history is the one a failover with
+// WithReplicaAck(1) produced: two count downs acknowledged (3 -> 2 -> 1), a
+// third timed out, Counts read 0, then 1 once the replica took over.
+func TestCheckUnacknowledgedCountDown(t *testing.T) {
+	down := func(client int, call, ret, n int64, err string) Op {
+		op := Op{Client: client, Kind: "latch_down", Res: "{lt}:1", Call: call, Return: ret, N: n}
+		if err != "" {
+			op.Err, op.Class = err, "deadline"
+		}
+		return op
+	}
+	count := func(client int, call, ret, n int64) Op {
+		return Op{Client: client, Kind: "latch_count", Res: "{lt}:1", Call: call, Return: ret, N: n}
+	}
+	history := func(failedAt int64) []Op {
+		return []Op{
+			down(36, 1000, 1010, 2, ""), down(4, 1020, 1030, 1, ""), down(20, failedAt, failedAt+1960, 0, "context deadline exceeded"),
+			count(4, 1050, 1060, 1), count(20, 3010, 3020, 0), count(36, 3015, 3025, 0), count(4, 3030, 3040, 1), count(20, 4000, 4010, 1),
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		failedAt int64 // when the unacknowledged count down was called
+		spans    []Span
+		mark     string
+	}{
+		{"its count down failed in the span", 1040, []Span{{From: 1035, Till: 5000}}, unackedMark},
+		{"its count down failed before the span", 1040, []Span{{From: 2000, Till: 5000}}, lossMark},
+		{"no span", 1040, nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := lim
+			l.Faults = tc.spans
+			vs := CheckLatch(History{Ops: history(tc.failedAt)}, nil, l).Violations
+			if len(vs) != 1 {
+				t.Fatalf("violations %q, want one", vs)
+			}
+			got := ""
+			for _, m := range []string{unackedMark, lossMark} {
+				if strings.HasPrefix(vs[0], m) {
+					got = m
+					break
+				}
+			}
+			if got != tc.mark {
+				t.Errorf("marked %q, want %q: %s", got, tc.mark, vs[0])
+			}
+		})
+	}
+}

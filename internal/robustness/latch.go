@@ -198,6 +198,9 @@ func CheckLatch(h History, pauses []Pause, lim Limits) LatchResult {
 			from, till = min(from, o.Input.(Op).Call), max(till, o.Input.(Op).Return)
 		}
 		mark := near(lim.Faults, from, till)
+		if mark != "" && unackedDownNear(lim.Faults, by[name]) {
+			mark = unackedMark
+		}
 		if named[mark]++; named[mark] <= maxLatchViolations {
 			res.Violations = append(res.Violations, mark+v)
 		}
@@ -208,6 +211,28 @@ func CheckLatch(h History, pauses []Pause, lim Limits) LatchResult {
 		}
 	}
 	return res
+}
+
+// unackedMark begins a latch's violation near a fault (lossMark) on a
+// latch one of whose count downs failed in the fault's span: one that
+// WithReplicaAck did not see replicated (or whose answer was lost). Redis
+// ran it on the master, where a Count could read it, and a failover can
+// then lose it: the count is read lower, then higher again. WithReplicaAck
+// promises that a count down it acknowledged survives a failover, not
+// that a read sees only acknowledged ones: a row with WithReplicaAck
+// allows this violation alone.
+const unackedMark = lossMark + "after a count down that failed unacknowledged: "
+
+// unackedDownNear reports whether one of ops is a latch_down that failed
+// and whose call meets one of spans.
+func unackedDownNear(spans []Span, ops []porcupine.Operation) bool {
+	for _, o := range ops {
+		op := o.Input.(Op)
+		if op.Kind == "latch_down" && op.Err != "" && near(spans, op.Call, op.Call) != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // maxLatchViolations is how many latches CheckLatch names; a rule broken
