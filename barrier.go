@@ -115,8 +115,11 @@ type arrival struct {
 // its round having lost a party) asks again with its ticket, and learns
 // its round's end, or breaks the round. When ctx ends, or the client
 // closes, first, its round breaks in the background (barrier_break) and
-// barrierAwait returns ctx's error (ErrClosed).
-func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, ttl time.Duration) (arrival, error) {
+// barrierAwait returns ctx's error (ErrClosed). waiting (when not nil) is
+// called once its arrival is registered in Redis to wait (never for the
+// round's last party): a waitReport's (reportWait), for the client's
+// observer.
+func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, ttl time.Duration, waiting func()) (arrival, error) {
 	const op = "await barrier"
 	names := []string{name}
 	wrap := func(err error) error { return opError(op, names, err) }
@@ -190,6 +193,9 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 		return arrival{}, wrap(o.ackErr)
 	}
 	c.waits.noteQueued(r, w, time.Duration(rep[2])*time.Millisecond, clockSample{sent: sent, redis: rep[1]})
+	if waiting != nil {
+		waiting()
+	}
 	select {
 	case wk := <-w.ch:
 		switch {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fairlock/fairlock/internal/redistest"
 	"pgregory.net/rapid"
 )
 
@@ -251,6 +252,11 @@ func kindsOf(ns []keyNamer) []string {
 // kinds never share a key or channel, and one object's keys are
 // distinct.
 func TestKeyOwners(t *testing.T) {
+	if redistest.OffRace(t) {
+		// Pure computation on names, no goroutines: the detector only
+		// slows it.
+		return
+	}
 	rapid.Check(t, func(t *rapid.T) {
 		// A few objects, each but the first often cut from one before it;
 		// every pair is checked.

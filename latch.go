@@ -251,36 +251,10 @@ func (c *Client) pause(ctx context.Context, d time.Duration) error {
 // its waiter TTL, or its wake-up was lost) asks again. When ctx ends, or
 // the client closes, the waiter withdraws in the background and
 // latchWait returns ctx's error (ErrClosed). stored > 0 is the init the
-// latch is stored with, when that is another.
-//
-// With an observer, a wait that had to wait is reported from its start
-// (WaitStarted, once, however often it asks again) to its end: WaitEnded
-// when the latch opened, WaitAbandoned otherwise.
-func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl time.Duration) (stored int64, err error) {
-	if c.cfg.observer == nil {
-		return c.latchWaitFor(ctx, name, init, ttl, nil)
-	}
-	id, names := eventIDs.Add(1), []string{name}
-	var started time.Time
-	stored, err = c.latchWaitFor(ctx, name, init, ttl, func() {
-		if started.IsZero() {
-			started = time.Now()
-			c.observe(Event{Kind: WaitStarted, Names: names, ID: id})
-		}
-	})
-	switch {
-	case started.IsZero():
-	case err == nil && stored == 0:
-		c.observe(Event{Kind: WaitEnded, Names: names, Wait: time.Since(started), ID: id})
-	default:
-		c.observe(Event{Kind: WaitAbandoned, Names: names, Wait: time.Since(started), Err: err, ID: id})
-	}
-	return stored, err
-}
-
-// latchWaitFor is latchWait; waiting (when not nil) is called each time
-// its waiter is registered in Redis to wait.
-func (c *Client) latchWaitFor(ctx context.Context, name string, init int64, ttl time.Duration, waiting func()) (stored int64, err error) {
+// latch is stored with, when that is another. waiting (when not nil) is
+// called each time its waiter is registered in Redis to wait: a
+// waitReport's (reportWait), for the client's observer.
+func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl time.Duration, waiting func()) (stored int64, err error) {
 	const op = "wait latch"
 	lk, err := c.latchStart(ctx, op, name)
 	if err != nil {

@@ -20,12 +20,15 @@ func TestLeaseRenewedWhileHeld(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := fltest.New(t, b)
 		ctx := context.Background()
-		const ttl = 150 * time.Millisecond
+		// Renewed every 200 ms: past two TTLs only by renewals, and lost
+		// only if this process cannot run for about 0.4 s (a 150 ms lease
+		// was lost on a machine at load 6).
+		const ttl = 600 * time.Millisecond
 		l, err := newSem(e.Client(fairlock.WithLeaseTTL(ttl)), "renew", 1).Acquire(ctx, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(5 * ttl)
+		time.Sleep(2 * ttl)
 		if _, err := newSem(e.Client(), "renew", 1).TryAcquire(ctx, 1); !errors.Is(err, fairlock.ErrNotAcquired) {
 			t.Fatalf("TryAcquire while renewed = %v, want ErrNotAcquired", err)
 		}

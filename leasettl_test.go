@@ -242,7 +242,7 @@ func TestRequestLeaseTTLRenewed(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := fltest.New(t, b)
 		ctx := context.Background()
-		const ttl = 150 * time.Millisecond
+		const ttl = 600 * time.Millisecond
 		renewed := new(ttlRenewals)
 		c := e.Client(fairlock.WithObserver(renewed))
 		l, err := c.Acquire(ctx, mutexTTL("one", ttl))
@@ -253,17 +253,20 @@ func TestRequestLeaseTTLRenewed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		const held = time.Second
-		time.Sleep(held)
+		// Each renews about every 200ms: ten renewals of the two in
+		// about a second; with the client's TTL (10s), two in 5s.
+		start := time.Now()
+		for renewed.n.Load() < 10 && time.Since(start) < 5*time.Second {
+			time.Sleep(10 * time.Millisecond)
+		}
+		held := time.Since(start)
+		if n := renewed.n.Load(); n < 10 {
+			t.Errorf("%d renewals in %v of two leases with TTL %v, want 10 in about a second", n, held, ttl)
+		}
 		for _, x := range []*fairlock.Lease{l, all} {
 			if err := x.Err(); err != nil {
 				t.Fatalf("%s: Err() after %v with LeaseTTL %v = %v", x.Name(), held, ttl, err)
 			}
-		}
-		// Each renews about every 50ms: some 40 renewals; with the
-		// client's TTL (10s) there would be none yet.
-		if n := renewed.n.Load(); n < 10 {
-			t.Errorf("%d renewals in %v of two leases with TTL %v, want some 40", n, held, ttl)
 		}
 		other := e.Client()
 		for _, name := range []string{"one", "a", "b"} {

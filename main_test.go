@@ -13,7 +13,9 @@ import (
 // state machines per property test (a few dozen with -short, the quick
 // tier), and every script of every client failing with FAIRLOCK_HALF_RUN
 // if it errors after its first write (tests that swap a script replace
-// this transform while they run). redistest.Main starts the real server.
+// this transform while they run). Under -race, the long tier's test
+// binary without the detector (redistest.RunWithoutRace) is built in the
+// background from the start. redistest.Main starts the real server.
 func TestMain(m *testing.M) {
 	flag.Parse()
 	given := false
@@ -26,5 +28,6 @@ func TestMain(m *testing.M) {
 		_ = flag.Set("rapid.checks", checks)
 	}
 	setTestTransform(halfrun.Transform)
+	redistest.BuildWithoutRaceEarly()
 	redistest.Main(m)
 }

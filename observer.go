@@ -12,16 +12,20 @@ type EventKind int
 const (
 	// WaitStarted: a request joined a queue (it was not granted at once),
 	// a lease began to wait on a condition variable (semaphore.Cond.Wait),
-	// or a countdown latch's Wait (package latch) began to wait (the
-	// latch was not open).
+	// a countdown latch's Wait (package latch) began to wait (the latch
+	// was not open), or a cyclic barrier's Await (package barrier) began
+	// to wait (its arrival was registered, and was not its round's last:
+	// the last party's Await returns at once and reports nothing).
 	WaitStarted EventKind = iota + 1
 	// Granted: a request was granted, at once (Wait is 0) or after
 	// waiting (Wait is how long: for a condition wait, on the condition
 	// and then in the queue).
 	Granted
-	// WaitAbandoned: a queued request, or a latch's Wait, gave up (Err
-	// says why: the caller's context, Close, or Redis); Wait is how long
-	// it waited.
+	// WaitAbandoned: a queued request or a latch's Wait gave up, or a
+	// barrier's Await ended without its round completing (Err says why:
+	// the caller's context, Close, or Redis; for an Await also its round
+	// broken by another party, an error matching barrier.ErrBrokenBarrier);
+	// Wait is how long it waited.
 	WaitAbandoned
 	// LeaseRenewed: a renewal extended a lease; Held is its age.
 	LeaseRenewed
@@ -38,7 +42,8 @@ const (
 	LeaseLost
 	// WaitEnded: a wait that grants nothing ended because what it waited
 	// for happened: a countdown latch's Wait returned because the latch
-	// opened. Wait is how long it waited. No lease follows.
+	// opened, or a barrier's Await because its round completed. Wait is
+	// how long it waited. No lease follows.
 	WaitEnded
 )
 
@@ -57,10 +62,11 @@ func (k EventKind) String() string {
 type Event struct {
 	Kind EventKind
 	// Names are the semaphores of the request, in name order (one for a
-	// single semaphore), or the latch's name for a latch's Wait.
+	// single semaphore), the latch's name for a latch's Wait, or the
+	// barrier's for a barrier's Await.
 	Names []string
 	// Permits are the permits asked or held, of each semaphore in Names
-	// (nil for a latch's Wait, which asks for none).
+	// (nil for a latch's Wait or a barrier's Await, which ask for none).
 	Permits []int64
 	// Wait is how long the request waited (Granted, WaitAbandoned,
 	// WaitEnded).
@@ -72,7 +78,8 @@ type Event struct {
 	Err error
 	// ID tells one acquisition's events from another's, concurrent ones on
 	// the same semaphores included: it is set once per call of Acquire,
-	// TryAcquire or a condition wait (semaphore.Cond.Wait), unique in this process (never 0), and
+	// TryAcquire, a condition wait (semaphore.Cond.Wait), a latch's Wait
+	// or a barrier's Await, unique in this process (never 0), and
 	// carried by the events of the lease that call returned. Each wait,
 	// and each lease, is reported from its start to its end once: a lease
 	// a condition wait spends ends under its own ID, and the wait goes on under a
@@ -95,6 +102,52 @@ type Observer interface {
 // eventIDs hands out Event.ID, process-wide so that clients sharing an
 // observer never repeat one.
 var eventIDs atomic.Uint64
+
+// A waitReport reports to its client's observer one wait that grants
+// nothing: a countdown latch's Wait, a barrier's Await. The wait calls
+// waiting each time it is registered in Redis to wait; its caller calls
+// end with the error the call returns. The wait is reported, under one
+// ID, from WaitStarted (at the first waiting, however often it asks
+// again) to WaitEnded (end(nil): what it waited for happened) or
+// WaitAbandoned (with the error); one that never waited reports nothing,
+// its error included.
+type waitReport struct {
+	c       *Client
+	id      uint64
+	names   []string
+	started time.Time
+}
+
+// reportWait returns the report of a wait on name that grants nothing:
+// its waiting (nil when c has no observer, and nothing is reported) and
+// its end.
+func (c *Client) reportWait(name string) (waiting func(), end func(err error)) {
+	if c.cfg.observer == nil {
+		return nil, func(error) {}
+	}
+	w := &waitReport{c: c, id: eventIDs.Add(1), names: []string{name}}
+	return w.waiting, w.end
+}
+
+// waiting reports the wait's start, the first time it waits.
+func (w *waitReport) waiting() {
+	if w.started.IsZero() {
+		w.started = time.Now()
+		w.c.observe(Event{Kind: WaitStarted, Names: w.names, ID: w.id})
+	}
+}
+
+// end reports the wait's end, if it waited: WaitEnded when err is nil,
+// WaitAbandoned with err otherwise.
+func (w *waitReport) end(err error) {
+	switch {
+	case w.started.IsZero():
+	case err == nil:
+		w.c.observe(Event{Kind: WaitEnded, Names: w.names, Wait: time.Since(w.started), ID: w.id})
+	default:
+		w.c.observe(Event{Kind: WaitAbandoned, Names: w.names, Wait: time.Since(w.started), Err: err, ID: w.id})
+	}
+}
 
 // permits lists a plan's permits in name order.
 func (p plan) permits() []int64 {

@@ -80,7 +80,7 @@ func (m *machine) barrierAwait(t *rapid.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &bwaiter{a: a, cancel: cancel, index: int64(len(b.waiters)), res: make(chan bresult, 1)}
 	m.calls.Go(func() {
-		arr, err := a.c.barrierAwait(ctx, b.name, b.parties, b.ttl)
+		arr, err := a.c.barrierAwait(ctx, b.name, b.parties, b.ttl, nil)
 		w.res <- bresult{arr, err}
 	})
 	b.made = true

@@ -106,7 +106,7 @@ func (m *machine) latchWait(t *rapid.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &lwaiter{a: a, cancel: cancel, res: make(chan error, 1)}
 	m.calls.Go(func() {
-		stored, err := a.c.latchWait(ctx, l.name, l.init, l.ttl)
+		stored, err := a.c.latchWait(ctx, l.name, l.init, l.ttl, nil)
 		if err == nil && stored != 0 {
 			err = fmt.Errorf("stored with count %d", stored)
 		}

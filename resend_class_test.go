@@ -163,7 +163,7 @@ func isFairlockError(err error) bool {
 }
 
 func TestResentCallsActOnce(t *testing.T) {
-	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+	redistest.EachOffRace(t, func(t *testing.T, b *redistest.Backend) {
 		for _, fast := range []bool{true, false} {
 			t.Run(fmt.Sprintf("fast=%v", fast), func(t *testing.T) {
 				pair := newResendPair(t, b.Real(), fast)

@@ -16,7 +16,7 @@ import (
 // has dropped yet.
 func TestStatusCountsEveryLease(t *testing.T) {
 	redistest.Long(t) // waits on real time for seconds: the full suite
-	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+	redistest.EachOffRace(t, func(t *testing.T, b *redistest.Backend) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		const name, capacity, live, dead = "many", 10000, 4100, 150

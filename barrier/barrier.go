@@ -17,6 +17,12 @@
 // broken by a dead party ends within that party's waiter TTL and a third
 // of the others' (their process's next refresh finds it so).
 //
+// A client's observer ([fairlock.WithObserver]) sees each Await that
+// waited from [fairlock.WaitStarted] to [fairlock.WaitEnded] (its round
+// completed) or [fairlock.WaitAbandoned] (its round broke, its context
+// ended, its client closed or Redis failed: Err is Await's error); the
+// round's last party, which does not wait, reports nothing.
+//
 // A [Barrier] holds no per-call state and is safe for concurrent use; it
 // is cheap, and may be created per call.
 package barrier
@@ -176,8 +182,26 @@ func (b *Barrier) mismatch(op string, stored int64) error {
 // one of the barrier's keys with [fairlock.ErrForeignKey], both having
 // changed nothing; Redis failing, or a waiter its process could not keep
 // alive, yields [fairlock.ErrRedis], and breaks the round.
+//
+// The client's observer ([fairlock.WithObserver]) sees an Await that
+// waited, under one ID naming the barrier, from [fairlock.WaitStarted]
+// (its arrival registered in Redis) to [fairlock.WaitEnded] (its round
+// completed; Wait is how long it waited) or [fairlock.WaitAbandoned] (Err
+// is the error Await returns: its round broke, matching
+// [ErrBrokenBarrier], its context ended, its client closed, or Redis
+// failed). An Await that did not wait reports nothing: the round's last
+// party, whose arrival completes the round and returns at once, and one
+// that fails before its arrival is registered.
 func (b *Barrier) Await(ctx context.Context) (Arrival, error) {
-	a, err := engine.BarrierAwait(ctx, b.c, b.name, int64(b.parties), b.ttl)
+	waiting, end := engine.ReportWait(b.c, b.name)
+	arr, err := b.await(ctx, waiting)
+	end(err)
+	return arr, err
+}
+
+// await is Await; waiting is its observer's report of the wait's start.
+func (b *Barrier) await(ctx context.Context, waiting func()) (Arrival, error) {
+	a, err := engine.BarrierAwait(ctx, b.c, b.name, int64(b.parties), b.ttl, waiting)
 	switch {
 	case err != nil:
 		return Arrival{}, err

@@ -73,6 +73,12 @@ func TestFlags(t *testing.T) {
 // The smoke run: every scenario, every implementation, briefly, on the
 // embedded Redis, checked through the JSON report.
 func TestSmokeEveryScenario(t *testing.T) {
+	// This run of the whole harness and TestAutoBackend's mostly wait: on
+	// their drains' limits, their wake-ups, their servers. Each has its
+	// own server, and neither judges a time: they run side by side.
+	// (TestOtherClientsPeers judges its drain by a time limit: it runs
+	// alone, before them.)
+	t.Parallel()
 	svgDir := filepath.Join(t.TempDir(), "img")
 	rep, report := runJSON(t, "-duration", "60ms", "-max-queue", "100", "-svg", svgDir)
 	checkFigures(t, rep, report, svgDir)
@@ -173,6 +179,7 @@ func TestSmokeEveryScenario(t *testing.T) {
 
 // -redis auto starts a redis-server from PATH (CI must have one).
 func TestAutoBackend(t *testing.T) {
+	t.Parallel() // beside TestSmokeEveryScenario: see there
 	if testing.Short() {
 		t.Skip("long: a real server's run for seconds; runs in the full suite (without -short)")
 	}

@@ -16,11 +16,11 @@
 //
 //	fairlock.wait.duration   histogram, s   how long a queued request waited (0 for one granted at
 //	                                        once); fairlock.outcome granted or abandoned (or opened,
-//	                                        for a latch's Wait)
+//	                                        for a latch's Wait or a barrier's Await)
 //	fairlock.hold.duration   histogram, s   how long a lease was held; fairlock.outcome released or lost
 //	fairlock.acquisitions    counter        acquisitions that ended: fairlock.outcome granted, or
 //	                                        abandoned with fairlock.reason canceled, deadline,
-//	                                        closed, redis or other
+//	                                        closed, redis, broken (a barrier's round) or other
 //	fairlock.leases.lost     counter        leases that ended without a release; fairlock.reason
 //	                                        expired, redis, closed or other
 //	fairlock.waiters         up-down        requests of this process in a queue now
@@ -36,7 +36,11 @@
 // name (in fairlock.semaphore): counted in fairlock.waiters while it
 // waits, with a "fairlock.wait" span, and in fairlock.wait.duration with
 // the outcome opened when the latch opened; one that gives up is
-// reported as an abandoned acquisition is.
+// reported as an abandoned acquisition is. A cyclic barrier's Await
+// (package barrier) that waited is reported the same way under the
+// barrier's name: opened when its round completed, abandoned when it
+// ended otherwise, with the reason broken when another party broke the
+// round. The round's last party, which does not wait, is not counted.
 //
 // # Spans
 //
@@ -56,6 +60,7 @@ import (
 	"sync"
 
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/barrier"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -72,7 +77,7 @@ const (
 	// multi-lock).
 	SemaphoreKey = attribute.Key("fairlock.semaphore")
 	// OutcomeKey is granted or abandoned (acquisitions, waits), opened (a
-	// latch's waits), released or lost (holds).
+	// latch's or a barrier's waits), released or lost (holds).
 	OutcomeKey = attribute.Key("fairlock.outcome")
 	// ReasonKey says why a wait was abandoned or a lease lost.
 	ReasonKey = attribute.Key("fairlock.reason")
@@ -242,7 +247,8 @@ func (o *Observer) Observe(e fairlock.Event) {
 		o.acquisitions.Add(ctx, 1, metric.WithAttributes(append(name, OutcomeKey.String("abandoned"), ReasonKey.String(reason))...))
 
 	case fairlock.WaitEnded:
-		// A wait that grants nothing ended (a latch opened): no lease.
+		// A wait that grants nothing ended (a latch opened, a barrier's
+		// round completed): no lease.
 		o.mu.Lock()
 		r := o.live[e.ID]
 		delete(o.live, e.ID)
@@ -314,9 +320,12 @@ func (o *Observer) nameAttrs(names []string) []attribute.KeyValue {
 	return out
 }
 
-// abandonReason classifies why a wait ended without a grant.
+// abandonReason classifies why a wait ended without a grant: broken is
+// a barrier's round that another party broke.
 func abandonReason(err error) string {
 	switch {
+	case errors.Is(err, barrier.ErrBrokenBarrier):
+		return "broken"
 	case errors.Is(err, context.Canceled):
 		return "canceled"
 	case errors.Is(err, context.DeadlineExceeded):

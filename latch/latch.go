@@ -157,20 +157,27 @@ func (l *Latch) CountDown(ctx context.Context) error {
 //
 // The client's observer ([fairlock.WithObserver]) sees a Wait that had
 // to wait from [fairlock.WaitStarted] to [fairlock.WaitEnded] (the latch
-// opened) or [fairlock.WaitAbandoned], under one ID; a Wait on an open
-// latch reports nothing.
+// opened) or [fairlock.WaitAbandoned] (Err is the error Wait returns),
+// under one ID; a Wait that did not wait (on an open latch, or failing
+// first) reports nothing.
 func (l *Latch) Wait(ctx context.Context) error {
-	stored, err := engine.LatchWait(ctx, l.c, l.name, l.count, l.ttl)
+	waiting, end := engine.ReportWait(l.c, l.name)
+	stored, err := engine.LatchWait(ctx, l.c, l.name, l.count, l.ttl, waiting)
 	if err == nil && stored > 0 {
-		return l.mismatch("wait latch", stored)
+		err = l.mismatch("wait latch", stored)
 	}
+	end(err)
 	return err
 }
 
 // Count returns the latch's count now, by a read that changes nothing: its
 // handle's count when the latch does not exist in Redis (no call has made
 // it, or its keys expired). Its errors are CountDown's; it is never sent
-// twice by fairlock itself.
+// twice by fairlock itself. It reads the master and does not wait for
+// replicas, even with [fairlock.WithReplicaAck]: it can see a count down
+// that failed unacknowledged, which a failover can then lose (the count
+// is read higher again); a count down that WithReplicaAck acknowledged
+// is never lost so.
 func (l *Latch) Count(ctx context.Context) (int64, error) {
 	n, stored, err := engine.LatchCount(ctx, l.c, l.name, l.count)
 	if err == nil && stored > 0 {

@@ -89,15 +89,25 @@ var (
 	// its count for ttl, and returns the count after (or stored, as
 	// LatchCount); the call that reaches 0 wakes every waiter.
 	LatchDown func(ctx context.Context, c any, name string, init int64, ttl time.Duration) (count, stored int64, err error)
+	// ReportWait returns the report to c's observer of one wait on name
+	// that grants nothing (a latch's Wait, a barrier's Await): waiting, to
+	// pass to LatchWait or BarrierAwait (nil when c has no observer), and
+	// end, to call with the error the wait's caller returns. The wait is
+	// reported from fairlock.WaitStarted, the first time it waits, to
+	// fairlock.WaitEnded (end(nil)) or fairlock.WaitAbandoned (with the
+	// error); one that never waited reports nothing.
+	ReportWait func(c any, name string) (waiting func(), end func(err error))
 	// LatchWait returns once the latch name's count is 0 (or stored, as
 	// LatchCount), or when ctx ends (its waiter withdrawn in the
-	// background).
-	LatchWait func(ctx context.Context, c any, name string, init int64, ttl time.Duration) (stored int64, err error)
+	// background). waiting (when not nil) is called each time its waiter
+	// is registered in Redis to wait.
+	LatchWait func(ctx context.Context, c any, name string, init int64, ttl time.Duration, waiting func()) (stored int64, err error)
 	// BarrierAwait arrives at the barrier name (made with parties, its
 	// state kept ttl) and returns when the round it arrived in ends,
 	// completed or broken; or when ctx ends (the round then breaks in the
-	// background).
-	BarrierAwait func(ctx context.Context, c any, name string, parties int64, ttl time.Duration) (Arrival, error)
+	// background). waiting (when not nil) is called once its arrival is
+	// registered in Redis to wait: never for the round's last party.
+	BarrierAwait func(ctx context.Context, c any, name string, parties int64, ttl time.Duration, waiting func()) (Arrival, error)
 	// BarrierStatus returns the barrier's round and its waiting parties.
 	// With parties 0 it reads whatever parties are stored, and returns
 	// them as Stored (0 when the barrier does not exist).

@@ -101,11 +101,14 @@ func (e *deadlineEnv) calls(t *testing.T) []timedCall {
 }
 
 // result is how one call ended: late is how long after its context's
-// deadline it returned (negative: before).
+// deadline it returned (negative: before); starved is how late this
+// process saw that deadline pass (0 when on time), measured by a goroutine
+// that does nothing but wait for the context: a process starved of CPU
+// sees every deadline late, and a call then answers for what it adds.
 type result struct {
-	name string
-	late time.Duration
-	err  error
+	name          string
+	late, starved time.Duration
+	err           error
 }
 
 // runRound runs calls at once, each under a context with deadline d, and
@@ -119,8 +122,21 @@ func runRound(calls []timedCall, d time.Duration) []result {
 			deadline := time.Now().Add(d)
 			ctx, cancel := context.WithDeadline(context.Background(), deadline)
 			defer cancel()
+			seen := make(chan time.Time, 1)
+			go func() {
+				<-ctx.Done()
+				seen <- time.Now()
+			}()
 			l, err := cl.run(ctx)
-			out[i] = result{name: cl.name, late: time.Since(deadline), err: err}
+			returned := time.Now()
+			cancel()
+			// The process saw its deadline pass when the control woke, or
+			// (the control not run yet) not before the call returned.
+			saw := <-seen
+			if saw.After(returned) {
+				saw = returned
+			}
+			out[i] = result{name: cl.name, late: returned.Sub(deadline), starved: max(saw.Sub(deadline), 0), err: err}
 			if l != nil {
 				rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
 				_ = l.Release(rctx)
@@ -132,15 +148,21 @@ func runRound(calls []timedCall, d time.Duration) []result {
 	return out
 }
 
-// checkLate fails the test for each result later than lateBound, and logs
-// all of them.
+// checkLate fails the test for each result that returned more than
+// lateBound after this process saw its deadline pass, and logs all of
+// them.
 func checkLate(t *testing.T, fault string, d time.Duration, rs []result) {
 	t.Helper()
 	var lines []string
 	for _, r := range rs {
-		lines = append(lines, fmt.Sprintf("%s %+dms (%v)", r.name, r.late.Milliseconds(), short(r.err)))
-		if r.late > lateBound {
-			t.Errorf("%s, deadline %v: %s returned %v after its context ended (bound %v): %v", fault, d, r.name, r.late.Round(time.Millisecond), lateBound, r.err)
+		line := fmt.Sprintf("%s %+dms (%v)", r.name, r.late.Milliseconds(), short(r.err))
+		if r.starved > 0 {
+			line += fmt.Sprintf(" [deadline seen %+dms]", r.starved.Milliseconds())
+		}
+		lines = append(lines, line)
+		if r.late-r.starved > lateBound {
+			t.Errorf("%s, deadline %v: %s returned %v after its context ended, %v after this process saw it end (bound %v): %v",
+				fault, d, r.name, r.late.Round(time.Millisecond), (r.late - r.starved).Round(time.Millisecond), lateBound, r.err)
 		}
 	}
 	t.Logf("%s, deadline %v: returned after the deadline by: %s", fault, d, strings.Join(lines, ", "))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/fairlock/fairlock/barrier"
@@ -14,7 +15,9 @@ import (
 // awaits one cyclic barrier, barrierName, made with barrierParties (one
 // party per child), round after round, each Await under the call
 // timeout. An Await whose context ends breaks its round for the other
-// parties; every party then arrives again and begins the next round.
+// parties; every party then arrives again and begins the next round. An
+// Await still running when the child is told to stop is cancelled (error
+// class "stopped"): the parties told before it will not arrive.
 const (
 	barrierName    = "br"
 	barrierParties = 3 // the children of a run (children in the tests)
@@ -32,7 +35,7 @@ func barrierTraffic(stop context.Context, w *worker) {
 	}
 	for stop.Err() == nil {
 		op := Op{Child: w.child, Client: w.client, Kind: "barrier_await", Res: barrierName, Call: now()}
-		ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
+		ctx, cancel := context.WithTimeout(stop, w.timeout)
 		dl, _ := ctx.Deadline()
 		op.Deadline = dl.UnixMicro()
 		a, err := b.Await(ctx)
@@ -85,6 +88,17 @@ type BarrierResult struct {
 func CheckBarrier(h History, pauses []Pause, lim Limits) BarrierResult {
 	var res BarrierResult
 	var calls Result
+	// A violation whose calls meet a fault's span is marked (lossMark),
+	// and named apart from the others.
+	var marked, unmarked []string
+	violate := func(from, till int64, format string, args ...any) {
+		v := fmt.Sprintf(format, args...)
+		if m := near(lim.Faults, from, till); m != "" {
+			marked = append(marked, m+v)
+		} else {
+			unmarked = append(unmarked, v)
+		}
+	}
 	type round struct {
 		done, broken []Op
 	}
@@ -127,7 +141,7 @@ func CheckBarrier(h History, pauses []Pause, lim Limits) BarrierResult {
 			at(op.N).done = append(at(op.N).done, op)
 		}
 		if p, ok := last[op.Client]; ok && op.N <= p.N {
-			calls.violate("barrier: client %d's Await reported round %d after its earlier Await reported round %d", op.Client, op.N, p.N)
+			violate(p.Call, op.Return, "barrier: client %d's Await reported round %d after its earlier Await reported round %d", op.Client, op.N, p.N)
 		}
 		last[op.Client] = op
 	}
@@ -142,20 +156,24 @@ func CheckBarrier(h History, pauses []Pause, lim Limits) BarrierResult {
 			continue
 		}
 		res.Rounds++
+		from, till := int64(1<<62), int64(0)
+		for _, op := range append(append([]Op(nil), r.done...), r.broken...) {
+			from, till = min(from, op.Call), max(till, op.Return)
+		}
 		if len(r.broken) > 0 {
-			calls.violate("barrier round %d both completed (for client %d) and broke (for client %d)", n, r.done[0].Client, r.broken[0].Client)
+			violate(from, till, "barrier round %d both completed (for client %d) and broke (for client %d)", n, r.done[0].Client, r.broken[0].Client)
 		}
 		seen := map[int]bool{}
 		maxCall, minRet := int64(0), int64(1<<62)
 		for _, op := range r.done {
 			if op.Index < 0 || op.Index >= barrierParties || seen[op.Index] {
-				calls.violate("barrier round %d: index %d out of [0, %d) or given twice", n, op.Index, barrierParties)
+				violate(from, till, "barrier round %d: index %d out of [0, %d) or given twice", n, op.Index, barrierParties)
 			}
 			seen[op.Index] = true
 			maxCall, minRet = max(maxCall, op.Call), min(minRet, op.Return)
 		}
 		if maxCall >= minRet {
-			calls.violate("barrier round %d: an Await returned it at %d, before another Await of it was called at %d", n, minRet, maxCall)
+			violate(from, till, "barrier round %d: an Await returned it at %d, before another Await of it was called at %d", n, minRet, maxCall)
 		}
 		if missing := barrierParties - len(r.done); missing > 0 {
 			could := 0
@@ -165,20 +183,27 @@ func CheckBarrier(h History, pauses []Pause, lim Limits) BarrierResult {
 				}
 			}
 			if could < missing {
-				calls.violate("barrier round %d completed with %d Arrivals (indices %v) and %d Awaits whose outcome is unknown, not %d parties", n, len(r.done), indices(r.done), could, barrierParties)
+				violate(from, till, "barrier round %d completed with %d Arrivals (indices %v) and %d Awaits whose outcome is unknown, not %d parties", n, len(r.done), indices(r.done), could, barrierParties)
 			}
 		}
 	}
 	res.Violations = calls.Violations
-	if n := len(res.Violations); n > maxBarrierViolations {
-		res.Violations = append(res.Violations[:maxBarrierViolations:maxBarrierViolations],
-			fmt.Sprintf("barrier: %d violations more", n-maxBarrierViolations))
+	for _, vs := range [][]string{unmarked, marked} {
+		if n := len(vs); n > maxBarrierViolations {
+			mark := ""
+			if strings.HasPrefix(vs[0], lossMark) {
+				mark = lossMark
+			}
+			vs = append(vs[:maxBarrierViolations:maxBarrierViolations], fmt.Sprintf("%sbarrier: %d violations more", mark, n-maxBarrierViolations))
+		}
+		res.Violations = append(res.Violations, vs...)
 	}
 	return res
 }
 
-// maxBarrierViolations is how many violations CheckBarrier names; a rule
-// broken in every round would otherwise name each.
+// maxBarrierViolations is how many violations CheckBarrier names, of those
+// near a fault and of the others each; a rule broken in every round would
+// otherwise name each.
 const maxBarrierViolations = 10
 
 func indices(ops []Op) []int {

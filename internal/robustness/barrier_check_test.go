@@ -67,3 +67,95 @@ func TestCheckBarrier(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckNearAFault requires CheckBarrier and CheckLatch to mark
+// (lossMark) a violation whose calls meet a fault's span, and only such a
+// violation: a fault that loses writes allows those alone (lostWrites).
+func TestCheckNearAFault(t *testing.T) {
+	faulted := lim
+	faulted.Faults = []Span{{From: 100, Till: 200}}
+	short := func(call, ret, round int64) []Op { // a round completed a party short
+		return []Op{await(1, call, ret, round, 0, ""), await(2, call+1, ret, round, 1, "")}
+	}
+	latchOps := func(call int64, name string) []Op { // a Wait that opened a latch no one counted down
+		return []Op{{Client: 1, Kind: "latch_wait", Res: name, Call: call, Return: call + 10}}
+	}
+	for _, tc := range []struct {
+		name   string
+		ops    []Op
+		marked bool
+	}{
+		{"a barrier round before the span", short(0, 10, 1), false},
+		{"a barrier round that meets the span", short(95, 105, 1), true},
+		{"a barrier round after the span", short(300, 310, 1), false},
+		{"a latch before the span", latchOps(0, "{lt}:0"), false},
+		{"a latch that meets the span", latchOps(195, "{lt}:0"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := History{Ops: tc.ops}
+			vs := append(CheckBarrier(h, nil, faulted).Violations, CheckLatch(h, nil, faulted).Violations...)
+			if len(vs) == 0 {
+				t.Fatal("no violation")
+			}
+			for _, v := range vs {
+				if got := strings.HasPrefix(v, lossMark); got != tc.marked || anyPart(v, lostWrites) != tc.marked {
+					t.Errorf("marked (allowed under a fault that loses writes) %v, want %v: %s", got, tc.marked, v)
+				}
+			}
+		})
+	}
+}
+
+// A count down that failed unacknowledged near a failover can be read by a
+// Count and then lost: the latch's violation is marked as such (which the
+// rows with WithReplicaAck allow), and only when such a count down meets
+// the fault's span. The history is the one a failover with
+// WithReplicaAck(1) produced: two count downs acknowledged (3 -> 2 -> 1), a
+// third timed out, Counts read 0, then 1 once the replica took over.
+func TestCheckUnacknowledgedCountDown(t *testing.T) {
+	down := func(client int, call, ret, n int64, err string) Op {
+		op := Op{Client: client, Kind: "latch_down", Res: "{lt}:1", Call: call, Return: ret, N: n}
+		if err != "" {
+			op.Err, op.Class = err, "deadline"
+		}
+		return op
+	}
+	count := func(client int, call, ret, n int64) Op {
+		return Op{Client: client, Kind: "latch_count", Res: "{lt}:1", Call: call, Return: ret, N: n}
+	}
+	history := func(failedAt int64) []Op {
+		return []Op{
+			down(36, 1000, 1010, 2, ""), down(4, 1020, 1030, 1, ""), down(20, failedAt, failedAt+1960, 0, "context deadline exceeded"),
+			count(4, 1050, 1060, 1), count(20, 3010, 3020, 0), count(36, 3015, 3025, 0), count(4, 3030, 3040, 1), count(20, 4000, 4010, 1),
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		failedAt int64 // when the unacknowledged count down was called
+		spans    []Span
+		mark     string
+	}{
+		{"its count down failed in the span", 1040, []Span{{From: 1035, Till: 5000}}, unackedMark},
+		{"its count down failed before the span", 1040, []Span{{From: 2000, Till: 5000}}, lossMark},
+		{"no span", 1040, nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := lim
+			l.Faults = tc.spans
+			vs := CheckLatch(History{Ops: history(tc.failedAt)}, nil, l).Violations
+			if len(vs) != 1 {
+				t.Fatalf("violations %q, want one", vs)
+			}
+			got := ""
+			for _, m := range []string{unackedMark, lossMark} {
+				if strings.HasPrefix(vs[0], m) {
+					got = m
+					break
+				}
+			}
+			if got != tc.mark {
+				t.Errorf("marked %q, want %q: %s", got, tc.mark, vs[0])
+			}
+		})
+	}
+}

@@ -91,6 +91,40 @@ type Limits struct {
 	// reported as a violation, so that a check that did not finish cannot
 	// pass.
 	Linearizability time.Duration
+	// Faults are the spans (µs, the host's clock) in which a fault may
+	// have lost writes Redis acknowledged, widened by lossBefore and
+	// lossAfter. CheckLatch and CheckBarrier mark a violation whose calls
+	// meet one with lossMark; a fault that is documented to lose writes
+	// allows those (lostWrites), and no others.
+	Faults []Span
+}
+
+// A Span is a stretch of the host's clock, in µs.
+type Span struct{ From, Till int64 }
+
+// lossMark begins a latch's or barrier's violation whose calls meet a
+// fault's span (Limits.Faults).
+const lossMark = "near a fault: "
+
+// How far a fault's span reaches before it was injected and after it was
+// healed. Before: a restart with appendfsync everysec loses the writes of
+// the last second or so; a failover starts its span itself, at a moment
+// the replica is known to have every write acknowledged before (caughtUp).
+// After: the old master rejoins as a replica within a second or so, while
+// clients that still reach it may write there.
+const (
+	lossBefore = 2 * time.Second
+	lossAfter  = 3 * time.Second
+)
+
+// near returns mark if [from, till] meets one of spans, else "".
+func near(spans []Span, from, till int64) string {
+	for _, s := range spans {
+		if from <= s.Till && till >= s.From {
+			return lossMark
+		}
+	}
+	return ""
 }
 
 // Result is what Check found.

@@ -45,8 +45,9 @@ const (
 	semName   = "sem"
 	semCap    = 3
 	rwName    = "rw"
-	multiA    = "{ml}:a"
-	multiB    = "{ml}:b"
+	multiTag  = "ml"
+	multiA    = "{" + multiTag + "}:a"
+	multiB    = "{" + multiTag + "}:b"
 )
 
 // A Target is the Redis a child is given (through the child's proxy, for
@@ -327,6 +328,7 @@ func classify(err error) string {
 		err  error
 	}{
 		{"deadline", context.DeadlineExceeded},
+		{"stopped", context.Canceled}, // the child was told to stop (latch and barrier calls)
 		{"lease-lost", fairlock.ErrLeaseLost},
 		{"not-replicated", fairlock.ErrNotReplicated},
 		{"incompatible", fairlock.ErrIncompatible},

@@ -81,7 +81,12 @@
 // every semaphore. A fault the docs say may break a promise (a restart
 // that loses acknowledged writes, a failover without WithReplicaAck) may
 // show the violations it is documented to cause; they are reported, not
-// failed. The short run (go test) injects each fault once, for a second or
+// failed. On a latch or a barrier those are allowed only where the calls
+// meet the fault's span (Limits.Faults, lostWrites): a failover's starts
+// once the replica holds every write the master acknowledged (caughtUp).
+// TestLatchUnderFaults and TestBarrierUnderFaults pick their rows from
+// the same table (objectFaults); -robustness.mutate runs them with a
+// rule of the Lua broken, and they must then fail. The short run (go test) injects each fault once, for a second or
 // two; -robustness.long injects each -robustness.rounds times and
 // -robustness.report writes the per-fault table (docs/reliability.md holds
 // the latest). Under -short only the fault-free run and the checks' own

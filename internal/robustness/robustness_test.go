@@ -22,6 +22,7 @@ import (
 )
 
 var (
+	mutate = flag.String("robustness.mutate", "", "a Mutations name the children of TestLatchUnderFaults and TestBarrierUnderFaults run with: the checks must then fail those tests")
 	long   = flag.Bool("robustness.long", false, "inject each fault many times (-robustness.rounds), with longer calm spans, instead of once")
 	rounds = flag.Int("robustness.rounds", 10, "with -robustness.long, how many times each fault is injected")
 )
@@ -91,10 +92,17 @@ type env struct {
 	proxies  []*Proxy
 	kids     []*kid
 	target   int // the child a one-child fault strikes this round
+	// slotTags are the hash tags of the traffic's objects: a Cluster slot
+	// move moves their slots (moveSlots).
+	slotTags []string
 
 	// switched is when the nemesis last saw the sentinels name a new
 	// master (see failover).
 	switched time.Time
+	// injected, when a fault sets it, is the earliest moment (µs) from
+	// which it may lose writes (failover: see caughtUp); a fault's span
+	// (Limits.Faults) then starts there, not lossBefore before the fault.
+	injected int64
 
 	mu     sync.Mutex
 	pauses []Pause
@@ -172,7 +180,13 @@ func run(t *testing.T, sc scenario) Result {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	e := &env{}
+	e := &env{slotTags: []string{mutexName, semName, rwName, multiTag}}
+	if sc.latch {
+		e.slotTags = append(e.slotTags, latchTag)
+	}
+	if sc.barrier {
+		e.slotTags = append(e.slotTags, barrierName)
+	}
 	var redisEnv func(i int) string
 	switch sc.deploy {
 	case "":
@@ -243,13 +257,20 @@ func run(t *testing.T, sc scenario) Result {
 	}
 	time.Sleep(calm)
 	healed := make([]int64, children) // when a one-child fault on each was last healed
+	var spans []Span                  // each fault's, for Limits.Faults
 	for round := range n {
 		e.target = round % children
 		if sc.fault != nil {
+			from := now() - lossBefore.Microseconds()
+			e.injected = 0
 			heal := sc.fault(t, e)
+			if e.injected != 0 {
+				from = e.injected
+			}
 			time.Sleep(sc.hold)
 			heal()
 			healed[e.target] = now()
+			spans = append(spans, Span{From: from, Till: healed[e.target] + lossAfter.Microseconds()})
 		}
 		time.Sleep(calm)
 	}
@@ -278,7 +299,7 @@ func run(t *testing.T, sc scenario) Result {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim := Limits{Slack: slack, Linearizability: time.Minute}
+	lim := Limits{Slack: slack, Linearizability: time.Minute, Faults: spans}
 	res := Check(h, store.Finals(), e.pauses, lim)
 	res.Notes = e.notes()
 	if sc.latch {
