@@ -134,8 +134,18 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 	}{
 		// The fast paths (lua/fast.lua) must do exactly what the general
 		// path does: each mutation breaks one fast path's use of a rule.
+		// (checks -1: a written-out scenario, writtenOut: a dead head
+		// before zq, which the machines seldom reach.)
 		{"fast release hands on to a dead head", "lua/fast.lua",
-			"      ok = waiter_alive(tonumber(got[2]), lat, born)\n", "      ok = true\n", 0, true},
+			"      ok = (hw.client ~= client and hseq >= st[ZQ]) or waiter_alive(hseq, lat, born)\n", "      ok = true\n", -1, true},
+		{"fast release trusts zq with the liveness bound due", "lua/fast.lua",
+			"not trim_due(st[TNEXT]) and (nq + nc <= 0 or nothing_due(lmin))\n  local head", "not trim_due(st[TNEXT])\n  local head", 0, true},
+		{"fast acquire writes a dead field anew without moving zq", "lua/fast.lua",
+			"      if lat and born == seq then f[k + 3], f[k + 4] = 'zq', ts end\n", "\n", 0, true},
+		{"a dead field written anew does not move zq", "lua/resource.lua",
+			"    if was and born == seq then r.zq = math.max(r.zq, seq) end\n", "\n", 0, false},
+		{"a dead field left out of lmin does not move zq", "lua/resource.lua",
+			"        r.zq = math.max(r.zq, r.seq + 1)\n", "\n", 0, false},
 		{"fast acquire does not lower the deadline bound", "lua/fast.lua",
 			"    if lat then low = lowered(lmin, lat) end\n", "\n", 0, true},
 		{"fast acquire barges", "lua/fast.lua",
@@ -323,6 +333,7 @@ var writtenOut = map[string]func(*testing.T, func(string) string) error{
 	"fast handoff leaves the hash's place empty":                      handoffToTheFreedPlace,
 	"lease bound not lowered":                                         leaseBoundLowered,
 	"a dead process's field written anew keeps its old waiters alive": deadProcessWaitersStayDead,
+	"fast release hands on to a dead head":                            deadProcessWaitersStayDead,
 }
 
 // leaseBoundLowered runs, through the general path (fast paths off,

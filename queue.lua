@@ -33,7 +33,11 @@
 --                earliest lease expiry in :h, ms: until then nothing
 --                there is due, and no script reads it), lmin (no later
 --                than the earliest live liveness deadline below, while
---                anybody waits); nc (waiters on the condition
+--                anybody waits); zq (the sequence number from which
+--                every queued waiter's process has a field whose
+--                deadline lmin bounds: such a waiter is alive while
+--                lmin is not due, with nothing read; see dead_below);
+--                nc (waiters on the condition
 --                variables bound to it); o, oe: one holder kept in the
 --                hash itself, "ticket permits client token" as in :h, and
 --                its lease expiry (ms), so that a semaphore with one
@@ -164,8 +168,8 @@ local IDLE_MS = 120000 -- an idle semaphore's state lives at most this long
 local KEY_SEP = '\031'
 
 -- A resource's five keys, in the order KEYS declares them (see above), by
--- name: <b>:s, <b>:q, <b>:d, <b>:h, <b>:t.
-local KS, KQ, KD, KH, KT = 1, 2, 3, 4, 5
+-- name: <b>:s, <b>:q, <b>:h, <b>:t; the third, <b>:d, is unused.
+local KS, KQ, KH, KT = 1, 2, 4, 5
 
 -- The state of one call, set by begin. The definitions below are made once
 -- per server (at the first call of the function library, see functions.go)

@@ -125,7 +125,7 @@ func TestGrantRecordsDoNotPile(t *testing.T) {
 			n := 0
 			for k, v := range kv {
 				switch {
-				case k == "cap" || k == "used" || k == "nh" || k == "nq" || k == "seq" || k == "exp" || k == "tnext" || k == "hmin" || k == "dmin" || k == "lmin" ||
+				case k == "cap" || k == "used" || k == "nh" || k == "nq" || k == "seq" || k == "exp" || k == "tnext" || k == "hmin" || k == "dmin" || k == "lmin" || k == "zq" ||
 					k == "nc" || k == "layout" || k == "oe":
 				case v == "x": // tombstones
 				case strings.HasPrefix(k, "l\x1f"): // processes' liveness

@@ -66,11 +66,12 @@ local function fast_acquire(K, a)
   local inh = nh - (o and 1 or 0)
   local hmin, lmin = bound_of(st[HMIN], inh), bound_of(st[LMIN], nq + nc)
   local grant = n and may_grant_now(nq, used, n, cap)
-  local ok = not st[MARK] and cap and n and lease and wait and cap == cap_of(a, 1) and not trim_due(st[TNEXT])
+  -- A liveness bound due is the general path's: it reads it anew.
+  local ok = not st[MARK] and cap and n and lease and wait and cap == cap_of(a, 1) and not trim_due(st[TNEXT]) and (nq + nc <= 0 or nothing_due(lmin))
   if ok and not grant then
-    -- No queue may move: nothing is due, and a queue with waiters is
-    -- full. The liveness bound must be known (for the reply).
-    local still = nh > 0 and nothing_due(hmin) and not (o and due(oe)) and nothing_due(lmin) and (used >= cap or nq <= 0)
+    -- No queue may move: nothing is due (the liveness bound: see ok),
+    -- and a queue with waiters is full.
+    local still = nh > 0 and nothing_due(hmin) and not (o and due(oe)) and (used >= cap or nq <= 0)
     ok = still
   end
   if not ok then return fast_defer(clock, S, st) end
@@ -107,6 +108,9 @@ local function fast_acquire(K, a)
     if born then
       local k = #f
       f[k + 1], f[k + 2] = live_field(client), live_value(at, born)
+      -- A dead field written anew leaves its process's older waiters
+      -- dead: zq passes them.
+      if lat and born == seq then f[k + 3], f[k + 4] = 'zq', ts end
       lat = at
     end
     low = lmin
@@ -178,10 +182,13 @@ local function fast_release(K, a)
     local single = hw and not hw.parts and hw.ticket ~= ticket
     w, ok = hw, single
     if ok then
-      -- A dead head is the general path's: it drops it and looks on.
-      local lat, born = st[LIVE], st[BORN]
-      if hw.client ~= client then lat, born = parse_live(redis.call('HGET', S, live_field(hw.client))) end
-      ok = waiter_alive(tonumber(got[2]), lat, born)
+      -- A dead head is the general path's: it drops it and looks on. A
+      -- head from zq on is alive while lmin is not due (ok says it is
+      -- not), with nothing read (see queue.lua); another process's older
+      -- one is looked up.
+      local hseq, lat, born = tonumber(got[2]), st[LIVE], st[BORN]
+      if hw.client ~= client and hseq < st[ZQ] then lat, born = parse_live(redis.call('HGET', S, live_field(hw.client))) end
+      ok = (hw.client ~= client and hseq >= st[ZQ]) or waiter_alive(hseq, lat, born)
     end
     if ok then
       after = used - n + w.n

@@ -100,7 +100,7 @@ local function check_layout(S, v, exists)
 end
 
 -- The fields of a resource's state row (read_state), by name.
-local CAP, USED, NH, NQ, SEQ, EXP, TNEXT, HMIN, NC, O, OE, LMIN, LIVE, MARK, EXISTS, BORN = 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15, 16, 17
+local CAP, USED, NH, NQ, SEQ, EXP, TNEXT, HMIN, NC, O, OE, LMIN, LIVE, MARK, EXISTS, BORN, ZQ = 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15, 16, 17, 18
 
 -- live_value is a liveness field's value: "deadline born", the process's
 -- waiters' deadline (ms) and the sequence number from which its waiters
@@ -131,7 +131,7 @@ end
 local function read_state(S, ticket, client)
   local f = { 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'nc', 'layout', 'o', 'oe', 'lmin' }
   if client then f[14] = live_field(client) else f[14] = 'layout' end
-  if ticket then f[15] = ticket end
+  f[15], f[16] = ticket or 'layout', 'zq'
   local st = redis.call('HMGET', S, unpack(f))
   -- Every state hash holds its sequence and its keys' expiry, or says
   -- its layout.
@@ -145,6 +145,6 @@ local function read_state(S, ticket, client)
   st[9], st[11], st[12], st[13], st[14] = tonumber(st[9]) or 0, st[11] or false, tonumber(st[12]), tonumber(st[13]), at
   local mark = st[15]
   if not (ticket and mark) then mark = inline_token(st[11], ticket) end
-  st[15], st[16], st[17] = mark, exists, born
+  st[15], st[16], st[17], st[18] = mark, exists, born, tonumber(st[16]) or 0
   return st
 end

@@ -39,8 +39,8 @@ local function load(base, k, ticket, client)
       by_base[base] = r
       return r
     end
-    for i = KS, KT do
-      if i ~= KD then reach(K[i], kind_of(i, 5)) end
+    for _, i in ipairs({ KS, KQ, KH, KT }) do
+      reach(K[i], kind_of(i, 5))
     end
   end
   local st
@@ -72,6 +72,9 @@ local function load(base, k, ticket, client)
     lmin = bound_of(st[LMIN], st[NQ] + st[NC]),
     -- as read, to write back only what changed
     used0 = st[USED], nh0 = st[NH], nq0 = st[NQ], seq0 = st[SEQ], hmin0 = st[HMIN], lmin0 = st[LMIN],
+    -- From which sequence number queued waiters are known alive while
+    -- lmin is not due (see queue.lua), and as read.
+    zq = st[ZQ], zq0 = st[ZQ],
     horizon = 0, -- latest deadline written by this script
     -- Keys this script added members to, which may have been created (or
     -- emptied and created again) here and so have no TTL yet.
@@ -130,12 +133,16 @@ local function keep_alive(r, client, wait, seq)
   if seq == nil then
     if not alive(at) or born == nil then return end
   else
+    local was = at
     born = live_write(at, born, wait, seq)
     if born == nil then
       -- Its waiters' deadline bounds the new one's.
       if at then r.lmin = lowered(r.lmin, at) end
       return
     end
+    -- A dead field written anew leaves its process's older waiters
+    -- dead: zq passes them (see queue.lua).
+    if was and born == seq then r.zq = math.max(r.zq, seq) end
   end
   if not r.lives[client] then r.lorder[#r.lorder + 1] = client end
   r.lives[client] = { now + wait, born }
@@ -155,7 +162,13 @@ local function live_bound(r)
   for i = 1, #all, 2 do
     if string.sub(all[i], 1, #pre) == pre and not r.lives[string.sub(all[i], #pre + 1)] then
       local at = parse_live(all[i + 1])
-      if alive(at) and at < low then low = at end
+      if alive(at) then
+        if at < low then low = at end
+      else
+        -- The new bound leaves this dead field out: zq passes every
+        -- waiter queued so far (see queue.lua).
+        r.zq = math.max(r.zq, r.seq + 1)
+      end
     end
   end
   for _, x in pairs(r.lives) do
@@ -315,6 +328,7 @@ local function finish_one(r)
   local f = {}
   if r.nq + r.nc > 0 and not nothing_due(r.lmin) then r.lmin = live_bound(r) end
   if r.nq + r.nc > 0 and r.lmin < math.huge then put(f, 'lmin', r.lmin, r.lmin0) end
+  put(f, 'zq', r.zq, r.zq0)
   for _, c in ipairs(r.lorder) do
     local x = r.lives[c]
     f[#f + 1], f[#f + 2] = live_field(c), live_value(x[1], x[2])

@@ -247,7 +247,7 @@ end
 -- the expiry moved or the script may have created it (new_h: holders
 -- added to an empty :h; new_q: a waiter to an empty :q; new_t: a
 -- tombstone to an empty :t). A key that holds nothing does not exist, and
--- takes no command. (The third key, KD, is unused: see queue.lua.)
+-- takes no command. (The third key, :d, is unused: see queue.lua.)
 local function expiring(K, moved, has_h, has_q, has_t, new_h, new_q, new_t, f, x)
   if moved then f(K[KS], x) end
   if has_t and (moved or new_t) then f(K[KT], x) end

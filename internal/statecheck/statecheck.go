@@ -415,6 +415,25 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 			}
 		}
 	}
+	// A queued waiter from zq on is alive while lmin is not due, with
+	// nothing more read (a fast release hands on to it so): its process
+	// has a field that counts it, with a deadline lmin bounds.
+	zq := num("zq")
+	for _, z := range q {
+		if int64(z.Score) < zq {
+			continue
+		}
+		f := strings.Fields(z.Member.(string))
+		l, ok := lives[f[2]]
+		switch {
+		case !ok:
+			return fmt.Errorf("waiter %q (from zq %d on) has no liveness field", z.Member, zq)
+		case int64(z.Score) < l.born:
+			return fmt.Errorf("waiter %q (from zq %d on) is older than its process's field (born %d)", z.Member, zq, l.born)
+		case st["lmin"] != "" && l.at < num("lmin"):
+			return fmt.Errorf("waiter %q (from zq %d on) has deadline %d, before lmin %s", z.Member, zq, l.at, st["lmin"])
+		}
+	}
 	// TTLs cover what the keys record.
 	covers := func(key string, at int64, what string) error {
 		if at > 0 && late[key] < at {
