@@ -138,8 +138,14 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		// before zq, which the machines seldom reach.)
 		{"fast release hands on to a dead head", "lua/fast.lua",
 			"      ok = (hw.client ~= client and hseq >= st[ZQ]) or waiter_alive(hseq, lat, born)\n", "      ok = true\n", -1, true},
+		{"a popped head not put back", "lua/fast.lua",
+			"      redis.call('ZADD', K[KQ], hscore, head)\n", "\n", 0, true},
+		// (checks -1: a written-out scenario, writtenOut: a head put back
+		// whose key went with it.)
+		{"a popped head put back without the keys' expiry", "lua/fast.lua",
+			"      fast_expire(K[KQ], exp0)\n", "\n", -1, true},
 		{"fast release trusts zq with the liveness bound due", "lua/fast.lua",
-			"not trim_due(st[TNEXT]) and (nq + nc <= 0 or nothing_due(lmin))\n  local head", "not trim_due(st[TNEXT])\n  local head", 0, true},
+			"not trim_due(st[TNEXT]) and (nq + nc <= 0 or nothing_due(lmin))\n  local at = nil", "not trim_due(st[TNEXT])\n  local at = nil", 0, true},
 		{"fast acquire writes a dead field anew without moving zq", "lua/fast.lua",
 			"      if lat and born == seq then f[k + 3], f[k + 4] = 'zq', ts end\n", "\n", 0, true},
 		{"a dead field written anew does not move zq", "lua/resource.lua",
@@ -334,6 +340,7 @@ var writtenOut = map[string]func(*testing.T, func(string) string) error{
 	"lease bound not lowered":                                         leaseBoundLowered,
 	"a dead process's field written anew keeps its old waiters alive": deadProcessWaitersStayDead,
 	"fast release hands on to a dead head":                            deadProcessWaitersStayDead,
+	"a popped head put back without the keys' expiry":                 poppedHeadPutBack,
 }
 
 // leaseBoundLowered runs, through the general path (fast paths off,

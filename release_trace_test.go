@@ -378,3 +378,41 @@ func deadProcessWaitersStayDead(t *testing.T, transform func(string) string) err
 	}
 	return nil
 }
+
+// A release on a semaphore of capacity 1 takes its queue's head with
+// ZPOPMIN; a head its fast path cannot serve (here a multi-lock request
+// that still waits for another semaphore) goes back as it was, key and
+// expiry, before the general path takes the release.
+func TestPoppedHeadPutBack(t *testing.T) {
+	if err := poppedHeadPutBack(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// poppedHeadPutBack is TestPoppedHeadPutBack on scripts changed by
+// transform: the error says what went wrong.
+func poppedHeadPutBack(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	a, b := "trace:{a}", "trace:{b}"
+	keysOf := func(base string) []string {
+		return []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}
+	}
+	ta := tokenOf(t, g.runOn(keysOf(a), "acquire", "TA", "PA", "200000", "3000", "", "1", "1"))
+	tokenOf(t, g.runOn(keysOf(b), "acquire", "TB", "PB", "200000", "3000", "", "1", "1"))
+	group := a + "\t1\t1\t" + b + "\t1\t1"
+	if got, _ := g.runOn(append(keysOf(a), keysOf(b)...), "acquire", "TM", "PM", "200000", "3000", group, "1", "1", "1", "1").([]any); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("the multi-request = %v, want queued", got)
+	}
+	g.advance(10)
+	if got, _ := g.runOn(keysOf(a), "release", "TA", "PA", "200000", "3000", "", "0", "1", ta).([]any); len(got) < 1 || got[0] != int64(1) {
+		return fmt.Errorf("the release = %v, want released", got)
+	}
+	st := statecheck.State{Prefix: "trace:", Bases: []string{a, b}, At: g.now / 1000, Shift: differential.ExpiryShift}
+	if err := statecheck.Check(context.Background(), g.r.RDB, st); err != nil {
+		return fmt.Errorf("%v\n%s", err, g.dump())
+	}
+	if d := g.dump(); !strings.Contains(d, "trace:{a}:q zset") && !strings.Contains(d, "trace:{b}:q zset") {
+		return fmt.Errorf("the multi-request no longer waits\n%s", d)
+	}
+	return nil
+}

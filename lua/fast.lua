@@ -160,6 +160,14 @@ end
 -- by the bounds: then the head is granted and told. The released ticket
 -- leaves no trace; a resource left idle is deleted when it may be
 -- (may_delete).
+--
+-- On a resource of capacity 1 the head is taken with ZPOPMIN, the
+-- release's first write: whoever it is, it is the only waiter that may be
+-- granted. A head the fast path cannot serve (dead, part of a group, this
+-- very ticket), or a key it cannot prove, is put back as it was, with the
+-- keys' expiry (its key may have gone with it), before the general path
+-- takes the call; so the release costs one command less in the common
+-- case, and two more in those.
 local function fast_release(K, a)
   local S, ticket, client = K[KS], a[TICKET], a[CLIENT]
   local n, ns, token = part_of(a, 1)
@@ -171,9 +179,32 @@ local function fast_release(K, a)
   local mine = m == o
   -- A liveness bound due is the general path's: it reads it anew.
   local ok = cap and n and used - n < cap and not trim_due(st[TNEXT]) and (nq + nc <= 0 or nothing_due(lmin))
-  local head, w, after = nil, nil, used
-  if ok and nq > 0 then
-    local got = redis.call('ZRANGE', K[KQ], 0, 0, 'WITHSCORES')
+  local at = nil
+  if ok then
+    if mine then
+      at = oe
+    elseif inh > 0 then
+      at = tonumber(redis.call('ZSCORE', K[KH], m))
+    end
+  end
+  if not alive(at) then return fast_defer(clock, S, st) end
+  local head, hscore, w, after = nil, nil, nil, used
+  -- back puts a popped head back and defers (see above).
+  local function back()
+    if hscore then
+      redis.call('ZADD', K[KQ], hscore, head)
+      fast_expire(K[KQ], exp0)
+    end
+    return fast_defer(clock, S, st)
+  end
+  if nq > 0 then
+    local got
+    if cap == 1 then
+      got = redis.call('ZPOPMIN', K[KQ])
+      hscore = got[2]
+    else
+      got = redis.call('ZRANGE', K[KQ], 0, 0, 'WITHSCORES')
+    end
     head = got[1]
     local hw = head and parse_waiter(head)
     -- A head that is this very ticket (queued again while it holds: a
@@ -197,16 +228,8 @@ local function fast_release(K, a)
       local only = fits_in(used - n, w.n, cap) and ((after >= cap and quiet) or (after < cap and nq == 1))
       ok = only
     end
+    if not ok then return back() end
   end
-  local at = nil
-  if ok then
-    if mine then
-      at = oe
-    elseif inh > 0 then
-      at = tonumber(redis.call('ZSCORE', K[KH], m))
-    end
-  end
-  if not alive(at) then return fast_defer(clock, S, st) end
   local seq = st[SEQ]
   local idle = not w and is_idle(nh - 1, nq, nc)
   -- An idle resource with tombstones keeps its keys as long as the
@@ -257,13 +280,18 @@ local function fast_release(K, a)
   -- What the keys hold after.
   local has_h = inh - (mine and 0 or 1) + ((w and not free) and 1 or 0) > 0
   local has_q, has_t = nq - (w and 1 or 0) > 0, (st[TNEXT] or 0) > 0
-  -- Proven before the first write (to :h or S): the other keys written
-  -- or given a TTL. S, :h (unless the lease was the state hash's) and,
-  -- for a handoff, :q were read.
+  -- Proven before the first write (to :h or S, or the pop): the other
+  -- keys written or given a TTL. S, :h (unless the lease was the state
+  -- hash's) and, for a handoff, :q were read. After a pop, a key that is
+  -- not proven puts the head back for the general path to refuse.
   if moved then
-    if has_t then must_be(K[KT], 'zset') end
-    if has_h and mine then must_be(K[KH], 'zset') end
-    if has_q and not w then must_be(K[KQ], 'zset') end
+    for _, x in ipairs({ { has_t, K[KT] }, { has_h and mine, K[KH] }, { has_q and not w, K[KQ] } }) do
+      if x[1] then
+        local t = hscore and type_of(x[2])
+        if t and t ~= 'none' and t ~= 'zset' then return back() end
+        if t then seen(x[2]) else must_be(x[2], 'zset') end
+      end
+    end
   end
   local list
   if w then
@@ -276,7 +304,7 @@ local function fast_release(K, a)
   if #d > 0 then redis.call('HDEL', S, unpack(d)) end
   if not mine then redis.call('ZREM', K[KH], m) end
   if w then
-    redis.call('ZREM', K[KQ], head)
+    if not hscore then redis.call('ZREM', K[KQ], head) end
     -- A list another program wrote, which refused the push, keeps its
     -- TTL.
     if list then redis.pcall('PEXPIRE', list, num(ttl)) end
