@@ -15,24 +15,25 @@ import (
 // floorLib holds functions that do only the Redis commands a script-based
 // lock with fairlock's guarantees cannot do without, and nothing else: what
 // a script costs before any logic of its own. The acquire and release replay
-// fairlock's uncontended fast paths (lua/fast.lua, key layout 2): the lease
-// is kept in the state hash (fields o and oe), so an acquire reads Redis's
-// clock and the state (HMGET of its 13 fields and the ticket) and writes the
-// state (HSET: the counts, the sequence, the ticket's record, the lease);
-// a release reads the same and deletes the fields it empties (HDEL: the
-// ticket's record, no tombstone, and the counts that fall to 0, the lease).
+// fairlock's uncontended fast paths (lua/fast.lua, key layout 3): the lease
+// is kept in the state hash (fields o and oe) and its member is its record,
+// so an acquire reads Redis's clock and the state (HMGET of its 13 fields,
+// the process's liveness field, the ticket and zq) and writes the state
+// (HSET: the counts, the sequence, the lease); a release reads the same
+// and deletes the fields it empties (HDEL: the counts that fall to 0, the
+// lease; no tombstone).
 const floorLib = `#!lua name=fairlock_bench_floor
 redis.register_function('fairlock_floor_empty', function(k, a) return 1 end)
 redis.register_function('fairlock_floor_acquire', function(k, a)
   local t = redis.call('TIME')
-  redis.call('HMGET', k[1], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe', a[1])
-  redis.call('HSET', k[1], 'used', 1, 'nh', 1, 'seq', t[2], a[1], t[2], 'o', a[1], 'oe', t[1])
+  redis.call('HMGET', k[1], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'nc', 'layout', 'o', 'oe', 'lmin', 'lP', a[1], 'zq')
+  redis.call('HSET', k[1], 'used', 1, 'nh', 1, 'seq', t[2], 'o', a[1], 'oe', t[1])
   return {1, t[1], t[2]}
 end)
 redis.register_function('fairlock_floor_release', function(k, a)
   redis.call('TIME')
-  redis.call('HMGET', k[1], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe', a[1])
-  redis.call('HDEL', k[1], a[1], 'nh', 'used', 'o', 'oe')
+  redis.call('HMGET', k[1], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'nc', 'layout', 'o', 'oe', 'lmin', 'lP', a[1], 'zq')
+  redis.call('HDEL', k[1], 'nh', 'used', 'o', 'oe')
   return {1, 0}
 end)
 redis.register_function('fairlock_floor_least_acquire', function(k, a)
@@ -53,13 +54,10 @@ redis.register_function('fairlock_floor_time_rpush', function(k, a)
 end)
 redis.register_function('fairlock_floor_handoff', function(k, a)
   local t = redis.call('TIME')
-  redis.call('HMGET', k[1], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe', a[1])
-  redis.call('ZRANGE', k[2], 0, 0)
-  redis.call('ZREM', k[3], a[2])
+  redis.call('HMGET', k[1], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'nc', 'layout', 'o', 'oe', 'lmin', 'lP', a[1], 'zq')
+  redis.call('ZPOPMIN', k[2])
   redis.call('RPUSH', k[4], a[2])
-  redis.call('HSET', k[1], a[2], t[2], 'nq', 1, 'seq', t[2], 'o', a[2], 'oe', t[1])
-  redis.call('HDEL', k[1], a[1])
-  redis.call('ZREM', k[2], a[2])
+  redis.call('HSET', k[1], 'nq', 1, 'seq', t[2], 'o', a[2], 'oe', t[1])
   redis.call('PEXPIRE', k[4], 3000)
   return {1, 0}
 end)`
@@ -238,26 +236,24 @@ func (e *env) floorHandoff(rdb *redis.Client) (*Table, error) {
 // for the contended tables.
 //
 // With a second argument "1" the functions also do, on keys of their own,
-// the Redis commands fairlock's scripts do for the same step (key layout 2,
-// lua/fast.lua) and nothing else: an enqueue's TIME, HMGET (the state's 13
-// fields and the ticket), TYPE (of the deadlines), ZADD to the queue and to
-// the deadlines, HSET; a handing release's TIME, HMGET, ZRANGE (the queue's
-// head), ZREM from the deadlines, RPUSH (the floor's own push onto the
-// waiter's list), HSET (the head's record and lease), HDEL (the released
-// ticket's record: no tombstone), ZREM from the queue, PEXPIRE (the list).
-// That row tells the cost of those commands from the cost of fairlock's
-// logic around them. The release's third argument is the releasing owner.
+// the Redis commands fairlock's scripts do for the same step on a mutex
+// (key layout 3, lua/fast.lua) and nothing else: an enqueue's TIME, HMGET
+// (the state's 13 fields, the process's liveness field, the ticket, zq),
+// ZADD to the queue, HSET (the count, the sequence, the liveness field); a
+// handing release's TIME, HMGET, ZPOPMIN (the queue's head), RPUSH (the
+// floor's own push onto the waiter's list), HSET (the count, the sequence,
+// the head's lease), PEXPIRE (the list). That row tells the cost of those
+// commands from the cost of fairlock's logic around them. The release's
+// third argument is the releasing owner.
 const fifoFloorLib = `#!lua name=fairlock_bench_fifo
 redis.register_function('fairlock_fifo_acquire', function(k, a)
   if redis.call('SET', k[1], a[1], 'NX') then return 1 end
   redis.call('RPUSH', k[2], a[1])
   if a[2] == '1' then
     local t = redis.call('TIME')
-    redis.call('HMGET', k[3], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe', a[1])
-    redis.call('TYPE', k[5])
+    redis.call('HMGET', k[3], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'nc', 'layout', 'o', 'oe', 'lmin', 'lP', a[1], 'zq')
     redis.call('ZADD', k[4], t[2], a[1])
-    redis.call('ZADD', k[5], t[1], a[1])
-    redis.call('HSET', k[3], 'nq', 1, 'seq', t[2], a[1], 'q')
+    redis.call('HSET', k[3], 'nq', 1, 'seq', t[2], 'lP', t[1])
   end
   return 0
 end)
@@ -271,12 +267,9 @@ redis.register_function('fairlock_fifo_release', function(k, a)
   redis.call('RPUSH', a[1] .. nxt, '1')
   if a[2] == '1' then
     local t = redis.call('TIME')
-    redis.call('HMGET', k[3], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'dmin', 'nc', 'layout', 'o', 'oe', a[3])
-    redis.call('ZRANGE', k[4], 0, 0)
-    redis.call('ZREM', k[5], nxt)
-    redis.call('HSET', k[3], nxt, t[2], 'nq', 1, 'seq', t[2], 'o', nxt, 'oe', t[1])
-    redis.call('HDEL', k[3], a[3])
-    redis.call('ZREM', k[4], nxt)
+    redis.call('HMGET', k[3], 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'nc', 'layout', 'o', 'oe', 'lmin', 'lP', a[3], 'zq')
+    redis.call('ZPOPMIN', k[4])
+    redis.call('HSET', k[3], 'nq', 1, 'seq', t[2], 'o', nxt, 'oe', t[1])
     redis.call('PEXPIRE', a[1] .. nxt, 3000)
   end
   return 1
