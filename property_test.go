@@ -191,7 +191,7 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		{"queued at the head", "lua/grant.lua",
 			"  write('ZADD', r.Q, num(next_seq(r)), m)\n", "  write('ZADD', r.Q, '1', m)\n", 0, false},
 		{"liveness field not written by a process's first acquire", "lua/rules.lua",
-			"  if at ~= nil and at >= now + wait - math.floor(wait / 3) then return nil end\n", "  if at == nil or at >= now + wait - math.floor(wait / 3) then return nil end\n", 0, false},
+			"  if at ~= nil and at >= now + wait then return nil end\n", "  if at == nil or at >= now + wait then return nil end\n", 0, false},
 		{"condition waiter not refreshed", "lua/ops/refresh.lua",
 			"      keep_alive(first, client, wait)\n      -- The condition's key", "      -- The condition's key", 0, false},
 		{"condition waiter not a user of its mutex", "acquire.lua",
@@ -221,6 +221,11 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		// paused past its TTL that queues again.)
 		{"a dead process's field written anew keeps its old waiters alive", "lua/rules.lua",
 			"  if not alive(at) or born == nil then return seq end\n", "  if born == nil then return seq end\n", -1, false},
+		// (checks -1: writtenOut: a process queues again under a third of
+		// its waiter TTL after its field was written, then pauses.)
+		{"a new waiter's liveness field is not moved on while young", "lua/rules.lua",
+			"  if at ~= nil and at >= now + wait then return nil end\n",
+			"  if at ~= nil and at >= now + wait - math.floor(wait / 3) then return nil end\n", -1, false},
 		// The countdown latch's rules (lua/ops/latch.lua), which the
 		// machine's latch model checks (property_latch_test.go).
 		{"latch count falls below 0", "lua/ops/latch.lua",
@@ -323,6 +328,7 @@ var writtenOut = map[string]func(*testing.T, func(string) string) error{
 	"fast handoff leaves the hash's place empty":                      handoffToTheFreedPlace,
 	"lease bound not lowered":                                         leaseBoundLowered,
 	"a dead process's field written anew keeps its old waiters alive": deadProcessWaitersStayDead,
+	"a new waiter's liveness field is not moved on while young":       newWaiterLivesAWholeTTL,
 }
 
 // leaseBoundLowered runs, through the general path (fast paths off,

@@ -342,6 +342,48 @@ func lateCopyFindsConfirmedHandover(t *testing.T, transform func(string) string)
 	return nil
 }
 
+// A process that queues again a little while (under a third of its waiter
+// TTL) after its liveness field was last written moves the field on: its
+// new waiter lives a whole waiter TTL from the call, as after a refresh,
+// since the process's first refresh comes a third of the TTL later. Left
+// as it was, the field would let a pause of just over two thirds of the
+// TTL after the call kill the new waiter (and the old one with it: the
+// process's waiters live together). Found by the long
+// TestFastPathsMatchGeneralPath/property: a barrier party that awaited
+// 800 ms after its previous round died in a 2999 ms pause (3.6 s TTL).
+func TestNewWaiterLivesAWholeTTL(t *testing.T) {
+	if err := newWaiterLivesAWholeTTL(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// newWaiterLivesAWholeTTL is TestNewWaiterLivesAWholeTTL on scripts
+// changed by transform: the error says what went wrong.
+func newWaiterLivesAWholeTTL(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	acquire := func(ticket, client string) []any {
+		got, _ := g.run("acquire", ticket, client, "200000", "3000", "", "1", "1").([]any)
+		return got
+	}
+	held := acquire("TA", "PA")
+	if len(held) < 4 || held[0] != int64(acqGranted) {
+		return fmt.Errorf("the first lease = %v, want granted", held)
+	}
+	if got := acquire("TB", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("PB's first request = %v, want queued", got)
+	}
+	g.advance(600) // under a third of the waiter TTL (3 s)
+	if got := acquire("TC", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("PB's second request = %v, want queued", got)
+	}
+	g.advance(2900) // 3500 ms after TB's call, 2900 ms after TC's
+	g.run("release", "TA", "PA", "200000", "3000", "", "0", "1", fmt.Sprint(held[3]))
+	if d := g.dump(); !strings.Contains(d, "o = TB ") {
+		return fmt.Errorf("after the release, the holder is not PB's first request TB (PB's waiters died within a waiter TTL of its last call)\n%s", d)
+	}
+	return nil
+}
+
 // A process whose liveness deadline passed (it paused past its waiter
 // TTL) and that then queues again writes its liveness field anew: the
 // waiters it queued before are dead and stay dead (the field's born is
