@@ -221,6 +221,10 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		// paused past its TTL that queues again.)
 		{"a dead process's field written anew keeps its old waiters alive", "lua/rules.lua",
 			"  if not alive(at) or born == nil then return seq end\n", "  if born == nil then return seq end\n", -1, false},
+		// (checks -1: writtenOut: the field was written in the same
+		// millisecond, before a release left the resource idle.)
+		{"a liveness field left as it was does not keep the keys", "lua/resource.lua",
+			"        r.horizon = math.max(r.horizon, at)\n      end\n      return\n", "      end\n      return\n", -1, false},
 		// (checks -1: writtenOut: a process queues again under a third of
 		// its waiter TTL after its field was written, then pauses.)
 		{"a new waiter's liveness field is not moved on while young", "lua/rules.lua",
@@ -329,6 +333,7 @@ var writtenOut = map[string]func(*testing.T, func(string) string) error{
 	"lease bound not lowered":                                         leaseBoundLowered,
 	"a dead process's field written anew keeps its old waiters alive": deadProcessWaitersStayDead,
 	"a new waiter's liveness field is not moved on while young":       newWaiterLivesAWholeTTL,
+	"a liveness field left as it was does not keep the keys":          queuedBehindAFreshFieldKeepsTheKeys,
 }
 
 // leaseBoundLowered runs, through the general path (fast paths off,
