@@ -232,6 +232,10 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 			"  if at ~= nil and at >= now + wait - math.floor(wait / 3) then return nil end\n", -1, false},
 		// The countdown latch's rules (lua/ops/latch.lua), which the
 		// machine's latch model checks (property_latch_test.go).
+		// (checks -1: writtenOut: the condition's key was made again
+		// after it expired with a dead waiter's member in it.)
+		{"a latch's opening keeps lost marks", "lua/ops/latch.lua",
+			"    if budget > 0 and r.nc > 0 then purge_waiters(r) end\n", "\n", -1, false},
 		{"latch count falls below 0", "lua/ops/latch.lua",
 			"if count > 0 then count = count - 1 end\n", "count = count - 1\n", 0, false},
 		{"latch opens before its count is 0", "lua/ops/latch.lua",
@@ -333,6 +337,7 @@ var writtenOut = map[string]func(*testing.T, func(string) string) error{
 	"lease bound not lowered":                                         leaseBoundLowered,
 	"a dead process's field written anew keeps its old waiters alive": deadProcessWaitersStayDead,
 	"a new waiter's liveness field is not moved on while young":       newWaiterLivesAWholeTTL,
+	"a latch's opening keeps lost marks":                              latchOpensPastLostMarks,
 	"a liveness field left as it was does not keep the keys":          queuedBehindAFreshFieldKeepsTheKeys,
 }
 
