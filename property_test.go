@@ -207,7 +207,7 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		{"queued at the head", "lua/grant.lua",
 			"  write('ZADD', r.Q, num(next_seq(r)), m)\n", "  write('ZADD', r.Q, '1', m)\n", 0, false},
 		{"liveness field not written by a process's first acquire", "lua/rules.lua",
-			"  if at ~= nil and at >= now + wait - math.floor(wait / 3) then return nil end\n", "  if at == nil or at >= now + wait - math.floor(wait / 3) then return nil end\n", 0, false},
+			"  if at ~= nil and at >= now + wait then return nil end\n", "  if at == nil or at >= now + wait then return nil end\n", 0, false},
 		{"condition waiter not refreshed", "lua/ops/refresh.lua",
 			"      keep_alive(first, client, wait)\n      -- The condition's key", "      -- The condition's key", 0, false},
 		{"condition waiter not a user of its mutex", "acquire.lua",
@@ -237,8 +237,21 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		// paused past its TTL that queues again.)
 		{"a dead process's field written anew keeps its old waiters alive", "lua/rules.lua",
 			"  if not alive(at) or born == nil then return seq end\n", "  if born == nil then return seq end\n", -1, false},
+		// (checks -1: writtenOut: the field was written in the same
+		// millisecond, before a release left the resource idle.)
+		{"a liveness field left as it was does not keep the keys", "lua/resource.lua",
+			"        r.horizon = math.max(r.horizon, at)\n      end\n      return\n", "      end\n      return\n", -1, false},
+		// (checks -1: writtenOut: a process queues again under a third of
+		// its waiter TTL after its field was written, then pauses.)
+		{"a new waiter's liveness field is not moved on while young", "lua/rules.lua",
+			"  if at ~= nil and at >= now + wait then return nil end\n",
+			"  if at ~= nil and at >= now + wait - math.floor(wait / 3) then return nil end\n", -1, false},
 		// The countdown latch's rules (lua/ops/latch.lua), which the
 		// machine's latch model checks (property_latch_test.go).
+		// (checks -1: writtenOut: the condition's key was made again
+		// after it expired with a dead waiter's member in it.)
+		{"a latch's opening keeps lost marks", "lua/ops/latch.lua",
+			"    if budget > 0 and r.nc > 0 then purge_waiters(r) end\n", "\n", -1, false},
 		{"latch count falls below 0", "lua/ops/latch.lua",
 			"if count > 0 then count = count - 1 end\n", "count = count - 1\n", 0, false},
 		{"latch opens before its count is 0", "lua/ops/latch.lua",
@@ -341,6 +354,9 @@ var writtenOut = map[string]func(*testing.T, func(string) string) error{
 	"a dead process's field written anew keeps its old waiters alive": deadProcessWaitersStayDead,
 	"fast release hands on to a dead head":                            deadProcessWaitersStayDead,
 	"a popped head put back without the keys' expiry":                 poppedHeadPutBack,
+	"a new waiter's liveness field is not moved on while young":       newWaiterLivesAWholeTTL,
+	"a latch's opening keeps lost marks":                              latchOpensPastLostMarks,
+	"a liveness field left as it was does not keep the keys":          queuedBehindAFreshFieldKeepsTheKeys,
 }
 
 // leaseBoundLowered runs, through the general path (fast paths off,

@@ -14,6 +14,7 @@ import (
 	"github.com/fairlock/fairlock/internal/differential"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/statecheck"
+	"github.com/fairlock/fairlock/internal/testhook"
 )
 
 // traceRig drives the scripts directly at a clock of its own (µs), on a
@@ -342,6 +343,48 @@ func lateCopyFindsConfirmedHandover(t *testing.T, transform func(string) string)
 	return nil
 }
 
+// A process that queues again a little while (under a third of its waiter
+// TTL) after its liveness field was last written moves the field on: its
+// new waiter lives a whole waiter TTL from the call, as after a refresh,
+// since the process's first refresh comes a third of the TTL later. Left
+// as it was, the field would let a pause of just over two thirds of the
+// TTL after the call kill the new waiter (and the old one with it: the
+// process's waiters live together). Found by the long
+// TestFastPathsMatchGeneralPath/property: a barrier party that awaited
+// 800 ms after its previous round died in a 2999 ms pause (3.6 s TTL).
+func TestNewWaiterLivesAWholeTTL(t *testing.T) {
+	if err := newWaiterLivesAWholeTTL(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// newWaiterLivesAWholeTTL is TestNewWaiterLivesAWholeTTL on scripts
+// changed by transform: the error says what went wrong.
+func newWaiterLivesAWholeTTL(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	acquire := func(ticket, client string) []any {
+		got, _ := g.run("acquire", ticket, client, "200000", "3000", "", "1", "1").([]any)
+		return got
+	}
+	held := acquire("TA", "PA")
+	if len(held) < 4 || held[0] != int64(acqGranted) {
+		return fmt.Errorf("the first lease = %v, want granted", held)
+	}
+	if got := acquire("TB", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("PB's first request = %v, want queued", got)
+	}
+	g.advance(600) // under a third of the waiter TTL (3 s)
+	if got := acquire("TC", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("PB's second request = %v, want queued", got)
+	}
+	g.advance(2900) // 3500 ms after TB's call, 2900 ms after TC's
+	g.run("release", "TA", "PA", "200000", "3000", "", "0", "1", fmt.Sprint(held[3]))
+	if d := g.dump(); !strings.Contains(d, "o = TB ") {
+		return fmt.Errorf("after the release, the holder is not PB's first request TB (PB's waiters died within a waiter TTL of its last call)\n%s", d)
+	}
+	return nil
+}
+
 // A process whose liveness deadline passed (it paused past its waiter
 // TTL) and that then queues again writes its liveness field anew: the
 // waiters it queued before are dead and stay dead (the field's born is
@@ -375,6 +418,66 @@ func deadProcessWaitersStayDead(t *testing.T, transform func(string) string) err
 	g.run("release", "TA", "PA", "200000", "3000", "", "0", "1", fmt.Sprint(held[3]))
 	if d := g.dump(); !strings.Contains(d, "o = TC ") {
 		return fmt.Errorf("after the release, the holder is not PB's new request TC\n%s", d)
+	}
+	return nil
+}
+
+// A waiter queued while its process's liveness field needs no write (it
+// was written in the same millisecond, for the same TTL) must still keep
+// the keys alive until that deadline: an idle resource's keys may have
+// been given a short TTL since the field was written (the release that
+// left it idle), and nothing else the script writes asks for more. Seen
+// in the long TestPropertyRealRedis: "key ...:q expires at ..., before
+// its latest waiter's deadline" (a multi-request queued on a semaphore
+// whose field was fresh).
+func TestQueuedBehindAFreshFieldKeepsTheKeys(t *testing.T) {
+	if err := queuedBehindAFreshFieldKeepsTheKeys(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// queuedBehindAFreshFieldKeepsTheKeys is
+// TestQueuedBehindAFreshFieldKeepsTheKeys on scripts changed by transform
+// (through the general path): the error says what went wrong.
+func queuedBehindAFreshFieldKeepsTheKeys(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, differential.Compose(transform, testhook.NoFastPaths))
+	const wait = "3600000" // an hour
+	acquire := func(ticket, client string) []any {
+		got, _ := g.run("acquire", ticket, client, "200000", wait, "", "1", "1").([]any)
+		return got
+	}
+	// Everything below runs in one millisecond of Redis's clock.
+	held := acquire("TA", "PA")
+	if len(held) < 4 || held[0] != int64(acqGranted) {
+		return fmt.Errorf("the first lease = %v, want granted", held)
+	}
+	if got := acquire("TB", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("PB's first request = %v, want queued", got)
+	}
+	g.run("leave", "TB", "PB", "200000", wait, "", "0", "1", "0")
+	// Idle: the keys' TTL falls to a few seconds.
+	g.run("release", "TA", "PA", "200000", wait, "", "0", "1", fmt.Sprint(held[3]))
+	if got := acquire("TC", "PC"); len(got) < 1 || got[0] != int64(acqGranted) {
+		return fmt.Errorf("PC's request = %v, want granted\n%s", got, g.dump())
+	}
+	if got := acquire("TD", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("PB's second request = %v, want queued\n%s", got, g.dump())
+	}
+	// The keys' expiry as the scripts keep it (the state's exp), against
+	// PB's liveness deadline.
+	st, err := g.r.RDB.HGetAll(context.Background(), "trace:{s}:s").Result()
+	if err != nil {
+		return err
+	}
+	exp, _ := strconv.ParseInt(st["exp"], 10, 64)
+	var live int64
+	for f, v := range st {
+		if strings.HasPrefix(f, "l") && strings.HasSuffix(f, "PB") {
+			live, _ = strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+		}
+	}
+	if live == 0 || exp < live {
+		return fmt.Errorf("the keys expire at %d, before PB's liveness deadline %d (its waiter TD's)\n%s", exp, live, g.dump())
 	}
 	return nil
 }

@@ -136,8 +136,13 @@ local function keep_alive(r, client, wait, seq)
     local was = at
     born = live_write(at, born, wait, seq)
     if born == nil then
-      -- Its waiters' deadline bounds the new one's.
-      if at then r.lmin = lowered(r.lmin, at) end
+      -- Its waiters' deadline bounds the new one's, and the keys must
+      -- live until it: an idle resource's keys may have been given a
+      -- shorter TTL since the field was written.
+      if at then
+        r.lmin = lowered(r.lmin, at)
+        r.horizon = math.max(r.horizon, at)
+      end
       return
     end
     -- A dead field written anew leaves its process's older waiters

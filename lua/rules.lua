@@ -126,13 +126,15 @@ end
 -- process's waiters wait on a resource for wait ms (joining at sequence
 -- seq) writes the process's liveness field there (at, born as read; nil:
 -- none), or nil when it need not write it: a field missing or dead is
--- written anew with born seq (the waiters it counted stay dead); one more
--- than a third of the waiter TTL old is moved on, keeping its born.
--- Writing it at every call would cost nothing (it goes in the HSET a
--- queued call makes anyway), but its age says how stale a refresh has let
--- it become.
+-- written anew with born seq (the waiters it counted stay dead); a live
+-- one is moved on to now + wait, keeping its born. A new waiter lives a
+-- whole waiter TTL from its call, as after a refresh: the process's first
+-- refresh comes a third of the TTL later and finds it alive with two
+-- thirds to spare. (Leaving a field younger than a third of the TTL as it
+-- was let a pause of a third kill a waiter just queued.) It costs no
+-- command: it goes in the HSET a queued call makes anyway.
 local function live_write(at, born, wait, seq)
-  if at ~= nil and at >= now + wait - math.floor(wait / 3) then return nil end
+  if at ~= nil and at >= now + wait then return nil end
   if not alive(at) or born == nil then return seq end
   return born
 end

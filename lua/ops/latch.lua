@@ -123,6 +123,12 @@ if count == 0 and r.nc > 0 then
         wake(list, fallback, latch_open_entry(w.ticket), w.wait)
       end
     end
+    -- With budget left, the condition's key had no more members; marks
+    -- still counted lost theirs with an earlier life of the key (it
+    -- expired with only dead waiters in it and was made again): they go
+    -- by their marks (purge_waiters), or the latch would report waiters
+    -- left to wake at every call.
+    if budget > 0 and r.nc > 0 then purge_waiters(r) end
   end
 end
 local left = 0
