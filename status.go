@@ -22,9 +22,10 @@ type Status struct {
 	Waiters []Waiter `json:"waiters"` // in queue order
 	// Held counts the live leases and Queued the live requests in the
 	// queue, by Redis's clock, however many: at most [StatusMax] of each
-	// are listed in Holders and Waiters. Leases that have expired, and
-	// waiters whose process died, are not counted, even where no script
-	// has dropped them yet.
+	// are listed in Holders and Waiters. Leases that have expired are not
+	// counted, even where no script has dropped them yet; nor are waiters
+	// whose process died among the first [StatusMax] in the queue (those
+	// past them count until they reach its head, where they are dropped).
 	Queued int64 `json:"queued"`
 	Held   int64 `json:"held"`
 	// Time is Redis's clock when the snapshot was read, in milliseconds.
