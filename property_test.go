@@ -150,6 +150,10 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 			"      if lat and born == seq then f[k + 3], f[k + 4] = 'zq', ts end\n", "\n", 0, true},
 		{"a dead field written anew does not move zq", "lua/resource.lua",
 			"    if was and born == seq then r.zq = math.max(r.zq, seq) end\n", "\n", 0, false},
+		// (checks -1: a written-out scenario, writtenOut: dead fields
+		// the machines' checks allow either way.)
+		{"dead liveness fields stay", "lua/resource.lua",
+			"        d[#d + 1] = all[i]\n", "\n", -1, false},
 		{"a dead field left out of lmin does not move zq", "lua/resource.lua",
 			"        r.zq = math.max(r.zq, r.seq + 1)\n", "\n", 0, false},
 		{"fast acquire does not lower the deadline bound", "lua/fast.lua",
@@ -354,6 +358,7 @@ var writtenOut = map[string]func(*testing.T, func(string) string) error{
 	"a dead process's field written anew keeps its old waiters alive": deadProcessWaitersStayDead,
 	"fast release hands on to a dead head":                            deadProcessWaitersStayDead,
 	"a popped head put back without the keys' expiry":                 poppedHeadPutBack,
+	"dead liveness fields stay":                                       deadFieldsGo,
 	"a new waiter's liveness field is not moved on while young":       newWaiterLivesAWholeTTL,
 	"a latch's opening keeps lost marks":                              latchOpensPastLostMarks,
 	"a liveness field left as it was does not keep the keys":          queuedBehindAFreshFieldKeepsTheKeys,

@@ -51,7 +51,9 @@
 --                process's waiters die together, and any number of dead
 --                waiters cost one waiter TTL; a dead one leaves when it
 --                reaches the queue's head, or a signal, its refresh or
---                leave finds it. The field stays until the state goes;
+--                leave finds it. A field found dead when lmin is read
+--                anew (about once per waiter TTL) goes; a process
+--                without one has no live waiter here;
 --                a ticket in :q has no field: its member there is what a
 --                resent acquire (ZADD NX answers 0), a refresh and a
 --                leave find;

@@ -519,3 +519,53 @@ func poppedHeadPutBack(t *testing.T, transform func(string) string) error {
 	}
 	return nil
 }
+
+// A busy semaphore keeps no liveness field of every process that ever
+// waited on it: the script that finds the fields' bound due (lmin) reads
+// them all and deletes the dead ones, so the state hash its hot paths read
+// stays small.
+func TestDeadFieldsGo(t *testing.T) {
+	if err := deadFieldsGo(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// deadFieldsGo is TestDeadFieldsGo on scripts changed by transform: the
+// error says what went wrong.
+func deadFieldsGo(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	fields := func() (n int) {
+		st, err := g.r.RDB.HGetAll(context.Background(), "trace:{s}:s").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for f := range st {
+			if strings.HasPrefix(f, statecheck.LiveField("")) {
+				n++
+			}
+		}
+		return n
+	}
+	tokenOf(t, g.run("acquire", "TA", "PA", "200000", "3000", "", "1", "1"))
+	for i := range 5 {
+		got, _ := g.run("acquire", fmt.Sprintf("TW%dX", i), fmt.Sprintf("PW%d", i), "200000", "3000", "", "1", "1").([]any)
+		if len(got) < 1 || got[0] != int64(acqQueued) {
+			return fmt.Errorf("waiter %d = %v, want queued", i, got)
+		}
+	}
+	if n := fields(); n != 5 {
+		return fmt.Errorf("%d liveness fields for 5 waiting processes\n%s", n, g.dump())
+	}
+	g.advance(4000) // their waiter TTL passes unrefreshed
+	if got, _ := g.run("acquire", "TN", "PN", "200000", "3000", "", "1", "1").([]any); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("the new waiter = %v, want queued", got)
+	}
+	if n := fields(); n != 1 {
+		return fmt.Errorf("%d liveness fields after the others died, want the new waiter's process's alone\n%s", n, g.dump())
+	}
+	st := statecheck.State{Prefix: "trace:", Bases: []string{"trace:{s}"}, At: g.now / 1000, Shift: differential.ExpiryShift}
+	if err := statecheck.Check(context.Background(), g.r.RDB, st); err != nil {
+		return fmt.Errorf("%v\n%s", err, g.dump())
+	}
+	return nil
+}

@@ -159,8 +159,11 @@ end
 -- (math.huge: none), as this script leaves them: lmin's value when it
 -- is unknown or due (what it bounded may have moved on, or died). It
 -- reads the state hash whole, so it runs only then: about once per
--- waiter TTL while processes wait.
-local function live_bound(r)
+-- waiter TTL while processes wait. The dead fields it finds go into d
+-- (deleted): a process without a field has no live waiter, as one with
+-- a dead field has none, and a busy semaphore keeps no field of every
+-- process that ever waited on it.
+local function live_bound(r, d)
   local low = math.huge
   local all = redis.call('HGETALL', r.S)
   local pre = live_field('')
@@ -173,6 +176,7 @@ local function live_bound(r)
         -- The new bound leaves this dead field out: zq passes every
         -- waiter queued so far (see queue.lua).
         r.zq = math.max(r.zq, r.seq + 1)
+        d[#d + 1] = all[i]
       end
     end
   end
@@ -331,7 +335,7 @@ local function finish_one(r)
     changed = true
   end
   local f = {}
-  if r.nq + r.nc > 0 and not nothing_due(r.lmin) then r.lmin = live_bound(r) end
+  if r.nq + r.nc > 0 and not nothing_due(r.lmin) then r.lmin = live_bound(r, d) end
   if r.nq + r.nc > 0 and r.lmin < math.huge then put(f, 'lmin', r.lmin, r.lmin0) end
   put(f, 'zq', r.zq, r.zq0)
   for _, c in ipairs(r.lorder) do

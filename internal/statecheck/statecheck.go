@@ -322,6 +322,7 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 		}
 		lives[client] = live{at, born}
 	}
+	zq := num("zq")
 	// deadlineOf returns a waiter's deadline: its process's, unless it is
 	// older than its process's field (then it is dead: 0).
 	deadlineOf := func(key string, z redis.Z) (int64, error) {
@@ -330,10 +331,11 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 			return 0, fmt.Errorf("waiter %q of %s has a bad form", z.Member, key)
 		}
 		l, ok := lives[f[2]]
-		if !ok {
-			return 0, fmt.Errorf("waiter %q of %s: its process %s has no liveness field", z.Member, key, f[2])
+		if !ok && int64(z.Score) >= zq {
+			return 0, fmt.Errorf("waiter %q of %s (from zq %d on): its process %s has no liveness field", z.Member, key, zq, f[2])
 		}
-		if int64(z.Score) < l.born {
+		// (Older ones may have lost theirs: a field found dead goes.)
+		if !ok || int64(z.Score) < l.born {
 			return 0, nil
 		}
 		return l.at, nil
@@ -418,7 +420,6 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 	// A queued waiter from zq on is alive while lmin is not due, with
 	// nothing more read (a fast release hands on to it so): its process
 	// has a field that counts it, with a deadline lmin bounds.
-	zq := num("zq")
 	for _, z := range q {
 		if int64(z.Score) < zq {
 			continue
@@ -510,15 +511,21 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 
 // WaiterDeadline returns the deadline (ms) of waiter member m, which
 // joined at sequence seq, as its process's liveness field in the state
-// hash st says (0: dead, older than the field), and false when its
-// process has no field or m has a bad form.
+// hash st says (0: dead, older than the field, or before zq without one:
+// a field found dead is deleted), and false when its process should have
+// a field and has none, or m has a bad form.
 func WaiterDeadline(st map[string]string, m string, seq int64) (int64, bool) {
 	head, _, _ := strings.Cut(m, "\t")
 	f := strings.Fields(head)
 	if len(f) != 5 {
 		return 0, false
 	}
-	at, born, ok := ParseLive(st[LiveField(f[2])])
+	v, ok := st[LiveField(f[2])]
+	if !ok {
+		zq, _ := strconv.ParseInt(st["zq"], 10, 64)
+		return 0, seq < zq
+	}
+	at, born, ok := ParseLive(v)
 	if !ok {
 		return 0, false
 	}

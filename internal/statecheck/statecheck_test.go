@@ -192,5 +192,14 @@ func TestCheckWantsTheLivenessField(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "no liveness field") {
 			t.Fatalf("Check of a waiter whose process has no liveness field = %v, want an error saying so", err)
 		}
+		// A waiter before zq may have lost its field (found dead and
+		// deleted): it is dead.
+		// (waitOn's waiter joined at sequence 1.)
+		if err := rdb.HSet(ctx, base+":s", "zq", 2).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := Check(ctx, rdb, State{Prefix: prefix, Bases: []string{base}}); err != nil {
+			t.Fatalf("Check of a waiter before zq without a field = %v, want nil (a dead waiter)", err)
+		}
 	})
 }
