@@ -193,7 +193,7 @@ local function fast_release(K, a)
   local function back()
     if hscore then
       redis.call('ZADD', K[KQ], hscore, head)
-      fast_expire(K[KQ], exp0)
+      if exp0 > 0 then fast_expire(K[KQ], exp0) end
     end
     return fast_defer(clock, S, st)
   end
