@@ -16,7 +16,7 @@ import (
 // scriptRun is one script call as a real server's MONITOR shows it: the
 // FCALL (or EVALSHA) and the commands it ran, in order.
 type scriptRun struct {
-	fn   string   // the function or script called
+	fn   string   // the function called (or the script's SHA-1)
 	cmds []string // the call and its commands, upper case
 }
 
@@ -91,6 +91,11 @@ func TestHotPathCommands(t *testing.T) {
 	b := redistest.RealBackend(t)
 	noTransform(t)
 	ctx := context.Background()
+	if err := b.Client(t).Do(ctx, "FUNCTION", "LIST", "LIBRARYNAME", "none").Err(); err != nil {
+		// Redis 6.2: the scripts run by EVALSHA, whose calls MONITOR
+		// does not name.
+		t.Skipf("no functions on this server (%v)", err)
+	}
 	prefix := redistest.Prefix(t)
 	// Waiter and lease TTLs long enough that no refresh or renewal runs
 	// within the test. One client per process.
@@ -159,17 +164,16 @@ func TestHotPathCommands(t *testing.T) {
 	var got []string
 	for _, r := range runs {
 		if !strings.Contains(r.fn, "status") {
-			// FCALL, or EVALSHA where the server has no functions.
-			got = append(got, "CALL "+strings.Join(r.cmds[1:], " "))
+			got = append(got, strings.Join(r.cmds, " "))
 		}
 	}
 	want := []string{
-		"CALL TIME HMGET HSET",                            // uncontended acquire
-		"CALL TIME HMGET ZADD HSET PEXPIREAT",             // the first waiter queues (the queue's key made: its TTL)
-		"CALL TIME HMGET ZADD HSET",                       // a queued acquire
-		"CALL TIME HMGET ZPOPMIN RPUSH HSET PEXPIRE",      // a handing release (the wake list's TTL)
-		"CALL TIME HMGET ZPOPMIN RPUSH HSET HDEL PEXPIRE", // the same to the last waiter (its count of 0 goes)
-		"CALL TIME HMGET HDEL",                            // uncontended release
+		"FCALL TIME HMGET HSET",                            // uncontended acquire
+		"FCALL TIME HMGET ZADD HSET PEXPIREAT",             // the first waiter queues (the queue's key made: its TTL)
+		"FCALL TIME HMGET ZADD HSET",                       // a queued acquire
+		"FCALL TIME HMGET ZPOPMIN RPUSH HSET PEXPIRE",      // a handing release (the wake list's TTL)
+		"FCALL TIME HMGET ZPOPMIN RPUSH HSET HDEL PEXPIRE", // the same to the last waiter (its count of 0 goes)
+		"FCALL TIME HMGET HDEL",                            // uncontended release
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("the hot paths ran\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
