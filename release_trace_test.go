@@ -310,9 +310,27 @@ func TestLateCopyFindsAConfirmedHandoverInH(t *testing.T) {
 	}
 }
 
+// The same with the grant confirmed by a batch of renewals.
+func TestLateCopyFindsABatchConfirmedHandoverInH(t *testing.T) {
+	if err := lateCopyFindsBatchConfirmedHandover(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // lateCopyFindsConfirmedHandover is TestLateCopyFindsAConfirmedHandoverInH
 // on scripts changed by transform: the error says what went wrong.
 func lateCopyFindsConfirmedHandover(t *testing.T, transform func(string) string) error {
+	return lateCopyAfterConfirmation(t, transform, false)
+}
+
+// lateCopyFindsBatchConfirmedHandover is lateCopyFindsConfirmedHandover
+// with the grant confirmed by a batch of renewals (renew_batch), as a
+// process confirms its grants.
+func lateCopyFindsBatchConfirmedHandover(t *testing.T, transform func(string) string) error {
+	return lateCopyAfterConfirmation(t, transform, true)
+}
+
+func lateCopyAfterConfirmation(t *testing.T, transform func(string) string, batch bool) error {
 	g := newTraceRigWith(t, transform)
 	acquire := func(ticket, client string) []any {
 		got, _ := g.run("acquire", ticket, client, "200000", "3000", "", "1", "2").([]any)
@@ -333,7 +351,11 @@ func lateCopyFindsConfirmedHandover(t *testing.T, transform func(string) string)
 		return fmt.Errorf("TB after the handover = %v, want granted before\n%s", got, g.dump())
 	}
 	token := fmt.Sprint(got[3])
-	if got := fmt.Sprint(g.run("renew", "TB", "PB", "200000", "3000", "", "1", "1", token)); got != "[1 0]" {
+	if batch {
+		if got := fmt.Sprint(g.run("renew_batch", "PB", "TB", "1", token, "1", "200000")); strings.HasPrefix(got, "error") {
+			return fmt.Errorf("the batched confirmation = %v", got)
+		}
+	} else if got := fmt.Sprint(g.run("renew", "TB", "PB", "200000", "3000", "", "1", "1", token)); got != "[1 0]" {
 		return fmt.Errorf("the confirmation = %v, want [1 0]", got)
 	}
 	got = acquire("TB", "PB") // a late copy
