@@ -154,6 +154,10 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		// the machines' checks allow either way.)
 		{"dead liveness fields stay", "lua/resource.lua",
 			"        d[#d + 1] = all[i]\n", "\n", -1, false},
+		{"a waiter before zq is taken alive unread", "lua/resource.lua",
+			"not r.off and seq >= r.zq and nothing_due(r.lmin)", "not r.off and nothing_due(r.lmin)", 0, false},
+		{"a waiter zq covers is taken alive with the liveness bound due", "lua/resource.lua",
+			"seq >= r.zq and nothing_due(r.lmin) then return math.huge, 0 end", "seq >= r.zq then return math.huge, 0 end", 0, false},
 		{"a dead field left out of lmin does not move zq", "lua/resource.lua",
 			"        r.zq = math.max(r.zq, r.seq + 1)\n", "\n", 0, false},
 		{"fast acquire does not lower the deadline bound", "lua/fast.lua",

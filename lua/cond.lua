@@ -90,7 +90,7 @@ local function cond_purge(r, cv, limit)
   local live = 0
   for i, m in ipairs(ms) do
     local w = parse_waiter(m)
-    if w and waiter_alive(seqs[i], live_of(r, w.client)) then
+    if w and waiter_alive(seqs[i], live_of(r, w.client, false, seqs[i])) then
       live = live + 1
     elseif budget > 0 then
       budget = budget - 1

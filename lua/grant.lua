@@ -166,7 +166,7 @@ local function head(r)
         if not r.qgone[m] then
           local w = parse_waiter(m)
           if not w then return m, nil end
-          if waiter_alive(tonumber(page[r.pos + 1]), live_of(r, w.client)) then return m, w end
+          if waiter_alive(tonumber(page[r.pos + 1]), live_of(r, w.client, false, tonumber(page[r.pos + 1]))) then return m, w end
           if budget <= 0 then
             more = true
             return nil

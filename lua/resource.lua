@@ -110,8 +110,13 @@ end
 -- live_of returns process client's liveness field on r (at, born; nil:
 -- none) as this script leaves it (written here), or as it found it when
 -- read is set; each field is read once per script (with the state for
--- the caller's process).
-local function live_of(r, client, read)
+-- the caller's process). Given seq, the sequence number of one of the
+-- process's waiters, it reads nothing when zq covers that waiter while
+-- lmin is not due (see queue.lua): it returns a field waiter_alive takes
+-- as alive, whose deadline means nothing (a caller that passes seq asks
+-- only that).
+local function live_of(r, client, read, seq)
+  if seq and not read and not r.off and seq >= r.zq and nothing_due(r.lmin) then return math.huge, 0 end
   local x = r.lives[client]
   if x and not read then return x[1], x[2] end
   x = r.lread[client]

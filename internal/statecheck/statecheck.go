@@ -417,10 +417,11 @@ func checkBase(b string, st map[string]string, q, d, h, t []redis.Z, condKeys []
 			}
 		}
 	}
-	// A queued waiter from zq on is alive while lmin is not due, with
-	// nothing more read (a fast release hands on to it so): its process
-	// has a field that counts it, with a deadline lmin bounds.
-	for _, z := range q {
+	// A waiter from zq on (queued or on a condition) is alive while lmin
+	// is not due, with nothing more read (a release hands on to it so):
+	// its process has a field that counts it, with a deadline lmin
+	// bounds.
+	for _, z := range slices.Concat(append([][]redis.Z{q}, conds...)...) {
 		if int64(z.Score) < zq {
 			continue
 		}

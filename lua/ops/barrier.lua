@@ -93,7 +93,7 @@ if op == 'barrier_status' then
     local ms, seqs = cond_waiters(r, cv, nil)
     for i, m in ipairs(ms) do
       local w = parse_waiter(m)
-      if w and waiter_alive(seqs[i], live_of(r, w.client)) then live = live + 1 end
+      if w and waiter_alive(seqs[i], live_of(r, w.client, false, seqs[i])) then live = live + 1 end
     end
     if live ~= n then out[3] = 1 end
     for _, m in ipairs(redis.call('ZRANGE', cv.C, 0, -1)) do

@@ -118,7 +118,7 @@ if count == 0 and r.nc > 0 then
       budget = budget - 1
       local w = parse_waiter(m)
       cond_drop(r, cv, m)
-      if w and waiter_alive(seqs[i], live_of(r, w.client)) then
+      if w and waiter_alive(seqs[i], live_of(r, w.client, false, seqs[i])) then
         local list, fallback = wake_list(r.base, w.client)
         wake(list, fallback, latch_open_entry(w.ticket), w.wait)
       end

@@ -52,7 +52,7 @@ while not cmore and woken < want do
     end
     local w = parse_waiter(m)
     budget = budget - 1
-    if w and waiter_alive(seqs[i], live_of(r, w.client)) then
+    if w and waiter_alive(seqs[i], live_of(r, w.client, false, seqs[i])) then
       cond_wake(r, cv, m, w)
       woken = woken + 1
     else

@@ -36,7 +36,7 @@ local q = {}
 if r.nq > 0 then q = redis.call('ZRANGE', r.Q, 0, STATUS_MAX - 1, 'WITHSCORES') end
 for i = 1, #q, 2 do
   local w = parse_waiter(q[i])
-  if w and waiter_alive(tonumber(q[i + 1]), live_of(r, w.client)) then
+  if w and waiter_alive(tonumber(q[i + 1]), live_of(r, w.client, false, tonumber(q[i + 1]))) then
     waiters[#waiters + 1] = q[i]
     waiters[#waiters + 1] = q[i + 1]
   else
