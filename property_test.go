@@ -134,8 +134,13 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 	}{
 		// The fast paths (lua/fast.lua) must do exactly what the general
 		// path does: each mutation breaks one fast path's use of a rule.
+		// (checks -1: writtenOut, TestDeadProcessWaitersStayDead's
+		// scenario. The call machines seldom reach a dead head that the
+		// fast release may see, one whose process's field is alive but
+		// born after it: caught after 545 machines in one run, missed in
+		// 1,000 in another.)
 		{"fast release hands on to a dead head", "lua/fast.lua",
-			"      ok = waiter_alive(tonumber(got[2]), lat, born)\n", "      ok = true\n", 0, true},
+			"      ok = waiter_alive(tonumber(got[2]), lat, born)\n", "      ok = true\n", -1, true},
 		{"fast acquire does not lower the deadline bound", "lua/fast.lua",
 			"    if lat then low = lowered(lmin, lat) end\n", "\n", 0, true},
 		{"fast acquire barges", "lua/fast.lua",
@@ -189,7 +194,7 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 			"redis.call('ZRANGEBYSCORE', cv.C, '-inf', max, 'WITHSCORES', 'LIMIT', 0, limit + skip)",
 			"redis.call('ZREVRANGEBYSCORE', cv.C, max, '-inf', 'WITHSCORES', 'LIMIT', 0, limit + skip)", 0, false},
 		{"queued at the head", "lua/grant.lua",
-			"  write('ZADD', r.Q, num(next_seq(r)), m)\n", "  write('ZADD', r.Q, '1', m)\n", 0, false},
+			"  write('ZADD', r.Q, num(seq), m)\n", "  write('ZADD', r.Q, '1', m)\n", 0, false},
 		{"liveness field not written by a process's first acquire", "lua/rules.lua",
 			"  if at ~= nil and at >= now + wait then return nil end\n", "  if at == nil or at >= now + wait then return nil end\n", 0, false},
 		{"condition waiter not refreshed", "lua/ops/refresh.lua",
@@ -197,7 +202,7 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		{"condition waiter not a user of its mutex", "acquire.lua",
 			"  if not r.cap or is_idle(r.nh, r.nq, r.nc) then\n", "  if not r.cap or is_idle(r.nh, r.nq, 0) then\n", 0, false},
 		{"cancelled condition waiter stays", "release.lua",
-			"          cond_drop(p.r, c, m)\n", "", 0, false},
+			"        cond_drop(p.r, c, m)\n", "", 0, false},
 		// Rules seen only while the machine runs, not once all is
 		// released: checkState after every step must see each.
 		{"queue key left without a TTL", "lua/rules.lua",
@@ -336,6 +341,7 @@ var writtenOut = map[string]func(*testing.T, func(string) string) error{
 	"fast handoff leaves the hash's place empty":                      handoffToTheFreedPlace,
 	"lease bound not lowered":                                         leaseBoundLowered,
 	"a dead process's field written anew keeps its old waiters alive": deadProcessWaitersStayDead,
+	"fast release hands on to a dead head":                            deadProcessWaitersStayDead,
 	"a new waiter's liveness field is not moved on while young":       newWaiterLivesAWholeTTL,
 	"a latch's opening keeps lost marks":                              latchOpensPastLostMarks,
 	"a liveness field left as it was does not keep the keys":          queuedBehindAFreshFieldKeepsTheKeys,
