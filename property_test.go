@@ -213,7 +213,7 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 			"redis.call('ZRANGEBYSCORE', cv.C, '-inf', max, 'WITHSCORES', 'LIMIT', 0, limit + skip)",
 			"redis.call('ZREVRANGEBYSCORE', cv.C, max, '-inf', 'WITHSCORES', 'LIMIT', 0, limit + skip)", 0, false},
 		{"queued at the head", "lua/grant.lua",
-			"  write('ZADD', r.Q, num(next_seq(r)), m)\n", "  write('ZADD', r.Q, '1', m)\n", 0, false},
+			"  write('ZADD', r.Q, num(seq), m)\n", "  write('ZADD', r.Q, '1', m)\n", 0, false},
 		{"liveness field not written by a process's first acquire", "lua/rules.lua",
 			"  if at ~= nil and at >= now + wait then return nil end\n", "  if at == nil or at >= now + wait then return nil end\n", 0, false},
 		{"condition waiter not refreshed", "lua/ops/refresh.lua",
@@ -221,7 +221,7 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		{"condition waiter not a user of its mutex", "acquire.lua",
 			"  if not r.cap or is_idle(r.nh, r.nq, r.nc) then\n", "  if not r.cap or is_idle(r.nh, r.nq, 0) then\n", 0, false},
 		{"cancelled condition waiter stays", "release.lua",
-			"          cond_drop(p.r, c, m)\n", "", 0, false},
+			"        cond_drop(p.r, c, m)\n", "", 0, false},
 		// Rules seen only while the machine runs, not once all is
 		// released: checkState after every step must see each.
 		{"queue key left without a TTL", "lua/rules.lua",

@@ -310,7 +310,10 @@ func TestLateCopyFindsAConfirmedHandoverInH(t *testing.T) {
 	}
 }
 
-// The same with the grant confirmed by a batch of renewals.
+// TestLateCopyFindsABatchConfirmedHandoverInH is
+// TestLateCopyFindsAConfirmedHandoverInH with the confirmation sent in a
+// batch of renewals (renew_batch.lua), as a process holding several
+// leases on the semaphore sends it.
 func TestLateCopyFindsABatchConfirmedHandoverInH(t *testing.T) {
 	if err := lateCopyFindsBatchConfirmedHandover(t, nil); err != nil {
 		t.Fatal(err)
@@ -323,14 +326,16 @@ func lateCopyFindsConfirmedHandover(t *testing.T, transform func(string) string)
 	return lateCopyAfterConfirmation(t, transform, false)
 }
 
-// lateCopyFindsBatchConfirmedHandover is lateCopyFindsConfirmedHandover
-// with the grant confirmed by a batch of renewals (renew_batch), as a
-// process confirms its grants.
+// lateCopyFindsBatchConfirmedHandover is
+// TestLateCopyFindsABatchConfirmedHandoverInH on scripts changed by
+// transform.
 func lateCopyFindsBatchConfirmedHandover(t *testing.T, transform func(string) string) error {
 	return lateCopyAfterConfirmation(t, transform, true)
 }
 
-func lateCopyAfterConfirmation(t *testing.T, transform func(string) string, batch bool) error {
+// lateCopyAfterConfirmation runs the late copy's scenario, the grant
+// confirmed by a renewal of its own or, batched, by renew_batch.
+func lateCopyAfterConfirmation(t *testing.T, transform func(string) string, batched bool) error {
 	g := newTraceRigWith(t, transform)
 	acquire := func(ticket, client string) []any {
 		got, _ := g.run("acquire", ticket, client, "200000", "3000", "", "1", "2").([]any)
@@ -351,9 +356,9 @@ func lateCopyAfterConfirmation(t *testing.T, transform func(string) string, batc
 		return fmt.Errorf("TB after the handover = %v, want granted before\n%s", got, g.dump())
 	}
 	token := fmt.Sprint(got[3])
-	if batch {
-		if got := fmt.Sprint(g.run("renew_batch", "PB", "TB", "1", token, "1", "200000")); strings.HasPrefix(got, "error") {
-			return fmt.Errorf("the batched confirmation = %v", got)
+	if batched {
+		if got := fmt.Sprint(g.run("renew_batch", "PB", "TB", "1", token, "1", "200000")); got != "[[1] 0]" {
+			return fmt.Errorf("the batched confirmation = %v, want [[1] 0]", got)
 		}
 	} else if got := fmt.Sprint(g.run("renew", "TB", "PB", "200000", "3000", "", "1", "1", token)); got != "[1 0]" {
 		return fmt.Errorf("the confirmation = %v, want [1 0]", got)
