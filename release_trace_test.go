@@ -569,3 +569,51 @@ func deadFieldsGo(t *testing.T, transform func(string) string) error {
 	}
 	return nil
 }
+
+// A liveness field another program overwrote with a value fairlock did
+// not write counts as none: its process's waiters are dead, and the call
+// that queues the process's next waiter writes the field anew (born: its
+// sequence). That must move zq past the older waiters, as writing a dead
+// field anew does; otherwise a handing release's fast path serves an
+// older one unread (from zq on, lmin not due) where the general path
+// drops it as dead.
+func TestGarbageFieldWrittenAnewMovesZq(t *testing.T) {
+	if err := garbageFieldWrittenAnewMovesZq(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// garbageFieldWrittenAnewMovesZq is TestGarbageFieldWrittenAnewMovesZq
+// on scripts changed by transform: the error says what went wrong.
+func garbageFieldWrittenAnewMovesZq(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	acquire := func(ticket, client string) []any {
+		got, _ := g.run("acquire", ticket, client, "200000", "3000", "", "1", "1").([]any)
+		return got
+	}
+	held := acquire("TA", "PA")
+	if len(held) < 4 || held[0] != int64(acqGranted) {
+		return fmt.Errorf("the first lease = %v, want granted", held)
+	}
+	if got := acquire("TB", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("PB's first request = %v, want queued", got)
+	}
+	// Another program's mistake: PB's field no longer says anything.
+	if err := g.r.RDB.HSet(context.Background(), "trace:{s}:s", statecheck.LiveField("PB"), "garbage").Err(); err != nil {
+		return err
+	}
+	g.advance(10)
+	if got := acquire("TC", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("PB's second request = %v, want queued", got)
+	}
+	st := statecheck.State{Prefix: "trace:", Bases: []string{"trace:{s}"}, At: g.now / 1000, Shift: differential.ExpiryShift}
+	if err := statecheck.Check(context.Background(), g.r.RDB, st); err != nil {
+		return fmt.Errorf("after PB's second request: %v\n%s", err, g.dump())
+	}
+	g.advance(10)
+	g.run("release", "TA", "PA", "200000", "3000", "", "0", "1", fmt.Sprint(held[3]))
+	if d := g.dump(); !strings.Contains(d, "o = TC ") {
+		return fmt.Errorf("after the release, the holder is not PB's live request TC\n%s", d)
+	}
+	return nil
+}
