@@ -617,3 +617,49 @@ func garbageFieldWrittenAnewMovesZq(t *testing.T, transform func(string) string)
 	}
 	return nil
 }
+
+// A state hash lost while :h still holds a lease (another program's DEL,
+// or an eviction under a policy other than noeviction) is rebuilt from the
+// sorted sets by the general path (rebuild), which counts that lease. An
+// acquire's fast path that finds no state must not take it for a new,
+// empty semaphore: granting at once there gives more leases than the
+// capacity.
+func TestLostStateHashKeepsTheCapacity(t *testing.T) {
+	if err := lostStateHashKeepsTheCapacity(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lostStateHashKeepsTheCapacity is TestLostStateHashKeepsTheCapacity on
+// scripts changed by transform: the error says what went wrong.
+func lostStateHashKeepsTheCapacity(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	acquire := func(ticket, client string) []any {
+		got, _ := g.run("acquire", ticket, client, "200000", "3000", "", "1", "2").([]any)
+		return got
+	}
+	a := acquire("TA", "PA") // kept in the state hash
+	if len(a) < 4 || a[0] != int64(acqGranted) {
+		return fmt.Errorf("TA = %v, want granted", a)
+	}
+	if got := acquire("TB", "PB"); len(got) < 4 || got[0] != int64(acqGranted) { // in :h
+		return fmt.Errorf("TB = %v, want granted", got)
+	}
+	g.advance(10)
+	g.run("release", "TA", "PA", "200000", "3000", "", "0", "1", fmt.Sprint(a[3]))
+	// TB alone holds, in :h. The state hash is lost.
+	if err := g.r.RDB.Del(context.Background(), "trace:{s}:s").Err(); err != nil {
+		return err
+	}
+	g.advance(10)
+	granted := 0
+	for _, x := range []string{"C", "D"} {
+		if got := acquire("T"+x, "P"+x); len(got) > 0 && got[0] == int64(acqGranted) {
+			granted++
+		}
+	}
+	if granted > 1 {
+		return fmt.Errorf("TC and TD were both granted while TB holds: 3 leases on a semaphore of capacity 2\n%s", g.dump())
+	}
+	return nil
+}
