@@ -663,3 +663,53 @@ func lostStateHashKeepsTheCapacity(t *testing.T, transform func(string) string) 
 	}
 	return nil
 }
+
+// A handing release on a mutex pops its queue's head first, and puts a
+// head it cannot serve back with the keys' expiry as the state says it.
+// A state without exp (another program's mistake) says none: the queue's
+// last member popped and put back leaves its key without a TTL, and when
+// the general path then refuses the call (here a foreign :t), the script
+// has failed after a write that stays.
+func TestPoppedHeadKeepsItsKeysTTL(t *testing.T) {
+	if err := poppedHeadKeepsItsKeysTTL(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// poppedHeadKeepsItsKeysTTL is TestPoppedHeadKeepsItsKeysTTL on scripts
+// changed by transform: the error says what went wrong.
+func poppedHeadKeepsItsKeysTTL(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	ctx := context.Background()
+	acquire := func(ticket, client string) []any {
+		got, _ := g.run("acquire", ticket, client, "200000", "3000", "", "1", "1").([]any)
+		return got
+	}
+	held := acquire("TA", "PA")
+	if len(held) < 4 || held[0] != int64(acqGranted) {
+		return fmt.Errorf("the first lease = %v, want granted", held)
+	}
+	if got := acquire("TW", "PW"); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("PW's request = %v, want queued", got)
+	}
+	// Another program's mistakes: the state loses exp, and :t (which a
+	// tombstone's tnext says holds one) is a string.
+	if err := g.r.RDB.HDel(ctx, "trace:{s}:s", "exp").Err(); err != nil {
+		return err
+	}
+	if err := g.r.RDB.HSet(ctx, "trace:{s}:s", "tnext", fmt.Sprint(g.now/1000+100000)).Err(); err != nil {
+		return err
+	}
+	if err := g.r.RDB.Set(ctx, "trace:{s}:t", "garbage", 0).Err(); err != nil {
+		return err
+	}
+	g.advance(10)
+	got := g.run("release", "TA", "PA", "200000", "3000", "", "0", "1", fmt.Sprint(held[3]))
+	if s, _ := got.(string); !strings.Contains(s, "FAIRLOCK_FOREIGN_KEY") {
+		return fmt.Errorf("the release = %v, want refused (foreign :t)", got)
+	}
+	if ttl := g.r.RDB.PTTL(ctx, "trace:{s}:q").Val(); ttl < 0 {
+		return fmt.Errorf("the refused release left :q without a TTL (%v)\n%s", ttl, g.dump())
+	}
+	return nil
+}
