@@ -197,13 +197,16 @@ local function fast_release(K, a)
   local function back()
     if hscore then
       redis.call('ZADD', K[KQ], hscore, head)
-      if exp0 > 0 then fast_expire(K[KQ], exp0) end
+      fast_expire(K[KQ], exp0)
     end
     return fast_defer(clock, S, st)
   end
   if nq > 0 then
     local got
-    if cap == 1 then
+    -- (A state without exp, which another program's mistake may leave,
+    -- tells no expiry to put a popped head's key back with: its head is
+    -- read.)
+    if cap == 1 and exp0 > 0 then
       got = redis.call('ZPOPMIN', K[KQ])
       hscore = got[2]
     else
