@@ -143,7 +143,7 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		// (checks -1: a written-out scenario, writtenOut: a head put back
 		// whose key went with it.)
 		{"a popped head put back without the keys' expiry", "lua/fast.lua",
-			"      if exp0 > 0 then fast_expire(K[KQ], exp0) end\n", "\n", -1, true},
+			"      fast_expire(K[KQ], exp0)\n", "\n", -1, true},
 		{"fast release trusts zq with the liveness bound due", "lua/fast.lua",
 			"not trim_due(st[TNEXT]) and (nq + nc <= 0 or nothing_due(lmin))\n  local at = nil", "not trim_due(st[TNEXT])\n  local at = nil", 0, true},
 		{"fast acquire writes a dead field anew without moving zq", "lua/fast.lua",

@@ -596,3 +596,147 @@ func deadFieldsGo(t *testing.T, transform func(string) string) error {
 	}
 	return nil
 }
+
+// A liveness field another program overwrote with a value fairlock did
+// not write counts as none: its process's waiters are dead, and the call
+// that queues the process's next waiter writes the field anew (born: its
+// sequence). That must move zq past the older waiters, as writing a dead
+// field anew does; otherwise a handing release's fast path serves an
+// older one unread (from zq on, lmin not due) where the general path
+// drops it as dead.
+func TestGarbageFieldWrittenAnewMovesZq(t *testing.T) {
+	if err := garbageFieldWrittenAnewMovesZq(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// garbageFieldWrittenAnewMovesZq is TestGarbageFieldWrittenAnewMovesZq
+// on scripts changed by transform: the error says what went wrong.
+func garbageFieldWrittenAnewMovesZq(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	acquire := func(ticket, client string) []any {
+		got, _ := g.run("acquire", ticket, client, "200000", "3000", "", "1", "1").([]any)
+		return got
+	}
+	held := acquire("TA", "PA")
+	if len(held) < 4 || held[0] != int64(acqGranted) {
+		return fmt.Errorf("the first lease = %v, want granted", held)
+	}
+	if got := acquire("TB", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("PB's first request = %v, want queued", got)
+	}
+	// Another program's mistake: PB's field no longer says anything.
+	if err := g.r.RDB.HSet(context.Background(), "trace:{s}:s", statecheck.LiveField("PB"), "garbage").Err(); err != nil {
+		return err
+	}
+	g.advance(10)
+	if got := acquire("TC", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("PB's second request = %v, want queued", got)
+	}
+	st := statecheck.State{Prefix: "trace:", Bases: []string{"trace:{s}"}, At: g.now / 1000, Shift: differential.ExpiryShift}
+	if err := statecheck.Check(context.Background(), g.r.RDB, st); err != nil {
+		return fmt.Errorf("after PB's second request: %v\n%s", err, g.dump())
+	}
+	g.advance(10)
+	g.run("release", "TA", "PA", "200000", "3000", "", "0", "1", fmt.Sprint(held[3]))
+	if d := g.dump(); !strings.Contains(d, "o = TC ") {
+		return fmt.Errorf("after the release, the holder is not PB's live request TC\n%s", d)
+	}
+	return nil
+}
+
+// A state hash lost while :h still holds a lease (another program's DEL,
+// or an eviction under a policy other than noeviction) is rebuilt from the
+// sorted sets by the general path (rebuild), which counts that lease. An
+// acquire's fast path that finds no state must not take it for a new,
+// empty semaphore: granting at once there gives more leases than the
+// capacity.
+func TestLostStateHashKeepsTheCapacity(t *testing.T) {
+	if err := lostStateHashKeepsTheCapacity(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lostStateHashKeepsTheCapacity is TestLostStateHashKeepsTheCapacity on
+// scripts changed by transform: the error says what went wrong.
+func lostStateHashKeepsTheCapacity(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	acquire := func(ticket, client string) []any {
+		got, _ := g.run("acquire", ticket, client, "200000", "3000", "", "1", "2").([]any)
+		return got
+	}
+	a := acquire("TA", "PA") // kept in the state hash
+	if len(a) < 4 || a[0] != int64(acqGranted) {
+		return fmt.Errorf("TA = %v, want granted", a)
+	}
+	if got := acquire("TB", "PB"); len(got) < 4 || got[0] != int64(acqGranted) { // in :h
+		return fmt.Errorf("TB = %v, want granted", got)
+	}
+	g.advance(10)
+	g.run("release", "TA", "PA", "200000", "3000", "", "0", "1", fmt.Sprint(a[3]))
+	// TB alone holds, in :h. The state hash is lost.
+	if err := g.r.RDB.Del(context.Background(), "trace:{s}:s").Err(); err != nil {
+		return err
+	}
+	g.advance(10)
+	granted := 0
+	for _, x := range []string{"C", "D"} {
+		if got := acquire("T"+x, "P"+x); len(got) > 0 && got[0] == int64(acqGranted) {
+			granted++
+		}
+	}
+	if granted > 1 {
+		return fmt.Errorf("TC and TD were both granted while TB holds: 3 leases on a semaphore of capacity 2\n%s", g.dump())
+	}
+	return nil
+}
+
+// A handing release on a mutex pops its queue's head first, and puts a
+// head it cannot serve back with the keys' expiry as the state says it.
+// A state without exp (another program's mistake) says none: the queue's
+// last member popped and put back leaves its key without a TTL, and when
+// the general path then refuses the call (here a foreign :t), the script
+// has failed after a write that stays.
+func TestPoppedHeadKeepsItsKeysTTL(t *testing.T) {
+	if err := poppedHeadKeepsItsKeysTTL(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// poppedHeadKeepsItsKeysTTL is TestPoppedHeadKeepsItsKeysTTL on scripts
+// changed by transform: the error says what went wrong.
+func poppedHeadKeepsItsKeysTTL(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	ctx := context.Background()
+	acquire := func(ticket, client string) []any {
+		got, _ := g.run("acquire", ticket, client, "200000", "3000", "", "1", "1").([]any)
+		return got
+	}
+	held := acquire("TA", "PA")
+	if len(held) < 4 || held[0] != int64(acqGranted) {
+		return fmt.Errorf("the first lease = %v, want granted", held)
+	}
+	if got := acquire("TW", "PW"); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("PW's request = %v, want queued", got)
+	}
+	// Another program's mistakes: the state loses exp, and :t (which a
+	// tombstone's tnext says holds one) is a string.
+	if err := g.r.RDB.HDel(ctx, "trace:{s}:s", "exp").Err(); err != nil {
+		return err
+	}
+	if err := g.r.RDB.HSet(ctx, "trace:{s}:s", "tnext", fmt.Sprint(g.now/1000+100000)).Err(); err != nil {
+		return err
+	}
+	if err := g.r.RDB.Set(ctx, "trace:{s}:t", "garbage", 0).Err(); err != nil {
+		return err
+	}
+	g.advance(10)
+	got := g.run("release", "TA", "PA", "200000", "3000", "", "0", "1", fmt.Sprint(held[3]))
+	if s, _ := got.(string); !strings.Contains(s, "FAIRLOCK_FOREIGN_KEY") {
+		return fmt.Errorf("the release = %v, want refused (foreign :t)", got)
+	}
+	if ttl := g.r.RDB.PTTL(ctx, "trace:{s}:q").Val(); ttl < 0 {
+		return fmt.Errorf("the refused release left :q without a TTL (%v)\n%s", ttl, g.dump())
+	}
+	return nil
+}

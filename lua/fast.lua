@@ -74,6 +74,10 @@ local function fast_acquire(K, a)
     local still = nh > 0 and nothing_due(hmin) and not (o and due(oe)) and (used >= cap or nq <= 0)
     ok = still
   end
+  -- No state hash, but holders or waiters left in :h or :q: the state
+  -- was lost (another program's DEL, or an eviction), and the general
+  -- path rebuilds it from them (rebuild), counting their permits.
+  if ok and fresh and redis.call('EXISTS', K[KH], K[KQ]) > 0 then ok = false end
   if not ok then return fast_defer(clock, S, st) end
   if not grant and a[OP] == 'try' then
     -- Refused, with nothing to write (the keys' TTL is as the last
@@ -193,13 +197,16 @@ local function fast_release(K, a)
   local function back()
     if hscore then
       redis.call('ZADD', K[KQ], hscore, head)
-      if exp0 > 0 then fast_expire(K[KQ], exp0) end
+      fast_expire(K[KQ], exp0)
     end
     return fast_defer(clock, S, st)
   end
   if nq > 0 then
     local got
-    if cap == 1 then
+    -- (A state without exp, which another program's mistake may leave,
+    -- tells no expiry to put a popped head's key back with: its head is
+    -- read.)
+    if cap == 1 and exp0 > 0 then
       got = redis.call('ZPOPMIN', K[KQ])
       hscore = got[2]
     else

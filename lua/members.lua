@@ -105,13 +105,16 @@ local CAP, USED, NH, NQ, SEQ, EXP, TNEXT, HMIN, NC, O, OE, LMIN, LIVE, MARK, EXI
 -- live_value is a liveness field's value: "deadline born", the process's
 -- waiters' deadline (ms) and the sequence number from which its waiters
 -- count (see waiter_alive in rules.lua); parse_live reads one (nil, nil:
--- none, or a value fairlock did not write).
+-- none; 0, 0: a value fairlock did not write, which reads as a dead
+-- field, so that writing it anew moves zq past its process's waiters, as
+-- for any dead field: see keep_alive).
 local function live_value(at, born)
   return num(at) .. ' ' .. num(born)
 end
 local function parse_live(v)
   if type(v) ~= 'string' then return nil, nil end
   local at, born = string.match(v, '^(%d+) (%d+)$')
+  if not at then return 0, 0 end
   return tonumber(at), tonumber(born)
 end
 
