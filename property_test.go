@@ -154,6 +154,10 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		// the machines' checks allow either way.)
 		{"dead liveness fields stay", "lua/resource.lua",
 			"        d[#d + 1] = all[i]\n", "\n", -1, false},
+		// (checks -1: a written-out scenario, writtenOut: a lost state
+		// hash.)
+		{"a rebuilt state forgets its leases' expiry", "lua/resource.lua",
+			"    r.horizon = math.max(r.horizon, tonumber(h[i + 1]) or 0)\n", "\n", -1, false},
 		{"a waiter before zq is taken alive unread", "lua/resource.lua",
 			"not r.off and seq >= r.zq and nothing_due(r.lmin)", "not r.off and nothing_due(r.lmin)", 0, false},
 		{"a waiter zq covers is taken alive with the liveness bound due", "lua/resource.lua",
@@ -363,6 +367,7 @@ var writtenOut = map[string]func(*testing.T, func(string) string) error{
 	"fast release hands on to a dead head":                            deadProcessWaitersStayDead,
 	"a popped head put back without the keys' expiry":                 poppedHeadPutBack,
 	"dead liveness fields stay":                                       deadFieldsGo,
+	"a rebuilt state forgets its leases' expiry":                      rebuiltStateKeepsItsKeys,
 	"a new waiter's liveness field is not moved on while young":       newWaiterLivesAWholeTTL,
 	"a latch's opening keeps lost marks":                              latchOpensPastLostMarks,
 	"a liveness field left as it was does not keep the keys":          queuedBehindAFreshFieldKeepsTheKeys,

@@ -740,3 +740,45 @@ func poppedHeadKeepsItsKeysTTL(t *testing.T, transform func(string) string) erro
 	}
 	return nil
 }
+
+// A state hash lost while a lease is held in :h and a waiter queued
+// (another program's DEL, or an eviction) is rebuilt from :h and :q by
+// the next call; the keys' expiry it then writes covers the leases (the
+// lost hash said how long they live), and the state checks.
+func TestRebuiltStateKeepsItsKeys(t *testing.T) {
+	if err := rebuiltStateKeepsItsKeys(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rebuiltStateKeepsItsKeys is TestRebuiltStateKeepsItsKeys on
+// scripts changed by transform: the error says what went wrong.
+func rebuiltStateKeepsItsKeys(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	acquire := func(ticket, client, n string) []any {
+		got, _ := g.run("acquire", ticket, client, "200000", "3000", "", n, "3").([]any)
+		return got
+	}
+	// Capacity 3: TA (1 permit) kept in the state hash, TB (2) in :h; TC
+	// (2) waits.
+	for _, x := range [][2]string{{"A", "1"}, {"B", "2"}} {
+		if got := acquire("T"+x[0], "P"+x[0], x[1]); len(got) < 4 || got[0] != int64(acqGranted) {
+			return fmt.Errorf("T%s = %v, want granted", x[0], got)
+		}
+	}
+	if got := acquire("TC", "PC", "2"); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("TC = %v, want queued", got)
+	}
+	if err := g.r.RDB.Del(context.Background(), "trace:{s}:s").Err(); err != nil {
+		return err
+	}
+	g.advance(10)
+	// Rebuilt from :h and :q: TB's 2 permits in use, TC (2) still does
+	// not fit and stays queued, its process's field gone.
+	acquire("TD", "PD", "2")
+	st := statecheck.State{Prefix: "trace:", Bases: []string{"trace:{s}"}, At: g.now / 1000, Shift: differential.ExpiryShift}
+	if err := statecheck.Check(context.Background(), g.r.RDB, st); err != nil {
+		return fmt.Errorf("%v\n%s", err, g.dump())
+	}
+	return nil
+}

@@ -9,9 +9,12 @@
 local function rebuild(r)
   if r.cap or redis.call('EXISTS', r.H, r.Q) == 0 then return end
   r.nh, r.nq, r.used = redis.call('ZCARD', r.H), redis.call('ZCARD', r.Q), 0
-  for _, m in ipairs(redis.call('ZRANGE', r.H, 0, -1)) do
-    local _, n = parse_holder(m)
+  local h = redis.call('ZRANGE', r.H, 0, -1, 'WITHSCORES')
+  for i = 1, #h, 2 do
+    local _, n = parse_holder(h[i])
     r.used = r.used + n
+    -- The keys live as long as the leases (the lost hash said how long).
+    r.horizon = math.max(r.horizon, tonumber(h[i + 1]) or 0)
   end
   r.nh0, r.nq0, r.used0 = 0, 0, 0
   r.hmin, r.lmin, r.o = nil, nil, false
