@@ -154,6 +154,14 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		// the machines' checks allow either way.)
 		{"dead liveness fields stay", "lua/resource.lua",
 			"        d[#d + 1] = all[i]\n", "\n", -1, false},
+		// (checks -1: written-out scenarios, writtenOut: another
+		// program's mistakes, which the machines do not make.)
+		{"a fast acquire takes a lost state for a new one", "lua/fast.lua",
+			"  if ok and fresh and redis.call('EXISTS', K[KH], K[KQ]) > 0 then ok = false end\n", "\n", -1, true},
+		{"a head popped from a state without the keys' expiry", "lua/fast.lua",
+			"    if cap == 1 and exp0 > 0 then\n", "    if cap == 1 then\n", -1, true},
+		{"a garbled liveness field reads as none", "lua/members.lua",
+			"  if not at then return 0, 0 end\n", "\n", -1, false},
 		// (checks -1: a written-out scenario, writtenOut: a lost state
 		// hash.)
 		{"a rebuilt state forgets its leases' expiry", "lua/resource.lua",
@@ -368,6 +376,9 @@ var writtenOut = map[string]func(*testing.T, func(string) string) error{
 	"a popped head put back without the keys' expiry":                 poppedHeadPutBack,
 	"dead liveness fields stay":                                       deadFieldsGo,
 	"a rebuilt state forgets its leases' expiry":                      rebuiltStateKeepsItsKeys,
+	"a fast acquire takes a lost state for a new one":                 lostStateHashKeepsTheCapacity,
+	"a garbled liveness field reads as none":                          garbageFieldWrittenAnewMovesZq,
+	"a head popped from a state without the keys' expiry":             poppedHeadKeepsItsKeysTTL,
 	"a new waiter's liveness field is not moved on while young":       newWaiterLivesAWholeTTL,
 	"a latch's opening keeps lost marks":                              latchOpensPastLostMarks,
 	"a liveness field left as it was does not keep the keys":          queuedBehindAFreshFieldKeepsTheKeys,
