@@ -249,7 +249,7 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		// A waiter's liveness is its process's field (rules.lua's
 		// waiter_alive), checked where a waiter would be granted.
 		{"liveness not checked at the grant", "lua/grant.lua",
-			"          if waiter_alive(tonumber(page[r.pos + 1]), live_of(r, w.client)) then return m, w end\n",
+			"          if waiter_alive(tonumber(page[r.pos + 1]), live_of(r, w.client, false, tonumber(page[r.pos + 1]))) then return m, w end\n",
 			"          if true then return m, w end\n", 0, false},
 		{"a refresh brings a dead process's waiters back", "lua/resource.lua",
 			"    if not alive(at) or born == nil then return end\n", "    born = born or 0\n", 0, false},
