@@ -782,3 +782,34 @@ func rebuiltStateKeepsItsKeys(t *testing.T, transform func(string) string) error
 	}
 	return nil
 }
+
+// A refresh that comes after its process's waiter TTL has passed does not
+// bring the process's waiters back: they died with its liveness field
+// (another process may have been served in their place). A process
+// refreshes its waiters on a semaphore in several calls when they are
+// many: the first call's must not revive the field for the second's.
+func TestRefreshLeavesDeadWaitersDead(t *testing.T) {
+	if err := refreshLeavesDeadWaitersDead(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// refreshLeavesDeadWaitersDead is TestRefreshLeavesDeadWaitersDead on
+// scripts changed by transform: the error says what went wrong.
+func refreshLeavesDeadWaitersDead(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	tokenOf(t, g.run("acquire", "TA", "PA", "200000", "3000", "", "1", "1"))
+	for _, ticket := range []string{"TB1", "TB2"} {
+		if got, _ := g.run("acquire", ticket, "PB", "200000", "3000", "", "1", "1").([]any); len(got) < 1 || got[0] != int64(acqQueued) {
+			return fmt.Errorf("%s = %v, want queued", ticket, got)
+		}
+	}
+	g.advance(4000) // PB's waiter TTL passes unrefreshed
+	for _, ticket := range []string{"TB1", "TB2"} {
+		got := fmt.Sprint(g.run("refresh", "PB", "200000", "3000", ticket, "1", ""))
+		if !strings.Contains(got, "["+ticket+" 0]") {
+			return fmt.Errorf("PB's late refresh of %s = %v, want it reported gone (0)\n%s", ticket, got, g.dump())
+		}
+	}
+	return nil
+}
