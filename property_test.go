@@ -257,6 +257,11 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		// late refresh, which the machines seldom send in two calls.)
 		{"a late refresh keeps a dead queued waiter", "lua/ops/refresh.lua",
 			"  elseif inq[k] and not waiter_alive(inq[k], lat, lborn) then\n", "  elseif false then\n", -1, false},
+		// (checks -1: writtenOut. The machines caught it after 179 s and
+		// 227 s in two runs, and missed it in 3,000 machines, 463 s, in a
+		// third: since 3368bc0 a live process's field dies less often.)
+		{"a refresh brings a dead process's waiters back", "lua/resource.lua",
+			"    if not alive(at) or born == nil then return end\n", "    born = born or 0\n", -1, false},
 		// (checks -1: a written-out scenario, writtenOut: a process
 		// paused past its TTL that queues again.)
 		{"a dead process's field written anew keeps its old waiters alive", "lua/rules.lua",
@@ -298,9 +303,11 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		{"barrier break leaves its round running", "lua/ops/barrier.lua",
 			"    end_round(BROKEN, ticket)\n    record(r, ticket, signalled(round - 1, 0, BROKEN, 0))\n",
 			"    record(r, ticket, signalled(round, 0, BROKEN, 0))\n", 0, true},
+		// (3,000 machines: caught after 534 in one run, missed in 1,000 in
+		// another; its twin below, on the barrier model, is caught sooner.)
 		{"barrier wakes a broken round's waiters completed", "lua/ops/barrier.lua",
 			"wake(list, fallback, wake_entry(w.ticket, now, { num(outcome) }), w.wait)",
-			"wake(list, fallback, wake_entry(w.ticket, now, { num(COMPLETED) }), w.wait)", 0, true},
+			"wake(list, fallback, wake_entry(w.ticket, now, { num(COMPLETED) }), w.wait)", 3000, true},
 		{"barrier status lists its waiters out of arrival order", "lua/ops/barrier.lua",
 			"ipairs(redis.call('ZRANGE', cv.C, 0, -1))", "ipairs(redis.call('ZREVRANGE', cv.C, 0, -1))", 0, true},
 		// The same rules, which the machine's barrier model checks
@@ -385,6 +392,7 @@ var writtenOut = map[string]func(*testing.T, func(string) string) error{
 	"a fast acquire takes a lost state for a new one":                 lostStateHashKeepsTheCapacity,
 	"a garbled liveness field reads as none":                          garbageFieldWrittenAnewMovesZq,
 	"a head popped from a state without the keys' expiry":             poppedHeadKeepsItsKeysTTL,
+	"a refresh brings a dead process's waiters back":                  refreshLeavesADeadFieldDead,
 	"a new waiter's liveness field is not moved on while young":       newWaiterLivesAWholeTTL,
 	"a latch's opening keeps lost marks":                              latchOpensPastLostMarks,
 	"a liveness field left as it was does not keep the keys":          queuedBehindAFreshFieldKeepsTheKeys,

@@ -813,3 +813,57 @@ func refreshLeavesDeadWaitersDead(t *testing.T, transform func(string) string) e
 	}
 	return nil
 }
+
+// A refresh moves on only the liveness fields that are alive: a
+// process's field on a resource that died (it paused past its waiter TTL
+// there) stays dead though the refresh keeps its field alive on another
+// resource, where it queued since. Here PB's multi-request TG waits on a
+// and b; PB queues TZ on a alone later, so that its field on a outlives
+// its field on b. Its refresh on a (TG's first resource) past b's
+// deadline must leave TG's part on b dead, and the release on b drops it.
+func TestRefreshLeavesADeadFieldDead(t *testing.T) {
+	if err := refreshLeavesADeadFieldDead(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// refreshLeavesADeadFieldDead is TestRefreshLeavesADeadFieldDead on
+// scripts changed by transform: the error says what went wrong.
+func refreshLeavesADeadFieldDead(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	a, b := "trace:{a}", "trace:{b}"
+	keysOf := func(base string) []string {
+		return []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}
+	}
+	both := append(keysOf(a), keysOf(b)...)
+	group := a + "\t1\t1\t" + b + "\t1\t1"
+	one := func(base, ticket, client string) []any {
+		got, _ := g.runOn(keysOf(base), "acquire", ticket, client, "200000", "3000", "", "1", "1").([]any)
+		return got
+	}
+	if got := one(a, "TA", "PA"); len(got) < 4 || got[0] != int64(acqGranted) {
+		return fmt.Errorf("TA = %v, want granted", got)
+	}
+	held := one(b, "TC", "PC")
+	if len(held) < 4 || held[0] != int64(acqGranted) {
+		return fmt.Errorf("TC = %v, want granted", held)
+	}
+	if got, _ := g.runOn(both, "acquire", "TG", "PB", "200000", "3000", group, "1", "1", "1", "1").([]any); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("TG = %v, want queued", got)
+	}
+	g.advance(2000)
+	if got := one(a, "TZ", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+		return fmt.Errorf("TZ = %v, want queued", got)
+	}
+	g.advance(1500) // PB's field on b (3 s from TG) is dead; on a, alive
+	g.runOn(keysOf(a), "refresh", "PB", "200000", "3000", "TG", "1", group, "TZ", "1", "")
+	g.runOn(keysOf(b), "release", "TC", "PC", "200000", "3000", "", "0", "1", fmt.Sprint(held[3]))
+	n, err := g.r.RDB.ZCard(context.Background(), b+":q").Result()
+	if err != nil {
+		return err
+	}
+	if n != 0 {
+		return fmt.Errorf("after the release on b, TG (dead there) is still queued on b: the refresh on a brought its field on b back\n%s", g.dump())
+	}
+	return nil
+}

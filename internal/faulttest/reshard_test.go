@@ -508,7 +508,7 @@ type stateAudit struct {
 	Exists           bool
 	Used, SumH       int64 // permits the hash counts; permits in H
 	NH, CardH        int64
-	NQ, CardQ, CardD int64
+	NQ, CardQ, CardD int64 // CardD: the unused third key's members
 	Live             int64 // permits of leases whose expiry is in the future
 }
 
@@ -529,8 +529,11 @@ func (a stateAudit) problems(capacity int64) string {
 			out = append(out, fmt.Sprintf("nq %d but %d queued", a.NQ, a.CardQ))
 		}
 	}
-	if a.CardQ != a.CardD {
-		out = append(out, fmt.Sprintf("%d queued but %d deadlines", a.CardQ, a.CardD))
+	// Layout 3 keeps waiters' deadlines in their processes' liveness
+	// fields in the state hash: the third key (:d in layouts 1 and 2)
+	// holds nothing.
+	if a.CardD != 0 {
+		out = append(out, fmt.Sprintf("the unused third key (:d) holds %d members", a.CardD))
 	}
 	return strings.Join(out, "; ")
 }
