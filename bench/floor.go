@@ -164,7 +164,7 @@ func (e *env) floorHandoff(rdb *redis.Client) (*Table, error) {
 	ctx := context.Background()
 	const idle = 20 * time.Millisecond
 	t := &Table{Name: "floor_handoff", Title: "8b. The floor of a handoff",
-		Note:    fmt.Sprintf("After %v of silence, a call wakes a client blocked in BLMPOP; measured from the call's start to the blocked client's return on its goroutine, as table 2 measures a handoff. TIME + RPUSH is the least a script that hands a lock on by push can do (it must read Redis's clock to judge leases). The handing-release function does a handing release's commands (TIME, HMGET, ZRANGE, ZREM, RPUSH, HSET, HDEL, ZREM, PEXPIRE) and nothing else; calls interleaved.", idle),
+		Note:    fmt.Sprintf("After %v of silence, a call wakes a client blocked in BLMPOP; measured from the call's start to the blocked client's return on its goroutine, as table 2 measures a handoff. TIME + RPUSH is the least a script that hands a lock on by push can do (it must read Redis's clock to judge leases). The handing-release function does a handing release's commands (TIME, HMGET, ZPOPMIN, RPUSH, HSET, PEXPIRE) and nothing else; calls interleaved.", idle),
 		Columns: []string{"call", "p50", "÷ idle-PING p50", "samples"}}
 	waiter := redis.NewClient(&redis.Options{Addr: e.addr})
 	defer waiter.Close()
