@@ -32,9 +32,9 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease
 // request began to wait, if it did before (its WaitStarted reported): a
 // condition's waiter that queues again.
 func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time.Time) (lease *Lease, err error) {
-	op, mode := "acquire", opAcquire
+	op, mode := "acquire", OpAcquire
 	if !wait {
-		op, mode = "try acquire", opTry
+		op, mode = "try acquire", OpTry
 	}
 	if p.id != 0 {
 		defer func() { c.observeAcquire(p, queued, lease, err) }()
@@ -81,7 +81,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		// alone: a batch holding it could hold its group); a close waits
 		// for it until its bound only, and says so.
 		callCtx, bound := c.boundByClose(ctx)
-		o, ok := c.calls.op(callCtx, p.acquireCall(mode, ticket, c).under(ctx), func(outcome) {
+		o, ok := c.calls.Op(callCtx, p.acquireCall(mode, ticket, c).Under(ctx), func(Outcome) {
 			// The script may have queued or granted the ticket after the
 			// caller left, or before its reply was lost. (A caller whose
 			// context lasts left because the close ended the call: the
@@ -90,17 +90,17 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 			if ctx.Err() == nil {
 				report = c.closeReport()
 			}
-			c.cleanUpReport(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p, report)
+			c.cleanUpReport(ctx, p.releaseCall(OpLeave, ticket, c, true, nil), p, report)
 		})
 		bound.done()
 		if !ok {
 			c.waits.unregister(r, w)
-			return nil, wrap(c.endedByClose(ctx, o.res.err))
+			return nil, wrap(c.endedByClose(ctx, o.Res.Err))
 		}
-		rep, err := parseAcquireReply(o.res, len(p.parts))
+		rep, err := parseAcquireReply(o.Res, len(p.parts))
 		if err != nil {
 			c.waits.unregister(r, w)
-			if !isDialError(err) { // (then the call's late clean-up withdraws)
+			if !IsDialError(err) { // (then the call's late clean-up withdraws)
 				// The script may have run before the failure was seen,
 				// or ran and answered what this release cannot read.
 				c.withdraw(ctx, p, w.ticket)
@@ -117,10 +117,10 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 				c.withdraw(ctx, p, w.ticket)
 				continue
 			}
-			if o.ackErr != nil {
+			if o.AckErr != nil {
 				// Granted on the master only: give it back.
 				c.giveBack(ctx, p, w.ticket, rep.g.tokens)
-				return nil, wrap(o.ackErr)
+				return nil, wrap(o.AckErr)
 			}
 			// A grant found by a resend lasts only the waiter TTL until
 			// confirmed, like an announced one.
@@ -136,10 +136,10 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 			continue
 		}
 		// Queued.
-		if o.ackErr != nil {
+		if o.AckErr != nil {
 			c.waits.unregister(r, w)
 			c.withdraw(ctx, p, w.ticket)
-			return nil, wrap(o.ackErr)
+			return nil, wrap(o.AckErr)
 		}
 		if queued.IsZero() {
 			queued = sent
@@ -230,14 +230,14 @@ func (c *Client) observeAcquire(p plan, queued time.Time, lease *Lease, err erro
 // reached meanwhile, the ticket dies on its own: a waiter at its liveness
 // deadline, a grant when its lease expires.
 func (c *Client) withdraw(ctx context.Context, p plan, ticket string) {
-	c.letGo(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p, nil)
+	c.letGo(ctx, p.releaseCall(OpLeave, ticket, c, true, nil), p, nil)
 }
 
 // withdrawAtClose is withdraw for an acquisition that the client's close
 // ended (a wait, or a grant that raced the close): a withdrawal that does
 // not land counts in the close's error.
 func (c *Client) withdrawAtClose(ctx context.Context, p plan, ticket string) {
-	c.letGo(ctx, p.releaseCall(opLeave, ticket, c, true, nil), p, c.closeReport())
+	c.letGo(ctx, p.releaseCall(OpLeave, ticket, c, true, nil), p, c.closeReport())
 }
 
 // closeReport returns, once a close has begun, how a withdrawal that the
@@ -270,7 +270,7 @@ func (c *Client) resendCloseReport() func(error) {
 
 // giveBack releases a grant its caller will not use, like withdraw.
 func (c *Client) giveBack(ctx context.Context, p plan, ticket string, tokens []int64) {
-	c.letGo(ctx, p.releaseCall(opRelease, ticket, c, false, tokens), p, nil)
+	c.letGo(ctx, p.releaseCall(OpRelease, ticket, c, false, tokens), p, nil)
 }
 
 // letGo runs oc (release.lua's) on p's semaphores, best effort, and
@@ -281,7 +281,7 @@ func (c *Client) giveBack(ctx context.Context, p plan, ticket string, tokens []i
 // already sent to a Redis that does not answer can hold that goroutine up
 // to go-redis's ReadTimeout, which go-redis applies whatever the context.
 // If report is not nil, it is passed why oc did not land (see cleanUpReport).
-func (c *Client) letGo(ctx context.Context, oc opCall, p plan, report func(error)) {
+func (c *Client) letGo(ctx context.Context, oc Call, p plan, report func(error)) {
 	if ctx.Done() == nil {
 		c.cleanUpReport(ctx, oc, p, report)
 		return
@@ -296,7 +296,7 @@ func (c *Client) letGo(ctx context.Context, oc opCall, p plan, report func(error
 		return
 	case <-ctx.Done():
 	}
-	t := time.NewTimer(grace)
+	t := time.NewTimer(Grace)
 	defer t.Stop()
 	select {
 	case <-done:
@@ -308,14 +308,14 @@ func (c *Client) letGo(ctx context.Context, oc opCall, p plan, report func(error
 // a context that outlives ctx by up to one waiter TTL (and, once a close
 // has ended the client's leases, ends by that close's bound). It blocks; callers
 // that must not, run it through letGo or as a late outcome of call.
-func (c *Client) cleanUp(ctx context.Context, oc opCall, p plan) {
+func (c *Client) cleanUp(ctx context.Context, oc Call, p plan) {
 	c.cleanUpReport(ctx, oc, p, nil)
 }
 
 // cleanUpReport is cleanUp that, if report is not nil, passes it why oc
 // did not land: failed, or, sent again in the background, failed for
 // good or given up.
-func (c *Client) cleanUpReport(ctx context.Context, oc opCall, p plan, report func(error)) {
+func (c *Client) cleanUpReport(ctx context.Context, oc Call, p plan, report func(error)) {
 	// One waiter TTL, counted from a close's end of the client's work at
 	// the latest (see cleanUpBy), so that the close's bound holds.
 	by := c.cleanUpBy()
@@ -324,12 +324,12 @@ func (c *Client) cleanUpReport(ctx context.Context, oc opCall, p plan, report fu
 		// over too late: nothing may be sent past the bound. The ticket
 		// ends at its deadline.
 		c.logf(slog.LevelWarn, "fairlock: clean-up came past the close's bound; Redis drops the ticket at its deadline", p.names, "",
-			slog.String("op", oc.op.name))
+			slog.String("op", oc.Op.Name))
 		return
 	}
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), by)
 	defer cancel()
-	res, _ := c.calls.run(ctx, oc)
+	res, _ := c.calls.Run(ctx, oc)
 	if _, err := c.released(p, res); transient(err) && !unreachable(err) {
 		// It did not reach Redis: send it again until the ticket would
 		// have been dropped anyway. (A Redis that refuses connections, or
@@ -341,7 +341,7 @@ func (c *Client) cleanUpReport(ctx context.Context, oc opCall, p plan, report fu
 			report(err)
 		}
 		c.logf(slog.LevelWarn, "fairlock: clean-up failed; Redis drops the ticket at its deadline", p.names, "",
-			slog.String("op", oc.op.name), slog.Any("error", err))
+			slog.String("op", oc.Op.Name), slog.Any("error", err))
 	}
 }
 
@@ -451,7 +451,7 @@ func (c *Client) pumpLater(p plan) {
 				default:
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
-				res, _ := c.calls.run(ctx, pumpCall(k.list()))
+				res, _ := c.calls.Run(ctx, pumpCall(k.list()))
 				cancel()
 				more, err := parsePumpReply(res)
 				if err != nil || !more {

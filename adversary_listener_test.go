@@ -39,7 +39,7 @@ func TestAdversaryForeignControlListDeafensTheListener(t *testing.T) {
 		// Another program writes the control list of c's first listener
 		// (named as attachLocked names it).
 		ka, _ := c.keys("a")
-		ctl := prefix + "{" + hashTag(ka.wake(c.id)) + "}:l:" + c.id + ":1"
+		ctl := prefix + "{" + HashTag(ka.wake(c.id)) + "}:l:" + c.id + ":1"
 		if err := b.Client(t).Set(ctx, ctl, "another program", 0).Err(); err != nil {
 			t.Fatal(err)
 		}

@@ -9,9 +9,9 @@ import (
 	"github.com/fairlock/fairlock/backend"
 )
 
-// replyOf returns the text of err's Redis error reply, and whether it has
+// ReplyOf returns the text of err's Redis error reply, and whether it has
 // one.
-func replyOf(err error) (string, bool) {
+func ReplyOf(err error) (string, bool) {
 	if err == nil { // (before rerr, which escapes: a nil error costs nothing)
 		return "", false
 	}
@@ -28,7 +28,7 @@ func unsupported(err error) bool {
 	if errors.Is(err, errors.ErrUnsupported) {
 		return true
 	}
-	msg, ok := replyOf(err)
+	msg, ok := ReplyOf(err)
 	return ok && strings.Contains(strings.ToLower(msg), "unknown command")
 }
 
@@ -45,27 +45,27 @@ func NewWithBackend(b backend.Backend, opts ...Option) (*Client, error) {
 	return newClient(b, nil, opts)
 }
 
-// evalCode is a script sent by EVALSHA, then EVAL if the server lacks it.
-type evalCode struct {
+// EvalCode is a script sent by EVALSHA, then EVAL if the server lacks it.
+type EvalCode struct {
 	src, sha string
 }
 
-func newEvalCode(src string) *evalCode { return &evalCode{src: src, sha: sha1Hex(src)} }
+func NewEvalCode(src string) *EvalCode { return &EvalCode{src: src, sha: SHA1Hex(src)} }
 
-// run sends e through send on keys and args: EVALSHA, and EVAL when the
+// Run sends e through send on keys and args: EVALSHA, and EVAL when the
 // server does not have the script yet.
-func (e *evalCode) run(send func(backend.Script) result, keys, args []string) result {
+func (e *EvalCode) Run(send func(backend.Script) Result, keys, args []string) Result {
 	r := send(backend.Script{Command: backend.EvalSHA, Name: e.sha, Keys: keys, Args: args})
-	if msg, ok := replyOf(r.err); ok && strings.HasPrefix(msg, "NOSCRIPT") {
+	if msg, ok := ReplyOf(r.Err); ok && strings.HasPrefix(msg, "NOSCRIPT") {
 		r = send(backend.Script{Command: backend.Eval, Name: e.src, Keys: keys, Args: args})
 	}
 	return r
 }
 
-// on runs e on b.
-func (e *evalCode) on(ctx context.Context, b backend.Backend, keys []string, args ...string) result {
-	return e.run(func(s backend.Script) result {
+// On runs e On b.
+func (e *EvalCode) On(ctx context.Context, b backend.Backend, keys []string, args ...string) Result {
+	return e.Run(func(s backend.Script) Result {
 		v, err := b.Script(ctx, s)
-		return result{v, err}
+		return Result{v, err}
 	}, keys, args)
 }

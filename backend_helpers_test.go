@@ -9,17 +9,17 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Run runs s on rdb with keys and args and returns its reply as a go-redis
+// RunTest runs s on rdb with keys and args and returns its reply as a go-redis
 // command, without WithReplicaAck's WAIT: tests run entries by hand.
-func (s *script) Run(ctx context.Context, rdb RedisClient, keys []string, args ...any) *redis.Cmd {
+func (s *Script) RunTest(ctx context.Context, rdb RedisClient, keys []string, args ...any) *redis.Cmd {
 	g := &goRedis{rdb: rdb}
-	r := s.run(ctx, g, g.Info().Functions, func(sc backend.Script) result {
+	r := s.Run(ctx, g, g.Info().Functions, func(sc backend.Script) Result {
 		v, err := g.Script(ctx, sc)
-		return result{v, err}
+		return Result{v, err}
 	}, keys, renderArgs(args))
 	cmd := redis.NewCmd(ctx)
-	cmd.SetVal(r.val)
-	cmd.SetErr(r.err)
+	cmd.SetVal(r.Val)
+	cmd.SetErr(r.Err)
 	return cmd
 }
 

@@ -55,14 +55,14 @@ func (bk barrierKeys) plan(name string) plan {
 
 // call is barrier.lua's op o on bk: the waiters' resource's keys, its
 // condition's, then the hash; args after parties.
-func (bk barrierKeys) call(o *op, parties int64, args ...string) opCall {
+func (bk barrierKeys) call(o *Op, parties int64, args ...string) Call {
 	keys := append(append(make([]string, 0, 7), bk.res.list()...), condKeys(bk.res, barrierCond)...)
 	keys = append(keys, bk.state)
-	return newCall(o, keys, 1+len(args)).with(itoa(parties)).with(args...)
+	return NewCall(o, keys, 1+len(args)).With(itoa(parties)).With(args...)
 }
 
 // barrierInts reads the first n integers of a script's reply (at least one).
-func barrierInts(out result, n int) ([]int64, error) {
+func barrierInts(out Result, n int) ([]int64, error) {
 	res, err := out.Slice()
 	if err != nil {
 		return nil, err
@@ -86,7 +86,7 @@ const barrierPartiesErrPrefix = "FAIRLOCK_BARRIER_PARTIES "
 // barrierStored returns the parties a barrier is stored with when err is
 // a barrier op's refusal of others (nothing was written).
 func barrierStored(err error) (int64, bool) {
-	msg, ok := replyOf(err)
+	msg, ok := ReplyOf(err)
 	if !ok {
 		return 0, false
 	}
@@ -143,13 +143,13 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 		return arrival{}, wrap(err)
 	}
 	ticket := w.ticket
-	await := func(asked string) opCall {
-		return bk.call(opBarrierAwait, parties, msArg(ttl), ticket, c.id, lease, c.waiterMs, asked)
+	await := func(asked string) Call {
+		return bk.call(OpBarrierAwait, parties, msArg(ttl), ticket, c.id, lease, c.waiterMs, asked)
 	}
-	breaks := func(asked string) opCall { return bk.call(opBarrierBreak, parties, msArg(ttl), ticket, asked) }
+	breaks := func(asked string) Call { return bk.call(OpBarrierBreak, parties, msArg(ttl), ticket, asked) }
 	sent := time.Now()
 	callCtx, bound := c.boundByClose(ctx)
-	o, ok := c.calls.op(callCtx, await(""), func(outcome) {
+	o, ok := c.calls.Op(callCtx, await(""), func(Outcome) {
 		// The script may have made the ticket wait after the caller left.
 		var report func(error)
 		if ctx.Err() == nil {
@@ -160,9 +160,9 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 	bound.done()
 	if !ok {
 		c.waits.unregister(r, w)
-		return arrival{}, wrap(c.endedByClose(ctx, o.res.err))
+		return arrival{}, wrap(c.endedByClose(ctx, o.Res.Err))
 	}
-	rep, err := barrierInts(o.res, 5)
+	rep, err := barrierInts(o.Res, 5)
 	if stored, ok := barrierStored(err); ok {
 		c.waits.unregister(r, w) // (nothing was written)
 		return arrival{stored: stored}, nil
@@ -172,7 +172,7 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 	}
 	if err != nil {
 		c.waits.unregister(r, w)
-		if !isDialError(err) { // (then the call's late clean-up breaks)
+		if !IsDialError(err) { // (then the call's late clean-up breaks)
 			c.letGo(ctx, breaks(""), cp, nil)
 		}
 		return arrival{}, fail(ctx, op, names, err)
@@ -187,10 +187,10 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 	}
 	a := arrival{round: rep[3], index: rep[4]}
 	asked := itoa(a.round)
-	if o.ackErr != nil {
+	if o.AckErr != nil {
 		c.waits.unregister(r, w)
 		c.letGo(ctx, breaks(asked), cp, nil)
-		return arrival{}, wrap(o.ackErr)
+		return arrival{}, wrap(o.AckErr)
 	}
 	c.waits.noteQueued(r, w, time.Duration(rep[2])*time.Millisecond, clockSample{sent: sent, redis: rep[1]})
 	if waiting != nil {
@@ -206,12 +206,12 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 			// Reported gone: its wake-up was lost, or its round lost a
 			// party. Its ticket's record, or the round's break, says
 			// which.
-			o, ok := c.calls.op(ctx, await(asked), func(outcome) { c.cleanUp(ctx, breaks(asked), cp) })
+			o, ok := c.calls.Op(ctx, await(asked), func(Outcome) { c.cleanUp(ctx, breaks(asked), cp) })
 			if !ok {
 				c.letGo(ctx, breaks(asked), cp, nil)
-				return arrival{}, wrap(o.res.err)
+				return arrival{}, wrap(o.Res.Err)
 			}
-			rep, err := barrierInts(o.res, 4)
+			rep, err := barrierInts(o.Res, 4)
 			if err == nil && (rep[0] == 1 || len(rep) < 3) {
 				err = fmt.Errorf("%w: barrier script reply %v to a re-ask", ErrRedis, rep)
 			}
@@ -265,17 +265,17 @@ func (c *Client) barrierStatus(ctx context.Context, name string, parties int64) 
 	if err != nil {
 		return 0, nil, false, 0, err
 	}
-	o, ok := c.calls.op(ctx, bk.call(opBarrierStatus, parties), nil)
+	o, ok := c.calls.Op(ctx, bk.call(OpBarrierStatus, parties), nil)
 	if !ok {
-		return 0, nil, false, 0, opError(op, []string{name}, o.res.err)
+		return 0, nil, false, 0, opError(op, []string{name}, o.Res.Err)
 	}
-	res, err := o.res.Slice()
+	res, err := o.Res.Slice()
 	if stored, ok := barrierStored(err); ok {
 		return 0, nil, false, stored, nil
 	}
 	var head []int64
 	if err == nil {
-		head, err = barrierInts(o.res, 3)
+		head, err = barrierInts(o.Res, 3)
 	}
 	if err == nil && len(head) < 3 {
 		err = fmt.Errorf("%w: barrier status reply %v", ErrRedis, res)

@@ -11,15 +11,15 @@ import (
 	"github.com/fairlock/fairlock/backend"
 )
 
-// A batcher sends a client's concurrent calls of one entry to one server
+// A Batcher sends a client's concurrent calls of one entry to one server
 // (or one Cluster slot) as one script call when they arrive together (see
 // WithBatching): the first call of a group goes at once, alone; calls that
 // come while it, or a batch, is on its way queue up, and when it returns
 // they go together, on a goroutine of the client's, as one call of the
 // entry's batch form (lua/batch.lua), which runs each as its own script
 // would and answers each apart.
-type batcher struct {
-	c   *caller
+type Batcher struct {
+	c   *Caller
 	max int // calls per batch at most
 	// cluster: calls group by the hash slot of their keys too.
 	cluster bool
@@ -51,15 +51,15 @@ type batchGroup struct {
 // A batchCall is one call waiting in a group's queue.
 type batchCall struct {
 	ctx  context.Context
-	oc   opCall
-	done chan result // its result, once
+	oc   Call
+	done chan Result // its result, once
 	// taken: the call left the queue (sent in a batch, or withdrawn by
 	// its caller); under the batcher's lock.
 	taken bool
 }
 
-func newBatcher(c *caller, max int, closing context.Context) *batcher {
-	return &batcher{c: c, max: max, cluster: c.info.Layout == backend.Cluster, closing: closing, groups: map[batchKey]*batchGroup{}}
+func NewBatcher(c *Caller, max int, closing context.Context) *Batcher {
+	return &Batcher{c: c, max: max, cluster: c.Info.Layout == backend.Cluster, closing: closing, groups: map[batchKey]*batchGroup{}}
 }
 
 // batches reports whether oc, under ctx, may go in a batch. Through a
@@ -69,8 +69,8 @@ func newBatcher(c *caller, max int, closing context.Context) *batcher {
 // without batching: a batch holding it could stay out for good (a Redis
 // that never answers), and with it its group, until the close. (Through
 // go-redis, every call returns within its read timeout.)
-func (b *batcher) batches(ctx context.Context, oc opCall) bool {
-	return b != nil && entries[oc.op.entry].batch && len(oc.keys) > 0 && (ctx.Done() != nil && !oc.endless || !b.c.info.Deadlines)
+func (b *Batcher) batches(ctx context.Context, oc Call) bool {
+	return b != nil && Entries[oc.Op.EntryIndex].Batch && len(oc.Keys) > 0 && (ctx.Done() != nil && !oc.Endless || !b.c.Info.Deadlines)
 }
 
 // do runs oc, in a batch if others of its group are on their way, and
@@ -78,10 +78,10 @@ func (b *batcher) batches(ctx context.Context, oc opCall) bool {
 // (backend.Info.Deadlines), so does do: a call still queued then is not
 // sent; one already sent may run, as a call the Backend stopped waiting
 // for may.
-func (b *batcher) do(ctx context.Context, oc opCall) result {
-	k := batchKey{entry: oc.op.entry}
+func (b *Batcher) do(ctx context.Context, oc Call) Result {
+	k := batchKey{entry: oc.Op.EntryIndex}
 	if b.cluster {
-		k.slot = keySlot(oc.keys[0])
+		k.slot = KeySlot(oc.Keys[0])
 	}
 	b.mu.Lock()
 	g := b.groups[k]
@@ -92,14 +92,14 @@ func (b *batcher) do(ctx context.Context, oc opCall) result {
 	if !g.busy {
 		g.busy = true
 		b.mu.Unlock()
-		r := b.c.alone(ctx, b.c.scripts.forOp(oc.op), oc.keys, oc.args, oc.argv)
+		r := b.c.Alone(ctx, b.c.Scripts.ForOp(oc.Op), oc.Keys, oc.Args, oc.Argv)
 		b.next(k, g)
 		return r
 	}
-	bc := &batchCall{ctx: ctx, oc: oc, done: make(chan result, 1)}
+	bc := &batchCall{ctx: ctx, oc: oc, done: make(chan Result, 1)}
 	g.queue = append(g.queue, bc)
 	b.mu.Unlock()
-	if !b.c.info.Deadlines || ctx.Done() == nil {
+	if !b.c.Info.Deadlines || ctx.Done() == nil {
 		return <-bc.done
 	}
 	select {
@@ -126,13 +126,13 @@ func (b *batcher) do(ctx context.Context, oc opCall) result {
 		default:
 		}
 	}
-	return result{err: ctx.Err()}
+	return Result{Err: ctx.Err()}
 }
 
 // next is called when the call or batch on its way for g has returned:
 // the calls that queued meanwhile go next, on a goroutine of the
 // client's; with none, g is free.
-func (b *batcher) next(k batchKey, g *batchGroup) {
+func (b *Batcher) next(k batchKey, g *batchGroup) {
 	b.mu.Lock()
 	if len(g.queue) == 0 {
 		g.busy = false
@@ -141,26 +141,26 @@ func (b *batcher) next(k batchKey, g *batchGroup) {
 		return
 	}
 	b.mu.Unlock()
-	b.c.spawn(func() { b.drain(k, g) })
+	b.c.Spawn(func() { b.drain(k, g) })
 }
 
 // drain sends g's queued calls, up to max at a time, until none is left.
-func (b *batcher) drain(k batchKey, g *batchGroup) {
+func (b *Batcher) drain(k batchKey, g *batchGroup) {
 	for {
 		b.mu.Lock()
 		n := min(len(g.queue), b.max)
 		calls := make([]*batchCall, 0, n)
-		closing := k.entry == opAcquire.entry && b.closing.Err() != nil
+		closing := k.entry == OpAcquire.EntryIndex && b.closing.Err() != nil
 		for _, bc := range g.queue[:n] {
 			bc.taken = true
 			if err := bc.ctx.Err(); err != nil {
-				bc.done <- result{err: err} // its caller gave up: it is not sent
+				bc.done <- Result{Err: err} // its caller gave up: it is not sent
 				continue
 			}
 			if closing {
 				// The close ends every acquisition: one not sent yet
 				// need not be.
-				bc.done <- result{err: fmt.Errorf("%w: the acquisition was not sent", ErrClosed)}
+				bc.done <- Result{Err: fmt.Errorf("%w: the acquisition was not sent", ErrClosed)}
 				continue
 			}
 			calls = append(calls, bc)
@@ -180,47 +180,47 @@ func (b *batcher) drain(k batchKey, g *batchGroup) {
 // send runs calls, of one group, as one call of their entry's batch form
 // (a single call as itself), under batchContext's context, and hands each
 // its own result.
-func (b *batcher) send(calls []*batchCall) {
+func (b *Batcher) send(calls []*batchCall) {
 	var also context.Context // a batch of acquisitions ends at the close, too
-	if calls[0].oc.op.entry == opAcquire.entry {
+	if calls[0].oc.Op.EntryIndex == OpAcquire.EntryIndex {
 		also = b.closing
 	}
-	ctx, cancel := batchContext(calls, also)
+	ctx, cancel := BatchContext(calls, also)
 	defer cancel()
 	if len(calls) == 1 {
 		bc := calls[0]
-		bc.done <- b.c.alone(ctx, b.c.scripts.forOp(bc.oc.op), bc.oc.keys, bc.oc.args, bc.oc.argv)
+		bc.done <- b.c.Alone(ctx, b.c.Scripts.ForOp(bc.oc.Op), bc.oc.Keys, bc.oc.Args, bc.oc.Argv)
 		return
 	}
 	var nkeys, nargs int
 	for _, bc := range calls {
-		nkeys += len(bc.oc.keys)
-		nargs += len(bc.oc.args)
+		nkeys += len(bc.oc.Keys)
+		nargs += len(bc.oc.Args)
 	}
 	keys := make([]string, 0, nkeys)
 	args := make([]string, 1, 1+2*len(calls)+nargs)
 	args[0] = strconv.Itoa(len(calls))
 	for _, bc := range calls {
-		keys = append(keys, bc.oc.keys...)
-		args = append(args, strconv.Itoa(len(bc.oc.keys)), strconv.Itoa(len(bc.oc.args)))
+		keys = append(keys, bc.oc.Keys...)
+		args = append(args, strconv.Itoa(len(bc.oc.Keys)), strconv.Itoa(len(bc.oc.Args)))
 	}
 	for _, bc := range calls {
-		args = append(args, bc.oc.args...)
+		args = append(args, bc.oc.Args...)
 	}
 	b.sent.Add(1)
 	b.sentCalls.Add(int64(len(calls)))
 	c := b.c
-	s := c.scripts.forOp(calls[0].oc.op)
-	r := s.batch.run(ctx, c.scripts, c.b, c.info.Functions, func(sc backend.Script) result {
-		v, err := c.b.Script(ctx, sc)
-		return result{v, err}
+	s := c.Scripts.ForOp(calls[0].oc.Op)
+	r := s.Batch.Run(ctx, c.Scripts, c.B, c.Info.Functions, func(sc backend.Script) Result {
+		v, err := c.B.Script(ctx, sc)
+		return Result{v, err}
 	}, keys, args)
 	for i, bc := range calls {
-		bc.done <- batchResult(r, i, len(calls))
+		bc.done <- BatchResult(r, i, len(calls))
 	}
 }
 
-// batchContext returns the context a batch is sent under, and its cancel
+// BatchContext returns the context a batch is sent under, and its cancel
 // function: the values of its first call's context; the latest deadline of
 // its calls' (none if one has none); when every call's context can end,
 // an end once they all have: a caller whose context ends stops waiting
@@ -228,7 +228,7 @@ func (b *batcher) send(calls []*batchCall) {
 // given up as a lone call would be (a Backend that returns by its
 // context's end returns then; go-redis within its read timeout); and an
 // end when also (if not nil) ends.
-func batchContext(calls []*batchCall, also context.Context) (context.Context, context.CancelFunc) {
+func BatchContext(calls []*batchCall, also context.Context) (context.Context, context.CancelFunc) {
 	base := context.WithoutCancel(calls[0].ctx)
 	var latest time.Time
 	bounded, ending := true, true
@@ -270,16 +270,16 @@ func batchContext(calls []*batchCall, also context.Context) (context.Context, co
 	}
 }
 
-// batchResult returns the result of the ith of n calls sent as one batch
+// BatchResult returns the result of the ith of n calls sent as one batch
 // whose result is r (see lua/batch.lua's reply): the batch's error, if it
 // failed as a whole, is each call's.
-func batchResult(r result, i, n int) result {
-	if r.err != nil {
-		return result{err: r.err}
+func BatchResult(r Result, i, n int) Result {
+	if r.Err != nil {
+		return Result{Err: r.Err}
 	}
-	all, ok := r.val.([]any)
+	all, ok := r.Val.([]any)
 	if !ok || len(all) != n {
-		return result{err: fmt.Errorf("%w: a batch of %d calls was answered %v", ErrRedis, n, r.val)}
+		return Result{Err: fmt.Errorf("%w: a batch of %d calls was answered %v", ErrRedis, n, r.Val)}
 	}
 	one, _ := all[i].([]any)
 	code := int64(-1)
@@ -288,13 +288,13 @@ func batchResult(r result, i, n int) result {
 	}
 	switch {
 	case code == 0 && len(one) == 2:
-		return result{val: one[1]}
+		return Result{Val: one[1]}
 	case code == 1 && len(one) == 1:
-		return result{}
+		return Result{}
 	case code == 2 && len(one) == 2:
 		if msg, ok := one[1].(string); ok {
-			return result{err: &backend.ReplyError{Reply: msg}}
+			return Result{Err: &backend.ReplyError{Reply: msg}}
 		}
 	}
-	return result{err: fmt.Errorf("%w: call %d of a batch of %d was answered %v", ErrRedis, i+1, n, all[i])}
+	return Result{Err: fmt.Errorf("%w: call %d of a batch of %d was answered %v", ErrRedis, i+1, n, all[i])}
 }

@@ -48,12 +48,12 @@ func (s *stallBackend) Script(ctx context.Context, sc backend.Script) (any, erro
 
 // queuedIn returns how many calls of entry wait in c's batch queues.
 func queuedIn(c *Client, entry string) int {
-	b := c.calls.batch
+	b := c.calls.Batch
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := 0
 	for k, g := range b.groups {
-		if entries[k.entry].name == entry {
+		if Entries[k.entry].Name == entry {
 			n += len(g.queue)
 		}
 	}

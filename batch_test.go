@@ -92,7 +92,7 @@ func batchedCycles(t *testing.T, b *redistest.Backend, functions bool) {
 	if n := overlaps.Load(); n > 0 {
 		t.Fatalf("%d acquisitions overlapped another holder", n)
 	}
-	bt := c.calls.batch
+	bt := c.calls.Batch
 	t.Logf("%d batches, %d calls in them", bt.sent.Load(), bt.sentCalls.Load())
 	if bt.sent.Load() == 0 {
 		t.Fatal("no batch was sent")
@@ -155,7 +155,7 @@ func TestBatchDifferentialCatchesBrokenBatches(t *testing.T) {
 		{"a batch answers every call with its last call's reply", "  return out\nend", "  for c = 1, n do out[c] = out[n] end\n  return out\nend"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if !strings.Contains(source("lua/batch.lua"), tc.old) {
+			if !strings.Contains(Source("lua/batch.lua"), tc.old) {
 				t.Fatalf("lua/batch.lua no longer contains %q", tc.old)
 			}
 			setFlag(t, "rapid.checks", "200")
@@ -182,7 +182,7 @@ func diffBatches(t *testing.T, tb rapid.TB, real bool, inner func(string) string
 	alone := newReplayer(t, "each call alone", addr, 12, transform)
 	together := newReplayer(t, "batched", addr, 13, transform)
 	alone.Debug, together.Debug = p.Fast.Debug, p.Fast.Debug
-	set := newScripts(transform)
+	set := NewSet(transform)
 	var calls, batched, batches, resent int
 	rapid.Check(tb, func(rt *rapid.T) {
 		var m *callMachine
@@ -224,12 +224,12 @@ func diffBatches(t *testing.T, tb rapid.TB, real bool, inner func(string) string
 // to most consecutive calls of one batched entry at one clock (one call
 // when history[i]'s entry is not batched).
 func batchGroupAt(history []call, i, most int) []call {
-	first := opNamed(history[i].Op())
+	first := OpNamed(history[i].Op())
 	j := i + 1
-	if first != nil && entries[first.entry].batch {
+	if first != nil && Entries[first.EntryIndex].Batch {
 		for j < len(history) && j-i < most {
-			o := opNamed(history[j].Op())
-			if o == nil || o.entry != first.entry || history[j].NowMs() != history[i].NowMs() ||
+			o := OpNamed(history[j].Op())
+			if o == nil || o.EntryIndex != first.EntryIndex || history[j].NowMs() != history[i].NowMs() ||
 				history[j].Time[1] != history[i].Time[1] || history[j].Time[0] != history[i].Time[0] {
 				break
 			}
@@ -242,7 +242,7 @@ func batchGroupAt(history []call, i, most int) []call {
 // stepBatch runs group (calls from the step'th of a history on) on alone,
 // call by call, and on together as one batch (if it has more than one
 // call), and compares their replies and databases.
-func stepBatch(ctx context.Context, set *scripts, alone, together *replayer, group []call, step int) error {
+func stepBatch(ctx context.Context, set *Set, alone, together *replayer, group []call, step int) error {
 	replies := make([]string, len(group))
 	for i, c := range group {
 		if err := alone.Prepare(ctx, c); err != nil {
@@ -259,7 +259,7 @@ func stepBatch(ctx context.Context, set *scripts, alone, together *replayer, gro
 		out, err := together.Run(ctx, group[0])
 		got = []string{renderBatched(out, err)}
 	} else {
-		o := opNamed(group[0].Op())
+		o := OpNamed(group[0].Op())
 		var keys, args []string
 		args = append(args, strconv.Itoa(len(group)))
 		for _, c := range group {
@@ -269,10 +269,10 @@ func stepBatch(ctx context.Context, set *scripts, alone, together *replayer, gro
 		for _, c := range group {
 			args = append(args, c.Args...)
 		}
-		r := set.forOp(o).batch.eval.run(evalSender(ctx, together.RDB), keys, args)
+		r := set.ForOp(o).Batch.Eval.Run(evalSender(ctx, together.RDB), keys, args)
 		for i := range group {
-			one := batchResult(r, i, len(group))
-			got = append(got, renderBatched(one.val, one.err))
+			one := BatchResult(r, i, len(group))
+			got = append(got, renderBatched(one.Val, one.Err))
 		}
 	}
 	before, _ := alone.Dump(ctx, "")
@@ -314,8 +314,8 @@ func renderBatched(out any, err error) string {
 
 // evalSender returns a send function (script.run's) that sends a script
 // command through go-redis's Do on rdb.
-func evalSender(ctx context.Context, rdb *redis.Client) func(backend.Script) result {
-	return func(sc backend.Script) result {
+func evalSender(ctx context.Context, rdb *redis.Client) func(backend.Script) Result {
+	return func(sc backend.Script) Result {
 		cmd := "EVALSHA"
 		if sc.Command == backend.Eval {
 			cmd = "EVAL"
@@ -331,7 +331,7 @@ func evalSender(ctx context.Context, rdb *redis.Client) func(backend.Script) res
 		if errors.Is(err, redis.Nil) {
 			v, err = nil, nil
 		}
-		return result{v, fromClient(err)}
+		return Result{v, fromClient(err)}
 	}
 }
 
@@ -456,7 +456,7 @@ func TestBatchedCallQueuedPastItsContextIsNotSent(t *testing.T) {
 				}
 				// (Slack for a busy machine: the call it queued behind
 				// returns only when the test opens it, 2 s or more.)
-				if took > 100*time.Millisecond+2*grace+500*time.Millisecond {
+				if took > 100*time.Millisecond+2*Grace+500*time.Millisecond {
 					t.Errorf("the queued Acquire returned after %v; its deadline was 100ms", took)
 				}
 			case <-time.After(2 * time.Second):

@@ -11,83 +11,80 @@ import (
 	"github.com/fairlock/fairlock/backend"
 )
 
-// caller is a client's script call path, the one way its ops reach
+// Caller is a client's script call path, the one way its ops reach
 // Redis: run sends an op's script through the Backend (and waits for
 // replicas under WithReplicaAck), call bounds a call by its context and
 // hands what comes after it to clean-up. Everything above it speaks in
 // ops (opCall) and outcomes; nothing else of the client sends a script.
-type caller struct {
-	b           backend.Backend
-	info        backend.Info // b's
-	scripts     *scripts
-	ackReplicas int // WithReplicaAck's; 0 for none
-	ackTimeout  time.Duration
-	// spawn runs a function on a goroutine the client's Close waits for
-	// (Client.spawn): a call's own, and its clean-up.
-	spawn func(func())
-	// batch sends concurrent calls together (WithBatching); nil for none.
-	batch *batcher
+type Caller struct {
+	B           backend.Backend
+	Info        backend.Info // b's
+	Scripts     *Set
+	AckReplicas int // WithReplicaAck's; 0 for none
+	AckTimeout  time.Duration
+	// Spawn runs a function on a goroutine the client's Close waits for
+	// (Client.Spawn): a call's own, and its clean-up.
+	Spawn func(func())
+	// Batch sends concurrent calls together (WithBatching); nil for none.
+	Batch *Batcher
 }
 
-// run is the one way the client runs a script: oc's op, on its keys,
+// Run is the one way the client runs a script: oc's op, on its keys,
 // through the script that serves it, on the client's Backend. With
 // WithReplicaAck, for the ops whose writes must reach replicas (op.ack),
 // it also waits, on the same connection, until the configured number of
 // replicas has the script's writes; the second result reports when they
 // did not (the script's own reply and error are in the result either
 // way).
-func (c *caller) run(ctx context.Context, oc opCall) (result, error) {
-	s, keys, args := c.scripts.forOp(oc.op), oc.keys, oc.args
-	if c.ackReplicas == 0 || !oc.op.ack {
-		if c.batch.batches(ctx, oc) {
-			return c.batch.do(ctx, oc), nil
+func (c *Caller) Run(ctx context.Context, oc Call) (Result, error) {
+	s, keys, args := c.Scripts.ForOp(oc.Op), oc.Keys, oc.Args
+	if c.AckReplicas == 0 || !oc.Op.Ack {
+		if c.Batch.batches(ctx, oc) {
+			return c.Batch.do(ctx, oc), nil
 		}
-		return c.alone(ctx, s, keys, args, oc.argv), nil
+		return c.Alone(ctx, s, keys, args, oc.Argv), nil
 	}
 	var acked int64
 	var waitErr error
-	res := s.run(ctx, c.b, c.info.Functions, func(sc backend.Script) result {
-		sc.Boxed = boxedArgs(oc.argv, sc.Args)
-		var r result
-		r.val, acked, r.err, waitErr = c.b.ScriptWait(ctx, sc, c.ackReplicas, c.ackTimeout)
+	res := s.Run(ctx, c.B, c.Info.Functions, func(sc backend.Script) Result {
+		sc.Boxed = boxedArgs(oc.Argv, sc.Args)
+		var r Result
+		r.Val, acked, r.Err, waitErr = c.B.ScriptWait(ctx, sc, c.AckReplicas, c.AckTimeout)
 		return r
 	}, keys, args)
 	switch {
-	case res.err != nil:
+	case res.Err != nil:
 		return res, nil
 	case waitErr != nil:
 		return res, fmt.Errorf("%w: %w: WAIT: %w", ErrRedis, ErrNotReplicated, waitErr)
-	case acked < int64(c.ackReplicas):
-		return res, fmt.Errorf("%w: %w: %d of %d replicas acknowledged within %v", ErrRedis, ErrNotReplicated, acked, c.ackReplicas, c.ackTimeout)
+	case acked < int64(c.AckReplicas):
+		return res, fmt.Errorf("%w: %w: %d of %d replicas acknowledged within %v", ErrRedis, ErrNotReplicated, acked, c.AckReplicas, c.AckTimeout)
 	}
 	return res, nil
 }
 
-// A result is what a script call came to, as plain Go values: its reply
+// A Result is what a script call came to, as plain Go values: its reply
 // (nil, int64, string, or []any of those) or the error that stood in its
 // way. The Backend runs the call; everything above run reads results only.
-type result struct {
-	val any
-	err error
+type Result struct {
+	Val any
+	Err error
 }
 
-// Err returns the call's error.
-func (r result) Err() error { return r.err }
-
 // Slice returns the reply, an array, or the call's error.
-func (r result) Slice() ([]any, error) {
-	if r.err != nil {
-		return nil, r.err
+func (r Result) Slice() ([]any, error) {
+	if r.Err != nil {
+		return nil, r.Err
 	}
-	s, ok := r.val.([]any)
+	s, ok := r.Val.([]any)
 	if !ok {
-		return nil, fmt.Errorf("%w: script reply %v is not an array", ErrRedis, r.val)
+		return nil, fmt.Errorf("%w: script reply %v is not an array", ErrRedis, r.Val)
 	}
 	return s, nil
 }
 
 // Strings returns the reply, an array of strings, or the call's error.
-func (r result) Strings() ([]string, error) {
+func (r Result) Strings() ([]string, error) {
 	s, err := r.Slice()
 	if err != nil {
 		return nil, err
@@ -96,7 +93,7 @@ func (r result) Strings() ([]string, error) {
 	for i, v := range s {
 		str, ok := v.(string)
 		if !ok {
-			return nil, fmt.Errorf("%w: script reply %v is not an array of strings", ErrRedis, r.val)
+			return nil, fmt.Errorf("%w: script reply %v is not an array of strings", ErrRedis, r.Val)
 		}
 		out[i] = str
 	}
@@ -111,69 +108,69 @@ func (r result) Strings() ([]string, error) {
 // ctx.Err() may not yet be. A client that honours deadlines itself
 // (rueidis, valkey-go) stops waiting for the answer when ctx ends: the
 // script may have run all the same.
-func (c *caller) settle(ctx context.Context, o outcome, late func(outcome)) (outcome, bool) {
-	if o.res.err == nil || !deadlineLike(o.res.err) && !errors.Is(o.res.err, context.Canceled) {
+func (c *Caller) settle(ctx context.Context, o Outcome, late func(Outcome)) (Outcome, bool) {
+	if o.Res.Err == nil || !DeadlineLike(o.Res.Err) && !errors.Is(o.Res.Err, context.Canceled) {
 		return o, true
 	}
 	err := ctx.Err()
-	if err == nil && pastDeadline(ctx) {
+	if err == nil && PastDeadline(ctx) {
 		// The client saw the deadline pass before ctx's own timer ended
 		// ctx (a moment from now; for a context whose Done does not
 		// close at its deadline, never): the deadline stands.
 		err = context.DeadlineExceeded
 	}
-	if err == nil || !errors.Is(o.res.err, err) && !(errors.Is(err, context.DeadlineExceeded) && deadlineLike(o.res.err)) {
+	if err == nil || !errors.Is(o.Res.Err, err) && !(errors.Is(err, context.DeadlineExceeded) && DeadlineLike(o.Res.Err)) {
 		return o, true
 	}
 	if late != nil {
-		c.spawn(func() { late(o) })
+		c.Spawn(func() { late(o) })
 	}
-	return outcome{res: result{err: err}}, false
+	return Outcome{Res: Result{Err: err}}, false
 }
 
-// deadlineLike reports whether err is a deadline's: a context's, or a
+// DeadlineLike reports whether err is a deadline's: a context's, or a
 // socket's (os.ErrDeadlineExceeded, "i/o timeout"), which a client that
 // sets its connection's deadlines from ctx's (rueidis, valkey-go, go-redis
 // with ContextTimeoutEnabled, a dial under ctx) reports when ctx's
 // deadline passes before ctx's own timer has ended it.
-func deadlineLike(err error) bool {
+func DeadlineLike(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)
 }
 
-// pastDeadline reports whether ctx has a deadline and it has passed, which
+// PastDeadline reports whether ctx has a deadline and it has passed, which
 // can be a while (under load, hundreds of milliseconds) before ctx.Err()
 // says so: ctx's timer fires on a goroutine of its own.
-func pastDeadline(ctx context.Context) bool {
+func PastDeadline(ctx context.Context) bool {
 	dl, ok := ctx.Deadline()
 	return ok && !time.Now().Before(dl)
 }
 
-// outcome is what run returned.
-type outcome struct {
-	res    result
-	ackErr error
+// Outcome is what run returned.
+type Outcome struct {
+	Res    Result
+	AckErr error
 }
 
-// op runs oc through call: bounded by ctx, late given what came after
+// Op runs oc through call: bounded by ctx, late given what came after
 // it (see call).
-func (c *caller) op(ctx context.Context, oc opCall, late func(outcome)) (outcome, bool) {
-	if c.onCaller(ctx) {
-		res, ackErr := c.run(ctx, oc)
-		return c.returned(ctx, outcome{res, ackErr}, late)
+func (c *Caller) Op(ctx context.Context, oc Call, late func(Outcome)) (Outcome, bool) {
+	if c.OnCaller(ctx) {
+		res, ackErr := c.Run(ctx, oc)
+		return c.returned(ctx, Outcome{res, ackErr}, late)
 	}
-	return c.call(ctx, func(ctx context.Context) outcome {
-		res, ackErr := c.run(ctx, oc)
-		return outcome{res, ackErr}
+	return c.Call(ctx, func(ctx context.Context) Outcome {
+		res, ackErr := c.Run(ctx, oc)
+		return Outcome{res, ackErr}
 	}, late)
 }
 
-// grace is how long a call whose context ended still waits for an answer
+// Grace is how long a call whose context ended still waits for an answer
 // already on its way, so that with a healthy Redis a cancelled Acquire has
 // left its queue when it returns. A call waits at most two graces (its
 // script's, then its clean-up's) past its context's end.
-const grace = 30 * time.Millisecond
+const Grace = 30 * time.Millisecond
 
-// call runs do(ctx) and returns its outcome, but returns no later than
+// Call runs do(ctx) and returns its outcome, but returns no later than
 // ctx's end (plus grace), even when go-redis would not notice it: unless the go-redis
 // client sets Options.ContextTimeoutEnabled, a command sent to a Redis
 // that does not answer waits for go-redis's ReadTimeout (5 s by default),
@@ -182,26 +179,26 @@ const grace = 30 * time.Millisecond
 // When ctx can end and the Backend does not itself return by its end
 // (backend.Info.Deadlines), do runs on a goroutine of the client's (see
 // spawn); otherwise on the caller's.
-// If ctx ends first, call returns ok false and an outcome holding ctx's
+// If ctx ends first, Call returns ok false and an outcome holding ctx's
 // error; the goroutine then hands do's outcome, when it arrives, to late
 // (if not nil), which cleans up after it: withdraws a ticket the script
 // queued or granted, or sends again a release that failed. late is given
 // the caller's context, ended; it must bound what it does itself.
 // If do ends because a dial it waited for failed (Redis refused the
-// connection or its name did not resolve; see run), call returns ok true
+// connection or its name did not resolve; see run), Call returns ok true
 // and that outcome, whose error matches ErrRedis (isDialError), and hands
 // it to late as well, in the background: an earlier attempt may have sent
 // the script.
-func (c *caller) call(ctx context.Context, do func(context.Context) outcome, late func(outcome)) (o outcome, ok bool) {
-	if c.onCaller(ctx) {
+func (c *Caller) Call(ctx context.Context, do func(context.Context) Outcome, late func(Outcome)) (o Outcome, ok bool) {
+	if c.OnCaller(ctx) {
 		return c.returned(ctx, do(ctx), late)
 	}
-	t := &callTask{ch: make(chan outcome, 1)}
-	c.spawn(func() {
+	t := &callTask{ch: make(chan Outcome, 1)}
+	c.Spawn(func() {
 		o := do(ctx)
 		if t.state.CompareAndSwap(0, 1) {
 			t.ch <- o
-			if late != nil && isDialError(o.res.Err()) {
+			if late != nil && IsDialError(o.Res.Err) {
 				late(o)
 			}
 		} else if late != nil {
@@ -215,7 +212,7 @@ func (c *caller) call(ctx context.Context, do func(context.Context) outcome, lat
 	}
 	// A Redis that answers does so within the grace; the caller then
 	// acts on the outcome itself, as if ctx had ended a moment later.
-	timer := time.NewTimer(grace)
+	timer := time.NewTimer(Grace)
 	defer timer.Stop()
 	select {
 	case o := <-t.ch:
@@ -224,7 +221,7 @@ func (c *caller) call(ctx context.Context, do func(context.Context) outcome, lat
 		if !t.state.CompareAndSwap(0, 2) {
 			return c.settle(ctx, <-t.ch, late) // the outcome came as the grace ended: use it
 		}
-		return outcome{res: result{err: ctx.Err()}}, false
+		return Outcome{Res: Result{Err: ctx.Err()}}, false
 	}
 }
 
@@ -232,21 +229,21 @@ func (c *caller) call(ctx context.Context, do func(context.Context) outcome, lat
 // where its outcome goes, and whether its caller still waits for it.
 type callTask struct {
 	state atomic.Int32 // 0 running, 1 handed to the caller, 2 abandoned by it
-	ch    chan outcome
+	ch    chan Outcome
 }
 
-// onCaller reports whether a call under ctx runs on its caller's
+// OnCaller reports whether a call under ctx runs on its caller's
 // goroutine: when ctx cannot end, or when the Backend returns by its
 // context's end (backend.Info.Deadlines).
-func (c *caller) onCaller(ctx context.Context) bool {
-	return ctx.Done() == nil || c.info.Deadlines
+func (c *Caller) OnCaller(ctx context.Context) bool {
+	return ctx.Done() == nil || c.Info.Deadlines
 }
 
 // returned is call's end for an outcome o that do returned on the
 // caller's goroutine (see onCaller).
-func (c *caller) returned(ctx context.Context, o outcome, late func(outcome)) (outcome, bool) {
-	if late != nil && isDialError(o.res.Err()) {
-		c.spawn(func() { late(o) })
+func (c *Caller) returned(ctx context.Context, o Outcome, late func(Outcome)) (Outcome, bool) {
+	if late != nil && IsDialError(o.Res.Err) {
+		c.Spawn(func() { late(o) })
 	}
 	if ctx.Done() == nil {
 		return o, true
@@ -256,25 +253,25 @@ func (c *caller) returned(ctx context.Context, o outcome, late func(outcome)) (o
 	return c.settle(ctx, o, late)
 }
 
-// runRaw runs the script that serves the op named op with keys and args as
+// RunRaw runs the script that serves the op named op with keys and args as
 // they are, through the Backend alone: no WAIT, no resend (tests only;
 // see internal/testhook).
-func (c *caller) runRaw(ctx context.Context, op string, keys, args []string) (any, error) {
-	o := opNamed(op)
+func (c *Caller) RunRaw(ctx context.Context, op string, keys, args []string) (any, error) {
+	o := OpNamed(op)
 	if o == nil {
 		return nil, fmt.Errorf("fairlock: no script serves op %q", op)
 	}
-	r := c.alone(ctx, c.scripts.forOp(o), keys, args, nil)
-	return r.val, r.err
+	r := c.Alone(ctx, c.Scripts.ForOp(o), keys, args, nil)
+	return r.Val, r.Err
 }
 
-// alone runs s with keys and args (argv: args boxed, or nil) through the
+// Alone runs s with keys and args (argv: args boxed, or nil) through the
 // Backend, each script command sent by itself (no WAIT after it).
-func (c *caller) alone(ctx context.Context, s *script, keys, args []string, argv []any) result {
-	return s.run(ctx, c.b, c.info.Functions, func(sc backend.Script) result {
+func (c *Caller) Alone(ctx context.Context, s *Script, keys, args []string, argv []any) Result {
+	return s.Run(ctx, c.B, c.Info.Functions, func(sc backend.Script) Result {
 		sc.Boxed = boxedArgs(argv, sc.Args)
-		v, err := c.b.Script(ctx, sc)
-		return result{v, err}
+		v, err := c.B.Script(ctx, sc)
+		return Result{v, err}
 	}, keys, args)
 }
 

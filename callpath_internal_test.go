@@ -53,17 +53,17 @@ func TestBoxedArgumentsAreTheArgs(t *testing.T) {
 		for i := range tokens {
 			tokens[i] = int64(7 + i)
 		}
-		for name, oc := range map[string]opCall{
-			"acquire":         p.acquireCall(opAcquire, "t1", c),
-			"try":             p.acquireCall(opTry, "t1", c),
-			"release":         p.releaseCall(opRelease, "t1", c, false, tokens),
-			"leave announced": p.releaseCall(opLeave, "t1", c, true, nil),
-			"renew at a cap":  p.releaseCallTTL(opRenew, "t1", c, false, tokens, time.Second),
+		for name, oc := range map[string]Call{
+			"acquire":         p.acquireCall(OpAcquire, "t1", c),
+			"try":             p.acquireCall(OpTry, "t1", c),
+			"release":         p.releaseCall(OpRelease, "t1", c, false, tokens),
+			"leave announced": p.releaseCall(OpLeave, "t1", c, true, nil),
+			"renew at a cap":  p.releaseCallTTL(OpRenew, "t1", c, false, tokens, time.Second),
 			"wait":            p.waitCall(p, "t1", c, false, tokens, "t2", "cond"),
 			"pump":            pumpCall(p.keys),
 		} {
-			if !sameArgs(oc.argv, oc.args) {
-				t.Errorf("%s on %v: boxed %q, arguments %q", name, p.names, oc.argv, oc.args)
+			if !sameArgs(oc.Argv, oc.Args) {
+				t.Errorf("%s on %v: boxed %q, arguments %q", name, p.names, oc.Argv, oc.Args)
 			}
 		}
 	}

@@ -75,7 +75,7 @@ type Client struct {
 	b     backend.Backend // where the scripts run (through calls) and listeners block
 	info  backend.Info    // b's
 	cfg   config
-	calls *caller  // the script call path
+	calls *Caller  // the script call path
 	plans plans    // the plans of single requests made so far
 	renew *renewer // batches the leases' renewals
 	waits *waits   // where acquisitions wait for their grants
@@ -252,11 +252,11 @@ func newClient(b backend.Backend, rdb RedisClient, opts []Option) (*Client, erro
 		leases:   make(map[*Lease]struct{}),
 		pumping:  make(map[string]bool),
 	}
-	c.calls = &caller{b: b, info: info, scripts: newScripts(cfg.transform),
-		ackReplicas: cfg.ackReplicas, ackTimeout: cfg.ackTimeout, spawn: c.spawn}
+	c.calls = &Caller{B: b, Info: info, Scripts: NewSet(cfg.transform),
+		AckReplicas: cfg.ackReplicas, AckTimeout: cfg.ackTimeout, Spawn: c.spawn}
 	c.closing, c.closeAll = context.WithCancel(context.Background())
 	if cfg.batch > 1 && info.Layout != backend.Other {
-		c.calls.batch = newBatcher(c.calls, cfg.batch, c.closing)
+		c.calls.Batch = NewBatcher(c.calls, cfg.batch, c.closing)
 	}
 	c.done = c.closing.Done()
 	c.renewing, c.endRenews = context.WithCancel(context.Background())

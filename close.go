@@ -330,7 +330,7 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, 
 			nudges.Go(func() {
 				ctx, cancel := context.WithDeadline(context.Background(), start.Add(nudgeBound))
 				defer cancel()
-				_ = nudgeScript.on(ctx, c.b, []string{c.waits.ctlOf(l)}, c.waiterMs)
+				_ = NudgeScript.On(ctx, c.b, []string{c.waits.ctlOf(l)}, c.waiterMs)
 			})
 		}
 	}
@@ -470,10 +470,10 @@ func (l *Lease) releaseAtClose(by time.Time) error {
 // it (with errClosedReleased, unless it had already ended), and returns
 // its release's arguments and until when to send them: by, or the lease's
 // deadline if sooner. Called with l.mu held, on a lease not released.
-func (l *Lease) endAtClose(by time.Time) (oc opCall, until time.Time) {
+func (l *Lease) endAtClose(by time.Time) (oc Call, until time.Time) {
 	l.stopRenewal()
 	l.released, l.closedBy = true, true
-	oc = l.p.releaseCall(opRelease, l.ticket, l.c, l.announced, l.tokens)
+	oc = l.p.releaseCall(OpRelease, l.ticket, l.c, l.announced, l.tokens)
 	until = minTime(l.expiresBy(), by)
 	l.finish(errClosedReleased)
 	return oc, until
@@ -484,7 +484,7 @@ func (l *Lease) endAtClose(by time.Time) (oc opCall, until time.Time) {
 // It returns nil once it landed (whatever it found: a lease expired
 // meanwhile is no error), or the last error. With WithReplicaAck, a
 // release Redis's master ran counts as landed.
-func (c *Client) sendUntil(oc opCall, p plan, until time.Time) error {
+func (c *Client) sendUntil(oc Call, p plan, until time.Time) error {
 	wait := resendFirst
 	var err error
 	for {
@@ -495,7 +495,7 @@ func (c *Client) sendUntil(oc opCall, p plan, until time.Time) error {
 			break
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), until)
-		res, _ := c.calls.run(ctx, oc)
+		res, _ := c.calls.Run(ctx, oc)
 		_, err = c.released(p, res)
 		cancel()
 		if err == nil {

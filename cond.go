@@ -135,14 +135,14 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 		np.id = eventIDs.Add(1)
 	}
 	fresh := w.ticket
-	release := p.releaseCall(opRelease, l.ticket, c, l.announced, l.tokens)
-	leave := cp.releaseCall(opLeave, fresh, c, true, nil)
+	release := p.releaseCall(OpRelease, l.ticket, c, l.announced, l.tokens)
+	leave := cp.releaseCall(OpLeave, fresh, c, true, nil)
 	until := l.expiresBy()
 	wait := p.waitCall(cp, l.ticket, c, l.announced, l.tokens, fresh, cond)
 	sent := time.Now()
 	// The call ends at the close too (see boundByClose).
 	callCtx, bound := c.boundByClose(ctx)
-	o, ok := c.calls.op(callCtx, wait.under(ctx), func(outcome) {
+	o, ok := c.calls.Op(callCtx, wait.Under(ctx), func(Outcome) {
 		// The script may have run, or not: release the lease (a resend
 		// finds its tombstone) and withdraw the new ticket. (A caller
 		// whose context lasts left because the close ended the call: the
@@ -160,9 +160,9 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	if !ok {
 		c.waits.unregister(r, w)
 		l.finish(errReleased)
-		return nil, wrap(c.endedByClose(ctx, o.res.err))
+		return nil, wrap(c.endedByClose(ctx, o.Res.Err))
 	}
-	rep, err := parseWaitReply(o.res)
+	rep, err := parseWaitReply(o.Res)
 	if err != nil {
 		c.waits.unregister(r, w)
 		return nil, l.waitFailed(ctx, err, release, until, cp, fresh)
@@ -201,7 +201,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 // sending them again in the background until until after an error that
 // passes, withdraws the new ticket fresh from the condition (cp's) if the
 // script may have added it, and returns condWait's error.
-func (l *Lease) waitFailed(ctx context.Context, err error, release opCall, until time.Time, cp plan, fresh string) error {
+func (l *Lease) waitFailed(ctx context.Context, err error, release Call, until time.Time, cp plan, fresh string) error {
 	c, p := l.c, l.p
 	if !errors.Is(err, ErrRedis) { // a dial error already says it
 		err = fmt.Errorf("%w: %w", ErrRedis, err)
@@ -213,7 +213,7 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release opCall, until
 		}
 		return opError("wait", p.names, err)
 	}
-	if isDialError(err) {
+	if IsDialError(err) {
 		// The call's late clean-up (run in the background, see call)
 		// releases the lease (and sends the release again) and withdraws
 		// the ticket.
@@ -224,14 +224,14 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release opCall, until
 	// did then, and a release that finds no trace of it knows the wait
 	// released it.
 	live := time.Now().Before(until)
-	if _, refused := replyOf(err); !refused {
+	if _, refused := ReplyOf(err); !refused {
 		// No reply from Redis: the connection failed once the command was
 		// sent, so the script may have run, and added the new ticket. (A
 		// script that replies with an error has written nothing.)
 		c.withdraw(ctx, cp, fresh)
 	}
-	o, ok := c.calls.op(ctx, release, func(o outcome) {
-		if _, err := c.released(p, o.res); transient(err) || cutShort(err) {
+	o, ok := c.calls.Op(ctx, release, func(o Outcome) {
+		if _, err := c.released(p, o.Res); transient(err) || cutShort(err) {
 			c.resendLater(release, p, until)
 		}
 	})
@@ -239,7 +239,7 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release opCall, until
 		l.finish(errReleased)
 		return wrap("the lease was released: the release goes on in the background")
 	}
-	n, rerr := c.released(p, o.res)
+	n, rerr := c.released(p, o.Res)
 	n = releaseResult(n, live)
 	switch {
 	case rerr == nil && n == 1:
@@ -249,7 +249,7 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release opCall, until
 		l.finish(ErrLeaseLost)
 		return wrap("%w: the lease had expired", ErrLeaseLost)
 	case transient(rerr):
-		if !isDialError(rerr) { // (then the call's late handler sends it again)
+		if !IsDialError(rerr) { // (then the call's late handler sends it again)
 			c.resendLater(release, p, until)
 		}
 		l.finish(errReleased)
@@ -305,12 +305,12 @@ func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, 
 		// carries too: the resend finds the first run's reply.
 		// The call ends at the close too (see boundByClose).
 		callCtx, closeBound := c.boundByClose(ctx)
-		o, ok := c.calls.op(callCtx, signalCall(keys, cond, all, bound, newTicket()).under(ctx), nil)
+		o, ok := c.calls.Op(callCtx, signalCall(keys, cond, all, bound, newTicket()).Under(ctx), nil)
 		closeBound.done()
 		if !ok {
-			return total, wrap(c.endedByClose(ctx, o.res.err))
+			return total, wrap(c.endedByClose(ctx, o.Res.Err))
 		}
-		rep, err := parseSignalReply(o.res)
+		rep, err := parseSignalReply(o.Res)
 		if err != nil {
 			return total, fail(ctx, op, p.names, err)
 		}

@@ -292,7 +292,7 @@ func TestCondWaitUnreachableReleases(t *testing.T) {
 					refusing.Store(false)
 				}
 				err = condRefused(t, ctx, holder, other, "unreachable", refuse, undo, "refused")
-				if late && !isDialError(err) {
+				if late && !IsDialError(err) {
 					t.Fatalf("the wait = %v, want it to report the refused dial first", err)
 				}
 			})

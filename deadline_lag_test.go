@@ -62,7 +62,7 @@ func (b *socketDeadlines) Info() backend.Info {
 }
 
 func (b *socketDeadlines) cut(ctx context.Context) error {
-	if !pastDeadline(ctx) {
+	if !PastDeadline(ctx) {
 		return nil
 	}
 	return &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}

@@ -39,23 +39,23 @@ var (
 
 // runScript runs the script of set that serves c's op, with c's keys and
 // arguments.
-func runScript(ctx context.Context, set *scripts, rdb RedisClient, c call) (any, error) {
+func runScript(ctx context.Context, set *Set, rdb RedisClient, c call) (any, error) {
 	args := make([]any, len(c.Args))
 	for i, a := range c.Args {
 		args[i] = a
 	}
-	o := opNamed(c.Op())
+	o := OpNamed(c.Op())
 	if o == nil {
 		return nil, fmt.Errorf("no script serves op %q", c.Op())
 	}
-	return set.forOp(o).Run(ctx, rdb, c.Keys, args...).Result()
+	return set.ForOp(o).RunTest(ctx, rdb, c.Keys, args...).Result()
 }
 
 // scriptRunner returns the runner of a replayer on rdb whose scripts pass
 // through transform: go-redis's own Script, as the tests run scripts by
 // hand.
 func scriptRunner(rdb RedisClient, transform func(string) string) differential.Runner {
-	set := newScripts(transform)
+	set := NewSet(transform)
 	return func(ctx context.Context, c call) (any, error) { return runScript(ctx, set, rdb, c) }
 }
 

@@ -174,7 +174,7 @@ func transient(err error) bool {
 	if err == nil {
 		return false
 	}
-	if msg, ok := replyOf(err); ok {
+	if msg, ok := ReplyOf(err); ok {
 		for _, p := range []string{"TRYAGAIN", "LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "MOVED", "ASK", "BUSY", "NOREPLICAS"} {
 			if strings.HasPrefix(msg, p+" ") || msg == p {
 				return true
@@ -203,20 +203,20 @@ func slow(err error) bool {
 		(errors.As(err, &ne) && ne.Timeout())
 }
 
-// dialError is the error of a call that ended when a dial failed: it
+// DialError is the error of a call that ended when a dial failed: it
 // matches ErrRedis. Whether the call's script ran is not known (an earlier
 // attempt of go-redis's may have sent it on a connection that then broke),
 // so its clean-up runs when the call ends, in the background (see call).
-type dialError struct{ err error }
+type DialError struct{ Err error }
 
-func (e *dialError) Error() string   { return fmt.Sprintf("%v: cannot reach Redis: %v", ErrRedis, e.err) }
-func (e *dialError) Unwrap() []error { return []error{ErrRedis, e.err} }
+func (e *DialError) Error() string   { return fmt.Sprintf("%v: cannot reach Redis: %v", ErrRedis, e.Err) }
+func (e *DialError) Unwrap() []error { return []error{ErrRedis, e.Err} }
 
-// isDialError reports whether err is a call's return at a dial failure.
-func isDialError(err error) bool {
+// IsDialError reports whether err is a call's return at a dial failure.
+func IsDialError(err error) bool {
 	if err == nil {
 		return false
 	}
-	var d *dialError
+	var d *DialError
 	return errors.As(err, &d)
 }

@@ -81,7 +81,7 @@ func fnClient(t *testing.T, rdb RedisClient, evalOnly bool, opts ...Option) *Cli
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.calls.scripts.evalOnly.Store(evalOnly)
+	c.calls.Scripts.EvalOnly.Store(evalOnly)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -275,7 +275,7 @@ func TestScriptPathWithoutFunctions(t *testing.T) {
 	if s.get("evalsha") == 0 || s.get("function load") != 0 {
 		t.Fatalf("commands sent: %v, want EVALSHA and no FUNCTION LOAD", s.n)
 	}
-	if !c.calls.scripts.evalOnly.Load() {
+	if !c.calls.Scripts.EvalOnly.Load() {
 		t.Fatal("the client did not settle on EVAL")
 	}
 }
@@ -321,31 +321,31 @@ func TestFunctionLibraryRecovers(t *testing.T) {
 		return false
 	}
 	acquire("first")
-	if !has(c.calls.scripts.lib.name) {
-		t.Fatalf("libraries %v, want %s", libraries(), c.calls.scripts.lib.name)
+	if !has(c.calls.Scripts.Lib.Name) {
+		t.Fatalf("libraries %v, want %s", libraries(), c.calls.Scripts.Lib.Name)
 	}
 
 	// Another fairlock version's library (a rolling upgrade): each client
 	// loads its own, and neither replaces the other.
-	other := &scripts{lib: newLibrary(entries, changed("queue.lua", "\n-- another version"))}
-	for i, s := range c.calls.scripts.list {
-		other.list = append(other.list, &script{set: other, forms: forms{eval: s.eval, fn: other.lib.fns[entries[i].name]}})
+	other := &Set{Lib: NewLibrary(Entries, changed("queue.lua", "\n-- another version"))}
+	for i, s := range c.calls.Scripts.List {
+		other.List = append(other.List, &Script{Set: other, Forms: Forms{Eval: s.Eval, Fn: other.Lib.Fns[Entries[i].Name]}})
 	}
 	oc := fnClient(t, b.Client(t), false)
-	oc.calls.scripts = other
+	oc.calls.Scripts = other
 	coreScenarios(t, oc)
 	acquire("beside another version")
-	if !has(c.calls.scripts.lib.name) || !has(other.lib.name) {
-		t.Fatalf("libraries %v, want both %s and %s", libraries(), c.calls.scripts.lib.name, other.lib.name)
+	if !has(c.calls.Scripts.Lib.Name) || !has(other.Lib.Name) {
+		t.Fatalf("libraries %v, want both %s and %s", libraries(), c.calls.Scripts.Lib.Name, other.Lib.Name)
 	}
-	if other.evalOnly.Load() || c.calls.scripts.evalOnly.Load() {
+	if other.EvalOnly.Load() || c.calls.Scripts.EvalOnly.Load() {
 		t.Fatal("a client fell back to EVAL beside another version")
 	}
 
 	// An operator flushes the functions, or deletes fairlock's library.
 	for _, wipe := range []func() error{
 		func() error { return admin.FunctionFlush(ctx).Err() },
-		func() error { return admin.FunctionDelete(ctx, c.calls.scripts.lib.name).Err() },
+		func() error { return admin.FunctionDelete(ctx, c.calls.Scripts.Lib.Name).Err() },
 	} {
 		if err := wipe(); err != nil {
 			t.Fatal(err)
@@ -355,11 +355,11 @@ func TestFunctionLibraryRecovers(t *testing.T) {
 		if s.get("function load") != loads+1 {
 			t.Fatalf("FUNCTION LOADs %d, want one more than %d", s.get("function load"), loads)
 		}
-		if !has(c.calls.scripts.lib.name) {
+		if !has(c.calls.Scripts.Lib.Name) {
 			t.Fatalf("library not loaded again: %v", libraries())
 		}
 	}
-	if c.calls.scripts.evalOnly.Load() || s.get("evalsha") != 0 {
+	if c.calls.Scripts.EvalOnly.Load() || s.get("evalsha") != 0 {
 		t.Fatalf("the client left functions: %v", s.n)
 	}
 }
@@ -375,14 +375,14 @@ func TestFunctionLibraryRefused(t *testing.T) {
 		rdb := b.Client(t)
 		s, counted := countSent(rdb)
 		c := fnClient(t, rdb, false, counted)
-		broken := newLibrary(entries, changed("queue.lua", "\nlocal = 1"))
-		c.calls.scripts.lib = broken
-		for i, s := range c.calls.scripts.list {
-			s.fn = broken.fns[entries[i].name]
+		broken := NewLibrary(Entries, changed("queue.lua", "\nlocal = 1"))
+		c.calls.Scripts.Lib = broken
+		for i, s := range c.calls.Scripts.List {
+			s.Fn = broken.Fns[Entries[i].Name]
 		}
 		coreScenarios(t, c)
-		if !c.calls.scripts.evalOnly.Load() || s.get("function load") != 1 || s.get("fcall") != 1 {
-			t.Fatalf("evalOnly %v after %v, want one FCALL, one FUNCTION LOAD, then EVAL", c.calls.scripts.evalOnly.Load(), s.n)
+		if !c.calls.Scripts.EvalOnly.Load() || s.get("function load") != 1 || s.get("fcall") != 1 {
+			t.Fatalf("evalOnly %v after %v, want one FCALL, one FUNCTION LOAD, then EVAL", c.calls.Scripts.EvalOnly.Load(), s.n)
 		}
 	})
 
@@ -397,8 +397,8 @@ func TestFunctionLibraryRefused(t *testing.T) {
 		s, counted := countSent(rdb)
 		c := fnClient(t, rdb, false, counted)
 		coreScenarios(t, c)
-		if !c.calls.scripts.evalOnly.Load() || s.get("fcall") != 1 {
-			t.Fatalf("evalOnly %v after %v, want one FCALL, then EVAL", c.calls.scripts.evalOnly.Load(), s.n)
+		if !c.calls.Scripts.EvalOnly.Load() || s.get("fcall") != 1 {
+			t.Fatalf("evalOnly %v after %v, want one FCALL, then EVAL", c.calls.Scripts.EvalOnly.Load(), s.n)
 		}
 	})
 }
@@ -408,9 +408,9 @@ func TestFunctionLibraryRefused(t *testing.T) {
 func changed(file, more string) func(string) string {
 	return func(f string) string {
 		if f == file {
-			return source(f) + more
+			return Source(f) + more
 		}
-		return source(f)
+		return Source(f)
 	}
 }
 
@@ -493,7 +493,7 @@ func TestFullRedisKeepsLocks(t *testing.T) {
 			if err != nil || st.InUse != 2 || st.Held != 2 || st.Queued != 0 {
 				t.Fatalf("Status after: in use %d, held %d, queued %d (%v); want 2, 2, 0", st.InUse, st.Held, st.Queued, err)
 			}
-			if !evalOnly && c.calls.scripts.evalOnly.Load() {
+			if !evalOnly && c.calls.Scripts.EvalOnly.Load() {
 				t.Fatal("the client fell back to EVAL")
 			}
 		})
@@ -542,7 +542,7 @@ func preludeLocals(src string) int {
 // fails, group a file's definitions into a module table (one local).
 func TestPreludeLocalsLeaveRoom(t *testing.T) {
 	// Each entry's body is a local of a block of its own: one at a time.
-	n := preludeLocals(prelude(source)) + 1
+	n := preludeLocals(Prelude(Source)) + 1
 	t.Logf("%d locals in the function library's define (Lua's limit: %d)", n, luaMaxLocals)
 	if n > luaMaxLocals-20 {
 		t.Errorf("%d top-level locals in the prelude and the entries' bodies; Lua refuses more than %d in one function", n, luaMaxLocals)

@@ -75,7 +75,7 @@ func TestFunctionsCluster(t *testing.T) {
 	}
 	defer c.Close()
 	coreScenarios(t, c)
-	lib := c.calls.scripts.lib.name
+	lib := c.calls.Scripts.Lib.Name
 	nodeHas := func(i int) bool {
 		n := redis.NewClient(&redis.Options{Addr: cl.Nodes[i].Addr})
 		defer n.Close()
@@ -121,7 +121,7 @@ func TestFunctionsCluster(t *testing.T) {
 	if !nodeHas(to) {
 		t.Fatal("the slot's new owner did not get the library")
 	}
-	if c.calls.scripts.evalOnly.Load() {
+	if c.calls.Scripts.EvalOnly.Load() {
 		t.Fatal("the client fell back to EVAL")
 	}
 }

@@ -97,9 +97,9 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 func init() {
 	testhook.TransformOption = func(f func(string) string) any { return withTransform(f) }
 	testhook.BlockingHooksOption = func(hooks ...redis.Hook) any { return withBlockingHooks(hooks...) }
-	testhook.EntryName = entryOf
+	testhook.EntryName = EntryOf
 	testhook.RunScript = func(ctx context.Context, client any, op string, keys, args []string) (any, error) {
-		return client.(*Client).calls.runRaw(ctx, op, keys, args)
+		return client.(*Client).calls.RunRaw(ctx, op, keys, args)
 	}
 	testhook.Grants = func(client any) (reply, wake, refresh int64) {
 		return client.(*Client).waits.grants.get()
@@ -108,17 +108,17 @@ func init() {
 		return client.(*Client).waits.grants.late.Load()
 	}
 	testhook.OpFlags = func(name string) ([]string, bool) {
-		o := opNamed(name)
+		o := OpNamed(name)
 		if o == nil {
 			return nil, false
 		}
-		if f := entries[o.entry].flags; f != "" {
+		if f := Entries[o.EntryIndex].Flags; f != "" {
 			return strings.Split(f, ","), true
 		}
 		return nil, true
 	}
 	testhook.Batches = func(client any) (batches, calls int64) {
-		if b := client.(*Client).calls.batch; b != nil {
+		if b := client.(*Client).calls.Batch; b != nil {
 			return b.sent.Load(), b.sentCalls.Load()
 		}
 		return 0, 0

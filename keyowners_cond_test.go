@@ -103,7 +103,7 @@ func TestConditionIsNoOtherSemaphoresQueue(t *testing.T) {
 // KEY_SEP in queue.lua, which must be keySep: a Lua string literal, read
 // back through a server's Lua.
 func TestKeySepInStep(t *testing.T) {
-	m := regexp.MustCompile(`(?m)^local KEY_SEP = ('[^'\n]*')$`).FindStringSubmatch(source("queue.lua"))
+	m := regexp.MustCompile(`(?m)^local KEY_SEP = ('[^'\n]*')$`).FindStringSubmatch(Source("queue.lua"))
 	if m == nil {
 		t.Fatal("queue.lua defines no KEY_SEP = '...'")
 	}

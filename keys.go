@@ -23,10 +23,10 @@ type keys struct {
 	all  []string // the keys every script takes
 }
 
-// hashTag reports the hash tag Redis Cluster would use for s, or "" if s has
+// HashTag reports the hash tag Redis Cluster would use for s, or "" if s has
 // none: the text between the first '{' and the first '}' after it, when that
 // text is not empty.
-func hashTag(s string) string {
+func HashTag(s string) string {
 	open := strings.IndexByte(s, '{')
 	if open < 0 {
 		return ""
@@ -168,7 +168,7 @@ func newTicket() string { return rand.Text() }
 // begins with the prefix and then '{': the text before its first '{' is
 // the prefix, so different prefixes never share a key.
 func keysFor(prefix, name string) (keys, error) {
-	tag := hashTag(name)
+	tag := HashTag(name)
 	switch {
 	case name == "":
 		return keys{}, fmt.Errorf("%w: empty", ErrInvalidName)

@@ -42,11 +42,11 @@ func TestKeyLayout(t *testing.T) {
 		// A latch of the name: its count, its waiters' keys and wake
 		// lists share the tag (one Cluster slot per latch).
 		lk, bk := latchKeysOf(k), barrierKeysOf(k)
-		keys := append(append(k.list(), k.wake("C")), append(lk.call(opLatchDown, 1).keys, lk.res.ownWake("C"))...)
+		keys := append(append(k.list(), k.wake("C")), append(lk.call(OpLatchDown, 1).Keys, lk.res.ownWake("C"))...)
 		// A barrier's likewise.
-		keys = append(keys, append(bk.call(opBarrierAwait, 1).keys, bk.res.ownWake("C"))...)
+		keys = append(keys, append(bk.call(OpBarrierAwait, 1).Keys, bk.res.ownWake("C"))...)
 		for _, key := range keys {
-			if got := hashTag(key); got != tc.tag {
+			if got := HashTag(key); got != tc.tag {
 				t.Errorf("hash tag of %q = %q, want %q", key, got, tc.tag)
 			}
 		}
@@ -124,22 +124,22 @@ func FuzzKeys(f *testing.F) {
 				}
 				continue
 			}
-			tag := hashTag(r.k.base)
+			tag := HashTag(r.k.base)
 			if tag == "" {
 				t.Fatalf("name %q: base %q has no hash tag", r.name, r.k.base)
 			}
-			if want := hashTag(r.name); want != "" && tag != want {
+			if want := HashTag(r.name); want != "" && tag != want {
 				t.Fatalf("name %q carries tag %q but its keys have tag %q", r.name, want, tag)
 			}
-			slot := keySlot(r.k.base)
+			slot := KeySlot(r.k.base)
 			for _, key := range keySet(r.k) {
 				if !strings.HasPrefix(key, prefix) {
 					t.Fatalf("name %q: key %q lacks prefix %q", r.name, key, prefix)
 				}
-				if got := hashTag(key); got != tag {
+				if got := HashTag(key); got != tag {
 					t.Fatalf("name %q: key %q has hash tag %q, base %q has %q", r.name, key, got, r.k.base, tag)
 				}
-				if s := keySlot(key); s != slot {
+				if s := KeySlot(key); s != slot {
 					t.Fatalf("name %q: key %q is in slot %d, base %q in slot %d", r.name, key, s, r.k.base, slot)
 				}
 			}
@@ -160,7 +160,7 @@ func FuzzKeys(f *testing.F) {
 				t.Fatalf("client %q: unmarked %q, owner %q; want %q, %q", marked, unmarked(marked), owner(marked), id, owner(id))
 			}
 			for _, k := range []keys{ka, kb} {
-				if slices.Contains(keySet(k), one) || slices.Contains(k.list(), k.ownWake(marked)) || hashTag(k.ownWake(marked)) != hashTag(k.base) {
+				if slices.Contains(keySet(k), one) || slices.Contains(k.list(), k.ownWake(marked)) || HashTag(k.ownWake(marked)) != HashTag(k.base) {
 					t.Fatalf("client %q: its one list %q or its own list %q on %q is a key of the semaphore's, or the latter leaves its slot", marked, one, k.ownWake(marked), k.base)
 				}
 			}

@@ -51,15 +51,15 @@ func (lk latchKeys) plan(name string) plan {
 
 // call is latch.lua's op o on lk: the waiters' resource's keys, its
 // condition's, then the count; args after init.
-func (lk latchKeys) call(o *op, init int64, args ...string) opCall {
+func (lk latchKeys) call(o *Op, init int64, args ...string) Call {
 	keys := append(condKeys(lk.res, latchCond), lk.count)
 	keys = append(append(make([]string, 0, 7), lk.res.list()...), keys...)
-	return newCall(o, keys, 1+len(args)).with(itoa(init)).with(args...)
+	return NewCall(o, keys, 1+len(args)).With(itoa(init)).With(args...)
 }
 
 // latchReply reads latch.lua's reply into integers: its code (or count),
 // then up to two more.
-func latchReply(out result) ([3]int64, error) {
+func latchReply(out Result) ([3]int64, error) {
 	var r [3]int64
 	res, err := out.Slice()
 	if err != nil {
@@ -84,7 +84,7 @@ const latchCountErrPrefix = "FAIRLOCK_LATCH_COUNT "
 // latch op's refusal of another (nothing was written), and false for any
 // other error.
 func latchStored(err error) (int64, bool) {
-	msg, ok := replyOf(err)
+	msg, ok := ReplyOf(err)
 	if !ok {
 		return 0, false
 	}
@@ -127,11 +127,11 @@ func (c *Client) latchCount(ctx context.Context, name string, init int64) (count
 	if err != nil {
 		return 0, 0, err
 	}
-	o, ok := c.calls.op(ctx, lk.call(opLatchCount, init), nil)
+	o, ok := c.calls.Op(ctx, lk.call(OpLatchCount, init), nil)
 	if !ok {
-		return 0, 0, opError(op, []string{name}, o.res.err)
+		return 0, 0, opError(op, []string{name}, o.Res.Err)
 	}
-	r, err := latchReply(o.res)
+	r, err := latchReply(o.Res)
 	if stored, ok := latchStored(err); ok {
 		return 0, stored, nil
 	}
@@ -154,11 +154,11 @@ func (c *Client) latchInspect(ctx context.Context, name string) (count, init, wa
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	o, ok := c.calls.op(ctx, lk.call(opLatchCount, 0), nil)
+	o, ok := c.calls.Op(ctx, lk.call(OpLatchCount, 0), nil)
 	if !ok {
-		return 0, 0, 0, opError(op, []string{name}, o.res.err)
+		return 0, 0, 0, opError(op, []string{name}, o.Res.Err)
 	}
-	r, err := latchReply(o.res)
+	r, err := latchReply(o.Res)
 	if err == nil && (r[0] < 0 || r[1] < 0 || r[2] < 0) {
 		err = fmt.Errorf("%w: latch count reply %v", ErrRedis, r)
 	}
@@ -192,11 +192,11 @@ func (c *Client) latchDown(ctx context.Context, name string, init int64, ttl tim
 	id, wait := newTicket(), resendFirst
 	until := time.Now().Add(min(c.cfg.waiterTTL, latchResendFor))
 	for scripts := 0; scripts < maxLatchScripts; {
-		o, ok := c.calls.op(ctx, lk.call(opLatchDown, init, msArg(ttl), id), nil)
+		o, ok := c.calls.Op(ctx, lk.call(OpLatchDown, init, msArg(ttl), id), nil)
 		if !ok {
-			return 0, 0, opError(op, names, o.res.err)
+			return 0, 0, opError(op, names, o.Res.Err)
 		}
-		r, err := latchReply(o.res)
+		r, err := latchReply(o.Res)
 		if stored, ok := latchStored(err); ok {
 			return 0, stored, nil
 		}
@@ -215,8 +215,8 @@ func (c *Client) latchDown(ctx context.Context, name string, init int64, ttl tim
 			}
 			return 0, 0, fail(ctx, op, names, err)
 		}
-		if o.ackErr != nil {
-			return 0, 0, opError(op, names, o.ackErr)
+		if o.AckErr != nil {
+			return 0, 0, opError(op, names, o.AckErr)
 		}
 		if r[1] == 0 {
 			return r[0], 0, nil
@@ -280,28 +280,28 @@ func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl tim
 		ticket := w.ticket
 		sent := time.Now()
 		callCtx, bound := c.boundByClose(ctx)
-		o, ok := c.calls.op(callCtx, lk.call(opLatchWait, init, msArg(ttl), ticket, c.id, lease, c.waiterMs), func(outcome) {
+		o, ok := c.calls.Op(callCtx, lk.call(OpLatchWait, init, msArg(ttl), ticket, c.id, lease, c.waiterMs), func(Outcome) {
 			// The script may have made the ticket wait after the caller
 			// left.
 			var report func(error)
 			if ctx.Err() == nil {
 				report = c.closeReport()
 			}
-			c.cleanUpReport(ctx, cp.releaseCall(opLeave, ticket, c, true, nil), cp, report)
+			c.cleanUpReport(ctx, cp.releaseCall(OpLeave, ticket, c, true, nil), cp, report)
 		})
 		bound.done()
 		if !ok {
 			c.waits.unregister(r, w)
-			return 0, wrap(c.endedByClose(ctx, o.res.err))
+			return 0, wrap(c.endedByClose(ctx, o.Res.Err))
 		}
-		rep, err := latchReply(o.res)
+		rep, err := latchReply(o.Res)
 		if stored, ok := latchStored(err); ok {
 			c.waits.unregister(r, w) // (nothing was written)
 			return stored, nil
 		}
 		if err != nil {
 			c.waits.unregister(r, w)
-			if !isDialError(err) { // (then the call's late clean-up withdraws)
+			if !IsDialError(err) { // (then the call's late clean-up withdraws)
 				c.withdraw(ctx, cp, ticket)
 			}
 			return 0, fail(ctx, op, p.names, err)
@@ -310,10 +310,10 @@ func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl tim
 			c.waits.unregister(r, w)
 			return 0, nil
 		}
-		if o.ackErr != nil {
+		if o.AckErr != nil {
 			c.waits.unregister(r, w)
 			c.withdraw(ctx, cp, ticket)
-			return 0, wrap(o.ackErr)
+			return 0, wrap(o.AckErr)
 		}
 		c.waits.noteQueued(r, w, time.Duration(rep[2])*time.Millisecond, clockSample{sent: sent, redis: rep[1]})
 		if waiting != nil {

@@ -28,30 +28,30 @@ func leaderChannel(k keys) string { return k.derived(kindLeaderChange) }
 // leaderRun runs the leader op lo on the election name, by ctx's end,
 // with the arguments args gives for the election's keys (after the op's
 // name); op names the call in errors.
-func (c *Client) leaderRun(ctx context.Context, op string, lo *op, name string, args func(k keys) []string) (result, error, error) {
+func (c *Client) leaderRun(ctx context.Context, op string, lo *Op, name string, args func(k keys) []string) (Result, error, error) {
 	k, err := c.keys(name)
 	if err != nil {
-		return result{}, nil, opError(op, []string{name}, err)
+		return Result{}, nil, opError(op, []string{name}, err)
 	}
-	if c.isClosed() && lo != opLeaderClear && (lo != opLeaderSet || !c.draining()) {
+	if c.isClosed() && lo != OpLeaderClear && (lo != OpLeaderSet || !c.draining()) {
 		// A record is cleared after Close released its term's lease
 		// (see Lease.atClose): the close runs it, and bounds it. While a
 		// Shutdown waits for the leases code holds, a leader's record is
 		// renewed with its lease (nothing is granted after a close, so
 		// only a term already held can be).
-		return result{}, nil, opError(op, []string{name}, ErrClosed)
+		return Result{}, nil, opError(op, []string{name}, ErrClosed)
 	}
 	a := args(k)
-	o, _ := c.calls.op(ctx, newCall(lo, leaderKeys(k), len(a)).with(a...), nil)
-	if err := o.res.Err(); err != nil {
-		return result{}, nil, fail(ctx, op, []string{name}, err)
+	o, _ := c.calls.Op(ctx, NewCall(lo, leaderKeys(k), len(a)).With(a...), nil)
+	if err := o.Res.Err; err != nil {
+		return Result{}, nil, fail(ctx, op, []string{name}, err)
 	}
-	return o.res, o.ackErr, nil
+	return o.Res, o.AckErr, nil
 }
 
 func (c *Client) leaderSet(ctx context.Context, name string, term int64, value string, ttl time.Duration) (bool, error) {
 	const op = "record leader"
-	cmd, ackErr, err := c.leaderRun(ctx, op, opLeaderSet, name, func(k keys) []string {
+	cmd, ackErr, err := c.leaderRun(ctx, op, OpLeaderSet, name, func(k keys) []string {
 		return []string{itoa(term), value, msArg(ttl), leaderChannel(k)}
 	})
 	if err != nil {
@@ -69,7 +69,7 @@ func (c *Client) leaderSet(ctx context.Context, name string, term int64, value s
 }
 
 func (c *Client) leaderClear(ctx context.Context, name string, term int64) error {
-	_, _, err := c.leaderRun(ctx, "clear leader", opLeaderClear, name, func(k keys) []string {
+	_, _, err := c.leaderRun(ctx, "clear leader", OpLeaderClear, name, func(k keys) []string {
 		return []string{itoa(term), "", "1", leaderChannel(k)}
 	})
 	return err
@@ -77,7 +77,7 @@ func (c *Client) leaderClear(ctx context.Context, name string, term int64) error
 
 func (c *Client) leaderGet(ctx context.Context, name string) (engine.Leader, error) {
 	const op = "read leader"
-	cmd, _, err := c.leaderRun(ctx, op, opLeaderGet, name, func(keys) []string { return nil })
+	cmd, _, err := c.leaderRun(ctx, op, OpLeaderGet, name, func(keys) []string { return nil })
 	if err != nil {
 		return engine.Leader{}, err
 	}

@@ -310,7 +310,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		return opError("release", l.p.names, ErrNotHeld)
 	}
 	l.stopRenewal()
-	rel := l.p.releaseCall(opRelease, l.ticket, l.c, l.announced, l.tokens)
+	rel := l.p.releaseCall(OpRelease, l.ticket, l.c, l.announced, l.tokens)
 	until := l.expiresBy()
 	// Sent while the lease surely lived (until is no later than Redis's
 	// expiry of it), a release that finds no trace of it knows that an
@@ -328,8 +328,8 @@ func (l *Lease) Release(ctx context.Context) error {
 		end = l.c.releaseEnd()
 	}
 	callCtx, bound := l.c.boundBy(ctx, end)
-	o, ok := l.c.calls.op(callCtx, rel.under(ctx), func(o outcome) {
-		if _, err := l.c.released(l.p, o.res); transient(err) || cutShort(err) { // hands on work the script left
+	o, ok := l.c.calls.Op(callCtx, rel.Under(ctx), func(o Outcome) {
+		if _, err := l.c.released(l.p, o.Res); transient(err) || cutShort(err) { // hands on work the script left
 			// The release did not reach Redis, or the caller's context
 			// (or the close) ended it before it was sent: send it again.
 			l.c.resendLater(rel, l.p, until)
@@ -341,9 +341,9 @@ func (l *Lease) Release(ctx context.Context) error {
 		// released.
 		l.released = true
 		l.finish(errReleased)
-		return opError("release", l.p.names, l.c.endedBy(ctx, end, o.res.err))
+		return opError("release", l.p.names, l.c.endedBy(ctx, end, o.Res.Err))
 	}
-	res, ackErr := o.res, o.ackErr
+	res, ackErr := o.Res, o.AckErr
 	n, err := l.c.released(l.p, res)
 	n = releaseResult(n, live)
 	if err == nil && n == 1 && ackErr != nil {
@@ -355,7 +355,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	if err != nil && transient(err) {
 		// (Whether or not ctx has ended since: the release did not land.)
-		if !isDialError(err) { // (then the call's late handler sends it again)
+		if !IsDialError(err) { // (then the call's late handler sends it again)
 			l.c.resendLater(rel, l.p, until)
 		}
 		l.released = true
@@ -409,10 +409,10 @@ var errReleased error = &subError{"fairlock: lease released", ErrNotHeld}
 // background until until, when the lease would have expired anyway (or
 // the close's bound). It blocks; callers that must not, run it as a late
 // outcome of call.
-func (c *Client) releaseSpent(ctx context.Context, oc opCall, p plan, until time.Time) {
+func (c *Client) releaseSpent(ctx context.Context, oc Call, p plan, until time.Time) {
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), c.cleanUpBy())
 	defer cancel()
-	res, _ := c.calls.run(ctx, oc)
+	res, _ := c.calls.Run(ctx, oc)
 	if _, err := c.released(p, res); transient(err) {
 		c.resendLater(oc, p, until)
 	} else if err != nil {
@@ -553,10 +553,10 @@ func (l *Lease) renew() {
 	if l.batchable() && !capped {
 		n, err = l.c.renew.renewBatched(ctx, l, announced, lease)
 	} else {
-		o, _ := l.c.calls.op(ctx, l.p.releaseCallTTL(opRenew, l.ticket, l.c, announced, l.tokens, lease), nil)
-		n, err = l.c.released(l.p, o.res)
-		if err == nil && n == 1 && o.ackErr != nil {
-			err = o.ackErr // renewed on the master only: try again
+		o, _ := l.c.calls.Op(ctx, l.p.releaseCallTTL(OpRenew, l.ticket, l.c, announced, l.tokens, lease), nil)
+		n, err = l.c.released(l.p, o.Res)
+		if err == nil && n == 1 && o.AckErr != nil {
+			err = o.AckErr // renewed on the master only: try again
 		}
 	}
 	cancel()

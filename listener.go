@@ -64,7 +64,7 @@ type listener struct {
 // own: one BLPOP per semaphore, as the client routes single-key commands.
 func (c *waits) listenGroup(wakeKey string) string {
 	if c.info.Layout == backend.Single || c.info.Layout == backend.Cluster {
-		return strconv.Itoa(keySlot(wakeKey))
+		return strconv.Itoa(KeySlot(wakeKey))
 	}
 	return wakeKey
 }
@@ -140,7 +140,7 @@ func (c *waits) attachLocked(r *room) (nudge *listener) {
 // uses, so it is never another object's key; the client id and seq tell
 // two listeners' lists apart.
 func (c *waits) ctlName(key string, seq uint64) string {
-	return derivedKey(c.cfg.prefix+"{"+hashTag(key)+"}", kindControl, c.id, strconv.FormatUint(seq, 10))
+	return derivedKey(c.cfg.prefix+"{"+HashTag(key)+"}", kindControl, c.id, strconv.FormatUint(seq, 10))
 }
 
 // nudge ends l's BLPOP so that it starts again with its new keys. If it
@@ -150,7 +150,7 @@ func (c *waits) nudge(l *listener, via backend.Backend) {
 	defer c.wg.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 	defer cancel()
-	_ = nudgeScript.on(ctx, via, []string{c.ctlOf(l)}, c.waiterMs)
+	_ = NudgeScript.On(ctx, via, []string{c.ctlOf(l)}, c.waiterMs)
 }
 
 // ctlOf returns l's control list (which leaveOutForeign may rename).
@@ -246,7 +246,7 @@ func (l *listener) readKeysLocked() []string {
 }
 
 // typesScript returns the type of each of KEYS (TYPE): a read.
-var typesScript = newEvalCode(`local out = {}
+var typesScript = NewEvalCode(`local out = {}
 for i, k in ipairs(KEYS) do
   local t = redis.call('TYPE', k)
   if type(t) == 'table' then t = t.ok end
@@ -261,7 +261,7 @@ return out`)
 func (c *waits) leaveOutForeign(l *listener, blk backend.Backend, keys []string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 	defer cancel()
-	types, err := typesScript.on(ctx, blk, keys).Strings()
+	types, err := typesScript.On(ctx, blk, keys).Strings()
 	if err != nil || len(types) != len(keys) {
 		return false
 	}
@@ -361,7 +361,7 @@ func (c *waits) processListBack(blk backend.Backend) bool {
 	ctx, cancel := context.WithTimeout(c.closing, c.cfg.waiterTTL)
 	defer cancel()
 	list := c.processList()
-	types, err := typesScript.on(ctx, blk, []string{list}).Strings()
+	types, err := typesScript.On(ctx, blk, []string{list}).Strings()
 	if err != nil || len(types) != 1 || types[0] != "none" && types[0] != "list" {
 		return false
 	}
@@ -462,7 +462,7 @@ func (c *waits) blockingPop(blk backend.Backend, keys []string) (key string, val
 // wrongType reports whether err is Redis's refusal of a command on a key
 // that holds another type.
 func wrongType(err error) bool {
-	msg, ok := replyOf(err)
+	msg, ok := ReplyOf(err)
 	return ok && strings.HasPrefix(msg, "WRONGTYPE")
 }
 

@@ -101,8 +101,8 @@ func TestListenerReadsStayInOneSlot(t *testing.T) {
 					for _, l := range ls {
 						keys := l.readKeysLocked()
 						for _, k := range keys[1:] {
-							if keySlot(k) != keySlot(keys[0]) {
-								t.Fatalf("%s: a blocking read takes %q (slot %d) and %q (slot %d): refused as CROSSSLOT", state, keys[0], keySlot(keys[0]), k, keySlot(k))
+							if KeySlot(k) != KeySlot(keys[0]) {
+								t.Fatalf("%s: a blocking read takes %q (slot %d) and %q (slot %d): refused as CROSSSLOT", state, keys[0], KeySlot(keys[0]), k, KeySlot(k))
 							}
 						}
 						for _, r := range l.rooms {

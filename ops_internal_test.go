@@ -9,11 +9,11 @@ import (
 // that does not read as one of them is an error matching ErrRedis, never a
 // grant with missing tokens or a queued wait with no clock.
 func TestParseAcquireReply(t *testing.T) {
-	cmd := func(v ...any) result { return result{val: v} }
-	failed := result{err: errors.New("connection reset")}
+	cmd := func(v ...any) Result { return Result{Val: v} }
+	failed := Result{Err: errors.New("connection reset")}
 	for _, tc := range []struct {
 		name  string
-		cmd   result
+		cmd   Result
 		parts int
 		want  acquireReply // when ok
 		ok    bool

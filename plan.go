@@ -215,9 +215,9 @@ func distinct(parts []part) error {
 // sameSlot reports an error matching [ErrCrossSlot] unless all parts live
 // in one Cluster slot; it names the first two names whose slots differ.
 func sameSlot(parts []part) error {
-	first := keySlot(parts[0].k.base)
+	first := KeySlot(parts[0].k.base)
 	for _, pt := range parts[1:] {
-		if at := keySlot(pt.k.base); at != first {
+		if at := KeySlot(pt.k.base); at != first {
 			return fmt.Errorf("%w: %q is in slot %d and %q in slot %d; give the names one hash tag, such as \"{acct}:1\" and \"{acct}:2\"",
 				ErrCrossSlot, parts[0].req.Name, first, pt.req.Name, at)
 		}
@@ -225,10 +225,10 @@ func sameSlot(parts []part) error {
 	return nil
 }
 
-// keySlot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of its
+// KeySlot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of its
 // hash tag, or of the whole key when it has none, modulo 16384.
-func keySlot(key string) int {
-	if tag := hashTag(key); tag != "" {
+func KeySlot(key string) int {
+	if tag := HashTag(key); tag != "" {
 		key = tag
 	}
 	var crc uint16

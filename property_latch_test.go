@@ -207,11 +207,11 @@ func (m *machine) latchDownTwice(c *Client) (int64, error) {
 	l, ctx, id := m.latch, context.Background(), newTicket()
 	var got [2][3]int64
 	for i := range got {
-		o, ok := c.calls.op(ctx, l.k.call(opLatchDown, l.init, msArg(l.ttl), id), nil)
+		o, ok := c.calls.Op(ctx, l.k.call(OpLatchDown, l.init, msArg(l.ttl), id), nil)
 		if !ok {
-			return 0, o.res.err
+			return 0, o.Res.Err
 		}
-		r, err := latchReply(o.res)
+		r, err := latchReply(o.Res)
 		if err != nil {
 			return 0, err
 		}

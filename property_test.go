@@ -585,7 +585,7 @@ func setFlag(t *testing.T, name, value string) {
 // run a mutated copy of one script file.
 func breakScript(t *testing.T, file, old, new string) func() {
 	t.Helper()
-	if !strings.Contains(source(file), old) {
+	if !strings.Contains(Source(file), old) {
 		t.Fatalf("%s no longer contains %q", file, old)
 	}
 	return setTestTransform(mutate(file, old, new))
@@ -594,7 +594,7 @@ func breakScript(t *testing.T, file, old, new string) func() {
 // mutate returns a script transform that replaces old by new in one
 // script file's text.
 func mutate(file, old, new string) func(string) string {
-	src := source(file)
+	src := Source(file)
 	broken := strings.Replace(src, old, new, 1)
 	return func(s string) string { return strings.Replace(s, src, broken, 1) }
 }
@@ -1515,7 +1515,7 @@ func (m *machine) settle(t *rapid.T) {
 		// its reply's next event is 0 while work is left, and a waiting
 		// process refreshes again at once, as this does.
 		for i := 0; ; i++ {
-			res, err := m.obs.calls.scripts.named("refresh").Run(context.Background(), m.rdb, k.list(), "refresh", m.obs.id,
+			res, err := m.obs.calls.Scripts.Named("refresh").RunTest(context.Background(), m.rdb, k.list(), "refresh", m.obs.id,
 				ms(m.leaseTTL()), ms(m.waiterTTL())).Slice()
 			if err != nil {
 				t.Fatalf("observer's refresh: %v", err)

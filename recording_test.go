@@ -51,9 +51,9 @@ func TestRecordingLeavesReadsAlone(t *testing.T) {
 		}
 		// Every op whose script declares no-writes is read here: a new
 		// one must join the table.
-		for _, o := range allOps {
-			if slices.Contains(strings.Split(entries[o.entry].flags, ","), "no-writes") && reads[o.name] == nil {
-				t.Errorf("op %s declares no-writes and is not read by this test", o.name)
+		for _, o := range AllOps {
+			if slices.Contains(strings.Split(Entries[o.EntryIndex].Flags, ","), "no-writes") && reads[o.Name] == nil {
+				t.Errorf("op %s declares no-writes and is not read by this test", o.Name)
 			}
 		}
 		for name, read := range reads {
@@ -97,23 +97,23 @@ func TestRecordingLeavesReadsAlone(t *testing.T) {
 // panics otherwise.
 func TestTransformsSeeFlags(t *testing.T) {
 	var got, want []string
-	newCode(func(src string) string {
+	NewCode(func(src string) string {
 		got = append(got, strings.Join(testhook.Flags(src), ","))
 		return src
 	})
-	for _, e := range entries {
-		want = append(want, e.flags)
-		if e.batch {
-			want = append(want, e.flags)
+	for _, e := range Entries {
+		want = append(want, e.Flags)
+		if e.Batch {
+			want = append(want, e.Flags)
 		}
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("the flags transforms are given: %q, want %q", got, want)
 	}
-	k := newCode(compose(recording("fltest:log", halfrun.Transform), replayed(nil)))
-	for _, e := range entries {
-		if e.flags != "" && k.flagged[e.name] == nil {
-			t.Errorf("entry %s declares %s, and has no flagged form", e.name, e.flags)
+	k := NewCode(compose(recording("fltest:log", halfrun.Transform), replayed(nil)))
+	for _, e := range Entries {
+		if e.Flags != "" && k.flagged[e.Name] == nil {
+			t.Errorf("entry %s declares %s, and has no flagged form", e.Name, e.Flags)
 		}
 	}
 }

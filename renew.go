@@ -43,7 +43,7 @@ type renewQueue struct {
 // renewals waiting for the next batch, and sends the batches through the
 // client's call path.
 type renewer struct {
-	calls    *caller
+	calls    *Caller
 	closing  context.Context // the client's: no renewal is taken once it ends
 	id       string          // the client's, which holds the leases
 	leaseTTL time.Duration   // a batch's deadline when no renewal has one
@@ -79,7 +79,7 @@ func (c *renewer) renewBatched(ctx context.Context, l *Lease, announced bool, tt
 	q.reqs = append(q.reqs, req)
 	c.mu.Unlock()
 	if start {
-		c.calls.spawn(func() { c.sendRenewals(q) })
+		c.calls.Spawn(func() { c.sendRenewals(q) })
 	}
 	select {
 	case r := <-req.done:
@@ -93,7 +93,7 @@ func (c *renewer) renewBatched(ctx context.Context, l *Lease, announced bool, tt
 		return 0, ctx.Err()
 	}
 	c.mu.Unlock()
-	t := time.NewTimer(grace)
+	t := time.NewTimer(Grace)
 	defer t.Stop()
 	select {
 	case r := <-req.done:
@@ -132,7 +132,7 @@ func (c *renewer) sendRenewals(q *renewQueue) {
 		// close's cut): the Redis client's retries must not outlast the
 		// close, and the leases are being ended anyway.
 		ctx, cancel := context.WithDeadline(c.closing, deadline)
-		o, _ := c.calls.op(ctx, oc, nil)
+		o, _ := c.calls.Op(ctx, oc, nil)
 		cancel()
 		results, more, err := renewedBatch(o, len(batch))
 		if more {

@@ -20,7 +20,7 @@ const (
 // background, with backoff, until it lands, fails for good, or until
 // (when the lease would have expired, or the waiter been dropped, anyway).
 // Close waits for it, at most a waiter TTL past Close.
-func (c *Client) resendLater(oc opCall, p plan, until time.Time) {
+func (c *Client) resendLater(oc Call, p plan, until time.Time) {
 	c.resendReport(oc, p, until, nil, nil)
 }
 
@@ -29,7 +29,7 @@ func (c *Client) resendLater(oc opCall, p plan, until time.Time) {
 // error of the send before this one, if any) before it logs so. Without
 // report, a resend that the client's close finds on its way reports to
 // the close (see resendCloseReport).
-func (c *Client) resendReport(oc opCall, p plan, until time.Time, report func(error), last error) {
+func (c *Client) resendReport(oc Call, p plan, until time.Time, report func(error), last error) {
 	c.spawn(func() {
 		done := c.done
 		wait := resendFirst
@@ -43,7 +43,7 @@ func (c *Client) resendReport(oc opCall, p plan, until time.Time, report func(er
 					report(last)
 				}
 				c.logf(slog.LevelWarn, "fairlock: gave up sending again; Redis ends it at its deadline", p.names, "",
-					slog.String("op", oc.op.name), slog.Int("attempts", attempt-1))
+					slog.String("op", oc.Op.Name), slog.Int("attempts", attempt-1))
 				return
 			}
 			t := time.NewTimer(min(wait+rand.N(wait), left))
@@ -69,7 +69,7 @@ func (c *Client) resendReport(oc opCall, p plan, until time.Time, report func(er
 			if done != nil { // (the close not seen yet)
 				unhook = context.AfterFunc(c.closing, cancel)
 			}
-			res, _ := c.calls.run(ctx, oc)
+			res, _ := c.calls.Run(ctx, oc)
 			_, err := c.released(p, res)
 			closed := !unhook() // the close ended this try
 			cancel()
@@ -83,7 +83,7 @@ func (c *Client) resendReport(oc opCall, p plan, until time.Time, report func(er
 						report(err)
 					}
 					c.logf(slog.LevelWarn, "fairlock: sending again failed; Redis ends it at its deadline", p.names, "",
-						slog.String("op", oc.op.name), slog.Any("error", err))
+						slog.String("op", oc.Op.Name), slog.Any("error", err))
 				}
 				return
 			}

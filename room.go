@@ -28,7 +28,7 @@ type waits struct {
 	wg      *workGroup      // the client's: goroutines Close waits for
 	closing context.Context // the client's: ends at Close
 	done    <-chan struct{} // closing's
-	calls   *caller
+	calls   *Caller
 	b       backend.Backend
 	info    backend.Info
 	cfg     *config
@@ -456,7 +456,7 @@ func (r *room) refresh() (next time.Duration, first error) {
 	send := func(args []string) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 		sent := time.Now()
-		res, _ := c.calls.run(ctx, opCall{op: opRefresh, keys: r.k.list(), args: args}) // unreplicated refreshes are refreshed again
+		res, _ := c.calls.Run(ctx, Call{Op: OpRefresh, Keys: r.k.list(), Args: args}) // unreplicated refreshes are refreshed again
 		cancel()
 		rep, err := parseRefreshReply(res)
 		r.noteRefreshed(args, sent, err)

@@ -82,11 +82,11 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	if err != nil {
 		return Status{}, opError("status", []string{name}, err)
 	}
-	o, _ := c.calls.call(ctx, func(ctx context.Context) outcome {
-		res, _ := c.calls.run(ctx, statusCall(k.list()))
-		return outcome{res: res}
+	o, _ := c.calls.Call(ctx, func(ctx context.Context) Outcome {
+		res, _ := c.calls.Run(ctx, statusCall(k.list()))
+		return Outcome{Res: res}
 	}, nil)
-	res, err := o.res.Slice()
+	res, err := o.Res.Slice()
 	if err != nil {
 		return Status{}, fail(ctx, "status", []string{name}, err)
 	}

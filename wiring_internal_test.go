@@ -30,8 +30,8 @@ func TestClientPartsWired(t *testing.T) {
 		name      string
 		got, want any
 	}{
-		{"calls.ackReplicas", c.calls.ackReplicas, c.cfg.ackReplicas},
-		{"calls.ackTimeout", c.calls.ackTimeout, c.cfg.ackTimeout},
+		{"calls.ackReplicas", c.calls.AckReplicas, c.cfg.ackReplicas},
+		{"calls.ackTimeout", c.calls.AckTimeout, c.cfg.ackTimeout},
 		{"renew.leaseTTL", c.renew.leaseTTL, c.cfg.leaseTTL},
 		{"renew.id", c.renew.id, c.id},
 		{"waits.id", c.waits.id, c.id},
@@ -50,7 +50,7 @@ func TestClientPartsWired(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer batching.Close()
-	if b := batching.calls.batch; b == nil || b.c != batching.calls || b.max != 4 || b.groups == nil {
+	if b := batching.calls.Batch; b == nil || b.c != batching.calls || b.max != 4 || b.groups == nil {
 		t.Errorf("WithBatching(4): calls.batch is %+v, want a batcher of the client's call path, 4 calls a batch", b)
 	}
 	for name, part := range map[string]any{"calls": c.calls, "renew": c.renew, "waits": c.waits} {
