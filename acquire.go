@@ -3,6 +3,9 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/script"
 	"log/slog"
 	"time"
 )
@@ -32,9 +35,9 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease
 // request began to wait, if it did before (its WaitStarted reported): a
 // condition's waiter that queues again.
 func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time.Time) (lease *Lease, err error) {
-	op, mode := "acquire", OpAcquire
+	op, mode := "acquire", script.OpAcquire
 	if !wait {
-		op, mode = "try acquire", OpTry
+		op, mode = "try acquire", script.OpTry
 	}
 	if p.id != 0 {
 		defer func() { c.observeAcquire(p, queued, lease, err) }()
@@ -81,7 +84,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		// alone: a batch holding it could hold its group); a close waits
 		// for it until its bound only, and says so.
 		callCtx, bound := c.boundByClose(ctx)
-		o, ok := c.calls.Op(callCtx, p.acquireCall(mode, ticket, c).Under(ctx), func(Outcome) {
+		o, ok := c.calls.Op(callCtx, p.acquireCall(mode, ticket, c).Under(ctx), func(callpath.Outcome) {
 			// The script may have queued or granted the ticket after the
 			// caller left, or before its reply was lost. (A caller whose
 			// context lasts left because the close ended the call: the
@@ -90,7 +93,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 			if ctx.Err() == nil {
 				report = c.closeReport()
 			}
-			c.cleanUpReport(ctx, p.releaseCall(OpLeave, ticket, c, true, nil), p, report)
+			c.cleanUpReport(ctx, p.releaseCall(script.OpLeave, ticket, c, true, nil), p, report)
 		})
 		bound.done()
 		if !ok {
@@ -100,7 +103,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		rep, err := parseAcquireReply(o.Res, len(p.parts))
 		if err != nil {
 			c.waits.unregister(r, w)
-			if !IsDialError(err) { // (then the call's late clean-up withdraws)
+			if !fault.IsDialError(err) { // (then the call's late clean-up withdraws)
 				// The script may have run before the failure was seen,
 				// or ran and answered what this release cannot read.
 				c.withdraw(ctx, p, w.ticket)
@@ -230,14 +233,14 @@ func (c *Client) observeAcquire(p plan, queued time.Time, lease *Lease, err erro
 // reached meanwhile, the ticket dies on its own: a waiter at its liveness
 // deadline, a grant when its lease expires.
 func (c *Client) withdraw(ctx context.Context, p plan, ticket string) {
-	c.letGo(ctx, p.releaseCall(OpLeave, ticket, c, true, nil), p, nil)
+	c.letGo(ctx, p.releaseCall(script.OpLeave, ticket, c, true, nil), p, nil)
 }
 
 // withdrawAtClose is withdraw for an acquisition that the client's close
 // ended (a wait, or a grant that raced the close): a withdrawal that does
 // not land counts in the close's error.
 func (c *Client) withdrawAtClose(ctx context.Context, p plan, ticket string) {
-	c.letGo(ctx, p.releaseCall(OpLeave, ticket, c, true, nil), p, c.closeReport())
+	c.letGo(ctx, p.releaseCall(script.OpLeave, ticket, c, true, nil), p, c.closeReport())
 }
 
 // closeReport returns, once a close has begun, how a withdrawal that the
@@ -270,7 +273,7 @@ func (c *Client) resendCloseReport() func(error) {
 
 // giveBack releases a grant its caller will not use, like withdraw.
 func (c *Client) giveBack(ctx context.Context, p plan, ticket string, tokens []int64) {
-	c.letGo(ctx, p.releaseCall(OpRelease, ticket, c, false, tokens), p, nil)
+	c.letGo(ctx, p.releaseCall(script.OpRelease, ticket, c, false, tokens), p, nil)
 }
 
 // letGo runs oc (release.lua's) on p's semaphores, best effort, and
@@ -281,7 +284,7 @@ func (c *Client) giveBack(ctx context.Context, p plan, ticket string, tokens []i
 // already sent to a Redis that does not answer can hold that goroutine up
 // to go-redis's ReadTimeout, which go-redis applies whatever the context.
 // If report is not nil, it is passed why oc did not land (see cleanUpReport).
-func (c *Client) letGo(ctx context.Context, oc Call, p plan, report func(error)) {
+func (c *Client) letGo(ctx context.Context, oc script.Call, p plan, report func(error)) {
 	if ctx.Done() == nil {
 		c.cleanUpReport(ctx, oc, p, report)
 		return
@@ -296,7 +299,7 @@ func (c *Client) letGo(ctx context.Context, oc Call, p plan, report func(error))
 		return
 	case <-ctx.Done():
 	}
-	t := time.NewTimer(Grace)
+	t := time.NewTimer(callpath.Grace)
 	defer t.Stop()
 	select {
 	case <-done:
@@ -308,14 +311,14 @@ func (c *Client) letGo(ctx context.Context, oc Call, p plan, report func(error))
 // a context that outlives ctx by up to one waiter TTL (and, once a close
 // has ended the client's leases, ends by that close's bound). It blocks; callers
 // that must not, run it through letGo or as a late outcome of call.
-func (c *Client) cleanUp(ctx context.Context, oc Call, p plan) {
+func (c *Client) cleanUp(ctx context.Context, oc script.Call, p plan) {
 	c.cleanUpReport(ctx, oc, p, nil)
 }
 
 // cleanUpReport is cleanUp that, if report is not nil, passes it why oc
 // did not land: failed, or, sent again in the background, failed for
 // good or given up.
-func (c *Client) cleanUpReport(ctx context.Context, oc Call, p plan, report func(error)) {
+func (c *Client) cleanUpReport(ctx context.Context, oc script.Call, p plan, report func(error)) {
 	// One waiter TTL, counted from a close's end of the client's work at
 	// the latest (see cleanUpBy), so that the close's bound holds.
 	by := c.cleanUpBy()

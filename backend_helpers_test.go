@@ -3,19 +3,20 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/script"
 	"strconv"
 
 	"github.com/fairlock/fairlock/backend"
 	"github.com/redis/go-redis/v9"
 )
 
-// RunTest runs s on rdb with keys and args and returns its reply as a go-redis
+// runTest runs s on rdb with keys and args and returns its reply as a go-redis
 // command, without WithReplicaAck's WAIT: tests run entries by hand.
-func (s *Script) RunTest(ctx context.Context, rdb RedisClient, keys []string, args ...any) *redis.Cmd {
+func runTest(s *script.Script, ctx context.Context, rdb RedisClient, keys []string, args ...any) *redis.Cmd {
 	g := &goRedis{rdb: rdb}
-	r := s.Run(ctx, g, g.Info().Functions, func(sc backend.Script) Result {
+	r := s.Run(ctx, g, g.Info().Functions, func(sc backend.Script) script.Result {
 		v, err := g.Script(ctx, sc)
-		return Result{v, err}
+		return script.Result{Val: v, Err: err}
 	}, keys, renderArgs(args))
 	cmd := redis.NewCmd(ctx)
 	cmd.SetVal(r.Val)

@@ -3,6 +3,9 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/script"
 	"strconv"
 	"strings"
 	"time"
@@ -55,14 +58,14 @@ func (bk barrierKeys) plan(name string) plan {
 
 // call is barrier.lua's op o on bk: the waiters' resource's keys, its
 // condition's, then the hash; args after parties.
-func (bk barrierKeys) call(o *Op, parties int64, args ...string) Call {
+func (bk barrierKeys) call(o *script.Op, parties int64, args ...string) script.Call {
 	keys := append(append(make([]string, 0, 7), bk.res.list()...), condKeys(bk.res, barrierCond)...)
 	keys = append(keys, bk.state)
-	return NewCall(o, keys, 1+len(args)).With(itoa(parties)).With(args...)
+	return script.NewCall(o, keys, 1+len(args)).With(itoa(parties)).With(args...)
 }
 
 // barrierInts reads the first n integers of a script's reply (at least one).
-func barrierInts(out Result, n int) ([]int64, error) {
+func barrierInts(out script.Result, n int) ([]int64, error) {
 	res, err := out.Slice()
 	if err != nil {
 		return nil, err
@@ -86,7 +89,7 @@ const barrierPartiesErrPrefix = "FAIRLOCK_BARRIER_PARTIES "
 // barrierStored returns the parties a barrier is stored with when err is
 // a barrier op's refusal of others (nothing was written).
 func barrierStored(err error) (int64, bool) {
-	msg, ok := ReplyOf(err)
+	msg, ok := fault.ReplyOf(err)
 	if !ok {
 		return 0, false
 	}
@@ -143,13 +146,15 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 		return arrival{}, wrap(err)
 	}
 	ticket := w.ticket
-	await := func(asked string) Call {
-		return bk.call(OpBarrierAwait, parties, msArg(ttl), ticket, c.id, lease, c.waiterMs, asked)
+	await := func(asked string) script.Call {
+		return bk.call(script.OpBarrierAwait, parties, msArg(ttl), ticket, c.id, lease, c.waiterMs, asked)
 	}
-	breaks := func(asked string) Call { return bk.call(OpBarrierBreak, parties, msArg(ttl), ticket, asked) }
+	breaks := func(asked string) script.Call {
+		return bk.call(script.OpBarrierBreak, parties, msArg(ttl), ticket, asked)
+	}
 	sent := time.Now()
 	callCtx, bound := c.boundByClose(ctx)
-	o, ok := c.calls.Op(callCtx, await(""), func(Outcome) {
+	o, ok := c.calls.Op(callCtx, await(""), func(callpath.Outcome) {
 		// The script may have made the ticket wait after the caller left.
 		var report func(error)
 		if ctx.Err() == nil {
@@ -172,7 +177,7 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 	}
 	if err != nil {
 		c.waits.unregister(r, w)
-		if !IsDialError(err) { // (then the call's late clean-up breaks)
+		if !fault.IsDialError(err) { // (then the call's late clean-up breaks)
 			c.letGo(ctx, breaks(""), cp, nil)
 		}
 		return arrival{}, fail(ctx, op, names, err)
@@ -206,7 +211,7 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 			// Reported gone: its wake-up was lost, or its round lost a
 			// party. Its ticket's record, or the round's break, says
 			// which.
-			o, ok := c.calls.Op(ctx, await(asked), func(Outcome) { c.cleanUp(ctx, breaks(asked), cp) })
+			o, ok := c.calls.Op(ctx, await(asked), func(callpath.Outcome) { c.cleanUp(ctx, breaks(asked), cp) })
 			if !ok {
 				c.letGo(ctx, breaks(asked), cp, nil)
 				return arrival{}, wrap(o.Res.Err)
@@ -265,7 +270,7 @@ func (c *Client) barrierStatus(ctx context.Context, name string, parties int64) 
 	if err != nil {
 		return 0, nil, false, 0, err
 	}
-	o, ok := c.calls.Op(ctx, bk.call(OpBarrierStatus, parties), nil)
+	o, ok := c.calls.Op(ctx, bk.call(script.OpBarrierStatus, parties), nil)
 	if !ok {
 		return 0, nil, false, 0, opError(op, []string{name}, o.Res.Err)
 	}

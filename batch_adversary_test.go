@@ -47,18 +47,7 @@ func (s *stallBackend) Script(ctx context.Context, sc backend.Script) (any, erro
 }
 
 // queuedIn returns how many calls of entry wait in c's batch queues.
-func queuedIn(c *Client, entry string) int {
-	b := c.calls.Batch
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := 0
-	for k, g := range b.groups {
-		if Entries[k.entry].Name == entry {
-			n += len(g.queue)
-		}
-	}
-	return n
-}
+func queuedIn(c *Client, entry string) int { return c.calls.Batch.Queued(entry) }
 
 func advWaitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/script"
 	"strconv"
 	"strings"
 	"sync"
@@ -93,8 +95,9 @@ func batchedCycles(t *testing.T, b *redistest.Backend, functions bool) {
 		t.Fatalf("%d acquisitions overlapped another holder", n)
 	}
 	bt := c.calls.Batch
-	t.Logf("%d batches, %d calls in them", bt.sent.Load(), bt.sentCalls.Load())
-	if bt.sent.Load() == 0 {
+	batches, inBatches := bt.Sent()
+	t.Logf("%d batches, %d calls in them", batches, inBatches)
+	if batches == 0 {
 		t.Fatal("no batch was sent")
 	}
 	if functions {
@@ -155,7 +158,7 @@ func TestBatchDifferentialCatchesBrokenBatches(t *testing.T) {
 		{"a batch answers every call with its last call's reply", "  return out\nend", "  for c = 1, n do out[c] = out[n] end\n  return out\nend"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if !strings.Contains(Source("lua/batch.lua"), tc.old) {
+			if !strings.Contains(script.Source("lua/batch.lua"), tc.old) {
 				t.Fatalf("lua/batch.lua no longer contains %q", tc.old)
 			}
 			setFlag(t, "rapid.checks", "200")
@@ -182,7 +185,7 @@ func diffBatches(t *testing.T, tb rapid.TB, real bool, inner func(string) string
 	alone := newReplayer(t, "each call alone", addr, 12, transform)
 	together := newReplayer(t, "batched", addr, 13, transform)
 	alone.Debug, together.Debug = p.Fast.Debug, p.Fast.Debug
-	set := NewSet(transform)
+	set := script.NewSet(transform)
 	var calls, batched, batches, resent int
 	rapid.Check(tb, func(rt *rapid.T) {
 		var m *callMachine
@@ -224,11 +227,11 @@ func diffBatches(t *testing.T, tb rapid.TB, real bool, inner func(string) string
 // to most consecutive calls of one batched entry at one clock (one call
 // when history[i]'s entry is not batched).
 func batchGroupAt(history []call, i, most int) []call {
-	first := OpNamed(history[i].Op())
+	first := script.OpNamed(history[i].Op())
 	j := i + 1
-	if first != nil && Entries[first.EntryIndex].Batch {
+	if first != nil && script.Entries[first.EntryIndex].Batch {
 		for j < len(history) && j-i < most {
-			o := OpNamed(history[j].Op())
+			o := script.OpNamed(history[j].Op())
 			if o == nil || o.EntryIndex != first.EntryIndex || history[j].NowMs() != history[i].NowMs() ||
 				history[j].Time[1] != history[i].Time[1] || history[j].Time[0] != history[i].Time[0] {
 				break
@@ -242,7 +245,7 @@ func batchGroupAt(history []call, i, most int) []call {
 // stepBatch runs group (calls from the step'th of a history on) on alone,
 // call by call, and on together as one batch (if it has more than one
 // call), and compares their replies and databases.
-func stepBatch(ctx context.Context, set *Set, alone, together *replayer, group []call, step int) error {
+func stepBatch(ctx context.Context, set *script.Set, alone, together *replayer, group []call, step int) error {
 	replies := make([]string, len(group))
 	for i, c := range group {
 		if err := alone.Prepare(ctx, c); err != nil {
@@ -259,7 +262,7 @@ func stepBatch(ctx context.Context, set *Set, alone, together *replayer, group [
 		out, err := together.Run(ctx, group[0])
 		got = []string{renderBatched(out, err)}
 	} else {
-		o := OpNamed(group[0].Op())
+		o := script.OpNamed(group[0].Op())
 		var keys, args []string
 		args = append(args, strconv.Itoa(len(group)))
 		for _, c := range group {
@@ -271,7 +274,7 @@ func stepBatch(ctx context.Context, set *Set, alone, together *replayer, group [
 		}
 		r := set.ForOp(o).Batch.Eval.Run(evalSender(ctx, together.RDB), keys, args)
 		for i := range group {
-			one := BatchResult(r, i, len(group))
+			one := callpath.BatchResult(r, i, len(group))
 			got = append(got, renderBatched(one.Val, one.Err))
 		}
 	}
@@ -314,8 +317,8 @@ func renderBatched(out any, err error) string {
 
 // evalSender returns a send function (script.run's) that sends a script
 // command through go-redis's Do on rdb.
-func evalSender(ctx context.Context, rdb *redis.Client) func(backend.Script) Result {
-	return func(sc backend.Script) Result {
+func evalSender(ctx context.Context, rdb *redis.Client) func(backend.Script) script.Result {
+	return func(sc backend.Script) script.Result {
 		cmd := "EVALSHA"
 		if sc.Command == backend.Eval {
 			cmd = "EVAL"
@@ -331,7 +334,7 @@ func evalSender(ctx context.Context, rdb *redis.Client) func(backend.Script) Res
 		if errors.Is(err, redis.Nil) {
 			v, err = nil, nil
 		}
-		return Result{v, fromClient(err)}
+		return script.Result{Val: v, Err: fromClient(err)}
 	}
 }
 
@@ -456,7 +459,7 @@ func TestBatchedCallQueuedPastItsContextIsNotSent(t *testing.T) {
 				}
 				// (Slack for a busy machine: the call it queued behind
 				// returns only when the test opens it, 2 s or more.)
-				if took > 100*time.Millisecond+2*Grace+500*time.Millisecond {
+				if took > 100*time.Millisecond+2*callpath.Grace+500*time.Millisecond {
 					t.Errorf("the queued Acquire returned after %v; its deadline was 100ms", took)
 				}
 			case <-time.After(2 * time.Second):

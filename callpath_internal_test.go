@@ -1,6 +1,7 @@
 package fairlock
 
 import (
+	"github.com/fairlock/fairlock/internal/script"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -53,12 +54,12 @@ func TestBoxedArgumentsAreTheArgs(t *testing.T) {
 		for i := range tokens {
 			tokens[i] = int64(7 + i)
 		}
-		for name, oc := range map[string]Call{
-			"acquire":         p.acquireCall(OpAcquire, "t1", c),
-			"try":             p.acquireCall(OpTry, "t1", c),
-			"release":         p.releaseCall(OpRelease, "t1", c, false, tokens),
-			"leave announced": p.releaseCall(OpLeave, "t1", c, true, nil),
-			"renew at a cap":  p.releaseCallTTL(OpRenew, "t1", c, false, tokens, time.Second),
+		for name, oc := range map[string]script.Call{
+			"acquire":         p.acquireCall(script.OpAcquire, "t1", c),
+			"try":             p.acquireCall(script.OpTry, "t1", c),
+			"release":         p.releaseCall(script.OpRelease, "t1", c, false, tokens),
+			"leave announced": p.releaseCall(script.OpLeave, "t1", c, true, nil),
+			"renew at a cap":  p.releaseCallTTL(script.OpRenew, "t1", c, false, tokens, time.Second),
 			"wait":            p.waitCall(p, "t1", c, false, tokens, "t2", "cond"),
 			"pump":            pumpCall(p.keys),
 		} {

@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/script"
 	"log/slog"
 	"reflect"
 	"sync"
@@ -75,11 +77,11 @@ type Client struct {
 	b     backend.Backend // where the scripts run (through calls) and listeners block
 	info  backend.Info    // b's
 	cfg   config
-	calls *Caller  // the script call path
-	plans plans    // the plans of single requests made so far
-	renew *renewer // batches the leases' renewals
-	waits *waits   // where acquisitions wait for their grants
-	id    string   // identifies this client's wake lists; unguessable
+	calls *callpath.Caller // the script call path
+	plans plans            // the plans of single requests made so far
+	renew *renewer         // batches the leases' renewals
+	waits *waits           // where acquisitions wait for their grants
+	id    string           // identifies this client's wake lists; unguessable
 	// The lease and waiter TTLs as script arguments, rendered once.
 	leaseMs, waiterMs string
 	// The id and the TTLs as script arguments boxed (see opCall.argv).
@@ -252,11 +254,11 @@ func newClient(b backend.Backend, rdb RedisClient, opts []Option) (*Client, erro
 		leases:   make(map[*Lease]struct{}),
 		pumping:  make(map[string]bool),
 	}
-	c.calls = &Caller{B: b, Info: info, Scripts: NewSet(cfg.transform),
+	c.calls = &callpath.Caller{B: b, Info: info, Scripts: script.NewSet(cfg.transform),
 		AckReplicas: cfg.ackReplicas, AckTimeout: cfg.ackTimeout, Spawn: c.spawn}
 	c.closing, c.closeAll = context.WithCancel(context.Background())
 	if cfg.batch > 1 && info.Layout != backend.Other {
-		c.calls.Batch = NewBatcher(c.calls, cfg.batch, c.closing)
+		c.calls.Batch = callpath.NewBatcher(c.calls, cfg.batch, c.closing)
 	}
 	c.done = c.closing.Done()
 	c.renewing, c.endRenews = context.WithCancel(context.Background())

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/script"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -127,10 +129,10 @@ func (s *shutdownState) failWithdrawal(err error) {
 var (
 	// errClosedReleased is the cause a lease ends with when Close or
 	// Shutdown releases it: it matches ErrClosed.
-	errClosedReleased error = &subError{"fairlock: client closed, lease released", ErrClosed}
+	errClosedReleased error = fault.Sub("fairlock: client closed, lease released", ErrClosed)
 	// errClosedAbandoned is the cause a lease ends with when Abandon
 	// leaves it to expire: it matches ErrClosed.
-	errClosedAbandoned error = &subError{"fairlock: client closed, lease left to expire", ErrClosed}
+	errClosedAbandoned error = fault.Sub("fairlock: client closed, lease left to expire", ErrClosed)
 )
 
 // Shutdown closes the client gracefully, as net/http's Server.Shutdown
@@ -330,7 +332,7 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, 
 			nudges.Go(func() {
 				ctx, cancel := context.WithDeadline(context.Background(), start.Add(nudgeBound))
 				defer cancel()
-				_ = NudgeScript.On(ctx, c.b, []string{c.waits.ctlOf(l)}, c.waiterMs)
+				_ = script.NudgeScript.On(ctx, c.b, []string{c.waits.ctlOf(l)}, c.waiterMs)
 			})
 		}
 	}
@@ -470,10 +472,10 @@ func (l *Lease) releaseAtClose(by time.Time) error {
 // it (with errClosedReleased, unless it had already ended), and returns
 // its release's arguments and until when to send them: by, or the lease's
 // deadline if sooner. Called with l.mu held, on a lease not released.
-func (l *Lease) endAtClose(by time.Time) (oc Call, until time.Time) {
+func (l *Lease) endAtClose(by time.Time) (oc script.Call, until time.Time) {
 	l.stopRenewal()
 	l.released, l.closedBy = true, true
-	oc = l.p.releaseCall(OpRelease, l.ticket, l.c, l.announced, l.tokens)
+	oc = l.p.releaseCall(script.OpRelease, l.ticket, l.c, l.announced, l.tokens)
 	until = minTime(l.expiresBy(), by)
 	l.finish(errClosedReleased)
 	return oc, until
@@ -484,7 +486,7 @@ func (l *Lease) endAtClose(by time.Time) (oc Call, until time.Time) {
 // It returns nil once it landed (whatever it found: a lease expired
 // meanwhile is no error), or the last error. With WithReplicaAck, a
 // release Redis's master ran counts as landed.
-func (c *Client) sendUntil(oc Call, p plan, until time.Time) error {
+func (c *Client) sendUntil(oc script.Call, p plan, until time.Time) error {
 	wait := resendFirst
 	var err error
 	for {

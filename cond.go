@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/script"
 	"slices"
 	"strings"
 	"time"
@@ -135,14 +138,14 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 		np.id = eventIDs.Add(1)
 	}
 	fresh := w.ticket
-	release := p.releaseCall(OpRelease, l.ticket, c, l.announced, l.tokens)
-	leave := cp.releaseCall(OpLeave, fresh, c, true, nil)
+	release := p.releaseCall(script.OpRelease, l.ticket, c, l.announced, l.tokens)
+	leave := cp.releaseCall(script.OpLeave, fresh, c, true, nil)
 	until := l.expiresBy()
 	wait := p.waitCall(cp, l.ticket, c, l.announced, l.tokens, fresh, cond)
 	sent := time.Now()
 	// The call ends at the close too (see boundByClose).
 	callCtx, bound := c.boundByClose(ctx)
-	o, ok := c.calls.Op(callCtx, wait.Under(ctx), func(Outcome) {
+	o, ok := c.calls.Op(callCtx, wait.Under(ctx), func(callpath.Outcome) {
 		// The script may have run, or not: release the lease (a resend
 		// finds its tombstone) and withdraw the new ticket. (A caller
 		// whose context lasts left because the close ended the call: the
@@ -201,7 +204,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 // sending them again in the background until until after an error that
 // passes, withdraws the new ticket fresh from the condition (cp's) if the
 // script may have added it, and returns condWait's error.
-func (l *Lease) waitFailed(ctx context.Context, err error, release Call, until time.Time, cp plan, fresh string) error {
+func (l *Lease) waitFailed(ctx context.Context, err error, release script.Call, until time.Time, cp plan, fresh string) error {
 	c, p := l.c, l.p
 	if !errors.Is(err, ErrRedis) { // a dial error already says it
 		err = fmt.Errorf("%w: %w", ErrRedis, err)
@@ -213,7 +216,7 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release Call, until t
 		}
 		return opError("wait", p.names, err)
 	}
-	if IsDialError(err) {
+	if fault.IsDialError(err) {
 		// The call's late clean-up (run in the background, see call)
 		// releases the lease (and sends the release again) and withdraws
 		// the ticket.
@@ -224,13 +227,13 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release Call, until t
 	// did then, and a release that finds no trace of it knows the wait
 	// released it.
 	live := time.Now().Before(until)
-	if _, refused := ReplyOf(err); !refused {
+	if _, refused := fault.ReplyOf(err); !refused {
 		// No reply from Redis: the connection failed once the command was
 		// sent, so the script may have run, and added the new ticket. (A
 		// script that replies with an error has written nothing.)
 		c.withdraw(ctx, cp, fresh)
 	}
-	o, ok := c.calls.Op(ctx, release, func(o Outcome) {
+	o, ok := c.calls.Op(ctx, release, func(o callpath.Outcome) {
 		if _, err := c.released(p, o.Res); transient(err) || cutShort(err) {
 			c.resendLater(release, p, until)
 		}
@@ -249,7 +252,7 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release Call, until t
 		l.finish(ErrLeaseLost)
 		return wrap("%w: the lease had expired", ErrLeaseLost)
 	case transient(rerr):
-		if !IsDialError(rerr) { // (then the call's late handler sends it again)
+		if !fault.IsDialError(rerr) { // (then the call's late handler sends it again)
 			c.resendLater(release, p, until)
 		}
 		l.finish(errReleased)

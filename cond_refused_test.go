@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/fault"
 	"io"
 	"net"
 	"os"
@@ -292,7 +293,7 @@ func TestCondWaitUnreachableReleases(t *testing.T) {
 					refusing.Store(false)
 				}
 				err = condRefused(t, ctx, holder, other, "unreachable", refuse, undo, "refused")
-				if late && !IsDialError(err) {
+				if late && !fault.IsDialError(err) {
 					t.Fatalf("the wait = %v, want it to report the refused dial first", err)
 				}
 			})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/callpath"
 	"net"
 	"os"
 	"sync"
@@ -62,7 +63,7 @@ func (b *socketDeadlines) Info() backend.Info {
 }
 
 func (b *socketDeadlines) cut(ctx context.Context) error {
-	if !PastDeadline(ctx) {
+	if !callpath.PastDeadline(ctx) {
 		return nil
 	}
 	return &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}

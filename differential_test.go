@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"flag"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/script"
 	"os"
 	"strconv"
 	"testing"
@@ -39,23 +40,23 @@ var (
 
 // runScript runs the script of set that serves c's op, with c's keys and
 // arguments.
-func runScript(ctx context.Context, set *Set, rdb RedisClient, c call) (any, error) {
+func runScript(ctx context.Context, set *script.Set, rdb RedisClient, c call) (any, error) {
 	args := make([]any, len(c.Args))
 	for i, a := range c.Args {
 		args[i] = a
 	}
-	o := OpNamed(c.Op())
+	o := script.OpNamed(c.Op())
 	if o == nil {
 		return nil, fmt.Errorf("no script serves op %q", c.Op())
 	}
-	return set.ForOp(o).RunTest(ctx, rdb, c.Keys, args...).Result()
+	return runTest(set.ForOp(o), ctx, rdb, c.Keys, args...).Result()
 }
 
 // scriptRunner returns the runner of a replayer on rdb whose scripts pass
 // through transform: go-redis's own Script, as the tests run scripts by
 // hand.
 func scriptRunner(rdb RedisClient, transform func(string) string) differential.Runner {
-	set := NewSet(transform)
+	set := script.NewSet(transform)
 	return func(ctx context.Context, c call) (any, error) { return runScript(ctx, set, rdb, c) }
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/fault"
 	"io"
 	"net"
 	"strconv"
@@ -14,13 +15,13 @@ import (
 var (
 	// ErrNotAcquired is returned by TryAcquire when the permits are not
 	// free at once, or when earlier waiters are queued for them.
-	ErrNotAcquired = errors.New("fairlock: not acquired")
+	ErrNotAcquired = fault.ErrNotAcquired
 
 	// ErrLeaseLost reports that a lease ended without being released: it
 	// expired, could not be renewed in time, or was dropped from Redis. The
 	// holder's critical section may have overlapped the next holder's; the
 	// fencing token is how a resource protects itself from that.
-	ErrLeaseLost = errors.New("fairlock: lease lost")
+	ErrLeaseLost = fault.ErrLeaseLost
 
 	// ErrMaxHold reports that a lease reached its cap on holding (see
 	// [WithMaxHold] and [Request.MaxHold]): it was not renewed past the
@@ -29,12 +30,12 @@ var (
 	// holds): for the holder the outcome is the same as a lost lease, its
 	// critical section is no longer protected, and code that checks
 	// ErrLeaseLost learns so without knowing of the cap.
-	ErrMaxHold error = &subError{"fairlock: maximum hold reached", ErrLeaseLost}
+	ErrMaxHold = fault.ErrMaxHold
 
 	// ErrNotHeld is returned by Release on a lease that was already
 	// released, and matches the cause [Lease.Err] reports after a release
 	// ("fairlock: lease released").
-	ErrNotHeld = errors.New("fairlock: lease not held")
+	ErrNotHeld = fault.ErrNotHeld
 
 	// ErrCapacityMismatch is returned when a semaphore is used with a
 	// capacity other than the one stored with it in Redis. The stored
@@ -42,7 +43,7 @@ var (
 	// live waiters (leases that expired and waiters whose process died are
 	// looked past: up to 400 of them per call; more are dropped by the
 	// calls with the stored capacity, or go with the keys' expiry).
-	ErrCapacityMismatch = errors.New("fairlock: capacity mismatch")
+	ErrCapacityMismatch = fault.ErrCapacityMismatch
 
 	// ErrInvalidName is returned for a semaphore name fairlock cannot use:
 	// empty, longer than [MaxNameLen], not UTF-8, holding control
@@ -54,30 +55,30 @@ var (
 	// "a" would share its keys with "c" under the prefix "ab"; use
 	// "{c}:b").
 	// Distinct valid names never share a Redis key.
-	ErrInvalidName = errors.New("fairlock: invalid name")
+	ErrInvalidName = fault.ErrInvalidName
 
 	// ErrInvalidArgument is returned for an argument out of range: permits
 	// <= 0 or above the capacity, capacity <= 0 or above [MaxCapacity], a
 	// non-positive duration, a nil client.
-	ErrInvalidArgument = errors.New("fairlock: invalid argument")
+	ErrInvalidArgument = fault.ErrInvalidArgument
 
 	// ErrCrossSlot is returned for a request over several semaphores whose
 	// keys live in different Redis Cluster hash slots: one script cannot
 	// change them atomically. Names that share a hash tag ("{acct}:1",
 	// "{acct}:2") share a slot.
-	ErrCrossSlot = errors.New("fairlock: semaphores in different cluster slots")
+	ErrCrossSlot = fault.ErrCrossSlot
 
 	// ErrNotReplicated is returned, with [ErrRedis], when a client made
 	// with [WithReplicaAck] did not see its write acknowledged by enough
 	// replicas in time.
-	ErrNotReplicated = errors.New("fairlock: not acknowledged by replicas")
+	ErrNotReplicated = fault.ErrNotReplicated
 
 	// ErrForeignKey reports that a key in fairlock's key space holds a
 	// value of another type than fairlock keeps there: another program
 	// wrote it. The call that met it changed nothing in Redis; the error
 	// names the key. It matches [ErrRedis] too. Delete the key, or give
 	// fairlock a key prefix of its own ([WithPrefix]).
-	ErrForeignKey error = &subError{"fairlock: key written by another program", ErrRedis}
+	ErrForeignKey = fault.ErrForeignKey
 
 	// ErrIncompatible reports that a semaphore's keys are in a layout
 	// another release of fairlock keeps, which this release does not
@@ -87,7 +88,7 @@ var (
 	// failures retries it; it lasts until the semaphore is idle and its
 	// keys have expired, or every process runs one release.
 	// docs/reliability.md ("Upgrading a fleet") says what an upgrade needs.
-	ErrIncompatible error = &subError{"fairlock: keys of another fairlock release", ErrRedis}
+	ErrIncompatible = fault.ErrIncompatible
 
 	// ErrDeadlock is returned at once by a call that would wait for
 	// permits the caller holds itself: its context carries a live lease
@@ -100,19 +101,19 @@ var (
 	// wait (TryAcquire and the other Try calls) are not checked: they
 	// return [ErrNotAcquired] as for any busy semaphore. docs/guide.md
 	// ("Ownership") says what the check cannot see.
-	ErrDeadlock = errors.New("fairlock: deadlock")
+	ErrDeadlock = fault.ErrDeadlock
 
 	// ErrClosed is returned by calls on a [Client] after Close (or
 	// Shutdown, or Abandon), and is the cause of the leases the close
 	// ended (see [Lease.Err]).
-	ErrClosed = errors.New("fairlock: client closed")
+	ErrClosed = fault.ErrClosed
 
 	// ErrRedis wraps a failure reported by Redis or by the connection to it:
 	// network errors, OOM under maxmemory, a key of another program's in
 	// fairlock's key space ([ErrForeignKey]), keys of another release's
 	// layout ([ErrIncompatible]). The original error is
 	// wrapped too, so errors.As still reaches it.
-	ErrRedis = errors.New("fairlock: redis error")
+	ErrRedis = fault.ErrRedis
 )
 
 // Error is the error fairlock's calls return: the operation, the
@@ -145,16 +146,6 @@ func opError(op string, names []string, err error) error {
 	return &Error{Op: op, Names: names, Err: err}
 }
 
-// subError is a sentinel that is a special case of another: errors.Is
-// matches it to its parent as well as to itself.
-type subError struct {
-	msg    string
-	parent error
-}
-
-func (e *subError) Error() string { return e.msg }
-func (e *subError) Unwrap() error { return e.parent }
-
 // labelOf names one semaphore ("a") or several (["a" "b"]) in messages.
 func labelOf(names []string) string {
 	if len(names) == 1 {
@@ -174,7 +165,7 @@ func transient(err error) bool {
 	if err == nil {
 		return false
 	}
-	if msg, ok := ReplyOf(err); ok {
+	if msg, ok := fault.ReplyOf(err); ok {
 		for _, p := range []string{"TRYAGAIN", "LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "MOVED", "ASK", "BUSY", "NOREPLICAS"} {
 			if strings.HasPrefix(msg, p+" ") || msg == p {
 				return true
@@ -201,22 +192,4 @@ func slow(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errPoolTimeout) ||
 		(errors.As(err, &ne) && ne.Timeout())
-}
-
-// DialError is the error of a call that ended when a dial failed: it
-// matches ErrRedis. Whether the call's script ran is not known (an earlier
-// attempt of go-redis's may have sent it on a connection that then broke),
-// so its clean-up runs when the call ends, in the background (see call).
-type DialError struct{ Err error }
-
-func (e *DialError) Error() string   { return fmt.Sprintf("%v: cannot reach Redis: %v", ErrRedis, e.Err) }
-func (e *DialError) Unwrap() []error { return []error{ErrRedis, e.Err} }
-
-// IsDialError reports whether err is a call's return at a dial failure.
-func IsDialError(err error) bool {
-	if err == nil {
-		return false
-	}
-	var d *DialError
-	return errors.As(err, &d)
 }

@@ -30,6 +30,7 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/script"
 	"io"
 	"log/slog"
 	"slices"
@@ -660,7 +661,7 @@ func (s *fscen) latchOf(sem *csem) *csem {
 // latch sends latch.lua's op on the latch whose waiters are sem, made
 // with count init, with args after init.
 func (s *fscen) latch(op string, sem *csem, init int64, args ...string) []any {
-	return s.exec(call{Keys: latchKeysOf(keys{base: strings.TrimSuffix(sem.base, keySep+kindLatch)}).call(OpLatchDown, init).Keys,
+	return s.exec(call{Keys: latchKeysOf(keys{base: strings.TrimSuffix(sem.base, keySep+kindLatch)}).call(script.OpLatchDown, init).Keys,
 		Args: append([]string{op, num(init)}, args...)})
 }
 
@@ -682,7 +683,7 @@ func (s *fscen) barrierOf(sem *csem) *csem {
 // barrier sends barrier.lua's op on the barrier whose waiters are sem,
 // made with parties, with args after parties.
 func (s *fscen) barrier(op string, sem *csem, parties int64, args ...string) []any {
-	return s.exec(call{Keys: barrierKeysOf(keys{base: strings.TrimSuffix(sem.base, keySep+kindBarrier)}).call(OpBarrierAwait, parties).Keys,
+	return s.exec(call{Keys: barrierKeysOf(keys{base: strings.TrimSuffix(sem.base, keySep+kindBarrier)}).call(script.OpBarrierAwait, parties).Keys,
 		Args: append([]string{op, num(parties)}, args...)})
 }
 
@@ -1055,7 +1056,7 @@ func TestForeignKeysCatchBrokenGuards(t *testing.T) {
 	real := redistest.RealBackend(t) != nil
 	for _, g := range brokenGuards {
 		t.Run(g.name, func(t *testing.T) {
-			if !strings.Contains(Source(g.file), g.old) {
+			if !strings.Contains(script.Source(g.file), g.old) {
 				t.Fatalf("%s no longer contains %q", g.file, g.old)
 			}
 			pair := newForeignPair(t, real, g.fast, mutate(g.file, g.old, g.new))

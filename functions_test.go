@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/script"
 	"strconv"
 	"strings"
 	"sync"
@@ -327,9 +328,9 @@ func TestFunctionLibraryRecovers(t *testing.T) {
 
 	// Another fairlock version's library (a rolling upgrade): each client
 	// loads its own, and neither replaces the other.
-	other := &Set{Lib: NewLibrary(Entries, changed("queue.lua", "\n-- another version"))}
+	other := &script.Set{Lib: script.NewLibrary(script.Entries, changed("queue.lua", "\n-- another version"))}
 	for i, s := range c.calls.Scripts.List {
-		other.List = append(other.List, &Script{Set: other, Forms: Forms{Eval: s.Eval, Fn: other.Lib.Fns[Entries[i].Name]}})
+		other.List = append(other.List, &script.Script{Set: other, Forms: script.Forms{Eval: s.Eval, Fn: other.Lib.Fns[script.Entries[i].Name]}})
 	}
 	oc := fnClient(t, b.Client(t), false)
 	oc.calls.Scripts = other
@@ -375,10 +376,10 @@ func TestFunctionLibraryRefused(t *testing.T) {
 		rdb := b.Client(t)
 		s, counted := countSent(rdb)
 		c := fnClient(t, rdb, false, counted)
-		broken := NewLibrary(Entries, changed("queue.lua", "\nlocal = 1"))
+		broken := script.NewLibrary(script.Entries, changed("queue.lua", "\nlocal = 1"))
 		c.calls.Scripts.Lib = broken
 		for i, s := range c.calls.Scripts.List {
-			s.Fn = broken.Fns[Entries[i].Name]
+			s.Fn = broken.Fns[script.Entries[i].Name]
 		}
 		coreScenarios(t, c)
 		if !c.calls.Scripts.EvalOnly.Load() || s.get("function load") != 1 || s.get("fcall") != 1 {
@@ -408,9 +409,9 @@ func TestFunctionLibraryRefused(t *testing.T) {
 func changed(file, more string) func(string) string {
 	return func(f string) string {
 		if f == file {
-			return Source(f) + more
+			return script.Source(f) + more
 		}
-		return Source(f)
+		return script.Source(f)
 	}
 }
 
@@ -542,7 +543,7 @@ func preludeLocals(src string) int {
 // fails, group a file's definitions into a module table (one local).
 func TestPreludeLocalsLeaveRoom(t *testing.T) {
 	// Each entry's body is a local of a block of its own: one at a time.
-	n := preludeLocals(Prelude(Source)) + 1
+	n := preludeLocals(script.Prelude(script.Source)) + 1
 	t.Logf("%d locals in the function library's define (Lua's limit: %d)", n, luaMaxLocals)
 	if n > luaMaxLocals-20 {
 		t.Errorf("%d top-level locals in the prelude and the entries' bodies; Lua refuses more than %d in one function", n, luaMaxLocals)

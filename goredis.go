@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/script"
 	"net"
 	"strings"
 	"time"
@@ -97,7 +98,7 @@ func New(rdb RedisClient, opts ...Option) (*Client, error) {
 func init() {
 	testhook.TransformOption = func(f func(string) string) any { return withTransform(f) }
 	testhook.BlockingHooksOption = func(hooks ...redis.Hook) any { return withBlockingHooks(hooks...) }
-	testhook.EntryName = EntryOf
+	testhook.EntryName = script.EntryOf
 	testhook.RunScript = func(ctx context.Context, client any, op string, keys, args []string) (any, error) {
 		return client.(*Client).calls.RunRaw(ctx, op, keys, args)
 	}
@@ -108,18 +109,18 @@ func init() {
 		return client.(*Client).waits.grants.late.Load()
 	}
 	testhook.OpFlags = func(name string) ([]string, bool) {
-		o := OpNamed(name)
+		o := script.OpNamed(name)
 		if o == nil {
 			return nil, false
 		}
-		if f := Entries[o.EntryIndex].Flags; f != "" {
+		if f := script.Entries[o.EntryIndex].Flags; f != "" {
 			return strings.Split(f, ","), true
 		}
 		return nil, true
 	}
 	testhook.Batches = func(client any) (batches, calls int64) {
 		if b := client.(*Client).calls.Batch; b != nil {
-			return b.sent.Load(), b.sentCalls.Load()
+			return b.Sent()
 		}
 		return 0, 0
 	}

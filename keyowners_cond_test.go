@@ -2,6 +2,7 @@ package fairlock
 
 import (
 	"context"
+	"github.com/fairlock/fairlock/internal/script"
 	"regexp"
 	"testing"
 	"time"
@@ -103,7 +104,7 @@ func TestConditionIsNoOtherSemaphoresQueue(t *testing.T) {
 // KEY_SEP in queue.lua, which must be keySep: a Lua string literal, read
 // back through a server's Lua.
 func TestKeySepInStep(t *testing.T) {
-	m := regexp.MustCompile(`(?m)^local KEY_SEP = ('[^'\n]*')$`).FindStringSubmatch(Source("queue.lua"))
+	m := regexp.MustCompile(`(?m)^local KEY_SEP = ('[^'\n]*')$`).FindStringSubmatch(script.Source("queue.lua"))
 	if m == nil {
 		t.Fatal("queue.lua defines no KEY_SEP = '...'")
 	}

@@ -2,6 +2,8 @@ package fairlock
 
 import (
 	"fmt"
+	"github.com/fairlock/fairlock/internal/keyslot"
+	"github.com/fairlock/fairlock/internal/script"
 	"slices"
 	"strings"
 	"testing"
@@ -55,7 +57,7 @@ var keyNamers = []keyNamer{
 		k, err := keysFor(o.prefix, o.name)
 		// Its count, its waiters' resource and their condition: every key
 		// its ops declare.
-		return fmt.Sprintf("latch %q %q", o.prefix, o.name), latchKeysOf(k).call(OpLatchDown, 1).Keys, err
+		return fmt.Sprintf("latch %q %q", o.prefix, o.name), latchKeysOf(k).call(script.OpLatchDown, 1).Keys, err
 	}},
 	{"own wake list on a latch", func(o keyObject) (string, []string, error) {
 		k, err := keysFor(o.prefix, o.name)
@@ -69,7 +71,7 @@ var keyNamers = []keyNamer{
 		k, err := keysFor(o.prefix, o.name)
 		// Its state, its waiters' resource and their condition: every key
 		// its ops declare.
-		return fmt.Sprintf("barrier %q %q", o.prefix, o.name), barrierKeysOf(k).call(OpBarrierAwait, 1).Keys, err
+		return fmt.Sprintf("barrier %q %q", o.prefix, o.name), barrierKeysOf(k).call(script.OpBarrierAwait, 1).Keys, err
 	}},
 	{"own wake list on a barrier", func(o keyObject) (string, []string, error) {
 		k, err := keysFor(o.prefix, o.name)
@@ -109,7 +111,7 @@ var keyNamers = []keyNamer{
 // client and number.
 func controlList(o keyObject, wakeKey, id string, err error) (string, []string, error) {
 	w := &waits{cfg: &config{prefix: o.prefix}, id: id}
-	return fmt.Sprintf("control list %d of %q under %q in tag %q", o.seq, id, o.prefix, HashTag(wakeKey)), []string{w.ctlName(wakeKey, o.seq)}, err
+	return fmt.Sprintf("control list %d of %q under %q in tag %q", o.seq, id, o.prefix, keyslot.HashTag(wakeKey)), []string{w.ctlName(wakeKey, o.seq)}, err
 }
 
 // namerOf returns the namer of kind.

@@ -3,6 +3,7 @@ package fairlock
 import (
 	"crypto/rand"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/keyslot"
 	"strconv"
 	"strings"
 	"unicode"
@@ -21,21 +22,6 @@ const maxPrefixLen = 256
 type keys struct {
 	base string   // prefix plus hash-tagged name; every key starts with it
 	all  []string // the keys every script takes
-}
-
-// HashTag reports the hash tag Redis Cluster would use for s, or "" if s has
-// none: the text between the first '{' and the first '}' after it, when that
-// text is not empty.
-func HashTag(s string) string {
-	open := strings.IndexByte(s, '{')
-	if open < 0 {
-		return ""
-	}
-	end := strings.IndexByte(s[open+1:], '}')
-	if end <= 0 {
-		return ""
-	}
-	return s[open+1 : open+1+end]
 }
 
 // list returns the keys every script takes, in the order queue.lua's
@@ -168,7 +154,7 @@ func newTicket() string { return rand.Text() }
 // begins with the prefix and then '{': the text before its first '{' is
 // the prefix, so different prefixes never share a key.
 func keysFor(prefix, name string) (keys, error) {
-	tag := HashTag(name)
+	tag := keyslot.HashTag(name)
 	switch {
 	case name == "":
 		return keys{}, fmt.Errorf("%w: empty", ErrInvalidName)

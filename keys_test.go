@@ -3,6 +3,8 @@ package fairlock
 import (
 	"context"
 	"errors"
+	"github.com/fairlock/fairlock/internal/keyslot"
+	"github.com/fairlock/fairlock/internal/script"
 	"slices"
 	"strings"
 	"testing"
@@ -42,11 +44,11 @@ func TestKeyLayout(t *testing.T) {
 		// A latch of the name: its count, its waiters' keys and wake
 		// lists share the tag (one Cluster slot per latch).
 		lk, bk := latchKeysOf(k), barrierKeysOf(k)
-		keys := append(append(k.list(), k.wake("C")), append(lk.call(OpLatchDown, 1).Keys, lk.res.ownWake("C"))...)
+		keys := append(append(k.list(), k.wake("C")), append(lk.call(script.OpLatchDown, 1).Keys, lk.res.ownWake("C"))...)
 		// A barrier's likewise.
-		keys = append(keys, append(bk.call(OpBarrierAwait, 1).Keys, bk.res.ownWake("C"))...)
+		keys = append(keys, append(bk.call(script.OpBarrierAwait, 1).Keys, bk.res.ownWake("C"))...)
 		for _, key := range keys {
-			if got := HashTag(key); got != tc.tag {
+			if got := keyslot.HashTag(key); got != tc.tag {
 				t.Errorf("hash tag of %q = %q, want %q", key, got, tc.tag)
 			}
 		}
@@ -124,22 +126,22 @@ func FuzzKeys(f *testing.F) {
 				}
 				continue
 			}
-			tag := HashTag(r.k.base)
+			tag := keyslot.HashTag(r.k.base)
 			if tag == "" {
 				t.Fatalf("name %q: base %q has no hash tag", r.name, r.k.base)
 			}
-			if want := HashTag(r.name); want != "" && tag != want {
+			if want := keyslot.HashTag(r.name); want != "" && tag != want {
 				t.Fatalf("name %q carries tag %q but its keys have tag %q", r.name, want, tag)
 			}
-			slot := KeySlot(r.k.base)
+			slot := keyslot.Of(r.k.base)
 			for _, key := range keySet(r.k) {
 				if !strings.HasPrefix(key, prefix) {
 					t.Fatalf("name %q: key %q lacks prefix %q", r.name, key, prefix)
 				}
-				if got := HashTag(key); got != tag {
+				if got := keyslot.HashTag(key); got != tag {
 					t.Fatalf("name %q: key %q has hash tag %q, base %q has %q", r.name, key, got, r.k.base, tag)
 				}
-				if s := KeySlot(key); s != slot {
+				if s := keyslot.Of(key); s != slot {
 					t.Fatalf("name %q: key %q is in slot %d, base %q in slot %d", r.name, key, s, r.k.base, slot)
 				}
 			}
@@ -160,7 +162,7 @@ func FuzzKeys(f *testing.F) {
 				t.Fatalf("client %q: unmarked %q, owner %q; want %q, %q", marked, unmarked(marked), owner(marked), id, owner(id))
 			}
 			for _, k := range []keys{ka, kb} {
-				if slices.Contains(keySet(k), one) || slices.Contains(k.list(), k.ownWake(marked)) || HashTag(k.ownWake(marked)) != HashTag(k.base) {
+				if slices.Contains(keySet(k), one) || slices.Contains(k.list(), k.ownWake(marked)) || keyslot.HashTag(k.ownWake(marked)) != keyslot.HashTag(k.base) {
 					t.Fatalf("client %q: its one list %q or its own list %q on %q is a key of the semaphore's, or the latter leaves its slot", marked, one, k.ownWake(marked), k.base)
 				}
 			}

@@ -3,6 +3,9 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/script"
 	"strconv"
 	"strings"
 	"time"
@@ -51,15 +54,15 @@ func (lk latchKeys) plan(name string) plan {
 
 // call is latch.lua's op o on lk: the waiters' resource's keys, its
 // condition's, then the count; args after init.
-func (lk latchKeys) call(o *Op, init int64, args ...string) Call {
+func (lk latchKeys) call(o *script.Op, init int64, args ...string) script.Call {
 	keys := append(condKeys(lk.res, latchCond), lk.count)
 	keys = append(append(make([]string, 0, 7), lk.res.list()...), keys...)
-	return NewCall(o, keys, 1+len(args)).With(itoa(init)).With(args...)
+	return script.NewCall(o, keys, 1+len(args)).With(itoa(init)).With(args...)
 }
 
 // latchReply reads latch.lua's reply into integers: its code (or count),
 // then up to two more.
-func latchReply(out Result) ([3]int64, error) {
+func latchReply(out script.Result) ([3]int64, error) {
 	var r [3]int64
 	res, err := out.Slice()
 	if err != nil {
@@ -84,7 +87,7 @@ const latchCountErrPrefix = "FAIRLOCK_LATCH_COUNT "
 // latch op's refusal of another (nothing was written), and false for any
 // other error.
 func latchStored(err error) (int64, bool) {
-	msg, ok := ReplyOf(err)
+	msg, ok := fault.ReplyOf(err)
 	if !ok {
 		return 0, false
 	}
@@ -127,7 +130,7 @@ func (c *Client) latchCount(ctx context.Context, name string, init int64) (count
 	if err != nil {
 		return 0, 0, err
 	}
-	o, ok := c.calls.Op(ctx, lk.call(OpLatchCount, init), nil)
+	o, ok := c.calls.Op(ctx, lk.call(script.OpLatchCount, init), nil)
 	if !ok {
 		return 0, 0, opError(op, []string{name}, o.Res.Err)
 	}
@@ -154,7 +157,7 @@ func (c *Client) latchInspect(ctx context.Context, name string) (count, init, wa
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	o, ok := c.calls.Op(ctx, lk.call(OpLatchCount, 0), nil)
+	o, ok := c.calls.Op(ctx, lk.call(script.OpLatchCount, 0), nil)
 	if !ok {
 		return 0, 0, 0, opError(op, []string{name}, o.Res.Err)
 	}
@@ -192,7 +195,7 @@ func (c *Client) latchDown(ctx context.Context, name string, init int64, ttl tim
 	id, wait := newTicket(), resendFirst
 	until := time.Now().Add(min(c.cfg.waiterTTL, latchResendFor))
 	for scripts := 0; scripts < maxLatchScripts; {
-		o, ok := c.calls.Op(ctx, lk.call(OpLatchDown, init, msArg(ttl), id), nil)
+		o, ok := c.calls.Op(ctx, lk.call(script.OpLatchDown, init, msArg(ttl), id), nil)
 		if !ok {
 			return 0, 0, opError(op, names, o.Res.Err)
 		}
@@ -280,14 +283,14 @@ func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl tim
 		ticket := w.ticket
 		sent := time.Now()
 		callCtx, bound := c.boundByClose(ctx)
-		o, ok := c.calls.Op(callCtx, lk.call(OpLatchWait, init, msArg(ttl), ticket, c.id, lease, c.waiterMs), func(Outcome) {
+		o, ok := c.calls.Op(callCtx, lk.call(script.OpLatchWait, init, msArg(ttl), ticket, c.id, lease, c.waiterMs), func(callpath.Outcome) {
 			// The script may have made the ticket wait after the caller
 			// left.
 			var report func(error)
 			if ctx.Err() == nil {
 				report = c.closeReport()
 			}
-			c.cleanUpReport(ctx, cp.releaseCall(OpLeave, ticket, c, true, nil), cp, report)
+			c.cleanUpReport(ctx, cp.releaseCall(script.OpLeave, ticket, c, true, nil), cp, report)
 		})
 		bound.done()
 		if !ok {
@@ -301,7 +304,7 @@ func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl tim
 		}
 		if err != nil {
 			c.waits.unregister(r, w)
-			if !IsDialError(err) { // (then the call's late clean-up withdraws)
+			if !fault.IsDialError(err) { // (then the call's late clean-up withdraws)
 				c.withdraw(ctx, cp, ticket)
 			}
 			return 0, fail(ctx, op, p.names, err)

@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/script"
 	"strconv"
 	"time"
 
@@ -28,30 +29,30 @@ func leaderChannel(k keys) string { return k.derived(kindLeaderChange) }
 // leaderRun runs the leader op lo on the election name, by ctx's end,
 // with the arguments args gives for the election's keys (after the op's
 // name); op names the call in errors.
-func (c *Client) leaderRun(ctx context.Context, op string, lo *Op, name string, args func(k keys) []string) (Result, error, error) {
+func (c *Client) leaderRun(ctx context.Context, op string, lo *script.Op, name string, args func(k keys) []string) (script.Result, error, error) {
 	k, err := c.keys(name)
 	if err != nil {
-		return Result{}, nil, opError(op, []string{name}, err)
+		return script.Result{}, nil, opError(op, []string{name}, err)
 	}
-	if c.isClosed() && lo != OpLeaderClear && (lo != OpLeaderSet || !c.draining()) {
+	if c.isClosed() && lo != script.OpLeaderClear && (lo != script.OpLeaderSet || !c.draining()) {
 		// A record is cleared after Close released its term's lease
 		// (see Lease.atClose): the close runs it, and bounds it. While a
 		// Shutdown waits for the leases code holds, a leader's record is
 		// renewed with its lease (nothing is granted after a close, so
 		// only a term already held can be).
-		return Result{}, nil, opError(op, []string{name}, ErrClosed)
+		return script.Result{}, nil, opError(op, []string{name}, ErrClosed)
 	}
 	a := args(k)
-	o, _ := c.calls.Op(ctx, NewCall(lo, leaderKeys(k), len(a)).With(a...), nil)
+	o, _ := c.calls.Op(ctx, script.NewCall(lo, leaderKeys(k), len(a)).With(a...), nil)
 	if err := o.Res.Err; err != nil {
-		return Result{}, nil, fail(ctx, op, []string{name}, err)
+		return script.Result{}, nil, fail(ctx, op, []string{name}, err)
 	}
 	return o.Res, o.AckErr, nil
 }
 
 func (c *Client) leaderSet(ctx context.Context, name string, term int64, value string, ttl time.Duration) (bool, error) {
 	const op = "record leader"
-	cmd, ackErr, err := c.leaderRun(ctx, op, OpLeaderSet, name, func(k keys) []string {
+	cmd, ackErr, err := c.leaderRun(ctx, op, script.OpLeaderSet, name, func(k keys) []string {
 		return []string{itoa(term), value, msArg(ttl), leaderChannel(k)}
 	})
 	if err != nil {
@@ -69,7 +70,7 @@ func (c *Client) leaderSet(ctx context.Context, name string, term int64, value s
 }
 
 func (c *Client) leaderClear(ctx context.Context, name string, term int64) error {
-	_, _, err := c.leaderRun(ctx, "clear leader", OpLeaderClear, name, func(k keys) []string {
+	_, _, err := c.leaderRun(ctx, "clear leader", script.OpLeaderClear, name, func(k keys) []string {
 		return []string{itoa(term), "", "1", leaderChannel(k)}
 	})
 	return err
@@ -77,7 +78,7 @@ func (c *Client) leaderClear(ctx context.Context, name string, term int64) error
 
 func (c *Client) leaderGet(ctx context.Context, name string) (engine.Leader, error) {
 	const op = "read leader"
-	cmd, _, err := c.leaderRun(ctx, op, OpLeaderGet, name, func(keys) []string { return nil })
+	cmd, _, err := c.leaderRun(ctx, op, script.OpLeaderGet, name, func(keys) []string { return nil })
 	if err != nil {
 		return engine.Leader{}, err
 	}

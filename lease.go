@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/script"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -310,7 +313,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		return opError("release", l.p.names, ErrNotHeld)
 	}
 	l.stopRenewal()
-	rel := l.p.releaseCall(OpRelease, l.ticket, l.c, l.announced, l.tokens)
+	rel := l.p.releaseCall(script.OpRelease, l.ticket, l.c, l.announced, l.tokens)
 	until := l.expiresBy()
 	// Sent while the lease surely lived (until is no later than Redis's
 	// expiry of it), a release that finds no trace of it knows that an
@@ -328,7 +331,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		end = l.c.releaseEnd()
 	}
 	callCtx, bound := l.c.boundBy(ctx, end)
-	o, ok := l.c.calls.Op(callCtx, rel.Under(ctx), func(o Outcome) {
+	o, ok := l.c.calls.Op(callCtx, rel.Under(ctx), func(o callpath.Outcome) {
 		if _, err := l.c.released(l.p, o.Res); transient(err) || cutShort(err) { // hands on work the script left
 			// The release did not reach Redis, or the caller's context
 			// (or the close) ended it before it was sent: send it again.
@@ -355,7 +358,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	if err != nil && transient(err) {
 		// (Whether or not ctx has ended since: the release did not land.)
-		if !IsDialError(err) { // (then the call's late handler sends it again)
+		if !fault.IsDialError(err) { // (then the call's late handler sends it again)
 			l.c.resendLater(rel, l.p, until)
 		}
 		l.released = true
@@ -400,7 +403,7 @@ func (c *Client) releaseEnd() context.Context {
 
 // errReleased is the cause a lease ends with when its holder released it
 // (by Release or CondWait): it matches ErrNotHeld.
-var errReleased error = &subError{"fairlock: lease released", ErrNotHeld}
+var errReleased error = fault.Sub("fairlock: lease released", ErrNotHeld)
 
 // releaseSpent sends the release oc of a lease on p, best effort, under
 // a context that outlives ctx by up to one waiter TTL (ending by a close's
@@ -409,7 +412,7 @@ var errReleased error = &subError{"fairlock: lease released", ErrNotHeld}
 // background until until, when the lease would have expired anyway (or
 // the close's bound). It blocks; callers that must not, run it as a late
 // outcome of call.
-func (c *Client) releaseSpent(ctx context.Context, oc Call, p plan, until time.Time) {
+func (c *Client) releaseSpent(ctx context.Context, oc script.Call, p plan, until time.Time) {
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), c.cleanUpBy())
 	defer cancel()
 	res, _ := c.calls.Run(ctx, oc)
@@ -553,7 +556,7 @@ func (l *Lease) renew() {
 	if l.batchable() && !capped {
 		n, err = l.c.renew.renewBatched(ctx, l, announced, lease)
 	} else {
-		o, _ := l.c.calls.Op(ctx, l.p.releaseCallTTL(OpRenew, l.ticket, l.c, announced, l.tokens, lease), nil)
+		o, _ := l.c.calls.Op(ctx, l.p.releaseCallTTL(script.OpRenew, l.ticket, l.c, announced, l.tokens, lease), nil)
 		n, err = l.c.released(l.p, o.Res)
 		if err == nil && n == 1 && o.AckErr != nil {
 			err = o.AckErr // renewed on the master only: try again

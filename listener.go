@@ -2,6 +2,9 @@ package fairlock
 
 import (
 	"context"
+	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/keyslot"
+	"github.com/fairlock/fairlock/internal/script"
 	"log/slog"
 	"runtime"
 	"strconv"
@@ -64,7 +67,7 @@ type listener struct {
 // own: one BLPOP per semaphore, as the client routes single-key commands.
 func (c *waits) listenGroup(wakeKey string) string {
 	if c.info.Layout == backend.Single || c.info.Layout == backend.Cluster {
-		return strconv.Itoa(KeySlot(wakeKey))
+		return strconv.Itoa(keyslot.Of(wakeKey))
 	}
 	return wakeKey
 }
@@ -140,7 +143,7 @@ func (c *waits) attachLocked(r *room) (nudge *listener) {
 // uses, so it is never another object's key; the client id and seq tell
 // two listeners' lists apart.
 func (c *waits) ctlName(key string, seq uint64) string {
-	return derivedKey(c.cfg.prefix+"{"+HashTag(key)+"}", kindControl, c.id, strconv.FormatUint(seq, 10))
+	return derivedKey(c.cfg.prefix+"{"+keyslot.HashTag(key)+"}", kindControl, c.id, strconv.FormatUint(seq, 10))
 }
 
 // nudge ends l's BLPOP so that it starts again with its new keys. If it
@@ -150,7 +153,7 @@ func (c *waits) nudge(l *listener, via backend.Backend) {
 	defer c.wg.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 	defer cancel()
-	_ = NudgeScript.On(ctx, via, []string{c.ctlOf(l)}, c.waiterMs)
+	_ = script.NudgeScript.On(ctx, via, []string{c.ctlOf(l)}, c.waiterMs)
 }
 
 // ctlOf returns l's control list (which leaveOutForeign may rename).
@@ -246,7 +249,7 @@ func (l *listener) readKeysLocked() []string {
 }
 
 // typesScript returns the type of each of KEYS (TYPE): a read.
-var typesScript = NewEvalCode(`local out = {}
+var typesScript = script.NewEvalCode(`local out = {}
 for i, k in ipairs(KEYS) do
   local t = redis.call('TYPE', k)
   if type(t) == 'table' then t = t.ok end
@@ -462,7 +465,7 @@ func (c *waits) blockingPop(blk backend.Backend, keys []string) (key string, val
 // wrongType reports whether err is Redis's refusal of a command on a key
 // that holds another type.
 func wrongType(err error) bool {
-	msg, ok := ReplyOf(err)
+	msg, ok := fault.ReplyOf(err)
 	return ok && strings.HasPrefix(msg, "WRONGTYPE")
 }
 

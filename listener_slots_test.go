@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"errors"
+	"github.com/fairlock/fairlock/internal/keyslot"
 
 	"sync"
 	"testing"
@@ -23,7 +24,7 @@ type slotsBackend struct {
 
 func (b *slotsBackend) Info() backend.Info { return backend.Info{Layout: b.layout} }
 func (b *slotsBackend) Script(_ context.Context, s backend.Script) (any, error) {
-	if s.Name != typesScript.sha && s.Name != typesScript.src {
+	if s.Name != typesScript.SHA && s.Name != typesScript.Src {
 		return nil, nil // a nudge
 	}
 	b.mu.Lock()
@@ -101,8 +102,8 @@ func TestListenerReadsStayInOneSlot(t *testing.T) {
 					for _, l := range ls {
 						keys := l.readKeysLocked()
 						for _, k := range keys[1:] {
-							if KeySlot(k) != KeySlot(keys[0]) {
-								t.Fatalf("%s: a blocking read takes %q (slot %d) and %q (slot %d): refused as CROSSSLOT", state, keys[0], KeySlot(keys[0]), k, KeySlot(k))
+							if keyslot.Of(k) != keyslot.Of(keys[0]) {
+								t.Fatalf("%s: a blocking read takes %q (slot %d) and %q (slot %d): refused as CROSSSLOT", state, keys[0], keyslot.Of(keys[0]), k, keyslot.Of(k))
 							}
 						}
 						for _, r := range l.rooms {

@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/script"
 	"time"
 )
 
@@ -128,7 +129,7 @@ func (l *Lease) untilCap(d time.Duration) time.Duration {
 // the cap because the renewal meant to shorten it failed.
 func (l *Lease) endAtCap(cause error, announced bool) {
 	l.finish(cause)
-	rel := l.p.releaseCall(OpRelease, l.ticket, l.c, announced, l.tokens)
+	rel := l.p.releaseCall(script.OpRelease, l.ticket, l.c, announced, l.tokens)
 	l.c.spawn(func() { l.c.cleanUp(context.Background(), rel, l.p) })
 }
 

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/script"
 	"strconv"
 	"strings"
 	"time"
@@ -14,8 +17,8 @@ import (
 // the op's entry: acquire.lua, release.lua, lua/ops/*.lua), the members
 // the replies carry, and the one place where a script's errors become
 // fairlock's. The ops themselves (which script serves each, and whether
-// WithReplicaAck waits for it) are in scripts.go; Client.run runs them. The ops are called
-// from acquire.go (acquire, try, leave, pump), lease.go (release, renew),
+// WithReplicaAck waits for it) are in internal/script; the call path
+// (internal/callpath) runs them. The ops are called from acquire.go (acquire, try, leave, pump), lease.go (release, renew),
 // renew.go (renew_batch), room.go (refresh), status.go (status) and
 // cond.go (wait, signal).
 
@@ -59,7 +62,7 @@ type acquireReply struct {
 // semaphores: {1 or 3, nowMs, expiryMs, token...}, {2, nowMs,
 // nextEventMs}, {0} or {4}. The error is the command's, or a reply that
 // does not read as one of those (matching ErrRedis).
-func parseAcquireReply(out Result, parts int) (acquireReply, error) {
+func parseAcquireReply(out script.Result, parts int) (acquireReply, error) {
 	var r acquireReply
 	res, err := out.Slice()
 	if err != nil {
@@ -108,9 +111,9 @@ func parseAcquireReply(out Result, parts int) (acquireReply, error) {
 
 // acquireCall is acquire.lua's o ("acquire" or "try") for ticket on p's
 // semaphores.
-func (p plan) acquireCall(o *Op, ticket string, c *Client) Call {
+func (p plan) acquireCall(o *script.Op, ticket string, c *Client) script.Call {
 	lease, leaseBox := p.leaseArgs(c)
-	oc := NewCall(o, p.keys, 5+2*len(p.parts)).Add(ticket, nil).Add(c.id, c.idArg).
+	oc := script.NewCall(o, p.keys, 5+2*len(p.parts)).Add(ticket, nil).Add(c.id, c.idArg).
 		Add(lease, leaseBox).Add(c.waiterMs, c.waiterArg).Add(p.group, p.groupArg)
 	for _, pt := range p.parts {
 		oc = oc.Add(pt.permitsArg(), pt.permitsBox).Add(pt.capacityArg(), pt.capacityBox)
@@ -120,19 +123,19 @@ func (p plan) acquireCall(o *Op, ticket string, c *Client) Call {
 
 // releaseCall is release.lua's o on p's semaphores held under ticket with
 // the given tokens (nil, zeros, for "leave").
-func (p plan) releaseCall(o *Op, ticket string, c *Client, announced bool, tokens []int64) Call {
+func (p plan) releaseCall(o *script.Op, ticket string, c *Client, announced bool, tokens []int64) script.Call {
 	return p.releaseCallTTL(o, ticket, c, announced, tokens, p.ttl(c))
 }
 
 // releaseCallTTL is releaseCall with the lease TTL given: only "renew" may
 // ask for another than the plan's (a cap on holding), since the other
 // ops find a waiter by a member that contains the TTL it queued with.
-func (p plan) releaseCallTTL(o *Op, ticket string, c *Client, announced bool, tokens []int64, ttl time.Duration) Call {
+func (p plan) releaseCallTTL(o *script.Op, ticket string, c *Client, announced bool, tokens []int64, ttl time.Duration) script.Call {
 	lease, leaseBox := p.leaseArgs(c)
 	if ttl != p.ttl(c) {
 		lease, leaseBox = msArg(ttl), nil
 	}
-	oc := NewCall(o, p.keys, 6+2*len(p.parts)).Add(ticket, nil).Add(c.id, c.idArg).Add(lease, leaseBox).
+	oc := script.NewCall(o, p.keys, 6+2*len(p.parts)).Add(ticket, nil).Add(c.id, c.idArg).Add(lease, leaseBox).
 		Add(c.waiterMs, c.waiterArg).Add(p.group, p.groupArg).Add(boolArg(announced), boolBox(announced))
 	for i, pt := range p.parts {
 		var tok int64
@@ -147,7 +150,7 @@ func (p plan) releaseCallTTL(o *Op, ticket string, c *Client, announced bool, to
 // released reads release.lua's reply {result, more}; when the script left
 // work for later (a long queue to grant, many leases to purge), it has the
 // rest done in the background.
-func (c *Client) released(p plan, out Result) (int64, error) {
+func (c *Client) released(p plan, out script.Result) (int64, error) {
 	res, err := out.Slice()
 	var n, more int64
 	if err == nil {
@@ -164,7 +167,7 @@ func (c *Client) released(p plan, out Result) (int64, error) {
 
 // renewedBatch reads a renew_batch reply {{result...}, more} for n leases:
 // each one's result, and whether the script left work for later.
-func renewedBatch(o Outcome, n int) (results []int64, more bool, err error) {
+func renewedBatch(o callpath.Outcome, n int) (results []int64, more bool, err error) {
 	res, err := o.Res.Slice()
 	if err != nil {
 		return nil, false, err
@@ -189,8 +192,8 @@ func renewedBatch(o Outcome, n int) (results []int64, more bool, err error) {
 // waitCall is release.lua's "wait" on cp's keys (p's and the
 // condition's): a release of the lease held under ticket on p's
 // semaphores, and the new ticket fresh waiting on the condition cond.
-func (p plan) waitCall(cp plan, ticket string, c *Client, announced bool, tokens []int64, fresh, cond string) Call {
-	oc := p.releaseCall(OpWait, ticket, c, announced, tokens).With(fresh, cond)
+func (p plan) waitCall(cp plan, ticket string, c *Client, announced bool, tokens []int64, fresh, cond string) script.Call {
+	oc := p.releaseCall(script.OpWait, ticket, c, announced, tokens).With(fresh, cond)
 	oc.Keys = cp.keys
 	return oc
 }
@@ -204,7 +207,7 @@ type waitReply struct {
 	now, next int64
 }
 
-func parseWaitReply(out Result) (waitReply, error) {
+func parseWaitReply(out script.Result) (waitReply, error) {
 	var r waitReply
 	var more int64
 	err := ints(out, &r.result, &more, &r.now, &r.next)
@@ -216,12 +219,12 @@ func parseWaitReply(out Result) (waitReply, error) {
 // cond: one waiter, or all (a broadcast) whose sequence is at most bound
 // ("" on the first call); id is unique to the call (a ticket), so that a
 // resend finds the first run's reply.
-func signalCall(keys []string, cond string, all bool, bound, id string) Call {
+func signalCall(keys []string, cond string, all bool, bound, id string) script.Call {
 	mode := "1"
 	if all {
 		mode = "all"
 	}
-	return NewCall(OpSignal, keys, 4).With(cond, mode, bound, id)
+	return script.NewCall(script.OpSignal, keys, 4).With(cond, mode, bound, id)
 }
 
 // signalReply is "signal"'s reply: waiters woken, whether the condition
@@ -233,7 +236,7 @@ type signalReply struct {
 	bound          string
 }
 
-func parseSignalReply(out Result) (signalReply, error) {
+func parseSignalReply(out script.Result) (signalReply, error) {
 	var r signalReply
 	var cmore, more, bound int64
 	err := ints(out, &r.woken, &cmore, &more, &bound)
@@ -247,7 +250,7 @@ func parseSignalReply(out Result) (signalReply, error) {
 // them.
 func (c *waits) refreshArgs(n int, lease string) []string {
 	args := make([]string, 0, 4+3*n)
-	return append(args, OpRefresh.Name, c.id, lease, c.waiterMs)
+	return append(args, script.OpRefresh.Name, c.id, lease, c.waiterMs)
 }
 
 func appendRefreshed(args []string, ticket string, permits int64, group string) []string {
@@ -273,7 +276,7 @@ type refreshed struct {
 	grant  *grant
 }
 
-func parseRefreshReply(out Result) (refreshReply, error) {
+func parseRefreshReply(out script.Result) (refreshReply, error) {
 	var r refreshReply
 	res, err := out.Slice()
 	if err == nil {
@@ -304,8 +307,8 @@ func parseRefreshReply(out Result) (refreshReply, error) {
 
 // renewBatchCall is "renew_batch" (lua/ops/renew_batch.lua) on keys, for
 // leases of that one semaphore held by the client id.
-func renewBatchCall(id string, keys []string, batch []*renewReq) Call {
-	oc := NewCall(OpRenewBatch, keys, 1+5*len(batch)).With(id)
+func renewBatchCall(id string, keys []string, batch []*renewReq) script.Call {
+	oc := script.NewCall(script.OpRenewBatch, keys, 1+5*len(batch)).With(id)
 	for _, r := range batch {
 		oc.Args = append(oc.Args, r.l.ticket, itoa(r.l.p.parts[0].req.Permits), itoa(r.l.tokens[0]), boolArg(r.announced), msArg(r.ttl))
 	}
@@ -314,16 +317,16 @@ func renewBatchCall(id string, keys []string, batch []*renewReq) Call {
 
 // pumpCall is "pump" (lua/ops/pump.lua) on keys; parsePumpReply reads
 // whether work is left still.
-func pumpCall(keys []string) Call { return NewCall(OpPump, keys, 0) }
+func pumpCall(keys []string) script.Call { return script.NewCall(script.OpPump, keys, 0) }
 
-func parsePumpReply(out Result) (more bool, err error) {
+func parsePumpReply(out script.Result) (more bool, err error) {
 	var m int64
 	err = ints(out, &m)
 	return m == 1, err
 }
 
 // statusCall is "status" (lua/ops/status.lua) on keys.
-func statusCall(keys []string) Call { return NewCall(OpStatus, keys, 0) }
+func statusCall(keys []string) script.Call { return script.NewCall(script.OpStatus, keys, 0) }
 
 // holderMember reads a holder's member as the scripts write it
 // (lua/members.lua): "ticket permits client token".
@@ -352,7 +355,7 @@ func waiterMember(m string) (client string, permits int64, err error) {
 }
 
 // ints reads a script's array reply into integers, in order.
-func ints(out Result, into ...*int64) error {
+func ints(out script.Result, into ...*int64) error {
 	res, err := out.Slice()
 	for i, v := range into {
 		if err != nil {
@@ -407,7 +410,7 @@ func incompatible(rest string) error {
 // renewal) pass through it, so that the caller who finally sees them can
 // match them as a direct call's.
 func scriptError(err error) error {
-	msg, ok := ReplyOf(err)
+	msg, ok := fault.ReplyOf(err)
 	if !ok {
 		return err
 	}
@@ -430,7 +433,7 @@ func fail(ctx context.Context, op string, names []string, err error) error {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return opError(op, names, ctxErr)
 	}
-	if DeadlineLike(err) && PastDeadline(ctx) {
+	if callpath.DeadlineLike(err) && callpath.PastDeadline(ctx) {
 		// ctx's deadline, passed a moment before ctx says so (settle).
 		return opError(op, names, context.DeadlineExceeded)
 	}

@@ -2,6 +2,7 @@ package fairlock
 
 import (
 	"errors"
+	"github.com/fairlock/fairlock/internal/script"
 	"testing"
 )
 
@@ -9,11 +10,11 @@ import (
 // that does not read as one of them is an error matching ErrRedis, never a
 // grant with missing tokens or a queued wait with no clock.
 func TestParseAcquireReply(t *testing.T) {
-	cmd := func(v ...any) Result { return Result{Val: v} }
-	failed := Result{Err: errors.New("connection reset")}
+	cmd := func(v ...any) script.Result { return script.Result{Val: v} }
+	failed := script.Result{Err: errors.New("connection reset")}
 	for _, tc := range []struct {
 		name  string
-		cmd   Result
+		cmd   script.Result
 		parts int
 		want  acquireReply // when ok
 		ok    bool

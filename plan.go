@@ -2,6 +2,7 @@ package fairlock
 
 import (
 	"fmt"
+	"github.com/fairlock/fairlock/internal/keyslot"
 	"slices"
 	"strconv"
 	"strings"
@@ -215,32 +216,12 @@ func distinct(parts []part) error {
 // sameSlot reports an error matching [ErrCrossSlot] unless all parts live
 // in one Cluster slot; it names the first two names whose slots differ.
 func sameSlot(parts []part) error {
-	first := KeySlot(parts[0].k.base)
+	first := keyslot.Of(parts[0].k.base)
 	for _, pt := range parts[1:] {
-		if at := KeySlot(pt.k.base); at != first {
+		if at := keyslot.Of(pt.k.base); at != first {
 			return fmt.Errorf("%w: %q is in slot %d and %q in slot %d; give the names one hash tag, such as \"{acct}:1\" and \"{acct}:2\"",
 				ErrCrossSlot, parts[0].req.Name, first, pt.req.Name, at)
 		}
 	}
 	return nil
-}
-
-// KeySlot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of its
-// hash tag, or of the whole key when it has none, modulo 16384.
-func KeySlot(key string) int {
-	if tag := HashTag(key); tag != "" {
-		key = tag
-	}
-	var crc uint16
-	for i := 0; i < len(key); i++ {
-		crc ^= uint16(key[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return int(crc) % 16384
 }

@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"errors"
+	"github.com/fairlock/fairlock/internal/fault"
 	"net"
 	"runtime"
 	"sync"
@@ -203,14 +204,14 @@ func (w *dialWatch) DialHook(next redis.DialHook) redis.DialHook {
 		w.mu.Unlock()
 		conn, err := next(ctx, network, addr)
 		if err != nil && unreachable(err) {
-			w.refused(upTo, &DialError{Err: err})
+			w.refused(upTo, &fault.DialError{Err: err})
 		}
 		return conn, err
 	}
 }
 
 // refused cancels the commands listed up to id upTo, with cause.
-func (w *dialWatch) refused(upTo uint64, cause *DialError) {
+func (w *dialWatch) refused(upTo uint64, cause *fault.DialError) {
 	var cut []context.CancelCauseFunc
 	w.mu.Lock()
 	for id, cancel := range w.waiting {
@@ -269,10 +270,10 @@ func (w *dialWatch) watch(ctx context.Context, do func(context.Context) error) e
 	delete(w.waiting, id)
 	w.mu.Unlock()
 	if err != nil && ctx.Err() == nil {
-		if d, ok := context.Cause(cctx).(*DialError); ok && errors.Is(err, context.Canceled) {
+		if d, ok := context.Cause(cctx).(*fault.DialError); ok && errors.Is(err, context.Canceled) {
 			err = refusal{d}
 		} else if unreachable(err) {
-			err = refusal{&DialError{Err: err}}
+			err = refusal{&fault.DialError{Err: err}}
 		}
 	}
 	cancel(nil)
@@ -282,6 +283,6 @@ func (w *dialWatch) watch(ctx context.Context, do func(context.Context) error) e
 // refusal is how a watched command cut short by a refused dial ends in
 // go-redis: an error it does not retry (not a net.Error, not a context's
 // error), which Client.run turns into d.
-type refusal struct{ d *DialError }
+type refusal struct{ d *fault.DialError }
 
 func (r refusal) Error() string { return r.d.Error() }

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/script"
 	"slices"
 	"strconv"
 	"time"
@@ -207,7 +208,7 @@ func (m *machine) latchDownTwice(c *Client) (int64, error) {
 	l, ctx, id := m.latch, context.Background(), newTicket()
 	var got [2][3]int64
 	for i := range got {
-		o, ok := c.calls.Op(ctx, l.k.call(OpLatchDown, l.init, msArg(l.ttl), id), nil)
+		o, ok := c.calls.Op(ctx, l.k.call(script.OpLatchDown, l.init, msArg(l.ttl), id), nil)
 		if !ok {
 			return 0, o.Res.Err
 		}

@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"crypto/rand"
+	"github.com/fairlock/fairlock/internal/script"
 	"slices"
 	"strings"
 	"testing"
@@ -51,8 +52,8 @@ func TestRecordingLeavesReadsAlone(t *testing.T) {
 		}
 		// Every op whose script declares no-writes is read here: a new
 		// one must join the table.
-		for _, o := range AllOps {
-			if slices.Contains(strings.Split(Entries[o.EntryIndex].Flags, ","), "no-writes") && reads[o.Name] == nil {
+		for _, o := range script.AllOps {
+			if slices.Contains(strings.Split(script.Entries[o.EntryIndex].Flags, ","), "no-writes") && reads[o.Name] == nil {
 				t.Errorf("op %s declares no-writes and is not read by this test", o.Name)
 			}
 		}
@@ -97,11 +98,11 @@ func TestRecordingLeavesReadsAlone(t *testing.T) {
 // panics otherwise.
 func TestTransformsSeeFlags(t *testing.T) {
 	var got, want []string
-	NewCode(func(src string) string {
+	script.NewCode(func(src string) string {
 		got = append(got, strings.Join(testhook.Flags(src), ","))
 		return src
 	})
-	for _, e := range Entries {
+	for _, e := range script.Entries {
 		want = append(want, e.Flags)
 		if e.Batch {
 			want = append(want, e.Flags)
@@ -110,9 +111,9 @@ func TestTransformsSeeFlags(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("the flags transforms are given: %q, want %q", got, want)
 	}
-	k := NewCode(compose(recording("fltest:log", halfrun.Transform), replayed(nil)))
-	for _, e := range Entries {
-		if e.Flags != "" && k.flagged[e.Name] == nil {
+	k := script.NewCode(compose(recording("fltest:log", halfrun.Transform), replayed(nil)))
+	for _, e := range script.Entries {
+		if e.Flags != "" && k.Flagged[e.Name] == nil {
 			t.Errorf("entry %s declares %s, and has no flagged form", e.Name, e.Flags)
 		}
 	}

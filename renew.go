@@ -2,6 +2,7 @@ package fairlock
 
 import (
 	"context"
+	"github.com/fairlock/fairlock/internal/callpath"
 	"slices"
 	"sync"
 	"time"
@@ -43,7 +44,7 @@ type renewQueue struct {
 // renewals waiting for the next batch, and sends the batches through the
 // client's call path.
 type renewer struct {
-	calls    *Caller
+	calls    *callpath.Caller
 	closing  context.Context // the client's: no renewal is taken once it ends
 	id       string          // the client's, which holds the leases
 	leaseTTL time.Duration   // a batch's deadline when no renewal has one
@@ -93,7 +94,7 @@ func (c *renewer) renewBatched(ctx context.Context, l *Lease, announced bool, tt
 		return 0, ctx.Err()
 	}
 	c.mu.Unlock()
-	t := time.NewTimer(Grace)
+	t := time.NewTimer(callpath.Grace)
 	defer t.Stop()
 	select {
 	case r := <-req.done:

@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/script"
 	"log/slog"
 	"math/rand/v2"
 	"time"
@@ -20,7 +21,7 @@ const (
 // background, with backoff, until it lands, fails for good, or until
 // (when the lease would have expired, or the waiter been dropped, anyway).
 // Close waits for it, at most a waiter TTL past Close.
-func (c *Client) resendLater(oc Call, p plan, until time.Time) {
+func (c *Client) resendLater(oc script.Call, p plan, until time.Time) {
 	c.resendReport(oc, p, until, nil, nil)
 }
 
@@ -29,7 +30,7 @@ func (c *Client) resendLater(oc Call, p plan, until time.Time) {
 // error of the send before this one, if any) before it logs so. Without
 // report, a resend that the client's close finds on its way reports to
 // the close (see resendCloseReport).
-func (c *Client) resendReport(oc Call, p plan, until time.Time, report func(error), last error) {
+func (c *Client) resendReport(oc script.Call, p plan, until time.Time, report func(error), last error) {
 	c.spawn(func() {
 		done := c.done
 		wait := resendFirst

@@ -14,6 +14,7 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/script"
 	"slices"
 	"strconv"
 	"strings"
@@ -216,7 +217,7 @@ func TestResentScenariosCatchBrokenRules(t *testing.T) {
 		{"a resent last arrival completes another round", "cyclic barrier", "lua/ops/barrier.lua", "if is_signalled(r.grant) then", "if false then"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if !strings.Contains(Source(tc.file), tc.old) {
+			if !strings.Contains(script.Source(tc.file), tc.old) {
 				t.Fatalf("%s no longer contains %q", tc.file, tc.old)
 			}
 			pair := newResendPair(t, real, true)
@@ -270,7 +271,7 @@ func TestResentCallsCatchBrokenRules(t *testing.T) {
 		{"a resent count down counts again", "lua/ops/latch.lua", "if is_signalled(r.grant) then", "if false then", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if !strings.Contains(Source(tc.file), tc.old) {
+			if !strings.Contains(script.Source(tc.file), tc.old) {
 				t.Fatalf("%s no longer contains %q", tc.file, tc.old)
 			}
 			broken := mutate(tc.file, tc.old, tc.new)

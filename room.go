@@ -3,6 +3,8 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/script"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -28,7 +30,7 @@ type waits struct {
 	wg      *workGroup      // the client's: goroutines Close waits for
 	closing context.Context // the client's: ends at Close
 	done    <-chan struct{} // closing's
-	calls   *Caller
+	calls   *callpath.Caller
 	b       backend.Backend
 	info    backend.Info
 	cfg     *config
@@ -456,7 +458,7 @@ func (r *room) refresh() (next time.Duration, first error) {
 	send := func(args []string) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 		sent := time.Now()
-		res, _ := c.calls.Run(ctx, Call{Op: OpRefresh, Keys: r.k.list(), Args: args}) // unreplicated refreshes are refreshed again
+		res, _ := c.calls.Run(ctx, script.Call{Op: script.OpRefresh, Keys: r.k.list(), Args: args}) // unreplicated refreshes are refreshed again
 		cancel()
 		rep, err := parseRefreshReply(res)
 		r.noteRefreshed(args, sent, err)

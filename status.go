@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/callpath"
 	"strconv"
 	"strings"
 	"time"
@@ -82,9 +83,9 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	if err != nil {
 		return Status{}, opError("status", []string{name}, err)
 	}
-	o, _ := c.calls.Call(ctx, func(ctx context.Context) Outcome {
+	o, _ := c.calls.Call(ctx, func(ctx context.Context) callpath.Outcome {
 		res, _ := c.calls.Run(ctx, statusCall(k.list()))
-		return Outcome{Res: res}
+		return callpath.Outcome{Res: res}
 	}, nil)
 	res, err := o.Res.Slice()
 	if err != nil {

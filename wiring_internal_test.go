@@ -18,7 +18,7 @@ func TestClientPartsWired(t *testing.T) {
 	lazy := map[string]bool{
 		"waits.blk":      true, // made on the first wait (blockingLocked)
 		"waits.closeBlk": true,
-		"calls.batch":    true, // WithBatching's: checked below
+		"calls.Batch":    true, // WithBatching's: checked below
 	}
 	c, err := New(redistest.Mini(t).Client(t), WithLeaseTTL(7*time.Second), WithWaiterTTL(3*time.Second))
 	if err != nil {
@@ -50,7 +50,7 @@ func TestClientPartsWired(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer batching.Close()
-	if b := batching.calls.Batch; b == nil || b.c != batching.calls || b.max != 4 || b.groups == nil {
+	if b := batching.calls.Batch; b == nil || b.Caller() != batching.calls || b.Max() != 4 {
 		t.Errorf("WithBatching(4): calls.batch is %+v, want a batcher of the client's call path, 4 calls a batch", b)
 	}
 	for name, part := range map[string]any{"calls": c.calls, "renew": c.renew, "waits": c.waits} {

@@ -1,21 +1,37 @@
-package fairlock
+// Package script is fairlock's script library: the Lua sources assembled
+// into one script per entry (EVAL) and one function library (FCALL), the
+// ops each entry serves, and the one place a script is sent (Script.Run),
+// whatever the server offers: FCALL, EVALSHA or EVAL, with or without
+// declared flags. It holds no connection of its own: a Backend sends.
+package script
 
 import (
+	"github.com/fairlock/fairlock/internal/fault"
+
 	"context"
-	"embed"
+	"crypto/sha1"
+	"encoding/hex"
+	"fmt"
 	"strings"
+
+	"github.com/fairlock/fairlock/backend"
+	"io/fs"
 	"sync"
 	"sync/atomic"
 
-	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/testhook"
 )
 
-// The scripts' sources (queue.lua's header maps them). Each entry's script
-// is queue.lua, then includes in order, then the entry.
-//
-//go:embed queue.lua acquire.lua release.lua lua
-var luaFiles embed.FS
+// luaFiles holds the scripts' sources (queue.lua's header maps them),
+// which the root package embeds and hands over (SetSources) before any
+// script is made. Each entry's script is queue.lua, then Includes in
+// order, then the entry.
+var luaFiles fs.FS
+
+// SetSources gives the library the scripts' sources: queue.lua,
+// acquire.lua, release.lua and lua/ at fsys's root. It is called once,
+// from the root package's init.
+func SetSources(fsys fs.FS) { luaFiles = fsys }
 
 // Includes are the files every script defines after queue.lua, in order.
 var Includes = []string{
@@ -90,10 +106,10 @@ var Entries = []Entry{
 // goes on with work an acked Op left, and the next acked Op covers it; a
 // status and an election's read write nothing.
 type Op struct {
-	Name    string
-	EntryIndex   int // index in entries
-	Ack     bool
-	NameArg any // name, boxed once: the first argument of its every call
+	Name       string
+	EntryIndex int // index in entries
+	Ack        bool
+	NameArg    any // name, boxed once: the first argument of its every call
 }
 
 // The ops a client sends, each once.
@@ -216,7 +232,7 @@ func EntryOf(src string) string {
 
 // Source returns the text of one of the scripts' files.
 func Source(file string) string {
-	b, err := luaFiles.ReadFile(file)
+	b, err := fs.ReadFile(luaFiles, file)
 	if err != nil {
 		panic("fairlock: " + err.Error())
 	}
@@ -332,18 +348,18 @@ type Forms struct {
 	Fn      string
 }
 
-// code is what scripts are made of, built once per transform.
-type code struct {
-	evals, flagged map[string]*EvalCode
-	// batchEvals and batchFlagged are the batch forms (batchSource) of
+// Code is what scripts are made of, built once per transform.
+type Code struct {
+	Evals, Flagged map[string]*EvalCode
+	// BatchEvals and BatchFlagged are the batch forms (BatchSource) of
 	// the entries that have them.
-	batchEvals, batchFlagged map[string]*EvalCode
-	lib                      *Library
+	BatchEvals, BatchFlagged map[string]*EvalCode
+	Lib                      *Library
 }
 
-func NewCode(transform func(string) string) *code {
-	k := &code{evals: map[string]*EvalCode{}, flagged: map[string]*EvalCode{},
-		batchEvals: map[string]*EvalCode{}, batchFlagged: map[string]*EvalCode{}}
+func NewCode(transform func(string) string) *Code {
+	k := &Code{Evals: map[string]*EvalCode{}, Flagged: map[string]*EvalCode{},
+		BatchEvals: map[string]*EvalCode{}, BatchFlagged: map[string]*EvalCode{}}
 	add := func(evals, flagged map[string]*EvalCode, e Entry, src string) {
 		// A transform sees the flags as the server does, so that it can
 		// keep them (a recording adds no write to a no-writes script).
@@ -363,39 +379,40 @@ func NewCode(transform func(string) string) *code {
 		}
 	}
 	for _, e := range Entries {
-		add(k.evals, k.flagged, e, ScriptSource(e))
+		add(k.Evals, k.Flagged, e, ScriptSource(e))
 		if e.Batch {
-			add(k.batchEvals, k.batchFlagged, e, BatchSource(e))
+			add(k.BatchEvals, k.BatchFlagged, e, BatchSource(e))
 		}
 	}
 	// The test transforms (internal/halfrun, broken rules) rewrite EVAL
 	// sources, so a transformed client runs EVAL only.
 	if transform == nil {
-		k.lib = NewLibrary(Entries, Source)
+		k.Lib = NewLibrary(Entries, Source)
 	}
 	return k
 }
 
-// defaultCode serves every client made while no test hook is set.
-var defaultCode = NewCode(nil)
+// defaultCode serves every client made while no test hook is set, made
+// at the first client's start (after SetSources).
+var defaultCode = sync.OnceValue(func() *Code { return NewCode(nil) })
 
 // NewSet returns a client's scripts, passing each source through
 // transform when it is not nil (tests only; see internal/testhook).
 func NewSet(transform func(string) string) *Set {
-	k := defaultCode
+	k := defaultCode()
 	if transform != nil {
 		k = NewCode(transform)
 	}
-	s := &Set{Lib: k.lib}
+	s := &Set{Lib: k.Lib}
 	for _, e := range Entries {
-		sc := &Script{Set: s, Forms: Forms{Eval: k.evals[e.Name], Flagged: k.flagged[e.Name]}}
-		if k.lib != nil {
-			sc.Fn = k.lib.Fns[e.Name]
+		sc := &Script{Set: s, Forms: Forms{Eval: k.Evals[e.Name], Flagged: k.Flagged[e.Name]}}
+		if k.Lib != nil {
+			sc.Fn = k.Lib.Fns[e.Name]
 		}
 		if e.Batch {
-			sc.Batch = &Forms{Eval: k.batchEvals[e.Name], Flagged: k.batchFlagged[e.Name]}
-			if k.lib != nil {
-				sc.Batch.Fn = k.lib.BatchFns[e.Name]
+			sc.Batch = &Forms{Eval: k.BatchEvals[e.Name], Flagged: k.BatchFlagged[e.Name]}
+			if k.Lib != nil {
+				sc.Batch.Fn = k.Lib.BatchFns[e.Name]
 			}
 		}
 		s.List = append(s.List, sc)
@@ -456,7 +473,7 @@ func (s *Forms) Run(ctx context.Context, set *Set, b backend.Backend, functions 
 // shebangRefused reports whether err says the server cannot compile a
 // script's "#!lua" line (it has no script flags): the script did not run.
 func shebangRefused(err error) bool {
-	msg, ok := ReplyOf(err)
+	msg, ok := fault.ReplyOf(err)
 	return ok && strings.Contains(msg, "compiling script") && strings.Contains(msg, "'#'")
 }
 
@@ -465,3 +482,195 @@ func shebangRefused(err error) bool {
 var NudgeScript = NewEvalCode(`redis.call('RPUSH', KEYS[1], '')
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1`)
+
+// Library is the engine's scripts as one Redis function Library (Redis 7.0
+// and later, Valkey): loaded once per server, so that a call no longer
+// defines the shared code afresh as an EVAL does. The Lua files stay the
+// sources; the Library wraps them (see newLibrary). Its name and its
+// functions' names carry a hash of the sources, so fairlock versions that
+// differ in them can share one Redis (a rolling upgrade): each loads its
+// own Library, and none replaces another's.
+type Library struct {
+	Name     string            // fairlock_<hash>
+	Fns      map[string]string // entry name -> function name
+	BatchFns map[string]string // entry name -> its batch form's function name (entry.batch)
+	Code     string            // FUNCTION LOAD's argument
+}
+
+// NewLibrary wraps the scripts' sources into a library: queue.lua and the
+// includes are defined once per server, by define, at the first call (not
+// when the library loads, since a library's top level sees only
+// redis.register_function and its kin, not unpack, string or math, and
+// the sources may use those at their top level as a script may); each
+// entry file becomes the body of a function, registered once per entry
+// with the entry's flags. read returns a source file's text (source, or a
+// test's changed copy).
+//
+// Like the scripts, the functions touch keys not in KEYS in the slot of
+// those declared, which a function may do as a script may (Cluster checks
+// the slot of every key, declared or not).
+func NewLibrary(entries []Entry, read func(file string) string) *Library {
+	var body strings.Builder
+	body.WriteString(Prelude(read))
+	files := map[string]int{} // entry file -> index in bodies
+	var bodies []string
+	for _, e := range entries {
+		if _, ok := files[e.File]; !ok {
+			files[e.File] = len(bodies)
+			bodies = append(bodies, read(e.File))
+		}
+	}
+	for i, src := range bodies {
+		// Each body runs through queue.lua's run_entry, as an EVAL's does;
+		// a batch form (entry.batch) runs the same body once per call. The
+		// body's local lives in a block of its own, so that entries do
+		// not count against Lua's limit of locals in define.
+		fmt.Fprintf(&body, "\ndo\nlocal body = function(KEYS, ARGV)\n%s\nend\nbodies[%d] = function(KEYS, ARGV) return run_entry(body, KEYS, ARGV) end\n", src, i+1)
+		fmt.Fprintf(&body, "batches[%d] = function(KEYS, ARGV) return run_batch(body, KEYS, ARGV) end\nend\n", i+1)
+	}
+	h := sha1.New()
+	h.Write([]byte(body.String()))
+	for _, e := range entries {
+		fmt.Fprintf(h, "\x00%s %s %s %v", e.Name, e.File, e.Flags, e.Batch)
+	}
+	hash := hex.EncodeToString(h.Sum(nil))[:16]
+	l := &Library{Name: "fairlock_" + hash, Fns: map[string]string{}, BatchFns: map[string]string{}}
+	var code strings.Builder
+	fmt.Fprintf(&code, "#!lua name=%s\nlocal bodies, batches = {}, {}\nlocal function define()\n%s\nend\n", l.Name, body.String())
+	for _, e := range entries {
+		flags := ""
+		if e.Flags != "" {
+			flags = ", flags={'" + strings.ReplaceAll(e.Flags, ",", "','") + "'}"
+		}
+		register := func(fn, table string) {
+			fmt.Fprintf(&code, "redis.register_function{function_name='%s', callback=function(KEYS, ARGV)\n  if not bodies[%d] then define() end\n  return %s[%d](KEYS, ARGV)\nend%s}\n",
+				fn, files[e.File]+1, table, files[e.File]+1, flags)
+		}
+		l.Fns[e.Name] = "fairlock_" + e.Name + "_" + hash
+		register(l.Fns[e.Name], "bodies")
+		if e.Batch {
+			l.BatchFns[e.Name] = "fairlock_" + e.Name + "_batch_" + hash
+			register(l.BatchFns[e.Name], "batches")
+		}
+	}
+	l.Code = code.String()
+	return l
+}
+
+// A Failure is what an FCALL's error says of the function.
+type Failure int
+
+const (
+	FnRan         Failure = iota // the call ran (or failed on its way): its reply stands
+	FnMissing                    // this server has no such function: load the library
+	FnUnsupported                // no FCALL here (miniredis, Redis 6.2), or not allowed to this user
+)
+
+// FCallFailure reads an FCALL's error.
+func FCallFailure(err error) Failure {
+	msg, ok := fault.ReplyOf(err)
+	if !ok {
+		return FnRan
+	}
+	switch {
+	case strings.HasPrefix(msg, "ERR Function not found"):
+		return FnMissing
+	case strings.HasPrefix(msg, "ERR unknown command"), strings.HasPrefix(msg, "NOPERM"):
+		return FnUnsupported
+	}
+	return FnRan
+}
+
+// A LoadResult is what loading the library came to.
+type LoadResult int
+
+const (
+	LoadOK      LoadResult = iota // loaded, or there already
+	LoadFailed                    // not now (the connection, a failover, memory): try again next time
+	LoadRefused                   // never on this Redis: the library does not compile, or FUNCTION is not allowed
+)
+
+// Load loads the library on every server of b that may serve a key: the
+// node, or every Cluster master (the slot's owner may have changed since
+// it was last seen). A library of that name already there is the same
+// code (the name is its hash), so "already exists" is success (see
+// Backend.LoadLibrary).
+func (l *Library) Load(ctx context.Context, b backend.Backend) LoadResult {
+	err := b.LoadLibrary(ctx, l.Code)
+	msg, reply := fault.ReplyOf(err)
+	switch {
+	case err == nil:
+		return LoadOK
+	case reply && (strings.HasPrefix(msg, "ERR") || strings.HasPrefix(msg, "NOPERM")):
+		return LoadRefused
+	}
+	return LoadFailed
+}
+
+// SHA1Hex returns the SHA-1 of s in hex, as EVALSHA names a script.
+func SHA1Hex(s string) string {
+	h := sha1.Sum([]byte(s))
+	return hex.EncodeToString(h[:])
+}
+
+// A Result is what a script call came to, as plain Go values: its reply
+// (nil, int64, string, or []any of those) or the error that stood in its
+// way. The Backend runs the call; everything above run reads results only.
+type Result struct {
+	Val any
+	Err error
+}
+
+// Slice returns the reply, an array, or the call's error.
+func (r Result) Slice() ([]any, error) {
+	if r.Err != nil {
+		return nil, r.Err
+	}
+	s, ok := r.Val.([]any)
+	if !ok {
+		return nil, fmt.Errorf("%w: script reply %v is not an array", fault.ErrRedis, r.Val)
+	}
+	return s, nil
+}
+
+// Strings returns the reply, an array of strings, or the call's error.
+func (r Result) Strings() ([]string, error) {
+	s, err := r.Slice()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(s))
+	for i, v := range s {
+		str, ok := v.(string)
+		if !ok {
+			return nil, fmt.Errorf("%w: script reply %v is not an array of strings", fault.ErrRedis, r.Val)
+		}
+		out[i] = str
+	}
+	return out, nil
+}
+
+// EvalCode is a script sent by EVALSHA, then EVAL if the server lacks it.
+type EvalCode struct {
+	Src, SHA string
+}
+
+func NewEvalCode(src string) *EvalCode { return &EvalCode{Src: src, SHA: SHA1Hex(src)} }
+
+// Run sends e through send on keys and args: EVALSHA, and EVAL when the
+// server does not have the script yet.
+func (e *EvalCode) Run(send func(backend.Script) Result, keys, args []string) Result {
+	r := send(backend.Script{Command: backend.EvalSHA, Name: e.SHA, Keys: keys, Args: args})
+	if msg, ok := fault.ReplyOf(r.Err); ok && strings.HasPrefix(msg, "NOSCRIPT") {
+		r = send(backend.Script{Command: backend.Eval, Name: e.Src, Keys: keys, Args: args})
+	}
+	return r
+}
+
+// On runs e On b.
+func (e *EvalCode) On(ctx context.Context, b backend.Backend, keys []string, args ...string) Result {
+	return e.Run(func(s backend.Script) Result {
+		v, err := b.Script(ctx, s)
+		return Result{v, err}
+	}, keys, args)
+}

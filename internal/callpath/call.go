@@ -1,9 +1,11 @@
-package fairlock
+package callpath
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/script"
 	"os"
 	"sync/atomic"
 	"time"
@@ -19,7 +21,7 @@ import (
 type Caller struct {
 	B           backend.Backend
 	Info        backend.Info // b's
-	Scripts     *Set
+	Scripts     *script.Set
 	AckReplicas int // WithReplicaAck's; 0 for none
 	AckTimeout  time.Duration
 	// Spawn runs a function on a goroutine the client's Close waits for
@@ -36,7 +38,7 @@ type Caller struct {
 // replicas has the script's writes; the second result reports when they
 // did not (the script's own reply and error are in the result either
 // way).
-func (c *Caller) Run(ctx context.Context, oc Call) (Result, error) {
+func (c *Caller) Run(ctx context.Context, oc script.Call) (script.Result, error) {
 	s, keys, args := c.Scripts.ForOp(oc.Op), oc.Keys, oc.Args
 	if c.AckReplicas == 0 || !oc.Op.Ack {
 		if c.Batch.batches(ctx, oc) {
@@ -46,9 +48,9 @@ func (c *Caller) Run(ctx context.Context, oc Call) (Result, error) {
 	}
 	var acked int64
 	var waitErr error
-	res := s.Run(ctx, c.B, c.Info.Functions, func(sc backend.Script) Result {
+	res := s.Run(ctx, c.B, c.Info.Functions, func(sc backend.Script) script.Result {
 		sc.Boxed = boxedArgs(oc.Argv, sc.Args)
-		var r Result
+		var r script.Result
 		r.Val, acked, r.Err, waitErr = c.B.ScriptWait(ctx, sc, c.AckReplicas, c.AckTimeout)
 		return r
 	}, keys, args)
@@ -56,48 +58,11 @@ func (c *Caller) Run(ctx context.Context, oc Call) (Result, error) {
 	case res.Err != nil:
 		return res, nil
 	case waitErr != nil:
-		return res, fmt.Errorf("%w: %w: WAIT: %w", ErrRedis, ErrNotReplicated, waitErr)
+		return res, fmt.Errorf("%w: %w: WAIT: %w", fault.ErrRedis, fault.ErrNotReplicated, waitErr)
 	case acked < int64(c.AckReplicas):
-		return res, fmt.Errorf("%w: %w: %d of %d replicas acknowledged within %v", ErrRedis, ErrNotReplicated, acked, c.AckReplicas, c.AckTimeout)
+		return res, fmt.Errorf("%w: %w: %d of %d replicas acknowledged within %v", fault.ErrRedis, fault.ErrNotReplicated, acked, c.AckReplicas, c.AckTimeout)
 	}
 	return res, nil
-}
-
-// A Result is what a script call came to, as plain Go values: its reply
-// (nil, int64, string, or []any of those) or the error that stood in its
-// way. The Backend runs the call; everything above run reads results only.
-type Result struct {
-	Val any
-	Err error
-}
-
-// Slice returns the reply, an array, or the call's error.
-func (r Result) Slice() ([]any, error) {
-	if r.Err != nil {
-		return nil, r.Err
-	}
-	s, ok := r.Val.([]any)
-	if !ok {
-		return nil, fmt.Errorf("%w: script reply %v is not an array", ErrRedis, r.Val)
-	}
-	return s, nil
-}
-
-// Strings returns the reply, an array of strings, or the call's error.
-func (r Result) Strings() ([]string, error) {
-	s, err := r.Slice()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]string, len(s))
-	for i, v := range s {
-		str, ok := v.(string)
-		if !ok {
-			return nil, fmt.Errorf("%w: script reply %v is not an array of strings", ErrRedis, r.Val)
-		}
-		out[i] = str
-	}
-	return out, nil
 }
 
 // settle returns o, the outcome handed to call's caller, and true; or,
@@ -125,7 +90,7 @@ func (c *Caller) settle(ctx context.Context, o Outcome, late func(Outcome)) (Out
 	if late != nil {
 		c.Spawn(func() { late(o) })
 	}
-	return Outcome{Res: Result{Err: err}}, false
+	return Outcome{Res: script.Result{Err: err}}, false
 }
 
 // DeadlineLike reports whether err is a deadline's: a context's, or a
@@ -147,13 +112,13 @@ func PastDeadline(ctx context.Context) bool {
 
 // Outcome is what run returned.
 type Outcome struct {
-	Res    Result
+	Res    script.Result
 	AckErr error
 }
 
 // Op runs oc through call: bounded by ctx, late given what came after
 // it (see call).
-func (c *Caller) Op(ctx context.Context, oc Call, late func(Outcome)) (Outcome, bool) {
+func (c *Caller) Op(ctx context.Context, oc script.Call, late func(Outcome)) (Outcome, bool) {
 	if c.OnCaller(ctx) {
 		res, ackErr := c.Run(ctx, oc)
 		return c.returned(ctx, Outcome{res, ackErr}, late)
@@ -198,7 +163,7 @@ func (c *Caller) Call(ctx context.Context, do func(context.Context) Outcome, lat
 		o := do(ctx)
 		if t.state.CompareAndSwap(0, 1) {
 			t.ch <- o
-			if late != nil && IsDialError(o.Res.Err) {
+			if late != nil && fault.IsDialError(o.Res.Err) {
 				late(o)
 			}
 		} else if late != nil {
@@ -221,7 +186,7 @@ func (c *Caller) Call(ctx context.Context, do func(context.Context) Outcome, lat
 		if !t.state.CompareAndSwap(0, 2) {
 			return c.settle(ctx, <-t.ch, late) // the outcome came as the grace ended: use it
 		}
-		return Outcome{Res: Result{Err: ctx.Err()}}, false
+		return Outcome{Res: script.Result{Err: ctx.Err()}}, false
 	}
 }
 
@@ -242,7 +207,7 @@ func (c *Caller) OnCaller(ctx context.Context) bool {
 // returned is call's end for an outcome o that do returned on the
 // caller's goroutine (see onCaller).
 func (c *Caller) returned(ctx context.Context, o Outcome, late func(Outcome)) (Outcome, bool) {
-	if late != nil && IsDialError(o.Res.Err) {
+	if late != nil && fault.IsDialError(o.Res.Err) {
 		c.Spawn(func() { late(o) })
 	}
 	if ctx.Done() == nil {
@@ -257,7 +222,7 @@ func (c *Caller) returned(ctx context.Context, o Outcome, late func(Outcome)) (O
 // they are, through the Backend alone: no WAIT, no resend (tests only;
 // see internal/testhook).
 func (c *Caller) RunRaw(ctx context.Context, op string, keys, args []string) (any, error) {
-	o := OpNamed(op)
+	o := script.OpNamed(op)
 	if o == nil {
 		return nil, fmt.Errorf("fairlock: no script serves op %q", op)
 	}
@@ -267,11 +232,11 @@ func (c *Caller) RunRaw(ctx context.Context, op string, keys, args []string) (an
 
 // Alone runs s with keys and args (argv: args boxed, or nil) through the
 // Backend, each script command sent by itself (no WAIT after it).
-func (c *Caller) Alone(ctx context.Context, s *Script, keys, args []string, argv []any) Result {
-	return s.Run(ctx, c.B, c.Info.Functions, func(sc backend.Script) Result {
+func (c *Caller) Alone(ctx context.Context, s *script.Script, keys, args []string, argv []any) script.Result {
+	return s.Run(ctx, c.B, c.Info.Functions, func(sc backend.Script) script.Result {
 		sc.Boxed = boxedArgs(argv, sc.Args)
 		v, err := c.B.Script(ctx, sc)
-		return Result{v, err}
+		return script.Result{Val: v, Err: err}
 	}, keys, args)
 }
 

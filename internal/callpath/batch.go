@@ -1,8 +1,11 @@
-package fairlock
+package callpath
 
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/keyslot"
+	"github.com/fairlock/fairlock/internal/script"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -51,8 +54,8 @@ type batchGroup struct {
 // A batchCall is one call waiting in a group's queue.
 type batchCall struct {
 	ctx  context.Context
-	oc   Call
-	done chan Result // its result, once
+	oc   script.Call
+	done chan script.Result // its result, once
 	// taken: the call left the queue (sent in a batch, or withdrawn by
 	// its caller); under the batcher's lock.
 	taken bool
@@ -69,8 +72,8 @@ func NewBatcher(c *Caller, max int, closing context.Context) *Batcher {
 // without batching: a batch holding it could stay out for good (a Redis
 // that never answers), and with it its group, until the close. (Through
 // go-redis, every call returns within its read timeout.)
-func (b *Batcher) batches(ctx context.Context, oc Call) bool {
-	return b != nil && Entries[oc.Op.EntryIndex].Batch && len(oc.Keys) > 0 && (ctx.Done() != nil && !oc.Endless || !b.c.Info.Deadlines)
+func (b *Batcher) batches(ctx context.Context, oc script.Call) bool {
+	return b != nil && script.Entries[oc.Op.EntryIndex].Batch && len(oc.Keys) > 0 && (ctx.Done() != nil && !oc.Endless || !b.c.Info.Deadlines)
 }
 
 // do runs oc, in a batch if others of its group are on their way, and
@@ -78,10 +81,10 @@ func (b *Batcher) batches(ctx context.Context, oc Call) bool {
 // (backend.Info.Deadlines), so does do: a call still queued then is not
 // sent; one already sent may run, as a call the Backend stopped waiting
 // for may.
-func (b *Batcher) do(ctx context.Context, oc Call) Result {
+func (b *Batcher) do(ctx context.Context, oc script.Call) script.Result {
 	k := batchKey{entry: oc.Op.EntryIndex}
 	if b.cluster {
-		k.slot = KeySlot(oc.Keys[0])
+		k.slot = keyslot.Of(oc.Keys[0])
 	}
 	b.mu.Lock()
 	g := b.groups[k]
@@ -96,7 +99,7 @@ func (b *Batcher) do(ctx context.Context, oc Call) Result {
 		b.next(k, g)
 		return r
 	}
-	bc := &batchCall{ctx: ctx, oc: oc, done: make(chan Result, 1)}
+	bc := &batchCall{ctx: ctx, oc: oc, done: make(chan script.Result, 1)}
 	g.queue = append(g.queue, bc)
 	b.mu.Unlock()
 	if !b.c.Info.Deadlines || ctx.Done() == nil {
@@ -126,7 +129,7 @@ func (b *Batcher) do(ctx context.Context, oc Call) Result {
 		default:
 		}
 	}
-	return Result{Err: ctx.Err()}
+	return script.Result{Err: ctx.Err()}
 }
 
 // next is called when the call or batch on its way for g has returned:
@@ -150,17 +153,17 @@ func (b *Batcher) drain(k batchKey, g *batchGroup) {
 		b.mu.Lock()
 		n := min(len(g.queue), b.max)
 		calls := make([]*batchCall, 0, n)
-		closing := k.entry == OpAcquire.EntryIndex && b.closing.Err() != nil
+		closing := k.entry == script.OpAcquire.EntryIndex && b.closing.Err() != nil
 		for _, bc := range g.queue[:n] {
 			bc.taken = true
 			if err := bc.ctx.Err(); err != nil {
-				bc.done <- Result{Err: err} // its caller gave up: it is not sent
+				bc.done <- script.Result{Err: err} // its caller gave up: it is not sent
 				continue
 			}
 			if closing {
 				// The close ends every acquisition: one not sent yet
 				// need not be.
-				bc.done <- Result{Err: fmt.Errorf("%w: the acquisition was not sent", ErrClosed)}
+				bc.done <- script.Result{Err: fmt.Errorf("%w: the acquisition was not sent", fault.ErrClosed)}
 				continue
 			}
 			calls = append(calls, bc)
@@ -182,7 +185,7 @@ func (b *Batcher) drain(k batchKey, g *batchGroup) {
 // its own result.
 func (b *Batcher) send(calls []*batchCall) {
 	var also context.Context // a batch of acquisitions ends at the close, too
-	if calls[0].oc.Op.EntryIndex == OpAcquire.EntryIndex {
+	if calls[0].oc.Op.EntryIndex == script.OpAcquire.EntryIndex {
 		also = b.closing
 	}
 	ctx, cancel := BatchContext(calls, also)
@@ -211,9 +214,9 @@ func (b *Batcher) send(calls []*batchCall) {
 	b.sentCalls.Add(int64(len(calls)))
 	c := b.c
 	s := c.Scripts.ForOp(calls[0].oc.Op)
-	r := s.Batch.Run(ctx, c.Scripts, c.B, c.Info.Functions, func(sc backend.Script) Result {
+	r := s.Batch.Run(ctx, c.Scripts, c.B, c.Info.Functions, func(sc backend.Script) script.Result {
 		v, err := c.B.Script(ctx, sc)
-		return Result{v, err}
+		return script.Result{Val: v, Err: err}
 	}, keys, args)
 	for i, bc := range calls {
 		bc.done <- BatchResult(r, i, len(calls))
@@ -273,13 +276,13 @@ func BatchContext(calls []*batchCall, also context.Context) (context.Context, co
 // BatchResult returns the result of the ith of n calls sent as one batch
 // whose result is r (see lua/batch.lua's reply): the batch's error, if it
 // failed as a whole, is each call's.
-func BatchResult(r Result, i, n int) Result {
+func BatchResult(r script.Result, i, n int) script.Result {
 	if r.Err != nil {
-		return Result{Err: r.Err}
+		return script.Result{Err: r.Err}
 	}
 	all, ok := r.Val.([]any)
 	if !ok || len(all) != n {
-		return Result{Err: fmt.Errorf("%w: a batch of %d calls was answered %v", ErrRedis, n, r.Val)}
+		return script.Result{Err: fmt.Errorf("%w: a batch of %d calls was answered %v", fault.ErrRedis, n, r.Val)}
 	}
 	one, _ := all[i].([]any)
 	code := int64(-1)
@@ -288,13 +291,38 @@ func BatchResult(r Result, i, n int) Result {
 	}
 	switch {
 	case code == 0 && len(one) == 2:
-		return Result{Val: one[1]}
+		return script.Result{Val: one[1]}
 	case code == 1 && len(one) == 1:
-		return Result{}
+		return script.Result{}
 	case code == 2 && len(one) == 2:
 		if msg, ok := one[1].(string); ok {
-			return Result{Err: &backend.ReplyError{Reply: msg}}
+			return script.Result{Err: &backend.ReplyError{Reply: msg}}
 		}
 	}
-	return Result{Err: fmt.Errorf("%w: call %d of a batch of %d was answered %v", ErrRedis, i+1, n, all[i])}
+	return script.Result{Err: fmt.Errorf("%w: call %d of a batch of %d was answered %v", fault.ErrRedis, i+1, n, all[i])}
 }
+
+// Sent returns how many batches b sent, and how many calls they held
+// (tests read it).
+func (b *Batcher) Sent() (batches, calls int64) { return b.sent.Load(), b.sentCalls.Load() }
+
+// Queued returns how many calls of the entry named entry wait in b's
+// queues (tests read it).
+func (b *Batcher) Queued(entry string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for k, g := range b.groups {
+		if script.Entries[k.entry].Name == entry {
+			n += len(g.queue)
+		}
+	}
+	return n
+}
+
+// Caller returns the call path b sends its batches through, and Max the
+// most calls it sends in one (tests read them).
+func (b *Batcher) Caller() *Caller { return b.c }
+
+// Max returns the most calls b sends in one batch.
+func (b *Batcher) Max() int { return b.max }
