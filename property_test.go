@@ -155,11 +155,15 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		{"fast release trusts zq with the liveness bound due", "lua/fast.lua",
 			"not trim_due(st[TNEXT]) and (nq + nc <= 0 or nothing_due(lmin))\n  local at = nil", "not trim_due(st[TNEXT])\n  local at = nil", 0, true},
 		{"fast acquire writes a dead field anew without moving zq", "lua/fast.lua",
-			"      if lat and born == seq then f[k + 3], f[k + 4] = 'zq', ts end\n", "\n", 0, true},
+			"      if anew then f[k + 3], f[k + 4] = 'zq', ts end\n", "\n", 0, true},
 		// (checks -1: a written-out scenario, writtenOut: a process
 		// paused past its TTL that queues again.)
 		{"a dead field written anew does not move zq", "lua/resource.lua",
-			"    if was and born == seq then r.zq = math.max(r.zq, seq) end\n", "\n", -1, false},
+			"    if anew then r.zq = math.max(r.zq, seq) end\n", "\n", -1, false},
+		// The rule both of those follow: a dead field written anew says
+		// so (live_write), broken for both paths at once.
+		{"a dead field written anew is not told", "lua/rules.lua",
+			"  if not alive(at) or born == nil then return seq, at ~= nil end\n", "  if not alive(at) or born == nil then return seq, false end\n", -1, false},
 		// (checks -1: a written-out scenario, writtenOut: dead fields
 		// the machines' checks allow either way.)
 		{"dead liveness fields stay", "lua/resource.lua",
@@ -237,7 +241,7 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		{"queued at the head", "lua/grant.lua",
 			"  write('ZADD', r.Q, num(seq), m)\n", "  write('ZADD', r.Q, '1', m)\n", 0, false},
 		{"liveness field not written by a process's first acquire", "lua/rules.lua",
-			"  if at ~= nil and at >= now + wait then return nil end\n", "  if at == nil or at >= now + wait then return nil end\n", 0, false},
+			"  if at ~= nil and at >= now + wait then return nil, false end\n", "  if at == nil or at >= now + wait then return nil, false end\n", 0, false},
 		{"condition waiter not refreshed", "lua/ops/refresh.lua",
 			"      keep_alive(first, client, wait)\n      -- The condition's key", "      -- The condition's key", 0, false},
 		{"condition waiter not a user of its mutex", "acquire.lua",
@@ -273,7 +277,7 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		// (checks -1: a written-out scenario, writtenOut: a process
 		// paused past its TTL that queues again.)
 		{"a dead process's field written anew keeps its old waiters alive", "lua/rules.lua",
-			"  if not alive(at) or born == nil then return seq end\n", "  if born == nil then return seq end\n", -1, false},
+			"  if not alive(at) or born == nil then return seq, at ~= nil end\n", "  if born == nil then return seq, at ~= nil end\n", -1, false},
 		// (checks -1: writtenOut: the field was written in the same
 		// millisecond, before a release left the resource idle.)
 		{"a liveness field left as it was does not keep the keys", "lua/resource.lua",
@@ -281,8 +285,8 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		// (checks -1: writtenOut: a process queues again under a third of
 		// its waiter TTL after its field was written, then pauses.)
 		{"a new waiter's liveness field is not moved on while young", "lua/rules.lua",
-			"  if at ~= nil and at >= now + wait then return nil end\n",
-			"  if at ~= nil and at >= now + wait - math.floor(wait / 3) then return nil end\n", -1, false},
+			"  if at ~= nil and at >= now + wait then return nil, false end\n",
+			"  if at ~= nil and at >= now + wait - math.floor(wait / 3) then return nil, false end\n", -1, false},
 		// The countdown latch's rules (lua/ops/latch.lua), which the
 		// machine's latch model checks (property_latch_test.go).
 		// (checks -1: writtenOut: the condition's key was made again
@@ -397,6 +401,7 @@ var writtenOut = map[string]func(*testing.T, func(string) string) error{
 	"a rebuilt state forgets its leases' expiry":                      rebuiltStateKeepsItsKeys,
 	"a late refresh keeps a dead queued waiter":                       refreshLeavesDeadWaitersDead,
 	"a dead field written anew does not move zq":                      deadProcessWaitersStayDead,
+	"a dead field written anew is not told":                           deadProcessWaitersStayDead,
 	"a fast acquire takes a lost state for a new one":                 lostStateHashKeepsTheCapacity,
 	"a garbled liveness field reads as none":                          garbageFieldWrittenAnewMovesZq,
 	"a head popped from a state without the keys' expiry":             poppedHeadKeepsItsKeysTTL,

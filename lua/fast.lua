@@ -108,13 +108,11 @@ local function fast_acquire(K, a)
     -- Its process's liveness (keep_alive): a field missing or dead takes
     -- this waiter's sequence as its born.
     local lat = st[LIVE]
-    local born = live_write(lat, st[BORN], wait, seq)
+    local born, anew = live_write(lat, st[BORN], wait, seq)
     if born then
       local k = #f
       f[k + 1], f[k + 2] = live_field(client), live_value(at, born)
-      -- A dead field written anew leaves its process's older waiters
-      -- dead: zq passes them.
-      if lat and born == seq then f[k + 3], f[k + 4] = 'zq', ts end
+      if anew then f[k + 3], f[k + 4] = 'zq', ts end
       lat = at
     end
     low = lmin

@@ -141,8 +141,8 @@ local function keep_alive(r, client, wait, seq)
   if seq == nil then
     if not alive(at) or born == nil then return end
   else
-    local was = at
-    born = live_write(at, born, wait, seq)
+    local anew
+    born, anew = live_write(at, born, wait, seq)
     if born == nil then
       -- Its waiters' deadline bounds the new one's, and the keys must
       -- live until it: an idle resource's keys may have been given a
@@ -153,9 +153,7 @@ local function keep_alive(r, client, wait, seq)
       end
       return
     end
-    -- A dead field written anew leaves its process's older waiters
-    -- dead: zq passes them (see queue.lua).
-    if was and born == seq then r.zq = math.max(r.zq, seq) end
+    if anew then r.zq = math.max(r.zq, seq) end
   end
   if not r.lives[client] then r.lorder[#r.lorder + 1] = client end
   r.lives[client] = { now + wait, born }

@@ -132,11 +132,13 @@ end
 -- refresh comes a third of the TTL later and finds it alive with two
 -- thirds to spare. (Leaving a field younger than a third of the TTL as it
 -- was let a pause of a third kill a waiter just queued.) It costs no
--- command: it goes in the HSET a queued call makes anyway.
+-- command: it goes in the HSET a queued call makes anyway. The second
+-- value is true when a dead field is written anew: its process's older
+-- waiters stay dead, so zq must pass them (see queue.lua).
 local function live_write(at, born, wait, seq)
-  if at ~= nil and at >= now + wait then return nil end
-  if not alive(at) or born == nil then return seq end
-  return born
+  if at ~= nil and at >= now + wait then return nil, false end
+  if not alive(at) or born == nil then return seq, at ~= nil end
+  return born, false
 end
 
 -- fits_in reports whether n more permits fit with used held, on a
