@@ -18,9 +18,10 @@ import (
 // the replies carry, and the one place where a script's errors become
 // fairlock's. The ops themselves (which script serves each, and whether
 // WithReplicaAck waits for it) are in internal/script; the call path
-// (internal/callpath) runs them. The ops are called from acquire.go (acquire, try, leave, pump), lease.go (release, renew),
-// renew.go (renew_batch), room.go (refresh), status.go (status) and
-// cond.go (wait, signal).
+// (internal/callpath) runs them. The ops are called from acquire.go
+// (acquire, try, leave, pump), lease.go (release, renew), renew.go
+// (renew_batch), room.go (refresh), status.go (status) and cond.go (wait,
+// signal).
 
 // The acquire script's reply codes (acquire.lua).
 const (

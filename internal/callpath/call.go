@@ -25,7 +25,7 @@ type Caller struct {
 	AckReplicas int // WithReplicaAck's; 0 for none
 	AckTimeout  time.Duration
 	// Spawn runs a function on a goroutine the client's Close waits for
-	// (Client.Spawn): a call's own, and its clean-up.
+	// (the root package's Client.spawn): a call's own, and its clean-up.
 	Spawn func(func())
 	// Batch sends concurrent calls together (WithBatching); nil for none.
 	Batch *Batcher
@@ -110,13 +110,13 @@ func PastDeadline(ctx context.Context) bool {
 	return ok && !time.Now().Before(dl)
 }
 
-// Outcome is what run returned.
+// Outcome is what Run returned.
 type Outcome struct {
 	Res    script.Result
 	AckErr error
 }
 
-// Op runs oc through call: bounded by ctx, late given what came after
+// Op runs oc through Call: bounded by ctx, late given what came after
 // it (see call).
 func (c *Caller) Op(ctx context.Context, oc script.Call, late func(Outcome)) (Outcome, bool) {
 	if c.OnCaller(ctx) {
