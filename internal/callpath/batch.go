@@ -3,15 +3,15 @@ package callpath
 import (
 	"context"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/fault"
-	"github.com/fairlock/fairlock/internal/keyslot"
-	"github.com/fairlock/fairlock/internal/script"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/keyslot"
+	"github.com/fairlock/fairlock/internal/script"
 )
 
 // A Batcher sends a client's concurrent calls of one entry to one server

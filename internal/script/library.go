@@ -1,8 +1,6 @@
 package script
 
 import (
-	"github.com/fairlock/fairlock/internal/fault"
-
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
@@ -10,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/internal/fault"
 )
 
 // Library is the engine's scripts as one Redis function library (Redis 7.0

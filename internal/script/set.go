@@ -1,16 +1,14 @@
 package script
 
 import (
-	"github.com/fairlock/fairlock/internal/fault"
-
 	"context"
 	"fmt"
 	"strings"
-
-	"github.com/fairlock/fairlock/backend"
 	"sync"
 	"sync/atomic"
 
+	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/testhook"
 )
 

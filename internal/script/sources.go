@@ -1,9 +1,8 @@
 package script
 
 import (
-	"strings"
-
 	"io/fs"
+	"strings"
 
 	"github.com/fairlock/fairlock/internal/testhook"
 )
