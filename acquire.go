@@ -3,11 +3,12 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"time"
+
 	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/script"
-	"log/slog"
-	"time"
 )
 
 // acquire runs Acquire (wait) and TryAcquire (!wait) for one or more

@@ -2,10 +2,10 @@ package fairlock
 
 import (
 	"context"
-	"github.com/fairlock/fairlock/internal/keyslot"
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/internal/keyslot"
 	"github.com/fairlock/fairlock/internal/redistest"
 )
 

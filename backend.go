@@ -3,10 +3,10 @@ package fairlock
 import (
 	"errors"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/fault"
 	"strings"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/internal/fault"
 )
 
 // unsupported reports whether err says the client or the server lacks the

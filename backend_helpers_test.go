@@ -3,10 +3,10 @@ package fairlock
 import (
 	"context"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/script"
 	"strconv"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/internal/script"
 	"github.com/redis/go-redis/v9"
 )
 

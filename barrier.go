@@ -3,12 +3,13 @@ package fairlock
 import (
 	"context"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/callpath"
-	"github.com/fairlock/fairlock/internal/fault"
-	"github.com/fairlock/fairlock/internal/script"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/script"
 )
 
 // Cyclic barriers (package barrier), on the engine's seam as countdown

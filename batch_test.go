@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/callpath"
-	"github.com/fairlock/fairlock/internal/script"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,8 +12,10 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/differential"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/script"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )

@@ -1,12 +1,12 @@
 package fairlock
 
 import (
-	"github.com/fairlock/fairlock/internal/script"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/fairlock/fairlock/internal/script"
 	"github.com/redis/go-redis/v9"
 )
 

@@ -5,8 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/callpath"
-	"github.com/fairlock/fairlock/internal/script"
 	"log/slog"
 	"reflect"
 	"sync"
@@ -14,6 +12,8 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/script"
 )
 
 // MaxCapacity is the largest semaphore capacity. Scripts count permits in

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/callpath"
 	"net"
 	"os"
 	"sync"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/redistest"
 )
 

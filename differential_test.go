@@ -10,7 +10,6 @@ import (
 	"crypto/rand"
 	"flag"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/script"
 	"os"
 	"strconv"
 	"testing"
@@ -20,6 +19,7 @@ import (
 	"github.com/fairlock/fairlock/internal/differential"
 	"github.com/fairlock/fairlock/internal/redisserver"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/script"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/fault"
 	"io"
 	"net"
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/fairlock/fairlock/internal/fault"
 )
 
 var (

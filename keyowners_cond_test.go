@@ -2,13 +2,13 @@ package fairlock
 
 import (
 	"context"
-	"github.com/fairlock/fairlock/internal/script"
 	"regexp"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/script"
 	"github.com/redis/go-redis/v9"
 )
 

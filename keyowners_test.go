@@ -2,13 +2,13 @@ package fairlock
 
 import (
 	"fmt"
-	"github.com/fairlock/fairlock/internal/keyslot"
-	"github.com/fairlock/fairlock/internal/script"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/fairlock/fairlock/internal/keyslot"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/script"
 	"pgregory.net/rapid"
 )
 

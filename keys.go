@@ -3,11 +3,12 @@ package fairlock
 import (
 	"crypto/rand"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/keyslot"
 	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/fairlock/fairlock/internal/keyslot"
 )
 
 // MaxNameLen is the longest semaphore name, in bytes, that fairlock accepts;

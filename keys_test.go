@@ -3,15 +3,14 @@ package fairlock
 import (
 	"context"
 	"errors"
-	"github.com/fairlock/fairlock/internal/keyslot"
-	"github.com/fairlock/fairlock/internal/script"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/fairlock/fairlock/internal/redistest"
-
 	"github.com/alicebob/miniredis/v2"
+	"github.com/fairlock/fairlock/internal/keyslot"
+	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/script"
 	"github.com/redis/go-redis/v9"
 )
 

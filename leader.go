@@ -3,11 +3,11 @@ package fairlock
 import (
 	"context"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/script"
 	"strconv"
 	"time"
 
 	"github.com/fairlock/fairlock/internal/engine"
+	"github.com/fairlock/fairlock/internal/script"
 )
 
 // An election's leader record (package election) is kept beside the

@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/callpath"
-	"github.com/fairlock/fairlock/internal/fault"
-	"github.com/fairlock/fairlock/internal/script"
 	"log/slog"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/script"
 )
 
 // A Lease holds permits of a semaphore until it is released or lost. It is

@@ -2,9 +2,6 @@ package fairlock
 
 import (
 	"context"
-	"github.com/fairlock/fairlock/internal/fault"
-	"github.com/fairlock/fairlock/internal/keyslot"
-	"github.com/fairlock/fairlock/internal/script"
 	"log/slog"
 	"runtime"
 	"strconv"
@@ -12,6 +9,9 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/keyslot"
+	"github.com/fairlock/fairlock/internal/script"
 )
 
 // maxListenKeys caps the wake lists one BLPOP waits on. A full listener

@@ -3,13 +3,12 @@ package fairlock
 import (
 	"context"
 	"errors"
-	"github.com/fairlock/fairlock/internal/keyslot"
-
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/internal/keyslot"
 )
 
 // slotsBackend is a Backend for walking a client's listeners through their

@@ -3,8 +3,9 @@ package fairlock
 import (
 	"context"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/script"
 	"time"
+
+	"github.com/fairlock/fairlock/internal/script"
 )
 
 // The cap on holding ([WithMaxHold], [Request.MaxHold]) lives in the

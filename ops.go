@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/callpath"
-	"github.com/fairlock/fairlock/internal/fault"
-	"github.com/fairlock/fairlock/internal/script"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/script"
 )
 
 // The Go side of each script op: the arguments it takes and the reply it

@@ -2,8 +2,9 @@ package fairlock
 
 import (
 	"errors"
-	"github.com/fairlock/fairlock/internal/script"
 	"testing"
+
+	"github.com/fairlock/fairlock/internal/script"
 )
 
 // Every reply acquire.lua documents reads as its code says, and a reply

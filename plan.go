@@ -2,7 +2,6 @@ package fairlock
 
 import (
 	"fmt"
-	"github.com/fairlock/fairlock/internal/keyslot"
 	"slices"
 	"strconv"
 	"strings"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/internal/keyslot"
 )
 
 // MaxResources is the most semaphores one request may lock at once.

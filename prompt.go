@@ -3,7 +3,6 @@ package fairlock
 import (
 	"context"
 	"errors"
-	"github.com/fairlock/fairlock/internal/fault"
 	"net"
 	"runtime"
 	"sync"
@@ -11,6 +10,7 @@ import (
 	"syscall"
 	"weak"
 
+	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/redis/go-redis/v9"
 )
 

@@ -2,10 +2,11 @@ package fairlock
 
 import (
 	"context"
-	"github.com/fairlock/fairlock/internal/callpath"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/fairlock/fairlock/internal/callpath"
 )
 
 // Renewals of one client's leases on one semaphore go out together: while

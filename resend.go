@@ -3,10 +3,11 @@ package fairlock
 import (
 	"context"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/script"
 	"log/slog"
 	"math/rand/v2"
 	"time"
+
+	"github.com/fairlock/fairlock/internal/script"
 )
 
 // Resends back off from resendFirst, doubling up to resendMost, with

@@ -3,8 +3,6 @@ package fairlock
 import (
 	"context"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/callpath"
-	"github.com/fairlock/fairlock/internal/script"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -13,6 +11,8 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/script"
 )
 
 // listenTimeout is how long one BLPOP blocks. It only bounds how long an

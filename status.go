@@ -3,10 +3,11 @@ package fairlock
 import (
 	"context"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/callpath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fairlock/fairlock/internal/callpath"
 )
 
 // Status is a snapshot of one semaphore, as [Client.Status] reads it.
