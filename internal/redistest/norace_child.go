@@ -56,6 +56,8 @@ func RunWithoutRace(t *testing.T) {
 	}
 	c := takeEarly(t.Name())
 	if c == nil {
+		// The parent's -run may pick subtests below t (TestX/sub/...);
+		// the child runs those of t only.
 		run := childRun(t.Name(), "")
 		if f := flag.Lookup("test.run"); f != nil {
 			run = childRun(t.Name(), f.Value.String())
@@ -96,6 +98,7 @@ type child struct {
 func startChild(ctx context.Context, run string, deadline time.Time, nice int) *child {
 	args := []string{"-test.run=" + run}
 	if !deadline.IsZero() {
+		// Leave the parent time to report a child that overruns.
 		args = append(args, "-test.timeout="+(time.Until(deadline)*9/10).Truncate(time.Second).String())
 	}
 	if testing.Verbose() {
