@@ -15,8 +15,7 @@ import (
 // if it errors after its first write (tests that swap a script replace
 // this transform while they run). Under -race, the long tier's test
 // binary without the detector (redistest.RunWithoutRace) is built in the
-// background from the start, and the longest tests that run from it
-// start as soon as it is built. redistest.Main starts the real server.
+// background from the start. redistest.Main starts the real server.
 func TestMain(m *testing.M) {
 	flag.Parse()
 	given := false
@@ -30,14 +29,5 @@ func TestMain(m *testing.M) {
 	}
 	setTestTransform(halfrun.Transform)
 	redistest.BuildWithoutRaceEarly()
-	// The longest of the tests that run without -race, started beside
-	// the serial tests (see StartWithoutRaceEarly).
-	redistest.StartWithoutRaceEarly(
-		"TestPropertyCatchesBrokenRules",
-		"TestFastPathsMatchGeneralPath",
-		"TestPropertyCatchesBrokenLatchAndBarrierRules",
-		"TestPropertyFairSafe",
-		"TestForeignKeysCatchBrokenGuards",
-	)
 	redistest.Main(m)
 }

@@ -2,14 +2,12 @@ package redistest
 
 import (
 	"bytes"
-	"context"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -54,52 +52,16 @@ func RunWithoutRace(t *testing.T) {
 	if norace.err != nil {
 		t.Fatalf("redistest: %s: %v", t.Name(), norace.err)
 	}
-	c := takeEarly(t.Name())
-	if c == nil {
-		// The parent's -run may pick subtests below t (TestX/sub/...);
-		// the child runs those of t only.
-		run := childRun(t.Name(), "")
-		if f := flag.Lookup("test.run"); f != nil {
-			run = childRun(t.Name(), f.Value.String())
-		}
-		var deadline time.Time
-		if d, ok := t.Deadline(); ok {
-			deadline = d
-		}
-		c = startChild(t.Context(), run, deadline, 0)
+	// The parent's -run may pick subtests below t (TestX/sub/...); the
+	// child runs those of t only.
+	run := childRun(t.Name(), "")
+	if f := flag.Lookup("test.run"); f != nil {
+		run = childRun(t.Name(), f.Value.String())
 	}
-	<-c.done
-	out := c.out.Bytes()
-	if c.err != nil {
-		t.Fatalf("%s without -race (%s): %v after %v:\n%s", t.Name(), strings.Join(c.args, " "), c.err,
-			c.took.Round(time.Second), out)
-	}
-	if bytes.Contains(out, []byte("no tests to run")) {
-		t.Fatalf("%s without -race (%s) ran no test:\n%s", t.Name(), strings.Join(c.args, " "), out)
-	}
-	if testing.Verbose() {
-		t.Log(string(out))
-	}
-	t.Logf("%s passed without -race in %v (%s)", t.Name(), c.took.Round(time.Second), strings.Join(c.args, " "))
-}
-
-// A child is one run of the package's tests built without -race.
-type child struct {
-	args []string
-	done chan struct{} // closed when it has ended
-	out  bytes.Buffer  // its output, once done
-	err  error
-	took time.Duration
-}
-
-// startChild runs the tests run names in the binary without -race (built),
-// ending them by deadline (if not zero) and when ctx ends, at niceness
-// nice (0: the test process's own).
-func startChild(ctx context.Context, run string, deadline time.Time, nice int) *child {
 	args := []string{"-test.run=" + run}
-	if !deadline.IsZero() {
+	if d, ok := t.Deadline(); ok {
 		// Leave the parent time to report a child that overruns.
-		args = append(args, "-test.timeout="+(time.Until(deadline)*9/10).Truncate(time.Second).String())
+		args = append(args, "-test.timeout="+(time.Until(d)*9/10).Truncate(time.Second).String())
 	}
 	if testing.Verbose() {
 		args = append(args, "-test.v")
@@ -107,112 +69,29 @@ func startChild(ctx context.Context, run string, deadline time.Time, nice int) *
 	if testing.Short() {
 		args = append(args, "-test.short")
 	}
+	// The test's own flags given to the parent (rapid's, say), not go
+	// test's.
 	flag.Visit(func(f *flag.Flag) {
 		if !strings.HasPrefix(f.Name, "test.") {
 			args = append(args, "-"+f.Name+"="+f.Value.String())
 		}
 	})
-	c := &child{args: args, done: make(chan struct{})}
-	argv := append([]string{norace.path}, args...)
-	if nice > 0 {
-		if path, err := exec.LookPath("nice"); err == nil {
-			argv = append([]string{path, "-n", strconv.Itoa(nice)}, argv...)
-		}
-	}
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd := exec.CommandContext(t.Context(), norace.path, args...)
 	cmd.Env = append(os.Environ(), childEnv+"=1")
-	cmd.Stdout, cmd.Stderr = &c.out, &c.out
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
-	go func() {
-		defer close(c.done)
-		c.err = cmd.Run()
-		c.took = time.Since(start)
-	}()
-	return c
-}
-
-// early holds the children StartWithoutRaceEarly started, by test name,
-// until their tests take them.
-var early struct {
-	mu     sync.Mutex
-	byName map[string]*child
-	cancel context.CancelFunc
-}
-
-// StartWithoutRaceEarly starts the named tests' runs without -race as soon
-// as the binary without the detector is built, beside the package's
-// serial tests, rather than when each test's turn comes among the
-// parallel ones, which wait for every serial test: under -race the
-// serial tests mostly wait (on servers, timeouts, wake-ups) while these
-// children compute (Lua interpreted in Go, thousands of state machines),
-// so the package's run overlaps the two. The children run at a lower
-// priority (nice 10), leaving the serial tests the processor when they
-// want it. Each named test must call RunWithoutRace (OffRace, EachOffRace)
-// under that very name, which then reports its early child's outcome;
-// MainWith fails the run if one was never taken. It does nothing where
-// BuildWithoutRaceEarly does nothing (without -race, with -short, under
-// -run, in a child), and must be called after it, from TestMain, once the
-// flags the children inherit are set.
-func StartWithoutRaceEarly(names ...string) {
-	if !Race || testing.Short() || os.Getenv(childEnv) != "" {
-		return
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%s without -race (%s): %v after %v:\n%s", t.Name(), strings.Join(args, " "), err,
+			time.Since(start).Round(time.Second), out.Bytes())
 	}
-	if f := flag.Lookup("test.run"); f == nil || f.Value.String() != "" {
-		return
+	if bytes.Contains(out.Bytes(), []byte("no tests to run")) {
+		t.Fatalf("%s without -race (%s) ran no test:\n%s", t.Name(), strings.Join(args, " "), out.Bytes())
 	}
-	var deadline time.Time
-	if f := flag.Lookup("test.timeout"); f != nil {
-		if d, err := time.ParseDuration(f.Value.String()); err == nil && d > 0 {
-			deadline = time.Now().Add(d)
-		}
+	if testing.Verbose() {
+		t.Log(out.String())
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	early.mu.Lock()
-	early.byName = make(map[string]*child, len(names))
-	early.cancel = cancel
-	early.mu.Unlock()
-	go func() {
-		norace.once.Do(buildNorace)
-		if norace.err != nil {
-			return // each test reports the build's failure itself
-		}
-		early.mu.Lock()
-		defer early.mu.Unlock()
-		for _, name := range names {
-			if _, taken := early.byName[name]; !taken {
-				early.byName[name] = startChild(ctx, childRun(name, ""), deadline, 10)
-			}
-		}
-	}()
-}
-
-// takeEarly returns the early child of the test named name, or nil, and
-// marks it taken.
-func takeEarly(name string) *child {
-	early.mu.Lock()
-	defer early.mu.Unlock()
-	if early.byName == nil {
-		return nil
-	}
-	c := early.byName[name]
-	early.byName[name] = nil // taken (or, before the build, never to start)
-	return c
-}
-
-// untakenEarly ends the early children no test took and names them.
-func untakenEarly() []string {
-	early.mu.Lock()
-	defer early.mu.Unlock()
-	var names []string
-	for name, c := range early.byName {
-		if c != nil {
-			names = append(names, name)
-		}
-	}
-	if early.cancel != nil {
-		early.cancel()
-	}
-	return names
+	t.Logf("%s passed without -race in %v (%s)", t.Name(), time.Since(start).Round(time.Second), strings.Join(args, " "))
 }
 
 // cleanupNorace removes the binary RunWithoutRace built (MainWith calls it
