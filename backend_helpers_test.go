@@ -12,7 +12,7 @@ import (
 
 // runTest runs s on rdb with keys and args and returns its reply as a go-redis
 // command, without WithReplicaAck's WAIT: tests run entries by hand.
-func runTest(s *script.Script, ctx context.Context, rdb RedisClient, keys []string, args ...any) *redis.Cmd {
+func runTest(ctx context.Context, s *script.Script, rdb RedisClient, keys []string, args ...any) *redis.Cmd {
 	g := &goRedis{rdb: rdb}
 	r := s.Run(ctx, g, g.Info().Functions, func(sc backend.Script) script.Result {
 		v, err := g.Script(ctx, sc)

@@ -49,7 +49,7 @@ func runScript(ctx context.Context, set *script.Set, rdb RedisClient, c call) (a
 	if o == nil {
 		return nil, fmt.Errorf("no script serves op %q", c.Op())
 	}
-	return runTest(set.ForOp(o), ctx, rdb, c.Keys, args...).Result()
+	return runTest(ctx, set.ForOp(o), rdb, c.Keys, args...).Result()
 }
 
 // scriptRunner returns the runner of a replayer on rdb whose scripts pass

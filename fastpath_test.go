@@ -22,7 +22,7 @@ func TestReleaseSkipsDeadHead(t *testing.T) {
 		k := p.first().k
 		acquire := func(ticket, client string, waitMs int64) []any {
 			t.Helper()
-			res, err := runTest(c.calls.Scripts.Named("acquire"), ctx, rdb, p.keys, "acquire", ticket, client, 10000, waitMs, "", 1, 1).Slice()
+			res, err := runTest(ctx, c.calls.Scripts.Named("acquire"), rdb, p.keys, "acquire", ticket, client, 10000, waitMs, "", 1, 1).Slice()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -44,12 +44,12 @@ func TestReleaseSkipsDeadHead(t *testing.T) {
 			t.Fatalf("live waiter: %v", res)
 		}
 		// The first waiter leaves, so the dying one heads the queue.
-		res, err := runTest(c.calls.Scripts.Named("release"), ctx, rdb, p.keys, "leave", "FIRST", "first", 10000, 60000, "", "1", 1, 0).Slice()
+		res, err := runTest(ctx, c.calls.Scripts.Named("release"), rdb, p.keys, "leave", "FIRST", "first", 10000, 60000, "", "1", 1, 0).Slice()
 		if err != nil || res[0] != int64(1) {
 			t.Fatalf("leave: %v, %v", res, err)
 		}
 		time.Sleep(300 * time.Millisecond) // the first waiter's deadline passes
-		res, err = runTest(c.calls.Scripts.Named("release"), ctx, rdb, p.keys, "release", "HOLDER", "cli", 10000, 10000, "", "0", 1, held[3]).Slice()
+		res, err = runTest(ctx, c.calls.Scripts.Named("release"), rdb, p.keys, "release", "HOLDER", "cli", 10000, 10000, "", "0", 1, held[3]).Slice()
 		if err != nil || res[0] != int64(1) {
 			t.Fatalf("release: %v, %v", res, err)
 		}
@@ -80,13 +80,13 @@ func TestRefreshDoesNotReviveDeadWaiter(t *testing.T) {
 			waitMs int64
 			code   int64
 		}{{"HOLDER", 10000, acqGranted}, {"LATE", 100, acqQueued}} {
-			res, err := runTest(c.calls.Scripts.Named("acquire"), ctx, rdb, p.keys, "acquire", w.ticket, "cli", 10000, w.waitMs, "", 1, 1).Slice()
+			res, err := runTest(ctx, c.calls.Scripts.Named("acquire"), rdb, p.keys, "acquire", w.ticket, "cli", 10000, w.waitMs, "", 1, 1).Slice()
 			if err != nil || res[0] != w.code {
 				t.Fatalf("acquire %s: %v, %v", w.ticket, res, err)
 			}
 		}
 		time.Sleep(300 * time.Millisecond) // the waiter's deadline passes; no script runs
-		res, err := runTest(c.calls.Scripts.Named("refresh"), ctx, rdb, p.keys, "refresh", "cli", 10000, 100, "LATE", 1, "").Slice()
+		res, err := runTest(ctx, c.calls.Scripts.Named("refresh"), rdb, p.keys, "refresh", "cli", 10000, 100, "LATE", 1, "").Slice()
 		if err != nil {
 			t.Fatal(err)
 		}

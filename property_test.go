@@ -1528,7 +1528,7 @@ func (m *machine) settle(t *rapid.T) {
 		// its reply's next event is 0 while work is left, and a waiting
 		// process refreshes again at once, as this does.
 		for i := 0; ; i++ {
-			res, err := runTest(m.obs.calls.Scripts.Named("refresh"), context.Background(), m.rdb, k.list(), "refresh", m.obs.id,
+			res, err := runTest(context.Background(), m.obs.calls.Scripts.Named("refresh"), m.rdb, k.list(), "refresh", m.obs.id,
 				ms(m.leaseTTL()), ms(m.waiterTTL())).Slice()
 			if err != nil {
 				t.Fatalf("observer's refresh: %v", err)
