@@ -84,7 +84,7 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	l.ctx, l.end = context.WithCancelCause(context.Background())
 	l.idle.L = &l.rmu
 	l.deadline = deadline
-	first := p.ttl(c) / renewDivisor
+	first := renewalDue(deadline, p.ttl(c))
 	if announced {
 		first, l.announced = max(time.Until(deadline)/renewDivisor, 0), true
 	}
@@ -499,9 +499,11 @@ func (l *Lease) abandon(cause error) {
 	l.finish(cause)
 }
 
-// renew extends the lease; it runs on the lease's timer, at a third of the
-// TTL. It counts the TTL from when each renewal was sent, never from its
-// answer, so the holder gives the lease up before Redis can have expired it.
+// renew extends the lease; it runs on the lease's timer, when two thirds
+// of the TTL are left (see renewalDue). It counts the TTL from when each
+// renewal was sent, never from its answer, so the holder gives the lease
+// up before Redis can have expired it, and times the next renewal by the
+// same count.
 // It waits for a renewal's answer no later than the lease's deadline (nor
 // after stopRenewal), even from a Redis that does not answer: the lease is
 // then lost at its deadline. A renewal whose answer comes after renew gave
@@ -574,7 +576,7 @@ func (l *Lease) renew() {
 	case err == nil && n == 1:
 		l.renewErr = nil
 		l.deadline, l.announced = expiresAfter(sent, ttl), false
-		l.timer.Reset(ttl / renewDivisor)
+		l.timer.Reset(renewalDue(l.deadline, ttl))
 		if capped {
 			l.cappedRenewal(sent, lease)
 		}
@@ -603,6 +605,16 @@ func (l *Lease) renew() {
 	if atCap != nil {
 		l.endAtCap(atCap, announced)
 	}
+}
+
+// renewalDue returns how long from now the next renewal of a lease
+// renewed for ttl and counted to deadline is due: when two thirds of ttl
+// are left, at once if fewer are. The deadline counts from when the grant
+// or the last renewal was sent, so a slow answer does not shorten the time
+// the next renewal has to land; a renewal timed from the answer would go
+// out later after each slow one, with less time left.
+func renewalDue(deadline time.Time, ttl time.Duration) time.Duration {
+	return max(time.Until(deadline)-(ttl-ttl/renewDivisor), 0)
 }
 
 // renewalFailure says why a renewal sent at sent failed to land before the

@@ -20,8 +20,9 @@ const (
 // A client's timers run at fractions of its TTLs.
 const (
 	// renewDivisor: a held lease is renewed, and a queued waiter
-	// refreshed, every TTL/renewDivisor, which leaves two thirds of the
-	// TTL to retry a renewal that failed.
+	// refreshed, TTL/renewDivisor after its grant or last renewal (or
+	// refresh) was sent, which leaves two thirds of the TTL to retry a
+	// renewal that failed.
 	renewDivisor = 3
 	// retryDivisor: a renewal or refresh that failed is tried again
 	// TTL/retryDivisor later (a renewal never past its lease's deadline).

@@ -209,7 +209,9 @@ func (c *waits) noteQueued(r *room, w *waiter, next time.Duration, clock clockSa
 	if !r.running {
 		r.running = true
 		r.stop = make(chan struct{})
-		r.due = time.Now().Add(c.refreshEvery())
+		// Counted from when the acquire was sent: the waiter's life in
+		// Redis may have begun then.
+		r.due = clock.sent.Add(c.refreshEvery())
 		c.wg.Add(1)
 		go r.maintain(r.stop)
 		if l := c.attachLocked(r); l != nil {
@@ -345,8 +347,14 @@ func (r *room) maintain(stop chan struct{}) {
 		r.due = time.Now().Add(never) // lowered by the result below or by schedule
 		c.mu.Unlock()
 
+		start := time.Now()
 		next, err := r.refresh()
-		if err != nil {
+		if err == nil {
+			// Counted from the round's start, as the waiters' lives are
+			// from when their refreshes were sent: a slow round does not
+			// shorten the next one's time to land.
+			next = max(next-time.Since(start), 0)
+		} else {
 			r.failStale(time.Now())
 			next = min(next, c.cfg.waiterTTL/retryDivisor)
 		}
