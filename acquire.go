@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/clock"
 	"log/slog"
 	"time"
 
@@ -128,7 +129,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 			}
 			// A grant found by a resend lasts only the waiter TTL until
 			// confirmed, like an announced one.
-			deadline := clockSample{sent: sent, redis: rep.now}.localDeadline(rep.g.expiry)
+			deadline := clock.Sample{Sent: sent, Redis: rep.now}.LocalDeadline(rep.g.expiry)
 			c.waits.grants.add(viaReply)
 			return c.newLease(ctx, p, w.ticket, rep.g.tokens, deadline, rep.code == acqGrantedBefore)
 		case acqNotGranted:
@@ -149,7 +150,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 			queued = sent
 			c.observe(Event{Kind: WaitStarted, Names: p.names, Permits: p.permits(), ID: p.id})
 		}
-		c.waits.noteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clockSample{sent: sent, redis: rep.now})
+		c.waits.noteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clock.Sample{Sent: sent, Redis: rep.now})
 		tokens, deadline, again, err := c.awaitGrant(ctx, op, p, p, r, w)
 		switch {
 		case err != nil:
@@ -188,7 +189,7 @@ func (c *Client) awaitGrant(ctx context.Context, op string, p, leave plan, r *ro
 		}
 		// The lease counts from Redis's grant, not from when this process
 		// heard of it.
-		deadline := c.waits.clockOf(r, wk).localDeadline(wk.grant.expiry)
+		deadline := c.waits.clockOf(r, wk).LocalDeadline(wk.grant.expiry)
 		if !time.Now().Before(deadline) {
 			// This process stalled past the grant: Redis may have expired
 			// it and handed it on. Give it back if it has not.

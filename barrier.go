@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/clock"
 	"strconv"
 	"strings"
 	"time"
@@ -198,7 +199,7 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 		c.letGo(ctx, breaks(asked), cp, nil)
 		return arrival{}, wrap(o.AckErr)
 	}
-	c.waits.noteQueued(r, w, time.Duration(rep[2])*time.Millisecond, clockSample{sent: sent, redis: rep[1]})
+	c.waits.noteQueued(r, w, time.Duration(rep[2])*time.Millisecond, clock.Sample{Sent: sent, Redis: rep[1]})
 	if waiting != nil {
 		waiting()
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/sched"
 	"log/slog"
 	"reflect"
 	"sync"
@@ -106,7 +107,7 @@ type Client struct {
 
 	wg workGroup // goroutines the client starts (renewal timers are
 	// stopped through each lease instead)
-	sched scheduler // runs the leases' renewals
+	sched sched.Scheduler // runs the leases' renewals
 
 	// Guarded by mu: tasks of spawn's and acquisitions under way (see
 	// hold) that have not ended, and the signal that either count fell to

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/clock"
 	"slices"
 	"strings"
 	"time"
@@ -183,7 +184,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	if np.id != 0 {
 		c.observe(Event{Kind: WaitStarted, Names: np.names, Permits: np.permits(), ID: np.id})
 	}
-	c.waits.noteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clockSample{sent: sent, redis: rep.now})
+	c.waits.noteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clock.Sample{Sent: sent, Redis: rep.now})
 	tokens, deadline, again, err := c.awaitGrant(ctx, "wait", p, cp, r, w)
 	if again {
 		// A spurious wakeup: lock again, as the same acquisition (whose

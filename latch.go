@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/clock"
 	"strconv"
 	"strings"
 	"time"
@@ -319,7 +320,7 @@ func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl tim
 			c.withdraw(ctx, cp, ticket)
 			return 0, wrap(o.AckErr)
 		}
-		c.waits.noteQueued(r, w, time.Duration(rep[2])*time.Millisecond, clockSample{sent: sent, redis: rep[1]})
+		c.waits.noteQueued(r, w, time.Duration(rep[2])*time.Millisecond, clock.Sample{Sent: sent, Redis: rep[1]})
 		if waiting != nil {
 			waiting()
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/clock"
+	"github.com/fairlock/fairlock/internal/sched"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -32,7 +34,8 @@ type Lease struct {
 	halt      context.CancelFunc // guarded by rmu: stopCtx's, or nil (see haltLocked)
 	rmu       sync.Mutex
 	idle      sync.Cond     // on rmu: signalled when a renewal in flight ends
-	timer     *schedEntry   // guarded by rmu
+	timer     *sched.Entry  // guarded by rmu
+	due       time.Time     // guarded by rmu: when timer is set to run (see schedule)
 	deadline  time.Time     // guarded by rmu: when the lease may have expired
 	stopped   bool          // guarded by rmu
 	renewing  bool          // guarded by rmu
@@ -71,11 +74,12 @@ type Lease struct {
 
 // newLease wraps a grant and starts its renewal. deadline is the local
 // time by which Redis may have expired the grant, derived from Redis's own
-// expiry of it (see clockSample). A grant announced through a wake list
+// expiry of it (see clock.Sample). A grant announced through a wake list
 // (announced) lasts only the waiter TTL until its first renewal confirms
-// it; that renewal comes at a third of the time left, as every renewal
-// does, not at once: most short holds release before, and the handoff
-// costs no extra script.
+// it; that renewal comes at a third of the time left, not at once: most
+// short holds release before, and the handoff costs no extra script.
+// Every other renewal is due when two thirds of the TTL are left (see
+// renewalDue).
 func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []int64, deadline time.Time, announced bool) (*Lease, error) {
 	l := &Lease{c: c, p: p, ticket: ticket, tokens: tokens, granted: time.Now()}
 	// An announced grant with WithReplicaAck is the caller's only once
@@ -103,13 +107,15 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	c.mu.Unlock()
 	l.rmu.Lock()
 	if !announced || c.cfg.ackReplicas == 0 {
-		l.timer = c.sched.after(first, l.renew)
+		l.due = time.Now().Add(first)
+		l.timer = c.sched.After(first, l.renew)
 		l.rmu.Unlock()
 		return l, nil
 	}
 	// With WithReplicaAck, an announced grant is confirmed, and the
 	// confirmation replicated, before the caller may rely on it.
-	l.timer = c.sched.after(never, l.renew) // reset by renew
+	l.due = time.Now() // (renewed below)
+	l.timer = c.sched.After(never, l.renew) // reset by renew
 
 	l.rmu.Unlock()
 	l.renew()
@@ -541,7 +547,7 @@ func (l *Lease) renew() {
 		return
 	}
 	l.renewing = true
-	deadline, announced := l.deadline, l.announced
+	deadline, announced, due := l.deadline, l.announced, l.due
 	if l.stopCtx == nil {
 		// (Most leases are released before their first renewal: they
 		// never need one.)
@@ -575,8 +581,8 @@ func (l *Lease) renew() {
 	case l.stopped:
 	case err == nil && n == 1:
 		l.renewErr = nil
-		l.deadline, l.announced = expiresAfter(sent, ttl), false
-		l.timer.Reset(renewalDue(l.deadline, ttl))
+		l.deadline, l.announced = clock.ExpiresAfter(sent, ttl), false
+		l.schedule(renewalDue(l.deadline, ttl))
 		if capped {
 			l.cappedRenewal(sent, lease)
 		}
@@ -584,14 +590,14 @@ func (l *Lease) renew() {
 	case err == nil:
 		lost = opError("renew", l.p.names, fmt.Errorf("%w: expired", ErrLeaseLost))
 	case !time.Now().Before(deadline):
-		lost = opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: %w", ErrLeaseLost, renewalFailure(scriptError(err), sent, deadline, ttl)))
+		lost = opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: %w", ErrLeaseLost, renewalFailure(scriptError(err), sent, due, deadline, ttl)))
 	case l.pastCap(time.Now()):
 		atCap = l.maxHoldErr()
 		l.endLocked(atCap)
 	default:
 		// Retry soon, but never past the deadline (nor the cap).
-		l.renewErr = renewalFailure(scriptError(err), sent, deadline, ttl)
-		l.timer.Reset(l.untilCap(min(ttl/retryDivisor, time.Until(deadline))))
+		l.renewErr = renewalFailure(scriptError(err), sent, due, deadline, ttl)
+		l.schedule(l.untilCap(min(ttl/retryDivisor, time.Until(deadline))))
 		l.c.logf(slog.LevelWarn, "fairlock: renewal failed; retrying until the lease's deadline", l.p.names,
 			strconv.FormatInt(l.tokens[0], 10), slog.Time("deadline", deadline), slog.Any("error", err))
 	}
@@ -607,6 +613,13 @@ func (l *Lease) renew() {
 	}
 }
 
+// schedule sets the renewal timer to run renew after d. Called with rmu
+// held.
+func (l *Lease) schedule(d time.Duration) {
+	l.due = time.Now().Add(d)
+	l.timer.Reset(d)
+}
+
 // renewalDue returns how long from now the next renewal of a lease
 // renewed for ttl and counted to deadline is due: when two thirds of ttl
 // are left, at once if fewer are. The deadline counts from when the grant
@@ -617,16 +630,18 @@ func renewalDue(deadline time.Time, ttl time.Duration) time.Duration {
 	return max(time.Until(deadline)-(ttl-ttl/renewDivisor), 0)
 }
 
-// renewalFailure says why a renewal sent at sent failed to land before the
-// lease's deadline: the process, when it sent it more than a renewal
-// period late (a third of ttl before the deadline, where renewals go out
-// two thirds before), and a context deadline ended it; Redis, when it did
-// not answer in time or failed (err matches ErrRedis then).
-func renewalFailure(err error, sent, deadline time.Time, ttl time.Duration) error {
+// renewalFailure says why a renewal, due at due and sent at sent, failed
+// to land before the lease's deadline: the process, when a context
+// deadline ended it and it went out more than a renewal period (a third of
+// ttl) after it was due; Redis, when it did not answer in time (a renewal
+// after a slow answer is due at once and may go out with little time
+// left: Redis's slowness, not the process's) or failed (err matches
+// ErrRedis then).
+func renewalFailure(err error, sent, due, deadline time.Time, ttl time.Duration) error {
 	if errors.Is(err, context.DeadlineExceeded) {
 		left := deadline.Sub(sent).Round(time.Millisecond)
-		if left < ttl/renewDivisor {
-			return fmt.Errorf("this process ran late: its renewal went out only %v before the lease's deadline", left)
+		if late := sent.Sub(due); late > ttl/renewDivisor {
+			return fmt.Errorf("this process ran late: its renewal went out %v after it was due, only %v before the lease's deadline", late.Round(time.Millisecond), left)
 		}
 		return fmt.Errorf("%w: Redis did not answer within the %v left before the lease's deadline", ErrRedis, left)
 	}

@@ -32,11 +32,11 @@ func TestErrSeesLeaseLapsedBeforeItsTimers(t *testing.T) {
 		if err := l.Err(); err != nil {
 			t.Fatalf("Err() of a lease just granted = %v", err)
 		}
-		c.sched.mu.Lock() // no renewal runs
+		c.sched.Lock() // no renewal runs
 		time.Sleep(ttl + ttl/2)
 		err = l.Err()
 		lapsed := errors.Is(err, ErrLeaseLost)
-		c.sched.mu.Unlock()
+		c.sched.Unlock()
 		if !lapsed {
 			t.Fatalf("Err() %v past the lease's deadline, its renewal held up, = %v; want ErrLeaseLost", ttl/2, err)
 		}
@@ -67,9 +67,9 @@ func TestStalledRenewalBlamesTheProcess(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.sched.mu.Lock() // no renewal runs: the process is stopped
+		c.sched.Lock() // no renewal runs: the process is stopped
 		time.Sleep(ttl + ttl/2)
-		c.sched.mu.Unlock()
+		c.sched.Unlock()
 		<-l.Done()
 		err = l.Err()
 		if !errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrRedis) || !strings.Contains(err.Error(), "this process") {
@@ -78,24 +78,29 @@ func TestStalledRenewalBlamesTheProcess(t *testing.T) {
 	})
 }
 
-// renewalFailure blames the process for a renewal sent too late to land,
-// and Redis for one it did not answer in time, or failed.
+// renewalFailure blames the process for a renewal that went out more
+// than a renewal period after it was due, and Redis for one it did not
+// answer in time, or failed: a renewal due at once after a slow answer,
+// with little time left, is Redis's slowness.
 func TestRenewalFailureSaysWhose(t *testing.T) {
 	const ttl = time.Second
 	deadline := time.Now()
 	for _, tc := range []struct {
 		err      error
-		left     time.Duration
+		left     time.Duration // the deadline less the sending
+		late     time.Duration // the sending less when it was due
 		redis    bool
 		contains string
 	}{
-		{context.DeadlineExceeded, 5 * time.Millisecond, false, "this process ran late"},
-		{context.DeadlineExceeded, 600 * time.Millisecond, true, "Redis did not answer"},
-		{errors.New("LOADING Redis is loading"), 600 * time.Millisecond, true, "LOADING"},
+		{context.DeadlineExceeded, 5 * time.Millisecond, 600 * time.Millisecond, false, "this process ran late"},
+		{context.DeadlineExceeded, 5 * time.Millisecond, 0, true, "Redis did not answer"},
+		{context.DeadlineExceeded, 600 * time.Millisecond, 0, true, "Redis did not answer"},
+		{errors.New("LOADING Redis is loading"), 600 * time.Millisecond, 0, true, "LOADING"},
 	} {
-		got := renewalFailure(tc.err, deadline.Add(-tc.left), deadline, ttl)
+		sent := deadline.Add(-tc.left)
+		got := renewalFailure(tc.err, sent, sent.Add(-tc.late), deadline, ttl)
 		if errors.Is(got, ErrRedis) != tc.redis || !strings.Contains(got.Error(), tc.contains) {
-			t.Errorf("renewalFailure(%v, sent %v before the deadline) = %v; want ErrRedis %v, saying %q", tc.err, tc.left, got, tc.redis, tc.contains)
+			t.Errorf("renewalFailure(%v, sent %v before the deadline, %v after it was due) = %v; want ErrRedis %v, saying %q", tc.err, tc.left, tc.late, got, tc.redis, tc.contains)
 		}
 	}
 }

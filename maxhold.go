@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/clock"
 	"time"
 
 	"github.com/fairlock/fairlock/internal/script"
@@ -47,7 +48,7 @@ func (l *Lease) capHold(first time.Duration, announced bool) time.Duration {
 	if announced {
 		given = min(given, l.c.cfg.waiterTTL)
 	}
-	granted := l.deadline.Add(clockTick - given) // (see localDeadline)
+	granted := l.deadline.Add(clock.Tick - given) // (see localDeadline)
 	if now := time.Now(); now.Before(granted) {
 		granted = now
 	}
@@ -82,12 +83,12 @@ func (l *Lease) renewalTTL(ttl time.Duration, sent time.Time) (d time.Duration, 
 // from then on. Called with rmu held.
 func (l *Lease) cappedRenewal(sent time.Time, d time.Duration) {
 	l.capped = true
-	l.deadline = expiresAfter(sent, d)
+	l.deadline = clock.ExpiresAfter(sent, d)
 	if l.deadline.After(l.holdEnd) {
 		// A 1 ms renewal sent past the cap.
 		l.deadline = l.holdEnd
 	}
-	l.timer.Reset(time.Until(l.holdEnd))
+	l.schedule(time.Until(l.holdEnd))
 }
 
 // answerBy returns until when a renewal sent at sent waits for its answer:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/clock"
 	"strconv"
 	"strings"
 	"time"
@@ -522,13 +523,8 @@ func parseTokens(f []string) ([]int64, error) {
 	return tokens, nil
 }
 
-// ms renders a duration as whole milliseconds, at least 1, for scripts.
-func ms(d time.Duration) int64 {
-	return max(int64(d/time.Millisecond), 1)
-}
-
 // msArg renders d as a script argument: whole milliseconds, at least 1.
-func msArg(d time.Duration) string { return strconv.FormatInt(ms(d), 10) }
+func msArg(d time.Duration) string { return strconv.FormatInt(clock.MS(d), 10) }
 
 // itoa renders n as a script argument.
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

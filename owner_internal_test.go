@@ -34,10 +34,10 @@ func TestDeadlockLapsedLeaseNoLongerCounts(t *testing.T) {
 		if err := c.deadlock(owned, "acquire", p); !errors.Is(err, ErrDeadlock) {
 			t.Fatalf("the check under a live lease = %v, want ErrDeadlock", err)
 		}
-		c.sched.mu.Lock() // no renewal runs
+		c.sched.Lock() // no renewal runs
 		time.Sleep(ttl + ttl/2)
 		err = c.deadlock(owned, "acquire", p)
-		c.sched.mu.Unlock()
+		c.sched.Unlock()
 		if err != nil {
 			t.Fatalf("the check under a lease past its deadline, its renewal held up = %v, want nil", err)
 		}

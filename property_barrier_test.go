@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/clock"
 	"slices"
 	"strconv"
 	"time"
@@ -104,7 +105,7 @@ func (m *machine) barrierAwait(t *rapid.T) {
 		return
 	}
 	a.state, a.bw = barriering, w
-	w.at = m.nowMs() + ms(a.waiterTTL())
+	w.at = m.nowMs() + clock.MS(a.waiterTTL())
 	b.waiters = append(b.waiters, w)
 	m.waitFor(t, fmt.Sprintf("process %d waits at the barrier", a.id), func() bool {
 		a.c.mu.Lock()
@@ -194,7 +195,7 @@ func (m *machine) barrierHeartbeat(t *rapid.T) {
 	}
 	for _, w := range m.barrier.waiters {
 		if w.at > now {
-			w.at = now + ms(w.a.waiterTTL())
+			w.at = now + clock.MS(w.a.waiterTTL())
 		}
 	}
 }

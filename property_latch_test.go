@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/clock"
 	"slices"
 	"strconv"
 	"time"
@@ -90,7 +91,7 @@ func (m *machine) latchRun() {
 // latchTouch records a script that kept the count alive its TTL.
 func (m *machine) latchTouch() {
 	m.latch.made = true
-	m.latch.expires = m.nowMs() + ms(m.latch.ttl)
+	m.latch.expires = m.nowMs() + clock.MS(m.latch.ttl)
 }
 
 // latchWait starts an idle process's Wait: on an open latch it returns
@@ -120,7 +121,7 @@ func (m *machine) latchWait(t *rapid.T) {
 		return
 	}
 	a.state, a.lw = latching, w
-	w.at = m.nowMs() + ms(a.waiterTTL())
+	w.at = m.nowMs() + clock.MS(a.waiterTTL())
 	l.waiters = append(l.waiters, w)
 	m.latchTouch()
 	m.waitFor(t, fmt.Sprintf("process %d waits on the latch", a.id), func() bool {
@@ -288,7 +289,7 @@ func (m *machine) latchHeartbeat(t *rapid.T) {
 	}
 	for _, w := range m.latch.waiters {
 		if !w.dead && w.at > now {
-			w.at = now + ms(w.a.waiterTTL())
+			w.at = now + clock.MS(w.a.waiterTTL())
 		}
 	}
 }

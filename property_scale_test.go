@@ -41,6 +41,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/clock"
 	"slices"
 	"strconv"
 	"strings"
@@ -239,7 +240,7 @@ func (m *machine) doom(t *rapid.T) {
 		}
 		a.state, a.lease, a.ticket = holding, l, l.ticket
 		m.sawTokens(t, a, l)
-		s.holders = append(s.holders, m.entries(a, l.ticket, m.nowMs()+ms(a.leaseTTL()))...)
+		s.holders = append(s.holders, m.entries(a, l.ticket, m.nowMs()+clock.MS(a.leaseTTL()))...)
 	}
 	m.crashCrowd(cr)
 	// Wait until Redis's clock passes the latest expiry of the crowd's

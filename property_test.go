@@ -22,6 +22,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/clock"
 	"slices"
 	"strconv"
 	"strings"
@@ -1146,12 +1147,12 @@ func (m *machine) begin(t *rapid.T, a *actor, parts []mpart, grant bool) {
 	})
 	if grant {
 		m.expectGrant(t, a)
-		for _, e := range m.entries(a, a.ticket, m.nowMs()+ms(a.leaseTTL())) {
+		for _, e := range m.entries(a, a.ticket, m.nowMs()+clock.MS(a.leaseTTL())) {
 			e.s.holders = append(e.s.holders, e)
 		}
 		return
 	}
-	es := m.entries(a, "", m.nowMs()+ms(a.waiterTTL()))
+	es := m.entries(a, "", m.nowMs()+clock.MS(a.waiterTTL()))
 	for _, e := range es {
 		e.s.queue = append(e.s.queue, e)
 	}
@@ -1205,7 +1206,7 @@ func (m *machine) try(t *rapid.T) {
 	case want:
 		a.state, a.lease, a.ticket = holding, l, l.ticket
 		m.sawTokens(t, a, l)
-		for _, e := range m.entries(a, l.ticket, m.nowMs()+ms(a.leaseTTL())) {
+		for _, e := range m.entries(a, l.ticket, m.nowMs()+clock.MS(a.leaseTTL())) {
 			e.s.holders = append(e.s.holders, e)
 		}
 	}
@@ -1324,18 +1325,18 @@ func (m *machine) pauseRelease(t *rapid.T) {
 	for _, s := range m.sems {
 		for _, e := range slices.Concat(s.queue, s.holders, s.cond) {
 			if !e.dead && e.at > now {
-				most = min(most, e.at-now-ms(pChunk)-1)
+				most = min(most, e.at-now-clock.MS(pChunk)-1)
 			}
 		}
 	}
 	for _, w := range m.latch.waiters {
 		if !w.dead && w.at > now {
-			most = min(most, w.at-now-ms(pChunk)-1)
+			most = min(most, w.at-now-clock.MS(pChunk)-1)
 		}
 	}
 	for _, w := range m.barrier.waiters {
 		if w.at > now {
-			most = min(most, w.at-now-ms(pChunk)-1)
+			most = min(most, w.at-now-clock.MS(pChunk)-1)
 		}
 	}
 	if most < 1 {
@@ -1487,9 +1488,9 @@ func (m *machine) modelRun() (granted []*mentry) {
 					// A grant announced to a process lasts one waiter TTL
 					// until the process confirms it; a live one does so
 					// before the next step.
-					e.at = now + ms(min(e.a.leaseTTL(), e.a.waiterTTL()))
+					e.at = now + clock.MS(min(e.a.leaseTTL(), e.a.waiterTTL()))
 					if !e.dead {
-						e.at = now + ms(e.a.leaseTTL())
+						e.at = now + clock.MS(e.a.leaseTTL())
 					}
 					e.s.holders = append(e.s.holders, e)
 				}
@@ -1529,7 +1530,7 @@ func (m *machine) settle(t *rapid.T) {
 		// process refreshes again at once, as this does.
 		for i := 0; ; i++ {
 			res, err := runTest(context.Background(), m.obs.calls.Scripts.Named("refresh"), m.rdb, k.list(), "refresh", m.obs.id,
-				ms(m.leaseTTL()), ms(m.waiterTTL())).Slice()
+				clock.MS(m.leaseTTL()), clock.MS(m.waiterTTL())).Slice()
 			if err != nil {
 				t.Fatalf("observer's refresh: %v", err)
 			}
@@ -1582,12 +1583,12 @@ func (m *machine) heartbeat(t *rapid.T) {
 		// drops them at its next run, as Redis does.
 		for _, e := range s.holders {
 			if !e.dead && e.at > now {
-				e.at = now + ms(e.a.leaseTTL())
+				e.at = now + clock.MS(e.a.leaseTTL())
 			}
 		}
 		for _, e := range slices.Concat(s.queue, s.cond) {
 			if !e.dead && e.at > now {
-				e.at = now + ms(e.a.waiterTTL())
+				e.at = now + clock.MS(e.a.waiterTTL())
 			}
 		}
 	}
@@ -1901,7 +1902,7 @@ func (m *machine) condWait(t *rapid.T) {
 	m.logf("process %d: Wait on %s's condition %q", a.id, a.sem.name, cond)
 	s, lease := a.sem, a.lease
 	s.holders = slices.DeleteFunc(s.holders, func(x *mentry) bool { return x == held[0] })
-	e := &mentry{a: a, s: s, n: a.n, at: m.nowMs() + ms(a.waiterTTL()), cond: cond}
+	e := &mentry{a: a, s: s, n: a.n, at: m.nowMs() + clock.MS(a.waiterTTL()), cond: cond}
 	s.cond = append(s.cond, e)
 	ctx, cancel := context.WithCancel(context.Background())
 	a.state, a.cancel, a.res, a.lease = waiting, cancel, make(chan acqResult, 1), nil
@@ -1948,7 +1949,7 @@ func (m *machine) condSignal(t *rapid.T, all bool) {
 	}
 	s.cond = left
 	for _, e := range woken {
-		e.at = m.nowMs() + ms(e.a.waiterTTL())
+		e.at = m.nowMs() + clock.MS(e.a.waiterTTL())
 		s.queue = append(s.queue, e)
 	}
 	var n int

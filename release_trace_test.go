@@ -238,7 +238,7 @@ func TestReleaseAfterLapseIsLost(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.sched.mu.Lock() // no renewal runs: the process is stopped
+		c.sched.Lock() // no renewal runs: the process is stopped
 		if b.Mini != nil {
 			b.Mini.FastForward(3 * time.Second)
 			time.Sleep(ttl + ttl/2)
@@ -250,7 +250,7 @@ func TestReleaseAfterLapseIsLost(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- l.Release(ctx) }()
 		time.Sleep(50 * time.Millisecond)
-		c.sched.mu.Unlock()
+		c.sched.Unlock()
 		if err := <-done; !errors.Is(err, ErrLeaseLost) {
 			t.Fatalf("Release of a lease that lapsed (and whose keys expired) = %v; want ErrLeaseLost", err)
 		}

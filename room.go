@@ -3,6 +3,7 @@ package fairlock
 import (
 	"context"
 	"fmt"
+	"github.com/fairlock/fairlock/internal/clock"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -81,7 +82,7 @@ type room struct {
 	due       time.Time     // when maintain runs next
 	stop      chan struct{} // closed when maintain must end
 	idleSince time.Time     // when its listener first saw it without waiters
-	clock     clockSample   // the latest reading of the semaphore's Redis clock
+	clock     clock.Sample  // the latest reading of the semaphore's Redis clock
 	answered  time.Time     // when a script of the room last answered (see failStale)
 }
 
@@ -111,8 +112,8 @@ type waiter struct {
 // liveness (err).
 type wakeup struct {
 	grant   grant
-	sample  clockSample // relates grant.expiry to the local clock
-	via     grantVia    // how a grant was learned
+	sample  clock.Sample // relates grant.expiry to the local clock
+	via     grantVia     // how a grant was learned
 	requeue bool
 	err     error
 }
@@ -197,12 +198,12 @@ func (c *waits) unregister(r *room, w *waiter) {
 // after the given time (the queue's next event, or < 0 for none). A room
 // that starts running may nudge its listener, in the background. clock is
 // the reading of Redis's clock the acquire script reported.
-func (c *waits) noteQueued(r *room, w *waiter, next time.Duration, clock clockSample) {
+func (c *waits) noteQueued(r *room, w *waiter, next time.Duration, sample clock.Sample) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	w.queued, w.alive = true, time.Now()
 	r.answered = w.alive
-	r.noteClockLocked(clock)
+	r.noteClockLocked(sample)
 	if c.closed {
 		return
 	}
@@ -211,7 +212,7 @@ func (c *waits) noteQueued(r *room, w *waiter, next time.Duration, clock clockSa
 		r.stop = make(chan struct{})
 		// Counted from when the acquire was sent: the waiter's life in
 		// Redis may have begun then.
-		r.due = clock.sent.Add(c.refreshEvery())
+		r.due = sample.Sent.Add(c.refreshEvery())
 		c.wg.Add(1)
 		go r.maintain(r.stop)
 		if l := c.attachLocked(r); l != nil {
@@ -229,8 +230,8 @@ func (c *waits) refreshEvery() time.Duration { return c.cfg.waiterTTL / renewDiv
 // had any (announced and heard the moment its ticket was queued, before
 // the process read its acquire's reply), the room's latest, which that
 // reply has given it since (noteQueued runs before the grant is awaited).
-func (c *waits) clockOf(r *room, wk wakeup) clockSample {
-	if !wk.sample.sent.IsZero() {
+func (c *waits) clockOf(r *room, wk wakeup) clock.Sample {
+	if !wk.sample.Sent.IsZero() {
 		return wk.sample
 	}
 	c.mu.Lock()
@@ -239,8 +240,8 @@ func (c *waits) clockOf(r *room, wk wakeup) clockSample {
 }
 
 // noteClockLocked keeps the latest reading of Redis's clock.
-func (r *room) noteClockLocked(s clockSample) {
-	if s.sent.After(r.clock.sent) {
+func (r *room) noteClockLocked(s clock.Sample) {
+	if s.Sent.After(r.clock.Sent) {
 		r.clock = s
 	}
 }
@@ -292,13 +293,13 @@ func (c *waits) deliverGrant(payload string) {
 	}
 	c.mu.Lock()
 	r := c.tickets[ticket]
-	var clock clockSample
+	var sample clock.Sample
 	if r != nil {
-		clock = r.clock
+		sample = r.clock
 	}
 	c.mu.Unlock()
 	if r != nil {
-		r.deliver(ticket, wakeup{grant: g, sample: clock, via: viaWake})
+		r.deliver(ticket, wakeup{grant: g, sample: sample, via: viaWake})
 	}
 }
 
@@ -319,7 +320,8 @@ func (r *room) deliver(ticket string, wk wakeup) {
 // maintain keeps the room's waiters alive in Redis and runs the queue's
 // timed events: a lease expiring or a dead waiter's deadline passing, after
 // which the queue may move though nobody released. It wakes only at those
-// moments and every third of the waiter TTL; it never polls for grants.
+// moments and a third of the waiter TTL after each round began (at once
+// after a round slower than that); it never polls for grants.
 func (r *room) maintain(stop chan struct{}) {
 	c := r.c
 	defer c.wg.Done()
@@ -506,16 +508,16 @@ func (r *room) apply(rep refreshReply, sent time.Time, next *time.Duration) erro
 	if rep.next >= 0 {
 		*next = min(*next, time.Duration(rep.next)*time.Millisecond)
 	}
-	clock := clockSample{sent: sent, redis: rep.now}
+	sample := clock.Sample{Sent: sent, Redis: rep.now}
 	r.c.mu.Lock()
-	r.noteClockLocked(clock)
+	r.noteClockLocked(sample)
 	r.c.mu.Unlock()
 	for _, t := range rep.gone {
 		if t.grant == nil {
 			r.deliver(t.ticket, wakeup{requeue: true})
 			continue
 		}
-		r.deliver(t.ticket, wakeup{grant: *t.grant, sample: clock, via: viaRefresh})
+		r.deliver(t.ticket, wakeup{grant: *t.grant, sample: sample, via: viaRefresh})
 	}
 	return nil
 }

@@ -1,4 +1,6 @@
-package fairlock
+// Package sched runs many timed functions on one runtime timer: the
+// renewals of a client's leases.
+package sched
 
 import (
 	"container/heap"
@@ -6,7 +8,7 @@ import (
 	"time"
 )
 
-// A scheduler runs the renewals of a client's leases on one runtime timer.
+// A Scheduler runs the renewals of a client's leases on one runtime timer.
 // A timer per lease made every acquisition arm a timer of its own, and
 // arming a timer earlier than any other wakes the Go runtime's network
 // poller (a system call and a thread woken: on a small machine, a fifth of
@@ -14,31 +16,32 @@ import (
 // one the timer is armed for, in the common case, and arms nothing; a
 // renewal cancelled by a release leaves the timer armed, to fire once for
 // nothing.
-type scheduler struct {
+type Scheduler struct {
 	mu    sync.Mutex
 	timer *time.Timer // nil until first armed
 	at    time.Time   // when timer fires; zero when it is not armed
 	q     schedQueue
 }
 
-// A schedEntry is one lease's renewal: its Reset and Stop stand in for a
+// An Entry is one lease's renewal: its Reset and Stop stand in for a
 // *time.Timer's made by time.AfterFunc. f runs on a goroutine of its own.
-type schedEntry struct {
-	s   *scheduler
+type Entry struct {
+	s   *Scheduler
 	f   func()
 	due time.Time
 	i   int // index in s.q; -1 when not scheduled
 }
 
-// after schedules f to run after d, as time.AfterFunc does.
-func (s *scheduler) after(d time.Duration, f func()) *schedEntry {
-	e := &schedEntry{s: s, f: f, i: -1}
+// After schedules f to run after d, as time.AfterFunc does. The zero
+// Scheduler is ready to use.
+func (s *Scheduler) After(d time.Duration, f func()) *Entry {
+	e := &Entry{s: s, f: f, i: -1}
 	e.Reset(d)
 	return e
 }
 
 // Reset makes e due d from now, scheduled or not.
-func (e *schedEntry) Reset(d time.Duration) {
+func (e *Entry) Reset(d time.Duration) {
 	s := e.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -52,7 +55,7 @@ func (e *schedEntry) Reset(d time.Duration) {
 }
 
 // Stop unschedules e; it reports whether e was scheduled.
-func (e *schedEntry) Stop() bool {
+func (e *Entry) Stop() bool {
 	s := e.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -65,7 +68,7 @@ func (e *schedEntry) Stop() bool {
 
 // armLocked makes the timer fire no later than the earliest entry's due
 // time. It leaves a timer armed for earlier alone.
-func (s *scheduler) armLocked() {
+func (s *Scheduler) armLocked() {
 	if len(s.q) == 0 {
 		return
 	}
@@ -83,13 +86,13 @@ func (s *scheduler) armLocked() {
 
 // fire runs the entries that are due, each on a goroutine of its own, and
 // arms the timer for the next.
-func (s *scheduler) fire() {
+func (s *Scheduler) fire() {
 	s.mu.Lock()
 	s.at = time.Time{}
 	now := time.Now()
 	var due []func()
 	for len(s.q) > 0 && !s.q[0].due.After(now) {
-		due = append(due, heap.Pop(&s.q).(*schedEntry).f)
+		due = append(due, heap.Pop(&s.q).(*Entry).f)
 	}
 	s.armLocked()
 	s.mu.Unlock()
@@ -98,8 +101,15 @@ func (s *scheduler) fire() {
 	}
 }
 
+// Lock holds up every entry: none runs until Unlock, as none would in a
+// stopped process (tests).
+func (s *Scheduler) Lock() { s.mu.Lock() }
+
+// Unlock lets the entries run again (see Lock).
+func (s *Scheduler) Unlock() { s.mu.Unlock() }
+
 // schedQueue is a min-heap of entries by due time (container/heap).
-type schedQueue []*schedEntry
+type schedQueue []*Entry
 
 func (q schedQueue) Len() int           { return len(q) }
 func (q schedQueue) Less(i, j int) bool { return q[i].due.Before(q[j].due) }
@@ -108,7 +118,7 @@ func (q schedQueue) Swap(i, j int) {
 	q[i].i, q[j].i = i, j
 }
 func (q *schedQueue) Push(x any) {
-	e := x.(*schedEntry)
+	e := x.(*Entry)
 	e.i = len(*q)
 	*q = append(*q, e)
 }

@@ -1,4 +1,4 @@
-package fairlock
+package sched
 
 import (
 	"sync"
@@ -10,7 +10,7 @@ import (
 // moves entries that are reset; a new entry due later than the armed
 // timer arms nothing.
 func TestScheduler(t *testing.T) {
-	var s scheduler
+	var s Scheduler
 	var mu sync.Mutex
 	var ran []string
 	done := make(chan struct{}, 8)
@@ -22,17 +22,17 @@ func TestScheduler(t *testing.T) {
 			done <- struct{}{}
 		}
 	}
-	late := s.after(time.Hour, run("late"))
+	late := s.After(time.Hour, run("late"))
 	armed := s.at
-	b := s.after(2*time.Hour, run("b"))
+	b := s.After(2*time.Hour, run("b"))
 	if s.at != armed {
 		t.Fatalf("an entry due after the armed time re-armed the timer: %v, was %v", s.at, armed)
 	}
-	a := s.after(40*time.Millisecond, run("a"))
+	a := s.After(40*time.Millisecond, run("a"))
 	if !s.at.Before(armed) {
 		t.Fatal("an entry due before the armed time did not arm the timer earlier")
 	}
-	stopped := s.after(10*time.Millisecond, run("stopped"))
+	stopped := s.After(10*time.Millisecond, run("stopped"))
 	if !stopped.Stop() || stopped.Stop() {
 		t.Fatal("Stop reports wrongly whether the entry was scheduled")
 	}
@@ -69,13 +69,13 @@ func TestScheduler(t *testing.T) {
 
 // Many entries, scheduled and stopped in any order, run in due order.
 func TestSchedulerOrder(t *testing.T) {
-	var s scheduler
+	var s Scheduler
 	const n = 200
 	out := make(chan int, n)
-	es := make([]*schedEntry, n)
+	es := make([]*Entry, n)
 	for i := range n {
 		// Due in reverse order of creation, 1 ms apart.
-		es[i] = s.after(time.Duration(n-i)*time.Millisecond+20*time.Millisecond, func() { out <- i })
+		es[i] = s.After(time.Duration(n-i)*time.Millisecond+20*time.Millisecond, func() { out <- i })
 	}
 	for i := 0; i < n; i += 2 {
 		es[i].Stop()
