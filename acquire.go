@@ -3,11 +3,11 @@ package fairlock
 import (
 	"context"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/clock"
 	"log/slog"
 	"time"
 
 	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/script"
 )

@@ -3,12 +3,12 @@ package fairlock
 import (
 	"context"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/clock"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/script"
 )

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/sched"
 	"log/slog"
 	"reflect"
 	"sync"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/sched"
 	"github.com/fairlock/fairlock/internal/script"
 )
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/clock"
 	"slices"
 	"strings"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/script"
 )

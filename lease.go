@@ -4,15 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/clock"
-	"github.com/fairlock/fairlock/internal/sched"
 	"log/slog"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/sched"
 	"github.com/fairlock/fairlock/internal/script"
 )
 
@@ -114,7 +114,7 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	}
 	// With WithReplicaAck, an announced grant is confirmed, and the
 	// confirmation replicated, before the caller may rely on it.
-	l.due = time.Now() // (renewed below)
+	l.due = time.Now()                      // (renewed below)
 	l.timer = c.sched.After(never, l.renew) // reset by renew
 
 	l.rmu.Unlock()

@@ -3,9 +3,9 @@ package fairlock
 import (
 	"context"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/clock"
 	"time"
 
+	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/script"
 )
 

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/clock"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/script"
 )

@@ -14,11 +14,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/clock"
 	"slices"
 	"strconv"
 	"time"
 
+	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )

@@ -41,7 +41,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/clock"
 	"slices"
 	"strconv"
 	"strings"
@@ -49,6 +48,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"

@@ -22,7 +22,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/clock"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,6 +29,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/differential"
 	"github.com/fairlock/fairlock/internal/halfrun"
 	"github.com/fairlock/fairlock/internal/redistest"

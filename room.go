@@ -3,7 +3,6 @@ package fairlock
 import (
 	"context"
 	"fmt"
-	"github.com/fairlock/fairlock/internal/clock"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/script"
 )
 

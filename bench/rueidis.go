@@ -3,14 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/fairlock/fairlock"
-	"github.com/fairlock/fairlock/fairlockrueidis"
-	"github.com/fairlock/fairlock/fairlockvalkey"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/fairlockrueidis"
+	"github.com/fairlock/fairlock/fairlockvalkey"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidislock"
