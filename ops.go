@@ -150,24 +150,6 @@ func (p plan) releaseCallTTL(o *script.Op, ticket string, c *Client, announced b
 	return oc
 }
 
-// released reads release.lua's reply {result, more}; when the script left
-// work for later (a long queue to grant, many leases to purge), it has the
-// rest done in the background.
-func (c *Client) released(p plan, out script.Result) (int64, error) {
-	res, err := out.Slice()
-	var n, more int64
-	if err == nil {
-		n, err = reply(res).int(0)
-	}
-	if err == nil {
-		more, err = reply(res).int(1)
-	}
-	if err == nil && more == 1 {
-		c.pumpLater(p)
-	}
-	return n, err
-}
-
 // renewedBatch reads a renew_batch reply {{result...}, more} for n leases:
 // each one's result, and whether the script left work for later.
 func renewedBatch(o callpath.Outcome, n int) (results []int64, more bool, err error) {
