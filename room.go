@@ -320,8 +320,11 @@ func (r *room) deliver(ticket string, wk wakeup) {
 // maintain keeps the room's waiters alive in Redis and runs the queue's
 // timed events: a lease expiring or a dead waiter's deadline passing, after
 // which the queue may move though nobody released. It wakes only at those
-// moments and a third of the waiter TTL after each round began (at once
-// after a round slower than that); it never polls for grants.
+// moments and a third of the waiter TTL after each round; it never polls
+// for grants. (Not a third after each round began, as a lease's renewals
+// are timed: a round of thousands of waiters on a busy Redis may take
+// that long, and rounds back to back then took the time of the grants
+// they were keeping alive.)
 func (r *room) maintain(stop chan struct{}) {
 	c := r.c
 	defer c.wg.Done()
@@ -349,14 +352,8 @@ func (r *room) maintain(stop chan struct{}) {
 		r.due = time.Now().Add(never) // lowered by the result below or by schedule
 		c.mu.Unlock()
 
-		start := time.Now()
 		next, err := r.refresh()
-		if err == nil {
-			// Counted from the round's start, as the waiters' lives are
-			// from when their refreshes were sent: a slow round does not
-			// shorten the next one's time to land.
-			next = max(next-time.Since(start), 0)
-		} else {
+		if err != nil {
 			r.failStale(time.Now())
 			next = min(next, c.cfg.waiterTTL/retryDivisor)
 		}
