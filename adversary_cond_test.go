@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/redistest"
 )
 
@@ -50,7 +51,7 @@ func TestAdversaryCondWaiterOutlivesItsKey(t *testing.T) {
 		x := s.acquire("acquire", a, s.sems, 1)
 		xw := s.wait(x, "")
 		s.must()
-		ck := condKeys(keys{base: sem.base}, "")[0]
+		ck := condKeys(keyspace.Keys{Base: sem.base}, "")[0]
 		for i := 0; i < 60; i++ {
 			s.now += 1_000_000 // a refresh a second, as the client's room does
 			res := s.refresh(a, sem, xw)

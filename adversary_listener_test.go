@@ -40,7 +40,7 @@ func TestAdversaryForeignControlListDeafensTheListener(t *testing.T) {
 		// Another program writes the control list of c's first listener
 		// (named as attachLocked names it).
 		ka, _ := c.keys("a")
-		ctl := prefix + "{" + keyslot.HashTag(ka.wake(c.id)) + "}:l:" + c.id + ":1"
+		ctl := prefix + "{" + keyslot.HashTag(ka.Wake(c.id)) + "}:l:" + c.id + ":1"
 		if err := b.Client(t).Set(ctx, ctl, "another program", 0).Err(); err != nil {
 			t.Fatal(err)
 		}

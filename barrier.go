@@ -10,6 +10,7 @@ import (
 	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/script"
 )
 
@@ -41,27 +42,27 @@ const (
 
 // barrierKeys are a barrier's keys: its waiters' resource, and its hash.
 type barrierKeys struct {
-	res   keys
+	res   keyspace.Keys
 	state string
 }
 
 // barrierKeysOf returns the keys of the barrier whose name has keys k,
 // each derived from k's base under kindBarrier (TestKeyOwners).
-func barrierKeysOf(k keys) barrierKeys {
-	state := k.derived(kindBarrier)
-	return barrierKeys{res: coreKeys(state), state: state}
+func barrierKeysOf(k keyspace.Keys) barrierKeys {
+	state := k.Derived(keyspace.KindBarrier)
+	return barrierKeys{res: keyspace.Core(state), state: state}
 }
 
 // plan is the plan of a party of the barrier name: one permit of the
 // waiters' resource (what its member and its refresh name).
 func (bk barrierKeys) plan(name string) plan {
-	return plan{parts: []part{{k: bk.res, req: Request{Name: name, Permits: 1}}}, keys: bk.res.list(), names: []string{name}}
+	return plan{parts: []part{{k: bk.res, req: Request{Name: name, Permits: 1}}}, keys: bk.res.List(), names: []string{name}}
 }
 
 // call is barrier.lua's op o on bk: the waiters' resource's keys, its
 // condition's, then the hash; args after parties.
 func (bk barrierKeys) call(o *script.Op, parties int64, args ...string) script.Call {
-	keys := append(append(make([]string, 0, 7), bk.res.list()...), condKeys(bk.res, barrierCond)...)
+	keys := append(append(make([]string, 0, 7), bk.res.List()...), condKeys(bk.res, barrierCond)...)
 	keys = append(keys, bk.state)
 	return script.NewCall(o, keys, 1+len(args)).With(itoa(parties)).With(args...)
 }

@@ -473,7 +473,7 @@ func TestBatchedCallQueuedPastItsContextIsNotSent(t *testing.T) {
 			// Whatever clean-up runs in the background, the acquisition of
 			// b was never sent.
 			time.Sleep(50 * time.Millisecond)
-			if n := g.sentFor("acquire", keys.all[0]); n > 0 {
+			if n := g.sentFor("acquire", keys.All[0]); n > 0 {
 				t.Fatalf("the queued acquisition of b was sent %d times after its context ended (%q)", n, g.sent)
 			}
 		})

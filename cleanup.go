@@ -244,16 +244,16 @@ func (c *Client) pumpLater(p plan) {
 	}
 	for _, pt := range p.parts {
 		k := pt.k
-		if c.pumping[k.base] {
+		if c.pumping[k.Base] {
 			continue
 		}
-		c.pumping[k.base] = true
+		c.pumping[k.Base] = true
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
 			defer func() {
 				c.mu.Lock()
-				delete(c.pumping, k.base)
+				delete(c.pumping, k.Base)
 				c.mu.Unlock()
 			}()
 			for range maxPumps {
@@ -263,7 +263,7 @@ func (c *Client) pumpLater(p plan) {
 				default:
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
-				res, _ := c.calls.Run(ctx, pumpCall(k.list()))
+				res, _ := c.calls.Run(ctx, pumpCall(k.List()))
 				cancel()
 				more, err := parsePumpReply(res)
 				if err != nil || !more {

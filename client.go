@@ -13,6 +13,7 @@ import (
 
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/sched"
 	"github.com/fairlock/fairlock/internal/script"
 )
@@ -103,7 +104,7 @@ type Client struct {
 	closed  bool
 	shut    *shutdownState // the close that closed set; see close.go
 	leases  map[*Lease]struct{}
-	pumping map[string]bool // keys.base of semaphores a background pump serves
+	pumping map[string]bool // Keys.Base of semaphores a background pump serves
 
 	wg workGroup // goroutines the client starts (renewal timers are
 	// stopped through each lease instead)
@@ -242,8 +243,8 @@ func newClient(b backend.Backend, rdb RedisClient, opts []Option) (*Client, erro
 		id = cfg.owner + "/" + id
 	}
 	if info.Layout == backend.Single {
-		// One wake list for all the client's waiters (keys.wake).
-		id = processListMark(cfg.prefix) + id
+		// One wake list for all the client's waiters (keyspace.Keys.Wake).
+		id = keyspace.ProcessListMark(cfg.prefix) + id
 	}
 	c := &Client{
 		b:        b,
@@ -428,7 +429,7 @@ func (c *Client) TryAcquireAll(ctx context.Context, reqs ...Request) (*Lease, er
 }
 
 // check validates a request and returns its semaphore's keys.
-func (c *Client) check(req Request) (keys, error) {
+func (c *Client) check(req Request) (keyspace.Keys, error) {
 	k, err := c.keys(req.Name)
 	switch {
 	case err != nil:
@@ -468,8 +469,8 @@ func (c *Client) isClosed() bool {
 }
 
 // keys returns the keys of the semaphore name under the client's prefix
-// (see keysFor).
-func (c *Client) keys(name string) (keys, error) { return keysFor(c.cfg.prefix, name) }
+// (see keyspace.For).
+func (c *Client) keys(name string) (keyspace.Keys, error) { return keyspace.For(c.cfg.prefix, name) }
 
 // observe reports an event, if the client has an observer.
 func (c *Client) observe(e Event) {

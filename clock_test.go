@@ -36,7 +36,7 @@ func TestLeaseDeadlineBeforeRedisExpiry(t *testing.T) {
 	}
 	check := func(what string, l *Lease) {
 		t.Helper()
-		zs, err := statecheck.Holders(ctx, rdb, k.base)
+		zs, err := statecheck.Holders(ctx, rdb, k.Base)
 		if err != nil || len(zs) != 1 {
 			t.Fatalf("%s: holders %v (%v), want one", what, zs, err)
 		}

@@ -38,7 +38,7 @@ func TestClusterEnabledNodeThroughPlainClient(t *testing.T) {
 	}
 	defer holder.Close()
 	names := []string{"a", "b", "c"}
-	if k, _ := c.keys("a"); k.wake(c.id) == k.ownWake(c.id) {
+	if k, _ := c.keys("a"); k.Wake(c.id) == k.OwnWake(c.id) {
 		t.Fatalf("client id %q: one wake list per semaphore; want the client's one list on one server", c.id)
 	}
 	mutex := func(name string) Request { return Request{Name: name, Capacity: 1, Permits: 1} }

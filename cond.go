@@ -13,6 +13,7 @@ import (
 	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/script"
 )
 
@@ -45,8 +46,8 @@ func validateCondName(name string) error {
 // k, as the scripts take them after the semaphore's: its waiters (a
 // derived key of kind kindCond; cond_key in lua/cond.lua names it too);
 // their deadlines are in the semaphore's :d.
-func condKeys(k keys, cond string) []string {
-	return []string{k.derived(kindCond, cond)}
+func condKeys(k keyspace.Keys, cond string) []string {
+	return []string{k.Derived(keyspace.KindCond, cond)}
 }
 
 // withCond returns p (of one semaphore) with condition cond's keys
@@ -301,7 +302,7 @@ func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, 
 	if err := ctx.Err(); err != nil {
 		return 0, wrap(err)
 	}
-	p := plan{parts: []part{{k: k, req: Request{Name: name}}}, keys: k.list(), names: []string{name}}
+	p := plan{parts: []part{{k: k, req: Request{Name: name}}}, keys: k.List(), names: []string{name}}
 	keys := p.withCond(cond).keys
 	bound := ""
 	total := 0
@@ -310,7 +311,7 @@ func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, 
 		// carries too: the resend finds the first run's reply.
 		// The call ends at the close too (see boundByClose).
 		callCtx, closeBound := c.boundByClose(ctx)
-		o, ok := c.calls.Op(callCtx, signalCall(keys, cond, all, bound, newTicket()).Under(ctx), nil)
+		o, ok := c.calls.Op(callCtx, signalCall(keys, cond, all, bound, keyspace.NewTicket()).Under(ctx), nil)
 		closeBound.done()
 		if !ok {
 			return total, wrap(c.endedByClose(ctx, o.Res.Err))

@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"pgregory.net/rapid"
 )
 
@@ -40,10 +41,10 @@ type cbarrier struct {
 
 // newCallBarrier draws the machine's barrier.
 func (m *callMachine) newCallBarrier(t *rapid.T) {
-	bk := barrierKeysOf(keys{base: callPrefix + "{b}"})
+	bk := barrierKeysOf(keyspace.Keys{Base: callPrefix + "{b}"})
 	m.barrier = &cbarrier{
 		parties: rapid.Int64Range(1, 3).Draw(t, "barrier parties"),
-		res:     &csem{name: "b", base: bk.res.base},
+		res:     &csem{name: "b", base: bk.res.Base},
 		k:       bk,
 		round:   1,
 		waited:  map[int64][]*cticket{},
@@ -89,7 +90,7 @@ func (m *callMachine) barrierCall(t *rapid.T) {
 	}
 	// barrier.lua's KEYS: the waiters' resource's, its condition's, the
 	// hash (barrierKeys.call).
-	keys := append(append(b.k.res.list(), condKeys(b.k.res, barrierCond)...), b.k.state)
+	keys := append(append(b.k.res.List(), condKeys(b.k.res, barrierCond)...), b.k.state)
 	run := func(op string, args ...string) []any {
 		res, _ := m.exec(call{Keys: keys, Args: append([]string{op, num(parties)}, args...)}).([]any)
 		if parties != b.parties {

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/internal/differential"
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/statecheck"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
@@ -447,8 +448,8 @@ func (m *callMachine) leave(t *rapid.T) {
 }
 
 // keys0 returns the engine's keys of tk's first semaphore.
-func keys0(tk *cticket) keys {
-	return keys{base: tk.parts[0].sem.base, all: tk.parts[0].sem.keys()}
+func keys0(tk *cticket) keyspace.Keys {
+	return keyspace.Keys{Base: tk.parts[0].sem.base, All: tk.parts[0].sem.keys()}
 }
 
 // refresh refreshes a process's waiters on one semaphore (those whose
@@ -541,8 +542,8 @@ func (m *callMachine) learn(ticket, grant string) {
 func (m *callMachine) wakeLists(p *cproc) []string {
 	var lists []string
 	for _, s := range m.wakeSems() {
-		k := keys{base: s.base}
-		for _, l := range []string{k.wake(p.id), k.ownWake(p.id)} {
+		k := keyspace.Keys{Base: s.base}
+		for _, l := range []string{k.Wake(p.id), k.OwnWake(p.id)} {
 			if !slices.Contains(lists, l) {
 				lists = append(lists, l)
 			}
@@ -571,9 +572,9 @@ func (m *callMachine) hear(t *rapid.T) {
 			}
 		}
 		for _, s := range m.wakeSems() {
-			k := keys{base: s.base}
-			if !planting && len(got[0]) > 0 && list == k.ownWake(p.id) && list != k.wake(p.id) {
-				t.Fatalf("wake list %s holds %q, but process %s hears its grants on %s", list, got[0], p.id, k.wake(p.id))
+			k := keyspace.Keys{Base: s.base}
+			if !planting && len(got[0]) > 0 && list == k.OwnWake(p.id) && list != k.Wake(p.id) {
+				t.Fatalf("wake list %s holds %q, but process %s hears its grants on %s", list, got[0], p.id, k.Wake(p.id))
 			}
 		}
 		for _, w := range got[0] {
@@ -621,7 +622,7 @@ func (m *callMachine) signal(t *rapid.T) {
 	s := m.sems[rapid.IntRange(0, len(m.sems)-1).Draw(t, "semaphore")]
 	cond := rapid.SampledFrom([]string{"", "x"}).Draw(t, "condition")
 	mode := rapid.SampledFrom([]string{"1", "all"}).Draw(t, "mode")
-	keys := append(s.keys(), condKeys(keys{base: s.base, all: s.keys()}, cond)...)
+	keys := append(s.keys(), condKeys(keyspace.Keys{Base: s.base, All: s.keys()}, cond)...)
 	res, _ := m.exec(call{Keys: keys, Args: []string{"signal", cond, mode, "", m.newTicket()}}).([]any)
 	if len(res) < 1 {
 		return
@@ -859,8 +860,8 @@ func runCallMachine(rt *rapid.T, pair callSides, started ...func(*callMachine)) 
 		id := fmt.Sprintf("P%dID", i)
 		if i%2 == 1 {
 			// A client on one server: one wake list for every semaphore
-			// (keys.wake), under the prefix "cm:".
-			id = processListMark(callPrefix) + id
+			// (keyspace.Keys.Wake), under the prefix "cm:".
+			id = keyspace.ProcessListMark(callPrefix) + id
 		}
 		m.procs = append(m.procs, &cproc{
 			id: id,

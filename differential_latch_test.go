@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"pgregory.net/rapid"
 )
 
@@ -32,10 +33,10 @@ const callLatchTTL = 24 * 3600 * 1000
 
 // newCallLatch draws the machine's latch.
 func (m *callMachine) newCallLatch(t *rapid.T) {
-	k := keys{base: callPrefix + "{l}"}
+	k := keyspace.Keys{Base: callPrefix + "{l}"}
 	lk := latchKeysOf(k)
 	init := rapid.Int64Range(1, 3).Draw(t, "latch count")
-	m.latch = &clatch{init: init, count: init, k: lk, res: &csem{name: "l", base: lk.res.base}, downs: map[string]string{}}
+	m.latch = &clatch{init: init, count: init, k: lk, res: &csem{name: "l", base: lk.res.Base}, downs: map[string]string{}}
 }
 
 // isLatchWaiter reports whether tk waits on the machine's latch.
@@ -52,7 +53,7 @@ func (m *callMachine) latchCall(t *rapid.T) {
 	}
 	// latch.lua's KEYS: the waiters' resource's, its condition's, the
 	// count (latchKeys.call).
-	keys := append(append(l.k.res.list(), condKeys(l.k.res, latchCond)...), l.k.count)
+	keys := append(append(l.k.res.List(), condKeys(l.k.res, latchCond)...), l.k.count)
 	run := func(op string, args ...string) []any {
 		res, _ := m.exec(call{Keys: keys, Args: append([]string{op, num(init)}, args...)}).([]any)
 		return res

@@ -53,11 +53,11 @@ func TestReleaseSkipsDeadHead(t *testing.T) {
 		if err != nil || res[0] != int64(1) {
 			t.Fatalf("release: %v, %v", res, err)
 		}
-		dead, err := rdb.LRange(ctx, k.wake("dead"), 0, -1).Result()
+		dead, err := rdb.LRange(ctx, k.Wake("dead"), 0, -1).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		live, err := rdb.LRange(ctx, k.wake("live"), 0, -1).Result()
+		live, err := rdb.LRange(ctx, k.Wake("live"), 0, -1).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +93,7 @@ func TestRefreshDoesNotReviveDeadWaiter(t *testing.T) {
 		if got, _ := res[1].([]any); len(got) != 2 || got[0] != "LATE" || got[1] != "0" {
 			t.Fatalf("refresh of a dead waiter reported %v, want it gone (LATE 0)", res[1])
 		}
-		if n, err := rdb.ZCard(ctx, k.list()[1]).Result(); err != nil || n != 0 {
+		if n, err := rdb.ZCard(ctx, k.List()[1]).Result(); err != nil || n != 0 {
 			t.Fatalf("queue holds %d after the refresh (%v), want the dead waiter dropped", n, err)
 		}
 	})

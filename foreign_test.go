@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/script"
 	"github.com/fairlock/fairlock/internal/testhook"
@@ -61,28 +62,28 @@ func semKeys(s *csem, procs []*cproc) []fkey {
 		k = append(k, fkey{z, "zset"})
 	}
 	for _, c := range []string{"", "x"} {
-		k = append(k, fkey{condKeys(keys{base: s.base}, c)[0], "zset"})
+		k = append(k, fkey{condKeys(keyspace.Keys{Base: s.base}, c)[0], "zset"})
 	}
 	for _, p := range procs {
 		// The list the process hears its grants on: its one list, if it
-		// has one (keys.wake), else the semaphore's own. (Its own list
+		// has one (keyspace.Keys.Wake), else the semaphore's own. (Its own list
 		// beside its one list takes pushes only while the one list holds
 		// another program's value; TestForeignWakeListDoesNotDeafenOthers
 		// plants at both.)
-		if l := (keys{base: s.base}).wake(p.id); !slices.ContainsFunc(k, func(f fkey) bool { return f.key == l }) {
+		if l := (keyspace.Keys{Base: s.base}).Wake(p.id); !slices.ContainsFunc(k, func(f fkey) bool { return f.key == l }) {
 			k = append(k, fkey{l, "list"})
 		}
 	}
 	// A latch's count, when s is a latch's waiters (latchOf).
-	if strings.HasSuffix(s.base, keySep+kindLatch) {
+	if strings.HasSuffix(s.base, keyspace.Sep+keyspace.KindLatch) {
 		k = append(k, fkey{s.base, "hash"})
 	}
 	// A barrier's state, when s is a barrier's waiters (barrierOf).
-	if strings.HasSuffix(s.base, keySep+kindBarrier) {
+	if strings.HasSuffix(s.base, keyspace.Sep+keyspace.KindBarrier) {
 		k = append(k, fkey{s.base, "hash"})
 	}
 	// An election's record (the leader ops).
-	return append(k, fkey{(keys{base: s.base}).derived(kindLeader), "hash"})
+	return append(k, fkey{(keyspace.Keys{Base: s.base}).Derived(keyspace.KindLeader), "hash"})
 }
 
 // otherLayout is the planted "type" of a state hash written by a release
@@ -223,14 +224,14 @@ func blocks(dump string) map[string]string {
 }
 
 // isProcessList reports whether key is a client's one wake list
-// (keys.wake: the key prefix, then "{w:" and the client id that begins
+// (keyspace.Keys.Wake: the key prefix, then "{w:" and the client id that begins
 // with the prefix's length, then "}").
 func isProcessList(key string) bool {
 	i := strings.Index(key, "{w:/")
 	if i < 0 || !strings.HasSuffix(key, "}") {
 		return false
 	}
-	n, ok := processListPrefix(key[i+3 : len(key)-1])
+	n, ok := keyspace.ProcessListPrefix(key[i+3 : len(key)-1])
 	return ok && n == i
 }
 
@@ -248,7 +249,7 @@ func movedWakeUps(list, pre, after, now string) error {
 		ks := []string{list}
 		for _, d := range dumps {
 			for k := range blocks(d) {
-				if strings.HasSuffix(k, derivedKey("", kindWake, id)) && !slices.Contains(ks, k) {
+				if strings.HasSuffix(k, keyspace.DerivedKey("", keyspace.KindWake, id)) && !slices.Contains(ks, k) {
 					ks = append(ks, k)
 				}
 			}
@@ -288,7 +289,7 @@ func movedWakeUps(list, pre, after, now string) error {
 		if base == "" {
 			return fmt.Errorf("wake-up %s: its ticket waited nowhere before the call", e)
 		}
-		own := derivedKey(base, kindWake, id)
+		own := keyspace.DerivedKey(base, keyspace.KindWake, id)
 		want[own] = append(want[own], e)
 	}
 	expiry := strings.TrimPrefix(header(after, list), list+" list ")
@@ -311,7 +312,7 @@ func movedWakeUps(list, pre, after, now string) error {
 // member, or the first part its member's group names.
 func waitedOn(dump, ticket string) string {
 	for k, b := range blocks(dump) {
-		base, _, isCond := strings.Cut(k, derivedKey("", kindCond, ""))
+		base, _, isCond := strings.Cut(k, keyspace.DerivedKey("", keyspace.KindCond, ""))
 		if !isCond {
 			base, _ = strings.CutSuffix(k, ":q")
 			if !strings.HasSuffix(k, "}:q") {
@@ -569,9 +570,9 @@ func (s *fscen) hear(p *cproc, sem *csem, tks ...*cticket) {
 	if s.err != nil {
 		return
 	}
-	k := keys{base: sem.base}
+	k := keyspace.Keys{Base: sem.base}
 	var got []string
-	for _, list := range []string{k.wake(p.id), k.ownWake(p.id)} {
+	for _, list := range []string{k.Wake(p.id), k.OwnWake(p.id)} {
 		var sides callSides = s.pair
 		if s.via != nil {
 			sides = s.via
@@ -586,7 +587,7 @@ func (s *fscen) hear(p *cproc, sem *csem, tks ...*cticket) {
 				got = append(got, g...)
 			}
 		}
-		if k.wake(p.id) == k.ownWake(p.id) {
+		if k.Wake(p.id) == k.OwnWake(p.id) {
 			break
 		}
 	}
@@ -633,7 +634,7 @@ func (s *fscen) wait(tk *cticket, cond string) *cticket {
 }
 
 func (s *fscen) signal(sem *csem, cond, mode string) {
-	keys := append(sem.keys(), condKeys(keys{base: sem.base}, cond)...)
+	keys := append(sem.keys(), condKeys(keyspace.Keys{Base: sem.base}, cond)...)
 	s.exec(call{Keys: keys, Args: []string{"signal", cond, mode, "", s.ticket()}})
 }
 
@@ -646,22 +647,22 @@ func (s *fscen) leader(op string, sem *csem, tk *cticket, value string) {
 	}
 	args := []string{op}
 	if op != "leader_get" {
-		args = append(args, term, value, "10000", leaderChannel(keys{base: sem.base}))
+		args = append(args, term, value, "10000", leaderChannel(keyspace.Keys{Base: sem.base}))
 	}
-	s.exec(call{Keys: append(sem.keys(), (keys{base: sem.base}).derived(kindLeader)), Args: args})
+	s.exec(call{Keys: append(sem.keys(), (keyspace.Keys{Base: sem.base}).Derived(keyspace.KindLeader)), Args: args})
 }
 
 // latchOf makes sem the waiters of the latch of sem's name (latchKeysOf)
 // and returns it.
 func (s *fscen) latchOf(sem *csem) *csem {
-	sem.base = latchKeysOf(keys{base: sem.base}).count
+	sem.base = latchKeysOf(keyspace.Keys{Base: sem.base}).count
 	return sem
 }
 
 // latch sends latch.lua's op on the latch whose waiters are sem, made
 // with count init, with args after init.
 func (s *fscen) latch(op string, sem *csem, init int64, args ...string) []any {
-	return s.exec(call{Keys: latchKeysOf(keys{base: strings.TrimSuffix(sem.base, keySep+kindLatch)}).call(script.OpLatchDown, init).Keys,
+	return s.exec(call{Keys: latchKeysOf(keyspace.Keys{Base: strings.TrimSuffix(sem.base, keyspace.Sep+keyspace.KindLatch)}).call(script.OpLatchDown, init).Keys,
 		Args: append([]string{op, num(init)}, args...)})
 }
 
@@ -676,14 +677,14 @@ func (s *fscen) latchWait(p *cproc, sem *csem, init int64) *cticket {
 // barrierOf makes sem the waiters of the barrier of sem's name
 // (barrierKeysOf) and returns it.
 func (s *fscen) barrierOf(sem *csem) *csem {
-	sem.base = barrierKeysOf(keys{base: sem.base}).state
+	sem.base = barrierKeysOf(keyspace.Keys{Base: sem.base}).state
 	return sem
 }
 
 // barrier sends barrier.lua's op on the barrier whose waiters are sem,
 // made with parties, with args after parties.
 func (s *fscen) barrier(op string, sem *csem, parties int64, args ...string) []any {
-	return s.exec(call{Keys: barrierKeysOf(keys{base: strings.TrimSuffix(sem.base, keySep+kindBarrier)}).call(script.OpBarrierAwait, parties).Keys,
+	return s.exec(call{Keys: barrierKeysOf(keyspace.Keys{Base: strings.TrimSuffix(sem.base, keyspace.Sep+keyspace.KindBarrier)}).call(script.OpBarrierAwait, parties).Keys,
 		Args: append([]string{op, num(parties)}, args...)})
 }
 
@@ -944,8 +945,8 @@ func runScenario(t *testing.T, pair *foreignPair, via callSides, i int) error {
 		}
 	}
 	// B and C are clients on one server, with one wake list each for every
-	// semaphore (keys.wake); the others have one per semaphore.
-	one := processListMark("fk:")
+	// semaphore (keyspace.Keys.Wake); the others have one per semaphore.
+	one := keyspace.ProcessListMark("fk:")
 	procs := []*cproc{{"PAID", 5000, 3000}, {one + "PBID", 5000, 3000}, {one + "PCID", 5000, 3000}, {"PDID", 300, 200}, {"PEID", 60000, 3000}}
 	s := &fscen{t: t, ctx: ctx, pair: pair, via: via, now: time.Now().UnixMicro(), procs: procs}
 	for i, c := range sc.caps {
@@ -1128,13 +1129,13 @@ func TestForeignWakeListDoesNotDeafenOthers(t *testing.T) {
 		name string
 		// foreign returns the lists another program writes, for client c
 		// and semaphore a's keys.
-		foreign func(c *Client, ka keys) []string
+		foreign func(c *Client, ka keyspace.Keys) []string
 		// aPrompt: a's waiter hears its grant at once too.
 		aPrompt bool
 	}{
-		{"the client's list", func(c *Client, ka keys) []string { return []string{ka.wake(c.id)} }, true},
-		{"the client's list and a's own", func(c *Client, ka keys) []string {
-			return []string{ka.wake(c.id), ka.ownWake(c.id)}
+		{"the client's list", func(c *Client, ka keyspace.Keys) []string { return []string{ka.Wake(c.id)} }, true},
+		{"the client's list and a's own", func(c *Client, ka keyspace.Keys) []string {
+			return []string{ka.Wake(c.id), ka.OwnWake(c.id)}
 		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1170,7 +1171,7 @@ func startWait(t *testing.T, c *Client, req Request, got chan<- string) {
 	}
 }
 
-func foreignWakeList(t *testing.T, b *redistest.Backend, foreign func(c *Client, ka keys) []string, aPrompt bool) {
+func foreignWakeList(t *testing.T, b *redistest.Backend, foreign func(c *Client, ka keyspace.Keys) []string, aPrompt bool) {
 	ctx := context.Background()
 	prefix := redistest.Prefix(t)
 	var logged strings.Builder
@@ -1200,7 +1201,7 @@ func foreignWakeList(t *testing.T, b *redistest.Backend, foreign func(c *Client,
 	// covers them.
 	ka, _ := c.keys("a")
 	lists := foreign(c, ka)
-	if ka.wake(c.id) == ka.ownWake(c.id) {
+	if ka.Wake(c.id) == ka.OwnWake(c.id) {
 		t.Fatalf("client id %q: one wake list per semaphore; want the client's one list on one server", c.id)
 	}
 	for _, k := range lists {
@@ -1238,7 +1239,7 @@ func foreignWakeList(t *testing.T, b *redistest.Backend, foreign func(c *Client,
 	}
 	mu.Lock()
 	for _, k := range lists {
-		// The text handler quotes a key with a control character (keySep).
+		// The text handler quotes a key with a control character (keyspace.Sep).
 		if !strings.Contains(logged.String(), k) && !strings.Contains(logged.String(), strconv.Quote(k)) {
 			mu.Unlock()
 			t.Fatalf("the log does not name the wake list %q another program wrote:\n%s", k, logged.String())

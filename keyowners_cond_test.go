@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/script"
 	"github.com/redis/go-redis/v9"
@@ -101,7 +102,7 @@ func TestConditionIsNoOtherSemaphoresQueue(t *testing.T) {
 }
 
 // The scripts build derived keys (derived_key in lua/rules.lua) from
-// KEY_SEP in queue.lua, which must be keySep: a Lua string literal, read
+// KEY_SEP in queue.lua, which must be keyspace.Sep: a Lua string literal, read
 // back through a server's Lua.
 func TestKeySepInStep(t *testing.T) {
 	m := regexp.MustCompile(`(?m)^local KEY_SEP = ('[^'\n]*')$`).FindStringSubmatch(script.Source("queue.lua"))
@@ -115,7 +116,7 @@ func TestKeySepInStep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != keySep {
-		t.Fatalf("queue.lua's KEY_SEP is %q, keys.go's keySep %q", got, keySep)
+	if got != keyspace.Sep {
+		t.Fatalf("queue.lua's KEY_SEP is %q, keyspace.Sep %q", got, keyspace.Sep)
 	}
 }

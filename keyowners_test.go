@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/fairlock/fairlock/internal/keyslot"
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/script"
 	"pgregory.net/rapid"
@@ -38,71 +39,71 @@ type keyNamer struct {
 
 var keyNamers = []keyNamer{
 	{"semaphore", func(o keyObject) (string, []string, error) {
-		k, err := keysFor(o.prefix, o.name)
-		return fmt.Sprintf("semaphore %q %q", o.prefix, o.name), k.list(), err
+		k, err := keyspace.For(o.prefix, o.name)
+		return fmt.Sprintf("semaphore %q %q", o.prefix, o.name), k.List(), err
 	}},
 	{"condition", func(o keyObject) (string, []string, error) {
-		k, err := keysFor(o.prefix, o.name)
+		k, err := keyspace.For(o.prefix, o.name)
 		if err == nil {
 			err = validateCondName(o.cond)
 		}
 		return fmt.Sprintf("condition %q of %q %q", o.cond, o.prefix, o.name), condKeys(k, o.cond), err
 	}},
 	{"election", func(o keyObject) (string, []string, error) {
-		k, err := keysFor(o.prefix, o.name)
+		k, err := keyspace.For(o.prefix, o.name)
 		// Its mutex's keys are the semaphore's: the record and the channel.
-		return fmt.Sprintf("election %q %q", o.prefix, o.name), []string{leaderKeys(k)[len(k.list())], leaderChannel(k)}, err
+		return fmt.Sprintf("election %q %q", o.prefix, o.name), []string{leaderKeys(k)[len(k.List())], leaderChannel(k)}, err
 	}},
 	{"latch", func(o keyObject) (string, []string, error) {
-		k, err := keysFor(o.prefix, o.name)
+		k, err := keyspace.For(o.prefix, o.name)
 		// Its count, its waiters' resource and their condition: every key
 		// its ops declare.
 		return fmt.Sprintf("latch %q %q", o.prefix, o.name), latchKeysOf(k).call(script.OpLatchDown, 1).Keys, err
 	}},
 	{"own wake list on a latch", func(o keyObject) (string, []string, error) {
-		k, err := keysFor(o.prefix, o.name)
-		return fmt.Sprintf("wake list of %q on latch %q %q", o.client, o.prefix, o.name), []string{latchKeysOf(k).res.ownWake(o.client)}, err
+		k, err := keyspace.For(o.prefix, o.name)
+		return fmt.Sprintf("wake list of %q on latch %q %q", o.client, o.prefix, o.name), []string{latchKeysOf(k).res.OwnWake(o.client)}, err
 	}},
 	{"control list beside an own wake list on a latch", func(o keyObject) (string, []string, error) {
-		k, err := keysFor(o.prefix, o.name)
-		return controlList(o, latchKeysOf(k).res.ownWake(o.client), o.client, err)
+		k, err := keyspace.For(o.prefix, o.name)
+		return controlList(o, latchKeysOf(k).res.OwnWake(o.client), o.client, err)
 	}},
 	{"barrier", func(o keyObject) (string, []string, error) {
-		k, err := keysFor(o.prefix, o.name)
+		k, err := keyspace.For(o.prefix, o.name)
 		// Its state, its waiters' resource and their condition: every key
 		// its ops declare.
 		return fmt.Sprintf("barrier %q %q", o.prefix, o.name), barrierKeysOf(k).call(script.OpBarrierAwait, 1).Keys, err
 	}},
 	{"own wake list on a barrier", func(o keyObject) (string, []string, error) {
-		k, err := keysFor(o.prefix, o.name)
-		return fmt.Sprintf("wake list of %q on barrier %q %q", o.client, o.prefix, o.name), []string{barrierKeysOf(k).res.ownWake(o.client)}, err
+		k, err := keyspace.For(o.prefix, o.name)
+		return fmt.Sprintf("wake list of %q on barrier %q %q", o.client, o.prefix, o.name), []string{barrierKeysOf(k).res.OwnWake(o.client)}, err
 	}},
 	{"control list beside an own wake list on a barrier", func(o keyObject) (string, []string, error) {
-		k, err := keysFor(o.prefix, o.name)
-		return controlList(o, barrierKeysOf(k).res.ownWake(o.client), o.client, err)
+		k, err := keyspace.For(o.prefix, o.name)
+		return controlList(o, barrierKeysOf(k).res.OwnWake(o.client), o.client, err)
 	}},
 	{"own wake list", func(o keyObject) (string, []string, error) {
-		k, err := keysFor(o.prefix, o.name)
-		return fmt.Sprintf("wake list of %q on %q %q", o.client, o.prefix, o.name), []string{k.ownWake(o.client)}, err
+		k, err := keyspace.For(o.prefix, o.name)
+		return fmt.Sprintf("wake list of %q on %q %q", o.client, o.prefix, o.name), []string{k.OwnWake(o.client)}, err
 	}},
 	{"own wake list of a marked client", func(o keyObject) (string, []string, error) {
-		k, err := keysFor(o.prefix, o.name)
-		id := processListMark(o.prefix) + o.client
-		return fmt.Sprintf("wake list of %q on %q %q", id, o.prefix, o.name), []string{k.ownWake(id)}, err
+		k, err := keyspace.For(o.prefix, o.name)
+		id := keyspace.ProcessListMark(o.prefix) + o.client
+		return fmt.Sprintf("wake list of %q on %q %q", id, o.prefix, o.name), []string{k.OwnWake(id)}, err
 	}},
 	{"client's one wake list", func(o keyObject) (string, []string, error) {
-		id := processListMark(o.prefix) + o.client
+		id := keyspace.ProcessListMark(o.prefix) + o.client
 		_, err := newConfig([]Option{WithPrefix(o.prefix)})
-		return fmt.Sprintf("one wake list of %q under %q", id, o.prefix), []string{processList(o.prefix, id)}, err
+		return fmt.Sprintf("one wake list of %q under %q", id, o.prefix), []string{keyspace.ProcessList(o.prefix, id)}, err
 	}},
 	{"control list beside an own wake list", func(o keyObject) (string, []string, error) {
-		k, err := keysFor(o.prefix, o.name)
-		return controlList(o, k.ownWake(o.client), o.client, err)
+		k, err := keyspace.For(o.prefix, o.name)
+		return controlList(o, k.OwnWake(o.client), o.client, err)
 	}},
 	{"control list beside the one wake list", func(o keyObject) (string, []string, error) {
-		id := processListMark(o.prefix) + o.client
+		id := keyspace.ProcessListMark(o.prefix) + o.client
 		_, err := newConfig([]Option{WithPrefix(o.prefix)})
-		return controlList(o, processList(o.prefix, id), id, err)
+		return controlList(o, keyspace.ProcessList(o.prefix, id), id, err)
 	}},
 }
 
@@ -178,7 +179,7 @@ func collidingText(t *rapid.T, label string, max int) string {
 }
 
 // drawClient draws a client id as newClient makes them (before the
-// processListMark): an optional owner label, '/', and random base32.
+// keyspace.ProcessListMark): an optional owner label, '/', and random base32.
 func drawClient(t *rapid.T, label string) string {
 	id := rapid.SampledFrom([]string{"C", "ABC", "W", "Q1"}).Draw(t, label+" random")
 	owner := rapid.SampledFrom([]string{"", "a", "host:1", "w:s", "c:q", "a}b"}).Draw(t, label+" owner")

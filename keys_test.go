@@ -9,6 +9,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock/internal/keyslot"
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/script"
 	"github.com/redis/go-redis/v9"
@@ -37,15 +38,15 @@ func TestKeyLayout(t *testing.T) {
 		if err != nil {
 			t.Fatalf("keys(%q): %v", tc.name, err)
 		}
-		if k.base != tc.base {
-			t.Errorf("keys(%q).base = %q, want %q", tc.name, k.base, tc.base)
+		if k.Base != tc.base {
+			t.Errorf("keys(%q).base = %q, want %q", tc.name, k.Base, tc.base)
 		}
 		// A latch of the name: its count, its waiters' keys and wake
 		// lists share the tag (one Cluster slot per latch).
 		lk, bk := latchKeysOf(k), barrierKeysOf(k)
-		keys := append(append(k.list(), k.wake("C")), append(lk.call(script.OpLatchDown, 1).Keys, lk.res.ownWake("C"))...)
+		keys := append(append(k.List(), k.Wake("C")), append(lk.call(script.OpLatchDown, 1).Keys, lk.res.OwnWake("C"))...)
 		// A barrier's likewise.
-		keys = append(keys, append(bk.call(script.OpBarrierAwait, 1).Keys, bk.res.ownWake("C"))...)
+		keys = append(keys, append(bk.call(script.OpBarrierAwait, 1).Keys, bk.res.OwnWake("C"))...)
 		for _, key := range keys {
 			if got := keyslot.HashTag(key); got != tc.tag {
 				t.Errorf("hash tag of %q = %q, want %q", key, got, tc.tag)
@@ -71,10 +72,10 @@ var fuzzClientIDs = []string{"C", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "host:1/ABC", "h
 
 // keySet returns every key of k that FuzzKeys compares: the keys scripts
 // declare and the wake lists of fuzzClientIDs.
-func keySet(k keys) []string {
-	ks := append([]string(nil), k.list()...)
+func keySet(k keyspace.Keys) []string {
+	ks := append([]string(nil), k.List()...)
 	for _, id := range fuzzClientIDs {
-		ks = append(ks, k.wake(id))
+		ks = append(ks, k.Wake(id))
 	}
 	return ks
 }
@@ -116,7 +117,7 @@ func FuzzKeys(f *testing.F) {
 		kb, errB := c.keys(b)
 		for _, r := range []struct {
 			name string
-			k    keys
+			k    keyspace.Keys
 			err  error
 		}{{a, ka, errA}, {b, kb, errB}} {
 			if r.err != nil {
@@ -125,23 +126,23 @@ func FuzzKeys(f *testing.F) {
 				}
 				continue
 			}
-			tag := keyslot.HashTag(r.k.base)
+			tag := keyslot.HashTag(r.k.Base)
 			if tag == "" {
-				t.Fatalf("name %q: base %q has no hash tag", r.name, r.k.base)
+				t.Fatalf("name %q: base %q has no hash tag", r.name, r.k.Base)
 			}
 			if want := keyslot.HashTag(r.name); want != "" && tag != want {
 				t.Fatalf("name %q carries tag %q but its keys have tag %q", r.name, want, tag)
 			}
-			slot := keyslot.Of(r.k.base)
+			slot := keyslot.Of(r.k.Base)
 			for _, key := range keySet(r.k) {
 				if !strings.HasPrefix(key, prefix) {
 					t.Fatalf("name %q: key %q lacks prefix %q", r.name, key, prefix)
 				}
 				if got := keyslot.HashTag(key); got != tag {
-					t.Fatalf("name %q: key %q has hash tag %q, base %q has %q", r.name, key, got, r.k.base, tag)
+					t.Fatalf("name %q: key %q has hash tag %q, base %q has %q", r.name, key, got, r.k.Base, tag)
 				}
 				if s := keyslot.Of(key); s != slot {
-					t.Fatalf("name %q: key %q is in slot %d, base %q in slot %d", r.name, key, s, r.k.base, slot)
+					t.Fatalf("name %q: key %q is in slot %d, base %q in slot %d", r.name, key, s, r.k.Base, slot)
 				}
 			}
 		}
@@ -152,22 +153,22 @@ func FuzzKeys(f *testing.F) {
 		// its own under the prefix, which is no key of either semaphore,
 		// and falls back on each name's own list.
 		for _, id := range fuzzClientIDs {
-			marked := processListMark(prefix) + id
-			one := ka.wake(marked)
-			if one != kb.wake(marked) || one != prefix+"{w:"+marked+"}" {
-				t.Fatalf("client %q: wake lists %q (%q) and %q (%q), want one, %q", marked, one, a, kb.wake(marked), b, prefix+"{w:"+marked+"}")
+			marked := keyspace.ProcessListMark(prefix) + id
+			one := ka.Wake(marked)
+			if one != kb.Wake(marked) || one != prefix+"{w:"+marked+"}" {
+				t.Fatalf("client %q: wake lists %q (%q) and %q (%q), want one, %q", marked, one, a, kb.Wake(marked), b, prefix+"{w:"+marked+"}")
 			}
-			if unmarked(marked) != id || owner(marked) != owner(id) {
-				t.Fatalf("client %q: unmarked %q, owner %q; want %q, %q", marked, unmarked(marked), owner(marked), id, owner(id))
+			if keyspace.Unmarked(marked) != id || owner(marked) != owner(id) {
+				t.Fatalf("client %q: unmarked %q, owner %q; want %q, %q", marked, keyspace.Unmarked(marked), owner(marked), id, owner(id))
 			}
-			for _, k := range []keys{ka, kb} {
-				if slices.Contains(keySet(k), one) || slices.Contains(k.list(), k.ownWake(marked)) || keyslot.HashTag(k.ownWake(marked)) != keyslot.HashTag(k.base) {
-					t.Fatalf("client %q: its one list %q or its own list %q on %q is a key of the semaphore's, or the latter leaves its slot", marked, one, k.ownWake(marked), k.base)
+			for _, k := range []keyspace.Keys{ka, kb} {
+				if slices.Contains(keySet(k), one) || slices.Contains(k.List(), k.OwnWake(marked)) || keyslot.HashTag(k.OwnWake(marked)) != keyslot.HashTag(k.Base) {
+					t.Fatalf("client %q: its one list %q or its own list %q on %q is a key of the semaphore's, or the latter leaves its slot", marked, one, k.OwnWake(marked), k.Base)
 				}
 			}
 		}
-		if ka.base == kb.base {
-			t.Fatalf("names %q and %q share the key base %q", a, b, ka.base)
+		if ka.Base == kb.Base {
+			t.Fatalf("names %q and %q share the key base %q", a, b, ka.Base)
 		}
 		of := map[string]bool{}
 		for _, key := range keySet(ka) {
@@ -211,7 +212,7 @@ func TestCollidingNamesMultiLock(t *testing.T) {
 // would be refused rather than take one semaphore's permits twice.
 func TestDistinctBases(t *testing.T) {
 	mk := func(name, base string) part {
-		return part{k: keys{base: base}, req: Request{Name: name, Capacity: 1, Permits: 1}}
+		return part{k: keyspace.Keys{Base: base}, req: Request{Name: name, Capacity: 1, Permits: 1}}
 	}
 	for _, tc := range []struct {
 		parts []part

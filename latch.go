@@ -10,6 +10,7 @@ import (
 	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/script"
 )
 
@@ -36,29 +37,29 @@ const maxLatchScripts = 100000
 
 // latchKeys are a latch's keys: its waiters' resource, and its count.
 type latchKeys struct {
-	res   keys
+	res   keyspace.Keys
 	count string
 }
 
 // latchKeysOf returns the keys of the latch whose name has keys k. Every
 // one is derived from k's base under kindLatch, so no semaphore's key, nor
 // any other object's, is a latch's (TestKeyOwners).
-func latchKeysOf(k keys) latchKeys {
-	count := k.derived(kindLatch)
-	return latchKeys{res: coreKeys(count), count: count}
+func latchKeysOf(k keyspace.Keys) latchKeys {
+	count := k.Derived(keyspace.KindLatch)
+	return latchKeys{res: keyspace.Core(count), count: count}
 }
 
 // plan is the plan of a waiter on the latch name: one permit of the
 // waiters' resource (what its member and its refresh name).
 func (lk latchKeys) plan(name string) plan {
-	return plan{parts: []part{{k: lk.res, req: Request{Name: name, Permits: 1}}}, keys: lk.res.list(), names: []string{name}}
+	return plan{parts: []part{{k: lk.res, req: Request{Name: name, Permits: 1}}}, keys: lk.res.List(), names: []string{name}}
 }
 
 // call is latch.lua's op o on lk: the waiters' resource's keys, its
 // condition's, then the count; args after init.
 func (lk latchKeys) call(o *script.Op, init int64, args ...string) script.Call {
 	keys := append(condKeys(lk.res, latchCond), lk.count)
-	keys = append(append(make([]string, 0, 7), lk.res.list()...), keys...)
+	keys = append(append(make([]string, 0, 7), lk.res.List()...), keys...)
 	return script.NewCall(o, keys, 1+len(args)).With(itoa(init)).With(args...)
 }
 
@@ -194,7 +195,7 @@ func (c *Client) latchDown(ctx context.Context, name string, init int64, ttl tim
 		return 0, 0, err
 	}
 	names := []string{name}
-	id, wait := newTicket(), resendFirst
+	id, wait := keyspace.NewTicket(), resendFirst
 	until := time.Now().Add(min(c.cfg.waiterTTL, latchResendFor))
 	for scripts := 0; scripts < maxLatchScripts; {
 		o, ok := c.calls.Op(ctx, lk.call(script.OpLatchDown, init, msArg(ttl), id), nil)
@@ -229,7 +230,7 @@ func (c *Client) latchDown(ctx context.Context, name string, init int64, ttl tim
 		// Waiters are left to wake: each script further has an id of
 		// its own (the count stays 0).
 		scripts++
-		id, wait = newTicket(), resendFirst
+		id, wait = keyspace.NewTicket(), resendFirst
 	}
 	return 0, 0, nil
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/fairlock/fairlock/internal/keyspace"
 )
 
 // A latch's condition key can expire with only dead waiters in it (it
@@ -24,8 +26,8 @@ func TestLatchOpensPastLostMarks(t *testing.T) {
 // changed by transform: the error says what went wrong.
 func latchOpensPastLostMarks(t *testing.T, transform func(string) string) error {
 	g := newTraceRigWith(t, transform)
-	lk := latchKeysOf(keys{base: "trace:{l}"})
-	ks := append(append(lk.res.list(), condKeys(lk.res, latchCond)...), lk.count)
+	lk := latchKeysOf(keyspace.Keys{Base: "trace:{l}"})
+	ks := append(append(lk.res.List(), condKeys(lk.res, latchCond)...), lk.count)
 	run := func(args ...string) string { return fmt.Sprint(g.runOn(ks, args...)) }
 	// PX waits with a 1 s waiter TTL, and dies.
 	if got := run("latch_wait", "2", "600000", "TX", "PX", "10000", "1000"); !strings.HasPrefix(got, "[1 ") {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/internal/engine"
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/script"
 )
 
@@ -18,18 +19,18 @@ import (
 
 // leaderKeys are the keys of the leader ops on the election name: the
 // mutex's, then the record.
-func leaderKeys(k keys) []string {
-	return append(k.list()[:len(k.list()):len(k.list())], k.derived(kindLeader))
+func leaderKeys(k keyspace.Keys) []string {
+	return append(k.List()[:len(k.List()):len(k.List())], k.Derived(keyspace.KindLeader))
 }
 
 // leaderChannel names the channel on which the election name's record
 // announces its changes.
-func leaderChannel(k keys) string { return k.derived(kindLeaderChange) }
+func leaderChannel(k keyspace.Keys) string { return k.Derived(keyspace.KindLeaderChange) }
 
 // leaderRun runs the leader op lo on the election name, by ctx's end,
 // with the arguments args gives for the election's keys (after the op's
 // name); op names the call in errors.
-func (c *Client) leaderRun(ctx context.Context, op string, lo *script.Op, name string, args func(k keys) []string) (script.Result, error, error) {
+func (c *Client) leaderRun(ctx context.Context, op string, lo *script.Op, name string, args func(k keyspace.Keys) []string) (script.Result, error, error) {
 	k, err := c.keys(name)
 	if err != nil {
 		return script.Result{}, nil, opError(op, []string{name}, err)
@@ -52,7 +53,7 @@ func (c *Client) leaderRun(ctx context.Context, op string, lo *script.Op, name s
 
 func (c *Client) leaderSet(ctx context.Context, name string, term int64, value string, ttl time.Duration) (bool, error) {
 	const op = "record leader"
-	cmd, ackErr, err := c.leaderRun(ctx, op, script.OpLeaderSet, name, func(k keys) []string {
+	cmd, ackErr, err := c.leaderRun(ctx, op, script.OpLeaderSet, name, func(k keyspace.Keys) []string {
 		return []string{itoa(term), value, msArg(ttl), leaderChannel(k)}
 	})
 	if err != nil {
@@ -70,7 +71,7 @@ func (c *Client) leaderSet(ctx context.Context, name string, term int64, value s
 }
 
 func (c *Client) leaderClear(ctx context.Context, name string, term int64) error {
-	_, _, err := c.leaderRun(ctx, "clear leader", script.OpLeaderClear, name, func(k keys) []string {
+	_, _, err := c.leaderRun(ctx, "clear leader", script.OpLeaderClear, name, func(k keyspace.Keys) []string {
 		return []string{itoa(term), "", "1", leaderChannel(k)}
 	})
 	return err
@@ -78,7 +79,7 @@ func (c *Client) leaderClear(ctx context.Context, name string, term int64) error
 
 func (c *Client) leaderGet(ctx context.Context, name string) (engine.Leader, error) {
 	const op = "read leader"
-	cmd, _, err := c.leaderRun(ctx, op, script.OpLeaderGet, name, func(keys) []string { return nil })
+	cmd, _, err := c.leaderRun(ctx, op, script.OpLeaderGet, name, func(keyspace.Keys) []string { return nil })
 	if err != nil {
 		return engine.Leader{}, err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/keyslot"
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/script"
 )
 
@@ -25,7 +26,7 @@ const maxListenKeys = 512
 // number of semaphores cannot delay renewals or releases. The rooms of one
 // listener share a group: the keys one BLPOP may take together (any on a
 // single node, one hash slot on Cluster). On a single node every room of
-// the client has the same wake list (keys.wake), so one listener reading
+// the client has the same wake list (keyspace.Keys.Wake), so one listener reading
 // two keys hears the grants on every semaphore the client waits on.
 //
 // Besides the rooms' wake lists the BLPOP takes the listener's control
@@ -40,7 +41,7 @@ type listener struct {
 	ctl   string
 
 	// Guarded by c.mu.
-	rooms map[string]*room // by keys.base
+	rooms map[string]*room // by Keys.Base
 	wakes map[string]int   // the rooms' wake keys, each with its number of rooms
 	keys  []string         // ctl, then the wake keys; nil: rebuild
 	// foreign are wake keys another program wrote (a value that is not a
@@ -121,10 +122,10 @@ func (c *waits) attachLocked(r *room) (nudge *listener) {
 		go c.runListener(l, blk)
 	}
 	r.idleSince = time.Time{}
-	if l.rooms[r.k.base] == r {
+	if l.rooms[r.k.Base] == r {
 		return nil
 	}
-	l.rooms[r.k.base] = r
+	l.rooms[r.k.Base] = r
 	l.wakes[r.wakeKey]++
 	if l.wakes[r.wakeKey] > 1 {
 		return nil // the BLPOP takes its wake key already
@@ -138,12 +139,12 @@ func (c *waits) attachLocked(r *room) (nudge *listener) {
 }
 
 // ctlName names a listener's control list, numbered seq, in the slot and
-// under the hash tag of key: a derived key (keys.derived) of kind
+// under the hash tag of key: a derived key (keyspace.Keys.Derived) of kind
 // kindControl beside the base prefix{tag}, which no other kind of key
 // uses, so it is never another object's key; the client id and seq tell
 // two listeners' lists apart.
 func (c *waits) ctlName(key string, seq uint64) string {
-	return derivedKey(c.cfg.prefix+"{"+keyslot.HashTag(key)+"}", kindControl, c.id, strconv.FormatUint(seq, 10))
+	return keyspace.DerivedKey(c.cfg.prefix+"{"+keyslot.HashTag(key)+"}", keyspace.KindControl, c.id, strconv.FormatUint(seq, 10))
 }
 
 // nudge ends l's BLPOP so that it starts again with its new keys. If it
@@ -301,13 +302,13 @@ func (c *waits) leaveOutForeign(l *listener, blk backend.Backend, keys []string)
 	return found
 }
 
-// processList returns the client's one wake list (keys.wake), or "" when
+// processList returns the client's one wake list (keyspace.Keys.Wake), or "" when
 // it has one per semaphore.
 func (c *waits) processList() string {
-	if _, ok := processListPrefix(c.id); !ok {
+	if _, ok := keyspace.ProcessListPrefix(c.id); !ok {
 		return ""
 	}
-	return processList(c.cfg.prefix, c.id)
+	return keyspace.ProcessList(c.cfg.prefix, c.id)
 }
 
 // useListsLocked moves every room to its semaphore's own wake list

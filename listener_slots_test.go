@@ -87,7 +87,7 @@ func TestListenerReadsStayInOneSlot(t *testing.T) {
 				}
 				r := &room{c: w, k: k, wakeKey: w.wakeKeyLocked(k), kick: make(chan struct{}, 1),
 					waiters: map[string]*waiter{"T" + name: {ticket: "T" + name}}, running: true, stop: make(chan struct{})}
-				w.rooms[k.base] = r
+				w.rooms[k.Base] = r
 				w.attachLocked(r)
 			}
 			w.mu.Unlock()
@@ -112,7 +112,7 @@ func TestListenerReadsStayInOneSlot(t *testing.T) {
 				}
 				for _, r := range w.rooms {
 					if !heard[r] {
-						t.Fatalf("%s: no listener reads %s's wake list %q", state, r.k.base, r.wakeKey)
+						t.Fatalf("%s: no listener reads %s's wake list %q", state, r.k.Base, r.wakeKey)
 					}
 				}
 			}

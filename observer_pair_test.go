@@ -331,7 +331,7 @@ func TestObserverPairsCondWaits(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := raw.Del(ctx, append(slices.Clone(k.list()), condKeys(k, "")...)...).Err(); err != nil {
+		if err := raw.Del(ctx, append(slices.Clone(k.List()), condKeys(k, "")...)...).Err(); err != nil {
 			t.Fatal(err)
 		}
 		woken := granted(t, ws)

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode"
+
+	"github.com/fairlock/fairlock/internal/keyspace"
 )
 
 // Defaults of the [Option] settings.
@@ -31,6 +33,10 @@ const (
 	// comes earlier.
 	never = time.Duration(math.MaxInt64)
 )
+
+// MaxNameLen is the longest semaphore name, in bytes, that fairlock accepts;
+// a longer one fails with [ErrInvalidName].
+const MaxNameLen = keyspace.MaxNameLen
 
 // The longest durations the options and requests accept; [New] and every
 // call refuse a longer one with [ErrInvalidArgument] naming the option and
@@ -233,8 +239,8 @@ func newConfig(opts []Option) (config, error) {
 		return cfg, fmt.Errorf("%w: prefix %q contains '{' or '}'", ErrInvalidArgument, cfg.prefix)
 	case strings.IndexFunc(cfg.prefix, unicode.IsControl) >= 0:
 		return cfg, fmt.Errorf("%w: prefix %q contains a control character", ErrInvalidArgument, cfg.prefix)
-	case len(cfg.prefix) > maxPrefixLen:
-		return cfg, fmt.Errorf("%w: prefix is %d bytes, longer than %d", ErrInvalidArgument, len(cfg.prefix), maxPrefixLen)
+	case len(cfg.prefix) > keyspace.MaxPrefixLen:
+		return cfg, fmt.Errorf("%w: prefix is %d bytes, longer than %d", ErrInvalidArgument, len(cfg.prefix), keyspace.MaxPrefixLen)
 	case len(cfg.owner) > maxOwnerLen || strings.ContainsAny(cfg.owner, "{} /") ||
 		strings.IndexFunc(cfg.owner, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0:
 		return cfg, fmt.Errorf("%w: owner label %q: at most %d printable characters, no spaces, braces or '/'", ErrInvalidArgument, cfg.owner, maxOwnerLen)

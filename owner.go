@@ -58,7 +58,7 @@ func (c *Client) deadlock(ctx context.Context, op string, p plan) error {
 				}
 			}
 			for i, lp := range l.p.parts {
-				if lp.k.base != pt.k.base || lp.req.Capacity != pt.req.Capacity || !sameRedis(l.c, c) {
+				if lp.k.Base != pt.k.Base || lp.req.Capacity != pt.req.Capacity || !sameRedis(l.c, c) {
 					continue
 				}
 				if l.Err() == nil {

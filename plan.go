@@ -10,6 +10,7 @@ import (
 
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/keyslot"
+	"github.com/fairlock/fairlock/internal/keyspace"
 )
 
 // MaxResources is the most semaphores one request may lock at once.
@@ -17,7 +18,7 @@ const MaxResources = 16
 
 // part is one semaphore of a request.
 type part struct {
-	k   keys
+	k   keyspace.Keys
 	req Request
 	// req's permits and capacity as script arguments, rendered (and
 	// boxed, see opCall.argv) once by plan; "" and nil in a part made
@@ -167,7 +168,7 @@ func (c *Client) newPlan(reqs []Request) (plan, error) {
 	names := make([]string, len(p.parts))
 	for i, pt := range p.parts {
 		names[i] = pt.req.Name
-		p.keys = append(p.keys, pt.k.list()...)
+		p.keys = append(p.keys, pt.k.List()...)
 	}
 	p.names = names
 	if ttl := leaseTTLOf(p.parts, c.cfg.leaseTTL); ttl != c.cfg.leaseTTL {
@@ -184,7 +185,7 @@ func (c *Client) newPlan(reqs []Request) (plan, error) {
 	}
 	var g []string
 	for _, pt := range p.parts {
-		g = append(g, pt.k.base, strconv.FormatInt(pt.req.Permits, 10), strconv.FormatInt(pt.req.Capacity, 10))
+		g = append(g, pt.k.Base, strconv.FormatInt(pt.req.Permits, 10), strconv.FormatInt(pt.req.Capacity, 10))
 	}
 	p.group = strings.Join(g, "\t")
 	p.groupArg = p.group
@@ -202,13 +203,13 @@ func (p plan) first() part { return p.parts[0] }
 func distinct(parts []part) error {
 	seen := make(map[string]string, len(parts)) // base -> name
 	for _, pt := range parts {
-		if other, ok := seen[pt.k.base]; ok {
+		if other, ok := seen[pt.k.Base]; ok {
 			if other == pt.req.Name {
 				return fmt.Errorf("%w: %q requested twice", ErrInvalidArgument, other)
 			}
-			return fmt.Errorf("%w: %q and %q name the same keys (%s)", ErrInvalidArgument, other, pt.req.Name, pt.k.base)
+			return fmt.Errorf("%w: %q and %q name the same keys (%s)", ErrInvalidArgument, other, pt.req.Name, pt.k.Base)
 		}
-		seen[pt.k.base] = pt.req.Name
+		seen[pt.k.Base] = pt.req.Name
 	}
 	return nil
 }
@@ -216,9 +217,9 @@ func distinct(parts []part) error {
 // sameSlot reports an error matching [ErrCrossSlot] unless all parts live
 // in one Cluster slot; it names the first two names whose slots differ.
 func sameSlot(parts []part) error {
-	first := keyslot.Of(parts[0].k.base)
+	first := keyslot.Of(parts[0].k.Base)
 	for _, pt := range parts[1:] {
-		if at := keyslot.Of(pt.k.base); at != first {
+		if at := keyslot.Of(pt.k.Base); at != first {
 			return fmt.Errorf("%w: %q is in slot %d and %q in slot %d; give the names one hash tag, such as \"{acct}:1\" and \"{acct}:2\"",
 				ErrCrossSlot, parts[0].req.Name, first, pt.req.Name, at)
 		}

@@ -110,7 +110,7 @@ func (m *machine) barrierAwait(t *rapid.T) {
 	m.waitFor(t, fmt.Sprintf("process %d waits at the barrier", a.id), func() bool {
 		a.c.mu.Lock()
 		defer a.c.mu.Unlock()
-		if r := a.c.waits.rooms[b.k.res.base]; r != nil {
+		if r := a.c.waits.rooms[b.k.res.Base]; r != nil {
 			for tk, x := range r.waiters {
 				if x.queued && !m.known[tk] {
 					w.ticket = tk
@@ -184,7 +184,7 @@ func (m *machine) barrierHeartbeat(t *rapid.T) {
 	now := m.nowMs()
 	for _, a := range m.live(barriering) {
 		a.c.mu.Lock()
-		r := a.c.waits.rooms[m.barrier.k.res.base]
+		r := a.c.waits.rooms[m.barrier.k.res.Base]
 		a.c.mu.Unlock()
 		if r == nil {
 			continue // (check sees that its Await returned)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/internal/clock"
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/script"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
@@ -127,7 +128,7 @@ func (m *machine) latchWait(t *rapid.T) {
 	m.waitFor(t, fmt.Sprintf("process %d waits on the latch", a.id), func() bool {
 		a.c.mu.Lock()
 		defer a.c.mu.Unlock()
-		if r := a.c.waits.rooms[l.k.res.base]; r != nil {
+		if r := a.c.waits.rooms[l.k.res.Base]; r != nil {
 			for tk, x := range r.waiters {
 				if x.queued && !m.known[tk] {
 					w.ticket = tk
@@ -206,7 +207,7 @@ func (m *machine) latchDown(t *rapid.T) {
 // second run must find the first's reply and count nothing more. It
 // returns the count of the second reply, the same as the first's.
 func (m *machine) latchDownTwice(c *Client) (int64, error) {
-	l, ctx, id := m.latch, context.Background(), newTicket()
+	l, ctx, id := m.latch, context.Background(), keyspace.NewTicket()
 	var got [2][3]int64
 	for i := range got {
 		o, ok := c.calls.Op(ctx, l.k.call(script.OpLatchDown, l.init, msArg(l.ttl), id), nil)
@@ -278,7 +279,7 @@ func (m *machine) latchHeartbeat(t *rapid.T) {
 	now := m.nowMs()
 	for _, a := range m.live(latching) {
 		a.c.mu.Lock()
-		r := a.c.waits.rooms[m.latch.k.res.base]
+		r := a.c.waits.rooms[m.latch.k.res.Base]
 		a.c.mu.Unlock()
 		if r == nil {
 			continue // (check sees that its Wait returned)

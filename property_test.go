@@ -32,6 +32,7 @@ import (
 	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/differential"
 	"github.com/fairlock/fairlock/internal/halfrun"
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/script"
 	"github.com/fairlock/fairlock/internal/statecheck"
@@ -792,7 +793,7 @@ type mentry struct {
 type msem struct {
 	name    string
 	cap     int64
-	k       keys
+	k       keyspace.Keys
 	queue   []*mentry // arrival order
 	holders []*mentry
 	cond    []*mentry // waiters on its condition variables (see mconds), in order
@@ -1039,11 +1040,11 @@ func (m *machine) diagnose(a *actor) string {
 		return ""
 	}
 	ctx := context.Background()
-	wake := a.sem.k.wake(a.c.id)
+	wake := a.sem.k.Wake(a.c.id)
 	list, _ := m.rdb.LRange(ctx, wake, 0, -1).Result()
 	ttl, _ := m.rdb.PTTL(ctx, wake).Result()
 	a.c.mu.Lock()
-	r := a.c.waits.rooms[a.sem.k.base]
+	r := a.c.waits.rooms[a.sem.k.Base]
 	room := "no room"
 	if r != nil {
 		room = fmt.Sprintf("room running=%v waiters=%d", r.running, len(r.waiters))
@@ -1055,10 +1056,10 @@ func (m *machine) diagnose(a *actor) string {
 // dump renders a semaphore's Redis state for failure messages.
 func (m *machine) dump(s *msem) string {
 	ctx := context.Background()
-	st, _ := m.rdb.HGetAll(ctx, s.k.list()[keyState]).Result()
-	q, _ := m.rdb.ZRangeWithScores(ctx, s.k.list()[keyQueue], 0, -1).Result()
-	h, _ := statecheck.Holders(ctx, m.rdb, s.k.base)
-	t, _ := m.rdb.ZRangeWithScores(ctx, s.k.list()[keyTombs], 0, -1).Result()
+	st, _ := m.rdb.HGetAll(ctx, s.k.List()[keyState]).Result()
+	q, _ := m.rdb.ZRangeWithScores(ctx, s.k.List()[keyQueue], 0, -1).Result()
+	h, _ := statecheck.Holders(ctx, m.rdb, s.k.Base)
+	t, _ := m.rdb.ZRangeWithScores(ctx, s.k.List()[keyTombs], 0, -1).Result()
 	return fmt.Sprintf("now=%d state=%v queue=%v holders=%v tombstones=%v", m.nowMs(), st, q, h, t)
 }
 
@@ -1183,7 +1184,7 @@ func (m *machine) begin(t *rapid.T, a *actor, parts []mpart, grant bool) {
 func (m *machine) newQueued(a *actor) string {
 	a.c.mu.Lock()
 	defer a.c.mu.Unlock()
-	if r := a.c.waits.rooms[a.sem.k.base]; r != nil {
+	if r := a.c.waits.rooms[a.sem.k.Base]; r != nil {
 		for tk, w := range r.waiters {
 			if w.queued && !m.known[tk] {
 				return tk
@@ -1517,7 +1518,7 @@ func (m *machine) settle(t *rapid.T) {
 	if err != nil {
 		t.Fatalf("TIME: %v", err)
 	}
-	ks := make([]keys, 0, len(m.sems)+1)
+	ks := make([]keyspace.Keys, 0, len(m.sems)+1)
 	for _, s := range m.sems {
 		ks = append(ks, s.k)
 	}
@@ -1529,7 +1530,7 @@ func (m *machine) settle(t *rapid.T) {
 		// its reply's next event is 0 while work is left, and a waiting
 		// process refreshes again at once, as this does.
 		for i := 0; ; i++ {
-			res, err := runTest(context.Background(), m.obs.calls.Scripts.Named("refresh"), m.rdb, k.list(), "refresh", m.obs.id,
+			res, err := runTest(context.Background(), m.obs.calls.Scripts.Named("refresh"), m.rdb, k.List(), "refresh", m.obs.id,
 				clock.MS(m.leaseTTL()), clock.MS(m.waiterTTL())).Slice()
 			if err != nil {
 				t.Fatalf("observer's refresh: %v", err)
@@ -1566,7 +1567,7 @@ func (m *machine) heartbeat(t *rapid.T) {
 			}
 		case waiting:
 			a.c.mu.Lock()
-			r := a.c.waits.rooms[a.sem.k.base]
+			r := a.c.waits.rooms[a.sem.k.Base]
 			a.c.mu.Unlock()
 			if r == nil || refreshed[r] {
 				continue // granted by an earlier heartbeat (settle checks it), or refreshed
@@ -1663,11 +1664,11 @@ type rentry struct {
 func (m *machine) redisQueue(s *msem) []rentry {
 	ctx := context.Background()
 	// Two reads, not one per member: queues grow to thousands.
-	members, err := m.rdb.ZRangeWithScores(ctx, s.k.list()[keyQueue], 0, -1).Result()
+	members, err := m.rdb.ZRangeWithScores(ctx, s.k.List()[keyQueue], 0, -1).Result()
 	if err != nil {
 		m.t.Fatal(err)
 	}
-	st, err := m.rdb.HGetAll(ctx, s.k.list()[keyState]).Result()
+	st, err := m.rdb.HGetAll(ctx, s.k.List()[keyState]).Result()
 	if err != nil {
 		m.t.Fatal(err)
 	}
@@ -1690,7 +1691,7 @@ func (m *machine) redisQueue(s *msem) []rentry {
 }
 
 func (m *machine) redisHolders(s *msem) []rentry {
-	zs, err := statecheck.Holders(context.Background(), m.rdb, s.k.base)
+	zs, err := statecheck.Holders(context.Background(), m.rdb, s.k.Base)
 	if err != nil {
 		m.t.Fatal(err)
 	}
@@ -1810,10 +1811,10 @@ func (m *machine) check(t *rapid.T) {
 func (m *machine) checkState(t *rapid.T) {
 	bases := make([]string, len(m.sems), len(m.sems)+1)
 	for i, s := range m.sems {
-		bases[i] = s.k.base
+		bases[i] = s.k.Base
 	}
 	if m.latch != nil {
-		bases = append(bases, m.latch.k.res.base)
+		bases = append(bases, m.latch.k.res.Base)
 	}
 	st := statecheck.State{Prefix: m.prefix, Bases: bases, Purged: m.purged}
 	if err := statecheck.Check(context.Background(), m.rdb, st); err != nil {
@@ -1975,7 +1976,7 @@ func (m *machine) redisCond(s *msem, cond string) []rentry {
 	if err != nil {
 		m.t.Fatal(err)
 	}
-	st, err := m.rdb.HGetAll(ctx, s.k.list()[keyState]).Result()
+	st, err := m.rdb.HGetAll(ctx, s.k.List()[keyState]).Result()
 	if err != nil {
 		m.t.Fatal(err)
 	}
@@ -1995,7 +1996,7 @@ func (m *machine) redisCond(s *msem, cond string) []rentry {
 	return out
 }
 
-// The position of each key in keys.list, the order queue.lua's header
+// The position of each key in Keys.List, the order queue.lua's header
 // gives.
 const (
 	keyState   = iota // :s hash: capacity, counts, token sequence, records

@@ -12,6 +12,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock/internal/differential"
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/statecheck"
 	"github.com/fairlock/fairlock/internal/testhook"
@@ -161,7 +162,7 @@ func TestResentReleaseLeavesALaterGrantsRecord(t *testing.T) {
 	g := newTraceRig(t)
 	base := "trace:{s}"
 	all := []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}
-	withCond := append(slices.Clip(all), condKeys(keys{base: base, all: all}, "x")...)
+	withCond := append(slices.Clip(all), condKeys(keyspace.Keys{Base: base, All: all}, "x")...)
 	acquire := func() []any {
 		got, _ := g.run("acquire", "TA", "PA", "200000", "3000", "", "1", "2").([]any)
 		return got
@@ -203,7 +204,7 @@ func TestLeaveOfDeadConditionWaiterWhoseKeyExpired(t *testing.T) {
 	g := newTraceRig(t)
 	base := "trace:{s}"
 	all := []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}
-	cond := condKeys(keys{base: base, all: all}, "")
+	cond := condKeys(keyspace.Keys{Base: base, All: all}, "")
 	withCond := append(slices.Clip(all), cond...)
 	tok := tokenOf(t, g.run("acquire", "TA", "PA", "10000", "1000", "", "1", "2"))
 	if got := fmt.Sprint(g.runOn(withCond, "wait", "TA", "PA", "10000", "1000", "", "0", "1", tok, "TW", "")); !strings.HasPrefix(got, "[1 ") {

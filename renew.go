@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/keyspace"
 )
 
 // Renewals of one client's leases on one semaphore go out together: while
@@ -37,7 +38,7 @@ type renewResult struct {
 
 // renewQueue holds the renewals waiting for one semaphore's next batch.
 type renewQueue struct {
-	k    keys
+	k    keyspace.Keys
 	reqs []*renewReq
 }
 
@@ -54,7 +55,7 @@ type renewer struct {
 	more func(plan)
 
 	mu     sync.Mutex
-	queues map[string]*renewQueue // by keys.base
+	queues map[string]*renewQueue // by Keys.Base
 }
 
 // batchable reports whether l renews in batches.
@@ -72,11 +73,11 @@ func (c *renewer) renewBatched(ctx context.Context, l *Lease, announced bool, tt
 		c.mu.Unlock()
 		return 0, ErrClosed
 	}
-	q := c.queues[k.base]
+	q := c.queues[k.Base]
 	start := q == nil
 	if start {
 		q = &renewQueue{k: k}
-		c.queues[k.base] = q
+		c.queues[k.Base] = q
 	}
 	q.reqs = append(q.reqs, req)
 	c.mu.Unlock()
@@ -111,7 +112,7 @@ func (c *renewer) sendRenewals(q *renewQueue) {
 		c.mu.Lock()
 		n := min(len(q.reqs), renewBatchMax)
 		if n == 0 {
-			delete(c.queues, q.k.base)
+			delete(c.queues, q.k.Base)
 			c.mu.Unlock()
 			return
 		}
@@ -126,7 +127,7 @@ func (c *renewer) sendRenewals(q *renewQueue) {
 		}
 		c.mu.Unlock()
 
-		oc := renewBatchCall(c.id, q.k.list(), batch)
+		oc := renewBatchCall(c.id, q.k.List(), batch)
 		if deadline.IsZero() {
 			deadline = time.Now().Add(c.leaseTTL)
 		}

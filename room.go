@@ -13,6 +13,7 @@ import (
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/clock"
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/script"
 )
 
@@ -42,9 +43,9 @@ type waits struct {
 
 	// Guarded by mu.
 	closed  bool             // Close has begun: no room starts
-	rooms   map[string]*room // by keys.base
+	rooms   map[string]*room // by Keys.Base
 	tickets map[string]*room // by ticket: the room each waiter waits in
-	// ownLists: the client's one wake list (keys.wake) holds another
+	// ownLists: the client's one wake list (keyspace.Keys.Wake) holds another
 	// program's value, so the scripts push its grants onto each
 	// semaphore's own list, and its rooms listen there; ownChecked is
 	// when that was last looked at (see processListBack).
@@ -72,7 +73,7 @@ type waits struct {
 // deadline passes.
 type room struct {
 	c       *waits
-	k       keys
+	k       keyspace.Keys
 	wakeKey string        // where it hears grants (waits.wakeKeyLocked; guarded by c.mu once running)
 	kick    chan struct{} // wakes maintain to look at due again
 
@@ -153,7 +154,7 @@ func (c *waits) register(p plan, wait bool) (*room, *waiter, error) {
 	if p.lease != nil {
 		lease = p.lease.ms
 	}
-	w := &waiter{ticket: newTicket(), permits: p.first().req.Permits, group: p.group, lease: lease, ch: make(chan wakeup, 1)}
+	w := &waiter{ticket: keyspace.NewTicket(), permits: p.first().req.Permits, group: p.group, lease: lease, ch: make(chan wakeup, 1)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -162,10 +163,10 @@ func (c *waits) register(p plan, wait bool) (*room, *waiter, error) {
 	if !wait {
 		return nil, w, nil
 	}
-	r := c.rooms[k.base]
+	r := c.rooms[k.Base]
 	if r == nil {
 		r = &room{c: c, k: k, wakeKey: c.wakeKeyLocked(k), kick: make(chan struct{}, 1), waiters: make(map[string]*waiter)}
-		c.rooms[k.base] = r
+		c.rooms[k.Base] = r
 	}
 	r.waiters[w.ticket] = w
 	c.tickets[w.ticket] = r
@@ -174,11 +175,11 @@ func (c *waits) register(p plan, wait bool) (*room, *waiter, error) {
 
 // wakeKeyLocked returns the list on which the client hears grants on the
 // semaphore of keys k. c.mu is held.
-func (c *waits) wakeKeyLocked(k keys) string {
+func (c *waits) wakeKeyLocked(k keyspace.Keys) string {
 	if c.ownLists {
-		return k.ownWake(c.id)
+		return k.OwnWake(c.id)
 	}
-	return k.wake(c.id)
+	return k.Wake(c.id)
 }
 
 func (c *waits) unregister(r *room, w *waiter) {
@@ -188,8 +189,8 @@ func (c *waits) unregister(r *room, w *waiter) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	r.forgetLocked(w.ticket)
-	if len(r.waiters) == 0 && !r.running && c.rooms[r.k.base] == r {
-		delete(c.rooms, r.k.base)
+	if len(r.waiters) == 0 && !r.running && c.rooms[r.k.Base] == r {
+		delete(c.rooms, r.k.Base)
 	}
 }
 
@@ -210,9 +211,7 @@ func (c *waits) noteQueued(r *room, w *waiter, next time.Duration, sample clock.
 	if !r.running {
 		r.running = true
 		r.stop = make(chan struct{})
-		// Counted from when the acquire was sent: the waiter's life in
-		// Redis may have begun then.
-		r.due = sample.Sent.Add(c.refreshEvery())
+		r.due = time.Now().Add(c.refreshEvery())
 		c.wg.Add(1)
 		go r.maintain(r.stop)
 		if l := c.attachLocked(r); l != nil {
@@ -269,8 +268,8 @@ func (c *waits) stopRoomLocked(r *room) {
 	}
 	r.running = false
 	close(r.stop)
-	if len(r.waiters) == 0 && c.rooms[r.k.base] == r {
-		delete(c.rooms, r.k.base)
+	if len(r.waiters) == 0 && c.rooms[r.k.Base] == r {
+		delete(c.rooms, r.k.Base)
 	}
 }
 
@@ -324,7 +323,8 @@ func (r *room) deliver(ticket string, wk wakeup) {
 // for grants. (Not a third after each round began, as a lease's renewals
 // are timed: a round of thousands of waiters on a busy Redis may take
 // that long, and rounds back to back then took the time of the grants
-// they were keeping alive.)
+// they were keeping alive. A waiter whose answers take two thirds of the
+// waiter TTL is lost, and queues again.)
 func (r *room) maintain(stop chan struct{}) {
 	c := r.c
 	defer c.wg.Done()
@@ -465,7 +465,7 @@ func (r *room) refresh() (next time.Duration, first error) {
 	send := func(args []string) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 		sent := time.Now()
-		res, _ := c.calls.Run(ctx, script.Call{Op: script.OpRefresh, Keys: r.k.list(), Args: args}) // unreplicated refreshes are refreshed again
+		res, _ := c.calls.Run(ctx, script.Call{Op: script.OpRefresh, Keys: r.k.List(), Args: args}) // unreplicated refreshes are refreshed again
 		cancel()
 		rep, err := parseRefreshReply(res)
 		r.noteRefreshed(args, sent, err)

@@ -227,7 +227,7 @@ func TestKeysShareSlotAndVanish(t *testing.T) {
 					t.Fatalf("idle %q left key %s with TTL %v (%v)", name, k, ttl, err)
 				}
 				switch {
-				case strings.Contains(k, "\x1fw\x1f"): // an own wake list (keys.derived)
+				case strings.Contains(k, "\x1fw\x1f"): // an own wake list (keyspace.Keys.Derived)
 				case (strings.HasSuffix(k, ":s") || strings.HasSuffix(k, ":t")) && ttl <= 31*time.Second:
 				default:
 					t.Fatalf("idle %q left key %s with TTL %v", name, k, ttl)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/keyspace"
 )
 
 // Status is a snapshot of one semaphore, as [Client.Status] reads it.
@@ -85,7 +86,7 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 		return Status{}, opError("status", []string{name}, err)
 	}
 	o, _ := c.calls.Call(ctx, func(ctx context.Context) callpath.Outcome {
-		res, _ := c.calls.Run(ctx, statusCall(k.list()))
+		res, _ := c.calls.Run(ctx, statusCall(k.List()))
 		return callpath.Outcome{Res: res}
 	}, nil)
 	res, err := o.Res.Slice()
@@ -154,10 +155,10 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 }
 
 // owner returns the label part of a client id ("label/random", after
-// processListMark on one server), or the id without the mark when it has
+// keyspace.ProcessListMark on one server), or the id without the mark when it has
 // none.
 func owner(client string) string {
-	client = unmarked(client)
+	client = keyspace.Unmarked(client)
 	if i := strings.LastIndexByte(client, '/'); i >= 0 {
 		return client[:i]
 	}

@@ -386,7 +386,7 @@ func TestElectionBesideCond(t *testing.T) {
 		}()
 		fltest.WaitWaiters(t, c, "shared", 0)
 		e.WaitFor("the condition's waiter", func() bool {
-			n, _ := e.RDB.Exists(ctx, e.Prefix+"{shared}\x1fc\x1f").Result() // the default condition's waiters (keys.derived)
+			n, _ := e.RDB.Exists(ctx, e.Prefix+"{shared}\x1fc\x1f").Result() // the default condition's waiters (keyspace.Keys.Derived)
 			return n == 1
 		})
 		el := e.election(c, "shared")

@@ -211,7 +211,7 @@ func BenchmarkCondSignalWake(b *testing.B) {
 		b.Fatal(err)
 	}
 	rdb := be.Client(b)
-	key := prefix + "{cv}\x1fc\x1f" // the default condition's waiters (keys.derived in package fairlock)
+	key := prefix + "{cv}\x1fc\x1f" // the default condition's waiters (keyspace.Keys.Derived)
 	cond, scond := semaphore.NewCond(waiter), semaphore.NewCond(signaller)
 	var ping, wake []time.Duration
 	for b.Loop() {

@@ -495,7 +495,7 @@ func countWakeLists(ctx context.Context, addr string, slot int) int {
 	}
 	n := 0
 	for _, k := range keys {
-		if strings.Contains(k, "\x1fw\x1f") { // a semaphore's own wake list (keys.derived)
+		if strings.Contains(k, "\x1fw\x1f") { // a semaphore's own wake list (keyspace.Keys.Derived)
 			n++
 		}
 	}

@@ -114,7 +114,7 @@ func (e *Env) Key(name, part string) string { return e.Prefix + "{" + name + "}:
 
 // CondKey returns the key of the waiters of the condition cond of the
 // semaphore name (an untagged name): a derived key, base, U+001F, "c",
-// U+001F, cond (keys.derived in package fairlock).
+// U+001F, cond (keyspace.Keys.Derived).
 func (e *Env) CondKey(name, cond string) string {
 	return e.Prefix + "{" + name + "}\x1fc\x1f" + cond
 }

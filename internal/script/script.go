@@ -30,7 +30,7 @@ type Entry struct {
 	// releases, renews and drops leases; no-writes for a read;
 	// allow-cross-slot-keys (CrossSlot) for the calls that run a queue
 	// and so can grant a waiter of another process (all but the reads), whose wake-up goes
-	// to that process's one wake list (keys.wake), a key of a slot of its
+	// to that process's one wake list (keyspace.Keys.Wake), a key of a slot of its
 	// own, which a node in cluster mode refuses a function (or a script
 	// with flags) otherwise, even when it serves every slot. A Cluster
 	// client's wake lists keep their semaphore's slot (wake_list in

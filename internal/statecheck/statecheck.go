@@ -62,7 +62,7 @@ const Layout = "3"
 type State struct {
 	// Prefix: every key that starts with it must have a TTL.
 	Prefix string
-	// Bases are the semaphores' key bases (keys.base: the prefix and the
+	// Bases are the semaphores' key bases (keyspace.Keys.Base: the prefix and the
 	// hash-tagged name): each one's keys are checked.
 	Bases []string
 	// Purged, when not zero, is a time (Redis's clock, ms) at or before
