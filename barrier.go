@@ -16,7 +16,7 @@ import (
 
 // Cyclic barriers (package barrier), on the engine's seam as countdown
 // latches are (latch.go). A barrier named N keeps its state in a hash
-// derived from N's base (kind kindBarrier: {parties, round, n}); its
+// derived from N's base (kind keyspace.KindBarrier: {parties, round, n}); its
 // waiters are condition waiters of a resource of its own whose base is
 // that hash's key, so that they register, are refreshed by their
 // process's room, are dropped within their waiter TTL when it dies, and
@@ -47,7 +47,7 @@ type barrierKeys struct {
 }
 
 // barrierKeysOf returns the keys of the barrier whose name has keys k,
-// each derived from k's base under kindBarrier (TestKeyOwners).
+// each derived from k's base under keyspace.KindBarrier (TestKeyOwners).
 func barrierKeysOf(k keyspace.Keys) barrierKeys {
 	state := k.Derived(keyspace.KindBarrier)
 	return barrierKeys{res: keyspace.Core(state), state: state}

@@ -104,7 +104,7 @@ type Client struct {
 	closed  bool
 	shut    *shutdownState // the close that closed set; see close.go
 	leases  map[*Lease]struct{}
-	pumping map[string]bool // Keys.Base of semaphores a background pump serves
+	pumping map[string]bool // keyspace.Keys.Base of semaphores a background pump serves
 
 	wg workGroup // goroutines the client starts (renewal timers are
 	// stopped through each lease instead)

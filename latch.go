@@ -15,7 +15,7 @@ import (
 )
 
 // Countdown latches (package latch). A latch named N keeps its count in a
-// hash derived from N's base (kind kindLatch: {count, init}); its waiters
+// hash derived from N's base (kind keyspace.KindLatch: {count, init}); its waiters
 // are condition waiters of a resource of its own whose base is that
 // hash's key, so that they register, are refreshed by their process's
 // room, are dropped within their waiter TTL when it dies, and withdraw
@@ -42,7 +42,7 @@ type latchKeys struct {
 }
 
 // latchKeysOf returns the keys of the latch whose name has keys k. Every
-// one is derived from k's base under kindLatch, so no semaphore's key, nor
+// one is derived from k's base under keyspace.KindLatch, so no semaphore's key, nor
 // any other object's, is a latch's (TestKeyOwners).
 func latchKeysOf(k keyspace.Keys) latchKeys {
 	count := k.Derived(keyspace.KindLatch)

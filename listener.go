@@ -41,7 +41,7 @@ type listener struct {
 	ctl   string
 
 	// Guarded by c.mu.
-	rooms map[string]*room // by Keys.Base
+	rooms map[string]*room // by keyspace.Keys.Base
 	wakes map[string]int   // the rooms' wake keys, each with its number of rooms
 	keys  []string         // ctl, then the wake keys; nil: rebuild
 	// foreign are wake keys another program wrote (a value that is not a
@@ -140,7 +140,7 @@ func (c *waits) attachLocked(r *room) (nudge *listener) {
 
 // ctlName names a listener's control list, numbered seq, in the slot and
 // under the hash tag of key: a derived key (keyspace.Keys.Derived) of kind
-// kindControl beside the base prefix{tag}, which no other kind of key
+// keyspace.KindControl beside the base prefix{tag}, which no other kind of key
 // uses, so it is never another object's key; the client id and seq tell
 // two listeners' lists apart.
 func (c *waits) ctlName(key string, seq uint64) string {

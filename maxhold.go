@@ -48,7 +48,7 @@ func (l *Lease) capHold(first time.Duration, announced bool) time.Duration {
 	if announced {
 		given = min(given, l.c.cfg.waiterTTL)
 	}
-	granted := l.deadline.Add(clock.Tick - given) // (see localDeadline)
+	granted := l.deadline.Add(clock.Tick - given) // (see clock.Sample.LocalDeadline)
 	if now := time.Now(); now.Before(granted) {
 		granted = now
 	}

@@ -21,7 +21,8 @@ import (
 // fairlock's. The ops themselves (which script serves each, and whether
 // WithReplicaAck waits for it) are in internal/script; the call path
 // (internal/callpath) runs them. The ops are called from acquire.go
-// (acquire, try, leave, pump), lease.go (release, renew), renew.go
+// (acquire, try), cleanup.go (leave, pump, release), lease.go (release,
+// renew), renew.go
 // (renew_batch), room.go (refresh), status.go (status) and cond.go (wait,
 // signal).
 

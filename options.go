@@ -21,10 +21,11 @@ const (
 
 // A client's timers run at fractions of its TTLs.
 const (
-	// renewDivisor: a held lease is renewed, and a queued waiter
-	// refreshed, TTL/renewDivisor after its grant or last renewal (or
-	// refresh) was sent, which leaves two thirds of the TTL to retry a
-	// renewal that failed.
+	// renewDivisor: a held lease is renewed TTL/renewDivisor after its
+	// grant or last renewal was sent, which leaves two thirds of the TTL
+	// to retry a renewal that failed; a queued waiter is refreshed
+	// TTL/renewDivisor after its acquire or last round of refreshes
+	// answered.
 	renewDivisor = 3
 	// retryDivisor: a renewal or refresh that failed is tried again
 	// TTL/retryDivisor later (a renewal never past its lease's deadline).

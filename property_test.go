@@ -1996,7 +1996,7 @@ func (m *machine) redisCond(s *msem, cond string) []rentry {
 	return out
 }
 
-// The position of each key in Keys.List, the order queue.lua's header
+// The position of each key in keyspace.Keys.List, the order queue.lua's header
 // gives.
 const (
 	keyState   = iota // :s hash: capacity, counts, token sequence, records

@@ -55,7 +55,7 @@ type renewer struct {
 	more func(plan)
 
 	mu     sync.Mutex
-	queues map[string]*renewQueue // by Keys.Base
+	queues map[string]*renewQueue // by keyspace.Keys.Base
 }
 
 // batchable reports whether l renews in batches.

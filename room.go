@@ -43,7 +43,7 @@ type waits struct {
 
 	// Guarded by mu.
 	closed  bool             // Close has begun: no room starts
-	rooms   map[string]*room // by Keys.Base
+	rooms   map[string]*room // by keyspace.Keys.Base
 	tickets map[string]*room // by ticket: the room each waiter waits in
 	// ownLists: the client's one wake list (keyspace.Keys.Wake) holds another
 	// program's value, so the scripts push its grants onto each
@@ -197,7 +197,7 @@ func (c *waits) unregister(r *room, w *waiter) {
 // noteQueued records that w is queued, makes sure r runs (maintain, and a
 // listener that hears its wake list), and that maintain runs no later than
 // after the given time (the queue's next event, or < 0 for none). A room
-// that starts running may nudge its listener, in the background. clock is
+// that starts running may nudge its listener, in the background. sample is
 // the reading of Redis's clock the acquire script reported.
 func (c *waits) noteQueued(r *room, w *waiter, next time.Duration, sample clock.Sample) {
 	c.mu.Lock()

@@ -14,9 +14,9 @@ type Sample struct {
 }
 
 // Tick is the resolution of Redis's clock as the scripts read it:
-// whole milliseconds, rounded down. A script that reads redis may run with
-// Redis's clock anywhere in [redis, redis+1 ms), so what it sets to expire
-// at redis+d (d in whole milliseconds) may expire up to a tick less than d
+// whole milliseconds, rounded down. A script that reports the time R (a
+// Sample's Redis) may run with Redis's clock anywhere in [R, R+1 ms), so
+// what it sets to expire at R+d (d in whole milliseconds) may expire up to a tick less than d
 // after the script ran. Every local deadline allows for that tick.
 const Tick = time.Millisecond
 

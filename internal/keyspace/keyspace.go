@@ -89,7 +89,7 @@ func (k Keys) Wake(client string) string {
 // slot of its own. It is no key of any object: the text before its first
 // '{' is the prefix (no prefix holds a brace), as it is in every key; it
 // ends in '}' where a core key ends in ":s", ":q", ":d", ":h" or ":t"
-// (For) and a control list in a number (KindControl); it holds no Sep,
+// (For) and a control list in a number (the root package's ctlName); it holds no Sep,
 // which every derived key holds; and the client id inside the braces
 // holds none, so two clients' lists differ.
 func ProcessList(prefix, client string) string {

@@ -96,8 +96,8 @@ func ParseLive(v string) (at, born int64, ok bool) {
 
 // condMark is what follows a semaphore's base in the keys of its
 // condition variables: the library's derived keys are base, U+001F, a
-// kind ("c"), U+001F and a payload (the condition's name; keys.go's
-// derived), so <base>␟c␟ is the default condition's (the one named "")
+// kind ("c"), U+001F and a payload (the condition's name;
+// keyspace.Keys.Derived), so <base>␟c␟ is the default condition's (the one named "")
 // and <base>␟c␟<name> the condition name's.
 const condMark = "\x1fc\x1f"
 
