@@ -370,12 +370,18 @@ func TestRequestLeaseTTLRefused(t *testing.T) {
 	if keys := e.Keys(); len(keys) != 0 {
 		t.Errorf("refused requests wrote %q", keys)
 	}
-	// The bounds themselves are accepted.
+	// The bounds themselves are accepted. A 10 ms lease may be lost
+	// before its release on a busy machine (under -race, an acquire
+	// answered after 3.3 ms has its first renewal due at once, which must
+	// be answered within the 6.7 ms left): lost is an answer here, as
+	// released is.
 	for _, d := range []time.Duration{10 * time.Millisecond, fairlock.MaxTTL} {
 		l, err := c.Acquire(ctx, mutexTTL("edge", d))
 		if err != nil {
 			t.Fatalf("Acquire with LeaseTTL %v = %v", d, err)
 		}
-		e.Release(l)
+		if err := l.Release(ctx); err != nil && (d == fairlock.MaxTTL || !errors.Is(err, fairlock.ErrLeaseLost)) {
+			t.Fatalf("Release of a lease with LeaseTTL %v = %v", d, err)
+		}
 	}
 }
