@@ -131,9 +131,6 @@ func (m *callMachine) exec(c call) any {
 				m.ends[f[0]] = max(m.ends[f[0]], int64(h.Score))
 			}
 		}
-		if err := m.stateOutlives(s, hs); err != nil {
-			m.t.Fatalf("after step %d (%s): %v", len(m.sent), c, err)
-		}
 	}
 	if m.latch != nil {
 		bases = append(bases, m.latch.res.base)
@@ -244,43 +241,15 @@ func (m *callMachine) checkHolders(s *csem, hs []redis.Z) error {
 	return nil
 }
 
-// stateOutlives checks, on the first replayer's database, that a
-// semaphore's state hash lives at least as long as what it must be read
-// for: each of its holders' leases (hs) and its latest tombstone. (The
-// call machine's clock is not the server's, so internal/statecheck, which
-// reads the server's, does not run here.)
-func (m *callMachine) stateOutlives(s *csem, hs []redis.Z) error {
-	rdb := m.pair.sides()[0].RDB
-	at, err := rdb.PExpireTime(m.ctx, s.base+":s").Result()
-	if err != nil || at <= 0 {
-		return nil // no state, or another program's key
-	}
-	last, err := rdb.ZRangeWithScores(m.ctx, s.base+":t", -1, -1).Result()
-	if err != nil {
-		return nil
-	}
-	need, what := int64(0), ""
-	for _, z := range last {
-		need, what = int64(z.Score), "its latest tombstone's end"
-	}
-	for _, h := range hs {
-		if int64(h.Score) > need {
-			need, what = int64(h.Score), "a lease's expiry"
-		}
-	}
-	if ms := at.Milliseconds(); ms < need {
-		return fmt.Errorf("%s:s expires at %d, before %s at %d", s.base, ms, what, need)
-	}
-	return nil
-}
-
 // releaseWants returns what a release of tk (one semaphore) must answer,
 // by the first replayer's database and the machine's clock: 1 when its
 // lease lives, 0 when it has expired or ended without its release less
-// than a second ago (the keys outlive every lease by a second, and a lease
-// dropped leaves a tombstone for 10 s), and -1 when either may be right (a
-// lease that ended longer ago, whose trace may be gone: 3, or one of
-// several parts).
+// than a second ago and the semaphore's keys live (a lease dropped leaves
+// a tombstone for 10 s; the keys outlive every lease and tombstone, but
+// not always by a second: their expiry moves only when what they hold
+// passes it), and -1 when either may be right (a lease that ended longer
+// ago, or whose keys have expired since, whose trace may be gone: 3, or
+// one of several parts).
 func (m *callMachine) releaseWants(tk *cticket) int64 {
 	if len(tk.parts) != 1 || tk.tokens == nil {
 		return -1
@@ -296,12 +265,19 @@ func (m *callMachine) releaseWants(tk *cticket) int64 {
 			return 1
 		}
 	}
-	// (Its keys may expire before this call runs, a second or more after
-	// the lease: m.ends has its expiry even if they have not yet.)
-	if end, ok := m.ends[tk.ticket]; ok && m.nowMs() < end+1000 {
-		return 0
+	// (m.ends has the lease's expiry even if the keys that held it have
+	// expired; the call runs once the replay has expired the keys due by
+	// the machine's clock, as Redis does: a key lives until the clock is
+	// past its expiry.)
+	end, ok := m.ends[tk.ticket]
+	if !ok || m.nowMs() >= end+1000 {
+		return -1
 	}
-	return -1
+	at, err := m.pair.sides()[0].RDB.PExpireTime(m.ctx, p.sem.base+":s").Result()
+	if err != nil || at <= 0 || at.Milliseconds()-differential.ExpiryShift < m.nowMs() {
+		return -1
+	}
+	return 0
 }
 
 func (m *callMachine) newTicket() string {
@@ -784,6 +760,57 @@ func (m *callMachine) resendAcquire(t *rapid.T) {
 	}
 }
 
+// resendWait sends an earlier condition wait again, now, any sent within
+// copyWindow: a copy delayed in the network, which may come after its new
+// ticket was signalled, queued, granted, or ended. A copy whose new ticket
+// the first run made wait must answer 1 ("waiting") and change nothing,
+// wherever that ticket is now; on the resend pair, a copy and its copy
+// must answer alike (a ticket the copy's own queue run ends must not turn
+// the second copy's answer).
+func (m *callMachine) resendWait(t *rapid.T) {
+	var waits []call
+	for _, c := range m.sent {
+		if len(c.Args) > 0 && c.Args[0] == "wait" && m.recent(c) {
+			waits = append(waits, c)
+		}
+	}
+	if len(waits) == 0 {
+		t.Skip("no wait sent")
+	}
+	c := waits[rapid.IntRange(0, len(waits)-1).Draw(t, "wait")]
+	fresh := c.Args[len(c.Args)-2]
+	where := m.traceOf(c, fresh)
+	res, ok := m.exec(call{Script: c.Script, Keys: c.Keys, Args: c.Args}).([]any)
+	if where != "" && ok && len(res) > 0 && res[0] != int64(1) {
+		t.Fatalf("a late copy of a condition wait whose new ticket %s is %s answered %v, want 1 (the first run made it wait)", fresh, where, res)
+	}
+}
+
+// traceOf says where the first replayer's database shows ticket, which a
+// condition wait c made: on c's condition, in its semaphore's queue or
+// among its holders, or recorded in its state hash; "" for nowhere.
+func (m *callMachine) traceOf(c call, ticket string) string {
+	rdb := m.pair.sides()[0].RDB
+	mine := func(member string) bool { return strings.HasPrefix(member, ticket+" ") }
+	for _, k := range []struct{ key, what string }{{c.Keys[5], "on its condition"}, {c.Keys[1], "queued"}} {
+		if ms, err := rdb.ZRange(m.ctx, k.key, 0, -1).Result(); err == nil && slices.ContainsFunc(ms, mine) {
+			return k.what
+		}
+	}
+	base := strings.TrimSuffix(c.Keys[0], ":s")
+	if hs, err := statecheck.Holders(m.ctx, rdb, base); err == nil {
+		for _, h := range hs {
+			if mine(fmt.Sprint(h.Member)) {
+				return "a holder"
+			}
+		}
+	}
+	if ok, err := rdb.HExists(m.ctx, c.Keys[0], ticket).Result(); err == nil && ok {
+		return "recorded in its state hash"
+	}
+	return ""
+}
+
 // live reports whether tk's lease lives on every part, by the first
 // database and the machine's clock.
 func (m *callMachine) live(tk *cticket) bool {
@@ -849,9 +876,13 @@ func runCallMachine(rt *rapid.T, pair callSides, started ...func(*callMachine)) 
 			rt.Fatal(err)
 		}
 	}
-	// The clock starts at the real one: the replayers move key expiries a
-	// day past the recorded clock, which must keep them ahead of the real.
-	m := &callMachine{ctx: ctx, t: rt, pair: pair, now: time.Now().UnixMicro()}
+	// The clock starts at the real one's second (the replayers move key
+	// expiries a day past the recorded clock, which must keep them ahead
+	// of the real), at a drawn microsecond: where in a millisecond the
+	// calls fall decides how their times round, which a replay of a
+	// failure must repeat.
+	start := time.Now().Truncate(time.Second).UnixMicro() + rapid.Int64Range(0, 999999).Draw(rt, "clock µs")
+	m := &callMachine{ctx: ctx, t: rt, pair: pair, now: start}
 	for i := range rapid.IntRange(1, 2).Draw(rt, "semaphores") {
 		name := fmt.Sprintf("c%d", i)
 		m.sems = append(m.sems, &csem{name: name, base: callPrefix + "{" + name + "}", cap: rapid.Int64Range(1, 4).Draw(rt, "capacity")})
@@ -891,6 +922,7 @@ func runCallMachine(rt *rapid.T, pair callSides, started ...func(*callMachine)) 
 		"signal":       m.signal,
 		"resend":       m.resend,
 		"late acquire": m.resendAcquire,
+		"late wait":    m.resendWait,
 		"lapse":        m.lapse,
 		"overdue":      m.overdue,
 		"advance":      m.advance,

@@ -37,8 +37,8 @@
 --              lease as "release" does and, in the same step, makes the new
 --              ticket a waiter of the condition (so no signal between the
 --              two is lost); result 1, or 0 (nothing waits) when the lease
---              was no longer held. A resent call (the new ticket is known)
---              answers 1 and does nothing.
+--              was no longer held. A resent call (the new ticket is known,
+--              or queued since a signal) answers 1 and does nothing.
 
 local nres = math.floor(#KEYS / 5)
 -- A release on one semaphore takes the fast path when it can;
@@ -66,8 +66,15 @@ local result = 0
 local cv
 if op == 'wait' then
   cv = cond_load(rs[1], cond, ckeys[1])
-  -- A resend: the first run made the new ticket wait (or more since).
-  if redis.call('HEXISTS', rs[1].S, fresh) == 1 then return { 1, 0, now, -1 } end
+  -- A resend: the first run made the new ticket wait (or more since): it
+  -- waits on the condition, holds a lease in :h, or has ended (S records
+  -- each), or, signalled since, holds the lease kept in the state hash or
+  -- waits in the queue (neither recorded: this run's queues would end it
+  -- there if it is dead, and leave the tombstone a second copy finds).
+  if redis.call('HEXISTS', rs[1].S, fresh) == 1 or (rs[1].o and ticket_of(rs[1].o) == fresh)
+      or queued(rs[1], waiter_member(fresh, parts[1].n, client, lease, wait, '')) then
+    return { 1, 0, now, -1 }
+  end
   if cv.off then return redis.error_reply('FAIRLOCK_COND_UNREACHABLE') end
 end
 

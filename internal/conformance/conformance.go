@@ -1038,7 +1038,9 @@ func callsWhileDialling(t *testing.T, open func(...fairlock.Option) (*fairlock.C
 		t.Fatal(err)
 	}
 	defer c.Close() // (after Redis resumes: deferred first)
-	req := func(name string) fairlock.Request { return fairlock.Request{Name: "{dial}:" + name, Capacity: 1, Permits: 1} }
+	req := func(name string) fairlock.Request {
+		return fairlock.Request{Name: "{dial}:" + name, Capacity: 1, Permits: 1}
+	}
 	ctx := ctxFor(t, 10*time.Second)
 	var leases []*fairlock.Lease
 	for i := range 2 {
