@@ -38,7 +38,8 @@
 --              ticket a waiter of the condition (so no signal between the
 --              two is lost); result 1, or 0 (nothing waits) when the lease
 --              was no longer held. A resent call (the new ticket is known,
---              or queued since a signal) answers 1 and does nothing.
+--              or, signalled since, queued or holding the lease the state
+--              hash keeps) answers 1 and does nothing.
 
 local nres = math.floor(#KEYS / 5)
 -- A release on one semaphore takes the fast path when it can;
