@@ -87,7 +87,9 @@ type Info struct {
 	// reply, a connection or a retry then): the engine then runs each call
 	// on its caller's goroutine. Without it, a call whose context can end
 	// runs on a goroutine of the engine's, so that the caller returns in
-	// time whatever the client does.
+	// time whatever the client does. A client that returns by a context's
+	// end only in part (say, not while it dials a connection) gets there
+	// through [Within].
 	Deadlines bool
 }
 
@@ -173,4 +175,36 @@ type Subscription interface {
 	Receive(ctx context.Context, timeout time.Duration) (payload string, subscribed, ok bool, err error)
 	// Close ends the subscription and any Receive blocked on it.
 	Close() error
+}
+
+// Within returns call's result, or, if ctx ends first, ended(ctx.Err())
+// at once, leaving call to finish on a goroutine of its own: a Backend
+// whose client stops waiting for a reply when a context ends, but not for
+// everything (valkey-go and rueidis wait for a connection that is being
+// dialled, their own or another caller's, up to their dial timeout,
+// whatever the context says), wraps its calls in Within so as to report
+// [Info.Deadlines]. What call does after Within has returned is as for a
+// call whose context ended with its command on the way: it may run on
+// Redis all the same. Under a context that cannot end, call runs on the
+// caller's goroutine.
+func Within[T any](ctx context.Context, call func() T, ended func(error) T) T {
+	if ctx.Done() == nil {
+		return call()
+	}
+	if err := ctx.Err(); err != nil {
+		return ended(err)
+	}
+	ch := make(chan T, 1)
+	go func() { ch <- call() }()
+	select {
+	case v := <-ch:
+		return v
+	case <-ctx.Done():
+	}
+	select {
+	case v := <-ch: // came as ctx ended: the answer is better than none
+		return v
+	default:
+		return ended(ctx.Err())
+	}
 }

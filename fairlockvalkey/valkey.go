@@ -82,7 +82,7 @@ func (b adapter) Script(ctx context.Context, s backend.Script) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		v, err := value(b.rdb.Do(ctx, cmd))
+		v, err := value(do(ctx, b.rdb, cmd))
 		if attempt == maxResends || !lostOnTheWay(ctx, err) {
 			return v, err
 		}
@@ -116,7 +116,7 @@ func (b adapter) ScriptWait(ctx context.Context, s backend.Script, replicas int,
 		}
 		// WAIT blocks, so valkey-go sends the pair on a dedicated connection.
 		wait := b.rdb.B().Wait().Numreplicas(int64(replicas)).Timeout(timeout.Milliseconds()).Build()
-		res := b.rdb.DoMulti(ctx, cmd, wait)
+		res := doMulti(ctx, b.rdb, cmd, wait)
 		v, err := value(res[0])
 		if attempt < maxResends && lostOnTheWay(ctx, err) {
 			continue
@@ -132,13 +132,13 @@ func (b adapter) ScriptWait(ctx context.Context, s backend.Script, replicas int,
 
 func (b adapter) LoadLibrary(ctx context.Context, code string) error {
 	if b.rdb.Mode() != valkey.ClientModeCluster {
-		return loaded(errOf(b.rdb.Do(ctx, b.rdb.B().FunctionLoad().FunctionCode(code).Build())))
+		return loaded(errOf(do(ctx, b.rdb, b.rdb.B().FunctionLoad().FunctionCode(code).Build())))
 	}
 	// Every node valkey-go knows; a replica refuses the write (READONLY),
 	// which leaves it to its primary.
 	var errs []error
 	for _, node := range b.rdb.Nodes() {
-		err := loaded(errOf(node.Do(ctx, node.B().FunctionLoad().FunctionCode(code).Build())))
+		err := loaded(errOf(do(ctx, node, node.B().FunctionLoad().FunctionCode(code).Build())))
 		var rerr *backend.ReplyError
 		if errors.As(err, &rerr) && strings.HasPrefix(rerr.Reply, "READONLY") {
 			continue
@@ -159,7 +159,7 @@ func loaded(err error) error {
 func (b adapter) BlockingPop(ctx context.Context, timeout time.Duration, count int, keys []string) (string, []string, error) {
 	if count > 0 {
 		cmd := b.rdb.B().Blmpop().Timeout(timeout.Seconds()).Numkeys(int64(len(keys))).Key(keys...).Left().Count(int64(count)).Build()
-		res := b.rdb.Do(ctx, cmd)
+		res := do(ctx, b.rdb, cmd)
 		if err := errOf(res); err != nil {
 			if valkey.IsValkeyNil(err) {
 				return "", nil, nil
@@ -169,7 +169,7 @@ func (b adapter) BlockingPop(ctx context.Context, timeout time.Duration, count i
 		kv, err := res.AsLMPop()
 		return kv.Key, kv.Values, err
 	}
-	res := b.rdb.Do(ctx, b.rdb.B().Blpop().Key(keys...).Timeout(timeout.Seconds()).Build())
+	res := do(ctx, b.rdb, b.rdb.B().Blpop().Key(keys...).Timeout(timeout.Seconds()).Build())
 	if err := errOf(res); err != nil {
 		if valkey.IsValkeyNil(err) {
 			return "", nil, nil
@@ -187,7 +187,7 @@ func (b adapter) BlockingPop(ctx context.Context, timeout time.Duration, count i
 }
 
 func (b adapter) Pop(ctx context.Context, key string, count int) ([]string, error) {
-	res := b.rdb.Do(ctx, b.rdb.B().Lpop().Key(key).Count(int64(count)).Build())
+	res := do(ctx, b.rdb, b.rdb.B().Lpop().Key(key).Count(int64(count)).Build())
 	if err := errOf(res); err != nil {
 		if valkey.IsValkeyNil(err) {
 			return nil, nil
@@ -200,6 +200,33 @@ func (b adapter) Pop(ctx context.Context, key string, count int) ([]string, erro
 // Blocking returns b itself: valkey-go sends blocking commands on
 // dedicated connections of its own.
 func (b adapter) Blocking() (backend.Backend, func() error, error) { return b, nil, nil }
+
+// A doer sends commands: a client, a Cluster node's, a dedicated
+// connection.
+type doer interface {
+	Do(ctx context.Context, cmd valkey.Completed) valkey.ValkeyResult
+	DoMulti(ctx context.Context, cmds ...valkey.Completed) []valkey.ValkeyResult
+}
+
+// do sends cmd through d and returns its result by ctx's end: valkey-go
+// stops waiting for a reply when ctx ends, but waits for a connection
+// being dialled (the call's own, whose handshake it bounds by ctx's
+// deadline only, up to its dial timeout; or another caller's, whatever
+// ctx says), so the call is bounded here (see [backend.Within]).
+func do(ctx context.Context, d doer, cmd valkey.Completed) valkey.ValkeyResult {
+	return backend.Within(ctx, func() valkey.ValkeyResult { return d.Do(ctx, cmd) }, valkey.NewErrorResult)
+}
+
+// doMulti sends cmds through d together, bounded as do is.
+func doMulti(ctx context.Context, d doer, cmds ...valkey.Completed) []valkey.ValkeyResult {
+	return backend.Within(ctx, func() []valkey.ValkeyResult { return d.DoMulti(ctx, cmds...) }, func(err error) []valkey.ValkeyResult {
+		res := make([]valkey.ValkeyResult, len(cmds))
+		for i := range res {
+			res[i] = valkey.NewErrorResult(err)
+		}
+		return res
+	})
+}
 
 // value returns a reply as fairlock reads it: nil, int64, string or []any.
 func value(res valkey.ValkeyResult) (any, error) {
@@ -322,7 +349,7 @@ func (s *subscription) connect(ctx context.Context) (<-chan error, error) {
 			}
 		},
 	})
-	if err := errOf(conn.Do(ctx, conn.B().Subscribe().Channel(s.channel).Build())); err != nil {
+	if err := errOf(do(ctx, conn, conn.B().Subscribe().Channel(s.channel).Build())); err != nil {
 		cancel()
 		return nil, err
 	}
@@ -366,7 +393,7 @@ func (s *subscription) Receive(ctx context.Context, timeout time.Duration) (stri
 		conn := s.conn
 		s.mu.Unlock()
 		if conn != nil {
-			if err := errOf(conn.Do(ctx, conn.B().Ping().Build())); err != nil && ctx.Err() == nil {
+			if err := errOf(do(ctx, conn, conn.B().Ping().Build())); err != nil && ctx.Err() == nil {
 				s.drop()
 				return "", false, false, err
 			}

@@ -1016,6 +1016,110 @@ func closeWhenStalled(t *testing.T, open func(...fairlock.Option) (*fairlock.Cli
 	}
 }
 
+// dialSlack is how long past its context's end a call may take to return
+// while its connection is being dialled to a stalled Redis: generous, for
+// a loaded machine; a client that waits for the dial instead takes its
+// dial timeout (5 s by default in valkey-go and rueidis).
+const dialSlack = 1500 * time.Millisecond
+
+// Every call returns by its context's end while the connection it needs
+// is being dialled to a Redis that accepts connections but does not
+// answer (stalled after its clients' connections were cut, as when a
+// master stalls while a proxy or the network drops its connections): the
+// dial in the call's own hands, whose handshake a client may bound by a
+// deadline only, or another caller's, for which a client may wait
+// whatever the waiting call's context says. The calls run side by side
+// while one more call, under a 4 s deadline, dials: Acquire, TryAcquire,
+// AcquireAll, Status and a lease's Release, each under a context that is
+// cancelled and under one with a deadline.
+func callsWhileDialling(t *testing.T, open func(...fairlock.Option) (*fairlock.Client, error), srv *redisserver.Server) {
+	c, err := open(fairlock.WithWaiterTTL(time.Second), fairlock.WithLeaseTTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close() // (after Redis resumes: deferred first)
+	req := func(name string) fairlock.Request {
+		return fairlock.Request{Name: "{dial}:" + name, Capacity: 1, Permits: 1}
+	}
+	ctx := ctxFor(t, 10*time.Second)
+	var leases []*fairlock.Lease
+	for i := range 2 {
+		l, err := c.Acquire(ctx, req(fmt.Sprintf("held%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	if _, err := c.Status(ctx, req("held0").Name); err != nil {
+		t.Fatal(err)
+	}
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer admin.Close()
+	if err := admin.ClientKillByFilter(ctx, "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_ = srv.Resume()
+		}
+	}
+	defer resume()
+	dctx, dcancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer dcancel()
+	dialling := make(chan struct{})
+	go func() {
+		defer close(dialling)
+		_, _ = c.Status(dctx, req("dialling").Name)
+	}()
+	time.Sleep(100 * time.Millisecond)
+	calls := []struct {
+		name string
+		run  func(ctx context.Context, deadline bool) error
+	}{
+		{"Acquire", func(ctx context.Context, _ bool) error { _, err := c.Acquire(ctx, req("a")); return err }},
+		{"TryAcquire", func(ctx context.Context, _ bool) error { _, err := c.TryAcquire(ctx, req("t")); return err }},
+		{"AcquireAll", func(ctx context.Context, _ bool) error { _, err := c.AcquireAll(ctx, req("x"), req("y")); return err }},
+		{"Status", func(ctx context.Context, _ bool) error { _, err := c.Status(ctx, req("s").Name); return err }},
+		{"Release", func(ctx context.Context, deadline bool) error {
+			if deadline {
+				return leases[0].Release(ctx)
+			}
+			return leases[1].Release(ctx)
+		}},
+	}
+	const within = 300 * time.Millisecond
+	var wg sync.WaitGroup
+	for _, cl := range calls {
+		for _, deadline := range []bool{true, false} {
+			wg.Go(func() {
+				ctx, cancel := context.WithCancel(context.Background())
+				if deadline {
+					ctx, cancel = context.WithTimeout(context.Background(), within)
+				} else {
+					time.AfterFunc(within, cancel)
+				}
+				defer cancel()
+				start := time.Now()
+				err := cl.run(ctx, deadline)
+				took := time.Since(start)
+				t.Logf("%s (deadline %v) returned after %v: %v", cl.name, deadline, took.Round(time.Millisecond), err)
+				if err == nil || took > within+dialSlack {
+					t.Errorf("%s (deadline %v), its connection being dialled to a stalled Redis, returned after %v with %v; want an error within %v of its context's end",
+						cl.name, deadline, took.Round(time.Millisecond), err, dialSlack)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	resume()
+	<-dialling
+}
+
 // promptBound is how soon a call must report a Redis that went away
 // (connections refused): a third of the 1.5 s deadline it runs under.
 const promptBound = 500 * time.Millisecond
@@ -1169,8 +1273,9 @@ type Dial func(t *testing.T, s Server) func(opts ...fairlock.Option) (*fairlock.
 // RunAll runs the suite through dial on miniredis, on the real server
 // (internal/redistest's), on a Sentinel set (a master, a replica, three
 // sentinels) and on a three-node Cluster of its build; and, each on a
-// server of its own, Close while Redis is stalled ("stalled") and every
-// call once Redis is gone ("down"). The tests named in skip are left out
+// server of its own, Close while Redis is stalled ("stalled"), every call
+// while its connection is being dialled to a stalled Redis ("dialling")
+// and every call once Redis is gone ("down"). The tests named in skip are left out
 // of the suite's runs.
 func RunAll(t *testing.T, dial Dial, skip ...string) {
 	t.Run("miniredis", func(t *testing.T) {
@@ -1198,6 +1303,15 @@ func RunAll(t *testing.T, dial Dial, skip ...string) {
 		}
 		defer srv.Stop()
 		closeWhenStalled(t, dial(t, Server{Addrs: []string{srv.Addr}}), srv)
+	})
+	t.Run("dialling", func(t *testing.T) {
+		redistest.RealBackend(t)
+		srv, err := redisserver.Start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Stop()
+		callsWhileDialling(t, dial(t, Server{Addrs: []string{srv.Addr}}), srv)
 	})
 	t.Run("down", func(t *testing.T) {
 		redistest.RealBackend(t)
