@@ -1016,6 +1016,10 @@ func queueLen(p *proc, key string) int {
 	return len(st.Waiters)
 }
 
+// fillTime bounds how long the drain scenario waits for its waiters to
+// queue before it releases.
+const fillTime = 30 * time.Second
+
 // 5. A thousand goroutines of one process wait on one lock.
 func drain(e *env) ([]*Table, []Target, error) {
 	const waiters = 1000
@@ -1088,9 +1092,14 @@ func drain(e *env) ([]*Table, []Target, error) {
 			})
 		}
 		// Let every waiter get in line: fairlock's queue can be read; the
-		// others are given a fixed time.
+		// others are given a fixed time. (Not only the drain's limit: a
+		// release made while acquisitions are still on their way sends
+		// the handoff's commands behind theirs on the waiting process's
+		// connections, and the drain would time the rest of the queueing.
+		// Under the race detector, on the embedded Redis, a thousand
+		// acquisitions take seconds.)
 		if queueLen(p, key) >= 0 {
-			deadline := time.Now().Add(limit)
+			deadline := time.Now().Add(max(fillTime, limit))
 			for queueLen(p, key) < waiters && time.Now().Before(deadline) {
 				time.Sleep(5 * time.Millisecond)
 			}
