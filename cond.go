@@ -146,6 +146,10 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	until := l.expiresBy()
 	wait := p.waitCall(cp, l.ticket, c, l.announced, l.tokens, fresh, cond)
 	sent := time.Now()
+	// Sent while the lease surely lived, a wait that finds no trace of
+	// it, nor of the new ticket, knows that an earlier run of this call
+	// released it and made the new ticket wait (see below).
+	live := sent.Before(until)
 	// The call ends at the close too (see boundByClose).
 	callCtx, bound := c.boundByClose(ctx)
 	o, ok := c.calls.Op(callCtx, wait.Under(ctx), func(callpath.Outcome) {
@@ -175,6 +179,18 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	}
 	if rep.more {
 		c.pumpLater(p)
+	}
+	if rep.result == releasedNoTrace && live {
+		// A copy of the call whose first run released the lease and made
+		// the new ticket wait, which has ended since with no trace (dead,
+		// and dropped by a signal or a queue's run): the wait ends as a
+		// spurious wakeup does, and locks again.
+		c.waits.unregister(r, w)
+		l.finish(errReleased)
+		if np.id != 0 {
+			c.observe(Event{Kind: WaitStarted, Names: np.names, Permits: np.permits(), ID: np.id})
+		}
+		return c.acquirePlan(ctx, np, true, sent)
 	}
 	if rep.result != 1 {
 		c.waits.unregister(r, w)

@@ -35,9 +35,10 @@ const (
 	acqEnded         = 4 // this request's grant ended before this call ran
 )
 
-// releasedNoTrace is release.lua's "release" result when it finds neither
-// the lease nor any record of its ticket: released by an earlier run of the
-// call if it was sent while the lease lived, else perhaps long ended.
+// releasedNoTrace is release.lua's "release" (and "wait") result when it
+// finds neither the lease nor any record of its ticket (nor, for "wait", of
+// the new ticket): released by an earlier run of the call if it was sent
+// while the lease lived, else perhaps long ended.
 const releasedNoTrace = 3
 
 // releaseResult reads a release's result n as 1 (released) or 0 (the lease
@@ -184,8 +185,8 @@ func (p plan) waitCall(cp plan, ticket string, c *Client, announced bool, tokens
 	return oc
 }
 
-// waitReply is "wait"'s reply: result 1 (the new ticket waits) or 0 (the
-// lease was no longer held), work left for a pump, Redis's clock and the
+// waitReply is "wait"'s reply: result 1 (the new ticket waits), 0 (the
+// lease was no longer held) or releasedNoTrace, work left for a pump, Redis's clock and the
 // queue's next event (ms).
 type waitReply struct {
 	result    int64

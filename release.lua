@@ -39,7 +39,9 @@
 --              two is lost); result 1, or 0 (nothing waits) when the lease
 --              was no longer held. A resent call (the new ticket is known,
 --              or, signalled since, queued or holding the lease the state
---              hash keeps) answers 1 and does nothing.
+--              hash keeps) answers 1 and does nothing; 3, as "release",
+--              when neither the lease nor the new ticket left a trace
+--              (the caller, which knows when it sent the call, decides).
 
 local nres = math.floor(#KEYS / 5)
 -- A release on one semaphore takes the fast path when it can;
@@ -144,11 +146,13 @@ if result == 0 then
 end
 -- A renewal frees nothing, unless it found its lease gone.
 if op ~= 'renew' or result ~= 1 then run_queues(rs) end
-if op == 'release' and result == 0 then
+if (op == 'release' or op == 'wait') and result == 0 then
   -- A resent release: its first run released every part, which left
   -- neither lease nor record (a lease that ended otherwise leaves a
   -- tombstone, this run's included: the queues' run above may have
-  -- dropped another lease of the ticket).
+  -- dropped another lease of the ticket). A resent wait whose new ticket
+  -- has ended since with no trace (dead, and dropped by a signal or a
+  -- queue's run) finds the same.
   local again = true
   for _, p in ipairs(parts) do
     if p.at or is_lease_trace(p.r.grant) or is_lease_trace(p.r.grants[ticket]) then again = false end
