@@ -297,6 +297,9 @@ func (b adapter) Subscribe(ctx context.Context, channel string) (backend.Subscri
 	return &subscription{rdb: b.rdb, channel: channel, events: make(chan subEvent, subBuffer), closed: make(chan struct{})}, nil
 }
 
+// errSubClosed is a closed subscription's error.
+var errSubClosed = errors.New("fairlock: subscription closed")
+
 // subBuffer bounds the events a subscription holds for its reader. Past
 // it, the messages are dropped and the reader is told to read the state
 // afresh, as after a resubscription.
@@ -330,18 +333,42 @@ func (s *subscription) push(e subEvent) {
 }
 
 // connect subscribes on a dedicated connection; the subscription's
-// confirmation arrives as an event.
+// confirmation arrives as an event. It returns by ctx's end, or the
+// subscription's close, though the connection is being dialled then (rueidis
+// dials it with no context, up to its dial timeout): a connection that
+// comes later is given back.
 func (s *subscription) connect(ctx context.Context) (<-chan error, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.done {
-		return nil, errors.New("fairlock: subscription closed")
+		s.mu.Unlock()
+		return nil, errSubClosed
 	}
 	if s.conn != nil {
-		return s.lost, nil
+		lost := s.lost
+		s.mu.Unlock()
+		return lost, nil
 	}
-	conn, cancel := s.rdb.Dedicate()
-	lost := conn.SetPubSubHooks(rueidis.PubSubHooks{
+	s.mu.Unlock()
+	type dedicated struct {
+		conn   rueidis.DedicatedClient
+		cancel func()
+	}
+	got := make(chan dedicated, 1)
+	go func() {
+		conn, cancel := s.rdb.Dedicate()
+		got <- dedicated{conn, cancel}
+	}()
+	var d dedicated
+	select {
+	case d = <-got:
+	case <-ctx.Done():
+		go func() { (<-got).cancel() }()
+		return nil, ctx.Err()
+	case <-s.closed:
+		go func() { (<-got).cancel() }()
+		return nil, errSubClosed
+	}
+	lost := d.conn.SetPubSubHooks(rueidis.PubSubHooks{
 		OnMessage: func(m rueidis.PubSubMessage) { s.push(subEvent{payload: m.Message}) },
 		OnSubscription: func(m rueidis.PubSubSubscription) {
 			if m.Kind == "subscribe" {
@@ -349,11 +376,21 @@ func (s *subscription) connect(ctx context.Context) (<-chan error, error) {
 			}
 		},
 	})
-	if err := errOf(do(ctx, conn, conn.B().Subscribe().Channel(s.channel).Build())); err != nil {
-		cancel()
+	if err := errOf(do(ctx, d.conn, d.conn.B().Subscribe().Channel(s.channel).Build())); err != nil {
+		go d.cancel()
 		return nil, err
 	}
-	s.conn, s.cancel, s.lost = conn, cancel, lost
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		go d.cancel()
+		return nil, errSubClosed
+	}
+	if s.conn != nil { // another Receive's connection came first
+		go d.cancel()
+		return s.lost, nil
+	}
+	s.conn, s.cancel, s.lost = d.conn, d.cancel, lost
 	return lost, nil
 }
 
@@ -363,7 +400,9 @@ func (s *subscription) drop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cancel != nil {
-		s.cancel()
+		// Giving the connection back unsubscribes on it, with no context:
+		// on a Redis that stopped answering, that waits.
+		go s.cancel()
 	}
 	s.conn, s.cancel, s.lost = nil, nil, nil
 }
@@ -402,7 +441,7 @@ func (s *subscription) Receive(ctx context.Context, timeout time.Duration) (stri
 	case <-ctx.Done():
 		return "", false, false, ctx.Err()
 	case <-s.closed:
-		return "", false, false, errors.New("fairlock: subscription closed")
+		return "", false, false, errSubClosed
 	}
 }
 

@@ -1053,6 +1053,12 @@ func callsWhileDialling(t *testing.T, open func(...fairlock.Option) (*fairlock.C
 	if _, err := c.Status(ctx, req("held0").Name); err != nil {
 		t.Fatal(err)
 	}
+	// An election's observer subscribes on a connection of its own, dialled
+	// at its first Receive.
+	el, err := election.New(c, "{dial}:e")
+	if err != nil {
+		t.Fatal(err)
+	}
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer admin.Close()
 	if err := admin.ClientKillByFilter(ctx, "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
@@ -1115,6 +1121,22 @@ func callsWhileDialling(t *testing.T, open func(...fairlock.Option) (*fairlock.C
 			})
 		}
 	}
+	// Observe's channel closes when its context ends, though its
+	// subscription's connection is being dialled then.
+	wg.Go(func() {
+		octx, ocancel := context.WithCancel(context.Background())
+		time.AfterFunc(within, ocancel)
+		defer ocancel()
+		start := time.Now()
+		for range el.Observe(octx) {
+		}
+		took := time.Since(start)
+		t.Logf("Observe's channel closed after %v", took.Round(time.Millisecond))
+		if took > within+dialSlack {
+			t.Errorf("Observe, its subscription's connection being dialled to a stalled Redis, closed its channel %v after it began; want within %v of its context's end",
+				took.Round(time.Millisecond), dialSlack)
+		}
+	})
 	wg.Wait()
 	resume()
 	<-dialling
