@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
@@ -180,34 +181,124 @@ func (g *goRedis) Subscribe(ctx context.Context, channel string) (backend.Subscr
 	if !ok {
 		return nil, fmt.Errorf("%w: %T cannot subscribe", errors.ErrUnsupported, g.rdb)
 	}
-	return goRedisSub{ps.Subscribe(ctx, channel)}, nil
+	// No channel yet: go-redis would connect now, whatever ctx says. The
+	// first Receive subscribes.
+	return &goRedisSub{ps: ps.Subscribe(ctx), channel: channel, closed: make(chan struct{})}, nil
 }
 
 // goRedisSub is a go-redis PubSub as a Subscription. go-redis reconnects
 // and subscribes again by itself, and says so with a subscription message.
-type goRedisSub struct{ ps *redis.PubSub }
+//
+// go-redis connects (dials, and greets Redis) without heeding a context's
+// cancellation, up to its dial timeout, and holds the PubSub's lock
+// meanwhile. So each read runs on a goroutine of its own, which Receive
+// leaves at its context's end or the close: the next Receive takes over
+// what the read left (one read at a time, as go-redis needs), and the
+// close closes the PubSub in the background.
+type goRedisSub struct {
+	ps      *redis.PubSub
+	channel string
+	closed  chan struct{}
 
-func (s goRedisSub) Receive(ctx context.Context, timeout time.Duration) (string, bool, bool, error) {
-	msg, err := s.ps.ReceiveTimeout(ctx, timeout)
-	if err != nil {
+	mu         sync.Mutex
+	subscribed bool                // SUBSCRIBE was sent (go-redis keeps the channel)
+	pending    chan goRedisReading // a read Receive left, or nil
+	done       bool
+}
+
+type goRedisReading struct {
+	msg any
+	err error
+}
+
+func (s *goRedisSub) Receive(ctx context.Context, timeout time.Duration) (string, bool, bool, error) {
+	for {
+		read, err := s.read(ctx, timeout)
+		if err != nil {
+			return "", false, false, err
+		}
+		var r goRedisReading
+		select {
+		case r = <-read:
+		case <-ctx.Done():
+			s.leave(read)
+			return "", false, false, ctx.Err()
+		case <-s.closed:
+			return "", false, false, errGoRedisSubClosed
+		}
+		if r.err != nil {
+			if (errors.Is(r.err, context.Canceled) || errors.Is(r.err, context.DeadlineExceeded)) && ctx.Err() == nil {
+				continue // a read an earlier Receive left, ended by its context
+			}
+			return "", false, false, r.err
+		}
+		switch m := r.msg.(type) {
+		case *redis.Subscription:
+			return "", m.Kind == "subscribe", m.Kind == "subscribe", nil
+		case *redis.Message:
+			return m.Payload, false, true, nil
+		}
+		return "", false, false, nil // silence, or a PING's answer
+	}
+}
+
+// read returns the read an earlier Receive left, or starts one: it
+// subscribes first if nothing has, then waits up to timeout for the next
+// message, and pings Redis after silence.
+func (s *goRedisSub) read(ctx context.Context, timeout time.Duration) (chan goRedisReading, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return nil, errGoRedisSubClosed
+	}
+	if read := s.pending; read != nil {
+		s.pending = nil
+		return read, nil
+	}
+	read := make(chan goRedisReading, 1)
+	subscribe := !s.subscribed
+	s.subscribed = true
+	go func() {
+		if subscribe {
+			// go-redis keeps the channel even when this fails, and
+			// subscribes again when it next connects.
+			if err := s.ps.Subscribe(ctx, s.channel); err != nil {
+				read <- goRedisReading{err: err}
+				return
+			}
+		}
+		msg, err := s.ps.ReceiveTimeout(ctx, timeout)
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() && ctx.Err() == nil {
 			// Silence: a dead connection fails here or at the next read.
 			_ = s.ps.Ping(ctx)
-			return "", false, false, nil
+			msg, err = nil, nil
 		}
-		return "", false, false, err
-	}
-	switch m := msg.(type) {
-	case *redis.Subscription:
-		return "", m.Kind == "subscribe", m.Kind == "subscribe", nil
-	case *redis.Message:
-		return m.Payload, false, true, nil
-	}
-	return "", false, false, nil // a PING's answer
+		read <- goRedisReading{msg, err}
+	}()
+	return read, nil
 }
 
-func (s goRedisSub) Close() error { return s.ps.Close() }
+// leave keeps read, a read Receive stopped waiting for, for the next.
+func (s *goRedisSub) leave(read chan goRedisReading) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pending = read
+}
+
+func (s *goRedisSub) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.done {
+		s.done = true
+		close(s.closed)
+		go func() { _ = s.ps.Close() }() // (waits for a read that is connecting)
+	}
+	return nil
+}
+
+// errGoRedisSubClosed is a closed subscription's error.
+var errGoRedisSubClosed = errors.New("fairlock: subscription closed")
 
 // pipeliner is what ScriptWait needs of a client besides RedisClient: a
 // pipeline, whose commands share one connection, so that WAIT covers the
