@@ -181,9 +181,15 @@ func (g *goRedis) Subscribe(ctx context.Context, channel string) (backend.Subscr
 	if !ok {
 		return nil, fmt.Errorf("%w: %T cannot subscribe", errors.ErrUnsupported, g.rdb)
 	}
-	// No channel yet: go-redis would connect now, whatever ctx says. The
-	// first Receive subscribes.
-	return &goRedisSub{ps: ps.Subscribe(ctx), channel: channel, closed: make(chan struct{})}, nil
+	switch g.rdb.(type) {
+	case *redis.Client, *redis.ClusterClient:
+		// No channel yet: go-redis would connect now, whatever ctx says.
+		// The first Receive subscribes.
+		return &goRedisSub{ps: ps.Subscribe(ctx), channel: channel, closed: make(chan struct{})}, nil
+	}
+	// Another client (a wrapper) may need a channel at once (a Ring's
+	// panics without one): it subscribes now.
+	return &goRedisSub{ps: ps.Subscribe(ctx, channel), channel: channel, closed: make(chan struct{}), subscribed: true}, nil
 }
 
 // goRedisSub is a go-redis PubSub as a Subscription. go-redis reconnects
@@ -201,7 +207,7 @@ type goRedisSub struct {
 	closed  chan struct{}
 
 	mu         sync.Mutex
-	subscribed bool                // SUBSCRIBE was sent (go-redis keeps the channel)
+	subscribed bool                // SUBSCRIBE was answered (go-redis keeps the channel)
 	pending    chan goRedisReading // a read Receive left, or nil
 	done       bool
 }
@@ -257,19 +263,26 @@ func (s *goRedisSub) read(ctx context.Context, timeout time.Duration) (chan goRe
 	}
 	read := make(chan goRedisReading, 1)
 	subscribe := !s.subscribed
-	s.subscribed = true
 	go func() {
 		if subscribe {
-			// go-redis keeps the channel even when this fails, and
-			// subscribes again when it next connects.
+			// Until it is answered: go-redis may reconnect, after a
+			// SUBSCRIBE that failed, without the channel it adds after.
 			if err := s.ps.Subscribe(ctx, s.channel); err != nil {
 				read <- goRedisReading{err: err}
 				return
 			}
+			s.mu.Lock()
+			s.subscribed = true
+			s.mu.Unlock()
 		}
 		msg, err := s.ps.ReceiveTimeout(ctx, timeout)
 		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() && ctx.Err() == nil {
+		switch {
+		case err != nil && ctx.Err() != nil:
+			// Ended by its context (go-redis heeds a deadline, as a
+			// read's own), which a later Receive's need not share.
+			err = ctx.Err()
+		case errors.As(err, &ne) && ne.Timeout():
 			// Silence: a dead connection fails here or at the next read.
 			_ = s.ps.Ping(ctx)
 			msg, err = nil, nil

@@ -369,7 +369,13 @@ func (s *subscription) connect(ctx context.Context) (<-chan error, error) {
 		return nil, errSubClosed
 	}
 	lost := d.conn.SetPubSubHooks(rueidis.PubSubHooks{
-		OnMessage: func(m rueidis.PubSubMessage) { s.push(subEvent{payload: m.Message}) },
+		OnMessage: func(m rueidis.PubSubMessage) {
+			// (A connection given back while its SUBSCRIBE was on its
+			// way may come back subscribed to another channel.)
+			if m.Channel == s.channel {
+				s.push(subEvent{payload: m.Message})
+			}
+		},
 		OnSubscription: func(m rueidis.PubSubSubscription) {
 			if m.Kind == "subscribe" {
 				s.push(subEvent{subscribed: true})
