@@ -1098,10 +1098,12 @@ func drain(e *env) ([]*Table, []Target, error) {
 		// connections, and the drain would time the rest of the queueing.
 		// Under the race detector, on the embedded Redis, a thousand
 		// acquisitions take seconds.)
-		if queueLen(p, key) >= 0 {
+		// The holder's process reads it, every 20 ms: the waiting
+		// process's commands are the ones counted.
+		if queueLen(holder[0], key) >= 0 {
 			deadline := time.Now().Add(max(fillTime, limit))
-			for queueLen(p, key) < waiters && time.Now().Before(deadline) {
-				time.Sleep(5 * time.Millisecond)
+			for queueLen(holder[0], key) < waiters && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
 			}
 		} else {
 			time.Sleep(300 * time.Millisecond)
