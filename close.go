@@ -90,20 +90,35 @@ type shutdownState struct {
 
 	pending atomic.Int64 // of ended, releases not yet landed (nor given up)
 	failed  atomic.Int64 // releases that did not land
-	lastErr atomic.Value // error: why the last of those did not
+	lastErr lastError    // why the last of those did not
 	// The withdrawals of the acquisitions the close ended (waits, grants
 	// that raced it).
 	withdrawals     atomic.Int64 // begun
 	withdrawFailed  atomic.Int64 // that did not land
-	withdrawLastErr atomic.Value // error: why the last of those did not
+	withdrawLastErr lastError    // why the last of those did not
 	// The releases and withdrawals sent again in the background that the
 	// close found on their way (a Release's or a clean-up's, its call
 	// ended by the close or failed before it), which it bounds.
 	resends       atomic.Int64 // found
 	resendFailed  atomic.Int64 // that did not land
-	resendLastErr atomic.Value // error: why the last of those did not
+	resendLastErr lastError    // why the last of those did not
 
 	err error // set before done closes: releases and withdrawals that did not land
+}
+
+// lastError holds the last error stored, of whatever type (an
+// atomic.Value panics when a value of another type than the first is
+// stored: one error's type is not the next's).
+type lastError struct{ p atomic.Pointer[error] }
+
+func (l *lastError) Store(err error) { l.p.Store(&err) }
+
+// Load returns the last error stored, or nil.
+func (l *lastError) Load() error {
+	if p := l.p.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // fail notes a release that did not land, for err.
@@ -416,15 +431,15 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, 
 	c.mu.Unlock()
 	var errs []error
 	if n := s.failed.Load(); n > 0 {
-		err, _ := s.lastErr.Load().(error)
+		err := s.lastErr.Load()
 		errs = append(errs, fmt.Errorf("%w: %d of %d leases could not be released (last: %w); Redis ends them when their TTL runs out", ErrRedis, n, len(leases), err))
 	}
 	if n := s.withdrawFailed.Load(); n > 0 {
-		err, _ := s.withdrawLastErr.Load().(error)
+		err := s.withdrawLastErr.Load()
 		errs = append(errs, fmt.Errorf("%w: %d of %d acquisitions the close ended could not be withdrawn (last: %w); Redis drops their tickets at their deadlines (a waiter's within its waiter TTL)", ErrRedis, n, s.withdrawals.Load(), err))
 	}
 	if n := s.resendFailed.Load(); n > 0 {
-		err, _ := s.resendLastErr.Load().(error)
+		err := s.resendLastErr.Load()
 		errs = append(errs, fmt.Errorf("%w: %d of %d releases and withdrawals sent again in the background did not land by the close's bound (last: %w); Redis ends their leases and tickets at their TTL", ErrRedis, n, s.resends.Load(), err))
 	}
 	if n := s.pending.Load(); n > 0 && !ended {

@@ -167,3 +167,23 @@ func TestCloseGivesUpOnCallsHeldPastTheirContexts(t *testing.T) {
 		}
 	})
 }
+
+// A close counts failures whose errors differ in type (a reply error, a
+// context's, a wrapped one): each kind's last is kept whatever its type.
+// An atomic.Value held them once, which panics on a second store of
+// another type: a Close in CI crashed its process so.
+func TestCloseKeepsLastErrorsOfAnyType(t *testing.T) {
+	var s shutdownState
+	errs := []error{errors.New("first"), context.DeadlineExceeded, fmt.Errorf("wrapped: %w", ErrRedis)}
+	for _, err := range errs {
+		s.fail(err)
+		s.failResend(err)
+		s.failWithdrawal(err)
+	}
+	last := errs[len(errs)-1]
+	for name, got := range map[string]any{"release": s.lastErr.Load(), "resend": s.resendLastErr.Load(), "withdrawal": s.withdrawLastErr.Load()} {
+		if got != any(last) {
+			t.Errorf("last %s error = %v, want %v", name, got, last)
+		}
+	}
+}
