@@ -148,12 +148,16 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		// before zq, which the machines seldom reach.)
 		{"fast release hands on to a dead head", "lua/fast.lua",
 			"      ok = (hw.client ~= client and hseq >= st[ZQ]) or waiter_alive(hseq, lat, born)\n", "      ok = true\n", -1, true},
+		// (checks -1: a written-out scenario, writtenOut: a multi-request
+		// at the head of a mutex's queue, which a release pops and must put
+		// back. The random machines reach a popped head that is alive and
+		// may not be served too seldom: one run missed it in 1,000.)
 		{"a popped head not put back", "lua/fast.lua",
-			"      redis.call('ZADD', K[KQ], hscore, head)\n", "\n", 0, true},
+			"    redis.call('ZADD', K[KQ], hscore, head)\n", "\n", -1, true},
 		// (checks -1: a written-out scenario, writtenOut: a head put back
 		// whose key went with it.)
 		{"a popped head put back without the keys' expiry", "lua/fast.lua",
-			"      fast_expire(K[KQ], exp0)\n", "\n", -1, true},
+			"    fast_expire(K[KQ], exp0)\n", "\n", -1, true},
 		{"fast release trusts zq with the liveness bound due", "lua/fast.lua",
 			"not trim_due(st[TNEXT]) and (nq + nc <= 0 or nothing_due(lmin))\n  local at = nil", "not trim_due(st[TNEXT])\n  local at = nil", 0, true},
 		{"fast acquire writes a dead field anew without moving zq", "lua/fast.lua",
@@ -399,6 +403,7 @@ var writtenOut = map[string]func(*testing.T, func(string) string) error{
 	"a dead process's field written anew keeps its old waiters alive": deadProcessWaitersStayDead,
 	"fast release hands on to a dead head":                            deadProcessWaitersStayDead,
 	"a popped head put back without the keys' expiry":                 poppedHeadPutBack,
+	"a popped head not put back":                                      poppedHeadPutBack,
 	"dead liveness fields stay":                                       deadFieldsGo,
 	"a rebuilt state forgets its leases' expiry":                      rebuiltStateKeepsItsKeys,
 	"a late refresh keeps a dead queued waiter":                       refreshLeavesDeadWaitersDead,

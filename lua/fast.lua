@@ -27,17 +27,24 @@ local function fast_start(S, ticket, client)
   return clock, read_state(S, ticket, client)
 end
 
--- fast_defer leaves what a fast path read to the general path (see pre),
--- and returns nil: the fast path's answer when it cannot take the call.
-local function fast_defer(clock, S, st)
-  pre = { clock = clock, S = S, st = st }
-  return nil
-end
-
 -- fast_expire gives key the expiry at (ms) at once (expiring's f for the
 -- fast paths; the general path buffers it with expire_at).
 local function fast_expire(key, at)
   redis.pcall('PEXPIREAT', key, num(at))
+end
+
+-- fast_defer leaves what a fast path read to the general path (see pre),
+-- and returns nil: the fast path's answer when it cannot take the call.
+-- A fast release that popped the head of K's queue (hscore: its score;
+-- nil when none was popped) puts it back first, with the keys' expiry
+-- exp0 (its key may have gone with it).
+local function fast_defer(clock, S, st, K, hscore, head, exp0)
+  if hscore then
+    redis.call('ZADD', K[KQ], hscore, head)
+    fast_expire(K[KQ], exp0)
+  end
+  pre = { clock = clock, S = S, st = st }
+  return nil
 end
 
 -- next_at returns the milliseconds until the next event, as next_event
@@ -92,13 +99,12 @@ local function fast_acquire(K, a)
   if grant then
     at = now + grant_ttl(lease, wait, false)
     member = holder_member(ticket, num(n), client, ts)
-    f = { 'used', num(used + n), 'nh', num(nh + 1), 'seq', ts }
     if inline then
       -- The state hash's place is free: the lease takes it, and its
       -- member is its record.
-      f[7], f[8], f[9], f[10] = 'o', member, 'oe', num(at)
+      f = { 'used', num(used + n), 'nh', num(nh + 1), 'seq', ts, 'o', member, 'oe', num(at) }
     else
-      f[7], f[8] = ticket, ts
+      f = { 'used', num(used + n), 'nh', num(nh + 1), 'seq', ts, ticket, ts }
       put(f, 'hmin', lowered(hmin, at), hmin)
     end
   else
@@ -191,14 +197,6 @@ local function fast_release(K, a)
   end
   if not alive(at) then return fast_defer(clock, S, st) end
   local head, hscore, w, after = nil, nil, nil, used
-  -- back puts a popped head back and defers (see above).
-  local function back()
-    if hscore then
-      redis.call('ZADD', K[KQ], hscore, head)
-      fast_expire(K[KQ], exp0)
-    end
-    return fast_defer(clock, S, st)
-  end
   if nq > 0 then
     local got
     -- (A state without exp, which another program's mistake may leave,
@@ -233,7 +231,7 @@ local function fast_release(K, a)
       local only = fits_in(used - n, w.n, cap) and ((after >= cap and quiet) or (after < cap and nq == 1))
       ok = only
     end
-    if not ok then return back() end
+    if not ok then return fast_defer(clock, S, st, K, hscore, head, exp0) end
   end
   local seq = st[SEQ]
   local idle = not w and is_idle(nh - 1, nq, nc)
@@ -293,7 +291,7 @@ local function fast_release(K, a)
     for _, x in ipairs({ { has_t, K[KT] }, { has_h and mine, K[KH] }, { has_q and not w, K[KQ] } }) do
       if x[1] then
         local t = hscore and type_of(x[2])
-        if t and t ~= 'none' and t ~= 'zset' then return back() end
+        if t and t ~= 'none' and t ~= 'zset' then return fast_defer(clock, S, st, K, hscore, head, exp0) end
         if t then seen(x[2]) else must_be(x[2], 'zset') end
       end
     end

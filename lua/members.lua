@@ -131,23 +131,31 @@ end
 -- built with named fields costs more than the rest of their reading. A
 -- state hash of another layout than LAYOUT fails the call here
 -- (check_layout), before anything is written.
-local function read_state(S, ticket, client)
-  local f = { 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'nc', 'layout', 'o', 'oe', 'lmin' }
-  if client then f[14] = live_field(client) else f[14] = 'layout' end
-  f[15], f[16] = ticket or 'layout', 'zq'
-  local st = redis.call('HMGET', S, unpack(f))
-  -- Every state hash holds its sequence and its keys' expiry, or says
-  -- its layout.
-  local exists = st[5] ~= false or st[6] ~= false or st[1] ~= false or st[10] ~= false
-  check_layout(S, st[10], exists)
-  -- Literal indexes: the names above, which every reader uses.
-  local at, born = nil, nil
-  if client then at, born = parse_live(st[14]) end
-  st[1], st[2], st[3], st[4] = tonumber(st[1]), tonumber(st[2]) or 0, tonumber(st[3]) or 0, tonumber(st[4]) or 0
-  st[5], st[6], st[7], st[8] = tonumber(st[5]) or 0, tonumber(st[6]) or 0, tonumber(st[7]), tonumber(st[8])
-  st[9], st[11], st[12], st[13], st[14] = tonumber(st[9]) or 0, st[11] or false, tonumber(st[12]), tonumber(st[13]), at
-  local mark = st[15]
-  if not (ticket and mark) then mark = inline_token(st[11], ticket) end
-  st[15], st[16], st[17], st[18] = mark, exists, born, tonumber(st[16]) or 0
-  return st
+local read_state
+do
+  -- The fields read_state asks for: the 14th (the liveness field) and
+  -- the 15th (the ticket's) are set at each call.
+  local fields = { 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'nc', 'layout', 'o', 'oe', 'lmin', 'layout', 'layout', 'zq' }
+  function read_state(S, ticket, client)
+    if client then fields[14] = live_field(client) else fields[14] = 'layout' end
+    fields[15] = ticket or 'layout'
+    local st = redis.call('HMGET', S, unpack(fields))
+    -- Every state hash holds its sequence and its keys' expiry, or says
+    -- its layout.
+    local exists = st[5] ~= false or st[6] ~= false or st[1] ~= false or st[10] ~= false
+    check_layout(S, st[10], exists)
+    -- Literal indexes: the names above, which every reader uses. A field
+    -- that is absent (false) is not handed to tonumber: most are, and a
+    -- call costs more than the test.
+    local at, born = nil, nil
+    if client then at, born = parse_live(st[14]) end
+    local v1, v2, v3, v4, v5, v6, v7, v8, v9, v12, v13, v16 = st[1], st[2], st[3], st[4], st[5], st[6], st[7], st[8], st[9], st[12], st[13], st[16]
+    st[1], st[2], st[3], st[4] = v1 and tonumber(v1) or nil, v2 and tonumber(v2) or 0, v3 and tonumber(v3) or 0, v4 and tonumber(v4) or 0
+    st[5], st[6], st[7], st[8] = v5 and tonumber(v5) or 0, v6 and tonumber(v6) or 0, v7 and tonumber(v7) or nil, v8 and tonumber(v8) or nil
+    st[9], st[11], st[12], st[13], st[14] = v9 and tonumber(v9) or 0, st[11] or false, v12 and tonumber(v12) or nil, v13 and tonumber(v13) or nil, at
+    local mark = st[15]
+    if not (ticket and mark) then mark = inline_token(st[11], ticket) end
+    st[15], st[16], st[17], st[18] = mark, exists, born, v16 and tonumber(v16) or 0
+    return st
+  end
 end
