@@ -1,14 +1,26 @@
 package fairlock
 
 // The cyclic barrier in the property machine (property_test.go): one
-// barrier per machine, beside its semaphores and its latch, with
-// processes that arrive at it and wait (and cancel their wait). Its model
-// is the current round, from 1, and its waiting parties in arrival
-// order. An arrival that is the round's last completes it: its Await and
-// every waiting party's return the round and their arrival index. A
-// waiting party whose context ends breaks the round: its Await returns
-// the context's error and every other's the round broken. Either way the
-// next round begins with nobody. No Await returns before.
+// barrier per machine, beside its semaphores and its latch, with processes
+// that arrive at it and wait (and cancel their wait, or crash while they
+// wait). Its model is the current round, from 1, and its waiting parties in
+// arrival order, each alive until its deadline unless its process
+// refreshes it. An arrival that is the round's last completes it: its
+// Await and every live waiting party's return the round and their arrival
+// index. A waiting party whose context ends breaks the round: its Await
+// returns the context's error and every other's the round broken. Either
+// way the next round begins with nobody. No Await returns before.
+//
+// A crashed process's party stays in Redis, unrefreshed, and counts as
+// arrived until its deadline: an arrival before then may complete the
+// round with it. Past its deadline the round has lost a party, and breaks
+// when a script notices. Nothing watches the round by itself: a live
+// party's refresh notices (its process refreshes it while Redis's clock
+// moves, and its re-ask breaks the round), so a round with a live party
+// breaks as soon as the clock passes the deadline, for every live party
+// of it. A round with no live party left stays as it was (its status read
+// says it lost a party) until the next arrival, which breaks it and
+// begins the next round, as its first party.
 
 import (
 	"context"
@@ -40,6 +52,7 @@ type bwaiter struct {
 	ticket string
 	index  int64
 	at     int64 // liveness deadline (ms)
+	dead   bool  // its process crashed
 	cancel context.CancelFunc
 	res    chan bresult
 }
@@ -77,7 +90,17 @@ func (m *machine) barrierAwait(t *rapid.T) {
 	}
 	a := pick(t, as)
 	b := m.barrier
-	m.logf("process %d: Await on the barrier (round %d, %d of %d parties waiting in the model)", a.id, b.round, len(b.waiters), b.parties)
+	m.logf("process %d: Await on the barrier (round %d, %d of %d parties waiting in the model, %d of them dead)",
+		a.id, b.round, len(b.waiters), b.parties, b.deadCount())
+	// A round that lost a party and is still running has no live party
+	// left (a live one's refresh would have broken it): the arrival breaks
+	// it, and begins the next.
+	lost := m.barrierLost()
+	lostRound, lostParties := b.round, b.waiters
+	if lost {
+		m.logf("(round %d lost a dead party: the arrival breaks it and begins round %d)", b.round, b.round+1)
+		b.round, b.waiters = b.round+1, nil
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &bwaiter{a: a, cancel: cancel, index: int64(len(b.waiters)), res: make(chan bresult, 1)}
 	m.calls.Go(func() {
@@ -85,11 +108,18 @@ func (m *machine) barrierAwait(t *rapid.T) {
 		w.res <- bresult{arr, err}
 	})
 	b.made = true
+	if lost {
+		m.barrierBroken(t, lostRound, lostParties, "the arrival")
+		m.seen.lost = true
+	}
 	if w.index+1 == b.parties {
 		woken := append(b.waiters, w)
 		round := b.round
 		b.round, b.waiters = round+1, nil
 		for _, x := range woken {
+			if x.dead {
+				continue // (a dead process hears nothing)
+			}
 			r := m.barrierReceive(t, x)
 			if r.err != nil || r.arr != (arrival{round: round, index: x.index}) {
 				t.Fatalf("process %d: Await on the barrier = %+v, %v; the model completes round %d with it at index %d\n%s",
@@ -142,8 +172,8 @@ func (m *machine) barrierReceive(t *rapid.T, w *bwaiter) bresult {
 }
 
 // barrierCancel cancels a waiting party's Await, which must return
-// context.Canceled; its leaving breaks the round: every other party's
-// Await returns the round broken, with its index.
+// context.Canceled; its leaving breaks the round: every other live
+// party's Await returns the round broken, with its index.
 func (m *machine) barrierCancel(t *rapid.T) {
 	as := m.solo(barriering)
 	if len(as) == 0 {
@@ -166,22 +196,71 @@ func (m *machine) barrierCancelOne(t *rapid.T, a *actor) {
 	others := slices.DeleteFunc(b.waiters, func(x *bwaiter) bool { return x == w })
 	round := b.round
 	b.round, b.waiters = round+1, nil
-	for _, x := range others {
+	n := m.barrierBroken(t, round, others, fmt.Sprintf("process %d's cancel", a.id))
+	m.seen.broken = max(m.seen.broken, n)
+}
+
+// barrierBroken checks that round ended broken for its parties ws (by
+// says what broke it): each live one's Await returns the round broken,
+// with its index. It returns how many did.
+func (m *machine) barrierBroken(t *rapid.T, round int64, ws []*bwaiter, by string) int {
+	n := 0
+	for _, x := range ws {
+		if x.dead {
+			continue // (a dead process hears nothing)
+		}
 		r := m.barrierReceive(t, x)
 		if r.err != nil || r.arr != (arrival{round: round, index: x.index, broken: true}) {
-			t.Fatalf("process %d: Await on the barrier = %+v, %v; process %d's cancel broke round %d, where it is at index %d\n%s",
-				x.a.id, r.arr, r.err, a.id, round, x.index, m.barrierDump())
+			t.Fatalf("process %d: Await on the barrier = %+v, %v; %s broke round %d, where it is at index %d\n%s",
+				x.a.id, r.arr, r.err, by, round, x.index, m.barrierDump())
 		}
 		x.cancel()
 		x.a.state, x.a.bw = idle, nil
+		n++
 	}
-	m.seen.broken = max(m.seen.broken, len(others))
+	return n
 }
 
-// barrierHeartbeat refreshes every waiting party, as its process's timer
-// does.
+// barrierLost reports whether the round has lost a party: one whose
+// process crashed, past its deadline.
+func (m *machine) barrierLost() bool {
+	now := m.nowMs()
+	return slices.ContainsFunc(m.barrier.waiters, func(w *bwaiter) bool { return w.dead && w.at <= now })
+}
+
+// deadCount returns how many of the round's parties belong to crashed
+// processes.
+func (b *mbarrier) deadCount() int {
+	n := 0
+	for _, w := range b.waiters {
+		if w.dead {
+			n++
+		}
+	}
+	return n
+}
+
+// barrierCrash marks a crashed process's party dead: it stays in Redis,
+// unrefreshed, and counts as arrived until its deadline.
+func (m *machine) barrierCrash(a *actor) {
+	if a.bw != nil {
+		a.bw.dead = true
+		a.bw = nil
+	}
+}
+
+// barrierHeartbeat refreshes every live waiting party, as its process's
+// timer does. A refresh that finds the round short of a party (one dead
+// past its deadline) reports its party gone, whose re-ask breaks the
+// round: once the clock has passed a dead party's deadline, every live
+// party's Await returns the round broken.
 func (m *machine) barrierHeartbeat(t *rapid.T) {
 	now := m.nowMs()
+	b := m.barrier
+	lost := m.barrierLost() && len(m.live(barriering)) > 0
+	if lost {
+		m.logf("(round %d lost a dead party: its live parties' refresh breaks it)", b.round)
+	}
 	for _, a := range m.live(barriering) {
 		a.c.mu.Lock()
 		r := a.c.waits.rooms[m.barrier.k.res.Base]
@@ -193,8 +272,15 @@ func (m *machine) barrierHeartbeat(t *rapid.T) {
 			t.Fatalf("process %d's refresh of its barrier waiter: %v", a.id, err)
 		}
 	}
-	for _, w := range m.barrier.waiters {
-		if w.at > now {
+	if lost {
+		round, ws := b.round, b.waiters
+		b.round, b.waiters = round+1, nil
+		n := m.barrierBroken(t, round, ws, "a dead party's deadline")
+		m.seen.died = max(m.seen.died, n)
+		return
+	}
+	for _, w := range b.waiters {
+		if !w.dead && w.at > now {
 			w.at = now + clock.MS(w.a.waiterTTL())
 		}
 	}
@@ -202,9 +288,13 @@ func (m *machine) barrierHeartbeat(t *rapid.T) {
 
 // barrierCheck compares the barrier in Redis with the model: no Await
 // returned while the model has it waiting, the hash's round and arrivals
-// the model's, and its waiting parties the model's in arrival order.
+// the model's (a dead party counts until its round ends), its live waiting
+// parties the model's in arrival order, and its status: the model's
+// round, broken when the round lost a party, and its parties in arrival
+// order.
 func (m *machine) barrierCheck(t *rapid.T) {
 	b := m.barrier
+	now := m.nowMs()
 	for _, a := range m.live(barriering) {
 		select {
 		case r := <-a.bw.res:
@@ -235,20 +325,40 @@ func (m *machine) barrierCheck(t *rapid.T) {
 		t.Fatalf("barrier: parties %d, round %d, %d arrived in Redis; the model's %d, %d, %d\n%s",
 			p, r, n, b.parties, b.round, len(b.waiters), m.barrierDump())
 	}
+	// redisCond leaves out the parties whose deadline Redis's clock has
+	// reached: the dead ones past it.
+	live := slices.DeleteFunc(slices.Clone(b.waiters), func(w *bwaiter) bool { return w.dead && w.at <= now })
 	got := m.redisCond(&msem{name: b.name, k: b.k.res}, barrierCond)
-	if len(got) != len(b.waiters) {
-		t.Fatalf("barrier: %d waiting parties in Redis, %d in the model\n%s", len(got), len(b.waiters), m.barrierDump())
+	if len(got) != len(live) {
+		t.Fatalf("barrier: %d live waiting parties in Redis, %d in the model\n%s", len(got), len(live), m.barrierDump())
 	}
 	for i, g := range got {
-		if w := b.waiters[i]; g.ticket != w.ticket || g.client != w.a.c.id {
+		if w := live[i]; g.ticket != w.ticket || g.client != w.a.c.id {
 			t.Fatalf("barrier: party %d is %s (ticket %s) in Redis, %s (ticket %s) in the model",
 				i, m.who(g.client), g.ticket, m.who(w.a.c.id), w.ticket)
 		}
 	}
+	// A status read notices a dead party past its deadline, and breaks
+	// nothing (the next check reads the hash after it).
+	round, arrived, broken, stored, err := m.obs.barrierStatus(context.Background(), b.name, b.parties)
+	if err != nil || stored != 0 || round != b.round || broken != m.barrierLost() {
+		t.Fatalf("barrier status = round %d, broken %v (stored %d), %v; the model's round %d, broken %v\n%s",
+			round, broken, stored, err, b.round, m.barrierLost(), m.barrierDump())
+	}
+	// It lists every party, dead ones too, until the round ends; once
+	// every one is dead past its deadline, the keys that list them (kept
+	// a while past the last deadline) may have expired, and it lists none.
+	var want []string
+	for _, w := range b.waiters {
+		want = append(want, owner(w.a.c.id))
+	}
+	if !slices.Equal(arrived, want) && (len(arrived) > 0 || len(live) > 0) {
+		t.Fatalf("barrier status lists %v; the model's parties are %v\n%s", arrived, want, m.barrierDump())
+	}
 }
 
-// barrierFinish cancels the first waiting party, which breaks the round
-// for the others.
+// barrierFinish cancels the first live waiting party, which breaks the
+// round for the others.
 func (m *machine) barrierFinish() {
 	if as := m.live(barriering); len(as) > 0 {
 		m.barrierCancelOne(m.t, as[0])

@@ -286,13 +286,15 @@ type runStats struct {
 	woken   int   // latch waiters woken by the CountDown that opened it
 	remade  bool  // the latch's count expired, and a call made it again
 	// completed and broken are the most barrier parties one round's end
-	// returned: completed by its last arrival, broken by a cancel.
-	completed, broken int
+	// returned: completed by its last arrival, broken by a cancel; died,
+	// broken by a dead party, noticed by the live parties' refresh.
+	completed, broken, died int
+	lost                    bool // an arrival broke a round whose parties had all died
 }
 
 func (r runStats) String() string {
-	return fmt.Sprintf("capacity %d, permits %d, crowd %d, queue %d, bulk grant %d, expired at once %d, latch waiters woken %d, barrier round completed for %d, broken for %d",
-		r.cap, r.weight, r.crowd, r.queue, r.bulk, r.expired, r.woken, r.completed, r.broken)
+	return fmt.Sprintf("capacity %d, permits %d, crowd %d, queue %d, bulk grant %d, expired at once %d, latch waiters woken %d, barrier round completed for %d, broken for %d, broken by a death for %d",
+		r.cap, r.weight, r.crowd, r.queue, r.bulk, r.expired, r.woken, r.completed, r.broken, r.died)
 }
 
 // propStats gathers runStats over the machines of one test.
@@ -320,7 +322,7 @@ func (p *propStats) log(t *testing.T) {
 	for i, r := range p.runs {
 		top = runStats{max(top.cap, r.cap), max(top.weight, r.weight), max(top.crowd, r.crowd),
 			max(top.queue, r.queue), max(top.bulk, r.bulk), max(top.expired, r.expired), max(top.woken, r.woken), false,
-			max(top.completed, r.completed), max(top.broken, r.broken)}
+			max(top.completed, r.completed), max(top.broken, r.broken), max(top.died, r.died), false}
 		if r.woken > 0 {
 			reached["latch opened on waiters"]++
 		}
@@ -332,6 +334,12 @@ func (p *propStats) log(t *testing.T) {
 		}
 		if r.broken >= 1 {
 			reached["barrier broken on waiters"]++
+		}
+		if r.died >= 1 {
+			reached["barrier broken by a death"]++
+		}
+		if r.lost {
+			reached["barrier of the dead broken by an arrival"]++
 		}
 		if r.queue >= 100 {
 			reached["queue>=100"]++

@@ -338,6 +338,20 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		{"barrier model: a broken round's parties woken completed", "lua/ops/barrier.lua",
 			"wake(list, fallback, wake_entry(w.ticket, now, { num(outcome) }), w.wait)",
 			"wake(list, fallback, wake_entry(w.ticket, now, { num(COMPLETED) }), w.wait)", 0, false},
+		// A party whose process died, past its deadline, breaks its round
+		// when a script notices: a live party's refresh (refresh.lua's
+		// broken, whose party's re-ask breaks the round), the next arrival,
+		// and a status read, which reports it and breaks nothing. (The
+		// refresh's rule, in refresh.lua, runs with the semaphores' rules,
+		// in TestPropertyCatchesBrokenRules.)
+		{"barrier model: a live party's refresh counts a dead party alive", "lua/ops/refresh.lua",
+			"          if waiter_alive(seqs[j], live_of(first, w.client, true)) then live = live + 1 end\n",
+			"          live = live + 1\n", 0, false},
+		{"barrier model: an arrival joins a round whose party died", "lua/ops/barrier.lua",
+			"if not intact() then end_round(BROKEN, nil) end\n", "\n", 0, false},
+		{"barrier model: a status read counts a dead party alive", "lua/ops/barrier.lua",
+			"      if w and waiter_alive(seqs[i], live_of(r, w.client, false, seqs[i])) then live = live + 1 end\n",
+			"      if w then live = live + 1 end\n", 0, false},
 	} {
 		if !pick(tc.file) {
 			continue
@@ -1341,7 +1355,7 @@ func (m *machine) pauseRelease(t *rapid.T) {
 		}
 	}
 	for _, w := range m.barrier.waiters {
-		if w.at > now {
+		if !w.dead && w.at > now {
 			most = min(most, w.at-now-clock.MS(pChunk)-1)
 		}
 	}
@@ -1416,7 +1430,7 @@ func (m *machine) crash(t *rapid.T) {
 		m.settle(t)
 		return
 	}
-	as := m.solo(idle, waiting, holding, latching)
+	as := m.solo(idle, waiting, holding, latching, barriering)
 	if len(as) == 0 {
 		t.Skip("nobody to crash")
 	}
@@ -1425,6 +1439,7 @@ func (m *machine) crash(t *rapid.T) {
 	a.cut.crash()
 	a.state = crashed
 	m.latchCrash(a)
+	m.barrierCrash(a)
 	for _, s := range m.sems {
 		for _, e := range slices.Concat(s.queue, s.holders, s.cond) {
 			if e.a == a {
