@@ -203,7 +203,7 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		{"fast handoff leaves the hash's place empty", "lua/fast.lua",
 			"  local free = mine or not o\n", "  local free = mine\n", -1, true},
 		{"fast release deletes an idle state that has tombstones", "lua/fast.lua",
-			"  if idle and (st[TNEXT] or 0) > 0 then return fast_defer(clock, S, st) end\n", "", 0, true},
+			"  if idle and (st[TNEXT] or 0) > 0 then return fast_defer(clock, S, st, a) end\n", "", 0, true},
 		// Rules of the state's life and of the tombstones, which the call
 		// machine checks after every call (its clock reaches expiries and
 		// tombstones' ends far more often than whole clients do).

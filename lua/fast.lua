@@ -19,26 +19,20 @@
 -- call takes the general path and the two can be compared.
 local FAST_PATHS = true
 
--- fast_start reads Redis's clock and resource state hash S with ticket's
--- mark and client's liveness (read_state), as begin and load would.
-local function fast_start(S, ticket, client)
-  local clock = redis.call('TIME')
-  set_now(clock)
-  return clock, read_state(S, ticket, client)
-end
-
 -- fast_expire gives key the expiry at (ms) at once (expiring's f for the
 -- fast paths; the general path buffers it with expire_at).
 local function fast_expire(key, at)
   redis.pcall('PEXPIREAT', key, num(at))
 end
 
--- fast_defer leaves what a fast path read to the general path (see pre),
--- and returns nil: the fast path's answer when it cannot take the call.
--- A fast release that popped the head of K's queue (hscore: its score;
--- nil when none was popped) puts it back first, with the keys' expiry
--- exp0 (its key may have gone with it).
-local function fast_defer(clock, S, st, K, hscore, head, exp0)
+-- fast_defer leaves what a fast path read for call a (ARGV) to the
+-- general path (see pre: the row completed, finish_state), and returns
+-- nil: the fast path's answer when it cannot take the call. A fast
+-- release that popped the head of K's queue (hscore: its score; nil when
+-- none was popped) puts it back first, with the keys' expiry exp0 (its
+-- key may have gone with it).
+local function fast_defer(clock, S, st, a, K, hscore, head, exp0)
+  finish_state(st, a[TICKET], a[CLIENT])
   if hscore then
     redis.call('ZADD', K[KQ], hscore, head)
     fast_expire(K[KQ], exp0)
@@ -65,7 +59,10 @@ end
 -- bounds): then a "try" is refused and an "acquire" queued.
 local function fast_acquire(K, a)
   local S, ticket, client, lease, wait = K[KS], a[TICKET], a[CLIENT], a[LEASE], a[WAIT]
-  local clock, st = fast_start(S, ticket, client)
+  -- Redis's clock and the state row, as begin and load would read them.
+  local clock = redis.call('TIME')
+  set_now(clock)
+  local st = read_state(S, ticket, client)
   local cap, used, nh, nq, nc, exp0, o, oe = st[CAP], st[USED], st[NH], st[NQ], st[NC], st[EXP], st[O], st[OE]
   local fresh = not st[EXISTS]
   if fresh then cap = cap_of(a, 1) end
@@ -85,12 +82,12 @@ local function fast_acquire(K, a)
   -- was lost (another program's DEL, or an eviction), and the general
   -- path rebuilds it from them (rebuild), counting their permits.
   if ok and fresh and redis.call('EXISTS', K[KH], K[KQ]) > 0 then ok = false end
-  if not ok then return fast_defer(clock, S, st) end
+  if not ok then return fast_defer(clock, S, st, a) end
   if not grant and a[OP] == 'try' then
     -- Refused, with nothing to write (the keys' TTL is as the last
     -- write left it).
     if keys_exp(exp0, 0, st[SEQ], false) == exp0 then return { 0 } end
-    return fast_defer(clock, S, st)
+    return fast_defer(clock, S, st, a)
   end
   local seq = next_token(st[SEQ])
   local ts = num(seq)
@@ -179,7 +176,11 @@ end
 local function fast_release(K, a)
   local S, ticket, client = K[KS], a[TICKET], a[CLIENT]
   local n, ns, token = part_of(a, 1)
-  local clock, st = fast_start(S, ticket, client)
+  -- Redis's clock and the state row, as begin and load would read them;
+  -- its liveness and mark only when needed (finish_state).
+  local clock = redis.call('TIME')
+  set_now(clock)
+  local st = read_state(S, ticket, client, true)
   local cap, used, nh, nq, nc, exp0, o, oe = st[CAP], st[USED], st[NH], st[NQ], st[NC], st[EXP], st[O], st[OE]
   local inh = nh - (o and 1 or 0)
   local hmin, lmin = bound_of(st[HMIN], inh), bound_of(st[LMIN], nq + nc)
@@ -195,7 +196,7 @@ local function fast_release(K, a)
       at = tonumber(redis.call('ZSCORE', K[KH], m))
     end
   end
-  if not alive(at) then return fast_defer(clock, S, st) end
+  if not alive(at) then return fast_defer(clock, S, st, a) end
   local head, hscore, w, after = nil, nil, nil, used
   if nq > 0 then
     local got
@@ -220,8 +221,13 @@ local function fast_release(K, a)
       -- head from zq on is alive while lmin is not due (ok says it is
       -- not), with nothing read (see queue.lua); another process's older
       -- one is looked up.
-      local hseq, lat, born = tonumber(got[2]), st[LIVE], st[BORN]
-      if hw.client ~= client and hseq < st[ZQ] then lat, born = parse_live(redis.call('HGET', S, live_field(hw.client))) end
+      local hseq, lat, born = tonumber(got[2]), nil, nil
+      if hw.client == client then
+        finish_state(st, ticket, client)
+        lat, born = st[LIVE], st[BORN]
+      elseif hseq < st[ZQ] then
+        lat, born = parse_live(redis.call('HGET', S, live_field(hw.client)))
+      end
       ok = (hw.client ~= client and hseq >= st[ZQ]) or waiter_alive(hseq, lat, born)
     end
     if ok then
@@ -231,13 +237,13 @@ local function fast_release(K, a)
       local only = fits_in(used - n, w.n, cap) and ((after >= cap and quiet) or (after < cap and nq == 1))
       ok = only
     end
-    if not ok then return fast_defer(clock, S, st, K, hscore, head, exp0) end
+    if not ok then return fast_defer(clock, S, st, a, K, hscore, head, exp0) end
   end
   local seq = st[SEQ]
   local idle = not w and is_idle(nh - 1, nq, nc)
   -- An idle resource with tombstones keeps its keys as long as the
   -- latest: the general path reads when that is.
-  if idle and (st[TNEXT] or 0) > 0 then return fast_defer(clock, S, st) end
+  if idle and (st[TNEXT] or 0) > 0 then return fast_defer(clock, S, st, a) end
   if idle and may_delete(st[TNEXT], seq) then
     -- Nothing in it is needed any more.
     if not mine then redis.call('ZREM', K[KH], m) end
@@ -291,7 +297,7 @@ local function fast_release(K, a)
     for _, x in ipairs({ { has_t, K[KT] }, { has_h and mine, K[KH] }, { has_q and not w, K[KQ] } }) do
       if x[1] then
         local t = hscore and type_of(x[2])
-        if t and t ~= 'none' and t ~= 'zset' then return fast_defer(clock, S, st, K, hscore, head, exp0) end
+        if t and t ~= 'none' and t ~= 'zset' then return fast_defer(clock, S, st, a, K, hscore, head, exp0) end
         if t then seen(x[2]) else must_be(x[2], 'zset') end
       end
     end

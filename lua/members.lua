@@ -60,6 +60,9 @@ end
 -- holder has no record of its own in the hash: its member is its record.
 local function inline_token(o, ticket)
   if not o or not ticket then return false end
+  -- (A plain search first: the pattern costs ten times as much, and the
+  -- holder is most often another ticket.)
+  if string.find(o, ticket .. ' ', 1, true) ~= 1 then return false end
   local t, ts = string.match(o, '^(%S+) %d+ %S+ (%d+)$')
   if t == ticket then return ts end
   return false
@@ -131,12 +134,25 @@ end
 -- built with named fields costs more than the rest of their reading. A
 -- state hash of another layout than LAYOUT fails the call here
 -- (check_layout), before anything is written.
-local read_state
+local read_state, finish_state
 do
   -- The fields read_state asks for: the 14th (the liveness field) and
   -- the 15th (the ticket's) are set at each call.
   local fields = { 'cap', 'used', 'nh', 'nq', 'seq', 'exp', 'tnext', 'hmin', 'nc', 'layout', 'o', 'oe', 'lmin', 'layout', 'layout', 'zq' }
-  function read_state(S, ticket, client)
+  -- finish_state completes row st that read_state read lazily, for
+  -- ticket and client as read: LIVE, BORN and MARK, which take pattern
+  -- matches. A complete row is left as it is. (LIVE holds fields, which
+  -- no read gives, until then; BORN the liveness field as read.)
+  function finish_state(st, ticket, client)
+    if st[LIVE] ~= fields then return st end
+    local at, born = nil, nil
+    if client then at, born = parse_live(st[BORN]) end
+    local mark = st[MARK]
+    if not (ticket and mark) then mark = inline_token(st[O], ticket) end
+    st[LIVE], st[BORN], st[MARK] = at, born, mark
+    return st
+  end
+  function read_state(S, ticket, client, lazy)
     if client then fields[14] = live_field(client) else fields[14] = 'layout' end
     fields[15] = ticket or 'layout'
     local st = redis.call('HMGET', S, unpack(fields))
@@ -147,15 +163,13 @@ do
     -- Literal indexes: the names above, which every reader uses. A field
     -- that is absent (false) is not handed to tonumber: most are, and a
     -- call costs more than the test.
-    local at, born = nil, nil
-    if client then at, born = parse_live(st[14]) end
     local v1, v2, v3, v4, v5, v6, v7, v8, v9, v12, v13, v16 = st[1], st[2], st[3], st[4], st[5], st[6], st[7], st[8], st[9], st[12], st[13], st[16]
     st[1], st[2], st[3], st[4] = v1 and tonumber(v1) or nil, v2 and tonumber(v2) or 0, v3 and tonumber(v3) or 0, v4 and tonumber(v4) or 0
     st[5], st[6], st[7], st[8] = v5 and tonumber(v5) or 0, v6 and tonumber(v6) or 0, v7 and tonumber(v7) or nil, v8 and tonumber(v8) or nil
-    st[9], st[11], st[12], st[13], st[14] = v9 and tonumber(v9) or 0, st[11] or false, v12 and tonumber(v12) or nil, v13 and tonumber(v13) or nil, at
-    local mark = st[15]
-    if not (ticket and mark) then mark = inline_token(st[11], ticket) end
-    st[15], st[16], st[17], st[18] = mark, exists, born, v16 and tonumber(v16) or 0
-    return st
+    st[9], st[11], st[12], st[13] = v9 and tonumber(v9) or 0, st[11] or false, v12 and tonumber(v12) or nil, v13 and tonumber(v13) or nil
+    st[16], st[17], st[18] = exists, st[14], v16 and tonumber(v16) or 0
+    st[14] = fields
+    if lazy then return st end
+    return finish_state(st, ticket, client)
   end
 end
