@@ -9,6 +9,7 @@ import (
 
 	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/clock"
+	"github.com/fairlock/fairlock/internal/engine"
 	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/script"
@@ -16,7 +17,7 @@ import (
 
 // Cyclic barriers (package barrier), on the engine's seam as countdown
 // latches are (latch.go). A barrier named N keeps its state in a hash
-// derived from N's base (kind keyspace.KindBarrier: {parties, round, n}); its
+// derived from N's base (kind kindBarrier: {parties, round, n}); its
 // waiters are condition waiters of a resource of its own whose base is
 // that hash's key, so that they register, are refreshed by their
 // process's room, are dropped within their waiter TTL when it dies, and
@@ -28,7 +29,31 @@ import (
 // again with its ticket and finds it (lua/ops/barrier.lua). A refresh
 // also reports gone the waiters of a round that lost a party
 // (refresh.lua's broken), whose re-ask breaks the round for all.
-// Package barrier reaches these through internal/engine (engine.go).
+// Package barrier reaches these through internal/engine, where they are
+// registered below with the barrier's key kind and ops: the barrier's
+// whole seam (docs/design.md).
+
+// The barrier's key kind and ops. An arrival may grow memory (a waiter)
+// or end a round, pushing wake-ups; a break frees waiters and pushes
+// theirs.
+var (
+	kindBarrier     = keyspace.RegisterKind("B")
+	opBarrierAwait  = script.Register("barrier_await", "lua/ops/barrier.lua", script.CrossSlot, true)
+	opBarrierBreak  = script.Register("barrier_break", "lua/ops/barrier.lua", "allow-oom,"+script.CrossSlot, true)
+	opBarrierStatus = script.Register("barrier_status", "lua/ops/barrier.lua", "no-writes", false)
+)
+
+// The functions package barrier calls (internal/engine.Func), c a
+// *Client.
+func init() {
+	engine.Register("barrier.await", func(ctx context.Context, c any, name string, parties int64, ttl time.Duration, waiting func()) (round, index, stored int64, broken bool, err error) {
+		a, err := c.(*Client).barrierAwait(ctx, name, parties, ttl, waiting)
+		return a.round, a.index, a.stored, a.broken, err
+	})
+	engine.Register("barrier.status", func(ctx context.Context, c any, name string, parties int64) (round int64, arrived []string, broken bool, stored int64, err error) {
+		return c.(*Client).barrierStatus(ctx, name, parties)
+	})
+}
 
 // barrierCond is the condition a barrier's waiters wait on
 // (BARRIER_COND in lua/ops/barrier.lua).
@@ -47,9 +72,9 @@ type barrierKeys struct {
 }
 
 // barrierKeysOf returns the keys of the barrier whose name has keys k,
-// each derived from k's base under keyspace.KindBarrier (TestKeyOwners).
+// each derived from k's base under kindBarrier (TestKeyOwners).
 func barrierKeysOf(k keyspace.Keys) barrierKeys {
-	state := k.Derived(keyspace.KindBarrier)
+	state := k.Derived(kindBarrier)
 	return barrierKeys{res: keyspace.Core(state), state: state}
 }
 
@@ -150,10 +175,10 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 	}
 	ticket := w.ticket
 	await := func(asked string) script.Call {
-		return bk.call(script.OpBarrierAwait, parties, msArg(ttl), ticket, c.id, lease, c.waiterMs, asked)
+		return bk.call(opBarrierAwait, parties, msArg(ttl), ticket, c.id, lease, c.waiterMs, asked)
 	}
 	breaks := func(asked string) script.Call {
-		return bk.call(script.OpBarrierBreak, parties, msArg(ttl), ticket, asked)
+		return bk.call(opBarrierBreak, parties, msArg(ttl), ticket, asked)
 	}
 	sent := time.Now()
 	callCtx, bound := c.boundByClose(ctx)
@@ -273,7 +298,7 @@ func (c *Client) barrierStatus(ctx context.Context, name string, parties int64) 
 	if err != nil {
 		return 0, nil, false, 0, err
 	}
-	o, ok := c.calls.Op(ctx, bk.call(script.OpBarrierStatus, parties), nil)
+	o, ok := c.calls.Op(ctx, bk.call(opBarrierStatus, parties), nil)
 	if !ok {
 		return 0, nil, false, 0, opError(op, []string{name}, o.Res.Err)
 	}

@@ -56,27 +56,6 @@ func init() {
 		l.mu.Unlock()
 	}
 	engine.ReportWait = func(c any, name string) (func(), func(error)) { return c.(*Client).reportWait(name) }
-	engine.LatchCount = func(ctx context.Context, c any, name string, init int64) (int64, int64, error) {
-		return c.(*Client).latchCount(ctx, name, init)
-	}
-	engine.LatchInspect = func(ctx context.Context, c any, name string) (engine.LatchState, error) {
-		count, init, waiting, err := c.(*Client).latchInspect(ctx, name)
-		return engine.LatchState{Count: count, Init: init, Waiting: waiting}, err
-	}
-	engine.LatchDown = func(ctx context.Context, c any, name string, init int64, ttl time.Duration) (int64, int64, error) {
-		return c.(*Client).latchDown(ctx, name, init, ttl)
-	}
-	engine.LatchWait = func(ctx context.Context, c any, name string, init int64, ttl time.Duration, waiting func()) (int64, error) {
-		return c.(*Client).latchWait(ctx, name, init, ttl, waiting)
-	}
-	engine.BarrierAwait = func(ctx context.Context, c any, name string, parties int64, ttl time.Duration, waiting func()) (engine.Arrival, error) {
-		a, err := c.(*Client).barrierAwait(ctx, name, parties, ttl, waiting)
-		return engine.Arrival{Round: a.round, Index: a.index, Broken: a.broken, Stored: a.stored}, err
-	}
-	engine.BarrierStatus = func(ctx context.Context, c any, name string, parties int64) (engine.BarrierState, error) {
-		round, arrived, broken, stored, err := c.(*Client).barrierStatus(ctx, name, parties)
-		return engine.BarrierState{Round: round, Arrived: arrived, Broken: broken, Stored: stored}, err
-	}
 	engine.LeaderChannel = func(c any, name string) (string, error) {
 		k, err := c.(*Client).keys(name)
 		return leaderChannel(k), err

@@ -75,11 +75,11 @@ func semKeys(s *csem, procs []*cproc) []fkey {
 		}
 	}
 	// A latch's count, when s is a latch's waiters (latchOf).
-	if strings.HasSuffix(s.base, keyspace.Sep+keyspace.KindLatch) {
+	if strings.HasSuffix(s.base, keyspace.Sep+kindLatch) {
 		k = append(k, fkey{s.base, "hash"})
 	}
 	// A barrier's state, when s is a barrier's waiters (barrierOf).
-	if strings.HasSuffix(s.base, keyspace.Sep+keyspace.KindBarrier) {
+	if strings.HasSuffix(s.base, keyspace.Sep+kindBarrier) {
 		k = append(k, fkey{s.base, "hash"})
 	}
 	// An election's record (the leader ops).
@@ -662,7 +662,7 @@ func (s *fscen) latchOf(sem *csem) *csem {
 // latch sends latch.lua's op on the latch whose waiters are sem, made
 // with count init, with args after init.
 func (s *fscen) latch(op string, sem *csem, init int64, args ...string) []any {
-	return s.exec(call{Keys: latchKeysOf(keyspace.Keys{Base: strings.TrimSuffix(sem.base, keyspace.Sep+keyspace.KindLatch)}).call(script.OpLatchDown, init).Keys,
+	return s.exec(call{Keys: latchKeysOf(keyspace.Keys{Base: strings.TrimSuffix(sem.base, keyspace.Sep+kindLatch)}).call(opLatchDown, init).Keys,
 		Args: append([]string{op, num(init)}, args...)})
 }
 
@@ -684,7 +684,7 @@ func (s *fscen) barrierOf(sem *csem) *csem {
 // barrier sends barrier.lua's op on the barrier whose waiters are sem,
 // made with parties, with args after parties.
 func (s *fscen) barrier(op string, sem *csem, parties int64, args ...string) []any {
-	return s.exec(call{Keys: barrierKeysOf(keyspace.Keys{Base: strings.TrimSuffix(sem.base, keyspace.Sep+keyspace.KindBarrier)}).call(script.OpBarrierAwait, parties).Keys,
+	return s.exec(call{Keys: barrierKeysOf(keyspace.Keys{Base: strings.TrimSuffix(sem.base, keyspace.Sep+kindBarrier)}).call(opBarrierAwait, parties).Keys,
 		Args: append([]string{op, num(parties)}, args...)})
 }
 

@@ -3,6 +3,8 @@ package fairlock
 import (
 	"context"
 	"regexp"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,5 +120,20 @@ func TestKeySepInStep(t *testing.T) {
 	}
 	if got != keyspace.Sep {
 		t.Fatalf("queue.lua's KEY_SEP is %q, keyspace.Sep %q", got, keyspace.Sep)
+	}
+}
+
+// refresh.lua recognises a latch's and a barrier's waiters by the kind
+// that ends their resource's base (open, broken): the letters it names are
+// the kinds the root package registers for them.
+func TestRefreshKnowsThePrimitivesKinds(t *testing.T) {
+	src := script.Source("lua/ops/refresh.lua")
+	for _, kind := range []string{kindLatch, kindBarrier} {
+		if want := "== KEY_SEP .. '" + kind + "' then"; !strings.Contains(src, want) {
+			t.Errorf("refresh.lua does not recognise the kind %q (no %q)", kind, want)
+		}
+	}
+	if !slices.Contains(keyspace.Kinds(), kindLatch) || !slices.Contains(keyspace.Kinds(), kindBarrier) {
+		t.Errorf("keyspace.Kinds() = %q: the latch's and the barrier's are not registered", keyspace.Kinds())
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/fairlock/fairlock/internal/keyslot"
 	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/redistest"
-	"github.com/fairlock/fairlock/internal/script"
 	"pgregory.net/rapid"
 )
 
@@ -58,7 +57,7 @@ var keyNamers = []keyNamer{
 		k, err := keyspace.For(o.prefix, o.name)
 		// Its count, its waiters' resource and their condition: every key
 		// its ops declare.
-		return fmt.Sprintf("latch %q %q", o.prefix, o.name), latchKeysOf(k).call(script.OpLatchDown, 1).Keys, err
+		return fmt.Sprintf("latch %q %q", o.prefix, o.name), latchKeysOf(k).call(opLatchDown, 1).Keys, err
 	}},
 	{"own wake list on a latch", func(o keyObject) (string, []string, error) {
 		k, err := keyspace.For(o.prefix, o.name)
@@ -72,7 +71,7 @@ var keyNamers = []keyNamer{
 		k, err := keyspace.For(o.prefix, o.name)
 		// Its state, its waiters' resource and their condition: every key
 		// its ops declare.
-		return fmt.Sprintf("barrier %q %q", o.prefix, o.name), barrierKeysOf(k).call(script.OpBarrierAwait, 1).Keys, err
+		return fmt.Sprintf("barrier %q %q", o.prefix, o.name), barrierKeysOf(k).call(opBarrierAwait, 1).Keys, err
 	}},
 	{"own wake list on a barrier", func(o keyObject) (string, []string, error) {
 		k, err := keyspace.For(o.prefix, o.name)

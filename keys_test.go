@@ -11,7 +11,6 @@ import (
 	"github.com/fairlock/fairlock/internal/keyslot"
 	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/redistest"
-	"github.com/fairlock/fairlock/internal/script"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -44,9 +43,9 @@ func TestKeyLayout(t *testing.T) {
 		// A latch of the name: its count, its waiters' keys and wake
 		// lists share the tag (one Cluster slot per latch).
 		lk, bk := latchKeysOf(k), barrierKeysOf(k)
-		keys := append(append(k.List(), k.Wake("C")), append(lk.call(script.OpLatchDown, 1).Keys, lk.res.OwnWake("C"))...)
+		keys := append(append(k.List(), k.Wake("C")), append(lk.call(opLatchDown, 1).Keys, lk.res.OwnWake("C"))...)
 		// A barrier's likewise.
-		keys = append(keys, append(bk.call(script.OpBarrierAwait, 1).Keys, bk.res.OwnWake("C"))...)
+		keys = append(keys, append(bk.call(opBarrierAwait, 1).Keys, bk.res.OwnWake("C"))...)
 		for _, key := range keys {
 			if got := keyslot.HashTag(key); got != tc.tag {
 				t.Errorf("hash tag of %q = %q, want %q", key, got, tc.tag)

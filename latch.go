@@ -9,13 +9,14 @@ import (
 
 	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/clock"
+	"github.com/fairlock/fairlock/internal/engine"
 	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/script"
 )
 
 // Countdown latches (package latch). A latch named N keeps its count in a
-// hash derived from N's base (kind keyspace.KindLatch: {count, init}); its waiters
+// hash derived from N's base (kind kindLatch: {count, init}); its waiters
 // are condition waiters of a resource of its own whose base is that
 // hash's key, so that they register, are refreshed by their process's
 // room, are dropped within their waiter TTL when it dies, and withdraw
@@ -25,7 +26,35 @@ import (
 // a waiter it left (its caller ended between its scripts) is reported
 // gone by its room's refresh once the latch is open (refresh.lua's open),
 // and asks again.
-// Package latch reaches these through internal/engine (engine.go).
+// Package latch reaches these through internal/engine, where they are
+// registered below with the latch's key kind and ops: the latch's whole
+// seam (docs/design.md).
+
+// The latch's key kind and ops. A new waiter grows memory (no
+// allow-oom); a count down frees waiters and pushes their wake-ups to
+// their processes' lists.
+var (
+	kindLatch    = keyspace.RegisterKind("L")
+	opLatchWait  = script.Register("latch_wait", "lua/ops/latch.lua", "", true)
+	opLatchDown  = script.Register("latch_down", "lua/ops/latch.lua", "allow-oom,"+script.CrossSlot, true)
+	opLatchCount = script.Register("latch_count", "lua/ops/latch.lua", "no-writes", false)
+)
+
+// The functions package latch calls (internal/engine.Func), c a *Client.
+func init() {
+	engine.Register("latch.count", func(ctx context.Context, c any, name string, init int64) (count, stored int64, err error) {
+		return c.(*Client).latchCount(ctx, name, init)
+	})
+	engine.Register("latch.inspect", func(ctx context.Context, c any, name string) (count, init, waiting int64, err error) {
+		return c.(*Client).latchInspect(ctx, name)
+	})
+	engine.Register("latch.down", func(ctx context.Context, c any, name string, init int64, ttl time.Duration) (count, stored int64, err error) {
+		return c.(*Client).latchDown(ctx, name, init, ttl)
+	})
+	engine.Register("latch.wait", func(ctx context.Context, c any, name string, init int64, ttl time.Duration, waiting func()) (stored int64, err error) {
+		return c.(*Client).latchWait(ctx, name, init, ttl, waiting)
+	})
+}
 
 // latchCond is the condition a latch's waiters wait on (LATCH_COND in
 // lua/ops/latch.lua).
@@ -42,10 +71,10 @@ type latchKeys struct {
 }
 
 // latchKeysOf returns the keys of the latch whose name has keys k. Every
-// one is derived from k's base under keyspace.KindLatch, so no semaphore's key, nor
+// one is derived from k's base under kindLatch, so no semaphore's key, nor
 // any other object's, is a latch's (TestKeyOwners).
 func latchKeysOf(k keyspace.Keys) latchKeys {
-	count := k.Derived(keyspace.KindLatch)
+	count := k.Derived(kindLatch)
 	return latchKeys{res: keyspace.Core(count), count: count}
 }
 
@@ -133,7 +162,7 @@ func (c *Client) latchCount(ctx context.Context, name string, init int64) (count
 	if err != nil {
 		return 0, 0, err
 	}
-	o, ok := c.calls.Op(ctx, lk.call(script.OpLatchCount, init), nil)
+	o, ok := c.calls.Op(ctx, lk.call(opLatchCount, init), nil)
 	if !ok {
 		return 0, 0, opError(op, []string{name}, o.Res.Err)
 	}
@@ -160,7 +189,7 @@ func (c *Client) latchInspect(ctx context.Context, name string) (count, init, wa
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	o, ok := c.calls.Op(ctx, lk.call(script.OpLatchCount, 0), nil)
+	o, ok := c.calls.Op(ctx, lk.call(opLatchCount, 0), nil)
 	if !ok {
 		return 0, 0, 0, opError(op, []string{name}, o.Res.Err)
 	}
@@ -198,7 +227,7 @@ func (c *Client) latchDown(ctx context.Context, name string, init int64, ttl tim
 	id, wait := keyspace.NewTicket(), resendFirst
 	until := time.Now().Add(min(c.cfg.waiterTTL, latchResendFor))
 	for scripts := 0; scripts < maxLatchScripts; {
-		o, ok := c.calls.Op(ctx, lk.call(script.OpLatchDown, init, msArg(ttl), id), nil)
+		o, ok := c.calls.Op(ctx, lk.call(opLatchDown, init, msArg(ttl), id), nil)
 		if !ok {
 			return 0, 0, opError(op, names, o.Res.Err)
 		}
@@ -286,7 +315,7 @@ func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl tim
 		ticket := w.ticket
 		sent := time.Now()
 		callCtx, bound := c.boundByClose(ctx)
-		o, ok := c.calls.Op(callCtx, lk.call(script.OpLatchWait, init, msArg(ttl), ticket, c.id, lease, c.waiterMs), func(callpath.Outcome) {
+		o, ok := c.calls.Op(callCtx, lk.call(opLatchWait, init, msArg(ttl), ticket, c.id, lease, c.waiterMs), func(callpath.Outcome) {
 			// The script may have made the ticket wait after the caller
 			// left.
 			var report func(error)

@@ -37,6 +37,13 @@ import (
 	"github.com/fairlock/fairlock/internal/engine"
 )
 
+// The engine's barrier functions (the root package's barrier.go), c a
+// *fairlock.Client.
+var (
+	barrierAwait  = engine.Func[func(ctx context.Context, c any, name string, parties int64, ttl time.Duration, waiting func()) (round, index, stored int64, broken bool, err error)]("barrier.await")
+	barrierStatus = engine.Func[func(ctx context.Context, c any, name string, parties int64) (round int64, arrived []string, broken bool, stored int64, err error)]("barrier.status")
+)
+
 // MaxParties is the most parties a barrier may have: a round's end wakes
 // every party in one script.
 const MaxParties = 200
@@ -75,6 +82,11 @@ func (e *BrokenError) Error() string {
 
 // Is reports whether target is [ErrBrokenBarrier].
 func (e *BrokenError) Is(target error) bool { return target == ErrBrokenBarrier }
+
+// AbandonReason names, for an observer that classifies why a wait ended
+// without a grant (fairlockotel's abandon reason), what ended this one:
+// "broken", a round another party broke.
+func (e *BrokenError) AbandonReason() string { return "broken" }
 
 // An Arrival is how a round ended for one party: the round's number and
 // the party's 0-based index in its arrival order (0 the first to arrive,
@@ -201,30 +213,30 @@ func (b *Barrier) Await(ctx context.Context) (Arrival, error) {
 
 // await is Await; waiting is its observer's report of the wait's start.
 func (b *Barrier) await(ctx context.Context, waiting func()) (Arrival, error) {
-	a, err := engine.BarrierAwait(ctx, b.c, b.name, int64(b.parties), b.ttl, waiting)
+	round, index, stored, broken, err := barrierAwait(ctx, b.c, b.name, int64(b.parties), b.ttl, waiting)
 	switch {
 	case err != nil:
 		return Arrival{}, err
-	case a.Stored > 0:
-		return Arrival{}, b.mismatch("await barrier", a.Stored)
-	case a.Broken:
+	case stored > 0:
+		return Arrival{}, b.mismatch("await barrier", stored)
+	case broken:
 		return Arrival{}, &fairlock.Error{Op: "await barrier", Names: []string{b.name},
-			Err: &BrokenError{Name: b.name, Round: a.Round, Index: int(a.Index)}}
+			Err: &BrokenError{Name: b.name, Round: round, Index: int(index)}}
 	}
-	return Arrival{Round: a.Round, Index: int(a.Index)}, nil
+	return Arrival{Round: round, Index: int(index)}, nil
 }
 
 // Status returns the barrier's state now, by a read that changes nothing.
 // Its errors are Await's; it is never sent twice by fairlock itself.
 func (b *Barrier) Status(ctx context.Context) (Status, error) {
-	s, err := engine.BarrierStatus(ctx, b.c, b.name, int64(b.parties))
+	round, arrived, broken, stored, err := barrierStatus(ctx, b.c, b.name, int64(b.parties))
 	switch {
 	case err != nil:
 		return Status{}, err
-	case s.Stored > 0:
-		return Status{}, b.mismatch("barrier status", s.Stored)
+	case stored > 0:
+		return Status{}, b.mismatch("barrier status", stored)
 	}
-	return Status{Round: s.Round, Parties: b.parties, Arrived: s.Arrived, Broken: s.Broken}, nil
+	return Status{Round: round, Parties: b.parties, Arrived: arrived, Broken: broken}, nil
 }
 
 // Inspect reads the barrier name kept through c as Redis stores it,
@@ -238,9 +250,9 @@ func Inspect(ctx context.Context, c *fairlock.Client, name string) (Status, erro
 	if c == nil {
 		return Status{}, &fairlock.Error{Op: "barrier status", Names: []string{name}, Err: fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument)}
 	}
-	s, err := engine.BarrierStatus(ctx, c, name, 0)
+	round, arrived, broken, stored, err := barrierStatus(ctx, c, name, 0)
 	if err != nil {
 		return Status{}, err
 	}
-	return Status{Round: s.Round, Parties: int(s.Stored), Arrived: s.Arrived, Broken: s.Broken}, nil
+	return Status{Round: round, Parties: int(stored), Arrived: arrived, Broken: broken}, nil
 }

@@ -60,7 +60,6 @@ import (
 	"sync"
 
 	"github.com/fairlock/fairlock"
-	"github.com/fairlock/fairlock/barrier"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -320,12 +319,14 @@ func (o *Observer) nameAttrs(names []string) []attribute.KeyValue {
 	return out
 }
 
-// abandonReason classifies why a wait ended without a grant: broken is
-// a barrier's round that another party broke.
+// abandonReason classifies why a wait ended without a grant: an error
+// that names its own reason (AbandonReason: a barrier's round that
+// another party broke is "broken") gives it.
 func abandonReason(err error) string {
+	var named interface{ AbandonReason() string }
 	switch {
-	case errors.Is(err, barrier.ErrBrokenBarrier):
-		return "broken"
+	case errors.As(err, &named):
+		return named.AbandonReason()
 	case errors.Is(err, context.Canceled):
 		return "canceled"
 	case errors.Is(err, context.DeadlineExceeded):

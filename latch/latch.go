@@ -22,6 +22,15 @@ import (
 	"github.com/fairlock/fairlock/internal/engine"
 )
 
+// The engine's latch functions (the root package's latch.go), c a
+// *fairlock.Client.
+var (
+	latchCount   = engine.Func[func(ctx context.Context, c any, name string, init int64) (count, stored int64, err error)]("latch.count")
+	latchInspect = engine.Func[func(ctx context.Context, c any, name string) (count, init, waiting int64, err error)]("latch.inspect")
+	latchDown    = engine.Func[func(ctx context.Context, c any, name string, init int64, ttl time.Duration) (count, stored int64, err error)]("latch.down")
+	latchWait    = engine.Func[func(ctx context.Context, c any, name string, init int64, ttl time.Duration, waiting func()) (stored int64, err error)]("latch.wait")
+)
+
 // MaxCount is the largest count a latch may start with.
 const MaxCount = 1 << 50
 
@@ -132,7 +141,7 @@ func (l *Latch) mismatch(op string, stored int64) error {
 // learn it from their process's next refresh (within a third of its
 // waiter TTL) and return. A closed client yields [fairlock.ErrClosed].
 func (l *Latch) CountDown(ctx context.Context) error {
-	_, stored, err := engine.LatchDown(ctx, l.c, l.name, l.count, l.ttl)
+	_, stored, err := latchDown(ctx, l.c, l.name, l.count, l.ttl)
 	if err == nil && stored > 0 {
 		return l.mismatch("count down", stored)
 	}
@@ -162,7 +171,7 @@ func (l *Latch) CountDown(ctx context.Context) error {
 // first) reports nothing.
 func (l *Latch) Wait(ctx context.Context) error {
 	waiting, end := engine.ReportWait(l.c, l.name)
-	stored, err := engine.LatchWait(ctx, l.c, l.name, l.count, l.ttl, waiting)
+	stored, err := latchWait(ctx, l.c, l.name, l.count, l.ttl, waiting)
 	if err == nil && stored > 0 {
 		err = l.mismatch("wait latch", stored)
 	}
@@ -179,7 +188,7 @@ func (l *Latch) Wait(ctx context.Context) error {
 // is read higher again); a count down that WithReplicaAck acknowledged
 // is never lost so.
 func (l *Latch) Count(ctx context.Context) (int64, error) {
-	n, stored, err := engine.LatchCount(ctx, l.c, l.name, l.count)
+	n, stored, err := latchCount(ctx, l.c, l.name, l.count)
 	if err == nil && stored > 0 {
 		return 0, l.mismatch("latch count", stored)
 	}
@@ -208,9 +217,9 @@ func Inspect(ctx context.Context, c *fairlock.Client, name string) (Status, erro
 	if c == nil {
 		return Status{}, &fairlock.Error{Op: "latch count", Names: []string{name}, Err: fmt.Errorf("%w: nil client", fairlock.ErrInvalidArgument)}
 	}
-	s, err := engine.LatchInspect(ctx, c, name)
+	count, init, waiting, err := latchInspect(ctx, c, name)
 	if err != nil {
 		return Status{}, err
 	}
-	return Status{Exists: s.Init > 0, Count: s.Count, Initial: s.Init, Waiting: s.Waiting}, nil
+	return Status{Exists: init > 0, Count: count, Initial: init, Waiting: waiting}, nil
 }

@@ -5,13 +5,15 @@
 // call path, so that their calls keep its promises (they return by their
 // context's end, run as the function library with its flags, wait for
 // replicas under WithReplicaAck, name another program's key). They run no
-// script of their own. The root package sets the functions when it is
-// initialised; the client passed is a *fairlock.Client (as any, since this
-// package cannot import it).
+// script of their own. The root package sets the functions below when it
+// is initialised, and registers each primitive's from that primitive's
+// own file (Register, Func); the client passed is a *fairlock.Client (as
+// any, since this package cannot import it).
 package engine
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -78,65 +80,42 @@ var (
 	// with a context that ends when the close gives up; before it
 	// returns. f may call the Leader ops, closed as the client is.
 	AtCloseRelease func(lease any, f func(ctx context.Context))
-	// LatchCount returns the count of the latch name made with count
-	// init (init when it does not exist), or the count it was made with
-	// when that is another (stored > 0; then count is 0).
-	LatchCount func(ctx context.Context, c any, name string, init int64) (count, stored int64, err error)
-	// LatchInspect reads the latch name as stored, whatever count it
-	// was made with.
-	LatchInspect func(ctx context.Context, c any, name string) (LatchState, error)
-	// LatchDown counts the latch name down by one, never below 0, keeping
-	// its count for ttl, and returns the count after (or stored, as
-	// LatchCount); the call that reaches 0 wakes every waiter.
-	LatchDown func(ctx context.Context, c any, name string, init int64, ttl time.Duration) (count, stored int64, err error)
 	// ReportWait returns the report to c's observer of one wait on name
 	// that grants nothing (a latch's Wait, a barrier's Await): waiting, to
-	// pass to LatchWait or BarrierAwait (nil when c has no observer), and
+	// pass to the primitive's wait (nil when c has no observer), and
 	// end, to call with the error the wait's caller returns. The wait is
 	// reported from fairlock.WaitStarted, the first time it waits, to
 	// fairlock.WaitEnded (end(nil)) or fairlock.WaitAbandoned (with the
 	// error); one that never waited reports nothing.
 	ReportWait func(c any, name string) (waiting func(), end func(err error))
-	// LatchWait returns once the latch name's count is 0 (or stored, as
-	// LatchCount), or when ctx ends (its waiter withdrawn in the
-	// background). waiting (when not nil) is called each time its waiter
-	// is registered in Redis to wait.
-	LatchWait func(ctx context.Context, c any, name string, init int64, ttl time.Duration, waiting func()) (stored int64, err error)
-	// BarrierAwait arrives at the barrier name (made with parties, its
-	// state kept ttl) and returns when the round it arrived in ends,
-	// completed or broken; or when ctx ends (the round then breaks in the
-	// background). waiting (when not nil) is called once its arrival is
-	// registered in Redis to wait: never for the round's last party.
-	BarrierAwait func(ctx context.Context, c any, name string, parties int64, ttl time.Duration, waiting func()) (Arrival, error)
-	// BarrierStatus returns the barrier's round and its waiting parties.
-	// With parties 0 it reads whatever parties are stored, and returns
-	// them as Stored (0 when the barrier does not exist).
-	BarrierStatus func(ctx context.Context, c any, name string, parties int64) (BarrierState, error)
 	// LeaderChannel names the channel on which the record's changes are
 	// published: "term value", or "0" when it is cleared.
 	LeaderChannel func(c any, name string) (string, error)
 )
 
-// An Arrival is how a barrier's round ended for one party: its round and
-// 0-based index (-1 unknown), whether it broke, or the parties the
-// barrier is stored with (Stored > 0) when those are others.
-type Arrival struct {
-	Round, Index, Stored int64
-	Broken               bool
+// A primitive built on the engine (a latch, a barrier) registers its
+// functions here, from its file in the root package, when that package is
+// initialised; the primitive's own package finds them with Func. So a new
+// primitive adds none of its own declarations to this package.
+var funcs = map[string]any{}
+
+// Register makes f the function named name. A name registered twice
+// panics: two primitives may not share one.
+func Register(name string, f any) {
+	if _, ok := funcs[name]; ok {
+		panic("fairlock: engine function " + name + " registered twice")
+	}
+	funcs[name] = f
 }
 
-// A LatchState is a latch's count and the count it was made with (0 and
-// 0 when it does not exist), and how many waiters it has registered.
-type LatchState struct {
-	Count, Init, Waiting int64
-}
-
-// A BarrierState is a barrier's round, the owners of its waiting parties
-// in arrival order, whether the round has lost a party, or Stored as in
-// Arrival.
-type BarrierState struct {
-	Round   int64
-	Arrived []string
-	Broken  bool
-	Stored  int64
+// Func returns the function registered as name, which must be of type F.
+// It panics when there is none or it has another type: a primitive's
+// package binds its functions when it is initialised, after the root
+// package registered them, so a mistake fails every program at once.
+func Func[F any](name string) F {
+	f, ok := funcs[name].(F)
+	if !ok {
+		panic(fmt.Sprintf("fairlock: no engine function %s of type %T (registered: %T)", name, f, funcs[name]))
+	}
+	return f
 }

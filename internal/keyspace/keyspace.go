@@ -8,6 +8,7 @@ package keyspace
 import (
 	"crypto/rand"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -50,9 +51,27 @@ const (
 	KindLeaderChange = "lc" // an election's change channel
 	KindWake         = "w"  // one client's wake list on one semaphore; payload the client id
 	KindControl      = "l"  // a listener's control list; payload client id and number
-	KindLatch        = "L"  // a countdown latch's count; its waiters are a resource whose base is this key
-	KindBarrier      = "B"  // a cyclic barrier's state; its waiters are a resource whose base is this key
 )
+
+// kinds holds every kind in use: the engine's above, then those the
+// primitives registered (RegisterKind).
+var kinds = []string{KindCond, KindLeader, KindLeaderChange, KindWake, KindControl}
+
+// RegisterKind returns kind, the kind of the keys a primitive built on the
+// engine derives from a name's base (a latch's count, a barrier's state,
+// whose waiters are a resource whose base is that key). The root package
+// registers each from the primitive's own file when it is initialised. A
+// kind already in use panics, so no two primitives' keys meet.
+func RegisterKind(kind string) string {
+	if kind == "" || strings.Contains(kind, Sep) || slices.Contains(kinds, kind) {
+		panic("fairlock: key kind " + strconv.Quote(kind) + " empty or in use")
+	}
+	kinds = append(kinds, kind)
+	return kind
+}
+
+// Kinds returns every kind in use, for tests.
+func Kinds() []string { return slices.Clone(kinds) }
 
 // Derived returns the key or channel of kind (with payload, if any) hung
 // under k's base: base, Sep, kind, then Sep and payload. It is the

@@ -212,7 +212,7 @@ func Prefix(t testing.TB) string {
 
 // leakFrame matches a function of fairlock's library packages (not its
 // tests, not this package).
-var leakFrame = regexp.MustCompile(`(?m)^github\.com/fairlock/fairlock(/semaphore|/multilock|/election|/latch)?\.`)
+var leakFrame = regexp.MustCompile(`(?m)^github\.com/fairlock/fairlock(/semaphore|/multilock|/election|/latch|/barrier)?\.`)
 
 // Leaks waits up to wait for every goroutine running fairlock library code
 // to end, and returns the stacks of those that did not; a goroutine whose

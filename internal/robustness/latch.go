@@ -12,6 +12,13 @@ import (
 	"github.com/fairlock/fairlock/internal/engine"
 )
 
+// The engine's latch functions, as package latch calls them.
+var (
+	engineLatchCount = engine.Func[func(ctx context.Context, c any, name string, init int64) (count, stored int64, err error)]("latch.count")
+	engineLatchDown  = engine.Func[func(ctx context.Context, c any, name string, init int64, ttl time.Duration) (count, stored int64, err error)]("latch.down")
+	engineLatchWait  = engine.Func[func(ctx context.Context, c any, name string, init int64, ttl time.Duration, waiting func()) (stored int64, err error)]("latch.wait")
+)
+
 // The latch traffic (scenario.latch): a fifth worker in every child
 // counts down a sequence of countdown latches, "{lt}:0", "{lt}:1", ...,
 // each made with latchCount (one count down per child), reads each one's
@@ -34,7 +41,7 @@ func latchTraffic(stop context.Context, w *worker) {
 	for g := 0; stop.Err() == nil; g++ {
 		name := fmt.Sprintf("{%s}:%d", latchTag, g)
 		w.latchOp(stop, "latch_down", name, func(ctx context.Context) (int64, error) {
-			n, stored, err := engine.LatchDown(ctx, w.c, name, latchCount, latchTTL)
+			n, stored, err := engineLatchDown(ctx, w.c, name, latchCount, latchTTL)
 			if err == nil && stored != 0 {
 				err = fmt.Errorf("latch %s stored with count %d", name, stored)
 			}
@@ -42,7 +49,7 @@ func latchTraffic(stop context.Context, w *worker) {
 		})
 		count := func() {
 			w.latchOp(stop, "latch_count", name, func(ctx context.Context) (int64, error) {
-				n, stored, err := engine.LatchCount(ctx, w.c, name, latchCount)
+				n, stored, err := engineLatchCount(ctx, w.c, name, latchCount)
 				if err == nil && stored != 0 {
 					err = fmt.Errorf("latch %s stored with count %d", name, stored)
 				}
@@ -53,7 +60,7 @@ func latchTraffic(stop context.Context, w *worker) {
 			count()
 		}
 		w.latchOp(stop, "latch_wait", name, func(ctx context.Context) (int64, error) {
-			stored, err := engine.LatchWait(ctx, w.c, name, latchCount, latchTTL, nil)
+			stored, err := engineLatchWait(ctx, w.c, name, latchCount, latchTTL, nil)
 			if err == nil && stored != 0 {
 				err = fmt.Errorf("latch %s stored with count %d", name, stored)
 			}

@@ -7,6 +7,7 @@ package script
 
 import (
 	"context"
+	"sync/atomic"
 )
 
 // Includes are the files every script defines after queue.lua, in order.
@@ -62,18 +63,6 @@ var Entries = []Entry{
 	// still records a leader.
 	{"leader", "lua/ops/leader.lua", "allow-oom", false},
 	{"leader_get", "lua/ops/leader.lua", "no-writes", false},
-	// A countdown latch (package latch): a new waiter grows memory (no
-	// allow-oom); a count down frees waiters and pushes their wake-ups to
-	// their processes' lists.
-	{"latch_wait", "lua/ops/latch.lua", "", false},
-	{"latch_down", "lua/ops/latch.lua", "allow-oom," + CrossSlot, false},
-	{"latch_count", "lua/ops/latch.lua", "no-writes", false},
-	// A cyclic barrier (package barrier): an arrival may grow memory (a
-	// waiter) or end a round, pushing wake-ups; a break frees waiters and
-	// pushes theirs.
-	{"barrier_await", "lua/ops/barrier.lua", CrossSlot, false},
-	{"barrier_break", "lua/ops/barrier.lua", "allow-oom," + CrossSlot, false},
-	{"barrier_status", "lua/ops/barrier.lua", "no-writes", false},
 }
 
 // An Op is one operation of the engine's scripts: what ARGV[1] names, the
@@ -90,30 +79,52 @@ type Op struct {
 
 // The ops a client sends, each once.
 var (
-	OpAcquire       = newOp("acquire", "acquire", true)
-	OpTry           = newOp("try", "acquire", true)
-	OpRelease       = newOp("release", "release", true)
-	OpRenew         = newOp("renew", "release", true)
-	OpLeave         = newOp("leave", "release", true)
-	OpWait          = newOp("wait", "wait", true)
-	OpRefresh       = newOp("refresh", "refresh", true)
-	OpRenewBatch    = newOp("renew_batch", "renew_batch", true)
-	OpSignal        = newOp("signal", "signal", true)
-	OpPump          = newOp("pump", "pump", false)
-	OpStatus        = newOp("status", "status", false)
-	OpLeaderSet     = newOp("leader_set", "leader", true)
-	OpLeaderClear   = newOp("leader_clear", "leader", true)
-	OpLeaderGet     = newOp("leader_get", "leader_get", false)
-	OpLatchWait     = newOp("latch_wait", "latch_wait", true)
-	OpLatchDown     = newOp("latch_down", "latch_down", true)
-	OpLatchCount    = newOp("latch_count", "latch_count", false)
-	OpBarrierAwait  = newOp("barrier_await", "barrier_await", true)
-	OpBarrierBreak  = newOp("barrier_break", "barrier_break", true)
-	OpBarrierStatus = newOp("barrier_status", "barrier_status", false)
+	OpAcquire     = newOp("acquire", "acquire", true)
+	OpTry         = newOp("try", "acquire", true)
+	OpRelease     = newOp("release", "release", true)
+	OpRenew       = newOp("renew", "release", true)
+	OpLeave       = newOp("leave", "release", true)
+	OpWait        = newOp("wait", "wait", true)
+	OpRefresh     = newOp("refresh", "refresh", true)
+	OpRenewBatch  = newOp("renew_batch", "renew_batch", true)
+	OpSignal      = newOp("signal", "signal", true)
+	OpPump        = newOp("pump", "pump", false)
+	OpStatus      = newOp("status", "status", false)
+	OpLeaderSet   = newOp("leader_set", "leader", true)
+	OpLeaderClear = newOp("leader_clear", "leader", true)
+	OpLeaderGet   = newOp("leader_get", "leader_get", false)
 )
 
-// AllOps lists the ops, for OpNamed.
-var AllOps = []*Op{OpAcquire, OpTry, OpRelease, OpRenew, OpLeave, OpWait, OpRefresh, OpRenewBatch, OpSignal, OpPump, OpStatus, OpLeaderSet, OpLeaderClear, OpLeaderGet, OpLatchWait, OpLatchDown, OpLatchCount, OpBarrierAwait, OpBarrierBreak, OpBarrierStatus}
+// AllOps lists the ops, for OpNamed: the engine's, then those the
+// primitives registered (Register).
+var AllOps = []*Op{OpAcquire, OpTry, OpRelease, OpRenew, OpLeave, OpWait, OpRefresh, OpRenewBatch, OpSignal, OpPump, OpStatus, OpLeaderSet, OpLeaderClear, OpLeaderGet}
+
+// sealed is set once the scripts are built (NewCode): an entry registered
+// after would be missing from them.
+var sealed atomic.Bool
+
+// Register adds an op of a primitive built on the engine (a latch, a
+// barrier) and the entry that serves it, both called name: the script is
+// file (an entry of its own under lua/ops, which queue.lua's rule binds
+// as every entry), declared to the server with flags (as Entry's), and
+// ack says whether WithReplicaAck waits for its writes. The root package
+// registers each primitive's ops from the primitive's own file when it is
+// initialised, before any script is built; a late or second registration
+// of a name panics.
+func Register(name, file, flags string, ack bool) *Op {
+	if sealed.Load() {
+		panic("fairlock: op " + name + " registered after the scripts were built")
+	}
+	for _, e := range Entries {
+		if e.Name == name {
+			panic("fairlock: entry " + name + " registered twice")
+		}
+	}
+	Entries = append(Entries, Entry{name, file, flags, false})
+	o := newOp(name, name, ack)
+	AllOps = append(AllOps, o)
+	return o
+}
 
 // OpNamed returns the op called name, or nil: for tests, which replay
 // recorded calls.

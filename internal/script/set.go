@@ -92,6 +92,7 @@ type Code struct {
 }
 
 func NewCode(transform func(string) string) *Code {
+	sealed.Store(true)
 	k := &Code{Evals: map[string]*EvalCode{}, Flagged: map[string]*EvalCode{},
 		BatchEvals: map[string]*EvalCode{}, BatchFlagged: map[string]*EvalCode{}}
 	add := func(evals, flagged map[string]*EvalCode, e Entry, src string) {
