@@ -19,6 +19,8 @@ import (
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/script"
 	"github.com/redis/go-redis/v9"
+	lua "github.com/yuin/gopher-lua"
+	"github.com/yuin/gopher-lua/parse"
 )
 
 // sent counts the commands a go-redis client sends, by name; those sent
@@ -554,5 +556,67 @@ func TestPreludeLocalsLeaveRoom(t *testing.T) {
 	// variables".)
 	if got := preludeLocals("local a, b = 1, 2 -- x, y\nlocal function f() end\n  local inner = 1\nlocal c"); got != 4 {
 		t.Errorf("preludeLocals counts %d in its own example, want 4", got)
+	}
+}
+
+// luaMaxUpvalues is Lua 5.1's limit of the enclosing functions' locals
+// that one function may use (LUAI_MAXUPVALUES). Checked against Redis
+// 7.0.15: EVAL compiles a function that adds 60 outer locals, and refuses
+// one that adds 61, "function at line 62 has more than 60 upvalues".
+const luaMaxUpvalues = 60
+
+// maxUpvalues returns the function of proto (proto itself or one nested
+// in it, at any depth) that uses the most upvalues, by the line it starts
+// on, and how many it uses.
+func maxUpvalues(proto *lua.FunctionProto) (line, n int) {
+	line, n = proto.LineDefined, int(proto.NumUpvalues)
+	for _, p := range proto.FunctionPrototypes {
+		if l, m := maxUpvalues(p); m > n {
+			line, n = l, m
+		}
+	}
+	return line, n
+}
+
+// TestScriptsUpvaluesLeaveRoom compiles every entry's script, in its EVAL
+// and its batch form, and fails when a function in it uses more of its
+// enclosing functions' locals than Lua 5.1 lets it: a server's Lua would
+// refuse every script, while miniredis's (gopher-lua, which has no such
+// limit) would run them all. A function within a few of the limit is
+// named in the log: the hot paths gather many of the prelude's helpers.
+func TestScriptsUpvaluesLeaveRoom(t *testing.T) {
+	compile := func(t *testing.T, name, src string) *lua.FunctionProto {
+		t.Helper()
+		chunk, err := parse.Parse(strings.NewReader(src), name)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		proto, err := lua.Compile(chunk, name)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return proto
+	}
+	// The prelude's functions come first in every script, at the same
+	// lines: each is reported once.
+	most, seen := 0, map[int]bool{}
+	for _, e := range script.Entries {
+		for form, src := range map[string]string{"eval": script.ScriptSource(e), "batch": script.BatchSource(e)} {
+			line, n := maxUpvalues(compile(t, e.Name, src))
+			most = max(most, n)
+			switch {
+			case n > luaMaxUpvalues:
+				t.Errorf("entry %s (%s form): the function at line %d uses %d upvalues; Lua refuses more than %d", e.Name, form, line, n, luaMaxUpvalues)
+			case n > luaMaxUpvalues-4 && !seen[line]:
+				seen[line] = true
+				t.Logf("the function at line %d of entry %s's script uses %d of Lua's %d upvalues", line, e.Name, n, luaMaxUpvalues)
+			}
+		}
+	}
+	t.Logf("the most upvalues any function of the scripts uses: %d (Lua's limit: %d)", most, luaMaxUpvalues)
+	// The counter's own example: g uses a and b; f uses a, b (for g) and c.
+	_, n := maxUpvalues(compile(t, "example", "local a, b, c = 1, 2, 3\nlocal function f() local function g() return a + b end return g() + c end\nreturn f()"))
+	if n != 3 {
+		t.Errorf("maxUpvalues counts %d in its own example, want 3", n)
 	}
 }

@@ -133,7 +133,10 @@ end
 -- converted in place: the fast paths read it on every call, and a table
 -- built with named fields costs more than the rest of their reading. A
 -- state hash of another layout than LAYOUT fails the call here
--- (check_layout), before anything is written.
+-- (check_layout), before anything is written. With lazy true the row is
+-- left incomplete: LIVE, BORN and MARK hold what HMGET returned, not yet
+-- parsed (see finish_state), and only a caller that reads none of the
+-- three, or calls finish_state before it does, may ask for that.
 local read_state, finish_state
 do
   -- The fields read_state asks for: the 14th (the liveness field) and
