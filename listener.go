@@ -320,6 +320,7 @@ func (c *waits) processList() string {
 // end (those blocked in a read are nudged). c.mu is held.
 func (c *waits) useListsLocked(own bool) {
 	c.ownLists, c.ownChecked = own, time.Now()
+	c.spare = nil // its wake list is the old one
 	for _, r := range c.rooms {
 		r.wakeKey = c.wakeKeyLocked(r.k)
 	}

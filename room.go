@@ -45,6 +45,11 @@ type waits struct {
 	closed  bool             // Close has begun: no room starts
 	rooms   map[string]*room // by keyspace.Keys.Base
 	tickets map[string]*room // by ticket: the room each waiter waits in
+	// spare is a room that was made and forgotten without ever running
+	// (its acquisition was granted at once, as most are), kept for the
+	// next room: nothing but its waiters' acquisitions ever held it, and
+	// they have all left it (see unregister).
+	spare *room
 	// ownLists: the client's one wake list (keyspace.Keys.Wake) holds another
 	// program's value, so the scripts push its grants onto each
 	// semaphore's own list, and its rooms listen there; ownChecked is
@@ -165,12 +170,30 @@ func (c *waits) register(p plan, wait bool) (*room, *waiter, error) {
 	}
 	r := c.rooms[k.Base]
 	if r == nil {
-		r = &room{c: c, k: k, wakeKey: c.wakeKeyLocked(k), kick: make(chan struct{}, 1), waiters: make(map[string]*waiter)}
+		r = c.newRoomLocked(k)
 		c.rooms[k.Base] = r
 	}
 	r.waiters[w.ticket] = w
 	c.tickets[w.ticket] = r
 	return r, w, nil
+}
+
+// newRoomLocked returns a room for the semaphore of keys k, without
+// waiters: the spare one if there is one (its wake list kept when it was
+// made for k, as the wake lists change only with useListsLocked, which
+// drops the spare), else a new one. c.mu is held.
+func (c *waits) newRoomLocked(k keyspace.Keys) *room {
+	r := c.spare
+	if r == nil {
+		return &room{c: c, k: k, wakeKey: c.wakeKeyLocked(k), kick: make(chan struct{}, 1), waiters: make(map[string]*waiter)}
+	}
+	c.spare = nil
+	wakeKey := r.wakeKey
+	if r.k.Base != k.Base {
+		wakeKey = c.wakeKeyLocked(k)
+	}
+	*r = room{c: c, k: k, wakeKey: wakeKey, kick: r.kick, waiters: r.waiters}
+	return r
 }
 
 // wakeKeyLocked returns the list on which the client hears grants on the
@@ -191,6 +214,12 @@ func (c *waits) unregister(r *room, w *waiter) {
 	r.forgetLocked(w.ticket)
 	if len(r.waiters) == 0 && !r.running && c.rooms[r.k.Base] == r {
 		delete(c.rooms, r.k.Base)
+		// A room that never ran was held by its waiters' acquisitions
+		// alone (no maintain, no listener), and each has left it; one
+		// that ran may still be in its maintain's or a listener's hands.
+		if r.stop == nil {
+			c.spare = r
+		}
 	}
 }
 

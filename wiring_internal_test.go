@@ -19,6 +19,7 @@ func TestClientPartsWired(t *testing.T) {
 		"waits.blk":      true, // made on the first wait (blockingLocked)
 		"waits.closeBlk": true,
 		"calls.Batch":    true, // WithBatching's: checked below
+		"waits.spare":    true, // the first room made and forgotten without running
 	}
 	c, err := New(redistest.Mini(t).Client(t), WithLeaseTTL(7*time.Second), WithWaiterTTL(3*time.Second))
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -123,10 +124,9 @@ func (c *Caller) Op(ctx context.Context, oc script.Call, late func(Outcome)) (Ou
 		res, ackErr := c.Run(ctx, oc)
 		return c.returned(ctx, Outcome{res, ackErr}, late)
 	}
-	return c.Call(ctx, func(ctx context.Context) Outcome {
-		res, ackErr := c.Run(ctx, oc)
-		return Outcome{res, ackErr}
-	}, late)
+	t := newCallTask(c, ctx, late)
+	t.oc = oc
+	return c.hop(t)
 }
 
 // Grace is how long a call whose context ended still waits for an answer
@@ -158,20 +158,19 @@ func (c *Caller) Call(ctx context.Context, do func(context.Context) Outcome, lat
 	if c.OnCaller(ctx) {
 		return c.returned(ctx, do(ctx), late)
 	}
-	t := &callTask{ch: make(chan Outcome, 1)}
-	c.Spawn(func() {
-		o := do(ctx)
-		if t.state.CompareAndSwap(0, 1) {
-			t.ch <- o
-			if late != nil && fault.IsDialError(o.Res.Err) {
-				late(o)
-			}
-		} else if late != nil {
-			late(o)
-		}
-	})
+	t := newCallTask(c, ctx, late)
+	t.do = do
+	return c.hop(t)
+}
+
+// hop runs t on a goroutine of the client's (see Call) and waits for its
+// outcome until t's context ends, and a grace after.
+func (c *Caller) hop(t *callTask) (Outcome, bool) {
+	ctx, late := t.ctx, t.late
+	c.Spawn(t.run)
 	select {
 	case o := <-t.ch:
+		t.recycle()
 		return c.settle(ctx, o, late)
 	case <-ctx.Done():
 	}
@@ -181,20 +180,72 @@ func (c *Caller) Call(ctx context.Context, do func(context.Context) Outcome, lat
 	defer timer.Stop()
 	select {
 	case o := <-t.ch:
+		t.recycle()
 		return c.settle(ctx, o, late)
 	case <-timer.C:
 		if !t.state.CompareAndSwap(0, 2) {
-			return c.settle(ctx, <-t.ch, late) // the outcome came as the grace ended: use it
+			o := <-t.ch // the outcome came as the grace ended: use it
+			t.recycle()
+			return c.settle(ctx, o, late)
 		}
 		return Outcome{Res: script.Result{Err: ctx.Err()}}, false
 	}
 }
 
-// callTask is a call that runs on a goroutine of the client's (see call):
-// where its outcome goes, and whether its caller still waits for it.
+// callTask is a call that runs on a goroutine of the client's (see Call):
+// what it runs (do, or else the op oc), where its outcome goes, and
+// whether its caller still waits for it. A task whose outcome its caller
+// received goes back to callTasks for the next call; one its caller
+// abandoned is left to the garbage collector, as its goroutine may still
+// read it.
 type callTask struct {
 	state atomic.Int32 // 0 running, 1 handed to the caller, 2 abandoned by it
 	ch    chan Outcome
+	c     *Caller
+	ctx   context.Context
+	late  func(Outcome)
+	do    func(context.Context) Outcome
+	oc    script.Call
+}
+
+// callTasks keeps the tasks of calls that ended, with their channels.
+var callTasks = sync.Pool{New: func() any { return &callTask{ch: make(chan Outcome, 1)} }}
+
+// newCallTask returns a task of c's for a call under ctx whose outcome,
+// if its caller no longer waits for it, goes to late.
+func newCallTask(c *Caller, ctx context.Context, late func(Outcome)) *callTask {
+	t := callTasks.Get().(*callTask)
+	t.c, t.ctx, t.late = c, ctx, late
+	return t
+}
+
+// run runs t's call and hands its outcome to the caller, or, when the
+// caller no longer waits for it, to late. Once the outcome is sent, run
+// no longer touches t: its caller may have recycled it.
+func (t *callTask) run() {
+	c, ctx, late := t.c, t.ctx, t.late
+	var o Outcome
+	if t.do != nil {
+		o = t.do(ctx)
+	} else {
+		res, ackErr := c.Run(ctx, t.oc)
+		o = Outcome{res, ackErr}
+	}
+	if t.state.CompareAndSwap(0, 1) {
+		t.ch <- o
+		if late != nil && fault.IsDialError(o.Res.Err) {
+			late(o)
+		}
+	} else if late != nil {
+		late(o)
+	}
+}
+
+// recycle puts t, whose outcome its caller has received, back for the
+// next call.
+func (t *callTask) recycle() {
+	*t = callTask{ch: t.ch}
+	callTasks.Put(t)
 }
 
 // OnCaller reports whether a call under ctx runs on its caller's

@@ -120,6 +120,9 @@ func Register(name, file, flags string, ack bool) *Op {
 			panic("fairlock: entry " + name + " registered twice")
 		}
 	}
+	if OpNamed(name) != nil {
+		panic("fairlock: op " + name + " registered twice")
+	}
 	Entries = append(Entries, Entry{name, file, flags, false})
 	o := newOp(name, name, ack)
 	AllOps = append(AllOps, o)
@@ -174,11 +177,24 @@ func (oc Call) Under(ctx context.Context) Call {
 // NewCall starts a call of o on keys with room for n arguments after the
 // op's name.
 func NewCall(o *Op, keys []string, n int) Call {
-	args := make([]string, 1, 1+n)
-	args[0] = o.Name
-	argv := make([]any, 1, 1+n)
-	argv[0] = o.NameArg
+	var args []string
+	var argv []any
+	if 1+n <= len(callArgs{}.args) {
+		// One allocation for both lists: most calls have few arguments.
+		b := new(callArgs)
+		args, argv = b.args[:1:1+n], b.argv[:1:1+n]
+	} else {
+		args, argv = make([]string, 1, 1+n), make([]any, 1, 1+n)
+	}
+	args[0], argv[0] = o.Name, o.NameArg
 	return Call{Op: o, Keys: keys, Args: args, Argv: argv}
+}
+
+// callArgs holds the arguments of a call of up to 10 (NewCall): an
+// acquire or a release on one semaphore has 8 or 9.
+type callArgs struct {
+	args [10]string
+	argv [10]any
 }
 
 // With returns oc with args appended.
