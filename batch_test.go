@@ -185,7 +185,7 @@ func diffBatches(t *testing.T, tb rapid.TB, real bool, inner func(string) string
 	alone := newReplayer(t, "each call alone", addr, 12, transform)
 	together := newReplayer(t, "batched", addr, 13, transform)
 	alone.Debug, together.Debug = p.Fast.Debug, p.Fast.Debug
-	set := script.NewSet(transform)
+	set := script.NewSet(transform, nil)
 	var calls, batched, batches, resent int
 	rapid.Check(tb, func(rt *rapid.T) {
 		var m *callMachine

@@ -256,7 +256,7 @@ func newClient(b backend.Backend, rdb RedisClient, opts []Option) (*Client, erro
 		leases:   make(map[*Lease]struct{}),
 		pumping:  make(map[string]bool),
 	}
-	c.calls = &callpath.Caller{B: b, Info: info, Scripts: script.NewSet(cfg.transform),
+	c.calls = &callpath.Caller{B: b, Info: info, Scripts: script.NewSet(cfg.transform, cfg.transformKey),
 		AckReplicas: cfg.ackReplicas, AckTimeout: cfg.ackTimeout, Spawn: c.spawn}
 	c.closing, c.closeAll = context.WithCancel(context.Background())
 	if cfg.batch > 1 && info.Layout != backend.Other {

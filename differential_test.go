@@ -56,7 +56,7 @@ func runScript(ctx context.Context, set *script.Set, rdb RedisClient, c call) (a
 // through transform: go-redis's own Script, as the tests run scripts by
 // hand.
 func scriptRunner(rdb RedisClient, transform func(string) string) differential.Runner {
-	set := script.NewSet(transform)
+	set := script.NewSet(transform, nil)
 	return func(ctx context.Context, c call) (any, error) { return runScript(ctx, set, rdb, c) }
 }
 

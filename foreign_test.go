@@ -968,12 +968,9 @@ func runScenario(t *testing.T, pair *foreignPair, via callSides, i int) error {
 // TestForeignKeys: see the file's comment.
 func TestForeignKeys(t *testing.T) {
 	redistest.Long(t) // waits on real time for seconds: the full suite
-	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		if redistest.Race && !b.Real() {
-			// The real server is the proof; miniredis's half runs
-			// without -race (go test ./...), five times slower with it.
-			t.Skip("miniredis's half runs without the race detector")
-		}
+	// miniredis's half runs without the race detector, five times
+	// slower with it; the real server's under it.
+	redistest.EachOffRace(t, func(t *testing.T, b *redistest.Backend) {
 		for _, fast := range []bool{true, false} {
 			t.Run(fmt.Sprintf("fast=%v", fast), func(t *testing.T) {
 				pair := newForeignPair(t, b.Real(), fast, nil)

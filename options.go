@@ -84,6 +84,7 @@ type config struct {
 	// sources, and go-redis hooks (redis.Hook) for the blocking client
 	// New builds.
 	transform     func(src string) string
+	transformKey  any // names transform when it is testTransform's (see script.NewSet); nil otherwise
 	blockingHooks []any
 }
 
@@ -228,7 +229,7 @@ func checkLeaseTTL(what string, d time.Duration) error {
 func newConfig(opts []Option) (config, error) {
 	cfg := config{prefix: DefaultPrefix, leaseTTL: DefaultLeaseTTL, waiterTTL: DefaultWaiterTTL}
 	if f := testTransform.Load(); f != nil {
-		cfg.transform = *f
+		cfg.transform, cfg.transformKey = *f, f
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -287,7 +288,7 @@ func WithLogger(l *slog.Logger) Option {
 // withTransform passes the source of each of the client's scripts through
 // f (tests only; see internal/testhook). A nil f runs them as they are.
 func withTransform(f func(src string) string) Option {
-	return func(c *config) { c.transform = f }
+	return func(c *config) { c.transform, c.transformKey = f, nil }
 }
 
 // testTransform is this package's own tests' default for withTransform

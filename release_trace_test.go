@@ -869,3 +869,102 @@ func refreshLeavesADeadFieldDead(t *testing.T, transform func(string) string) er
 	}
 	return nil
 }
+
+// A grant announced to a waiter (pushed to its wake list by the release
+// that hands it on) lasts no longer than the waiter's TTL until its
+// process confirms it: a process that died while it waited must not hold
+// the permit for a whole lease. The grant's expiry in the wake-up says
+// how long it lasts.
+func TestAnnouncedGrantLastsTheWaiterTTL(t *testing.T) {
+	if err := announcedGrantLastsTheWaiterTTL(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// announcedGrantLastsTheWaiterTTL is TestAnnouncedGrantLastsTheWaiterTTL
+// on scripts changed by transform: the error says what went wrong.
+func announcedGrantLastsTheWaiterTTL(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	// acquire's ARGV: ticket, client, lease, waiter TTL, group, permits,
+	// capacity; release's: ticket, client, lease, waiter TTL, group, its
+	// mode, permits, token. Leases of 10 s, waiter TTLs of 300 ms.
+	held := g.run("acquire", "TA", "PA", "10000", "300", "", "1", "1")
+	token := tokenOf(t, held)
+	if got, _ := g.run("acquire", "TB", "PB", "10000", "300", "", "1", "1").([]any); len(got) == 0 || fmt.Sprint(got[0]) == "1" {
+		return fmt.Errorf("TB's acquire = %v, want it queued", got)
+	}
+	g.advance(10)
+	g.run("release", "TA", "PA", "10000", "300", "", "0", "1", token)
+	nowMs := g.now / 1000
+	list := keyspace.Keys{Base: "trace:{s}"}.Wake("PB")
+	entries, err := g.r.RDB.LRange(context.Background(), list, 0, -1).Result()
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		// A grant's wake-up: "ticket expiryMs token".
+		f := strings.Fields(e)
+		if len(f) != 3 || f[0] != "TB" {
+			continue
+		}
+		var expiry int64
+		if _, err := fmt.Sscan(f[1], &expiry); err != nil {
+			return fmt.Errorf("TB's wake-up %q: %v", e, err)
+		}
+		if expiry > nowMs+300 {
+			return fmt.Errorf("TB's announced grant expires %d ms after it was announced, want at most its waiter TTL, 300 ms", expiry-nowMs)
+		}
+		return nil
+	}
+	return fmt.Errorf("TB heard no grant on %s: %q\n%s", list, entries, g.dump())
+}
+
+// A signal wakes a condition's oldest waiter: two holders of a semaphore
+// of capacity 2 wait on condition x in turn, a third signals one, and the
+// first to wait must be the one moved to the semaphore's queue.
+func TestSignalWakesTheOldestWaiter(t *testing.T) {
+	if err := signalWakesTheOldestWaiter(t, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// signalWakesTheOldestWaiter is TestSignalWakesTheOldestWaiter on scripts
+// changed by transform: the error says what went wrong.
+func signalWakesTheOldestWaiter(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	base := "trace:{s}"
+	all := []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}
+	withCond := append(slices.Clip(all), condKeys(keyspace.Keys{Base: base, All: all}, "x")...)
+	// wait's ARGV: ticket, client, lease, waiter TTL, group, its mode,
+	// permits, the lease's token, the waiter's ticket, the condition.
+	for _, p := range []string{"1", "2"} {
+		tok := tokenOf(t, g.run("acquire", "T"+p, "P"+p, "10000", "3000", "", "1", "2"))
+		g.advance(1)
+		if got := fmt.Sprint(g.runOn(withCond, "wait", "T"+p, "P"+p, "10000", "3000", "", "0", "1", tok, "W"+p, "x")); !strings.HasPrefix(got, "[1 ") {
+			return fmt.Errorf("W%s's condition wait = %v, want it waiting", p, got)
+		}
+		g.advance(1)
+	}
+	g.advance(1)
+	if got := fmt.Sprint(g.runOn(withCond, "signal", "x", "1", "", "S1")); !strings.HasPrefix(got, "[1") {
+		return fmt.Errorf("the signal = %v, want one waiter woken\n%s", got, g.dump())
+	}
+	// Both permits are free: the woken waiter is granted at once, and its
+	// process hears the grant on its wake list.
+	heard := func(p string) (bool, error) {
+		entries, err := g.r.RDB.LRange(context.Background(), keyspace.Keys{Base: base}.Wake("P"+p), 0, -1).Result()
+		return slices.ContainsFunc(entries, func(e string) bool { return strings.HasPrefix(e, "W"+p+" ") }), err
+	}
+	first, err := heard("1")
+	if err != nil {
+		return err
+	}
+	second, err := heard("2")
+	if err != nil {
+		return err
+	}
+	if second || !first {
+		return fmt.Errorf("after the signal W1 (the oldest waiter) was woken: %v, W2: %v; want W1 only\n%s", first, second, g.dump())
+	}
+	return nil
+}

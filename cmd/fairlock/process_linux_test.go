@@ -38,10 +38,27 @@ while :; do sleep 0.05; done`
 			// the first run's processes it can see.
 			second := c.cmd("run", "-w", "30s", "m", "--", "sh", "-c",
 				`touch second.ran; for p in `+pids(ps)+`; do cat /proc/$p/stat >> seen 2>/dev/null; done; true`)
+			out, err := os.Create(filepath.Join(c.dir, "second.out"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer out.Close()
+			second.Stdout, second.Stderr = out, out
 			if err := second.Start(); err != nil {
 				t.Fatal(err)
 			}
-			c.waitFor("the second run to queue", func() bool { return len(c.status("m").Waiters) == 1 })
+			// Should the second run not queue, say what it did instead:
+			// left at once, or took the mutex (the first run's lease
+			// lapsed: a process starved past its 1 s TTL), or neither.
+			for deadline := time.Now().Add(10 * time.Second); len(c.status("m").Waiters) != 1; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					st := c.status("m")
+					stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", second.Process.Pid))
+					said, _ := os.ReadFile(out.Name())
+					t.Fatalf("the second run did not queue in 10s: holders %+v, waiters %+v, its command ran: %v; its process: %s; its output: %s",
+						st.Holders, st.Waiters, c.exists("second.ran"), stat, said)
+				}
+			}
 
 			if err := syscall.Kill(p1.pid, syscall.SIGKILL); err != nil {
 				t.Fatal(err)

@@ -127,16 +127,46 @@ func NewCode(transform func(string) string) *Code {
 	return k
 }
 
+// transformed keeps the code transforms made, by key (NewSet); at most
+// a few transforms are in use at once, so it starts over when full.
+var transformed struct {
+	sync.Mutex
+	m map[any]*Code
+}
+
+// transformedCode returns the code transform makes: built now when key is
+// nil, else once per key.
+func transformedCode(transform func(string) string, key any) *Code {
+	if key == nil {
+		return NewCode(transform)
+	}
+	transformed.Lock()
+	defer transformed.Unlock()
+	if k := transformed.m[key]; k != nil {
+		return k
+	}
+	if len(transformed.m) >= 8 || transformed.m == nil {
+		transformed.m = map[any]*Code{}
+	}
+	k := NewCode(transform)
+	transformed.m[key] = k
+	return k
+}
+
 // defaultCode serves every client made while no test hook is set, made
 // at the first client's start (after SetSources).
 var defaultCode = sync.OnceValue(func() *Code { return NewCode(nil) })
 
 // NewSet returns a client's scripts, passing each source through
-// transform when it is not nil (tests only; see internal/testhook).
-func NewSet(transform func(string) string) *Set {
+// transform when it is not nil (tests only; see internal/testhook). key,
+// when not nil, names transform: the scripts a key's transform makes are
+// built once, for every client made with that key (a test's transform is
+// a pure function of the source; building them costs more than the rest
+// of a client's start).
+func NewSet(transform func(string) string, key any) *Set {
 	k := defaultCode()
 	if transform != nil {
-		k = NewCode(transform)
+		k = transformedCode(transform, key)
 	}
 	s := &Set{Lib: k.Lib}
 	for _, e := range Entries {
