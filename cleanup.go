@@ -161,7 +161,7 @@ func (c *Client) cleanUpReport(ctx context.Context, oc script.Call, p plan, repo
 // a condition wait's, a signal's) runs under: ctx, ended by the client's
 // close as well when ctx may outlast the close's bound (see boundBy).
 func (c *Client) boundByClose(ctx context.Context) (context.Context, closeBound) {
-	return c.boundBy(ctx, c.closing)
+	return c.boundBy(ctx, c.closeEnds)
 }
 
 // boundBy returns the context a call's script call runs under: ctx, ended
@@ -175,24 +175,25 @@ func (c *Client) boundByClose(ctx context.Context) (context.Context, closeBound)
 // that cannot end runs as it comes, each try bounded by the read timeout
 // (a close waits for it until its bound and the read timeout only, and
 // says so).
-func (c *Client) boundBy(ctx, end context.Context) (context.Context, closeBound) {
+func (c *Client) boundBy(ctx context.Context, end *callpath.Ends) (context.Context, closeBound) {
 	if end == nil || !c.mayOutlastClose(ctx) {
 		return ctx, closeBound{}
 	}
 	callCtx, cancel := context.WithCancel(ctx)
-	return callCtx, closeBound{end: cancel, unhook: context.AfterFunc(end, cancel)}
+	return callCtx, closeBound{end: cancel, ends: end, slot: end.Add(cancel)}
 }
 
 // A closeBound ends a call's context at the client's close (boundBy).
 type closeBound struct {
-	end    context.CancelFunc
-	unhook func() bool
+	end  context.CancelFunc
+	ends *callpath.Ends // where end is registered, in slot
+	slot int
 }
 
 // done releases what boundBy set up, once the call has returned.
 func (b closeBound) done() {
 	if b.end != nil {
-		b.unhook()
+		b.ends.Remove(b.slot)
 		b.end()
 	}
 }
@@ -201,13 +202,13 @@ func (b closeBound) done() {
 // err under boundByClose's context: ErrClosed when the close, not ctx,
 // ended it.
 func (c *Client) endedByClose(ctx context.Context, err error) error {
-	return c.endedBy(ctx, c.closing, err)
+	return c.endedBy(ctx, c.closeEnds, err)
 }
 
 // endedBy returns the error of a call whose script call failed with err
 // under boundBy's context for end: ErrClosed when end (the close), not
 // ctx, ended it.
-func (c *Client) endedBy(ctx, end context.Context, err error) error {
+func (c *Client) endedBy(ctx context.Context, end *callpath.Ends, err error) error {
 	if end != nil && ctx.Err() == nil && end.Err() != nil {
 		return fmt.Errorf("%w: the call was on its way to Redis", ErrClosed)
 	}

@@ -99,6 +99,9 @@ type Client struct {
 	// renewal after it.
 	renewing  context.Context
 	endRenews context.CancelFunc
+	// closeEnds and renewEnds end the calls bounded by closing and by
+	// renewing (see boundBy).
+	closeEnds, renewEnds *callpath.Ends
 
 	mu      sync.Mutex
 	closed  bool
@@ -264,6 +267,7 @@ func newClient(b backend.Backend, rdb RedisClient, opts []Option) (*Client, erro
 	}
 	c.done = c.closing.Done()
 	c.renewing, c.endRenews = context.WithCancel(context.Background())
+	c.closeEnds, c.renewEnds = callpath.NewEnds(c.closing), callpath.NewEnds(c.renewing)
 	c.waits = &waits{mu: &c.mu, wg: &c.wg, closing: c.closing, done: c.done, calls: c.calls, b: b, info: info,
 		cfg: &c.cfg, id: id, leaseMs: c.leaseMs, waiterMs: c.waiterMs, logf: c.logf,
 		rooms: make(map[string]*room), tickets: make(map[string]*room), listeners: make(map[string][]*listener)}

@@ -333,7 +333,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	// bound, which reports it if it does not land (see resendReport).
 	// (Under a context that cannot end, through go-redis: the thin path,
 	// no bound and no lock for it.)
-	var end context.Context
+	var end *callpath.Ends
 	if l.c.mayOutlastClose(ctx) {
 		end = l.c.releaseEnd()
 	}
@@ -399,13 +399,13 @@ func (l *Lease) Release(ctx context.Context) error {
 // which waits for a Release under way; nil once an Abandon has closed the
 // client, whose close waits for no release (a Release after Abandon still
 // releases its lease).
-func (c *Client) releaseEnd() context.Context {
+func (c *Client) releaseEnd() *callpath.Ends {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if s := c.shut; s != nil && !s.release {
 		return nil
 	}
-	return c.renewing
+	return c.renewEnds
 }
 
 // errReleased is the cause a lease ends with when its holder released it
