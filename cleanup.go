@@ -187,7 +187,7 @@ func (c *Client) boundBy(ctx context.Context, end *callpath.Ends) (context.Conte
 type closeBound struct {
 	end  context.CancelFunc
 	ends *callpath.Ends // where end is registered, in slot
-	slot int
+	slot callpath.Slot
 }
 
 // done releases what boundBy set up, once the call has returned.

@@ -11,11 +11,23 @@ import (
 // the registered cancels as AfterFunc would, on a goroutine of their own,
 // once its context has ended.
 type Ends struct {
-	ctx    context.Context
-	mu     sync.Mutex
-	ended  bool
-	cancel []context.CancelFunc // by slot; nil in a free slot
-	free   []int                // free slots
+	ctx   context.Context
+	mu    sync.Mutex
+	ended bool
+	slots []endSlot // nil cancel in a free slot
+	free  []int     // free slots
+	gen   uint64    // the last Slot's
+}
+
+type endSlot struct {
+	cancel context.CancelFunc
+	gen    uint64
+}
+
+// Slot is where Add put a call's cancel, for Remove.
+type Slot struct {
+	i   int
+	gen uint64 // tells this registration from a later one in the same slot
 }
 
 // NewEnds returns the Ends of ctx.
@@ -30,36 +42,36 @@ func (e *Ends) Err() error { return e.ctx.Err() }
 
 // Add registers cancel to run when e's context ends, and returns the slot
 // that Remove takes once the call is over. If e's context has ended and
-// its cancels have run, Add runs cancel itself, at once, and returns -1.
-func (e *Ends) Add(cancel context.CancelFunc) int {
+// its cancels have run, Add runs cancel itself, at once, and returns a
+// slot that Remove ignores.
+func (e *Ends) Add(cancel context.CancelFunc) Slot {
 	e.mu.Lock()
 	if e.ended {
 		e.mu.Unlock()
 		cancel()
-		return -1
+		return Slot{i: -1}
 	}
-	var slot int
+	e.gen++
+	s := Slot{gen: e.gen}
 	if n := len(e.free); n > 0 {
-		slot = e.free[n-1]
+		s.i = e.free[n-1]
 		e.free = e.free[:n-1]
-		e.cancel[slot] = cancel
+		e.slots[s.i] = endSlot{cancel, s.gen}
 	} else {
-		slot = len(e.cancel)
-		e.cancel = append(e.cancel, cancel)
+		s.i = len(e.slots)
+		e.slots = append(e.slots, endSlot{cancel, s.gen})
 	}
 	e.mu.Unlock()
-	return slot
+	return s
 }
 
-// Remove forgets the cancel Add put in slot (none for -1).
-func (e *Ends) Remove(slot int) {
-	if slot < 0 {
-		return
-	}
+// Remove forgets the cancel Add put in s. Removing it again, or after
+// the end, does nothing: it cannot reach a later call's cancel.
+func (e *Ends) Remove(s Slot) {
 	e.mu.Lock()
-	if !e.ended {
-		e.cancel[slot] = nil
-		e.free = append(e.free, slot)
+	if !e.ended && s.i >= 0 && s.i < len(e.slots) && e.slots[s.i].gen == s.gen && e.slots[s.i].cancel != nil {
+		e.slots[s.i] = endSlot{}
+		e.free = append(e.free, s.i)
 	}
 	e.mu.Unlock()
 }
@@ -68,12 +80,12 @@ func (e *Ends) Remove(slot int) {
 func (e *Ends) fire() {
 	e.mu.Lock()
 	e.ended = true
-	cancels := e.cancel
-	e.cancel, e.free = nil, nil
+	slots := e.slots
+	e.slots, e.free = nil, nil
 	e.mu.Unlock()
-	for _, cancel := range cancels {
-		if cancel != nil {
-			cancel()
+	for _, s := range slots {
+		if s.cancel != nil {
+			s.cancel()
 		}
 	}
 }
