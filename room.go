@@ -90,6 +90,10 @@ type room struct {
 	idleSince time.Time     // when its listener first saw it without waiters
 	clock     clock.Sample  // the latest reading of the semaphore's Redis clock
 	answered  time.Time     // when a script of the room last answered (see failStale)
+	// event is the earliest moment a script's reply put the queue's next
+	// event at (a lease's expiry, a waiter's deadline) that no answered
+	// round has run the queue past yet; zero for none (see round).
+	event time.Time
 }
 
 type waiter struct {
@@ -231,9 +235,14 @@ func (c *waits) unregister(r *room, w *waiter) {
 func (c *waits) noteQueued(r *room, w *waiter, next time.Duration, sample clock.Sample) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// The script set the ticket's deadline after it was sent.
 	w.queued, w.alive = true, time.Now()
+	if !sample.Sent.IsZero() {
+		w.alive = sample.Sent
+	}
 	r.answered = w.alive
 	r.noteClockLocked(sample)
+	r.noteEventLocked(sample.Sent, next)
 	if c.closed {
 		return
 	}
@@ -271,6 +280,17 @@ func (c *waits) clockOf(r *room, wk wakeup) clock.Sample {
 func (r *room) noteClockLocked(s clock.Sample) {
 	if s.Sent.After(r.clock.Sent) {
 		r.clock = s
+	}
+}
+
+// noteEventLocked notes the queue's next event as a script sent at sent
+// reported it: next from then (< 0 for none). c.mu is held.
+func (r *room) noteEventLocked(sent time.Time, next time.Duration) {
+	if next < 0 || sent.IsZero() {
+		return
+	}
+	if at := sent.Add(next); r.event.IsZero() || at.Before(r.event) {
+		r.event = at
 	}
 }
 
@@ -381,7 +401,7 @@ func (r *room) maintain(stop chan struct{}) {
 		r.due = time.Now().Add(never) // lowered by the result below or by schedule
 		c.mu.Unlock()
 
-		next, err := r.refresh()
+		next, err := r.round(true)
 		if err != nil {
 			r.failStale(time.Now())
 			next = min(next, c.cfg.waiterTTL/retryDivisor)
@@ -414,8 +434,12 @@ const refreshParallel = 8
 
 // refreshBatchesLocked returns the arguments of the refresh scripts of a
 // round over r's queued waiters (at least one script, which runs the
-// queue even when none is queued). c.mu is held.
-func (r *room) refreshBatchesLocked() [][]string {
+// queue even when none is queued), but for those last known alive after
+// young (with a zero young, none), which the round leaves out: then it
+// returns too when the first of them is due a refresh, one refresh
+// period after it was last known alive, and, if it left out every queued
+// waiter, no script. c.mu is held.
+func (r *room) refreshBatchesLocked(young time.Time) (batches [][]string, due time.Time) {
 	c := r.c
 	// Waiters whose last refresh failed go in batches of their own,
 	// shuffled, in at most suspectScripts scripts (of at most
@@ -428,11 +452,16 @@ func (r *room) refreshBatchesLocked() [][]string {
 	// One refresh names one lease TTL, which the waiters' members hold:
 	// waiters whose requests gave TTLs of their own (Request.LeaseTTL) go
 	// in batches of their TTL.
-	var batches [][]string
 	open := map[string][]string{} // by lease TTL: the batch being filled
 	var suspects []string
 	for t, w := range r.waiters {
 		if !w.queued {
+			continue
+		}
+		if w.failed == nil && !young.IsZero() && w.alive.After(young) {
+			if at := w.alive.Add(c.refreshEvery()); due.IsZero() || at.Before(due) {
+				due = at
+			}
 			continue
 		}
 		if w.failed != nil {
@@ -472,10 +501,10 @@ func (r *room) refreshBatchesLocked() [][]string {
 		}
 	}
 	batches = append(lead, batches...)
-	if len(batches) == 0 {
+	if len(batches) == 0 && due.IsZero() {
 		batches = append(batches, c.refreshArgs(0, c.leaseMs))
 	}
-	return batches
+	return batches, due
 }
 
 // refresh keeps r's waiters alive in Redis, runs the queue (dropping dead
@@ -484,12 +513,44 @@ func (r *room) refreshBatchesLocked() [][]string {
 // when it should run next and the first error of its scripts that failed.
 // (A round of many scripts may see some answered and some not: on a busy
 // Redis, those queued behind the others' traffic run out of time.)
-func (r *room) refresh() (next time.Duration, first error) {
+func (r *room) refresh() (next time.Duration, first error) { return r.round(false) }
+
+// youngFor is how long after a waiter was last known alive a periodic
+// round may leave it to the next: its deadline is then more than five
+// sixths of a waiter TTL away, and the round that refreshes it comes by
+// the time it is one refresh period old, as a waiter's first refresh
+// always came.
+func (c *waits) youngFor() time.Duration { return c.refreshEvery() / 2 }
+
+// round is a round of refresh. A periodic one (maintain's) leaves out the
+// waiters known alive within youngFor, and runs before the first of them
+// is one refresh period old; when that leaves no waiter to refresh and no
+// event of the queue is due, it sends no script. A busy semaphore's
+// waiters mostly wait less than a refresh period: their rooms then send
+// no refresh at all. (The queue's events are run at their time, by a
+// round then; the waiters' acquire scripts, and any release, run the
+// queue besides.)
+func (r *room) round(periodic bool) (next time.Duration, first error) {
 	c := r.c
+	now := time.Now()
+	var young time.Time
+	if periodic {
+		young = now.Add(-c.youngFor())
+	}
 	c.mu.Lock()
-	batches := r.refreshBatchesLocked()
+	batches, due := r.refreshBatchesLocked(young)
+	if len(batches) == 0 {
+		if r.event.IsZero() || now.Before(r.event) {
+			c.mu.Unlock()
+			return time.Until(due), nil
+		}
+		batches = append(batches, c.refreshArgs(0, c.leaseMs))
+	}
 	c.mu.Unlock()
 	next = c.refreshEvery()
+	if !due.IsZero() {
+		next = min(next, time.Until(due))
+	}
 	var mu sync.Mutex // next, first
 	send := func(args []string) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
@@ -537,6 +598,10 @@ func (r *room) apply(rep refreshReply, sent time.Time, next *time.Duration) erro
 	sample := clock.Sample{Sent: sent, Redis: rep.now}
 	r.c.mu.Lock()
 	r.noteClockLocked(sample)
+	if !r.event.IsZero() && !r.event.After(sent) {
+		r.event = time.Time{} // this script ran the queue past it
+	}
+	r.noteEventLocked(sent, time.Duration(rep.next)*time.Millisecond)
 	r.c.mu.Unlock()
 	for _, t := range rep.gone {
 		if t.grant == nil {

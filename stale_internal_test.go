@@ -3,6 +3,8 @@ package fairlock
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -75,7 +77,7 @@ func TestRefreshBatchesOneLeaseTTLEach(t *testing.T) {
 	defer c.Close()
 	r := &room{c: c.waits, waiters: map[string]*waiter{}}
 	c.mu.Lock()
-	empty := r.refreshBatchesLocked()
+	empty, _ := r.refreshBatchesLocked(time.Time{})
 	c.mu.Unlock()
 	if len(empty) != 1 || refreshCount(empty[0]) != 0 || empty[0][2] != c.leaseMs {
 		t.Fatalf("an empty room's round = %q, want one script of no tickets", empty)
@@ -94,7 +96,7 @@ func TestRefreshBatchesOneLeaseTTLEach(t *testing.T) {
 		}
 	}
 	c.mu.Lock()
-	batches := r.refreshBatchesLocked()
+	batches, _ := r.refreshBatchesLocked(time.Time{})
 	c.mu.Unlock()
 	seen := map[string]string{}
 	for _, args := range batches {
@@ -115,5 +117,103 @@ func TestRefreshBatchesOneLeaseTTLEach(t *testing.T) {
 	}
 	if len(seen) != len(want) {
 		t.Errorf("%d waiters refreshed, want the %d queued", len(seen), len(want))
+	}
+}
+
+// A periodic round (maintain's) leaves out the waiters known alive within
+// youngFor, and comes back before the first of them is one refresh period
+// old; when that leaves no waiter, it sends no script, unless an event of
+// the queue is due, which it runs. Suspects are never left out, and a
+// round that is not periodic (refresh) leaves out nobody.
+func TestPeriodicRoundLeavesYoungWaitersOut(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	c, err := New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	k, err := c.keys("young")
+	if err != nil {
+		t.Fatal(err)
+	}
+	every, young := c.waits.refreshEvery(), c.waits.youngFor()
+	now := time.Now()
+	mk := func(ticket string, since time.Duration, failed error, queued bool) *waiter {
+		return &waiter{ticket: ticket, permits: 1, lease: c.leaseMs, queued: queued, alive: now.Add(-since), failed: failed, ch: make(chan wakeup, 1)}
+	}
+	tickets := func(batches [][]string) map[string]bool {
+		got := map[string]bool{}
+		for _, args := range batches {
+			for i := range refreshCount(args) {
+				got[refreshedTicket(args, i)] = true
+			}
+		}
+		return got
+	}
+	r := &room{c: c.waits, k: k, kick: make(chan struct{}, 1), waiters: map[string]*waiter{}}
+	for _, w := range []*waiter{
+		mk("Y1", young/5, nil, true),
+		mk("Y2", young*3/5, nil, true),
+		mk("O", young+young/2, nil, true),
+		mk("S", young/5, errors.New("refused"), true), // a suspect
+		mk("Q", 0, nil, false),                        // not yet queued
+	} {
+		r.waiters[w.ticket] = w
+	}
+	c.mu.Lock()
+	periodic, due := r.refreshBatchesLocked(now.Add(-young))
+	all, allDue := r.refreshBatchesLocked(time.Time{})
+	c.mu.Unlock()
+	if got, want := tickets(periodic), map[string]bool{"O": true, "S": true}; !maps.Equal(got, want) {
+		t.Errorf("a periodic round refreshes %v, want %v", slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
+	}
+	if want := r.waiters["Y2"].alive.Add(every); !due.Equal(want) {
+		t.Errorf("a periodic round is next due at %v, want %v: one refresh period after the oldest it left out", due.Sub(now), want.Sub(now))
+	}
+	if got, want := tickets(all), map[string]bool{"Y1": true, "Y2": true, "O": true, "S": true}; !maps.Equal(got, want) || !allDue.IsZero() {
+		t.Errorf("a refresh refreshes %v (due %v), want %v", slices.Sorted(maps.Keys(got)), allDue, slices.Sorted(maps.Keys(want)))
+	}
+
+	// Only young waiters: no script, and the round comes back in time.
+	delete(r.waiters, "O")
+	delete(r.waiters, "S")
+	scripts := func() int { return m.CommandCount() }
+	before := scripts()
+	limit := time.Until(r.waiters["Y2"].alive.Add(every))
+	next, err := r.round(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := scripts() - before; n != 0 {
+		t.Errorf("a periodic round of young waiters sent %d commands, want none", n)
+	}
+	if next <= 0 || next > limit {
+		t.Errorf("a periodic round of young waiters is next in %v, want within (0, %v]", next, limit)
+	}
+	// An event of the queue due: the round runs the queue.
+	r.event = time.Now().Add(-time.Millisecond)
+	before = scripts()
+	if _, err := r.round(true); err != nil {
+		t.Fatal(err)
+	}
+	if scripts() == before {
+		t.Error("a periodic round with an event due sent no script")
+	}
+	c.mu.Lock()
+	event := r.event
+	c.mu.Unlock()
+	if !event.IsZero() {
+		t.Errorf("the event is still noted, %v from now, after a round ran the queue past it (the queue is empty)", time.Until(event))
+	}
+	// An event not yet due: no script.
+	r.event = time.Now().Add(time.Hour)
+	before = scripts()
+	if _, err := r.round(true); err != nil {
+		t.Fatal(err)
+	}
+	if n := scripts() - before; n != 0 {
+		t.Errorf("a periodic round with an event an hour away sent %d commands", n)
 	}
 }
