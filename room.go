@@ -523,33 +523,35 @@ func (r *room) refresh() (next time.Duration, first error) { return r.round(fals
 func (c *waits) youngFor() time.Duration { return c.refreshEvery() / 2 }
 
 // round is a round of refresh. A periodic one (maintain's) leaves out the
-// waiters known alive within youngFor, and runs before the first of them
-// is one refresh period old; when that leaves no waiter to refresh and no
-// event of the queue is due, it sends no script. A busy semaphore's
-// waiters mostly wait less than a refresh period: their rooms then send
-// no refresh at all. (The queue's events are run at their time, by a
-// round then; the waiters' acquire scripts, and any release, run the
-// queue besides.)
+// waiters known alive within youngFor, unless an event of the queue is
+// due, and comes back before the first of them is one refresh period old
+// or at the next event, whichever is first; when that leaves no waiter to
+// refresh, it sends no script. A busy semaphore's waiters mostly wait
+// less than a refresh period: their rooms then send no refresh at all.
+// (The queue's events are run at their time, by a round then; the
+// waiters' acquire scripts, and any release, run the queue besides.)
 func (r *room) round(periodic bool) (next time.Duration, first error) {
 	c := r.c
+	c.mu.Lock()
 	now := time.Now()
+	ahead := !r.event.IsZero() && now.Before(r.event) // an event, not yet due
 	var young time.Time
-	if periodic {
+	if periodic && (r.event.IsZero() || ahead) {
+		// (A round at an event names every waiter: the script reports
+		// those a lost party or an opened latch ends.)
 		young = now.Add(-c.youngFor())
 	}
-	c.mu.Lock()
 	batches, due := r.refreshBatchesLocked(young)
-	if len(batches) == 0 {
-		if r.event.IsZero() || now.Before(r.event) {
-			c.mu.Unlock()
-			return time.Until(due), nil
-		}
-		batches = append(batches, c.refreshArgs(0, c.leaseMs))
-	}
-	c.mu.Unlock()
 	next = c.refreshEvery()
 	if !due.IsZero() {
-		next = min(next, time.Until(due))
+		next = max(0, min(next, due.Sub(now)))
+	}
+	if ahead {
+		next = min(next, r.event.Sub(now))
+	}
+	c.mu.Unlock()
+	if len(batches) == 0 {
+		return next, nil
 	}
 	var mu sync.Mutex // next, first
 	send := func(args []string) {

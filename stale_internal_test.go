@@ -179,6 +179,8 @@ func TestPeriodicRoundLeavesYoungWaitersOut(t *testing.T) {
 	// Only young waiters: no script, and the round comes back in time.
 	delete(r.waiters, "O")
 	delete(r.waiters, "S")
+	delete(r.waiters, "Q")
+	young1 := maps.Clone(r.waiters)
 	scripts := func() int { return m.CommandCount() }
 	before := scripts()
 	limit := time.Until(r.waiters["Y2"].alive.Add(every))
@@ -192,7 +194,8 @@ func TestPeriodicRoundLeavesYoungWaitersOut(t *testing.T) {
 	if next <= 0 || next > limit {
 		t.Errorf("a periodic round of young waiters is next in %v, want within (0, %v]", next, limit)
 	}
-	// An event of the queue due: the round runs the queue.
+	// An event of the queue due: the round runs the queue, and names every
+	// waiter (here Redis has none of them, and reports them gone).
 	r.event = time.Now().Add(-time.Millisecond)
 	before = scripts()
 	if _, err := r.round(true); err != nil {
@@ -201,19 +204,67 @@ func TestPeriodicRoundLeavesYoungWaitersOut(t *testing.T) {
 	if scripts() == before {
 		t.Error("a periodic round with an event due sent no script")
 	}
+	for _, tk := range []string{"Y1", "Y2"} {
+		select {
+		case wk := <-young1[tk].ch:
+			if !wk.requeue {
+				t.Errorf("%s: %+v, want it reported gone", tk, wk)
+			}
+		default:
+			t.Errorf("%s: a round at an event left it out", tk)
+		}
+	}
 	c.mu.Lock()
 	event := r.event
 	c.mu.Unlock()
 	if !event.IsZero() {
 		t.Errorf("the event is still noted, %v from now, after a round ran the queue past it (the queue is empty)", time.Until(event))
 	}
-	// An event not yet due: no script.
-	r.event = time.Now().Add(time.Hour)
-	before = scripts()
-	if _, err := r.round(true); err != nil {
+	// An event not yet due: no script, and the round comes back for it.
+	r.waiters = map[string]*waiter{"Y1": mk("Y1", 0, nil, true)}
+	for _, ahead := range []time.Duration{time.Hour, 20 * time.Millisecond} {
+		r.event = time.Now().Add(ahead)
+		before = scripts()
+		next, err := r.round(true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := scripts() - before; n != 0 {
+			t.Errorf("a periodic round of a young waiter with an event %v away sent %d commands", ahead, n)
+		}
+		if want := min(every, ahead); next > want || next < 0 {
+			t.Errorf("with an event %v away, a periodic round of a young waiter is next in %v, want within [0, %v]", ahead, next, want)
+		}
+	}
+}
+
+// A periodic round that waits for the client's lock longer than youngFor
+// still schedules the next in time: not in the past, which maintain would
+// take for none.
+func TestPeriodicRoundAfterAStall(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	defer rdb.Close()
+	c, err := New(rdb, WithWaiterTTL(30*time.Millisecond))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if n := scripts() - before; n != 0 {
-		t.Errorf("a periodic round with an event an hour away sent %d commands", n)
+	defer c.Close()
+	k, err := c.keys("stall")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &waiter{ticket: "Y", permits: 1, lease: c.leaseMs, queued: true, alive: time.Now(), ch: make(chan wakeup, 1)}
+	r := &room{c: c.waits, k: k, kick: make(chan struct{}, 1), waiters: map[string]*waiter{"Y": w}}
+	c.mu.Lock()
+	go func() {
+		time.Sleep(3 * c.waits.youngFor())
+		c.mu.Unlock()
+	}()
+	next, err := r.round(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next < 0 {
+		t.Errorf("after a stall the round is next in %v", next)
 	}
 }
