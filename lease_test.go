@@ -204,7 +204,10 @@ func TestCancelRacingGrantHandsOn(t *testing.T) {
 // Semantics 6: waiters whose process died are dropped after one waiter
 // TTL, all at once: survivors wait one TTL, not one per dead waiter, even
 // when the grant reaches a dead waiter first. Redis's clock is frozen and
-// moved exactly one waiter TTL, so a per-waiter delay could not pass.
+// moved exactly one waiter TTL, so a per-waiter delay could not pass. The
+// survivor learns of the end of the grant to a dead waiter (an event that
+// came after its own acquire's reply) from its refresh, every third of its
+// own waiter TTL: here one dead waiter TTL.
 func TestDeadWaitersCostOneTTL(t *testing.T) {
 	b := redistest.Mini(t)
 	b.Freeze(t)
@@ -223,7 +226,7 @@ func TestDeadWaitersCostOneTTL(t *testing.T) {
 		_ = acquireAsync(ctx, newSem(c, "dead", 1), 1)
 		e.WaitQueued("dead", int64(i+1))
 	}
-	live := acquireAsync(ctx, newSem(e.Client(fairlock.WithWaiterTTL(time.Hour)), "dead", 1), 1)
+	live := acquireAsync(ctx, newSem(e.Client(fairlock.WithWaiterTTL(3*wttl)), "dead", 1), 1)
 	e.WaitQueued("dead", dead+1)
 	for _, f := range cut {
 		f.Down.Store(true)
@@ -239,7 +242,8 @@ func TestDeadWaitersCostOneTTL(t *testing.T) {
 }
 
 // Semantics 6: a dead process's announced grant expires after one waiter
-// TTL, with real time and no clock moves.
+// TTL, with real time and no clock moves. (The live waiter refreshes every
+// third of its own waiter TTL: here one dead waiter TTL.)
 func TestGrantToDeadWaiterExpires(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		e := fltest.New(t, b)
@@ -248,10 +252,11 @@ func TestGrantToDeadWaiterExpires(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, f := e.FaultyClient(fairlock.WithWaiterTTL(200*time.Millisecond), fairlock.WithLeaseTTL(time.Hour))
+		const wttl = 200 * time.Millisecond
+		c, f := e.FaultyClient(fairlock.WithWaiterTTL(wttl), fairlock.WithLeaseTTL(time.Hour))
 		_ = acquireAsync(ctx, newSem(c, "gd", 1), 1)
 		e.WaitQueued("gd", 1)
-		live := acquireAsync(ctx, newSem(e.Client(fairlock.WithWaiterTTL(time.Hour)), "gd", 1), 1)
+		live := acquireAsync(ctx, newSem(e.Client(fairlock.WithWaiterTTL(3*wttl)), "gd", 1), 1)
 		e.WaitQueued("gd", 2)
 		f.Down.Store(true)
 		e.Release(held)

@@ -1,6 +1,7 @@
 package fairlock
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -266,5 +267,84 @@ func TestPeriodicRoundAfterAStall(t *testing.T) {
 	}
 	if next < 0 {
 		t.Errorf("after a stall the round is next in %v", next)
+	}
+}
+
+// The queue's next event that a waiter's script reports: on a semaphore
+// with no permit free, the held lease's expiry alone (a dead waiter's
+// process cannot move that queue: the lease's release passes it by); with
+// a permit free that the head waiter cannot take, the waiters' liveness
+// deadline too (a dead head holds the others back until it passes); and
+// wherever condition waiters wait (a barrier's parties), their liveness
+// deadline (a dead party breaks the round).
+func TestQueuedEventsAreThoseThatMoveTheQueue(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	holder, err := New(rdb) // leases of 10s
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	const wttl = 600 * time.Millisecond
+	acquire := func(capacity, permits int64) func(*testing.T, *Client, context.Context) {
+		return func(t *testing.T, c *Client, ctx context.Context) {
+			name := fmt.Sprintf("events-%d", capacity)
+			held, err := holder.Acquire(ctx, Request{Name: name, Capacity: capacity, Permits: 1})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer held.Release(context.Background())
+			if l, err := c.Acquire(ctx, Request{Name: name, Capacity: capacity, Permits: permits}); err == nil {
+				l.Release(context.Background())
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		wait  func(*testing.T, *Client, context.Context)
+		event func(in time.Duration) bool
+		says  string
+	}{
+		{"no permit free", acquire(1, 1), func(in time.Duration) bool { return in > 5*time.Second }, "the held lease's expiry (10s)"},
+		{"a permit free the head cannot take", acquire(2, 2), func(in time.Duration) bool { return in <= wttl }, "the waiters' liveness deadline (600ms)"},
+		{"a barrier's party", func(t *testing.T, c *Client, ctx context.Context) {
+			_, _ = c.barrierAwait(ctx, "events-barrier", 2, time.Minute, nil)
+		}, func(in time.Duration) bool { return in <= wttl }, "the waiters' liveness deadline (600ms)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := New(rdb, WithWaiterTTL(wttl))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			wctx, stop := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				tc.wait(t, c, wctx)
+			}()
+			defer func() { stop(); <-done }()
+			var event time.Time
+			for deadline := time.Now().Add(10 * time.Second); event.IsZero() && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+				c.mu.Lock()
+				for _, r := range c.waits.rooms {
+					for _, w := range r.waiters {
+						if w.queued {
+							event = r.event
+						}
+					}
+				}
+				c.mu.Unlock()
+			}
+			if event.IsZero() {
+				t.Fatal("the waiter's room noted no event")
+			}
+			if in := time.Until(event); !tc.event(in) {
+				t.Errorf("the waiter's script put the next event in %v; want %s", in, tc.says)
+			}
+		})
 	}
 }

@@ -41,16 +41,6 @@ local function fast_defer(clock, S, st, a, K, hscore, head, exp0)
   return nil
 end
 
--- next_at returns the milliseconds until the next event, as next_event
--- reports it, given the bounds of :h and of the liveness fields and the
--- expiry of the lease kept in the state hash (nil: none), none of them
--- due: -1 for none.
-local function next_at(hmin, lmin, oe)
-  local nxt = math.min(hmin, lmin, oe or math.huge)
-  if nxt == math.huge then return -1 end
-  return nxt - now
-end
-
 -- fast_acquire takes an "acquire" or "try" a (parse_acquire) for one
 -- resource (keys K) that asks for the stored capacity (or for a resource
 -- with no state: a new one) and is not a resend, when no tombstone trim
@@ -147,13 +137,16 @@ local function fast_acquire(K, a)
     -- that queued it finds it there (ZADD NX answers 0) and writes
     -- nothing more.
     if redis.call('ZADD', K[KQ], 'NX', ts, member) == 0 then
-      return { 2, now, next_at(hmin, lmin, o and oe) }
+      local e = event_bound(hmin, o and oe, lmin, nq, nc, used, cap)
+      return { 2, now, e == math.huge and -1 or e - now }
     end
   end
   redis.call('HSET', S, unpack(f))
   expiring(K, moved, has_h, has_q, has_t, grant and not inline and inh <= 0, not grant and nq <= 0, false, fast_expire, exp)
   if grant then return { 1, now, at, ts } end
-  return { 2, now, next_at(hmin, low, o and oe) }
+  -- (As next_event would answer: none of the bounds is due.)
+  local e = event_bound(hmin, o and oe, low, nq + 1, nc, used, cap)
+  return { 2, now, e == math.huge and -1 or e - now }
 end
 
 -- fast_release takes a "release" a (ARGV: it reads the ticket, client

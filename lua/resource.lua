@@ -417,35 +417,34 @@ local function finish()
   apply()
 end
 
--- next_event returns the milliseconds until the earliest lease expiry or
--- waiters' liveness deadline (lmin) of the resources this script loaded,
+-- next_event returns the milliseconds until the earliest event
+-- (event_bound: a lease expiry, or the waiters' liveness deadline where a
+-- death can move the queue) of the resources this script loaded,
 -- when a queue may move without anybody releasing, or -1 for none or
 -- overdue; 0 when work
 -- was left over. It runs after finish, so its reads may not fail: a key
 -- it cannot read tells nothing.
 local function next_event()
   if more then return 0 end
-  local at = nil
-  -- A bound that is unknown, or due (stale: what it bounded may have
-  -- moved on), is read; reads after apply may not fail.
-  local function first(bound, key)
-    if not nothing_due(bound) then
-      local x = redis.pcall('ZRANGE', key, 0, 0, 'WITHSCORES')
-      bound = type(x) == 'table' and tonumber(x[2])
-    end
-    if bound and bound < math.huge and (at == nil or bound < at) then at = bound end
-  end
+  local at = math.huge
   for _, r in ipairs(loaded) do
     if not r.off then
-      if in_h(r) > 0 then first(r.hmin, r.H) end
-      if r.o and (at == nil or r.oe < at) then at = r.oe end
-      -- A waiter's process may die (then the queue moves past it).
-      if r.nq + r.nc > 0 and r.lmin and r.lmin < math.huge and (at == nil or r.lmin < at) then at = r.lmin end
+      local hmin = nil
+      if in_h(r) > 0 then
+        -- A bound that is unknown, or due (stale: what it bounded may
+        -- have moved on), is read; reads after apply may not fail.
+        hmin = r.hmin
+        if not nothing_due(hmin) then
+          local x = redis.pcall('ZRANGE', r.H, 0, 0, 'WITHSCORES')
+          hmin = type(x) == 'table' and tonumber(x[2]) or nil
+        end
+      end
+      at = math.min(at, event_bound(hmin, r.o and r.oe, r.lmin, r.nq, r.nc, r.used, r.cap))
     end
   end
   -- None; or overdue: a lease or waiter this script could not drop (on
   -- another resource), which the caller's periodic refresh sees to. Only
   -- work left over asks for the next script at once (0).
-  if at == nil or due(at) then return -1 end
+  if at == math.huge or due(at) then return -1 end
   return at - now
 end

@@ -207,6 +207,21 @@ local function tnext_with(tnext, untl)
   return nil
 end
 
+-- event_bound returns the earliest of a queue's bounds that are events of
+-- it, when it may move without anybody releasing (math.huge: none): its
+-- leases' expiries (hmin, the bound of :h; oe, the lease kept in the state
+-- hash, or nil) and, where a waiter's process's death can move it, the
+-- waiters' liveness deadline (lmin). With no permit free (used of cap
+-- held), only a lease's end moves a queue of nq waiters: its release
+-- passes the dead waiters by, and its expiry is an event of its own. A
+-- condition waiter's death (nc of them) is watched wherever there is one
+-- (a barrier's round, a latch).
+local function event_bound(hmin, oe, lmin, nq, nc, used, cap)
+  local at = math.min(hmin or math.huge, oe or math.huge)
+  if lmin and (nc > 0 or (nq > 0 and used < (cap or 0))) then at = math.min(at, lmin) end
+  return at
+end
+
 -- trim_due reports whether a tombstone trim is due, by tnext.
 local function trim_due(tnext)
   return tnext ~= nil and tnext > 0 and due(tnext)
