@@ -270,13 +270,14 @@ func TestPeriodicRoundAfterAStall(t *testing.T) {
 	}
 }
 
-// The queue's next event that a waiter's script reports: on a semaphore
-// with no permit free, the held lease's expiry alone (a dead waiter's
-// process cannot move that queue: the lease's release passes it by); with
-// a permit free that the head waiter cannot take, the waiters' liveness
-// deadline too (a dead head holds the others back until it passes); and
-// wherever condition waiters wait (a barrier's parties), their liveness
-// deadline (a dead party breaks the round).
+// The queue's next event that a waiter's script reports: on a held mutex,
+// the lease's expiry alone (a dead waiter's process cannot move that
+// queue: the lease's release passes it by); on a semaphore of more
+// permits, full or with a permit free that the head waiter cannot take,
+// the waiters' liveness deadline too (a release may leave a dead head
+// holding the others back until it passes); and wherever condition
+// waiters wait (a barrier's parties), their liveness deadline (a dead
+// party breaks the round).
 func TestQueuedEventsAreThoseThatMoveTheQueue(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
 	defer rdb.Close()
@@ -288,10 +289,10 @@ func TestQueuedEventsAreThoseThatMoveTheQueue(t *testing.T) {
 	}
 	defer holder.Close()
 	const wttl = 600 * time.Millisecond
-	acquire := func(capacity, permits int64) func(*testing.T, *Client, context.Context) {
+	acquire := func(capacity, held, permits int64) func(*testing.T, *Client, context.Context) {
 		return func(t *testing.T, c *Client, ctx context.Context) {
-			name := fmt.Sprintf("events-%d", capacity)
-			held, err := holder.Acquire(ctx, Request{Name: name, Capacity: capacity, Permits: 1})
+			name := fmt.Sprintf("events-%d-%d-%d", capacity, held, permits)
+			held, err := holder.Acquire(ctx, Request{Name: name, Capacity: capacity, Permits: held})
 			if err != nil {
 				t.Error(err)
 				return
@@ -308,8 +309,9 @@ func TestQueuedEventsAreThoseThatMoveTheQueue(t *testing.T) {
 		event func(in time.Duration) bool
 		says  string
 	}{
-		{"no permit free", acquire(1, 1), func(in time.Duration) bool { return in > 5*time.Second }, "the held lease's expiry (10s)"},
-		{"a permit free the head cannot take", acquire(2, 2), func(in time.Duration) bool { return in <= wttl }, "the waiters' liveness deadline (600ms)"},
+		{"a held mutex", acquire(1, 1, 1), func(in time.Duration) bool { return in > 5*time.Second }, "the held lease's expiry (10s)"},
+		{"a full semaphore of two permits", acquire(2, 2, 1), func(in time.Duration) bool { return in <= wttl }, "the waiters' liveness deadline (600ms)"},
+		{"a permit free the head cannot take", acquire(2, 1, 2), func(in time.Duration) bool { return in <= wttl }, "the waiters' liveness deadline (600ms)"},
 		{"a barrier's party", func(t *testing.T, c *Client, ctx context.Context) {
 			_, _ = c.barrierAwait(ctx, "events-barrier", 2, time.Minute, nil)
 		}, func(in time.Duration) bool { return in <= wttl }, "the waiters' liveness deadline (600ms)"},

@@ -211,14 +211,16 @@ end
 -- it, when it may move without anybody releasing (math.huge: none): its
 -- leases' expiries (hmin, the bound of :h; oe, the lease kept in the state
 -- hash, or nil) and, where a waiter's process's death can move it, the
--- waiters' liveness deadline (lmin). With no permit free (used of cap
--- held), only a lease's end moves a queue of nq waiters: its release
--- passes the dead waiters by, and its expiry is an event of its own. A
--- condition waiter's death (nc of them) is watched wherever there is one
--- (a barrier's round, a latch).
+-- waiters' liveness deadline (lmin). A held mutex's queue of nq waiters
+-- (used of cap 1) moves only when its lease ends: its release hands on to
+-- the first live waiter, passing the dead by, and its expiry is an event
+-- of its own. On a semaphore of more permits, a release may free fewer
+-- than the first waiter asks for, and leave it, dead, holding back the
+-- others: its death is an event there. A condition waiter's death (nc of
+-- them) is watched wherever there is one (a barrier's round, a latch).
 local function event_bound(hmin, oe, lmin, nq, nc, used, cap)
   local at = math.min(hmin or math.huge, oe or math.huge)
-  if lmin and (nc > 0 or (nq > 0 and used < (cap or 0))) then at = math.min(at, lmin) end
+  if lmin and (nc > 0 or (nq > 0 and (used < 1 or cap ~= 1))) then at = math.min(at, lmin) end
   return at
 end
 
