@@ -522,11 +522,11 @@ func (r *room) refresh() (next time.Duration, first error) { return r.round(fals
 // always came.
 func (c *waits) youngFor() time.Duration { return c.refreshEvery() / 2 }
 
-// round is a round of refresh. A periodic one (maintain's) leaves out the
-// waiters known alive within youngFor, unless an event of the queue is
-// due, and comes back before the first of them is one refresh period old
-// or at the next event, whichever is first; when that leaves no waiter to
-// refresh, it sends no script. A busy semaphore's waiters mostly wait
+// round is a round of refresh. A periodic one (maintain's) whose waiters
+// were all known alive within youngFor, when no event of the queue is
+// due, sends no script, and comes back before the first of them is one
+// refresh period old or at the next event, whichever is first; a round
+// that refreshes some waiter refreshes them all. A busy semaphore's waiters mostly wait
 // less than a refresh period: their rooms then send no refresh at all.
 // (The queue's events are run at their time, by a round then; the
 // waiters' acquire scripts, and any release, run the queue besides.)
@@ -542,6 +542,11 @@ func (r *room) round(periodic bool) (next time.Duration, first error) {
 		young = now.Add(-c.youngFor())
 	}
 	batches, due := r.refreshBatchesLocked(young)
+	if len(batches) > 0 && !due.IsZero() {
+		// The round sends scripts all the same: the young waiters go
+		// along, so that none is refreshed more often than every period.
+		batches, due = r.refreshBatchesLocked(time.Time{})
+	}
 	next = c.refreshEvery()
 	if !due.IsZero() {
 		next = max(0, min(next, due.Sub(now)))

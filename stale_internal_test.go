@@ -177,6 +177,21 @@ func TestPeriodicRoundLeavesYoungWaitersOut(t *testing.T) {
 		t.Errorf("a refresh refreshes %v (due %v), want %v", slices.Sorted(maps.Keys(got)), allDue, slices.Sorted(maps.Keys(want)))
 	}
 
+	// A round that refreshes an old waiter takes the young along: no waiter
+	// is refreshed more often than every period. (Redis has none of them,
+	// and reports them gone.)
+	mixed := &room{c: c.waits, k: k, kick: make(chan struct{}, 1), waiters: map[string]*waiter{
+		"O2": mk("O2", young+young/2, nil, true), "Y3": mk("Y3", young/5, nil, true)}}
+	y3 := mixed.waiters["Y3"]
+	if _, err := mixed.round(true); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-y3.ch:
+	default:
+		t.Error("a periodic round that refreshed an old waiter left a young one out")
+	}
+
 	// Only young waiters: no script, and the round comes back in time.
 	delete(r.waiters, "O")
 	delete(r.waiters, "S")
