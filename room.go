@@ -526,10 +526,11 @@ func (c *waits) youngFor() time.Duration { return c.refreshEvery() / 2 }
 // were all known alive within youngFor, when no event of the queue is
 // due, sends no script, and comes back before the first of them is one
 // refresh period old or at the next event, whichever is first; a round
-// that refreshes some waiter refreshes them all. A busy semaphore's waiters mostly wait
-// less than a refresh period: their rooms then send no refresh at all.
-// (The queue's events are run at their time, by a round then; the
-// waiters' acquire scripts, and any release, run the queue besides.)
+// that refreshes some waiter refreshes them all. A busy semaphore's
+// waiters mostly wait less than a refresh period: their rooms then send
+// no refresh at all. (The queue's events are run at their time, by a
+// round then; the waiters' acquire scripts, and any release, run the
+// queue besides.)
 func (r *room) round(periodic bool) (next time.Duration, first error) {
 	c := r.c
 	c.mu.Lock()
