@@ -434,11 +434,12 @@ const refreshParallel = 8
 
 // refreshBatchesLocked returns the arguments of the refresh scripts of a
 // round over r's queued waiters (at least one script, which runs the
-// queue even when none is queued), but for those last known alive after
-// young (with a zero young, none), which the round leaves out: then it
-// returns too when the first of them is due a refresh, one refresh
-// period after it was last known alive, and, if it left out every queued
-// waiter, no script. c.mu is held.
+// queue even when none is queued). With a non-zero young, a round in
+// which every queued waiter was last known alive after young sends no
+// script, and returns when the first of them is due a refresh, one
+// refresh period after it was last known alive; a round that refreshes
+// any waiter names them all, so that none is refreshed more often than
+// every period. c.mu is held.
 func (r *room) refreshBatchesLocked(young time.Time) (batches [][]string, due time.Time) {
 	c := r.c
 	// Waiters whose last refresh failed go in batches of their own,
@@ -452,16 +453,27 @@ func (r *room) refreshBatchesLocked(young time.Time) (batches [][]string, due ti
 	// One refresh names one lease TTL, which the waiters' members hold:
 	// waiters whose requests gave TTLs of their own (Request.LeaseTTL) go
 	// in batches of their TTL.
+	if !young.IsZero() {
+		for _, w := range r.waiters {
+			if !w.queued {
+				continue
+			}
+			if w.failed != nil || !w.alive.After(young) {
+				due = time.Time{}
+				break
+			}
+			if at := w.alive.Add(c.refreshEvery()); due.IsZero() || at.Before(due) {
+				due = at
+			}
+		}
+		if !due.IsZero() {
+			return nil, due
+		}
+	}
 	open := map[string][]string{} // by lease TTL: the batch being filled
 	var suspects []string
 	for t, w := range r.waiters {
 		if !w.queued {
-			continue
-		}
-		if w.failed == nil && !young.IsZero() && w.alive.After(young) {
-			if at := w.alive.Add(c.refreshEvery()); due.IsZero() || at.Before(due) {
-				due = at
-			}
 			continue
 		}
 		if w.failed != nil {
@@ -501,10 +513,10 @@ func (r *room) refreshBatchesLocked(young time.Time) (batches [][]string, due ti
 		}
 	}
 	batches = append(lead, batches...)
-	if len(batches) == 0 && due.IsZero() {
+	if len(batches) == 0 {
 		batches = append(batches, c.refreshArgs(0, c.leaseMs))
 	}
-	return batches, due
+	return batches, time.Time{}
 }
 
 // refresh keeps r's waiters alive in Redis, runs the queue (dropping dead
@@ -543,11 +555,6 @@ func (r *room) round(periodic bool) (next time.Duration, first error) {
 		young = now.Add(-c.youngFor())
 	}
 	batches, due := r.refreshBatchesLocked(young)
-	if len(batches) > 0 && !due.IsZero() {
-		// The round sends scripts all the same: the young waiters go
-		// along, so that none is refreshed more often than every period.
-		batches, due = r.refreshBatchesLocked(time.Time{})
-	}
 	next = c.refreshEvery()
 	if !due.IsZero() {
 		next = max(0, min(next, due.Sub(now)))

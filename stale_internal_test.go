@@ -121,11 +121,12 @@ func TestRefreshBatchesOneLeaseTTLEach(t *testing.T) {
 	}
 }
 
-// A periodic round (maintain's) leaves out the waiters known alive within
-// youngFor, and comes back before the first of them is one refresh period
-// old; when that leaves no waiter, it sends no script, unless an event of
-// the queue is due, which it runs. Suspects are never left out, and a
-// round that is not periodic (refresh) leaves out nobody.
+// A periodic round (maintain's) whose queued waiters were all known alive
+// within youngFor sends no script, unless an event of the queue is due,
+// which it runs, and comes back before the first of them is one refresh
+// period old. A round that refreshes anybody (an old waiter, a suspect)
+// names them all, and a round that is not periodic (refresh) leaves out
+// nobody.
 func TestPeriodicRoundLeavesYoungWaitersOut(t *testing.T) {
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
@@ -167,14 +168,32 @@ func TestPeriodicRoundLeavesYoungWaitersOut(t *testing.T) {
 	periodic, due := r.refreshBatchesLocked(now.Add(-young))
 	all, allDue := r.refreshBatchesLocked(time.Time{})
 	c.mu.Unlock()
-	if got, want := tickets(periodic), map[string]bool{"O": true, "S": true}; !maps.Equal(got, want) {
-		t.Errorf("a periodic round refreshes %v, want %v", slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
+	everyone := map[string]bool{"Y1": true, "Y2": true, "O": true, "S": true}
+	if got := tickets(periodic); !maps.Equal(got, everyone) || !due.IsZero() {
+		t.Errorf("a periodic round with an old waiter and a suspect refreshes %v (due %v), want %v", slices.Sorted(maps.Keys(got)), due, slices.Sorted(maps.Keys(everyone)))
+	}
+	if got := tickets(all); !maps.Equal(got, everyone) || !allDue.IsZero() {
+		t.Errorf("a refresh refreshes %v (due %v), want %v", slices.Sorted(maps.Keys(got)), allDue, slices.Sorted(maps.Keys(everyone)))
+	}
+	// A suspect alone among young waiters takes them along too.
+	delete(r.waiters, "O")
+	c.mu.Lock()
+	periodic, due = r.refreshBatchesLocked(now.Add(-young))
+	c.mu.Unlock()
+	if got, want := tickets(periodic), map[string]bool{"Y1": true, "Y2": true, "S": true}; !maps.Equal(got, want) || !due.IsZero() {
+		t.Errorf("a periodic round with a suspect refreshes %v (due %v), want %v", slices.Sorted(maps.Keys(got)), due, slices.Sorted(maps.Keys(want)))
+	}
+	// Only young waiters: no script, due one refresh period after the
+	// oldest.
+	delete(r.waiters, "S")
+	c.mu.Lock()
+	periodic, due = r.refreshBatchesLocked(now.Add(-young))
+	c.mu.Unlock()
+	if len(periodic) != 0 {
+		t.Errorf("a periodic round of young waiters builds %d scripts, want none", len(periodic))
 	}
 	if want := r.waiters["Y2"].alive.Add(every); !due.Equal(want) {
-		t.Errorf("a periodic round is next due at %v, want %v: one refresh period after the oldest it left out", due.Sub(now), want.Sub(now))
-	}
-	if got, want := tickets(all), map[string]bool{"Y1": true, "Y2": true, "O": true, "S": true}; !maps.Equal(got, want) || !allDue.IsZero() {
-		t.Errorf("a refresh refreshes %v (due %v), want %v", slices.Sorted(maps.Keys(got)), allDue, slices.Sorted(maps.Keys(want)))
+		t.Errorf("a periodic round of young waiters is next due at %v, want %v: one refresh period after the oldest", due.Sub(now), want.Sub(now))
 	}
 
 	// A round that refreshes an old waiter takes the young along: no waiter
@@ -193,8 +212,6 @@ func TestPeriodicRoundLeavesYoungWaitersOut(t *testing.T) {
 	}
 
 	// Only young waiters: no script, and the round comes back in time.
-	delete(r.waiters, "O")
-	delete(r.waiters, "S")
 	delete(r.waiters, "Q")
 	young1 := maps.Clone(r.waiters)
 	scripts := func() int { return m.CommandCount() }
