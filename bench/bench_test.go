@@ -14,7 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock/internal/redisserver"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestQuantile(t *testing.T) {
@@ -572,5 +574,25 @@ func TestJSONReportHoldsUnmeasuredFigures(t *testing.T) {
 	d := back.Scenarios[0].Data[0]
 	if d["cpu"] != nil || d["ratio"] != nil || d["low"] != nil || d["ok"] != 1.5 || d["impl"] != "fairlock" {
 		t.Errorf("after the round trip: %v", d)
+	}
+}
+
+// The clock watch reports a step of Redis's clock against the harness's,
+// and nothing for a clock that keeps pace within the readings' round
+// trips.
+func TestClockWatchSeesAStep(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	w := watchClock(rdb, 10*time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
+	if s := w.report(); s != "" {
+		t.Fatalf("a clock that keeps pace: %s", s)
+	}
+	m.SetTime(time.Now().Add(5 * time.Second))
+	time.Sleep(100 * time.Millisecond)
+	s := w.end()
+	if !strings.Contains(s, "stepped") || !strings.Contains(s, "+5") {
+		t.Errorf("Redis's clock set 5 s ahead: the watch says %q", s)
 	}
 }

@@ -217,11 +217,21 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 
 	rep := &Report{Meta: e.meta()}
+	// (Two readings a second: a few server commands in a run's millions.)
+	clock := watchClock(e.admin, 500*time.Millisecond)
+	defer func() {
+		if s := clock.end(); s != "" {
+			fmt.Fprintf(stderr, "bench: %s\n", s)
+		}
+	}()
 	for _, name := range cfg.scenarios {
 		fmt.Fprintf(stderr, "bench: %s ...\n", name)
 		start := time.Now()
 		tables, targets, err := scenarios[name](e)
 		if err != nil {
+			if s := clock.report(); s != "" {
+				return fmt.Errorf("scenario %s: %w (%s)", name, err, s)
+			}
 			return fmt.Errorf("scenario %s: %w", name, err)
 		}
 		rep.Scenarios = append(rep.Scenarios, tables...)
