@@ -2,8 +2,12 @@ package fairlock
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/statecheck"
@@ -76,5 +80,58 @@ func TestLeaseDeadlineBeforeRedisExpiry(t *testing.T) {
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// Leases age by Redis's clock (docs/reliability.md): when it steps forward
+// past a grant's expiry, the holder's Release reports the lease lost,
+// though its own deadline has not come, and the permits are free for the
+// next caller at once.
+func TestRedisClockStepEndsLeasesEarly(t *testing.T) {
+	m := miniredis.RunT(t)
+	ctx := context.Background()
+	newClient := func() *Client {
+		c, err := New(redis.NewClient(&redis.Options{Addr: m.Addr()}), WithLeaseTTL(time.Minute), WithWaiterTTL(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	a, b, late := newClient(), newClient(), newClient()
+	req := Request{Name: "step", Capacity: 1, Permits: 1}
+	first, err := a.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *Lease, 1)
+	go func() {
+		l, err := b.Acquire(ctx, req)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	waitQueued(t, a, req.Name, 1)
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := <-got // announced: it lasts the waiter TTL until confirmed
+	if l == nil {
+		t.FailNow()
+	}
+	m.SetTime(time.Now().Add(15 * time.Second))
+	if err := l.Err(); err != nil {
+		t.Fatalf("by this process's clock the lease lives: Err = %v", err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("Release after Redis's clock stepped past the grant: %v, want ErrLeaseLost", err)
+	}
+	tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if l2, err := late.Acquire(tctx, req); err != nil {
+		t.Errorf("the next caller: %v", err)
+	} else {
+		_ = l2.Release(ctx)
 	}
 }
