@@ -85,13 +85,14 @@ func TestLeaseDeadlineBeforeRedisExpiry(t *testing.T) {
 
 // Leases age by Redis's clock (docs/reliability.md): when it steps forward
 // past a grant's expiry, the holder's Release reports the lease lost,
-// though its own deadline has not come, and the permits are free for the
-// next caller at once.
+// though its own deadline has not come, and the next caller is granted.
 func TestRedisClockStepEndsLeasesEarly(t *testing.T) {
 	m := miniredis.RunT(t)
 	ctx := context.Background()
 	newClient := func() *Client {
-		c, err := New(redis.NewClient(&redis.Options{Addr: m.Addr()}), WithLeaseTTL(time.Minute), WithWaiterTTL(10*time.Second))
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { _ = rdb.Close() })
+		c, err := New(rdb, WithLeaseTTL(time.Minute), WithWaiterTTL(10*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,7 +117,12 @@ func TestRedisClockStepEndsLeasesEarly(t *testing.T) {
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	l := <-got // announced: it lasts the waiter TTL until confirmed
+	var l *Lease // announced: it lasts the waiter TTL until confirmed
+	select {
+	case l = <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter was not granted")
+	}
 	if l == nil {
 		t.FailNow()
 	}
