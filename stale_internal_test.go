@@ -211,6 +211,16 @@ func TestPeriodicRoundLeavesYoungWaitersOut(t *testing.T) {
 		t.Error("a periodic round that refreshed an old waiter left a young one out")
 	}
 
+	// Only a waiter not yet queued: one script with no ticket, which runs
+	// the queue.
+	unqueued := &room{c: c.waits, k: k, kick: make(chan struct{}, 1), waiters: map[string]*waiter{"Q": r.waiters["Q"]}}
+	c.mu.Lock()
+	periodic, due = unqueued.refreshBatchesLocked(now.Add(-young))
+	c.mu.Unlock()
+	if len(periodic) != 1 || refreshCount(periodic[0]) != 0 || !due.IsZero() {
+		t.Errorf("a periodic round with no queued waiter builds %d scripts (due %v), want one naming nobody", len(periodic), due)
+	}
+
 	// Only young waiters: no script, and the round comes back in time.
 	delete(r.waiters, "Q")
 	young1 := maps.Clone(r.waiters)
