@@ -427,10 +427,10 @@ func readersAfterWriter(t *testing.T, b *redistest.Backend, n int, measure bool)
 	}
 	readers := make([]*semaphore.RWMutex, 8)
 	// A grant pushed to a waiter lasts one waiter TTL until its process
-	// confirms it with a renewal. 40,000 confirmations through 8 pools
-	// take about as long as the default 3 s (each is a script), so the
-	// largest run gives its waiters 10 s; batching confirmations is
-	// left to the cost issue.
+	// confirms it with a renewal (a process's renewals on one semaphore
+	// go up to 128 to a script). The largest run, 40,000 grants to 8
+	// processes, gives its waiters 10 s, so that a busy machine's
+	// confirmations, and the collection of every lease, fit well within.
 	wttl := fairlock.DefaultWaiterTTL
 	if n > 10000 {
 		wttl = 10 * time.Second
