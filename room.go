@@ -442,17 +442,6 @@ const refreshParallel = 8
 // every period. c.mu is held.
 func (r *room) refreshBatchesLocked(young time.Time) (batches [][]string, due time.Time) {
 	c := r.c
-	// Waiters whose last refresh failed go in batches of their own,
-	// shuffled, in at most suspectScripts scripts (of at most
-	// refreshBatch tickets), sent first: so the batches halve and more as
-	// the suspects dwindle, and one waiter whose refresh fails for what it
-	// reaches (see failStale) parts from the others within a few rounds
-	// (128, 16, 2, 1 tickets); and on a busy Redis the scripts that timed
-	// out are not the ones queued last again.
-	//
-	// One refresh names one lease TTL, which the waiters' members hold:
-	// waiters whose requests gave TTLs of their own (Request.LeaseTTL) go
-	// in batches of their TTL.
 	if !young.IsZero() {
 		for _, w := range r.waiters {
 			if !w.queued {
@@ -470,6 +459,17 @@ func (r *room) refreshBatchesLocked(young time.Time) (batches [][]string, due ti
 			return nil, due
 		}
 	}
+	// Waiters whose last refresh failed go in batches of their own,
+	// shuffled, in at most suspectScripts scripts (of at most
+	// refreshBatch tickets), sent first: so the batches halve and more as
+	// the suspects dwindle, and one waiter whose refresh fails for what it
+	// reaches (see failStale) parts from the others within a few rounds
+	// (128, 16, 2, 1 tickets); and on a busy Redis the scripts that timed
+	// out are not the ones queued last again.
+	//
+	// One refresh names one lease TTL, which the waiters' members hold:
+	// waiters whose requests gave TTLs of their own (Request.LeaseTTL) go
+	// in batches of their TTL.
 	open := map[string][]string{} // by lease TTL: the batch being filled
 	var suspects []string
 	for t, w := range r.waiters {
