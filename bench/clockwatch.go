@@ -42,13 +42,11 @@ func watchClock(rdb *redis.Client, period time.Duration) *clockWatch {
 		defer close(w.done)
 		t := time.NewTicker(period)
 		defer t.Stop()
-		var first, last reading
+		var last reading
 		for {
 			if r, ok := read(rdb); ok {
-				if first.local.IsZero() {
-					first = r
-				} else if !last.local.IsZero() {
-					w.note(first, last, r)
+				if !last.local.IsZero() {
+					w.note(last, r)
 				}
 				last = r
 			}
@@ -81,12 +79,10 @@ func read(rdb *redis.Client) (reading, bool) {
 	return reading{local: t0, rtt: time.Since(t0), redis: r}, true
 }
 
-// note records a step between readings a and b (first anchors both).
-func (w *clockWatch) note(first, a, b reading) {
-	drift := func(r reading) time.Duration {
-		return r.redis.Sub(first.redis) - r.local.Sub(first.local)
-	}
-	d := drift(b) - drift(a)
+// note records a step between consecutive readings a and b: how much
+// further Redis's clock moved than the local one.
+func (w *clockWatch) note(a, b reading) {
+	d := b.redis.Sub(a.redis) - b.local.Sub(a.local)
 	slack := a.rtt + b.rtt
 	if d.Abs() <= slack+clockStepMin {
 		return
