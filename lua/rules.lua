@@ -88,13 +88,51 @@ local function is_lease_trace(v)
   return is_token(v) or v == ENDED
 end
 
--- next_token returns the number after seq in a resource's one sequence,
--- which is both arrival order and fencing token. It is at least the
--- current time in microseconds, so it keeps increasing after the state
--- hash is gone (the hash lives until a second after Redis's clock passes
--- the last number; see keys_exp).
-local function next_token(seq)
-  return math.max(seq + 1, now_us)
+local next_token, keys_exp
+do
+  -- exact returns x, a number read from a state hash, when it is one that
+  -- a script wrote: not negative, and small enough that every integer up to
+  -- it is a number exactly; else 0 (none). A value another program wrote
+  -- ('nan', 'inf', '1e300', '-1') is no time and no sequence number: taken
+  -- as one, it would make the keys' expiry never move, or move it to a time
+  -- that deletes them at once, with their leases.
+  local function exact(x)
+    if x >= 0 and x < 9007199254740992 then return x end
+    return 0
+  end
+
+  -- next_token returns the number after seq in a resource's one sequence,
+  -- which is both arrival order and fencing token. It is at least the
+  -- current time in microseconds, so it keeps increasing after the state
+  -- hash is gone (the hash lives until a second after Redis's clock passes
+  -- the last number; see keys_exp).
+  function next_token(seq)
+    return math.max(exact(seq) + 1, now_us)
+  end
+
+  -- keys_exp returns when a resource's keys are to expire (ms), given when
+  -- they do now (exp), the latest deadline they hold (horizon), the last
+  -- sequence number, and whether the resource is idle. The keys move only
+  -- when they must, or when they would otherwise live long past the need:
+  -- most scripts set no TTL.
+  function keys_exp(exp, horizon, seq, idle)
+    exp, seq = exact(exp), exact(seq)
+    -- The sequence is kept until Redis's clock passes its last number.
+    local need = math.max(horizon, math.floor(seq / 1000) + 1000)
+    if idle then
+      -- The queue and holders are empty, so Redis has deleted those keys
+      -- (or will, when the buffer is applied). The state hash stays for the
+      -- sequence and the tombstones. The expiry set while it was in use
+      -- stands (the next grant will most likely find it far enough, and
+      -- set none) unless it lies more than IDLE_MS ahead.
+      if exp < need or exp > math.max(need, now) + IDLE_MS then return need + TOMB_MS / 4 end
+      return exp
+    end
+    -- Move the horizon well past what is needed, so that renewals seldom
+    -- have to move it again.
+    if need > exp then return math.max(exp, need + math.max(need - now, 1000)) end
+    return exp
+  end
 end
 
 -- grant_ttl returns how long a grant made now lasts: a lease granted to the
@@ -227,29 +265,6 @@ end
 -- trim_due reports whether a tombstone trim is due, by tnext.
 local function trim_due(tnext)
   return tnext ~= nil and tnext > 0 and due(tnext)
-end
-
--- keys_exp returns when a resource's keys are to expire (ms), given when
--- they do now (exp), the latest deadline they hold (horizon), the last
--- sequence number, and whether the resource is idle. The keys move only
--- when they must, or when they would otherwise live long past the need:
--- most scripts set no TTL.
-local function keys_exp(exp, horizon, seq, idle)
-  -- The sequence is kept until Redis's clock passes its last number.
-  local need = math.max(horizon, math.floor(seq / 1000) + 1000)
-  if idle then
-    -- The queue and holders are empty, so Redis has deleted those keys
-    -- (or will, when the buffer is applied). The state hash stays for the
-    -- sequence and the tombstones. The expiry set while it was in use
-    -- stands (the next grant will most likely find it far enough, and
-    -- set none) unless it lies more than IDLE_MS ahead.
-    if exp < need or exp > math.max(need, now) + IDLE_MS then return need + TOMB_MS / 4 end
-    return exp
-  end
-  -- Move the horizon well past what is needed, so that renewals seldom
-  -- have to move it again.
-  if need > exp then return math.max(exp, need + math.max(need - now, 1000)) end
-  return exp
 end
 
 -- may_delete reports whether an idle resource's state hash may be

@@ -21,8 +21,8 @@ var Mutations = map[string]Mutation{
 	// next_token stops rising within a second of Redis's clock: every grant
 	// in that second gets the token of the first.
 	"token-reuse": {"lua/rules.lua",
-		"  return math.max(seq + 1, now_us)\n",
-		"  return math.max(seq, now_us - now_us % 1000000)\n"},
+		"    return math.max(exact(seq) + 1, now_us)\n",
+		"    return math.max(exact(seq), now_us - now_us % 1000000)\n"},
 	// A countdown latch opens on any count down that finds waiters, its
 	// count not yet 0: their Waits return early.
 	"latch-early": {"lua/ops/latch.lua",
