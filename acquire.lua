@@ -27,10 +27,10 @@
 -- get, and the resent call finds what the first one did.
 
 local a = parse_acquire(ARGV, math.floor(#KEYS / 5))
--- One semaphore takes the fast path when it can; fast_acquire returns nil,
+-- One semaphore takes the fast path when it can; fast.acquire returns nil,
 -- having written nothing, when the general path below must decide.
 if FAST_PATHS and #KEYS == 5 and a[GROUP] == '' then
-  local out = fast_acquire(KEYS, a)
+  local out = fast.acquire(KEYS, a)
   if out then return out end
 end
 begin(KEYS)

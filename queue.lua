@@ -189,7 +189,7 @@ local proven        -- keys read in this call (seen), or checked (must_be)
 -- resources, a condition), key -> the type fairlock keeps there: where
 -- run_entry looks for a key of another type.
 local reached
--- What a fast path (see fast_acquire) read before it found the general
+-- What a fast path (see fast.acquire) read before it found the general
 -- path needed: Redis's clock and the first resource's state, which begin
 -- and load take instead of reading them again. Set only by a fast path
 -- that returns nil, and taken by the begin that follows at once.

@@ -45,10 +45,10 @@
 
 local nres = math.floor(#KEYS / 5)
 -- A release on one semaphore takes the fast path when it can;
--- fast_release returns nil, having written nothing, when the general path
+-- fast.release returns nil, having written nothing, when the general path
 -- below must decide. It reads none of the numbers parse_release converts.
 if FAST_PATHS and ARGV[OP] == 'release' and #KEYS == 5 and ARGV[GROUP] == '' then
-  local out = fast_release(KEYS, ARGV)
+  local out = fast.release(KEYS, ARGV)
   if out then return out end
 end
 local a = parse_release(ARGV, nres)

@@ -19,40 +19,79 @@
 -- call takes the general path and the two can be compared.
 local FAST_PATHS = true
 
--- fast_expire gives key the expiry at (ms) at once (expiring's f for the
+-- fast holds the fast paths (one table: the scripts' prelude is near
+-- Lua's limit of locals in one function).
+local fast = {}
+
+-- fast.expire gives key the expiry at (ms) at once (expiring's f for the
 -- fast paths; the general path buffers it with expire_at).
-local function fast_expire(key, at)
+function fast.expire(key, at)
   redis.pcall('PEXPIREAT', key, num(at))
 end
 
--- fast_defer leaves what a fast path read for call a (ARGV) to the
+-- fast.defer leaves what a fast path read for call a (ARGV) to the
 -- general path (see pre: the row completed, finish_state), and returns
 -- nil: the fast path's answer when it cannot take the call. A fast
 -- release that popped the head of K's queue (hscore: its score; nil when
 -- none was popped) puts it back first, with the keys' expiry exp0 (its
 -- key may have gone with it).
-local function fast_defer(clock, S, st, a, K, hscore, head, exp0)
+function fast.defer(clock, S, st, a, K, hscore, head, exp0)
   finish_state(st, a[TICKET], a[CLIENT])
   if hscore then
     redis.call('ZADD', K[KQ], hscore, head)
-    fast_expire(K[KQ], exp0)
+    fast.expire(K[KQ], exp0)
   end
   pre = { clock = clock, S = S, st = st }
   return nil
 end
 
--- fast_acquire takes an "acquire" or "try" a (parse_acquire) for one
+-- fast.lean_acquire grants acquire a (a "try" alike) at once on a
+-- resource (keys K) that nobody holds, waits for or waits on, whose state
+-- hash exists and keeps no tombstone, given its state row as read
+-- (read_row, not converted): the commonest call of all, decided from the
+-- row's strings with the fewest conversions. It writes what fast.acquire writes then, and returns nil,
+-- having written nothing, for any other case.
+function fast.lean_acquire(K, a, row)
+  -- used, nh, nq, nc, o and the ticket's field absent: nobody holds or
+  -- waits, and this is no resend (a grant of this ticket would be held).
+  if row[2] or row[3] or row[4] or row[9] or row[11] or row[15] or row[10] ~= LAYOUT then return nil end
+  local cap, n, lease = tonumber(row[1]), want_of(a, 1), a[LEASE]
+  if not (cap and n and lease and a[WAIT]) or cap ~= cap_of(a, 1) or not fits_in(0, n, cap) then return nil end
+  -- (A resource with tombstones is the fast path's: it proves their key
+  -- before moving its TTL.)
+  if row[7] then return nil end
+  local seq = next_token(row[5] and tonumber(row[5]) or 0)
+  local ts, at = num(seq), now + grant_ttl(lease, a[WAIT], false)
+  local ats = num(at)
+  local exp0 = row[6] and tonumber(row[6]) or 0
+  local exp = keys_exp(exp0, at, seq, false)
+  local S = K[KS]
+  local member = holder_member(a[TICKET], num(n), a[CLIENT], ts)
+  if exp == exp0 then
+    redis.call('HSET', S, 'used', num(n), 'nh', '1', 'seq', ts, 'o', member, 'oe', ats)
+    return { 1, now, at, ts }
+  end
+  -- The keys' expiry moves: only the state hash holds anything.
+  redis.call('HSET', S, 'used', num(n), 'nh', '1', 'seq', ts, 'o', member, 'oe', ats, 'exp', num(exp))
+  fast.expire(S, exp)
+  return { 1, now, at, ts }
+end
+
+-- fast.acquire takes an "acquire" or "try" a (parse_acquire) for one
 -- resource (keys K) that asks for the stored capacity (or for a resource
 -- with no state: a new one) and is not a resend, when no tombstone trim
 -- is due and either the request may be granted now or no queue can move
 -- (the resource is full, or nobody is queued, and nothing is due by the
 -- bounds): then a "try" is refused and an "acquire" queued.
-local function fast_acquire(K, a)
+function fast.acquire(K, a)
   local S, ticket, client, lease, wait = K[KS], a[TICKET], a[CLIENT], a[LEASE], a[WAIT]
   -- Redis's clock and the state row, as begin and load would read them.
   local clock = redis.call('TIME')
   set_now(clock)
-  local st = read_state(S, ticket, client)
+  local row = read_row(S, ticket, client)
+  local out = fast.lean_acquire(K, a, row)
+  if out then return out end
+  local st = convert_row(row, ticket, client)
   local cap, used, nh, nq, nc, exp0, o, oe = st[CAP], st[USED], st[NH], st[NQ], st[NC], st[EXP], st[O], st[OE]
   local fresh = not st[EXISTS]
   if fresh then cap = cap_of(a, 1) end
@@ -72,12 +111,12 @@ local function fast_acquire(K, a)
   -- was lost (another program's DEL, or an eviction), and the general
   -- path rebuilds it from them (rebuild), counting their permits.
   if ok and fresh and redis.call('EXISTS', K[KH], K[KQ]) > 0 then ok = false end
-  if not ok then return fast_defer(clock, S, st, a) end
+  if not ok then return fast.defer(clock, S, st, a) end
   if not grant and a[OP] == 'try' then
     -- Refused, with nothing to write (the keys' TTL is as the last
     -- write left it).
     if keys_exp(exp0, 0, st[SEQ], false) == exp0 then return { 0 } end
-    return fast_defer(clock, S, st, a)
+    return fast.defer(clock, S, st, a)
   end
   local seq = next_token(st[SEQ])
   local ts = num(seq)
@@ -142,14 +181,47 @@ local function fast_acquire(K, a)
     end
   end
   redis.call('HSET', S, unpack(f))
-  expiring(K, moved, has_h, has_q, has_t, grant and not inline and inh <= 0, not grant and nq <= 0, false, fast_expire, exp)
+  expiring(K, moved, has_h, has_q, has_t, grant and not inline and inh <= 0, not grant and nq <= 0, false, fast.expire, exp)
   if grant then return { 1, now, at, ts } end
   -- (As next_event would answer: none of the bounds is due.)
   local e = event_bound(hmin, o and oe, low, nq + 1, nc, used, cap)
   return { 2, now, e == math.huge and -1 or e - now }
 end
 
--- fast_release takes a "release" a (ARGV: it reads the ticket, client
+-- fast.lean_release releases the lease of release a (ARGV, as fast.release
+-- reads it) on a resource (keys K) when it is the only holder, kept in the
+-- state hash, live, and nobody waits or is due to be trimmed, given the
+-- state row as read (read_row): the commonest release of all, decided from
+-- the row's strings. It writes what fast.release writes then and returns
+-- true, or returns false having written nothing.
+function fast.lean_release(K, a, row)
+  -- nh 1, and nq, nc and tnext absent; used as the lease holds.
+  if row[3] ~= '1' or row[4] or row[9] or row[7] or not row[11] or row[2] ~= a[8] then return false end
+  local n, ns, token = part_of(a, 1)
+  -- (The capacity as the fast path reads it: a state without one, or
+  -- with one that frees nothing, is the general path's.)
+  local cap = tonumber(row[1])
+  if not (n and cap and cap > 0) or row[11] ~= holder_member(a[TICKET], ns, a[CLIENT], token) then return false end
+  if not alive(tonumber(row[12])) then return false end
+  local S, seq = K[KS], tonumber(row[5]) or 0
+  if may_delete(nil, seq) then
+    -- Nothing in it is needed any more.
+    redis.call('DEL', S)
+    return true
+  end
+  local exp0 = tonumber(row[6]) or 0
+  local exp = keys_exp(exp0, 0, seq, true)
+  redis.call('HDEL', S, 'used', 'nh', 'o', 'oe')
+  if exp ~= exp0 then
+    redis.call('HSET', S, 'exp', num(exp))
+    fast.expire(S, exp)
+  end
+  return true
+end
+
+-- fast.release_row is fast.release once it has read Redis's clock and the
+-- state row (read_row, not converted) and fast.lean_release has declined. It
+-- takes a "release" a (ARGV: it reads the ticket, client
 -- and part_of, none of what parse_release converts) of a live lease on one
 -- resource (keys K) when no tombstone trim is due and either nobody is
 -- queued, or the queue's head waits for this resource alone, fits once
@@ -166,14 +238,11 @@ end
 -- keys' expiry (its key may have gone with it), before the general path
 -- takes the call; so the release costs one command less in the common
 -- case, and two more in those.
-local function fast_release(K, a)
+function fast.release_row(K, a, clock, row)
   local S, ticket, client = K[KS], a[TICKET], a[CLIENT]
   local n, ns, token = part_of(a, 1)
-  -- Redis's clock and the state row, as begin and load would read them;
-  -- its liveness and mark only when needed (finish_state).
-  local clock = redis.call('TIME')
-  set_now(clock)
-  local st = read_state(S, ticket, client, true)
+  -- Its liveness and mark only when needed (finish_state).
+  local st = convert_row(row, ticket, client, true)
   local cap, used, nh, nq, nc, exp0, o, oe = st[CAP], st[USED], st[NH], st[NQ], st[NC], st[EXP], st[O], st[OE]
   local inh = nh - (o and 1 or 0)
   local hmin, lmin = bound_of(st[HMIN], inh), bound_of(st[LMIN], nq + nc)
@@ -189,7 +258,7 @@ local function fast_release(K, a)
       at = tonumber(redis.call('ZSCORE', K[KH], m))
     end
   end
-  if not alive(at) then return fast_defer(clock, S, st, a) end
+  if not alive(at) then return fast.defer(clock, S, st, a) end
   local head, hscore, w, after = nil, nil, nil, used
   if nq > 0 then
     local got
@@ -230,13 +299,13 @@ local function fast_release(K, a)
       local only = fits_in(used - n, w.n, cap) and ((after >= cap and quiet) or (after < cap and nq == 1))
       ok = only
     end
-    if not ok then return fast_defer(clock, S, st, a, K, hscore, head, exp0) end
+    if not ok then return fast.defer(clock, S, st, a, K, hscore, head, exp0) end
   end
   local seq = st[SEQ]
   local idle = not w and is_idle(nh - 1, nq, nc)
   -- An idle resource with tombstones keeps its keys as long as the
   -- latest: the general path reads when that is.
-  if idle and (st[TNEXT] or 0) > 0 then return fast_defer(clock, S, st, a) end
+  if idle and (st[TNEXT] or 0) > 0 then return fast.defer(clock, S, st, a) end
   if idle and may_delete(st[TNEXT], seq) then
     -- Nothing in it is needed any more.
     if not mine then redis.call('ZREM', K[KH], m) end
@@ -290,7 +359,7 @@ local function fast_release(K, a)
     for _, x in ipairs({ { has_t, K[KT] }, { has_h and mine, K[KH] }, { has_q and not w, K[KQ] } }) do
       if x[1] then
         local t = hscore and type_of(x[2])
-        if t and t ~= 'none' and t ~= 'zset' then return fast_defer(clock, S, st, a, K, hscore, head, exp0) end
+        if t and t ~= 'none' and t ~= 'zset' then return fast.defer(clock, S, st, a, K, hscore, head, exp0) end
         if t then seen(x[2]) else must_be(x[2], 'zset') end
       end
     end
@@ -311,6 +380,19 @@ local function fast_release(K, a)
     -- TTL.
     if list then redis.pcall('PEXPIRE', list, num(ttl)) end
   end
-  expiring(K, moved, has_h, has_q, has_t, false, false, false, fast_expire, exp)
+  expiring(K, moved, has_h, has_q, has_t, false, false, false, fast.expire, exp)
   return { 1, 0 }
+end
+
+-- fast.release takes a "release" a of one resource (keys K) on its fast
+-- paths: fast.lean_release, then fast.release_row; it returns nil, having
+-- written nothing, when the general path must decide. (Two functions, as
+-- Lua limits how many outer names one function may use.)
+function fast.release(K, a)
+  -- Redis's clock and the state row, as begin and load would read them.
+  local clock = redis.call('TIME')
+  set_now(clock)
+  local row = read_row(K[KS], a[TICKET], a[CLIENT])
+  if fast.lean_release(K, a, row) then return { 1, 0 } end
+  return fast.release_row(K, a, clock, row)
 end

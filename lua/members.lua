@@ -137,7 +137,10 @@ end
 -- left incomplete: LIVE, BORN and MARK hold what HMGET returned, not yet
 -- parsed (see finish_state), and only a caller that reads none of the
 -- three, or calls finish_state before it does, may ask for that.
-local read_state, finish_state
+-- read_state is read_row (the HMGET reply as it came, the layout checked:
+-- the lean paths decide from its strings) then convert_row (the row
+-- converted in place, as above).
+local read_state, finish_state, read_row, convert_row
 do
   -- The fields read_state asks for: the 14th (the liveness field) and
   -- the 15th (the ticket's) are set at each call.
@@ -155,14 +158,25 @@ do
     st[LIVE], st[BORN], st[MARK] = at, born, mark
     return st
   end
-  function read_state(S, ticket, client, lazy)
-    if client then fields[14] = live_field(client) else fields[14] = 'layout' end
+  -- The last client whose liveness field was named, and its field: a
+  -- process's calls name the same one, and the name costs a new string.
+  local lclient, lfield = nil, nil
+  function read_row(S, ticket, client)
+    if client then
+      if client ~= lclient then lclient, lfield = client, live_field(client) end
+      fields[14] = lfield
+    else
+      fields[14] = 'layout'
+    end
     fields[15] = ticket or 'layout'
     local st = redis.call('HMGET', S, unpack(fields))
     -- Every state hash holds its sequence and its keys' expiry, or says
     -- its layout.
+    check_layout(S, st[10], st[5] ~= false or st[6] ~= false or st[1] ~= false or st[10] ~= false)
+    return st
+  end
+  function convert_row(st, ticket, client, lazy)
     local exists = st[5] ~= false or st[6] ~= false or st[1] ~= false or st[10] ~= false
-    check_layout(S, st[10], exists)
     -- Literal indexes: the names above, which every reader uses. A field
     -- that is absent (false) is not handed to tonumber: most are, and a
     -- call costs more than the test.
@@ -174,5 +188,8 @@ do
     st[14] = fields
     if lazy then return st end
     return finish_state(st, ticket, client)
+  end
+  function read_state(S, ticket, client, lazy)
+    return convert_row(read_row(S, ticket, client), ticket, client, lazy)
   end
 end
