@@ -215,13 +215,19 @@ local function ready(w)
     -- A resource whose state was lost takes the capacity the group
     -- records.
     if not r.cap and r.nq > 0 then r.cap, r.newcap = p.cap, true end
-    local m = head(r)
     local want = waiter_member(w.ticket, p.n, w.client, w.lease, w.wait, w.group)
-    if m ~= want then
+    -- Whether it fits first: a queue's head is read (and the dead
+    -- waiters at it dropped) only where the group could take its part,
+    -- so that no script reads on past a part that stops the group. Read
+    -- first, a multi-lock release sent twice dropped on its second
+    -- sending a dead head that its first had left: the resend wrote what
+    -- the first had not. A part that does not fit still reports a group
+    -- missing from its queue (its keys lost, say: no capacity, so it
+    -- never fits), or the group would hold its other queues forever.
+    if not (fits(r, p.n) and head(r) == want) then
       if r.qgone[want] or not redis.call('ZSCORE', r.Q, want) then return false, true end
       return false
     end
-    if not fits(r, p.n) then return false end
   end
   return true
 end
