@@ -55,15 +55,25 @@ func TestBarrierScriptsNeverHalfRun(t *testing.T) {
 			}
 		}
 
-		// Two rounds of the most parties.
+		// Two rounds of the most parties. (Their waiter TTL is long: on
+		// miniredis under the race detector a script costs 10 to 40 ms of
+		// its one lock, and a round's 200 arrivals took 6 to 8 s with the
+		// machine's cores busy, more in CI. A refresh waits behind them
+		// and times out after a waiter TTL; with the default 3 s no
+		// refresh was answered for three TTLs, the first parties failed
+		// with ErrRedis ("could not be kept alive"), the round broke, and
+		// the last party began a round of its own that no one completes,
+		// hence the bound on each round.)
 		c := client()
-		wide := newBarrier(c, "wide", barrier.MaxParties)
+		wide := newBarrier(client(fairlock.WithWaiterTTL(20*time.Second)), "wide", barrier.MaxParties)
 		for range 2 {
 			var wg sync.WaitGroup
 			errs := make(chan error, barrier.MaxParties)
+			roundCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
 			for range barrier.MaxParties {
 				wg.Go(func() {
-					_, err := wide.Await(ctx)
+					_, err := wide.Await(roundCtx)
 					errs <- err
 				})
 			}
