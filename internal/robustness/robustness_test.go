@@ -251,6 +251,7 @@ func run(t *testing.T, sc scenario) Result {
 		}
 		e.kids = append(e.kids, k)
 	}
+	warmUp(t, dir, sc)
 	calm, n := timing()
 	if sc.eachChild {
 		n = max(n, children)
@@ -342,6 +343,44 @@ func run(t *testing.T, sc scenario) Result {
 	t.Logf("%s: %d leases, %d store calls, %d refused by fencing, %d leases lost, %d fairlock errors %v, latest return after a deadline %v, %d violations",
 		sc.name, res.Acquired, res.StoreOps, res.Refused, res.Lost, res.Errors, res.ErrorKinds, res.MaxLate, len(res.Violations))
 	return res
+}
+
+// warmUpLimit bounds how long run waits for its children to start.
+const warmUpLimit = 2 * time.Minute
+
+// warmUp waits until every child has taken part: a lease recorded (the
+// release with another layout: any call recorded), and in a latch or
+// barrier run a count down or an Await too. The calm spans and the faults
+// are timed from then, not from the children's start: a child built with
+// the race detector, started while the machine's cores run other tests,
+// took longer than the calm spans to take its first lease, so that the run
+// had no traffic of that client to check (and no latch could open: it
+// needs a count down of every child).
+func warmUp(t *testing.T, dir string, sc scenario) {
+	t.Helper()
+	want := []string{`"lease":`}
+	if sc.otherLayout {
+		want = []string{`"op":`}
+	}
+	if sc.latch {
+		want = append(want, `"kind":"latch_down"`)
+	}
+	if sc.barrier {
+		want = append(want, `"kind":"barrier_await"`)
+	}
+	deadline := time.Now().Add(warmUpLimit)
+	for i := 0; i < children; {
+		b, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("child-%d.jsonl", i)))
+		if !slices.ContainsFunc(want, func(w string) bool { return !bytes.Contains(b, []byte(w)) }) {
+			i++
+			continue
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("child %d had not recorded each of %q within %v of its start", i, want, warmUpLimit)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // expectClean fails t with every violation of res.
