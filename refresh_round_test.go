@@ -152,7 +152,7 @@ func TestRefreshFailingForOneWaiterFailsIt(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		hook := &refuseGroups{}
+		hook := &refuseGroups{key: e.Key("pb", "s")}
 		rdb := b.Client(t)
 		hooked := redistest.AddHook[fairlock.Option](rdb, hook)
 		const wttl = time.Second
@@ -170,8 +170,8 @@ func TestRefreshFailingForOneWaiterFailsIt(t *testing.T) {
 		e.WaitQueued("pa", n+1)
 		start := time.Now()
 		r := e.Receive(multi)
-		if !errors.Is(r.Err, fairlock.ErrRedis) || !strings.Contains(r.Err.Error(), "refused (injected)") {
-			t.Fatalf("the multi-lock waiter whose refreshes all failed: %v, want an error matching ErrRedis with the refresh's", r.Err)
+		if !errors.Is(r.Err, fairlock.ErrRedis) || !errors.Is(r.Err, fairlock.ErrForeignKey) || !strings.Contains(r.Err.Error(), hook.key) {
+			t.Fatalf("the multi-lock waiter whose refreshes all failed: %v, want an error matching ErrRedis and ErrForeignKey, naming %s", r.Err, hook.key)
 		}
 		t.Logf("the multi-lock waiter failed %v after it queued, %d refresh scripts refused: %v", time.Since(start).Round(time.Millisecond), hook.refused.Load(), r.Err)
 		if hook.refused.Load() < 2 {
@@ -197,9 +197,19 @@ func TestRefreshFailingForOneWaiterFailsIt(t *testing.T) {
 	})
 }
 
+// refusal is an error reply of Redis, as go-redis gives it: what a
+// script that met another program's key answers.
+type refusal string
+
+func (e refusal) Error() string { return string(e) }
+func (refusal) RedisError()     {}
+
 // refuseGroups refuses every refresh script that covers a waiter of a
 // request over several semaphores (a ticket with a group).
-type refuseGroups struct{ refused atomic.Int64 }
+type refuseGroups struct {
+	key     string // the other semaphore's key the refusal names
+	refused atomic.Int64
+}
 
 func (h *refuseGroups) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *refuseGroups) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
@@ -213,7 +223,7 @@ func (h *refuseGroups) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			for i := at + 4; i+2 < len(args); i += 3 {
 				if g, _ := args[i+2].(string); g != "" {
 					h.refused.Add(1)
-					err := errors.New("refused (injected): another program's key at the waiter's other semaphore")
+					err := refusal("FAIRLOCK_FOREIGN_KEY string hash " + h.key) // another program's key at the waiter's other semaphore
 					cmd.SetErr(err)
 					return err
 				}

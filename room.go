@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/clock"
+	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/script"
 )
@@ -567,7 +569,7 @@ func (r *room) round(periodic bool) (next time.Duration, first error) {
 		return next, nil
 	}
 	var mu sync.Mutex // next, first
-	send := func(args []string) {
+	one := func(args []string) error {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
 		sent := time.Now()
 		res, _ := c.calls.Run(ctx, script.Call{Op: script.OpRefresh, Keys: r.k.List(), Args: args}) // unreplicated refreshes are refreshed again
@@ -582,7 +584,12 @@ func (r *room) round(periodic bool) (next time.Duration, first error) {
 		if err != nil && first == nil {
 			first = err
 		}
+		return err
 	}
+	// Parting a refused script stops a waiter TTL into the round: the
+	// rounds that follow go on with what is left (see narrow).
+	until := time.Now().Add(c.cfg.waiterTTL)
+	send := func(args []string) { r.narrow(args, one(args), one, until) }
 	if len(batches) == 1 {
 		send(batches[0])
 		return next, first
@@ -602,6 +609,72 @@ func (r *room) round(periodic bool) (next time.Duration, first error) {
 	close(work)
 	wg.Wait()
 	return next, first
+}
+
+// narrow parts a refresh script that Redis refused for some of its
+// waiters (err: another program's key at a multi-lock waiter's other
+// semaphore, see refusedForSome) into suspectScripts smaller ones, sent
+// side by side by one, and goes on parting those refused while others
+// were answered (the partings side by side too). So the waiter at fault
+// is parted from the waiters beside it within the round (128, 16, 2, 1
+// tickets: 19 scripts, 4 round trips), and they are answered again in the
+// round that found it. Parted over the rounds that follow instead, as a
+// busy Redis's rounds took close to a waiter TTL each, the last of them
+// beside it ran past their three TTLs and failed with it. The parting
+// stops where every part is refused alike, and at until (a waiter TTL
+// into the round: a Redis that slow leaves the rest to the rounds that
+// follow, which part the suspects as refreshBatchesLocked says); a
+// refusal of the semaphore itself (its own key, its layout, a Redis
+// loading) parts nothing, rather than send Redis eight scripts for each
+// it refused.
+func (r *room) narrow(args []string, err error, one func([]string) error, until time.Time) {
+	if !r.refusedForSome(err) || refreshCount(args) < 2 || !time.Now().Before(until) {
+		return
+	}
+	n := refreshCount(args)
+	k := min(n, suspectScripts)
+	parts := make([][]string, k)
+	for i := range parts {
+		lo, hi := n*i/k, n*(i+1)/k
+		parts[i] = append(slices.Clip(args[:4]), args[4+3*lo:4+3*hi]...)
+	}
+	errs := make([]error, len(parts))
+	var wg sync.WaitGroup
+	for i, part := range parts {
+		wg.Go(func() { errs[i] = one(part) })
+	}
+	wg.Wait()
+	if !slices.Contains(errs, nil) {
+		return
+	}
+	for i, part := range parts {
+		if errs[i] != nil {
+			wg.Go(func() { r.narrow(part, errs[i], one, until) })
+		}
+	}
+	wg.Wait()
+}
+
+// refusedForSome reports whether err, a refresh script's, is a refusal
+// that may concern some of its waiters and not others: another program's
+// key (FAIRLOCK_FOREIGN_KEY <found> <kept> <key>) that is not one of r's
+// own keys (its base too: a latch's or a barrier's hash), so at another
+// semaphore that a waiter's multi-lock request names.
+func (r *room) refusedForSome(err error) bool {
+	msg, ok := fault.ReplyOf(err)
+	if !ok {
+		return false
+	}
+	rest, ok := strings.CutPrefix(msg, foreignErrPrefix)
+	if !ok {
+		return false
+	}
+	f := strings.SplitN(rest, " ", 3)
+	if len(f) < 3 {
+		return false
+	}
+	key := f[2]
+	return key != r.k.Base && !slices.Contains(r.k.All, key) && !strings.HasPrefix(key, r.k.Base+keyspace.Sep)
 }
 
 // apply hands on what a refresh reply says: the queue's next event and

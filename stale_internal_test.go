@@ -6,11 +6,16 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/script"
 )
 
 // failStale judges each waiter by the refreshes that covered it. One
@@ -390,5 +395,114 @@ func TestQueuedEventsAreThoseThatMoveTheQueue(t *testing.T) {
 				t.Errorf("the waiter's script put the next event in %v; want %s", in, tc.says)
 			}
 		})
+	}
+}
+
+// A refresh script that Redis refused for one waiter's sake (another
+// program's key at its multi-lock's other semaphore) is parted within the
+// round that met the refusal: the waiters beside it are answered again in
+// that round, whatever the pace of the rounds, and the one at fault is
+// left alone in a refused script of its own. Parted over the rounds that
+// follow, a busy Redis's rounds (each up to a waiter TTL) let those beside
+// it run past their three TTLs and fail with it. A refusal that every
+// part meets stops the parting; a refusal of the semaphore itself (its
+// own key, Redis loading) parts nothing.
+func TestRefusedRefreshPartedWithinTheRound(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	defer rdb.Close()
+	hook := &refuseTicket{}
+	rdb.AddHook(hook)
+	c, err := New(rdb, WithWaiterTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	k, err := c.keys("parted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The script's forms learnt first, the scripts count one command each.
+	empty := &room{c: c.waits, k: k, kick: make(chan struct{}, 1), waiters: map[string]*waiter{}}
+	if _, err := empty.round(false); err != nil {
+		t.Fatal(err)
+	}
+	other := foreignErrPrefix + "string hash " + c.cfg.prefix + "{other}:s"
+	const n = refreshBatch // one script
+	for _, tc := range []struct {
+		name, bad, reply string // bad "": every script refused
+		scripts          int64
+	}{
+		// The script; its 8 parts of 16, 8 of 2, 2 of 1.
+		{"one waiter's other semaphore", "w37", other, 1 + 8 + 8 + 2},
+		// The script; its 8 parts, all refused alike.
+		{"every waiter's other semaphore", "", other, 1 + 8},
+		{"the semaphore's own key", "", foreignErrPrefix + "string hash " + k.All[0], 1},
+		{"its derived key", "", foreignErrPrefix + "string list " + k.Base + keyspace.Sep + "w" + keyspace.Sep + "x", 1},
+		{"its base (a latch's hash)", "", foreignErrPrefix + "string hash " + k.Base, 1},
+		{"Redis loading", "", "LOADING Redis is loading the dataset in memory", 1},
+	} {
+		hook.bad, hook.all, hook.reply = tc.bad, tc.bad == "", tc.reply
+		hook.sent.Store(0)
+		r := &room{c: c.waits, k: k, kick: make(chan struct{}, 1), waiters: map[string]*waiter{}}
+		ws := map[string]*waiter{}
+		for i := range n {
+			tk := fmt.Sprintf("w%d", i)
+			ws[tk] = &waiter{ticket: tk, permits: 1, lease: c.leaseMs, queued: true, alive: time.Now(), ch: make(chan wakeup, 1)}
+			r.waiters[tk] = ws[tk]
+		}
+		if _, err := r.round(false); err == nil {
+			t.Fatalf("%s: a round with a refused script returned no error", tc.name)
+		}
+		c.mu.Lock()
+		for tk, w := range ws {
+			switch {
+			case tc.bad == "" && (w.failed == nil || w.alone):
+				t.Errorf("%s, every script refused: %s failed=%v alone=%v, want failed beside others", tc.name, tk, w.failed, w.alone)
+			case tc.bad != "" && tk == tc.bad && (w.failed == nil || !w.alone):
+				t.Errorf("%s: %s, the waiter at fault: failed=%v alone=%v, want refused in a script of its own", tc.name, tk, w.failed, w.alone)
+			case tc.bad != "" && tk != tc.bad && w.failed != nil:
+				t.Errorf("%s: %s, beside the waiter at fault: still failed (%v) after the round", tc.name, tk, w.failed)
+			}
+		}
+		c.mu.Unlock()
+		if got := hook.sent.Load(); got != tc.scripts {
+			t.Errorf("%s: the round sent %d refresh scripts, want %d", tc.name, got, tc.scripts)
+		}
+	}
+	// Past its limit, a round parts nothing more.
+	r := &room{c: c.waits, k: k, kick: make(chan struct{}, 1), waiters: map[string]*waiter{}}
+	args := c.waits.refreshArgs(2, c.leaseMs)
+	args = appendRefreshed(appendRefreshed(args, "x1", 1, ""), "x2", 1, "")
+	sent := 0
+	r.narrow(args, &backend.ReplyError{Reply: other}, func([]string) error { sent++; return nil }, time.Now())
+	if sent != 0 {
+		t.Errorf("a parting past its limit sent %d scripts", sent)
+	}
+}
+
+// refuseTicket refuses, with the error reply reply, each refresh script
+// naming its bad ticket (or every one, with all).
+type refuseTicket struct {
+	bad, reply string
+	all        bool
+	sent       atomic.Int64
+}
+
+func (h *refuseTicket) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *refuseTicket) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *refuseTicket) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if slices.Contains(args, any(script.OpRefresh.Name)) {
+			h.sent.Add(1)
+			if h.all || slices.Contains(args, any(h.bad)) {
+				err := replyError(h.reply)
+				cmd.SetErr(err)
+				return err
+			}
+		}
+		return next(ctx, cmd)
 	}
 }
