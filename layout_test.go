@@ -39,7 +39,7 @@ func anotherLayoutRefused(t *testing.T, b *redistest.Backend, prev string) {
 	ctx := context.Background()
 	rdb := b.Client(t)
 	prefix := redistest.Prefix(t)
-	c, err := fairlock.New(rdb, fairlock.WithPrefix(prefix), fairlock.WithLeaseTTL(time.Second), fairlock.WithWaiterTTL(time.Second))
+	c, err := fairlock.New(rdb, fairlock.WithPrefix(prefix), fairlock.WithLeaseTTL(5*time.Second), fairlock.WithWaiterTTL(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -286,7 +286,14 @@ func TestBlockingReadsOffTheCallersPool(t *testing.T) {
 		rdb := b.Client(t)
 		rdb.AddHook(caller)                                     // the caller's client only
 		counted := redistest.AddHook[fairlock.Option](rdb, all) // and fairlock's blocking client
-		c := e.ClientOn(rdb, counted, redistest.AddHook[fairlock.Option](rdb, reads))
+		// (Lease and waiter TTLs of an hour: the test counts blocking
+		// reads, and the grants made at once wait their turn to be
+		// released. A grant announced on a wake list lives a waiter TTL
+		// until its process confirms it; on miniredis under the race
+		// detector, with the machine's cores busy, the confirmations of
+		// a hundred grants fell behind the default TTLs and a lease was
+		// lost before its Release.)
+		c := e.ClientOn(rdb, counted, redistest.AddHook[fairlock.Option](rdb, reads), fairlock.WithLeaseTTL(time.Hour), fairlock.WithWaiterTTL(time.Hour))
 		var chs []<-chan fltest.Result
 		for i := range n {
 			chs = append(chs, acquireAsync(ctx, newSem(c, fmt.Sprintf("s%d", i), 1), 1))
