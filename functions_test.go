@@ -283,6 +283,52 @@ func TestScriptPathWithoutFunctions(t *testing.T) {
 	}
 }
 
+// Concurrent first calls learn the server's forms once. On miniredis (no
+// functions, no script flags, the script not cached yet) each of a
+// hundred first acquisitions sent FCALL, then EVALSHA and EVAL of the
+// flagged source, then EVALSHA and EVAL of the plain one: five commands,
+// two of them the script's whole source. One call goes first; the others
+// then send one EVALSHA each.
+func TestFirstCallsLearnTheFormsOnce(t *testing.T) {
+	b := redistest.Mini(t)
+	noTransform(t)
+	rdb := b.Client(t)
+	s, counted := countSent(rdb)
+	c := fnClient(t, rdb, false, counted)
+	// (Under the race detector on a busy machine, the first call's five
+	// commands took longer than FirstCallWait.)
+	c.calls.Scripts.SetFirstCallWait(time.Minute)
+	const n = 100
+	ctx := context.Background()
+	leases := make(chan *Lease, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			l, err := c.Acquire(ctx, Request{Name: "herd", Capacity: n, Permits: 1})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			leases <- l
+		})
+	}
+	wg.Wait()
+	close(leases)
+	for l := range leases {
+		wg.Go(func() {
+			if err := l.Release(ctx); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	// Two entries ran (acquire and release), each first learning its
+	// forms: one FCALL in all, at most two EVALs each.
+	if f, e, sha := s.get("fcall"), s.get("eval"), s.get("evalsha"); f != 1 || e > 4 || sha > 2*n+4 {
+		t.Fatalf("%d first acquisitions and their releases sent %d FCALL, %d EVAL, %d EVALSHA; want 1, at most 4, at most %d: %v", n, f, e, sha, 2*n+4, s.n)
+	}
+}
+
 // The library comes back wherever it went missing, and versions of it
 // live side by side.
 func TestFunctionLibraryRecovers(t *testing.T) {

@@ -299,13 +299,23 @@ func TestRefusedDialSparesLaterCalls(t *testing.T) {
 		_, err := c.Status(ctx, "s")
 		done <- err
 	}
+	next := func(what string) int32 {
+		t.Helper()
+		select {
+		case n := <-dialing:
+			return n
+		case <-time.After(20 * time.Second):
+			t.Fatalf("no dial for %s within 20s", what)
+			return 0
+		}
+	}
 	a, b := make(chan error, 1), make(chan error, 1)
 	go status(a)
-	if n := <-dialing; n != 1 {
+	if n := next("A"); n != 1 {
 		t.Fatalf("dial %d first", n)
 	}
 	go status(b)
-	if n := <-dialing; n != 2 {
+	if n := next("B, while A's dial is held"); n != 2 {
 		t.Fatalf("dial %d second", n)
 	}
 	close(holdA)

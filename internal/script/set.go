@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/fault"
@@ -80,6 +81,20 @@ type Forms struct {
 	Eval    *EvalCode
 	Flagged *EvalCode
 	Fn      string
+	// gate lets one call at a time go first, until a call of these forms
+	// has returned (done): concurrent first calls then learn the server's
+	// forms once (whether it has functions and script flags, and its
+	// cache of the script), not each for itself. A thousand first calls
+	// on a server without functions sent five commands each, two of them
+	// with the script's whole source. Any return opens the gate, an error
+	// too (a call that reached no server learnt nothing, and the others
+	// go as they would without the gate), and a call waits its turn at
+	// most wait: a first call that Redis leaves unanswered (a stalled
+	// server, a Backend that does not return) must not hold the others.
+	// nil: no gate (a Forms made by hand, in tests).
+	gate chan struct{}
+	wait time.Duration
+	done atomic.Bool
 }
 
 // Code is what scripts are made of, built once per transform.
@@ -170,12 +185,12 @@ func NewSet(transform func(string) string, key any) *Set {
 	}
 	s := &Set{Lib: k.Lib}
 	for _, e := range Entries {
-		sc := &Script{Set: s, Forms: Forms{Eval: k.Evals[e.Name], Flagged: k.Flagged[e.Name]}}
+		sc := &Script{Set: s, Forms: Forms{Eval: k.Evals[e.Name], Flagged: k.Flagged[e.Name], gate: make(chan struct{}, 1), wait: FirstCallWait}}
 		if k.Lib != nil {
 			sc.Fn = k.Lib.Fns[e.Name]
 		}
 		if e.Batch {
-			sc.Batch = &Forms{Eval: k.BatchEvals[e.Name], Flagged: k.BatchFlagged[e.Name]}
+			sc.Batch = &Forms{Eval: k.BatchEvals[e.Name], Flagged: k.BatchFlagged[e.Name], gate: make(chan struct{}, 1), wait: FirstCallWait}
 			if k.Lib != nil {
 				sc.Batch.Fn = k.Lib.BatchFns[e.Name]
 			}
@@ -205,8 +220,55 @@ func (s *Script) Run(ctx context.Context, b backend.Backend, functions bool, sen
 	return s.Forms.Run(ctx, s.Set, b, functions, send, keys, args)
 }
 
-// Run sends keys and args through s's forms, as Script.Run says.
+// SetFirstCallWait sets how long each of s's calls waits its turn behind
+// a first call that has not returned (FirstCallWait unless set), before
+// any call of s is made: a test that counts the commands of concurrent
+// first calls on a machine busy enough to take longer than FirstCallWait
+// over them sets a longer one.
+func (s *Set) SetFirstCallWait(d time.Duration) {
+	for _, sc := range s.List {
+		sc.Forms.wait = d
+		if sc.Batch != nil {
+			sc.Batch.wait = d
+		}
+	}
+}
+
+// FirstCallWait is the longest a call waits for the calls of its script
+// ahead of it until one has returned (see Forms.Run): a few round trips
+// of a script's first call, which loads it.
+const FirstCallWait = 100 * time.Millisecond
+
+// Run sends keys and args through s's forms, as Script.Run says. Until a
+// call of s has returned, calls run one at a time (the first learns what
+// the others need), each waiting its turn at most FirstCallWait and then
+// going anyway; one whose ctx ends while it waits its turn returns ctx's
+// error, nothing sent.
 func (s *Forms) Run(ctx context.Context, set *Set, b backend.Backend, functions bool, send func(backend.Script) Result, keys, args []string) Result {
+	if s.gate == nil || s.done.Load() {
+		return s.run(ctx, set, b, functions, send, keys, args)
+	}
+	t := time.NewTimer(s.wait)
+	select {
+	case s.gate <- struct{}{}:
+		t.Stop()
+		if s.done.Load() { // the call ahead has returned: no turns now
+			<-s.gate
+			break
+		}
+		defer func() { <-s.gate }()
+	case <-t.C:
+		// The first is slow to return: go as without the gate.
+	case <-ctx.Done():
+		t.Stop()
+		return Result{Err: ctx.Err()}
+	}
+	r := s.run(ctx, set, b, functions, send, keys, args)
+	s.done.Store(true)
+	return r
+}
+
+func (s *Forms) run(ctx context.Context, set *Set, b backend.Backend, functions bool, send func(backend.Script) Result, keys, args []string) Result {
 	if set.Lib != nil && functions && !set.EvalOnly.Load() {
 		fcall := backend.Script{Command: backend.FCall, Name: s.Fn, Keys: keys, Args: args}
 		r := send(fcall)
