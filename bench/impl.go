@@ -9,6 +9,7 @@ import (
 
 	"github.com/bsm/redislock"
 	"github.com/fairlock/fairlock"
+	"github.com/fairlock/fairlock/internal/testhook"
 	"github.com/fairlock/fairlock/multilock"
 	"github.com/fairlock/fairlock/semaphore"
 	"github.com/go-redsync/redsync/v4"
@@ -130,11 +131,20 @@ type fairlockLocker struct {
 }
 
 func openFairlock(rdb *redis.Client, prefix string) (locker, error) {
-	c, err := fairlock.New(rdb, fairlock.WithPrefix(prefix), fairlock.WithLeaseTTL(leaseTTL))
+	c, err := fairlock.New(rdb, fairlock.WithPrefix(prefix), fairlock.WithLeaseTTL(leaseTTL), countBlocking(rdb))
 	if err != nil {
 		return nil, err
 	}
 	return &fairlockLocker{c: c}, nil
+}
+
+// countBlocking has the blocking reads of fairlock's client on rdb (which
+// go through a go-redis client of fairlock's own, off rdb's pool, with
+// none of rdb's hooks) counted with rdb's commands, as the peers' and
+// the other clients' blocking reads are: without it, fairlock's row on
+// go-redis left out one command per wake-up.
+func countBlocking(rdb *redis.Client) fairlock.Option {
+	return testhook.BlockingHooks[fairlock.Option](counterOf(rdb))
 }
 
 // batchedName is the row of fairlock with batching on, which some
@@ -142,7 +152,7 @@ func openFairlock(rdb *redis.Client, prefix string) (locker, error) {
 const batchedName = "fairlock-batched"
 
 func openFairlockBatched(rdb *redis.Client, prefix string) (locker, error) {
-	c, err := fairlock.New(rdb, fairlock.WithPrefix(prefix), fairlock.WithLeaseTTL(leaseTTL), fairlock.WithBatching(16))
+	c, err := fairlock.New(rdb, fairlock.WithPrefix(prefix), fairlock.WithLeaseTTL(leaseTTL), fairlock.WithBatching(16), countBlocking(rdb))
 	if err != nil {
 		return nil, err
 	}

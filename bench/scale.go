@@ -124,6 +124,7 @@ type scaleResult struct {
 	// Once every lock is released (the run's end): the keys and memory
 	// left per name the run touched, against those before it.
 	idleKeys, idleMem float64
+	cut               int // names whose last wait the run's end cut off
 	touched           int
 }
 
@@ -140,7 +141,7 @@ func atScale(e *env) ([]*Table, []Target, error) {
 		Note: fmt.Sprintf("One process (one go-redis client, default pool) runs %d goroutines, each looping: acquire a name drawn at random from M, hold it %v (a spin), release; %v per implementation and M, the implementations in turn, with the run's keys deleted before each. "+
 			"Commands and Redis CPU (INFO cpu, main thread) are counted in the steady window (from a fifth of the run to 5%% before its end) and divided by its acquisitions. "+
 			"Memory: INFO memory's used_memory less mem_clients_normal (the clients' buffers, which swing by hundreds of KB with their traffic; the connections column counts the connections) when the run starts (the process's pool dialled by 64 PINGs at once and a second for Redis to account for the new clients, no lock taken) and at the end of the steady window: what the run's keys hold while it runs; ÷ acquisitions/s makes it bytes per sustained acquisition per second. "+
-			"Keys: DBSIZE at the same two moments. Keys left and memory per idle name: DBSIZE and used_memory once every lock is released (at the run's end), less their values before it, divided by the names the run touched. Connections: the most INFO clients' connected_clients saw above what it was before the process connected, sampled every 10 ms. Ran M = %s.",
+			"Keys: DBSIZE at the same two moments. Keys left and memory per idle name: DBSIZE and used_memory once every lock is released (at the run's end), less their values before it, divided by the names the run touched (keys: less those of the few names whose last wait the run's end cut off, which keep that request's record, a tombstone with fairlock, for as long as a resent call of it may come, and are not idle after a release). Connections: the most INFO clients' connected_clients saw above what it was before the process connected, sampled every 10 ms. Ran M = %s.",
 			goroutines, hold, scaleDuration(e), strings.Join(mapInts(ms, thousandsInt), ", ")),
 		Columns: []string{"M", "implementation", "acquisitions/s", "÷ best peer", "client commands / acq", "server commands / acq", "Redis CPU / acq", "÷ peers' median",
 			"memory Δ", "bytes per acq/s", "keys Δ", "keys left per idle name", "memory per 1,000 idle names", "connections", "longest wait", "overlaps"}}
@@ -329,6 +330,12 @@ func (e *env) scaleRun(im impl, M, goroutines int, hold time.Duration) (scaleRes
 	}
 	held := make([]atomic.Int32, M)
 	touched := make([]atomic.Bool, M)
+	// cut marks the names whose wait the run's end cut off: such a request
+	// ended without a release, and leaves its record for as long as a
+	// resent call of it may come (a tombstone, with fairlock), so those
+	// names are not idle after their last release, and their keys do not
+	// count in keys left per idle name.
+	cut := make([]atomic.Bool, M)
 	st := &loopStats{}
 	var mem, keys []int64
 	probe := func() snap {
@@ -361,6 +368,7 @@ func (e *env) scaleRun(im impl, M, goroutines int, hold time.Duration) (scaleRes
 		k := rand.IntN(M)
 		u, err := p.lock(ctx, "s"+strconv.Itoa(M)+":"+strconv.Itoa(k))
 		if err != nil {
+			cut[k].Store(true)
 			return 0, nil, err
 		}
 		if held[k].Add(1) != 1 {
@@ -383,17 +391,22 @@ func (e *env) scaleRun(im impl, M, goroutines int, hold time.Duration) (scaleRes
 	if len(keys) == 2 {
 		r.keysDelta = keys[1] - keys0
 	}
+	var cutKeys int64
 	for k := range touched {
-		if touched[k].Load() {
+		switch {
+		case cut[k].Load():
+			r.cut++
+			cutKeys += e.keysOfName("s" + strconv.Itoa(M) + ":" + strconv.Itoa(k))
+		case touched[k].Load():
 			r.touched++
 		}
 	}
 	if r.touched > 0 {
 		// Every lock is released: what stays is what an idle name costs.
-		left := e.admin.DBSize(context.Background()).Val() - keys0
+		left := e.admin.DBSize(context.Background()).Val() - keys0 - cutKeys
 		r.idleKeys = float64(left) / float64(r.touched)
 		if m := e.usedMemory(); r.memKnown && m >= 0 {
-			r.idleMem = float64(m-mem0) / float64(r.touched) * 1000
+			r.idleMem = float64(m-mem0) / float64(r.touched+r.cut) * 1000
 		}
 	}
 	return r, nil
@@ -570,7 +583,7 @@ func (e *env) wakeRun(im impl, K int, wait, limit time.Duration) (wakeResult, er
 	isFairlock := im.ownRow()
 	if isFairlock {
 		c, err := fairlock.New(wrdb, fairlock.WithPrefix(e.run+im.name+":"), fairlock.WithLeaseTTL(leaseTTL), fairlock.WithObserver(queued),
-			testhook.BlockingHooks[fairlock.Option](bl))
+			testhook.BlockingHooks[fairlock.Option](bl, cnt))
 		if err != nil {
 			return r, err
 		}
@@ -782,4 +795,18 @@ func wakeFigure(e *env, ks []int, res [][]wakeResult, bare *Table) *figure {
 	}
 	fg.panels = []*panel{cpu, blp, drain}
 	return fg
+}
+
+// keysOfName counts the keys whose name holds the lock name name as a
+// whole (not as the start of a longer number): every implementation's keys
+// for it.
+func (e *env) keysOfName(name string) int64 {
+	var n int64
+	for _, pattern := range []string{"*" + name, "*" + name + "[^0-9]*"} {
+		iter := e.admin.Scan(context.Background(), 0, pattern, 1000).Iterator()
+		for iter.Next(context.Background()) {
+			n++
+		}
+	}
+	return n
 }
