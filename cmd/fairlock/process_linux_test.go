@@ -250,7 +250,11 @@ func TestGraceIsSpentAsleep(t *testing.T) {
 			t.Logf("%s: %v of CPU over the whole run (user %v, system %v); exited %v after Redis paused; stderr: %s",
 				sub, cpu, st.UserTime(), st.SystemTime(), time.Since(paused).Round(time.Millisecond), p.output())
 
-			if cpu > 200*time.Millisecond {
+			// A grace spent spinning costs about the whole grace; one spent
+			// asleep, the process's start, dial and script calls. Those took
+			// 222 ms of CPU for a race-built binary on CI's busy 2 cores,
+			// past the 200 ms this allowed before: a quarter of the grace.
+			if cpu > grace/4 {
 				t.Fatalf("fairlock %s used %v of CPU, waiting out a %v grace", sub, cpu, grace)
 			}
 		})
