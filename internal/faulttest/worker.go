@@ -56,7 +56,8 @@ func specFromEnv() spec {
 //
 //	loop: acquire (all names at once, for a list), log "enter" for each,
 //	      hold, log "exit" for each, release; on errors log "error" and
-//	      try again
+//	      try again; when stdin closes, Close, and log "closed <error>"
+//	      if it failed
 //	hold: acquire once, print "acquired <token>", and hold until stdin
 //	      closes; if the lease ends first, print "done <cause>" and
 //	      "release <error>"
@@ -121,6 +122,10 @@ func WorkerMain(dial clients.Dial) int {
 			if err := l.Release(context.Background()); err != nil {
 				logf("release %q", err.Error())
 			}
+		}
+		// Close's error says what of the client's clean-up did not land.
+		if err := c.Close(); err != nil {
+			logf("closed %q", err.Error())
 		}
 		return 0
 	case "hold":
