@@ -104,7 +104,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		rep, err := parseAcquireReply(o.Res, len(p.parts))
 		if err != nil {
 			c.waits.unregister(r, w)
-			if !fault.IsDialError(err) { // (then the call's late clean-up withdraws)
+			if !leftAsIs(o.Res.Err) && !fault.IsDialError(err) {
 				// The script may have run before the failure was seen,
 				// or ran and answered what this release cannot read.
 				c.withdraw(ctx, p, w.ticket)

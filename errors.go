@@ -180,6 +180,20 @@ func transient(err error) bool {
 		errors.Is(err, context.DeadlineExceeded)
 }
 
+// leftAsIs reports whether a script call that failed with err left Redis
+// as it was: the call never reached Redis (a dial error), or Redis answered
+// with an error (a script refuses before its first write, and Redis
+// refuses before a script runs). Nothing of such a call is to be
+// withdrawn. (A dial error's withdrawal, if any, is the call's late
+// clean-up's.)
+func leftAsIs(err error) bool {
+	if fault.IsDialError(err) {
+		return true
+	}
+	_, replied := fault.ReplyOf(err)
+	return replied
+}
+
 // cutShort reports whether err is a context's: a call cut short by its
 // caller's context, which may not have been sent at all (go-redis checks
 // the context before it sends).

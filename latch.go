@@ -336,7 +336,7 @@ func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl tim
 		}
 		if err != nil {
 			c.waits.unregister(r, w)
-			if !fault.IsDialError(err) { // (then the call's late clean-up withdraws)
+			if !leftAsIs(o.Res.Err) && !fault.IsDialError(err) {
 				c.withdraw(ctx, cp, ticket)
 			}
 			return 0, fail(ctx, op, p.names, err)

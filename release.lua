@@ -32,7 +32,9 @@
 --              context ended (tokens are ignored): 1 it was waiting (in a
 --              queue or on a condition variable), 2 it had just been
 --              granted (the grant, announced to it, is handed on), 0 it was
---              already gone.
+--              already gone. It leaves the ticket's tombstone whatever it
+--              found, so a copy of the ticket's acquire or wait that comes
+--              after it does nothing.
 --   "wait"     KEYS: one resource's, then the condition's. Releases the
 --              lease as "release" does and, in the same step, makes the new
 --              ticket a waiter of the condition (so no signal between the
@@ -142,6 +144,17 @@ if result == 0 then
       local p = parts[1]
       cond_add(p.r, cv, fresh, p.ns, client, lease, wait)
     end
+  end
+end
+if op == 'leave' then
+  -- A withdrawal ends its ticket for good, whatever it found: a copy of
+  -- the ticket's acquire or wait that reaches Redis after it (sent before
+  -- its caller left, and held up on another connection or in a socket's
+  -- buffer) finds the tombstone and does nothing, rather than queue a
+  -- ticket nobody waits for or grant it a lease nobody holds. (A grant it
+  -- ended left one already; a signalled ticket's record stands.)
+  for _, p in ipairs(parts) do
+    if not p.r.off and not is_tomb(p.r.grants[ticket] or p.r.grant) then record(p.r, ticket, ENDED) end
   end
 end
 -- A renewal frees nothing, unless it found its lease gone.

@@ -90,6 +90,10 @@ if op == 'latch_wait' then
   local ticket, client, lease, wait = ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
   -- A resend: the first run made the ticket wait.
   if r.grant == CONDITION .. LATCH_COND then return { 1, now, -1 } end
+  -- A copy that reaches Redis after its waiter withdrew (the withdrawal
+  -- left the ticket's tombstone): it does nothing, and answers as a
+  -- resend does (nobody reads it).
+  if r.grant == ENDED then return { 1, now, -1 } end
   if count <= 0 then return { 0 } end
   local cv = cond_load(r, LATCH_COND, ckeys[1])
   cond_add(r, cv, ticket, 1, client, lease, wait)
