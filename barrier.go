@@ -205,7 +205,7 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 	}
 	if err != nil {
 		c.waits.unregister(r, w)
-		if !fault.IsDialError(err) { // (then the call's late clean-up breaks)
+		if !leftAsIs(o.Res.Err) && !fault.IsDialError(err) {
 			c.letGo(ctx, breaks(""), cp, nil)
 		}
 		return arrival{}, fail(ctx, op, names, err)

@@ -246,10 +246,11 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release script.Call, 
 	// did then, and a release that finds no trace of it knows the wait
 	// released it.
 	live := time.Now().Before(until)
-	if _, refused := fault.ReplyOf(err); !refused {
-		// No reply from Redis: the connection failed once the command was
-		// sent, so the script may have run, and added the new ticket. (A
-		// script that replies with an error has written nothing.)
+	if !leftAsIs(err) {
+		// The script may have run, and added the new ticket: the
+		// connection failed once the command was sent, or Redis refused
+		// a resend of a try that ran (only a fairlock script's own
+		// refusal says that nothing was written).
 		c.withdraw(ctx, cp, fresh)
 	}
 	o, ok := c.calls.Op(ctx, release, func(o callpath.Outcome) {

@@ -181,17 +181,19 @@ func transient(err error) bool {
 }
 
 // leftAsIs reports whether a script call that failed with err left Redis
-// as it was: the call never reached Redis (a dial error), or Redis answered
-// with an error (a script refuses before its first write, and Redis
-// refuses before a script runs). Nothing of such a call is to be
-// withdrawn. (A dial error's withdrawal, if any, is the call's late
-// clean-up's.)
+// as it was: the call never reached Redis (a dial error), or a fairlock
+// script refused it (a FAIRLOCK_ reply: a script refuses before its first
+// write). Nothing of such a call is to be withdrawn. (A dial error's
+// withdrawal, if any, is the call's late clean-up's.) Another refusal
+// (OOM, READONLY, LOADING...) leaves this try as it was, but not an
+// earlier try of the same call that ran and whose reply was lost: the
+// Redis client then returns the last try's error.
 func leftAsIs(err error) bool {
 	if fault.IsDialError(err) {
 		return true
 	}
-	_, replied := fault.ReplyOf(err)
-	return replied
+	msg, replied := fault.ReplyOf(err)
+	return replied && strings.HasPrefix(msg, "FAIRLOCK_")
 }
 
 // cutShort reports whether err is a context's: a call cut short by its
