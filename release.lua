@@ -152,9 +152,12 @@ if op == 'leave' then
   -- its caller left, and held up on another connection or in a socket's
   -- buffer) finds the tombstone and does nothing, rather than queue a
   -- ticket nobody waits for or grant it a lease nobody holds. (A grant it
-  -- ended left one already; a signalled ticket's record stands.)
+  -- ended left one already; a signalled ticket's record stands. A cyclic
+  -- barrier's party is withdrawn by its break, which records its own.)
   for _, p in ipairs(parts) do
-    if not p.r.off and not is_tomb(p.r.grants[ticket] or p.r.grant) then record(p.r, ticket, ENDED) end
+    if not p.r.off and not is_tomb(p.r.grants[ticket] or p.r.grant) and string.sub(p.r.base, -2) ~= KEY_SEP .. 'B' then
+      record(p.r, ticket, ENDED)
+    end
   end
 end
 -- A renewal frees nothing, unless it found its lease gone.

@@ -710,8 +710,16 @@ func TestForeignKeys(t *testing.T) {
 					if tc.waiter {
 						count = 1
 						wctx, cancel := context.WithCancel(ctx)
-						defer cancel()
-						w := e.latch(e.Client(fairlock.WithWaiterTTL(time.Minute)), "fk", count)
+						wc := e.Client(fairlock.WithWaiterTTL(time.Minute))
+						// The waiter withdraws in the background once
+						// cancelled, and its withdrawal leaves a
+						// tombstone: its client's Close waits for it
+						// before the next case flushes Redis.
+						defer func() {
+							cancel()
+							_ = wc.Close()
+						}()
+						w := e.latch(wc, "fk", count)
 						waitAsync(wctx, w)
 						e.WaitFor("the waiter", func() bool { return e.waiters("fk") == 1 })
 					}
