@@ -30,7 +30,12 @@ echo $$ > cmd.pid
 sh -c 'echo $$ > child.pid; while :; do sleep 0.05; done' &
 setsid sh -c 'echo $$ > daemon.pid; while :; do sleep 0.05; done' &
 while :; do sleep 0.05; done`
-			p1 := c.startIn(mode, "run", "-ttl", "1s", "m", "--", "sh", "-c", first)
+			// The supervisor must kill the job within what is left of
+			// the lease (two thirds of its TTL to all of it, renewed
+			// every third): 3 s, not 1 s, which a race-built supervisor
+			// on two busy cores can overrun (CI saw the second run's
+			// command start beside the first's).
+			p1 := c.startIn(mode, "run", "-ttl", "3s", "m", "--", "sh", "-c", first)
 			ps := []proc{c.procFile("cmd.pid"), c.procFile("child.pid"), c.procFile("daemon.pid")}
 			reap(t, ps...)
 
@@ -70,7 +75,7 @@ while :; do sleep 0.05; done`
 						t.Fatalf("%s still runs %v after its fairlock was killed", p, time.Since(killed).Round(time.Millisecond))
 					}
 					if c.exists("second.ran") {
-						t.Fatalf("the second run's command ran while the first's %s ran", p)
+						t.Fatalf("the second run's command ran while the first's %s ran, %v after the first fairlock was killed", p, time.Since(killed).Round(time.Millisecond))
 					}
 					time.Sleep(5 * time.Millisecond)
 				}
