@@ -172,11 +172,6 @@ if op == 'barrier_break' then
     finish()
     return { 1, 0 }
   end
-  -- Nothing to break: the ticket has not arrived. Its record says that
-  -- its party left, so that a copy of its await that reaches Redis later
-  -- (held up on another connection) answers broken and arrives nowhere.
-  record(r, ticket, signalled(asked or round, 0, BROKEN, 0))
-  finish()
   return { 0, 0 }
 end
 if op ~= 'barrier_await' then return redis.error_reply('ERR barrier: unknown op ' .. tostring(op)) end
