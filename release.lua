@@ -153,7 +153,7 @@ if op == 'leave' then
   -- buffer) finds the tombstone and does nothing, rather than queue a
   -- ticket nobody waits for or grant it a lease nobody holds. (A grant it
   -- ended left one already; a signalled ticket's record stands. A cyclic
-  -- barrier's party is withdrawn by its break, which records its own.)
+  -- barrier's party is withdrawn by its break.)
   for _, p in ipairs(parts) do
     if not p.r.off and not is_tomb(p.r.grants[ticket] or p.r.grant) and string.sub(p.r.base, -2) ~= KEY_SEP .. 'B' then
       record(p.r, ticket, ENDED)
