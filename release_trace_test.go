@@ -970,3 +970,36 @@ func signalWakesTheOldestWaiter(t *testing.T, transform func(string) string) err
 	}
 	return nil
 }
+
+// An idle semaphore's keys live as long as its latest tombstone, also
+// when Redis's clock has stepped back since an earlier one was written (a
+// failover to a replica whose clock is behind): the withdrawal that makes
+// it idle, though it writes a tombstone of its own, reads when the latest
+// ends, and the lean release after it keeps an expiry that covers it.
+func TestIdleKeysCoverTombstonesAfterClockStepBack(t *testing.T) {
+	g := newTraceRig(t)
+	check := func(what string) {
+		t.Helper()
+		st := statecheck.State{Prefix: "trace:", Bases: []string{"trace:{s}"}, At: g.now / 1000, Shift: differential.ExpiryShift}
+		if err := statecheck.Check(context.Background(), g.r.RDB, st); err != nil {
+			t.Fatalf("after %s: %v\n%s", what, err, g.dump())
+		}
+	}
+	tok := tokenOf(t, g.run("acquire", "TL", "PL", "3600000", "60000", "", "1", "1"))
+	// TW queues behind TL and withdraws: its tombstone lasts 10–20 s.
+	if got := fmt.Sprint(g.run("acquire", "TW", "PW", "3600000", "60000", "", "1", "1")); !strings.HasPrefix(got, "[2 ") {
+		t.Fatalf("TW's acquire = %v, want queued", got)
+	}
+	g.run("leave", "TW", "PW", "3600000", "60000", "", "0", "1", "0")
+	check("TW's withdrawal")
+	g.advance(-60000) // Redis's clock steps back a minute
+	g.run("leave", "TL", "PL", "3600000", "60000", "", "0", "1", tok)
+	check("the holder's withdrawal, a minute back")
+	for i := range 2 {
+		ta := tokenOf(t, g.run("acquire", "TA"+strconv.Itoa(i), "PA", "10000", "60000", "", "1", "1"))
+		if got := fmt.Sprint(g.run("release", "TA"+strconv.Itoa(i), "PA", "10000", "60000", "", "0", "1", ta)); got != "[1 0]" {
+			t.Fatalf("uncontended release = %v", got)
+		}
+		check("an uncontended cycle")
+	}
+}

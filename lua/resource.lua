@@ -365,9 +365,12 @@ local function finish_one(r)
   if in_h(r) > 0 and r.hmin and r.hmin < math.huge then put(f, 'hmin', r.hmin, r.hmin0) end
   local exp = r.exp
   if not idle or #f > 0 or #d > 0 or changed then
-    if idle and (r.tnext or 0) > 0 and r.horizon < tomb_until() then
+    if idle and (r.tnext or 0) > 0 then
       -- The keys of an idle resource live as long as its tombstones,
-      -- those of earlier scripts too (this script wrote none later).
+      -- those of earlier scripts too: read even when this script wrote
+      -- one, since one of an earlier script may end later (Redis's clock
+      -- stepped back since). So the keys' expiry covers every tombstone,
+      -- which the fast paths rely on (idle_exp_known).
       local last = redis.call('ZRANGE', r.T, -1, -1, 'WITHSCORES')
       seen(r.T)
       r.horizon = math.max(r.horizon, tonumber(last[2]) or 0)
