@@ -975,7 +975,7 @@ func signalWakesTheOldestWaiter(t *testing.T, transform func(string) string) err
 // when Redis's clock has stepped back since an earlier one was written (a
 // failover to a replica whose clock is behind): the withdrawal that makes
 // it idle, though it writes a tombstone of its own, reads when the latest
-// ends, and the lean release after it keeps an expiry that covers it.
+// ends, and the uncontended cycles after it keep an expiry that covers it.
 func TestIdleKeysCoverTombstonesAfterClockStepBack(t *testing.T) {
 	g := newTraceRig(t)
 	check := func(what string) {
