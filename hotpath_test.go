@@ -179,3 +179,83 @@ func TestHotPathCommands(t *testing.T) {
 		t.Fatalf("the hot paths ran\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
 	}
 }
+
+// A withdrawal leaves its ticket's tombstone for 10–20 s (so that a late
+// copy of its acquire does nothing). The uncontended cycle on that
+// semaphore meanwhile costs what it costs without one: the keys' expiry
+// covers the tombstone already and stays, so neither call reads or moves
+// the tombstones' key.
+func TestHotPathCommandsWithTombstone(t *testing.T) {
+	b := redistest.RealBackend(t)
+	noTransform(t)
+	ctx := context.Background()
+	if err := b.Client(t).Do(ctx, "FUNCTION", "LIST", "LIBRARYNAME", "none").Err(); err != nil {
+		t.Skipf("no functions on this server (%v)", err)
+	}
+	prefix := redistest.Prefix(t)
+	c, err := New(b.Client(t), WithPrefix(prefix), WithWaiterTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	req := Request{Name: "hot", Capacity: 1, Permits: 1, LeaseTTL: 10 * time.Second}
+	held, err := c.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A waiter that gives up: its withdrawal leaves the tombstone.
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(wctx, req)
+		done <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		st, err := c.Status(ctx, "hot")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Queued == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter did not queue")
+		}
+	}
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("the cancelled waiter acquired")
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rdb := b.Client(t)
+	if n, err := rdb.ZCard(ctx, prefix+"{hot}:t").Result(); err != nil || n != 1 {
+		t.Fatalf("tombstones after the withdrawal: %d, %v; want 1", n, err)
+	}
+
+	stop := monitorScripts(t, b, prefix)
+	for range 3 {
+		l, err := c.Acquire(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runs := stop()
+	var got []string
+	for _, r := range runs {
+		if !strings.Contains(r.fn, "status") {
+			got = append(got, strings.Join(r.cmds, " "))
+		}
+	}
+	var want []string
+	for range 3 {
+		want = append(want, "FCALL TIME HMGET HSET", "FCALL TIME HMGET HDEL")
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("the uncontended cycle beside a tombstone ran\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+}

@@ -206,7 +206,13 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 		{"fast handoff leaves the hash's place empty", "lua/fast.lua",
 			"  local free = mine or not o\n", "  local free = mine\n", -1, true},
 		{"fast release deletes an idle state that has tombstones", "lua/fast.lua",
-			"  if idle and (st[TNEXT] or 0) > 0 then return fast.defer(clock, S, st, a) end\n", "", 0, true},
+			"  if idle and (st[TNEXT] or 0) > 0 and not idle_exp_known(exp0, seq) then return fast.defer(clock, S, st, a) end\n", "", 0, true},
+		{"an idle release with tombstones keeps an expiry the latest decides", "lua/rules.lua",
+			"    return exp >= need and exp <= math.max(need, now) + IDLE_MS\n", "    return true\n", 0, true},
+		{"lean release with tombstones leaves the keys' expiry unchecked", "lua/fast.lua",
+			"    if not idle_exp_known(exp0, seq) then return false end\n", "", 0, true},
+		{"lean acquire grants beside a tombstone due to be trimmed", "lua/fast.lua",
+			"  if row[7] and not (tnext and tnext > 0 and not trim_due(tnext)) then return nil end\n", "", 0, true},
 		// Rules of the state's life and of the tombstones, which the call
 		// machine checks after every call (its clock reaches expiries and
 		// tombstones' ends far more often than whole clients do).

@@ -47,7 +47,8 @@ end
 
 -- fast.lean_acquire grants acquire a (a "try" alike) at once on a
 -- resource (keys K) that nobody holds, waits for or waits on, whose state
--- hash exists and keeps no tombstone, given its state row as read
+-- hash exists and keeps no tombstone due to be trimmed (nor any, when the
+-- keys' expiry moves), given its state row as read
 -- (read_row, not converted): the commonest call of all, decided from the
 -- row's strings with the fewest conversions. It writes what fast.acquire writes then, and returns nil,
 -- having written nothing, for any other case.
@@ -57,9 +58,10 @@ function fast.lean_acquire(K, a, row)
   if row[2] or row[3] or row[4] or row[9] or row[11] or row[15] or row[10] ~= LAYOUT then return nil end
   local cap, n, lease = tonumber(row[1]), want_of(a, 1), a[LEASE]
   if not (cap and n and lease and a[WAIT]) or cap ~= cap_of(a, 1) or not fits_in(0, n, cap) then return nil end
-  -- (A resource with tombstones is the fast path's: it proves their key
-  -- before moving its TTL.)
-  if row[7] then return nil end
+  -- Tombstones (tnext) while none is due to be trimmed: their key is
+  -- neither proven nor given a TTL here (see below).
+  local tnext = row[7] and tonumber(row[7])
+  if row[7] and not (tnext and tnext > 0 and not trim_due(tnext)) then return nil end
   local seq = next_token(row[5] and tonumber(row[5]) or 0)
   local ts, at = num(seq), now + grant_ttl(lease, a[WAIT], false)
   local ats = num(at)
@@ -71,7 +73,9 @@ function fast.lean_acquire(K, a, row)
     redis.call('HSET', S, 'used', num(n), 'nh', '1', 'seq', ts, 'o', member, 'oe', ats)
     return { 1, now, at, ts }
   end
-  -- The keys' expiry moves: only the state hash holds anything.
+  -- The keys' expiry moves: only the state hash holds anything, unless
+  -- it keeps tombstones, whose key fast.acquire proves and moves too.
+  if row[7] then return nil end
   redis.call('HSET', S, 'used', num(n), 'nh', '1', 'seq', ts, 'o', member, 'oe', ats, 'exp', num(exp))
   fast.expire(S, exp)
   return { 1, now, at, ts }
@@ -195,8 +199,11 @@ end
 -- the row's strings. It writes what fast.release writes then and returns
 -- true, or returns false having written nothing.
 function fast.lean_release(K, a, row)
-  -- nh 1, and nq, nc and tnext absent; used as the lease holds.
-  if row[3] ~= '1' or row[4] or row[9] or row[7] or not row[11] or row[2] ~= a[8] then return false end
+  -- nh 1, and nq and nc absent; used as the lease holds; tombstones
+  -- (tnext) only while none is due to be trimmed (then see below).
+  if row[3] ~= '1' or row[4] or row[9] or not row[11] or row[2] ~= a[8] then return false end
+  local tnext = row[7] and tonumber(row[7])
+  if row[7] and not (tnext and tnext > 0 and not trim_due(tnext)) then return false end
   local n, ns, token = part_of(a, 1)
   -- (The capacity as the fast path reads it: a state without one, or
   -- with one that frees nothing, is the general path's.)
@@ -204,6 +211,15 @@ function fast.lean_release(K, a, row)
   if not (n and cap and cap > 0) or row[11] ~= holder_member(a[TICKET], ns, a[CLIENT], token) then return false end
   if not alive(tonumber(row[12])) then return false end
   local S, seq = K[KS], tonumber(row[5]) or 0
+  if row[7] then
+    -- Idle with tombstones: the keys live as long as the latest, which
+    -- their expiry covers; it stays when that does not depend on when the
+    -- latest is (idle_exp_known), and moves otherwise (fast.release_row).
+    local exp0 = tonumber(row[6]) or 0
+    if not idle_exp_known(exp0, seq) then return false end
+    redis.call('HDEL', S, 'used', 'nh', 'o', 'oe')
+    return true
+  end
   if may_delete(nil, seq) then
     -- Nothing in it is needed any more.
     redis.call('DEL', S)
@@ -304,8 +320,9 @@ function fast.release_row(K, a, clock, row)
   local seq = st[SEQ]
   local idle = not w and is_idle(nh - 1, nq, nc)
   -- An idle resource with tombstones keeps its keys as long as the
-  -- latest: the general path reads when that is.
-  if idle and (st[TNEXT] or 0) > 0 then return fast.defer(clock, S, st, a) end
+  -- latest (idle_exp_known): when its expiry would move to a time the
+  -- latest decides, the general path reads when that is.
+  if idle and (st[TNEXT] or 0) > 0 and not idle_exp_known(exp0, seq) then return fast.defer(clock, S, st, a) end
   if idle and may_delete(st[TNEXT], seq) then
     -- Nothing in it is needed any more.
     if not mine then redis.call('ZREM', K[KH], m) end

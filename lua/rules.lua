@@ -88,7 +88,7 @@ local function is_lease_trace(v)
   return is_token(v) or v == ENDED
 end
 
-local next_token, keys_exp
+local next_token, keys_exp, idle_exp_known
 do
   -- exact returns x, a number read from a state hash, when it is one that
   -- a script wrote: not negative, and small enough that every integer up to
@@ -132,6 +132,20 @@ do
     -- have to move it again.
     if need > exp then return math.max(exp, need + math.max(need - now, 1000)) end
     return exp
+  end
+
+  -- idle_exp_known reports whether the keys' expiry of a resource that
+  -- becomes idle with tombstones, given when they expire now (exp, which
+  -- covers the latest tombstone) and its last sequence number, stays as
+  -- it is whatever the latest tombstone is: when exp covers the sequence
+  -- and lies less than IDLE_MS past it, or past now (keys_exp keeps it
+  -- then, the latest tombstone being no later). Otherwise the expiry
+  -- moves to a time the latest tombstone decides, which the general path
+  -- reads.
+  function idle_exp_known(exp, seq)
+    exp, seq = exact(exp), exact(seq)
+    local need = math.floor(seq / 1000) + 1000
+    return exp >= need and exp <= math.max(need, now) + IDLE_MS
   end
 end
 
