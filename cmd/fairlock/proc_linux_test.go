@@ -52,6 +52,50 @@ func (p proc) alive() bool {
 
 func (p proc) String() string { return fmt.Sprintf("%s (pid %d)", p.name, p.pid) }
 
+// postmortem describes what the supervisors sups and the job's processes
+// ps are doing: each one's state and parent, where in the kernel it
+// sleeps (wchan), and, for a supervisor, its orders pipe (fd 3) and every
+// process that holds that pipe open (a writer other than its fairlock
+// would keep the pipe's end from coming).
+func postmortem(sups []int, ps []proc) string {
+	var b strings.Builder
+	describe := func(name string, pid int) {
+		state, ppid, pgrp, _, ok := procStat(pid)
+		if !ok {
+			fmt.Fprintf(&b, "%s (pid %d): gone\n", name, pid)
+			return
+		}
+		wchan, _ := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", pid))
+		fmt.Fprintf(&b, "%s (pid %d): state %c, parent %d, group %d, wchan %q\n", name, pid, state, ppid, pgrp, wchan)
+	}
+	for _, pid := range sups {
+		describe("supervisor", pid)
+		pipe, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/3", pid))
+		if err != nil {
+			fmt.Fprintf(&b, "  fd 3: %v\n", err)
+			continue
+		}
+		fmt.Fprintf(&b, "  fd 3: %s, held by:", pipe)
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			fds, err := os.ReadDir("/proc/" + e.Name() + "/fd")
+			if err != nil {
+				continue
+			}
+			for _, fd := range fds {
+				if l, _ := os.Readlink("/proc/" + e.Name() + "/fd/" + fd.Name()); l == pipe {
+					fmt.Fprintf(&b, " pid %s fd %s", e.Name(), fd.Name())
+				}
+			}
+		}
+		b.WriteString("\n")
+	}
+	for _, p := range ps {
+		describe(p.name, p.pid)
+	}
+	return b.String()
+}
+
 // procFile waits for file (in c.dir) to hold a pid and a newline, and
 // returns that process.
 func (c *cli) procFile(file string) proc {

@@ -68,6 +68,9 @@ while :; do sleep 0.05; done`
 				}
 			}
 
+			// The supervisor (fairlock's child) is looked at too, should
+			// the job outlive the bound: what each process was doing then.
+			sup := childrenOf(p1.pid)
 			if err := syscall.Kill(p1.pid, syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
@@ -75,10 +78,10 @@ while :; do sleep 0.05; done`
 			for _, p := range ps {
 				for p.alive() {
 					if time.Since(killed) > 5*time.Second {
-						t.Fatalf("%s still runs %v after its fairlock was killed", p, time.Since(killed).Round(time.Millisecond))
+						t.Fatalf("%s still runs %v after its fairlock was killed\n%s", p, time.Since(killed).Round(time.Millisecond), postmortem(sup, ps))
 					}
 					if c.exists("second.ran") {
-						t.Fatalf("the second run's command ran while the first's %s ran, %v after the first fairlock was killed", p, time.Since(killed).Round(time.Millisecond))
+						t.Fatalf("the second run's command ran while the first's %s ran, %v after the first fairlock was killed\n%s", p, time.Since(killed).Round(time.Millisecond), postmortem(sup, ps))
 					}
 					time.Sleep(5 * time.Millisecond)
 				}
