@@ -288,6 +288,13 @@ func catchBrokenRules(t *testing.T, pick func(file string) bool) {
 			"    r.o, r.oe = m, at\n    r.horizon = math.max(r.horizon, at)\n", "    r.o, r.oe = m, at\n", 0, false},
 		{"the lease kept in the state hash is never purged", "lua/grant.lua",
 			"  if r.o and due(r.oe) then\n", "  if false then\n", 0, false},
+		// (checks -1: a written-out scenario, writtenOut: a process's
+		// wait on one condition moves the keys' expiry past another's
+		// key, which the machines reach seldom.)
+		{"condition keys stay behind a move of the keys' expiry", "lua/resource.lua",
+			"  if moved and r.nc > 0 then cond_keys_follow(r, at) end\n", "\n", -1, false},
+		{"fast acquire moves the keys' expiry with condition waiters", "lua/fast.lua",
+			"  if exp ~= exp0 and nc > 0 then return fast.defer(clock, S, st, a) end\n", "", 0, true},
 		{"named condition's key expires before its waiters", "lua/resource.lua",
 			"    if cv.wrote then expire_at(cv.C, at) end\n",
 			"    if cv.wrote then expire_at(cv.C, cv.name == '' and at or num(now + 1)) end\n", 0, false},
@@ -462,6 +469,7 @@ var writtenOut = map[string]func(*testing.T, func(string) string) error{
 	"signal wakes the newest waiter":                                  signalWakesTheOldestWaiter,
 	"a waiter before zq is taken alive unread":                        deadProcessWaitersStayDead,
 	"a liveness field left as it was does not keep the keys":          queuedBehindAFreshFieldKeepsTheKeys,
+	"condition keys stay behind a move of the keys' expiry":           conditionKeysFollowTheKeysExpiry,
 }
 
 // leaseBoundLowered runs, through the general path (fast paths off,

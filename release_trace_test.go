@@ -1003,3 +1003,67 @@ func TestIdleKeysCoverTombstonesAfterClockStepBack(t *testing.T) {
 		check("an uncontended cycle")
 	}
 }
+
+// A condition's waiters live until their process's liveness deadline,
+// which any call of that process on the semaphore moves (here a wait on
+// another condition), and the condition's key must live as long: when a
+// call moves the keys' expiry, every condition key with waiters follows
+// it, not only those the call wrote. Seen in CI as "key …cx expires at
+// …, before its latest waiter's deadline" (TestResentCallsActOnce, a
+// queued acquire of a process waiting on a condition).
+func TestConditionKeysFollowTheKeysExpiry(t *testing.T) {
+	for _, fast := range []bool{true, false} {
+		t.Run(fmt.Sprintf("fast=%v", fast), func(t *testing.T) {
+			transform := func(s string) string { return s }
+			if !fast {
+				transform = testhook.NoFastPaths
+			}
+			if err := conditionKeysFollowTheKeysExpiry(t, transform); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// conditionKeysFollowTheKeysExpiry is TestConditionKeysFollowTheKeysExpiry
+// on scripts changed by transform: the error says what went wrong.
+func conditionKeysFollowTheKeysExpiry(t *testing.T, transform func(string) string) error {
+	g := newTraceRigWith(t, transform)
+	const base, wait = "trace:{s}", "3000"
+	sem := []string{base + ":s", base + ":q", base + ":d", base + ":h", base + ":t"}
+	k := keyspace.Keys{Base: base, All: sem}
+	check := func(what string) error {
+		st := statecheck.State{Prefix: "trace:", Bases: []string{base}, At: g.now / 1000, Shift: differential.ExpiryShift}
+		if err := statecheck.Check(context.Background(), g.r.RDB, st); err != nil {
+			return fmt.Errorf("after %s: %w\n%s", what, err, g.dump())
+		}
+		return nil
+	}
+	// PB takes the mutex and waits on cond, its lease 1 s, its waiters
+	// alive for 3 s unless refreshed (it never is here).
+	waitOn := func(held, waiter, cond string) error {
+		got := g.run("acquire", held, "PB", "1000", wait, "", "1", "1")
+		r, ok := got.([]any)
+		if !ok || len(r) < 4 || r[0] != int64(acqGranted) {
+			return fmt.Errorf("%s's acquire = %v, want granted", held, got)
+		}
+		args := []string{"wait", held, "PB", "1000", wait, "", "0", "1", fmt.Sprint(r[3]), waiter, cond}
+		if got := fmt.Sprint(g.runOn(append(sem, condKeys(k, cond)...), args...)); !strings.HasPrefix(got, "[1") {
+			return fmt.Errorf("%s's wait on %q = %v, want waiting", waiter, cond, got)
+		}
+		return check(waiter + "'s wait on " + cond)
+	}
+	if err := waitOn("T1", "W1", "x"); err != nil {
+		return err
+	}
+	// Each later wait, on another condition, moves PB's deadline 2.5 s
+	// on, while W1 is alive: the second within the keys' expiry, the
+	// third past it, which moves it (and x's key must follow).
+	for i, cond := range []string{"y", "z"} {
+		g.advance(2500)
+		if err := waitOn("T"+strconv.Itoa(i+2), "W"+strconv.Itoa(i+2), cond); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -160,6 +160,9 @@ function fast.acquire(K, a)
     f[k + 1], f[k + 2], f[k + 3], f[k + 4] = 'cap', num(cap), 'layout', LAYOUT
   end
   local exp = keys_exp(exp0, at, seq, false)
+  -- The condition keys follow a move of the keys' expiry
+  -- (cond_keys_follow): the general path's.
+  if exp ~= exp0 and nc > 0 then return fast.defer(clock, S, st, a) end
   put(f, 'exp', exp, exp0)
   local moved = exp ~= exp0
   -- What the keys hold after.
@@ -363,6 +366,9 @@ function fast.release_row(K, a, clock, row)
   end
   put0(f, d, 'used', after, used)
   local exp = keys_exp(exp0, horizon, seq, idle)
+  -- The condition keys follow a move of the keys' expiry
+  -- (cond_keys_follow): the general path's.
+  if exp ~= exp0 and nc > 0 then return fast.defer(clock, S, st, a, K, hscore, head, exp0) end
   put(f, 'exp', exp, exp0)
   local moved = exp ~= exp0
   -- What the keys hold after.

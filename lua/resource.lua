@@ -299,103 +299,141 @@ local function put0(f, d, field, v, v0)
   end
 end
 
--- finish_one buffers what changed of a resource's state, and keeps its
--- keys alive until the last deadline they hold. A semaphore with no holders
--- and no waiters keeps only its state hash (for the sequence, and its
--- tombstones), and deletes it when it may (may_delete).
-local function finish_one(r)
-  if r.off then return end
-  trim_tombstones(r)
-  local idle = is_idle(r.nh, r.nq, r.nc)
-  local tombs = false
-  for _, t in ipairs(r.gorder) do
-    if is_tomb(r.grants[t]) then tombs = true end
-  end
-  if idle and not tombs and may_delete(r.tnext, r.seq) then
-    -- Nothing in it is needed any more: the other keys are empty.
-    if r.existed then write('DEL', r.S) end
-    return
-  end
-  local changed = false
-  local d = {}
-  for _, t in ipairs(r.gorder) do
-    local v = r.grants[t]
-    if is_tomb(v) then
-      -- A tombstone: forgotten with the index's entry.
-      local untl = tomb_until()
-      write('HSET', r.S, t, v)
-      write('ZADD', r.T, num(untl), t)
-      if not r.had_t then r.wrote_t = true end
-      r.horizon = math.max(r.horizon, untl)
-      local tn = tnext_with(r.tnext, untl)
-      if tn then r.tnext, r.tnext_set = tn, true end
-    elseif v and inline_token(r.o, t) == v then
-      -- The holder kept in the state hash: its member is its record. A
-      -- field the ticket had (see record) goes.
-      if r.cleared[t] then d[#d + 1] = t end
-    elseif v then
-      write('HSET', r.S, t, v)
-    else
-      d[#d + 1] = t
-    end
-    changed = true
-  end
-  local f = {}
-  if r.nq + r.nc > 0 and not nothing_due(r.lmin) then r.lmin = live_bound(r, d) end
-  if r.nq + r.nc > 0 and r.lmin < math.huge then put(f, 'lmin', r.lmin, r.lmin0) end
-  put(f, 'zq', r.zq, r.zq0)
-  for _, c in ipairs(r.lorder) do
-    local x = r.lives[c]
-    f[#f + 1], f[#f + 2] = live_field(c), live_value(x[1], x[2])
-  end
-  if r.newcap then put(f, 'cap', r.cap or 0, nil) end
-  put0(f, d, 'used', r.used, r.used0)
-  put0(f, d, 'nh', r.nh, r.nh0)
-  put0(f, d, 'nq', r.nq, r.nq0)
-  put(f, 'seq', r.seq, r.seq0)
-  put0(f, d, 'nc', r.nc, r.nc0)
-  if r.tnext_set then put0(f, d, 'tnext', r.tnext or 0, nil) end
-  if r.o ~= r.o0 or r.oe ~= r.oe0 then
-    if r.o then
-      f[#f + 1], f[#f + 2], f[#f + 3], f[#f + 4] = 'o', r.o, 'oe', num(r.oe)
-    elseif r.o0 then
-      d[#d + 1], d[#d + 2] = 'o', 'oe'
+local finish_one
+do
+  -- cond_keys_follow gives every condition key of r that has waiters the
+  -- keys' new expiry at: a condition's waiters live until their processes'
+  -- deadlines, which any call on r can move (a wait elsewhere, an acquire),
+  -- so each such key follows the state hash whenever its expiry moves, not
+  -- only when a call writes it. The keys are found by their waiters'
+  -- markers (CONDITION and the name, in S); a key this call cannot reach
+  -- (its slot is migrating) is left alone, as cond_load leaves it, and its
+  -- waiters' next refresh moves it. Runs about once per waiter TTL while a
+  -- condition has waiters (the expiry moves at most that often: keys_exp).
+  local function cond_keys_follow(r, at)
+    if r.off then return end
+    local all = redis.call('HGETALL', r.S)
+    local done = {}
+    for i = 1, #all, 2 do
+      local f, v = all[i], all[i + 1]
+      local b = string.byte(f, 1)
+      -- A ticket's field (not a lowercase word: the state's own fields and
+      -- processes' liveness fields are) marked with its condition.
+      if b and (b < 97 or b > 122) and string.sub(v, 1, 1) == CONDITION then
+        local name = string.sub(v, 2)
+        local cv = r.conds_by[name]
+        if not done[name] and not (cv and (cv.wrote or cv.off)) then
+          done[name] = true
+          local C, reachable = derived_key(r.base, 'c', name), cv ~= nil
+          if not reachable then
+            local probe = redis.pcall('EXISTS', C)
+            reachable = not (type(probe) == 'table' and probe.err)
+          end
+          if reachable then expire_at(C, at) end
+        end
+      end
     end
   end
-  if in_h(r) > 0 and r.hmin and r.hmin < math.huge then put(f, 'hmin', r.hmin, r.hmin0) end
-  local exp = r.exp
-  if not idle or #f > 0 or #d > 0 or changed then
-    if idle and (r.tnext or 0) > 0 then
-      -- The keys of an idle resource live as long as its tombstones,
-      -- those of earlier scripts too: read even when this script wrote
-      -- one, since one of an earlier script may end later (Redis's clock
-      -- stepped back since). So the keys' expiry covers every tombstone.
-      local last = redis.call('ZRANGE', r.T, -1, -1, 'WITHSCORES')
-      seen(r.T)
-      r.horizon = math.max(r.horizon, tonumber(last[2]) or 0)
+
+  -- finish_one buffers what changed of a resource's state, and keeps its
+  -- keys alive until the last deadline they hold. A semaphore with no holders
+  -- and no waiters keeps only its state hash (for the sequence, and its
+  -- tombstones), and deletes it when it may (may_delete).
+  function finish_one(r)
+    if r.off then return end
+    trim_tombstones(r)
+    local idle = is_idle(r.nh, r.nq, r.nc)
+    local tombs = false
+    for _, t in ipairs(r.gorder) do
+      if is_tomb(r.grants[t]) then tombs = true end
     end
-    exp = keys_exp(r.exp, r.horizon, r.seq, idle)
+    if idle and not tombs and may_delete(r.tnext, r.seq) then
+      -- Nothing in it is needed any more: the other keys are empty.
+      if r.existed then write('DEL', r.S) end
+      return
+    end
+    local changed = false
+    local d = {}
+    for _, t in ipairs(r.gorder) do
+      local v = r.grants[t]
+      if is_tomb(v) then
+        -- A tombstone: forgotten with the index's entry.
+        local untl = tomb_until()
+        write('HSET', r.S, t, v)
+        write('ZADD', r.T, num(untl), t)
+        if not r.had_t then r.wrote_t = true end
+        r.horizon = math.max(r.horizon, untl)
+        local tn = tnext_with(r.tnext, untl)
+        if tn then r.tnext, r.tnext_set = tn, true end
+      elseif v and inline_token(r.o, t) == v then
+        -- The holder kept in the state hash: its member is its record. A
+        -- field the ticket had (see record) goes.
+        if r.cleared[t] then d[#d + 1] = t end
+      elseif v then
+        write('HSET', r.S, t, v)
+      else
+        d[#d + 1] = t
+      end
+      changed = true
+    end
+    local f = {}
+    if r.nq + r.nc > 0 and not nothing_due(r.lmin) then r.lmin = live_bound(r, d) end
+    if r.nq + r.nc > 0 and r.lmin < math.huge then put(f, 'lmin', r.lmin, r.lmin0) end
+    put(f, 'zq', r.zq, r.zq0)
+    for _, c in ipairs(r.lorder) do
+      local x = r.lives[c]
+      f[#f + 1], f[#f + 2] = live_field(c), live_value(x[1], x[2])
+    end
+    if r.newcap then put(f, 'cap', r.cap or 0, nil) end
+    put0(f, d, 'used', r.used, r.used0)
+    put0(f, d, 'nh', r.nh, r.nh0)
+    put0(f, d, 'nq', r.nq, r.nq0)
+    put(f, 'seq', r.seq, r.seq0)
+    put0(f, d, 'nc', r.nc, r.nc0)
+    if r.tnext_set then put0(f, d, 'tnext', r.tnext or 0, nil) end
+    if r.o ~= r.o0 or r.oe ~= r.oe0 then
+      if r.o then
+        f[#f + 1], f[#f + 2], f[#f + 3], f[#f + 4] = 'o', r.o, 'oe', num(r.oe)
+      elseif r.o0 then
+        d[#d + 1], d[#d + 2] = 'o', 'oe'
+      end
+    end
+    if in_h(r) > 0 and r.hmin and r.hmin < math.huge then put(f, 'hmin', r.hmin, r.hmin0) end
+    local exp = r.exp
+    if not idle or #f > 0 or #d > 0 or changed then
+      if idle and (r.tnext or 0) > 0 then
+        -- The keys of an idle resource live as long as its tombstones,
+        -- those of earlier scripts too: read even when this script wrote
+        -- one, since one of an earlier script may end later (Redis's clock
+        -- stepped back since). So the keys' expiry covers every tombstone.
+        local last = redis.call('ZRANGE', r.T, -1, -1, 'WITHSCORES')
+        seen(r.T)
+        r.horizon = math.max(r.horizon, tonumber(last[2]) or 0)
+      end
+      exp = keys_exp(r.exp, r.horizon, r.seq, idle)
+    end
+    local moved = exp ~= r.exp
+    local at = num(exp)
+    -- A condition's key written here lives as long as the state hash, which
+    -- holds its waiters' markers (and lives past their deadlines).
+    for _, cv in ipairs(r.conds) do
+      if cv.wrote then expire_at(cv.C, at) end
+    end
+    if moved and r.nc > 0 then cond_keys_follow(r, at) end
+    if #f == 0 and #d == 0 and not changed and not (moved or r.wrote_h or r.wrote_q or r.wrote_t) then return end
+    if moved then
+      f[#f + 1] = 'exp'
+      f[#f + 1] = at
+    end
+    -- A state hash this script creates says its layout.
+    if #f > 0 and not r.existed then
+      f[#f + 1] = 'layout'
+      f[#f + 1] = LAYOUT
+    end
+    for i = 1, #f, 2 do write('HSET', r.S, f[i], f[i + 1]) end
+    for _, x in ipairs(d) do write('HDEL', r.S, x) end
+    expiring(r.keys, moved, in_h(r) > 0, r.nq > 0, (r.tnext or 0) > 0, r.wrote_h, r.wrote_q, r.wrote_t, expire_at, at)
   end
-  local moved = exp ~= r.exp
-  local at = num(exp)
-  -- A condition's key written here lives as long as the state hash, which
-  -- holds its waiters' markers (and lives past their deadlines).
-  for _, cv in ipairs(r.conds) do
-    if cv.wrote then expire_at(cv.C, at) end
-  end
-  if #f == 0 and #d == 0 and not changed and not (moved or r.wrote_h or r.wrote_q or r.wrote_t) then return end
-  if moved then
-    f[#f + 1] = 'exp'
-    f[#f + 1] = at
-  end
-  -- A state hash this script creates says its layout.
-  if #f > 0 and not r.existed then
-    f[#f + 1] = 'layout'
-    f[#f + 1] = LAYOUT
-  end
-  for i = 1, #f, 2 do write('HSET', r.S, f[i], f[i + 1]) end
-  for _, x in ipairs(d) do write('HDEL', r.S, x) end
-  expiring(r.keys, moved, in_h(r) > 0, r.nq > 0, (r.tnext or 0) > 0, r.wrote_h, r.wrote_q, r.wrote_t, expire_at, at)
 end
 
 -- prove_event_keys proves the keys next_event will read (those whose
