@@ -44,7 +44,7 @@ func validateCondName(name string) error {
 
 // condKeys returns the keys of condition cond of the semaphore with keys
 // k, as the scripts take them after the semaphore's: its waiters (a
-// derived key of kind keyspace.KindCond; cond_key in lua/cond.lua names it too);
+// derived key of kind keyspace.KindCond; cond_key in lua/members.lua names it too);
 // their deadlines are in the semaphore's :d.
 func condKeys(k keyspace.Keys, cond string) []string {
 	return []string{k.Derived(keyspace.KindCond, cond)}

@@ -241,6 +241,14 @@ local function reach(key, kind)
   reached[#reached + 1] = { key, kind }
 end
 
+-- unreachable reports whether this call cannot touch key (not declared):
+-- its slot is migrating, so any command on it fails. The probe changes
+-- nothing.
+local function unreachable(key)
+  local probe = redis.pcall('EXISTS', key)
+  return type(probe) == 'table' and probe.err ~= nil
+end
+
 -- Types an entry declares for KEYS that kind_of would not give (an
 -- election's record), by index.
 local declared_kinds
@@ -359,24 +367,6 @@ local function expire_at(key, at)
   expire_of[key] = at
 end
 
--- kind_written returns the type a buffered write's command works on.
-local function kind_written(cmd)
-  if cmd == 'HSET' or cmd == 'HDEL' or cmd == 'DEL' then return 'hash' end
-  return 'zset'
-end
-
--- call_chunks performs buffered write e (a DEL has no arguments).
-local function call_chunks(e)
-  local a, n = e.args, #e.args
-  if n == 0 then
-    redis.call(e.cmd, e.key)
-    return
-  end
-  for i = 1, n, CHUNK do
-    redis.call(e.cmd, e.key, unpack(a, i, math.min(i + CHUNK - 1, n)))
-  end
-end
-
 -- push_to pushes entries onto list to, in calls of at most CHUNK, and
 -- reports whether it took them all.
 local function push_to(to, entries)
@@ -413,39 +403,60 @@ local function wake(list, fallback, entry, ttl)
   b.entries[#b.entries + 1] = entry
 end
 
--- apply performs the buffered writes: first it proves every key it will
--- write or give a TTL (THE RULE, 2); then on each key its additions (they
--- never touch a member that a removal in the same script names), so no key
--- is deleted and created again by one script, then the removals, then
--- TTLs, then the wake-ups. A wake list whose push was refused keeps its
--- TTL.
-local function apply()
-  for _, e in ipairs(writes) do
-    if not proven[e.key] then must_be(e.key, kind_written(e.cmd)) end
+local apply
+do
+  -- kind_written returns the type a buffered write's command works on.
+  local function kind_written(cmd)
+    if cmd == 'HSET' or cmd == 'HDEL' or cmd == 'DEL' then return 'hash' end
+    return 'zset'
   end
-  -- Every key given a TTL is a resource's or a condition's; a state hash
-  -- has been read (load).
-  for _, key in ipairs(expires) do
-    if not proven[key] then must_be(key, 'zset') end
-  end
-  for _, e in ipairs(writes) do
-    if e.add then call_chunks(e) end
-  end
-  for _, e in ipairs(writes) do
-    if not e.add then call_chunks(e) end
-  end
-  -- A key emptied by this script no longer exists; in a migrating slot
-  -- touching it fails, harmlessly.
-  for _, key in ipairs(expires) do redis.pcall('PEXPIREAT', key, expire_of[key]) end
-  local ttl_of, pushed = {}, {}
-  for _, b in ipairs(wake_order) do
-    local to = push_wake(b.list, b.fallback, b.entries)
-    if to then
-      if not ttl_of[to] then pushed[#pushed + 1] = to end
-      ttl_of[to] = math.max(ttl_of[to] or 0, b.ttl)
+
+  -- call_chunks performs buffered write e (a DEL has no arguments).
+  local function call_chunks(e)
+    local a, n = e.args, #e.args
+    if n == 0 then
+      redis.call(e.cmd, e.key)
+      return
+    end
+    for i = 1, n, CHUNK do
+      redis.call(e.cmd, e.key, unpack(a, i, math.min(i + CHUNK - 1, n)))
     end
   end
-  for _, to in ipairs(pushed) do redis.pcall('PEXPIRE', to, num(ttl_of[to])) end
+
+  -- apply performs the buffered writes: first it proves every key it will
+  -- write or give a TTL (THE RULE, 2); then on each key its additions (they
+  -- never touch a member that a removal in the same script names), so no key
+  -- is deleted and created again by one script, then the removals, then
+  -- TTLs, then the wake-ups. A wake list whose push was refused keeps its
+  -- TTL.
+  function apply()
+    for _, e in ipairs(writes) do
+      if not proven[e.key] then must_be(e.key, kind_written(e.cmd)) end
+    end
+    -- Every key given a TTL is a resource's or a condition's; a state hash
+    -- has been read (load).
+    for _, key in ipairs(expires) do
+      if not proven[key] then must_be(key, 'zset') end
+    end
+    for _, e in ipairs(writes) do
+      if e.add then call_chunks(e) end
+    end
+    for _, e in ipairs(writes) do
+      if not e.add then call_chunks(e) end
+    end
+    -- A key emptied by this script no longer exists; in a migrating slot
+    -- touching it fails, harmlessly.
+    for _, key in ipairs(expires) do redis.pcall('PEXPIREAT', key, expire_of[key]) end
+    local ttl_of, pushed = {}, {}
+    for _, b in ipairs(wake_order) do
+      local to = push_wake(b.list, b.fallback, b.entries)
+      if to then
+        if not ttl_of[to] then pushed[#pushed + 1] = to end
+        ttl_of[to] = math.max(ttl_of[to] or 0, b.ttl)
+      end
+    end
+    for _, to in ipairs(pushed) do redis.pcall('PEXPIRE', to, num(ttl_of[to])) end
+  end
 end
 
 -- more_flag reports, for replies, whether work was left for later scripts.

@@ -7,11 +7,6 @@
 -- refresh. Each takes its member out of the condition's key and its
 -- marker out of S.
 
--- cond_key names the key of the condition name of the resource at base.
-local function cond_key(base, name)
-  return derived_key(base, 'c', name)
-end
-
 -- cond_load returns the condition name of resource r. declared is the
 -- condition key the caller passed in KEYS (possibly none); a key not
 -- declared is probed first, and a condition whose key cannot be reached
@@ -23,8 +18,7 @@ local function cond_load(r, name, declared)
   local C = cond_key(r.base, name)
   cv = { name = name, C = C, wrote = false, gone = {} }
   if C ~= declared then
-    local probe = redis.pcall('EXISTS', C)
-    if type(probe) == 'table' and probe.err then cv.off = true end
+    if unreachable(C) then cv.off = true end
     reach(C, 'zset')
   end
   r.conds_by[name] = cv
@@ -113,28 +107,15 @@ local function purge_waiters(r)
   r.wpurged = true
   head(r)
   if r.nc <= 0 then return end
-  local all = redis.call('HGETALL', r.S)
-  local names, marked = {}, {}
-  for i = 2, #all, 2 do
-    local v = all[i]
-    -- A mark (CONDITION and the name); tickets are upper-case, and no
-    -- other value starts with CONDITION.
-    if string.sub(v, 1, 1) == CONDITION then
-      if not marked[v] then
-        marked[v] = {}
-        names[#names + 1] = v
-      end
-      marked[v][#marked[v] + 1] = all[i - 1]
-    end
-  end
-  for _, v in ipairs(names) do
-    local cv = cond_load(r, string.sub(v, 2))
+  local names, marked = cond_marks(redis.call('HGETALL', r.S))
+  for _, name in ipairs(names) do
+    local cv = cond_load(r, name)
     if not cv.off then
       -- A marked waiter in no key lost it with the key (which outlives
       -- its waiters' deadlines): dead, it goes by its mark.
       local present = {}
       for _, m in ipairs((cond_waiters(r, cv, nil))) do present[ticket_of(m)] = true end
-      for _, t in ipairs(marked[v]) do
+      for _, t in ipairs(marked[name]) do
         if not present[t] and budget > 0 and r.grants[t] == nil then
           budget = budget - 1
           record(r, t, false)

@@ -68,6 +68,35 @@ local function inline_token(o, ticket)
   return false
 end
 
+-- cond_key names the key of the condition name of the resource at base.
+local function cond_key(base, name)
+  return derived_key(base, 'c', name)
+end
+
+-- cond_marks finds the condition marks in all, a state hash's fields and
+-- values as HGETALL returns them: a ticket's field (tickets are not
+-- lowercase words, as the state's own fields and the liveness fields
+-- are) whose value is CONDITION and a condition's name. It returns the
+-- names, each once, in the order met, and the tickets marked with each.
+local function cond_marks(all)
+  local names, marked = {}, {}
+  for i = 1, #all, 2 do
+    local f, v = all[i], all[i + 1]
+    local b = string.byte(f, 1)
+    if b and (b < 97 or b > 122) and string.sub(v, 1, 1) == CONDITION then
+      local name = string.sub(v, 2)
+      local ts = marked[name]
+      if not ts then
+        ts = {}
+        marked[name] = ts
+        names[#names + 1] = name
+      end
+      ts[#ts + 1] = f
+    end
+  end
+  return names, marked
+end
+
 -- live_field names the field of a resource's state hash that holds the
 -- liveness deadline (ms) of process client's waiters there: "l", KEY_SEP,
 -- the client (a control character no state field or ticket holds).

@@ -161,37 +161,6 @@ local function keep_alive(r, client, wait, seq)
   r.lmin = lowered(r.lmin, now + wait)
 end
 
--- live_bound returns the earliest deadline of r's live liveness fields
--- (math.huge: none), as this script leaves them: lmin's value when it
--- is unknown or due (what it bounded may have moved on, or died). It
--- reads the state hash whole, so it runs only then: about once per
--- waiter TTL while processes wait. The dead fields it finds go into d
--- (deleted): a process without a field has no live waiter, as one with
--- a dead field has none, and a busy semaphore keeps no field of every
--- process that ever waited on it.
-local function live_bound(r, d)
-  local low = math.huge
-  local all = redis.call('HGETALL', r.S)
-  local pre = live_field('')
-  for i = 1, #all, 2 do
-    if string.sub(all[i], 1, #pre) == pre and not r.lives[string.sub(all[i], #pre + 1)] then
-      local at = parse_live(all[i + 1])
-      if alive(at) then
-        if at < low then low = at end
-      else
-        -- The new bound leaves this dead field out: zq passes every
-        -- waiter queued so far (see queue.lua).
-        r.zq = math.max(r.zq, r.seq + 1)
-        d[#d + 1] = all[i]
-      end
-    end
-  end
-  for _, x in pairs(r.lives) do
-    if x[1] < low then low = x[1] end
-  end
-  return low
-end
-
 -- in_h returns how many of r's holders :h holds: all but the one kept in
 -- the state hash (o).
 local function in_h(r)
@@ -241,43 +210,6 @@ local function next_seq(r)
   return r.seq
 end
 
--- trim_tombstones forgets tombstones whose time has come, when the oldest
--- one's has (tnext); each trim takes those due within half a lifetime, so
--- trims are rare.
-local function trim_tombstones(r)
-  if r.off or not trim_due(r.tnext) or budget <= 0 then return end
-  local limit = budget
-  local old = redis.call('ZRANGEBYSCORE', r.T, '-inf', now + TOMB_MS / 2, 'WITHSCORES', 'LIMIT', 0, limit)
-  seen(r.T)
-  local kept = nil -- the earliest time of the tombstones kept
-  for i = 1, #old, 2 do
-    local t = old[i]
-    budget = budget - 1
-    -- A ticket this script changes again keeps its entry; so does the
-    -- call's own, so that the call sent again finds what this run did.
-    if r.grants[t] == nil and t ~= r.ticket then
-      write('ZREM', r.T, t)
-      record(r, t, false)
-    elseif r.grants[t] == nil then
-      -- (The call's own, which this script leaves as it is.)
-      local at = tonumber(old[i + 1])
-      if not kept or at < kept then kept = at end
-    end
-  end
-  local n = #old / 2
-  if n >= limit then
-    r.tnext = now -- more are due: the next script goes on
-    more = true
-  else
-    local nxt = redis.call('ZRANGE', r.T, n, n, 'WITHSCORES')
-    r.tnext = tonumber(nxt[2])
-    -- A tombstone kept is trimmed by a later script, and the state that
-    -- holds it stays until then.
-    if kept and (not r.tnext or kept < r.tnext) then r.tnext = kept end
-  end
-  r.tnext_set = true
-end
-
 -- put adds field = v to the field list f when v differs from v0.
 local function put(f, field, v, v0)
   if v ~= v0 then
@@ -301,36 +233,92 @@ end
 
 local finish_one
 do
+  -- live_bound returns the earliest deadline of r's live liveness fields
+  -- (math.huge: none), as this script leaves them: lmin's value when it
+  -- is unknown or due (what it bounded may have moved on, or died). It
+  -- reads the state hash whole, so it runs only then: about once per
+  -- waiter TTL while processes wait. The dead fields it finds go into d
+  -- (deleted): a process without a field has no live waiter, as one with
+  -- a dead field has none, and a busy semaphore keeps no field of every
+  -- process that ever waited on it.
+  local function live_bound(r, d)
+    local low = math.huge
+    local all = redis.call('HGETALL', r.S)
+    local pre = live_field('')
+    for i = 1, #all, 2 do
+      if string.sub(all[i], 1, #pre) == pre and not r.lives[string.sub(all[i], #pre + 1)] then
+        local at = parse_live(all[i + 1])
+        if alive(at) then
+          if at < low then low = at end
+        else
+          -- The new bound leaves this dead field out: zq passes every
+          -- waiter queued so far (see queue.lua).
+          r.zq = math.max(r.zq, r.seq + 1)
+          d[#d + 1] = all[i]
+        end
+      end
+    end
+    for _, x in pairs(r.lives) do
+      if x[1] < low then low = x[1] end
+    end
+    return low
+  end
+
+  -- trim_tombstones forgets tombstones whose time has come, when the oldest
+  -- one's has (tnext); each trim takes those due within half a lifetime, so
+  -- trims are rare.
+  local function trim_tombstones(r)
+    if r.off or not trim_due(r.tnext) or budget <= 0 then return end
+    local limit = budget
+    local old = redis.call('ZRANGEBYSCORE', r.T, '-inf', now + TOMB_MS / 2, 'WITHSCORES', 'LIMIT', 0, limit)
+    seen(r.T)
+    local kept = nil -- the earliest time of the tombstones kept
+    for i = 1, #old, 2 do
+      local t = old[i]
+      budget = budget - 1
+      -- A ticket this script changes again keeps its entry; so does the
+      -- call's own, so that the call sent again finds what this run did.
+      if r.grants[t] == nil and t ~= r.ticket then
+        write('ZREM', r.T, t)
+        record(r, t, false)
+      elseif r.grants[t] == nil then
+        -- (The call's own, which this script leaves as it is.)
+        local at = tonumber(old[i + 1])
+        if not kept or at < kept then kept = at end
+      end
+    end
+    local n = #old / 2
+    if n >= limit then
+      r.tnext = now -- more are due: the next script goes on
+      more = true
+    else
+      local nxt = redis.call('ZRANGE', r.T, n, n, 'WITHSCORES')
+      r.tnext = tonumber(nxt[2])
+      -- A tombstone kept is trimmed by a later script, and the state that
+      -- holds it stays until then.
+      if kept and (not r.tnext or kept < r.tnext) then r.tnext = kept end
+    end
+    r.tnext_set = true
+  end
+
   -- cond_keys_follow gives every condition key of r that has waiters the
   -- keys' new expiry at: a condition's waiters live until their processes'
   -- deadlines, which any call on r can move (a wait elsewhere, an acquire),
   -- so each such key follows the state hash whenever its expiry moves, not
   -- only when a call writes it. The keys are found by their waiters'
-  -- markers (CONDITION and the name, in S); a key this call cannot reach
-  -- (its slot is migrating) is left alone, as cond_load leaves it, and its
-  -- waiters' next refresh moves it. Runs about once per waiter TTL while a
+  -- marks (cond_marks); a key this call cannot reach (its slot is
+  -- migrating) is left alone, as cond_load leaves it, and its waiters'
+  -- next refresh moves it. Runs about once per waiter TTL while a
   -- condition has waiters (the expiry moves at most that often: keys_exp).
   local function cond_keys_follow(r, at)
     if r.off then return end
-    local all = redis.call('HGETALL', r.S)
-    local done = {}
-    for i = 1, #all, 2 do
-      local f, v = all[i], all[i + 1]
-      local b = string.byte(f, 1)
-      -- A ticket's field (not a lowercase word: the state's own fields and
-      -- processes' liveness fields are) marked with its condition.
-      if b and (b < 97 or b > 122) and string.sub(v, 1, 1) == CONDITION then
-        local name = string.sub(v, 2)
-        local cv = r.conds_by[name]
-        if not done[name] and not (cv and (cv.wrote or cv.off)) then
-          done[name] = true
-          local C, reachable = derived_key(r.base, 'c', name), cv ~= nil
-          if not reachable then
-            local probe = redis.pcall('EXISTS', C)
-            reachable = not (type(probe) == 'table' and probe.err)
-          end
-          if reachable then expire_at(C, at) end
-        end
+    for _, name in ipairs((cond_marks(redis.call('HGETALL', r.S)))) do
+      local cv = r.conds_by[name]
+      if not cv then
+        local C = cond_key(r.base, name)
+        if not unreachable(C) then expire_at(C, at) end
+      elseif not (cv.wrote or cv.off) then
+        expire_at(cv.C, at)
       end
     end
   end
