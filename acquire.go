@@ -85,7 +85,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		// alone: a batch holding it could hold its group); a close waits
 		// for it until its bound only, and says so.
 		callCtx, bound := c.boundByClose(ctx)
-		o, ok := c.calls.Op(callCtx, p.acquireCall(mode, ticket, c).Under(ctx), func(callpath.Outcome) {
+		o, ok := c.calls.Op(callCtx, p.acquireCall(mode, ticket, w.box, c).Under(ctx), func(callpath.Outcome) {
 			// The script may have queued or granted the ticket after the
 			// caller left, or before its reply was lost. (A caller whose
 			// context lasts left because the close ended the call: the
@@ -130,7 +130,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 			// confirmed, like an announced one.
 			deadline := clock.Sample{Sent: sent, Redis: rep.now}.LocalDeadline(rep.g.expiry)
 			c.waits.grants.add(viaReply)
-			return c.newLease(ctx, p, w.ticket, rep.g.tokens, deadline, rep.code == acqGrantedBefore)
+			return c.newLease(ctx, p, w.ticket, rep.g.tokens, deadline, rep.code == acqGrantedBefore, leaseBoxes{w.box, rep.g.tok0})
 		case acqNotGranted:
 			c.waits.unregister(r, w)
 			return nil, wrap(ErrNotAcquired)
@@ -147,7 +147,9 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		}
 		if queued.IsZero() {
 			queued = sent
-			c.observe(Event{Kind: WaitStarted, Names: p.names, Permits: p.permits(), ID: p.id})
+			if c.cfg.observer != nil {
+				c.observe(Event{Kind: WaitStarted, Names: p.names, Permits: p.permits(), ID: p.id})
+			}
 		}
 		c.waits.noteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clock.Sample{Sent: sent, Redis: rep.now})
 		tokens, deadline, again, err := c.awaitGrant(ctx, op, p, p, r, w)
@@ -157,7 +159,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		case again:
 			continue
 		}
-		return c.newLease(ctx, p, w.ticket, tokens, deadline, true)
+		return c.newLease(ctx, p, w.ticket, tokens, deadline, true, leaseBoxes{ticket: w.box})
 	}
 }
 
@@ -172,7 +174,8 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 // raced it handed on).
 func (c *Client) awaitGrant(ctx context.Context, op string, p, leave plan, r *room, w *waiter) (tokens []int64, deadline time.Time, again bool, err error) {
 	select {
-	case wk := <-w.ch:
+	case <-w.ch:
+		wk := w.wk
 		switch {
 		case wk.err != nil:
 			c.withdraw(ctx, leave, w.ticket)

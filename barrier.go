@@ -230,7 +230,8 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 		waiting()
 	}
 	select {
-	case wk := <-w.ch:
+	case <-w.ch:
+		wk := w.wk
 		switch {
 		case wk.err != nil:
 			c.letGo(ctx, breaks(asked), cp, nil)

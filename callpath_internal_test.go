@@ -55,8 +55,8 @@ func TestBoxedArgumentsAreTheArgs(t *testing.T) {
 			tokens[i] = int64(7 + i)
 		}
 		for name, oc := range map[string]script.Call{
-			"acquire":         p.acquireCall(script.OpAcquire, "t1", c),
-			"try":             p.acquireCall(script.OpTry, "t1", c),
+			"acquire":         p.acquireCall(script.OpAcquire, "t1", nil, c),
+			"try":             p.acquireCall(script.OpTry, "t1", nil, c),
 			"release":         p.releaseCall(script.OpRelease, "t1", c, false, tokens),
 			"leave announced": p.releaseCall(script.OpLeave, "t1", c, true, nil),
 			"renew at a cap":  p.releaseCallTTL(script.OpRenew, "t1", c, false, tokens, time.Second),

@@ -210,7 +210,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	}
 	var lease *Lease
 	if err == nil {
-		lease, err = c.newLease(ctx, np, fresh, tokens, deadline, true)
+		lease, err = c.newLease(ctx, np, fresh, tokens, deadline, true, leaseBoxes{})
 	}
 	if np.id != 0 {
 		c.observeAcquire(np, sent, lease, err)

@@ -368,7 +368,8 @@ func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl tim
 // then withdraws in the background).
 func (c *Client) awaitOpen(ctx context.Context, op string, cp plan, r *room, w *waiter) (bool, error) {
 	select {
-	case wk := <-w.ch:
+	case <-w.ch:
+		wk := w.wk
 		switch {
 		case wk.err != nil:
 			c.withdraw(ctx, cp, w.ticket)

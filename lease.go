@@ -24,17 +24,20 @@ type Lease struct {
 	p      plan
 	ticket string
 	tokens []int64 // one per semaphore, in p's order
+	// ticket and tokens[0] as script arguments, boxed beforehand (nil:
+	// boxed at each call); see leaseBoxes.
+	boxes leaseBoxes
 
-	ctx context.Context // ends when the lease ends; its cause says why
-	end context.CancelCauseFunc
+	over endSignal // closes when the lease ends; its cause says why
 
 	// Renewal runs on the client's scheduler, so no goroutine exists
 	// between renewals.
 	stopCtx   context.Context    // guarded by rmu: cancelled when renewal stops; made by the first renewal
 	halt      context.CancelFunc // guarded by rmu: stopCtx's, or nil (see haltLocked)
 	rmu       sync.Mutex
-	idle      sync.Cond     // on rmu: signalled when a renewal in flight ends
-	timer     *sched.Entry  // guarded by rmu
+	idle      sync.Cond    // on rmu: signalled when a renewal in flight ends
+	timer     *sched.Entry // guarded by rmu: &entry once started
+	entry     sched.Entry
 	due       time.Time     // guarded by rmu: when timer is set to run (see schedule)
 	deadline  time.Time     // guarded by rmu: when the lease may have expired
 	stopped   bool          // guarded by rmu
@@ -80,12 +83,15 @@ type Lease struct {
 // short holds release before, and the handoff costs no extra script.
 // Every other renewal is due when two thirds of the TTL are left (see
 // renewalDue).
-func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []int64, deadline time.Time, announced bool) (*Lease, error) {
-	l := &Lease{c: c, p: p, ticket: ticket, tokens: tokens, granted: time.Now()}
+// leaseBoxes are a lease's ticket and first token boxed as script
+// arguments, where the acquisition had them (see Lease.boxes).
+type leaseBoxes struct{ ticket, tok0 any }
+
+func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []int64, deadline time.Time, announced bool, boxes leaseBoxes) (*Lease, error) {
+	l := &Lease{c: c, p: p, ticket: ticket, tokens: tokens, granted: time.Now(), boxes: boxes}
 	// An announced grant with WithReplicaAck is the caller's only once
 	// confirmed.
 	l.quiet = announced && c.cfg.ackReplicas > 0
-	l.ctx, l.end = context.WithCancelCause(context.Background())
 	l.idle.L = &l.rmu
 	l.deadline = deadline
 	first := renewalDue(deadline, p.ttl(c))
@@ -98,7 +104,7 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	if c.closed {
 		c.mu.Unlock()
 		l.stopped = true
-		l.end(ErrClosed)
+		l.over.end(ErrClosed)
 		// Nobody would renew it; free the permits now rather than at expiry.
 		c.withdrawAtClose(ctx, p, ticket)
 		return nil, opError("acquire", p.names, ErrClosed)
@@ -108,14 +114,14 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	l.rmu.Lock()
 	if !announced || c.cfg.ackReplicas == 0 {
 		l.due = time.Now().Add(first)
-		l.timer = c.sched.After(first, l.renew)
+		l.timer = c.sched.Start(&l.entry, first, renewLease, l)
 		l.rmu.Unlock()
 		return l, nil
 	}
 	// With WithReplicaAck, an announced grant is confirmed, and the
 	// confirmation replicated, before the caller may rely on it.
-	l.due = time.Now()                      // (renewed below)
-	l.timer = c.sched.After(never, l.renew) // reset by renew
+	l.due = time.Now()                                      // (renewed below)
+	l.timer = c.sched.Start(&l.entry, never, renewLease, l) // reset by renew
 
 	l.rmu.Unlock()
 	l.renew()
@@ -182,7 +188,51 @@ func (l *Lease) Parts() []Part {
 // expired, not renewed in time, at its cap on holding ([WithMaxHold]), or
 // its client closed (released by [Client.Close] or [Client.Shutdown], or
 // left to expire by [Client.Abandon]).
-func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+func (l *Lease) Done() <-chan struct{} { return l.over.Done() }
+
+// endSignal says that a lease has ended, and why: a channel closed then
+// and the first cause given, as a context.WithCancelCause would, without
+// its allocations: the channel is made only if Done is called.
+type endSignal struct {
+	mu    sync.Mutex
+	cause error
+	done  chan struct{}
+}
+
+// end ends e for cause (nil: context.Canceled), unless it has ended.
+func (e *endSignal) end(cause error) {
+	if cause == nil {
+		cause = context.Canceled
+	}
+	e.mu.Lock()
+	if e.cause == nil {
+		e.cause = cause
+		if e.done != nil {
+			close(e.done)
+		}
+	}
+	e.mu.Unlock()
+}
+
+// Done returns a channel closed once e has ended.
+func (e *endSignal) Done() <-chan struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.done == nil {
+		e.done = make(chan struct{})
+		if e.cause != nil {
+			close(e.done)
+		}
+	}
+	return e.done
+}
+
+// Cause returns the first cause e ended for, or nil while it has not.
+func (e *endSignal) Cause() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.cause
+}
 
 // Err returns nil while the lease is held, and afterwards why it ended:
 // an error matching [ErrNotHeld] once released (by [Lease.Release] or
@@ -202,11 +252,11 @@ func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 // closes and before the observer hears of it; a Release or Close under way
 // in another goroutine ends the lease when its call returns.
 func (l *Lease) Err() error {
-	if err := context.Cause(l.ctx); err != nil {
+	if err := l.over.Cause(); err != nil {
 		return err
 	}
 	err := l.lapse(time.Now())
-	if cause := context.Cause(l.ctx); cause != nil {
+	if cause := l.over.Cause(); cause != nil {
 		return cause // (the first cause given sticks)
 	}
 	return err
@@ -247,7 +297,7 @@ func (l *Lease) lapse(now time.Time) error {
 // endedBy returns why the lease ended, if it has, or found itself ended:
 // its first cause; nil while its end is not decided.
 func (l *Lease) endedBy() error {
-	if err := context.Cause(l.ctx); err != nil {
+	if err := l.over.Cause(); err != nil {
 		return err
 	}
 	l.rmu.Lock()
@@ -320,7 +370,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		return opError("release", l.p.names, ErrNotHeld)
 	}
 	l.stopRenewal()
-	rel := l.p.releaseCall(script.OpRelease, l.ticket, l.c, l.announced, l.tokens)
+	rel := l.p.releaseCallBoxed(script.OpRelease, l.ticket, l.boxes.ticket, l.c, l.announced, l.tokens, l.boxes.tok0, l.p.ttl(l.c))
 	until := l.expiresBy()
 	// Sent while the lease surely lived (until is no later than Redis's
 	// expiry of it), a release that finds no trace of it knows that an
@@ -484,15 +534,19 @@ func (l *Lease) finish(cause error) {
 	switch {
 	case quiet:
 	case errors.Is(cause, ErrNotHeld):
-		l.c.observe(Event{Kind: LeaseReleased, Names: l.p.names, Permits: l.p.permits(), Held: held, ID: l.p.id})
+		if l.c.cfg.observer != nil { // (an event's permits are a new slice)
+			l.c.observe(Event{Kind: LeaseReleased, Names: l.p.names, Permits: l.p.permits(), Held: held, ID: l.p.id})
+		}
 	default:
-		l.c.observe(Event{Kind: LeaseLost, Names: l.p.names, Permits: l.p.permits(), Held: held, Err: cause, ID: l.p.id})
+		if l.c.cfg.observer != nil {
+			l.c.observe(Event{Kind: LeaseLost, Names: l.p.names, Permits: l.p.permits(), Held: held, Err: cause, ID: l.p.id})
+		}
 		if !errors.Is(cause, ErrClosed) {
 			l.c.logf(slog.LevelWarn, "fairlock: lease lost", l.p.names, strconv.FormatInt(l.tokens[0], 10),
 				slog.Duration("held", held), slog.Any("cause", cause))
 		}
 	}
-	l.end(cause)
+	l.over.end(cause)
 	l.c.mu.Lock()
 	delete(l.c.leases, l)
 	l.c.drainedLocked() // (a Shutdown waits for it)
@@ -504,6 +558,10 @@ func (l *Lease) abandon(cause error) {
 	l.stopRenewal()
 	l.finish(cause)
 }
+
+// renewLease runs a's renew (a *Lease): a scheduler entry's function
+// that needs no method value.
+func renewLease(a any) { a.(*Lease).renew() }
 
 // renew extends the lease; it runs on the lease's timer, when two thirds
 // of the TTL are left (see renewalDue). It counts the TTL from when each

@@ -111,14 +111,17 @@ func parseAcquireReply(out script.Result, parts int) (acquireReply, error) {
 		}
 		r.g.tokens[i] = t
 	}
+	if s, ok := res[3].(string); ok && parts == 1 && canonicalToken(s) {
+		r.g.tok0 = res[3] // already boxed: no allocation
+	}
 	return r, nil
 }
 
 // acquireCall is acquire.lua's o ("acquire" or "try") for ticket on p's
 // semaphores.
-func (p plan) acquireCall(o *script.Op, ticket string, c *Client) script.Call {
+func (p plan) acquireCall(o *script.Op, ticket string, ticketBox any, c *Client) script.Call {
 	lease, leaseBox := p.leaseArgs(c)
-	oc := script.NewCall(o, p.keys, 5+2*len(p.parts)).Add(ticket, nil).Add(c.id, c.idArg).
+	oc := script.NewCall(o, p.keys, 5+2*len(p.parts)).Add(ticket, ticketBox).Add(c.id, c.idArg).
 		Add(lease, leaseBox).Add(c.waiterMs, c.waiterArg).Add(p.group, p.groupArg)
 	for _, pt := range p.parts {
 		oc = oc.Add(pt.permitsArg(), pt.permitsBox).Add(pt.capacityArg(), pt.capacityBox)
@@ -136,16 +139,26 @@ func (p plan) releaseCall(o *script.Op, ticket string, c *Client, announced bool
 // ask for another than the plan's (a cap on holding), since the other
 // ops find a waiter by a member that contains the TTL it queued with.
 func (p plan) releaseCallTTL(o *script.Op, ticket string, c *Client, announced bool, tokens []int64, ttl time.Duration) script.Call {
+	return p.releaseCallBoxed(o, ticket, nil, c, announced, tokens, nil, ttl)
+}
+
+// releaseCallBoxed is releaseCallTTL with the ticket and the first token
+// boxed beforehand (nil: box them now).
+func (p plan) releaseCallBoxed(o *script.Op, ticket string, ticketBox any, c *Client, announced bool, tokens []int64, tok0 any, ttl time.Duration) script.Call {
 	lease, leaseBox := p.leaseArgs(c)
 	if ttl != p.ttl(c) {
 		lease, leaseBox = msArg(ttl), nil
 	}
-	oc := script.NewCall(o, p.keys, 6+2*len(p.parts)).Add(ticket, nil).Add(c.id, c.idArg).Add(lease, leaseBox).
+	oc := script.NewCall(o, p.keys, 6+2*len(p.parts)).Add(ticket, ticketBox).Add(c.id, c.idArg).Add(lease, leaseBox).
 		Add(c.waiterMs, c.waiterArg).Add(p.group, p.groupArg).Add(boolArg(announced), boolBox(announced))
 	for i, pt := range p.parts {
 		var tok int64
 		if tokens != nil {
 			tok = tokens[i]
+		}
+		if i == 0 && tok0 != nil {
+			oc = oc.Add(pt.permitsArg(), pt.permitsBox).Add(tok0.(string), tok0)
+			continue
 		}
 		oc = oc.Add(pt.permitsArg(), pt.permitsBox).Add(itoa(tok), nil)
 	}
@@ -480,7 +493,14 @@ func parseWake(s string) (ticket string, g grant, ok bool) {
 type grant struct {
 	expiry int64 // ms, Redis's clock
 	tokens []int64
+	// tok0 is tokens[0] as a script argument, boxed, when the reply gave
+	// it in canonical form (itoa(tokens[0])); nil otherwise.
+	tok0 any
 }
+
+// canonicalToken reports whether s, which parsed as a token > 0, is
+// itoa of its value: no sign, no leading zero.
+func canonicalToken(s string) bool { return s != "" && s[0] >= '1' && s[0] <= '9' }
 
 // parseGrant reads "expiryMs token..." fields.
 func parseGrant(f []string) (grant, error) {

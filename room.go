@@ -100,10 +100,12 @@ type room struct {
 
 type waiter struct {
 	ticket  string
-	permits int64       // of the room's semaphore
-	group   string      // the plan's group, for a request over several semaphores
-	lease   string      // the plan's lease TTL as a script argument (its member holds it)
-	ch      chan wakeup // buffered; receives at most one wakeup
+	box     any           // ticket, boxed once for every call that names it
+	permits int64         // of the room's semaphore
+	group   string        // the plan's group, for a request over several semaphores
+	lease   string        // the plan's lease TTL as a script argument (its member holds it)
+	ch      chan struct{} // buffered; signalled at most once, once wk is set
+	wk      wakeup        // what ch signals: written once, before the signal
 	// queued is set (under c.mu) once the acquire script has queued the
 	// ticket. Only queued tickets are refreshed: a refresh that reached
 	// Redis before the ticket's own acquire script would report it gone.
@@ -165,7 +167,8 @@ func (c *waits) register(p plan, wait bool) (*room, *waiter, error) {
 	if p.lease != nil {
 		lease = p.lease.ms
 	}
-	w := &waiter{ticket: keyspace.NewTicket(), permits: p.first().req.Permits, group: p.group, lease: lease, ch: make(chan wakeup, 1)}
+	t := keyspace.NewTicket()
+	w := &waiter{ticket: t, box: t, permits: p.first().req.Permits, group: p.group, lease: lease, ch: make(chan struct{}, 1)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -363,7 +366,8 @@ func (r *room) deliver(ticket string, wk wakeup) {
 	r.forgetLocked(ticket)
 	r.c.mu.Unlock()
 	if w != nil {
-		w.ch <- wk
+		w.wk = wk
+		w.ch <- struct{}{}
 	}
 }
 
@@ -761,6 +765,7 @@ func (r *room) failStale(now time.Time) {
 	}
 	c.mu.Unlock()
 	for _, w := range stale {
-		w.ch <- wakeup{err: fmt.Errorf("%w: waiter could not be kept alive for %v: %w", ErrRedis, now.Sub(w.alive).Round(time.Millisecond), w.failed)}
+		w.wk = wakeup{err: fmt.Errorf("%w: waiter could not be kept alive for %v: %w", ErrRedis, now.Sub(w.alive).Round(time.Millisecond), w.failed)}
+		w.ch <- struct{}{}
 	}
 }

@@ -48,11 +48,12 @@ func TestFailStaleJudgesEachWaiter(t *testing.T) {
 		{"refused beside others, past three TTLs", 3*ttl + time.Millisecond, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := &waiter{ticket: "T", queued: true, alive: now.Add(-tc.since), failed: refused, alone: tc.alone, ch: make(chan wakeup, 1)}
+			w := &waiter{ticket: "T", queued: true, alive: now.Add(-tc.since), failed: refused, alone: tc.alone, ch: make(chan struct{}, 1)}
 			r := &room{c: c.waits, waiters: map[string]*waiter{"T": w}, answered: now}
 			r.failStale(now)
 			select {
-			case wk := <-w.ch:
+			case <-w.ch:
+				wk := w.wk
 				if !tc.fails {
 					t.Fatalf("failed: %v", wk.err)
 				}
@@ -92,7 +93,7 @@ func TestRefreshBatchesOneLeaseTTLEach(t *testing.T) {
 	want := map[string]string{} // ticket -> lease
 	for i := range 300 {
 		lease := leases[i%len(leases)]
-		w := &waiter{ticket: fmt.Sprintf("T%d", i), permits: 1, lease: lease, queued: i%7 != 0, ch: make(chan wakeup, 1)}
+		w := &waiter{ticket: fmt.Sprintf("T%d", i), permits: 1, lease: lease, queued: i%7 != 0, ch: make(chan struct{}, 1)}
 		if i%5 == 0 {
 			w.failed = errors.New("refused")
 		}
@@ -148,7 +149,7 @@ func TestPeriodicRoundLeavesYoungWaitersOut(t *testing.T) {
 	every, young := c.waits.refreshEvery(), c.waits.youngFor()
 	now := time.Now()
 	mk := func(ticket string, since time.Duration, failed error, queued bool) *waiter {
-		return &waiter{ticket: ticket, permits: 1, lease: c.leaseMs, queued: queued, alive: now.Add(-since), failed: failed, ch: make(chan wakeup, 1)}
+		return &waiter{ticket: ticket, permits: 1, lease: c.leaseMs, queued: queued, alive: now.Add(-since), failed: failed, ch: make(chan struct{}, 1)}
 	}
 	tickets := func(batches [][]string) map[string]bool {
 		got := map[string]bool{}
@@ -254,7 +255,8 @@ func TestPeriodicRoundLeavesYoungWaitersOut(t *testing.T) {
 	}
 	for _, tk := range []string{"Y1", "Y2"} {
 		select {
-		case wk := <-young1[tk].ch:
+		case <-young1[tk].ch:
+			wk := young1[tk].wk
 			if !wk.requeue {
 				t.Errorf("%s: %+v, want it reported gone", tk, wk)
 			}
@@ -301,7 +303,7 @@ func TestPeriodicRoundAfterAStall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &waiter{ticket: "Y", permits: 1, lease: c.leaseMs, queued: true, alive: time.Now(), ch: make(chan wakeup, 1)}
+	w := &waiter{ticket: "Y", permits: 1, lease: c.leaseMs, queued: true, alive: time.Now(), ch: make(chan struct{}, 1)}
 	r := &room{c: c.waits, k: k, kick: make(chan struct{}, 1), waiters: map[string]*waiter{"Y": w}}
 	c.mu.Lock()
 	go func() {
@@ -447,7 +449,7 @@ func TestRefusedRefreshPartedWithinTheRound(t *testing.T) {
 		ws := map[string]*waiter{}
 		for i := range n {
 			tk := fmt.Sprintf("w%d", i)
-			ws[tk] = &waiter{ticket: tk, permits: 1, lease: c.leaseMs, queued: true, alive: time.Now(), ch: make(chan wakeup, 1)}
+			ws[tk] = &waiter{ticket: tk, permits: 1, lease: c.leaseMs, queued: true, alive: time.Now(), ch: make(chan struct{}, 1)}
 			r.waiters[tk] = ws[tk]
 		}
 		if _, err := r.round(false); err == nil {

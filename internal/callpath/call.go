@@ -167,7 +167,7 @@ func (c *Caller) Call(ctx context.Context, do func(context.Context) Outcome, lat
 // outcome until t's context ends, and a grace after.
 func (c *Caller) hop(t *callTask) (Outcome, bool) {
 	ctx, late := t.ctx, t.late
-	c.Spawn(t.run)
+	c.Spawn(t.runFn)
 	select {
 	case o := <-t.ch:
 		t.recycle()
@@ -206,10 +206,15 @@ type callTask struct {
 	late  func(Outcome)
 	do    func(context.Context) Outcome
 	oc    script.Call
+	runFn func() // t.run, made once per pooled task
 }
 
 // callTasks keeps the tasks of calls that ended, with their channels.
-var callTasks = sync.Pool{New: func() any { return &callTask{ch: make(chan Outcome, 1)} }}
+var callTasks = sync.Pool{New: func() any {
+	t := &callTask{ch: make(chan Outcome, 1)}
+	t.runFn = t.run
+	return t
+}}
 
 // newCallTask returns a task of c's for a call under ctx whose outcome,
 // if its caller no longer waits for it, goes to late.
@@ -244,7 +249,7 @@ func (t *callTask) run() {
 // recycle puts t, whose outcome its caller has received, back for the
 // next call.
 func (t *callTask) recycle() {
-	*t = callTask{ch: t.ch}
+	*t = callTask{ch: t.ch, runFn: t.runFn}
 	callTasks.Put(t)
 }
 
