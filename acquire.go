@@ -147,9 +147,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		}
 		if queued.IsZero() {
 			queued = sent
-			if c.cfg.observer != nil {
-				c.observe(Event{Kind: WaitStarted, Names: p.names, Permits: p.permits(), ID: p.id})
-			}
+			c.observeFor(p, Event{Kind: WaitStarted, Names: p.names, ID: p.id})
 		}
 		c.waits.noteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clock.Sample{Sent: sent, Redis: rep.now})
 		tokens, deadline, again, err := c.awaitGrant(ctx, op, p, p, r, w)
@@ -225,8 +223,8 @@ func (c *Client) observeAcquire(p plan, queued time.Time, lease *Lease, err erro
 	}
 	switch {
 	case lease != nil:
-		c.observe(Event{Kind: Granted, Names: p.names, Permits: p.permits(), Wait: wait, ID: p.id})
+		c.observeFor(p, Event{Kind: Granted, Names: p.names, Wait: wait, ID: p.id})
 	case !queued.IsZero():
-		c.observe(Event{Kind: WaitAbandoned, Names: p.names, Permits: p.permits(), Wait: wait, Err: err, ID: p.id})
+		c.observeFor(p, Event{Kind: WaitAbandoned, Names: p.names, Wait: wait, Err: err, ID: p.id})
 	}
 }

@@ -483,6 +483,15 @@ func (c *Client) observe(e Event) {
 	}
 }
 
+// observeFor is observe for an event of plan p's semaphores, with their
+// permits, which it builds only for an observer (a slice a call).
+func (c *Client) observeFor(p plan, e Event) {
+	if c.cfg.observer != nil {
+		e.Permits = p.permits()
+		c.cfg.observer.Observe(e)
+	}
+}
+
 // logf logs msg at level with the semaphore names, the client's owner label
 // and, if not "", the ticket's token, when the client has a logger.
 func (c *Client) logf(level slog.Level, msg string, names []string, token string, attrs ...slog.Attr) {

@@ -188,7 +188,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 		c.waits.unregister(r, w)
 		l.finish(errReleased)
 		if np.id != 0 {
-			c.observe(Event{Kind: WaitStarted, Names: np.names, Permits: np.permits(), ID: np.id})
+			c.observeFor(np, Event{Kind: WaitStarted, Names: np.names, ID: np.id})
 		}
 		return c.acquirePlan(ctx, np, true, sent)
 	}
@@ -199,7 +199,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	}
 	l.finish(errReleased)
 	if np.id != 0 {
-		c.observe(Event{Kind: WaitStarted, Names: np.names, Permits: np.permits(), ID: np.id})
+		c.observeFor(np, Event{Kind: WaitStarted, Names: np.names, ID: np.id})
 	}
 	c.waits.noteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clock.Sample{Sent: sent, Redis: rep.now})
 	tokens, deadline, again, err := c.awaitGrant(ctx, "wait", p, cp, r, w)

@@ -534,13 +534,9 @@ func (l *Lease) finish(cause error) {
 	switch {
 	case quiet:
 	case errors.Is(cause, ErrNotHeld):
-		if l.c.cfg.observer != nil { // (an event's permits are a new slice)
-			l.c.observe(Event{Kind: LeaseReleased, Names: l.p.names, Permits: l.p.permits(), Held: held, ID: l.p.id})
-		}
+		l.c.observeFor(l.p, Event{Kind: LeaseReleased, Names: l.p.names, Held: held, ID: l.p.id})
 	default:
-		if l.c.cfg.observer != nil {
-			l.c.observe(Event{Kind: LeaseLost, Names: l.p.names, Permits: l.p.permits(), Held: held, Err: cause, ID: l.p.id})
-		}
+		l.c.observeFor(l.p, Event{Kind: LeaseLost, Names: l.p.names, Held: held, Err: cause, ID: l.p.id})
 		if !errors.Is(cause, ErrClosed) {
 			l.c.logf(slog.LevelWarn, "fairlock: lease lost", l.p.names, strconv.FormatInt(l.tokens[0], 10),
 				slog.Duration("held", held), slog.Any("cause", cause))
@@ -644,7 +640,7 @@ func (l *Lease) renew() {
 		if capped {
 			l.cappedRenewal(sent, lease)
 		}
-		l.c.observe(Event{Kind: LeaseRenewed, Names: l.p.names, Permits: l.p.permits(), Held: time.Since(l.granted), ID: l.p.id})
+		l.c.observeFor(l.p, Event{Kind: LeaseRenewed, Names: l.p.names, Held: time.Since(l.granted), ID: l.p.id})
 	case err == nil:
 		lost = opError("renew", l.p.names, fmt.Errorf("%w: expired", ErrLeaseLost))
 	case !time.Now().Before(deadline):
