@@ -60,6 +60,7 @@ type config struct {
 	drainStop time.Duration // how long the drain scenario waits for its waiters; 0 for its default
 	svgDir    string        // where the figures go; "" for none
 	cpuProf   string        // where a CPU profile of the whole run goes; "" for none
+	slowlog   bool          // time each call inside Redis (SLOWLOG), per scenario
 }
 
 var allScenarios = []string{"uncontended", "handoff", "contended", "contended-100us", "fifo", "drain", "semaphore", "dining", "phase", "queue", "floor", "scale", "wake"}
@@ -77,6 +78,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.svgDir, "svg", "", "also draw the results as SVG figures into this directory (created if need be), and link them from the tables; relative to the directory the command runs in (bench/ under go -C bench)")
 	fs.StringVar(&only, "impls", "all", "comma-separated implementations: fairlock, redsync, redislock, setnx, ..., or all (all but the studies, such as "+autopipeName+", measured only when named)")
 	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "also write a CPU profile of the whole run (every implementation in this process) to this file")
+	fs.BoolVar(&cfg.slowlog, "slowlog", false, "also time each call inside Redis, per scenario, from SLOWLOG with every command logged: a table of server time per call (a script's with the commands it runs), which costs the server about a microsecond a command (real servers only)")
 	fs.IntVar(&cfg.maxQueue, "max-queue", 0, "the queue scenario's largest queue: sizes 10, 100, ... 100000 up to this one; 0 for 10000 on a real server, 1000 on the embedded miniredis")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -236,7 +238,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for _, name := range cfg.scenarios {
 		fmt.Fprintf(stderr, "bench: %s ...\n", name)
 		start := time.Now()
-		tables, targets, err := scenarios[name](e)
+		tables, targets, err := e.withSteps(name, scenarios[name])
 		if err != nil {
 			if s := clock.report(); s != "" {
 				reported = true
