@@ -75,6 +75,10 @@ type Lease struct {
 	cause        error                              // guarded by emu: why it ended, once subsEnded
 }
 
+// leaseBoxes are a lease's ticket and first token boxed as script
+// arguments, where the acquisition had them (see Lease.boxes).
+type leaseBoxes struct{ ticket, tok0 any }
+
 // newLease wraps a grant and starts its renewal. deadline is the local
 // time by which Redis may have expired the grant, derived from Redis's own
 // expiry of it (see clock.Sample). A grant announced through a wake list
@@ -83,10 +87,6 @@ type Lease struct {
 // short holds release before, and the handoff costs no extra script.
 // Every other renewal is due when two thirds of the TTL are left (see
 // renewalDue).
-// leaseBoxes are a lease's ticket and first token boxed as script
-// arguments, where the acquisition had them (see Lease.boxes).
-type leaseBoxes struct{ ticket, tok0 any }
-
 func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []int64, deadline time.Time, announced bool, boxes leaseBoxes) (*Lease, error) {
 	l := &Lease{c: c, p: p, ticket: ticket, tokens: tokens, granted: time.Now(), boxes: boxes}
 	// An announced grant with WithReplicaAck is the caller's only once
