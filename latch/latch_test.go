@@ -411,6 +411,33 @@ func (h *failAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
+// holdOp is a go-redis hook that, while holding is set, keeps every call
+// of a script op from Redis until open is closed (or the call's context
+// ends).
+type holdOp struct {
+	op      string
+	holding atomic.Bool
+	open    chan struct{}
+}
+
+func (h *holdOp) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdOp) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *holdOp) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.holding.Load() && runsOp(cmd, h.op) {
+			select {
+			case <-h.open:
+			case <-ctx.Done():
+				cmd.SetErr(ctx.Err())
+				return ctx.Err()
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
 // lateCopies is a go-redis hook that lets the first call of a latch op
 // run in Redis and loses its reply, then fails every call of the op
 // before it reaches Redis (a connection that does not come back) until
@@ -493,7 +520,14 @@ func TestWaitersOfAnOpenLatchNotLeft(t *testing.T) {
 		// alive through their own registration on a slow server (miniredis
 		// under -race on a busy machine), and those left learn of the open
 		// latch within that second.
-		w := e.latch(e.Client(), "left", 1)
+		// The waiters' refresh rounds, which find the latch open and report
+		// those left gone, are held while the test counts those left: a
+		// round queued behind the first script (miniredis runs one at a
+		// time) would otherwise empty the key before the count.
+		held := &holdOp{op: "refresh", open: make(chan struct{})}
+		wrdb := b.Client(t)
+		wrdb.AddHook(held)
+		w := e.latch(e.ClientOn(wrdb), "left", 1)
 		errs := make(chan error, n)
 		for range n {
 			go func() { errs <- w.Wait(ctx) }()
@@ -501,10 +535,13 @@ func TestWaitersOfAnOpenLatchNotLeft(t *testing.T) {
 		e.WaitFor("the waiters", func() bool { return e.waiters("left") == n })
 		rdb := b.Client(t)
 		rdb.AddHook(&failAfter{op: "latch_down"})
+		held.holding.Store(true)
 		if err := e.latch(e.ClientOn(rdb), "left", 1).CountDown(ctx); err == nil {
 			t.Fatal("CountDown() = nil, want the refused second script's error")
 		}
-		if left := e.waiters("left"); left == 0 || left == n {
+		left := e.waiters("left")
+		close(held.open)
+		if left == 0 || left == n {
 			t.Fatalf("%d waiters left after the first script, want some", left)
 		}
 		start := time.Now()
