@@ -60,6 +60,35 @@ type occupancy struct {
 	closeErrors                []string // Close's errors (a clean-up that did not land)
 	entersAt                   []int64
 	byPid                      map[int64][]int64 // each process's enters (µs)
+	// releaseLost are the releases that found their lease lost, and
+	// stalls each process's own stalls (the host did not run it; see
+	// worker's "stall" line).
+	releaseLost []logLine
+	stalls      map[int64][][2]int64
+}
+
+// logLine is a log line's time and process (µs, pid) and text.
+type logLine struct {
+	at, pid int64
+	text    string
+}
+
+// stalledReleases counts the releases that found their lease lost after
+// their process stalled for at least a third of the lease TTL, in a stall
+// that ended within the TTL before the release: a process the host did not
+// run that long may miss its lease's renewal, as one stopped by SIGSTOP
+// would. Other lost leases are the library's to explain.
+func (o occupancy) stalledReleases(ttl time.Duration) int {
+	n := 0
+	for _, l := range o.releaseLost {
+		for _, st := range o.stalls[l.pid] {
+			if st[1]-st[0] >= ttl.Microseconds()/3 && st[1] > l.at-ttl.Microseconds() && st[0] <= l.at {
+				n++
+				break
+			}
+		}
+	}
+	return n
 }
 
 // idle names the workers of ws that entered no critical section at or
@@ -88,7 +117,7 @@ func readLog(t *testing.T, path string, capacity int64) occupancy {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	o := occupancy{byPid: map[int64][]int64{}}
+	o := occupancy{byPid: map[int64][]int64{}, stalls: map[int64][][2]int64{}}
 	inUse := map[string]int64{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
@@ -106,9 +135,16 @@ func readLog(t *testing.T, path string, capacity int64) occupancy {
 				o.noteError(sc.Text())
 				continue
 			}
+			if what == "stall" { // "<at> <pid> stall <from> <till>"
+				o.stalls[pid] = append(o.stalls[pid], [2]int64{token, n})
+				continue
+			}
 			if strings.Contains(sc.Text(), " release ") {
 				o.releaseErrors++
 				o.noteError(sc.Text())
+				if strings.Contains(sc.Text(), "lease lost") {
+					o.releaseLost = append(o.releaseLost, logLine{at, pid, sc.Text()})
+				}
 				continue
 			}
 			t.Fatalf("bad log line %q: %v", sc.Text(), err)
@@ -166,8 +202,9 @@ func TestChurn(t *testing.T) {
 		if idle := o.idle(mine, 0); len(idle) > 0 {
 			t.Errorf("%s: %v entered no critical section", s.name, idle)
 		}
-		t.Logf("%s (capacity %d): %d processes, %d acquisitions, %d violations, %d errors", s.name, s.capacity, procs, o.enters, o.violations, o.errors+o.releaseErrors)
-		if o.violations > 0 || o.errors+o.releaseErrors > 0 || o.enters < procs {
+		stalled := o.stalledReleases(s.lease)
+		t.Logf("%s (capacity %d): %d processes, %d acquisitions, %d violations, %d errors (%d releases that found their lease lost after their process stalled)", s.name, s.capacity, procs, o.enters, o.violations, o.errors+o.releaseErrors, stalled)
+		if o.violations > 0 || o.errors+o.releaseErrors-stalled > 0 || o.enters < procs {
 			t.Errorf("%s: %d acquisitions, %d violations, %d acquire and %d release errors; the first: %q", s.name, o.enters, o.violations, o.errors, o.releaseErrors, o.errorLines)
 		}
 	}

@@ -11,7 +11,11 @@ import (
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/clients"
+	"github.com/fairlock/fairlock/internal/fltest"
 )
+
+// stallMin is the shortest stall of a worker that its log records.
+const stallMin = 100 * time.Millisecond
 
 // envWorker tells a test binary to run a worker (its mode) in place of the
 // tests.
@@ -101,6 +105,11 @@ func WorkerMain(dial clients.Dial) int {
 		logf := func(format string, args ...any) {
 			_, _ = fmt.Fprintf(f, "%d %d "+format+"\n", append([]any{time.Now().UnixMicro(), os.Getpid()}, args...)...)
 		}
+		// The process's own stalls (spans the host did not run it), which
+		// may outlast its leases' renewals: "stall <from> <till>" (µs).
+		fltest.WatchStalls(ctx, stallMin, func(from, till time.Time) {
+			logf("stall %d %d", from.UnixMicro(), till.UnixMicro())
+		})
 		for ctx.Err() == nil {
 			actx, acancel := context.WithTimeout(ctx, 5*time.Second)
 			l, err := c.AcquireAll(actx, reqs...)

@@ -123,7 +123,7 @@ func CheckBarrier(h History, pauses []Pause, lim Limits) BarrierResult {
 			continue
 		}
 		res.Ops++
-		checkDeadline(&calls, op, pauses, lim.Slack)
+		checkDeadline(&calls, op, pauses, h.Stalls, lim.Slack)
 		switch {
 		case op.Class == "broken":
 			res.Broken++

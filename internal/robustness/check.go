@@ -141,7 +141,11 @@ type Result struct {
 	// MaxLate is the latest any fairlock call returned after its deadline
 	// (0 when all returned before), calls across a pause of their process
 	// left out.
-	MaxLate    time.Duration
+	MaxLate time.Duration
+	// Stalled counts the calls late past the slack by no more than
+	// their process's own stalls (History.Stalls) during them: the host
+	// did not run it.
+	Stalled    int
 	Violations []string
 	Notes      []string // what the nemesis measured (not set by Check)
 }
@@ -185,7 +189,7 @@ func Check(h History, finals map[string]Final, pauses []Pause, lim Limits) Resul
 				}
 				res.ErrorKinds[op.Kind+" "+op.Class]++
 			}
-			checkDeadline(&res, op, pauses, lim.Slack)
+			checkDeadline(&res, op, pauses, h.Stalls, lim.Slack)
 		}
 	}
 	for _, l := range h.Leases {
@@ -209,7 +213,10 @@ func Check(h History, finals map[string]Final, pauses []Pause, lim Limits) Resul
 	return res
 }
 
-func checkDeadline(res *Result, op Op, pauses []Pause, slack time.Duration) {
+// checkDeadline holds op to its deadline (plus slack), unless its child
+// was stopped (pauses) during it, or did not run (stalls, as the child
+// measured them) for as long as it was late past the slack.
+func checkDeadline(res *Result, op Op, pauses, stalls []Pause, slack time.Duration) {
 	if op.Deadline == 0 || op.Return <= op.Deadline {
 		return
 	}
@@ -221,6 +228,16 @@ func checkDeadline(res *Result, op Op, pauses []Pause, slack time.Duration) {
 	late := time.Duration(op.Return-op.Deadline) * time.Microsecond
 	res.MaxLate = max(res.MaxLate, late)
 	if late <= slack {
+		return
+	}
+	var stalled int64 // µs of the call in which its child did not run
+	for _, p := range stalls {
+		if p.Child == op.Child {
+			stalled += max(0, min(p.Till, op.Return)-max(p.From, op.Call))
+		}
+	}
+	if time.Duration(stalled)*time.Microsecond >= late-slack {
+		res.Stalled++
 		return
 	}
 	res.violate("%s by client %d returned %v after its deadline (err %q)", op.Kind, op.Client, late, op.Err)

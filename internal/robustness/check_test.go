@@ -126,6 +126,25 @@ func TestCheckDeadlines(t *testing.T) {
 	if res := Check(History{Ops: []Op{late}}, nil, paused, lim); len(res.Violations) > 0 {
 		t.Errorf("a late call of a paused child: violations %q, want none", res.Violations)
 	}
+	// A child's own stall excuses as much lateness as it lasted during
+	// the call, and no more; another child's stall excuses nothing.
+	pastSlack := late.Return - late.Deadline - lim.Slack.Microseconds()
+	for _, tc := range []struct {
+		name    string
+		stalls  []Pause
+		excused bool
+	}{
+		{"a stall as long as the lateness past the slack", []Pause{{Child: 1, From: 100, Till: 100 + pastSlack}}, true},
+		{"two stalls adding up to it", []Pause{{Child: 1, From: 100, Till: 100 + pastSlack/2}, {Child: 1, From: 50_000, Till: 50_000 + pastSlack - pastSlack/2}}, true},
+		{"a shorter stall", []Pause{{Child: 1, From: 100, Till: 100 + pastSlack - 1}}, false},
+		{"a stall mostly before the call", []Pause{{Child: 1, From: -pastSlack, Till: 10}}, false},
+		{"another child's stall", []Pause{{Child: 2, From: 100, Till: 100 + 10*pastSlack}}, false},
+	} {
+		res := Check(History{Ops: []Op{late}, Stalls: tc.stalls}, nil, nil, lim)
+		if got := len(res.Violations) == 0; got != tc.excused {
+			t.Errorf("%s: violations %q, excused %v, want %v", tc.name, res.Violations, got, tc.excused)
+		}
+	}
 }
 
 // TestStoreFences checks the store's rule on its own.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fairlock/fairlock"
 	"github.com/fairlock/fairlock/internal/clients"
+	"github.com/fairlock/fairlock/internal/fltest"
 	"github.com/fairlock/fairlock/internal/redisserver"
 	"github.com/fairlock/fairlock/internal/testhook"
 	"github.com/fairlock/fairlock/multilock"
@@ -113,6 +114,11 @@ func ChildMain(dial Dial) int {
 		cancel()
 	}()
 	w := &worker{c: c, store: NewStoreClient(os.Getenv(envStore)), out: f, child: idx, timeout: dur(envTimeout)}
+	// The child's own stalls (spans the host did not run it) excuse the
+	// calls they made late, as a SIGSTOP's pause does (see Check).
+	fltest.WatchStalls(stop, stallMin, func(from, till time.Time) {
+		w.record(record{Stall: &Pause{Child: idx, From: from.UnixMicro(), Till: till.UnixMicro()}})
+	})
 	var wg sync.WaitGroup
 	for i, run := range []func(*worker) (*fairlock.Lease, []string, []string, error){
 		mutexTraffic, semTraffic, rwTraffic, multiTraffic} {
@@ -144,6 +150,9 @@ func ChildMain(dial Dial) int {
 	wg.Wait()
 	return 0
 }
+
+// stallMin is the shortest stall of a child that its history records.
+const stallMin = 100 * time.Millisecond
 
 // worker is one traffic loop of a child.
 type worker struct {

@@ -59,16 +59,22 @@ type Part struct {
 	Token    int64  `json:"tok"`
 }
 
-// record is one line of a child's history file: an Op or a Lease.
+// record is one line of a child's history file: an Op, a Lease, or a
+// Stall.
 type record struct {
 	Op    *Op    `json:"op,omitempty"`
 	Lease *Lease `json:"lease,omitempty"`
+	Stall *Pause `json:"stall,omitempty"`
 }
 
 // A History is what every child of a run recorded.
 type History struct {
 	Ops    []Op
 	Leases []Lease
+	// Stalls are the spans in which a child did not run though nobody
+	// stopped it (the host did not schedule it), as the child measured
+	// them: longer than stallMin.
+	Stalls []Pause
 }
 
 // ReadHistories reads every history file in dir (child-*.jsonl).
@@ -107,6 +113,9 @@ func readHistory(path string, h *History) error {
 		}
 		if r.Lease != nil {
 			h.Leases = append(h.Leases, *r.Lease)
+		}
+		if r.Stall != nil {
+			h.Stalls = append(h.Stalls, *r.Stall)
 		}
 	}
 	return sc.Err()

@@ -157,7 +157,7 @@ func CheckLatch(h History, pauses []Pause, lim Limits) LatchResult {
 			continue
 		}
 		res.Ops++
-		checkDeadline(&calls, op, pauses, lim.Slack)
+		checkDeadline(&calls, op, pauses, h.Stalls, lim.Slack)
 		ret := op.Return
 		if op.Err != "" {
 			res.Errors++

@@ -340,9 +340,18 @@ func run(t *testing.T, sc scenario) Result {
 			}
 		}
 	}
-	t.Logf("%s: %d leases, %d store calls, %d refused by fencing, %d leases lost, %d fairlock errors %v, latest return after a deadline %v, %d violations",
-		sc.name, res.Acquired, res.StoreOps, res.Refused, res.Lost, res.Errors, res.ErrorKinds, res.MaxLate, len(res.Violations))
+	t.Logf("%s: %d leases, %d store calls, %d refused by fencing, %d leases lost, %d fairlock errors %v, latest return after a deadline %v (%d late calls excused by their process's stalls; longest stall %v), %d violations",
+		sc.name, res.Acquired, res.StoreOps, res.Refused, res.Lost, res.Errors, res.ErrorKinds, res.MaxLate, res.Stalled, longestStall(h.Stalls), len(res.Violations))
 	return res
+}
+
+// longestStall is the longest of stalls.
+func longestStall(stalls []Pause) time.Duration {
+	var d int64
+	for _, p := range stalls {
+		d = max(d, p.Till-p.From)
+	}
+	return time.Duration(d) * time.Microsecond
 }
 
 // warmUpLimit bounds how long run waits for its children to start.
