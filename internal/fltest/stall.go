@@ -7,7 +7,7 @@ import (
 
 // StallTick is how often WatchStalls' goroutine wakes to look at the
 // clock.
-const StallTick = 2 * time.Millisecond
+const StallTick = 10 * time.Millisecond
 
 // WatchStalls runs, until ctx ends, a goroutine that wakes every
 // StallTick and calls found with each span longer than min in which it was
