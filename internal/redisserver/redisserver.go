@@ -10,12 +10,14 @@ package redisserver
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -184,8 +186,21 @@ func (s *Server) start() error {
 	defer c.Close()
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		// A server with a password answers NOAUTH: it is up.
-		if err := c.Ping(context.Background()).Err(); err == nil || strings.HasPrefix(err.Error(), "NOAUTH") {
+		err := c.Ping(context.Background()).Err()
+		if err != nil && strings.HasPrefix(err.Error(), "NOAUTH") {
+			// A server with a password answers NOAUTH: it is up (and
+			// tells nobody its process without the password).
+			return nil
+		}
+		if err == nil {
+			// The port was free when it was picked, but another
+			// process may have taken it since (its own free port):
+			// then this server could not listen, and the one that
+			// answers is the other's.
+			if pid, ok := processID(c); ok && pid != cmd.Process.Pid {
+				s.kill()
+				return fmt.Errorf("%w: %s answers from process %d, not from the server started (%d)", errPortTaken, s.Addr, pid, cmd.Process.Pid)
+			}
 			return nil
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -196,6 +211,26 @@ func (s *Server) start() error {
 		log = append(log, l)
 	}
 	return fmt.Errorf("redis-server on %s did not start: %s", s.Addr, strings.Join(log, "\n"))
+}
+
+// errPortTaken says that a server's port was taken by another process
+// before the server could listen on it.
+var errPortTaken = errors.New("port taken by another process")
+
+// processID returns the process id the server c reaches reports (INFO
+// server's process_id), if it says.
+func processID(c *redis.Client) (int, bool) {
+	info, err := c.Info(context.Background(), "server").Result()
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			pid, err := strconv.Atoi(v)
+			return pid, err == nil
+		}
+	}
+	return 0, false
 }
 
 func (s *Server) kill() {

@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // A set FAIRLOCK_REDIS_SERVER_DIR chooses the programs, and never falls
@@ -61,5 +63,35 @@ func TestFromInfo(t *testing.T) {
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("%s: FromInfo = %+v, %v; want %+v, %v", tc.name, got, ok, tc.want, tc.ok)
 		}
+	}
+}
+
+// A server whose port another process took between freePort and its
+// start cannot listen: start says so, rather than taking the other
+// process's answers for its own, and leaves that process be. (CI once
+// saw a sentinel "start" this way, then refuse connections once the
+// other test's server on its port stopped.)
+func TestStartRefusesAPortTakenByAnother(t *testing.T) {
+	if _, err := Binary("redis-server"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	first, err := Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Stop()
+	second := &Server{Addr: first.Addr, Port: first.Port}
+	err = second.start()
+	second.Stop()
+	if !errors.Is(err, errPortTaken) {
+		t.Fatalf("start on %s, which another server holds: %v, want errPortTaken", first.Addr, err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: first.Addr})
+	defer c.Close()
+	if pid, ok := processID(c); !ok || pid != first.cmd.Process.Pid {
+		t.Errorf("the server that held the port: process %d (%v), want %d", pid, ok, first.cmd.Process.Pid)
 	}
 }

@@ -62,27 +62,8 @@ func StartSentinel(downAfter time.Duration) (*Sentinel, error) {
 		return nil, err
 	}
 	for range 3 {
-		port, err := freePort()
+		x, err := startSentinel(set.Master.Port, downAfter)
 		if err != nil {
-			set.Stop()
-			return nil, err
-		}
-		dir, err := os.MkdirTemp("", "sentinel")
-		if err != nil {
-			set.Stop()
-			return nil, err
-		}
-		conf := fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\n"+
-			"sentinel monitor %s 127.0.0.1 %d 2\nsentinel down-after-milliseconds %s %d\n"+
-			"sentinel failover-timeout %s %d\nsentinel parallel-syncs %s 1\n",
-			port, dir, MasterName, set.Master.Port, MasterName, downAfter.Milliseconds(), MasterName, FailoverTimeout.Milliseconds(), MasterName)
-		path := dir + "/sentinel.conf"
-		if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
-			set.Stop()
-			return nil, err
-		}
-		x := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), Port: port, dir: dir, conf: path}
-		if err := x.start(); err != nil {
 			set.Stop()
 			return nil, err
 		}
@@ -120,4 +101,36 @@ func StartSentinel(downAfter time.Duration) (*Sentinel, error) {
 		sc.Close()
 	}
 	return set, nil
+}
+
+// startSentinel starts a sentinel of the master on masterPort, on a free
+// port; like Start, it tries again on a fresh port, up to 5 times, when
+// another process took the port first.
+func startSentinel(masterPort int, downAfter time.Duration) (*Server, error) {
+	var last error
+	for range 5 {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		dir, err := os.MkdirTemp("", "sentinel")
+		if err != nil {
+			return nil, err
+		}
+		conf := fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\n"+
+			"sentinel monitor %s 127.0.0.1 %d 2\nsentinel down-after-milliseconds %s %d\n"+
+			"sentinel failover-timeout %s %d\nsentinel parallel-syncs %s 1\n",
+			port, dir, MasterName, masterPort, MasterName, downAfter.Milliseconds(), MasterName, FailoverTimeout.Milliseconds(), MasterName)
+		path := dir + "/sentinel.conf"
+		if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+		x := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), Port: port, dir: dir, conf: path}
+		if last = x.start(); last == nil {
+			return x, nil
+		}
+		x.Stop()
+	}
+	return nil, last
 }
