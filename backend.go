@@ -1,23 +1,10 @@
 package fairlock
 
 import (
-	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/fairlock/fairlock/backend"
-	"github.com/fairlock/fairlock/internal/fault"
 )
-
-// unsupported reports whether err says the client or the server lacks the
-// command sent.
-func unsupported(err error) bool {
-	if errors.Is(err, errors.ErrUnsupported) {
-		return true
-	}
-	msg, ok := fault.ReplyOf(err)
-	return ok && strings.Contains(strings.ToLower(msg), "unknown command")
-}
 
 // NewWithBackend returns a Client that keeps its semaphores in Redis
 // through b, as [New] does through a go-redis client; see New for the

@@ -103,7 +103,7 @@ func barrierInts(out script.Result, n int) ([]int64, error) {
 	}
 	r := make([]int64, min(len(res), n))
 	for i := range r {
-		if r[i], err = reply(res).int(i); err != nil {
+		if r[i], err = script.Reply(res).Int(i); err != nil {
 			return nil, fmt.Errorf("%w: barrier script reply %v: %w", ErrRedis, res, err)
 		}
 	}

@@ -25,10 +25,10 @@ func (c *Client) released(p plan, out script.Result) (int64, error) {
 	res, err := out.Slice()
 	var n, more int64
 	if err == nil {
-		n, err = reply(res).int(0)
+		n, err = script.Reply(res).Int(0)
 	}
 	if err == nil {
-		more, err = reply(res).int(1)
+		more, err = script.Reply(res).Int(1)
 	}
 	if err == nil && more == 1 {
 		c.pumpLater(p)

@@ -202,11 +202,3 @@ func leftAsIs(err error) bool {
 func cutShort(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
-
-// slow reports whether err says Redis or the connection pool answered too
-// slowly, rather than that Redis could not be reached.
-func slow(err error) bool {
-	var ne net.Error
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errPoolTimeout) ||
-		(errors.As(err, &ne) && ne.Timeout())
-}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/script"
 	"github.com/fairlock/fairlock/internal/testhook"
 	"github.com/redis/go-redis/v9"
@@ -517,7 +518,7 @@ func noMaint() *maintnotifications.Config {
 
 // fromClient returns err, from go-redis, as the engine reads it: a
 // server's error reply as a *ReplyError, go-redis's pool timeout as
-// matching errPoolTimeout, and the rest (connection errors, a context's)
+// matching fault.ErrPoolTimeout, and the rest (connection errors, a context's)
 // as it is. The go-redis error stays in the chain, for a caller who
 // matches it.
 func fromClient(err error) error {
@@ -529,7 +530,7 @@ func fromClient(err error) error {
 	case errors.As(err, &rerr):
 		return &backend.ReplyError{Reply: rerr.Error(), Err: err}
 	case errors.Is(err, redis.ErrPoolTimeout):
-		return &kindError{err: err, kind: errPoolTimeout}
+		return &kindError{err: err, kind: fault.ErrPoolTimeout}
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, context.DeadlineExceeded) {
@@ -580,9 +581,8 @@ func (g *goRedis) named(err error) error {
 
 func (e *noAnswerError) Unwrap() error { return e.err }
 
-// errPoolTimeout is a client's connection pool that had no connection
+// fault.ErrPoolTimeout is a client's connection pool that had no connection
 // free in time.
-var errPoolTimeout = errors.New("fairlock: no connection free in time")
 
 // A kindError is a client's error that also matches kind.
 type kindError struct{ err, kind error }

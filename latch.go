@@ -101,7 +101,7 @@ func latchReply(out script.Result) ([3]int64, error) {
 		return r, err
 	}
 	for i := range min(len(res), 3) {
-		if r[i], err = reply(res).int(i); err != nil {
+		if r[i], err = script.Reply(res).Int(i); err != nil {
 			return r, fmt.Errorf("%w: latch script reply %v: %w", ErrRedis, res, err)
 		}
 	}

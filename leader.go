@@ -60,7 +60,7 @@ func (c *Client) leaderSet(ctx context.Context, name string, term int64, value s
 		return false, err
 	}
 	res, _ := cmd.Slice()
-	ok, err := reply(res).int(0)
+	ok, err := script.Reply(res).Int(0)
 	switch {
 	case err != nil:
 		return false, opError(op, []string{name}, fmt.Errorf("%w: bad reply %v: %w", ErrRedis, res, err))

@@ -644,13 +644,13 @@ func (l *Lease) renew() {
 	case err == nil:
 		lost = opError("renew", l.p.names, fmt.Errorf("%w: expired", ErrLeaseLost))
 	case !time.Now().Before(deadline):
-		lost = opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: %w", ErrLeaseLost, renewalFailure(scriptError(err), sent, due, deadline, ttl)))
+		lost = opError("renew", l.p.names, fmt.Errorf("%w: not renewed in time: %w", ErrLeaseLost, renewalFailure(fault.ScriptError(err), sent, due, deadline, ttl)))
 	case l.pastCap(time.Now()):
 		atCap = l.maxHoldErr()
 		l.endLocked(atCap)
 	default:
 		// Retry soon, but never past the deadline (nor the cap).
-		l.renewErr = renewalFailure(scriptError(err), sent, due, deadline, ttl)
+		l.renewErr = renewalFailure(fault.ScriptError(err), sent, due, deadline, ttl)
 		l.schedule(l.untilCap(min(ttl/retryDivisor, time.Until(deadline))))
 		l.c.logf(slog.LevelWarn, "fairlock: renewal failed; retrying until the lease's deadline", l.p.names,
 			strconv.FormatInt(l.tokens[0], 10), slog.Time("deadline", deadline), slog.Any("error", err))

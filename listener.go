@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"runtime"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
@@ -209,7 +208,7 @@ func (c *waits) runListener(l *listener, blk backend.Backend) {
 				// its next read: a handoff need not wait for that write.
 				runtime.Gosched()
 			}
-		case wrongType(err):
+		case fault.WrongType(err):
 			// Another program wrote one of the wake keys: leave it out.
 			if c.leaveOutForeign(l, blk, keys) {
 				continue
@@ -455,20 +454,13 @@ func (c *waits) blockingPop(blk backend.Backend, keys []string) (key string, val
 	defer cancel()
 	if !c.noBLMPop.Load() {
 		key, vals, err = blk.BlockingPop(ctx, listenTimeout, drainBatch, keys)
-		if err == nil || !unsupported(err) {
+		if err == nil || !fault.Unsupported(err) {
 			return key, vals, true, err
 		}
 		c.noBLMPop.Store(true)
 	}
 	key, vals, err = blk.BlockingPop(ctx, listenTimeout, 0, keys)
 	return key, vals, false, err
-}
-
-// wrongType reports whether err is Redis's refusal of a command on a key
-// that holds another type.
-func wrongType(err error) bool {
-	msg, ok := fault.ReplyOf(err)
-	return ok && strings.HasPrefix(msg, "WRONGTYPE")
 }
 
 // drain hands on every wake-up already waiting on wake list key, many per

@@ -76,15 +76,15 @@ func parseAcquireReply(out script.Result, parts int) (acquireReply, error) {
 	bad := func(err error) (acquireReply, error) {
 		return r, fmt.Errorf("%w: acquire script reply %v: %w", ErrRedis, res, err)
 	}
-	if r.code, err = reply(res).int(0); err != nil {
+	if r.code, err = script.Reply(res).Int(0); err != nil {
 		return bad(err)
 	}
 	switch r.code {
 	case acqNotGranted, acqEnded:
 		return r, nil
 	case acqQueued:
-		if r.now, err = reply(res).int(1); err == nil {
-			r.next, err = reply(res).int(2)
+		if r.now, err = script.Reply(res).Int(1); err == nil {
+			r.next, err = script.Reply(res).Int(2)
 		}
 		if err != nil {
 			return bad(err)
@@ -97,15 +97,15 @@ func parseAcquireReply(out script.Result, parts int) (acquireReply, error) {
 	if len(res) != 3+parts {
 		return bad(fmt.Errorf("a grant for %d semaphores", parts))
 	}
-	if r.now, err = reply(res).int(1); err != nil {
+	if r.now, err = script.Reply(res).Int(1); err != nil {
 		return bad(err)
 	}
-	if r.g.expiry, err = reply(res).int(2); err != nil {
+	if r.g.expiry, err = script.Reply(res).Int(2); err != nil {
 		return bad(fmt.Errorf("bad grant expiry %q", fmt.Sprint(res[2])))
 	}
 	r.g.tokens = make([]int64, parts)
 	for i := range parts {
-		t, err := reply(res).int(3 + i)
+		t, err := script.Reply(res).Int(3 + i)
 		if err != nil || t <= 0 {
 			return bad(fmt.Errorf("bad token %q", fmt.Sprint(res[3+i])))
 		}
@@ -172,7 +172,7 @@ func renewedBatch(o callpath.Outcome, n int) (results []int64, more bool, err er
 	if err != nil {
 		return nil, false, err
 	}
-	m, err := reply(res).int(1)
+	m, err := script.Reply(res).Int(1)
 	if err != nil {
 		return nil, false, err
 	}
@@ -182,7 +182,7 @@ func renewedBatch(o callpath.Outcome, n int) (results []int64, more bool, err er
 	}
 	out := make([]int64, n)
 	for i := range list {
-		if out[i], err = reply(list).int(i); err != nil {
+		if out[i], err = script.Reply(list).Int(i); err != nil {
 			return nil, false, err
 		}
 	}
@@ -280,10 +280,10 @@ func parseRefreshReply(out script.Result) (refreshReply, error) {
 	var r refreshReply
 	res, err := out.Slice()
 	if err == nil {
-		r.next, err = reply(res).int(0)
+		r.next, err = script.Reply(res).Int(0)
 	}
 	if err == nil {
-		r.now, err = reply(res).int(2)
+		r.now, err = script.Reply(res).Int(2)
 	}
 	if err != nil {
 		return r, err
@@ -361,67 +361,14 @@ func ints(out script.Result, into ...*int64) error {
 		if err != nil {
 			break
 		}
-		*v, err = reply(res).int(i)
+		*v, err = script.Reply(res).Int(i)
 	}
 	return err
 }
 
 const (
 	capacityErrPrefix = "FAIRLOCK_CAPACITY "
-	foreignErrPrefix  = "FAIRLOCK_FOREIGN_KEY "
-	layoutErrPrefix   = "FAIRLOCK_LAYOUT "
 )
-
-// typeNames says what Redis's type names are, in messages.
-var typeNames = map[string]string{
-	"string": "a string", "list": "a list", "set": "a set", "zset": "a sorted set",
-	"hash": "a hash", "stream": "a stream",
-}
-
-func typeName(t string) string {
-	if n, ok := typeNames[t]; ok {
-		return n
-	}
-	return "a " + t
-}
-
-// foreignKey reads a script's "FAIRLOCK_FOREIGN_KEY <found> <kept> <key>"
-// (queue.lua's run_entry) as an error matching ErrForeignKey.
-func foreignKey(rest string) error {
-	found, rest, _ := strings.Cut(rest, " ")
-	kept, key, _ := strings.Cut(rest, " ")
-	return fmt.Errorf("%w: %q holds %s where fairlock keeps %s; nothing was changed (delete the key, or give fairlock a prefix of its own with WithPrefix)",
-		ErrForeignKey, key, typeName(found), typeName(kept))
-}
-
-// incompatible reads a script's "FAIRLOCK_LAYOUT <found> <kept> <key>"
-// (queue.lua's LAYOUT) as an error matching ErrIncompatible.
-func incompatible(rest string) error {
-	found, rest, _ := strings.Cut(rest, " ")
-	kept, key, _ := strings.Cut(rest, " ")
-	return fmt.Errorf("%w: %q is in key layout %s, and this release keeps layout %s; nothing was changed (one name needs one layout: finish the upgrade, or let the semaphore go idle until its keys expire)",
-		ErrIncompatible, key, found, kept)
-}
-
-// scriptError returns err as fairlock's error when a script refused the
-// call for a reason it names (a key of another program's, keys of
-// another release's layout), wherever err came from, and err itself
-// otherwise. Errors met in the background (a waiter's refresh, a lease's
-// renewal) pass through it, so that the caller who finally sees them can
-// match them as a direct call's.
-func scriptError(err error) error {
-	msg, ok := fault.ReplyOf(err)
-	if !ok {
-		return err
-	}
-	if rest, ok := strings.CutPrefix(msg, foreignErrPrefix); ok {
-		return foreignKey(rest)
-	}
-	if rest, ok := strings.CutPrefix(msg, layoutErrPrefix); ok {
-		return incompatible(rest)
-	}
-	return err
-}
 
 // fail turns an error from Redis or the connection into fairlock's error
 // for op on the semaphores names (in the order the script took them). It is
@@ -451,29 +398,13 @@ func fail(ctx context.Context, op string, names []string, err error) error {
 		}
 		return opError(op, names, fmt.Errorf("%w: stored capacity is %s", ErrCapacityMismatch, stored))
 	}
-	if mapped := scriptError(err); mapped != err {
+	if mapped := fault.ScriptError(err); mapped != err {
 		return opError(op, names, mapped)
 	}
 	if strings.HasPrefix(msg, "CROSSSLOT") {
 		return opError(op, names, fmt.Errorf("%w: %w", ErrCrossSlot, err))
 	}
 	return opError(op, names, fmt.Errorf("%w: %w", ErrRedis, err))
-}
-
-// reply reads a script's array reply as integers and strings.
-type reply []any
-
-func (r reply) int(i int) (int64, error) {
-	if i >= len(r) {
-		return 0, fmt.Errorf("short script reply %v", []any(r))
-	}
-	switch v := r[i].(type) {
-	case int64:
-		return v, nil
-	case string:
-		return strconv.ParseInt(v, 10, 64)
-	}
-	return 0, fmt.Errorf("unexpected script reply %v", []any(r))
 }
 
 // parseWake splits a wake-up "ticket expiryMs token..." pushed by

@@ -1603,7 +1603,7 @@ func (m *machine) settle(t *rapid.T) {
 			if err != nil {
 				t.Fatalf("observer's refresh: %v", err)
 			}
-			if next, err := reply(res).int(0); err != nil || next != 0 {
+			if next, err := script.Reply(res).Int(0); err != nil || next != 0 {
 				break
 			}
 			if i == 1000 {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -86,8 +87,8 @@ func TestFromClient(t *testing.T) {
 			if errors.As(got, &rerr) != (tc.reply != "") {
 				t.Errorf("errors.As(%v, redis.Error) = %v", got, !(tc.reply != ""))
 			}
-			if slow(got) != tc.slow || transient(got) != tc.transient {
-				t.Errorf("slow %v, transient %v; want %v, %v", slow(got), transient(got), tc.slow, tc.transient)
+			if fault.Slow(got) != tc.slow || transient(got) != tc.transient {
+				t.Errorf("slow %v, transient %v; want %v, %v", fault.Slow(got), transient(got), tc.slow, tc.transient)
 			}
 		})
 	}

@@ -669,7 +669,7 @@ func (r *room) refusedForSome(err error) bool {
 	if !ok {
 		return false
 	}
-	rest, ok := strings.CutPrefix(msg, foreignErrPrefix)
+	rest, ok := strings.CutPrefix(msg, fault.ForeignErrPrefix)
 	if !ok {
 		return false
 	}
@@ -720,7 +720,7 @@ func (r *room) noteRefreshed(args []string, sent time.Time, err error) {
 		case err == nil:
 			w.alive, w.failed, w.alone = sent, nil, false
 		default:
-			w.failed, w.alone = scriptError(err), refreshCount(args) == 1
+			w.failed, w.alone = fault.ScriptError(err), refreshCount(args) == 1
 		}
 	}
 }
@@ -753,7 +753,7 @@ func (r *room) failStale(now time.Time) {
 			continue
 		}
 		lost := now.Sub(w.alive) >= c.cfg.waiterTTL && w.alone || now.Sub(w.alive) >= 3*c.cfg.waiterTTL
-		if slow(w.failed) {
+		if fault.Slow(w.failed) {
 			limit := 3 * c.cfg.waiterTTL
 			lost = now.Sub(w.alive) >= limit && now.Sub(r.answered) >= limit ||
 				now.Sub(w.alive) >= staleTimeouts*c.cfg.waiterTTL

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fairlock/fairlock/backend"
+	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/script"
 )
@@ -428,7 +429,7 @@ func TestRefusedRefreshPartedWithinTheRound(t *testing.T) {
 	if _, err := empty.round(false); err != nil {
 		t.Fatal(err)
 	}
-	other := foreignErrPrefix + "string hash " + c.cfg.prefix + "{other}:s"
+	other := fault.ForeignErrPrefix + "string hash " + c.cfg.prefix + "{other}:s"
 	const n = refreshBatch // one script
 	for _, tc := range []struct {
 		name, bad, reply string // bad "": every script refused
@@ -438,9 +439,9 @@ func TestRefusedRefreshPartedWithinTheRound(t *testing.T) {
 		{"one waiter's other semaphore", "w37", other, 1 + 8 + 8 + 2},
 		// The script; its 8 parts, all refused alike.
 		{"every waiter's other semaphore", "", other, 1 + 8},
-		{"the semaphore's own key", "", foreignErrPrefix + "string hash " + k.All[0], 1},
-		{"its derived key", "", foreignErrPrefix + "string list " + k.Base + keyspace.Sep + "w" + keyspace.Sep + "x", 1},
-		{"its base (a latch's hash)", "", foreignErrPrefix + "string hash " + k.Base, 1},
+		{"the semaphore's own key", "", fault.ForeignErrPrefix + "string hash " + k.All[0], 1},
+		{"its derived key", "", fault.ForeignErrPrefix + "string list " + k.Base + keyspace.Sep + "w" + keyspace.Sep + "x", 1},
+		{"its base (a latch's hash)", "", fault.ForeignErrPrefix + "string hash " + k.Base, 1},
 		{"Redis loading", "", "LOADING Redis is loading the dataset in memory", 1},
 	} {
 		hook.bad, hook.all, hook.reply = tc.bad, tc.bad == "", tc.reply

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/script"
 )
 
 // Status is a snapshot of one semaphore, as [Client.Status] reads it.
@@ -94,18 +95,18 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 		return Status{}, fail(ctx, "status", []string{name}, err)
 	}
 	st := Status{Name: name, Holders: []Holder{}, Waiters: []Waiter{}}
-	now, err := reply(res).int(0)
+	now, err := script.Reply(res).Int(0)
 	if err == nil {
-		st.Capacity, err = reply(res).int(1)
+		st.Capacity, err = script.Reply(res).Int(1)
 	}
 	if err == nil {
-		st.Held, err = reply(res).int(4)
+		st.Held, err = script.Reply(res).Int(4)
 	}
 	if err == nil {
-		st.Queued, err = reply(res).int(5)
+		st.Queued, err = script.Reply(res).Int(5)
 	}
 	if err == nil {
-		st.InUse, err = reply(res).int(6)
+		st.InUse, err = script.Reply(res).Int(6)
 	}
 	if err != nil || len(res) < 7 {
 		return Status{}, opError("status", []string{name}, fmt.Errorf("%w: bad reply %v: %w", ErrRedis, res, err))
