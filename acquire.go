@@ -69,7 +69,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 	for {
 		// A waiter registers before its script runs, so a grant announced
 		// the moment it is queued finds it.
-		r, w, err := c.waits.register(p, wait)
+		r, w, err := c.register(p, wait)
 		if err != nil {
 			return nil, wrap(err)
 		}

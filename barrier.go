@@ -169,7 +169,7 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 	lease, _ := p.leaseArgs(c)
 	// The waiter registers before its script runs, so a wake-up pushed
 	// the moment it waits finds it.
-	r, w, err := c.waits.register(p, true)
+	r, w, err := c.register(p, true)
 	if err != nil {
 		return arrival{}, wrap(err)
 	}

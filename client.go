@@ -269,7 +269,7 @@ func newClient(b backend.Backend, rdb RedisClient, opts []Option) (*Client, erro
 	c.renewing, c.endRenews = context.WithCancel(context.Background())
 	c.closeEnds, c.renewEnds = callpath.NewEnds(c.closing), callpath.NewEnds(c.renewing)
 	c.waits = &waits{mu: &c.mu, wg: &c.wg, closing: c.closing, done: c.done, calls: c.calls, b: b, info: info,
-		cfg: &c.cfg, id: id, leaseMs: c.leaseMs, waiterMs: c.waiterMs, logf: c.logf,
+		waiterTTL: cfg.waiterTTL, prefix: cfg.prefix, id: id, leaseMs: c.leaseMs, waiterMs: c.waiterMs, logf: c.logf,
 		rooms: make(map[string]*room), tickets: make(map[string]*room), listeners: make(map[string][]*listener)}
 	c.renew = &renewer{calls: c.calls, closing: c.renewing, id: id, leaseTTL: cfg.leaseTTL,
 		more: c.pumpLater, queues: make(map[string]*renewQueue)}

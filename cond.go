@@ -127,7 +127,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	defer c.unhold()
 	// The waiter registers before its script runs, so a grant announced
 	// the moment it is signalled finds it.
-	r, w, err := c.waits.register(p, true)
+	r, w, err := c.register(p, true)
 	if err != nil {
 		// The client is closing: the lease goes as its close says.
 		l.spendAtClose()

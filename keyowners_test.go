@@ -110,7 +110,7 @@ var keyNamers = []keyNamer{
 // blocking read takes wakeKey: one list per prefix, slot (hash tag),
 // client and number.
 func controlList(o keyObject, wakeKey, id string, err error) (string, []string, error) {
-	w := &waits{cfg: &config{prefix: o.prefix}, id: id}
+	w := &waits{prefix: o.prefix, id: id}
 	return fmt.Sprintf("control list %d of %q under %q in tag %q", o.seq, id, o.prefix, keyslot.HashTag(wakeKey)), []string{w.ctlName(wakeKey, o.seq)}, err
 }
 

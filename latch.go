@@ -308,7 +308,7 @@ func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl tim
 	for {
 		// The waiter registers before its script runs, so a wake-up
 		// pushed the moment it waits finds it.
-		r, w, err := c.waits.register(p, true)
+		r, w, err := c.register(p, true)
 		if err != nil {
 			return 0, wrap(err)
 		}

@@ -143,7 +143,7 @@ func (c *waits) attachLocked(r *room) (nudge *listener) {
 // uses, so it is never another object's key; the client id and seq tell
 // two listeners' lists apart.
 func (c *waits) ctlName(key string, seq uint64) string {
-	return keyspace.DerivedKey(c.cfg.prefix+"{"+keyslot.HashTag(key)+"}", keyspace.KindControl, c.id, strconv.FormatUint(seq, 10))
+	return keyspace.DerivedKey(c.prefix+"{"+keyslot.HashTag(key)+"}", keyspace.KindControl, c.id, strconv.FormatUint(seq, 10))
 }
 
 // nudge ends l's BLPOP so that it starts again with its new keys. If it
@@ -151,7 +151,7 @@ func (c *waits) ctlName(key string, seq uint64) string {
 // and their grants are found by their refresh in any case.
 func (c *waits) nudge(l *listener, via backend.Backend) {
 	defer c.wg.Done()
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
+	ctx, cancel := context.WithTimeout(context.Background(), c.waiterTTL)
 	defer cancel()
 	_ = script.NudgeScript.On(ctx, via, []string{c.ctlOf(l)}, c.waiterMs)
 }
@@ -262,7 +262,7 @@ return out`)
 // left out of l's blocking reads, the control list replaced by one of
 // another name; the log says so. It reports whether it found any.
 func (c *waits) leaveOutForeign(l *listener, blk backend.Backend, keys []string) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
+	ctx, cancel := context.WithTimeout(context.Background(), c.waiterTTL)
 	defer cancel()
 	types, err := typesScript.On(ctx, blk, keys).Strings()
 	if err != nil || len(types) != len(keys) {
@@ -307,7 +307,7 @@ func (c *waits) processList() string {
 	if _, ok := keyspace.ProcessListPrefix(c.id); !ok {
 		return ""
 	}
-	return keyspace.ProcessList(c.cfg.prefix, c.id)
+	return keyspace.ProcessList(c.prefix, c.id)
 }
 
 // useListsLocked moves every room to its semaphore's own wake list
@@ -362,7 +362,7 @@ func (c *waits) processListBack(blk backend.Backend) bool {
 	if !due {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(c.closing, c.cfg.waiterTTL)
+	ctx, cancel := context.WithTimeout(c.closing, c.waiterTTL)
 	defer cancel()
 	list := c.processList()
 	types, err := typesScript.On(ctx, blk, []string{list}).Strings()
@@ -450,7 +450,7 @@ const drainBatch = 128
 // (rueidis, valkey-go) cannot hang on a Redis that stopped answering, nor
 // keep Close waiting for it.
 func (c *waits) blockingPop(blk backend.Backend, keys []string) (key string, vals []string, many bool, err error) {
-	ctx, cancel := context.WithTimeout(c.closing, listenTimeout+c.cfg.waiterTTL)
+	ctx, cancel := context.WithTimeout(c.closing, listenTimeout+c.waiterTTL)
 	defer cancel()
 	if !c.noBLMPop.Load() {
 		key, vals, err = blk.BlockingPop(ctx, listenTimeout, drainBatch, keys)
@@ -469,7 +469,7 @@ func (c *waits) blockingPop(blk backend.Backend, keys []string) (key string, val
 // trip each. A failure leaves them to the next BLPOP.
 func (c *waits) drain(blk backend.Backend, key string) {
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
+		ctx, cancel := context.WithTimeout(context.Background(), c.waiterTTL)
 		got, err := blk.Pop(ctx, key, drainBatch)
 		cancel()
 		if err != nil {

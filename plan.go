@@ -61,6 +61,22 @@ type plan struct {
 	lease *planLease
 }
 
+// leaseMs returns p's lease TTL as a script argument, or "" for the
+// client's.
+func (p plan) leaseMs() string {
+	if p.lease != nil {
+		return p.lease.ms
+	}
+	return ""
+}
+
+// register makes p's ticket (see waits.register): a waiter too, in the
+// room of p's first semaphore, when it may wait.
+func (c *Client) register(p plan, wait bool) (*room, *waiter, error) {
+	first := p.first()
+	return c.waits.register(first.k, first.req.Permits, p.group, p.leaseMs(), wait)
+}
+
 // A planLease is a lease TTL other than the client's, with the same as a
 // script argument, rendered and boxed once.
 type planLease struct {

@@ -37,7 +37,8 @@ type waits struct {
 	calls   *callpath.Caller
 	b       backend.Backend
 	info    backend.Info
-	cfg     *config
+	waiterTTL time.Duration // the client's
+	prefix    string        // the client's key prefix
 	id      string // the client's: names its wake and control lists
 	// The TTLs as script arguments (the client's).
 	leaseMs, waiterMs string
@@ -159,16 +160,17 @@ func (g *grantCounts) get() (reply, wake, refresh int64) {
 	return g.n[viaReply].Load(), g.n[viaWake].Load(), g.n[viaRefresh].Load()
 }
 
-// register makes a ticket for one acquisition; when it may wait, the
-// ticket also gets a waiter in the room of its first semaphore.
-func (c *waits) register(p plan, wait bool) (*room, *waiter, error) {
-	k := p.first().k
-	lease := c.leaseMs
-	if p.lease != nil {
-		lease = p.lease.ms
+// register makes a ticket for one acquisition of permits of the
+// semaphore of keys k (the first of a request over several, whose group
+// is group), whose lease TTL is lease as a script argument ("" for the
+// client's); when it may wait, the ticket also gets a waiter in that
+// semaphore's room.
+func (c *waits) register(k keyspace.Keys, permits int64, group, lease string, wait bool) (*room, *waiter, error) {
+	if lease == "" {
+		lease = c.leaseMs
 	}
 	t := keyspace.NewTicket()
-	w := &waiter{ticket: t, box: t, permits: p.first().req.Permits, group: p.group, lease: lease, ch: make(chan struct{}, 1)}
+	w := &waiter{ticket: t, box: t, permits: permits, group: group, lease: lease, ch: make(chan struct{}, 1)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -265,7 +267,7 @@ func (c *waits) noteQueued(r *room, w *waiter, next time.Duration, sample clock.
 	r.scheduleLocked(next)
 }
 
-func (c *waits) refreshEvery() time.Duration { return c.cfg.waiterTTL / renewDivisor }
+func (c *waits) refreshEvery() time.Duration { return c.waiterTTL / renewDivisor }
 
 // clockOf returns the reading of Redis's clock by which wake-up wk's grant
 // is counted: the one it came with, or, for a grant heard before its room
@@ -410,7 +412,7 @@ func (r *room) maintain(stop chan struct{}) {
 		next, err := r.round(true)
 		if err != nil {
 			r.failStale(time.Now())
-			next = min(next, c.cfg.waiterTTL/retryDivisor)
+			next = min(next, c.waiterTTL/retryDivisor)
 		}
 		c.mu.Lock()
 		r.scheduleLocked(next)
@@ -574,7 +576,7 @@ func (r *room) round(periodic bool) (next time.Duration, first error) {
 	}
 	var mu sync.Mutex // next, first
 	one := func(args []string) error {
-		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
+		ctx, cancel := context.WithTimeout(context.Background(), c.waiterTTL)
 		sent := time.Now()
 		res, _ := c.calls.Run(ctx, script.Call{Op: script.OpRefresh, Keys: r.k.List(), Args: args}) // unreplicated refreshes are refreshed again
 		cancel()
@@ -592,7 +594,7 @@ func (r *room) round(periodic bool) (next time.Duration, first error) {
 	}
 	// Parting a refused script stops a waiter TTL into the round: the
 	// rounds that follow go on with what is left (see narrow).
-	until := time.Now().Add(c.cfg.waiterTTL)
+	until := time.Now().Add(c.waiterTTL)
 	send := func(args []string) { r.narrow(args, one(args), one, until) }
 	if len(batches) == 1 {
 		send(batches[0])
@@ -752,11 +754,11 @@ func (r *room) failStale(now time.Time) {
 		if !w.queued || w.failed == nil {
 			continue
 		}
-		lost := now.Sub(w.alive) >= c.cfg.waiterTTL && w.alone || now.Sub(w.alive) >= 3*c.cfg.waiterTTL
+		lost := now.Sub(w.alive) >= c.waiterTTL && w.alone || now.Sub(w.alive) >= 3*c.waiterTTL
 		if fault.Slow(w.failed) {
-			limit := 3 * c.cfg.waiterTTL
+			limit := 3 * c.waiterTTL
 			lost = now.Sub(w.alive) >= limit && now.Sub(r.answered) >= limit ||
-				now.Sub(w.alive) >= staleTimeouts*c.cfg.waiterTTL
+				now.Sub(w.alive) >= staleTimeouts*c.waiterTTL
 		}
 		if lost {
 			r.forgetLocked(t)
