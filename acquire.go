@@ -9,18 +9,19 @@ import (
 	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/script"
+	"github.com/fairlock/fairlock/internal/wait"
 )
 
 // acquire runs Acquire (wait) and TryAcquire (!wait) for one or more
 // semaphores.
-func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease, error) {
+func (c *Client) acquire(ctx context.Context, reqs []Request, mayWait bool) (*Lease, error) {
 	p, err := c.plan(reqs)
 	if err != nil {
 		names := make([]string, len(reqs))
 		for i, r := range reqs {
 			names[i] = r.Name
 		}
-		if !wait {
+		if !mayWait {
 			return nil, opError("try acquire", names, err)
 		}
 		return nil, opError("acquire", names, err)
@@ -28,16 +29,16 @@ func (c *Client) acquire(ctx context.Context, reqs []Request, wait bool) (*Lease
 	if c.cfg.observer != nil {
 		p.id = eventIDs.Add(1)
 	}
-	return c.acquirePlan(ctx, p, wait, time.Time{})
+	return c.acquirePlan(ctx, p, mayWait, time.Time{})
 }
 
 // acquirePlan acquires p's semaphores: it runs acquire for a plan made and
 // given its event ID (p.id, 0 when unobserved). queued is when the
 // request began to wait, if it did before (its WaitStarted reported): a
 // condition's waiter that queues again.
-func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time.Time) (lease *Lease, err error) {
+func (c *Client) acquirePlan(ctx context.Context, p plan, mayWait bool, queued time.Time) (lease *Lease, err error) {
 	op, mode := "acquire", script.OpAcquire
-	if !wait {
+	if !mayWait {
 		op, mode = "try acquire", script.OpTry
 	}
 	if p.id != 0 {
@@ -48,7 +49,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 	// refused before anything is sent. (The check reads those leases'
 	// clocks, which may end them, and ctx with them: so it comes first.)
 	var dead error
-	if wait {
+	if mayWait {
 		dead = c.deadlock(ctx, op, p)
 	}
 	// A done context wins over permits that happen to be free, as in
@@ -69,12 +70,12 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 	for {
 		// A waiter registers before its script runs, so a grant announced
 		// the moment it is queued finds it.
-		r, w, err := c.register(p, wait)
+		r, w, err := c.enter(p, mayWait)
 		if err != nil {
 			return nil, wrap(err)
 		}
 		sent := time.Now()
-		ticket := w.ticket
+		ticket := w.Ticket
 		// The call ends at the close as well as with ctx, so that neither
 		// its caller nor the Redis client's retries (a Cluster client
 		// tries a command four times, each try waiting out its read
@@ -85,7 +86,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		// alone: a batch holding it could hold its group); a close waits
 		// for it until its bound only, and says so.
 		callCtx, bound := c.boundByClose(ctx)
-		o, ok := c.calls.Op(callCtx, p.acquireCall(mode, ticket, w.box, c).Under(ctx), func(callpath.Outcome) {
+		o, ok := c.calls.Op(callCtx, p.acquireCall(mode, ticket, w.Box, c).Under(ctx), func(callpath.Outcome) {
 			// The script may have queued or granted the ticket after the
 			// caller left, or before its reply was lost. (A caller whose
 			// context lasts left because the close ended the call: the
@@ -98,58 +99,58 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		})
 		bound.done()
 		if !ok {
-			c.waits.unregister(r, w)
+			c.waits.Unregister(r, w)
 			return nil, wrap(c.endedByClose(ctx, o.Res.Err))
 		}
 		rep, err := parseAcquireReply(o.Res, len(p.parts))
 		if err != nil {
-			c.waits.unregister(r, w)
+			c.waits.Unregister(r, w)
 			if !leftAsIs(o.Res.Err) && !fault.IsDialError(err) {
 				// The script may have run before the failure was seen,
 				// or ran and answered what this release cannot read.
-				c.withdraw(ctx, p, w.ticket)
+				c.withdraw(ctx, p, w.Ticket)
 			}
 			return nil, fail(ctx, op, p.names, err)
 		}
 		switch rep.code {
 		case acqGranted, acqGrantedBefore:
-			c.waits.unregister(r, w)
-			if rep.g.expiry <= rep.now {
+			c.waits.Unregister(r, w)
+			if rep.g.Expiry <= rep.now {
 				// Granted by a run whose reply was lost, and expired
 				// since: ask again.
-				c.waits.grants.gaveBack()
-				c.withdraw(ctx, p, w.ticket)
+				c.waits.Grants.GaveBack()
+				c.withdraw(ctx, p, w.Ticket)
 				continue
 			}
 			if o.AckErr != nil {
 				// Granted on the master only: give it back.
-				c.giveBack(ctx, p, w.ticket, rep.g.tokens)
+				c.giveBack(ctx, p, w.Ticket, rep.g.Tokens)
 				return nil, wrap(o.AckErr)
 			}
 			// A grant found by a resend lasts only the waiter TTL until
 			// confirmed, like an announced one.
-			deadline := clock.Sample{Sent: sent, Redis: rep.now}.LocalDeadline(rep.g.expiry)
-			c.waits.grants.add(viaReply)
-			return c.newLease(ctx, p, w.ticket, rep.g.tokens, deadline, rep.code == acqGrantedBefore, leaseBoxes{w.box, rep.g.tok0})
+			deadline := clock.Sample{Sent: sent, Redis: rep.now}.LocalDeadline(rep.g.Expiry)
+			c.waits.Grants.Add(wait.ViaReply)
+			return c.newLease(ctx, p, w.Ticket, rep.g.Tokens, deadline, rep.code == acqGrantedBefore, leaseBoxes{w.Box, rep.g.Tok0})
 		case acqNotGranted:
-			c.waits.unregister(r, w)
+			c.waits.Unregister(r, w)
 			return nil, wrap(ErrNotAcquired)
 		case acqEnded:
 			// A resend found this request's grant over: ask again.
-			c.waits.unregister(r, w)
+			c.waits.Unregister(r, w)
 			continue
 		}
 		// Queued.
 		if o.AckErr != nil {
-			c.waits.unregister(r, w)
-			c.withdraw(ctx, p, w.ticket)
+			c.waits.Unregister(r, w)
+			c.withdraw(ctx, p, w.Ticket)
 			return nil, wrap(o.AckErr)
 		}
 		if queued.IsZero() {
 			queued = sent
 			c.observeFor(p, Event{Kind: WaitStarted, Names: p.names, ID: p.id})
 		}
-		c.waits.noteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clock.Sample{Sent: sent, Redis: rep.now})
+		c.waits.NoteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clock.Sample{Sent: sent, Redis: rep.now})
 		tokens, deadline, again, err := c.awaitGrant(ctx, op, p, p, r, w)
 		switch {
 		case err != nil:
@@ -157,7 +158,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 		case again:
 			continue
 		}
-		return c.newLease(ctx, p, w.ticket, tokens, deadline, true, leaseBoxes{ticket: w.box})
+		return c.newLease(ctx, p, w.Ticket, tokens, deadline, true, leaseBoxes{ticket: w.Box})
 	}
 }
 
@@ -170,43 +171,43 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, wait bool, queued time
 // or an *Error: Redis failing the room, a malformed grant, ctx's end, or
 // the client closing (the ticket then leaves atomically, a grant that
 // raced it handed on).
-func (c *Client) awaitGrant(ctx context.Context, op string, p, leave plan, r *room, w *waiter) (tokens []int64, deadline time.Time, again bool, err error) {
+func (c *Client) awaitGrant(ctx context.Context, op string, p, leave plan, r *wait.Room, w *wait.Waiter) (tokens []int64, deadline time.Time, again bool, err error) {
 	select {
-	case <-w.ch:
-		wk := w.wk
+	case <-w.Ch:
+		wk := w.Wk
 		switch {
-		case wk.err != nil:
-			c.withdraw(ctx, leave, w.ticket)
-			return nil, time.Time{}, false, fail(ctx, op, p.names, wk.err)
-		case wk.requeue:
+		case wk.Err != nil:
+			c.withdraw(ctx, leave, w.Ticket)
+			return nil, time.Time{}, false, fail(ctx, op, p.names, wk.Err)
+		case wk.Requeue:
 			// The ticket was dropped while this process could not
 			// refresh it (paused, or Redis lost it).
 			return nil, time.Time{}, true, nil
-		case len(wk.grant.tokens) != len(p.parts):
-			c.withdraw(ctx, leave, w.ticket)
+		case len(wk.Grant.Tokens) != len(p.parts):
+			c.withdraw(ctx, leave, w.Ticket)
 			return nil, time.Time{}, false, opError(op, p.names,
-				fmt.Errorf("%w: a grant with %d tokens for %d semaphores", ErrRedis, len(wk.grant.tokens), len(p.parts)))
+				fmt.Errorf("%w: a grant with %d tokens for %d semaphores", ErrRedis, len(wk.Grant.Tokens), len(p.parts)))
 		}
 		// The lease counts from Redis's grant, not from when this process
 		// heard of it.
-		deadline := c.waits.clockOf(r, wk).LocalDeadline(wk.grant.expiry)
+		deadline := c.waits.ClockOf(r, wk).LocalDeadline(wk.Grant.Expiry)
 		if !time.Now().Before(deadline) {
 			// This process stalled past the grant: Redis may have expired
 			// it and handed it on. Give it back if it has not.
-			c.waits.grants.gaveBack()
-			c.withdraw(ctx, leave, w.ticket)
+			c.waits.Grants.GaveBack()
+			c.withdraw(ctx, leave, w.Ticket)
 			return nil, time.Time{}, true, nil
 		}
-		c.waits.grants.add(wk.via)
-		return wk.grant.tokens, deadline, false, nil
+		c.waits.Grants.Add(wk.Via)
+		return wk.Grant.Tokens, deadline, false, nil
 	case <-ctx.Done():
 	case <-c.done:
 	}
-	c.waits.unregister(r, w)
+	c.waits.Unregister(r, w)
 	if ctx.Err() != nil {
-		c.withdraw(ctx, leave, w.ticket)
+		c.withdraw(ctx, leave, w.Ticket)
 	} else {
-		c.withdrawAtClose(ctx, leave, w.ticket)
+		c.withdrawAtClose(ctx, leave, w.Ticket)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, time.Time{}, false, opError(op, p.names, err)

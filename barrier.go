@@ -169,11 +169,11 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 	lease, _ := p.leaseArgs(c)
 	// The waiter registers before its script runs, so a wake-up pushed
 	// the moment it waits finds it.
-	r, w, err := c.register(p, true)
+	r, w, err := c.enter(p, true)
 	if err != nil {
 		return arrival{}, wrap(err)
 	}
-	ticket := w.ticket
+	ticket := w.Ticket
 	await := func(asked string) script.Call {
 		return bk.call(opBarrierAwait, parties, msArg(ttl), ticket, c.id, lease, c.waiterMs, asked)
 	}
@@ -192,19 +192,19 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 	})
 	bound.done()
 	if !ok {
-		c.waits.unregister(r, w)
+		c.waits.Unregister(r, w)
 		return arrival{}, wrap(c.endedByClose(ctx, o.Res.Err))
 	}
 	rep, err := barrierInts(o.Res, 5)
 	if stored, ok := barrierStored(err); ok {
-		c.waits.unregister(r, w) // (nothing was written)
+		c.waits.Unregister(r, w) // (nothing was written)
 		return arrival{stored: stored}, nil
 	}
 	if err == nil && (rep[0] == 1 && len(rep) < 5 || rep[0] != 1 && len(rep) < 3 || rep[0] == 2 && len(rep) < 4) {
 		err = fmt.Errorf("%w: barrier script reply %v", ErrRedis, rep)
 	}
 	if err != nil {
-		c.waits.unregister(r, w)
+		c.waits.Unregister(r, w)
 		if !leftAsIs(o.Res.Err) && !fault.IsDialError(err) {
 			c.letGo(ctx, breaks(""), cp, nil)
 		}
@@ -212,31 +212,31 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 	}
 	switch rep[0] {
 	case 0:
-		c.waits.unregister(r, w)
+		c.waits.Unregister(r, w)
 		return arrival{round: rep[1], index: rep[2]}, nil
 	case 2:
-		c.waits.unregister(r, w)
+		c.waits.Unregister(r, w)
 		return arrival{round: rep[1], index: rep[2], broken: true}, nil
 	}
 	a := arrival{round: rep[3], index: rep[4]}
 	asked := itoa(a.round)
 	if o.AckErr != nil {
-		c.waits.unregister(r, w)
+		c.waits.Unregister(r, w)
 		c.letGo(ctx, breaks(asked), cp, nil)
 		return arrival{}, wrap(o.AckErr)
 	}
-	c.waits.noteQueued(r, w, time.Duration(rep[2])*time.Millisecond, clock.Sample{Sent: sent, Redis: rep[1]})
+	c.waits.NoteQueued(r, w, time.Duration(rep[2])*time.Millisecond, clock.Sample{Sent: sent, Redis: rep[1]})
 	if waiting != nil {
 		waiting()
 	}
 	select {
-	case <-w.ch:
-		wk := w.wk
+	case <-w.Ch:
+		wk := w.Wk
 		switch {
-		case wk.err != nil:
+		case wk.Err != nil:
 			c.letGo(ctx, breaks(asked), cp, nil)
-			return arrival{}, fail(ctx, op, names, wk.err)
-		case wk.requeue:
+			return arrival{}, fail(ctx, op, names, wk.Err)
+		case wk.Requeue:
 			// Reported gone: its wake-up was lost, or its round lost a
 			// party. Its ticket's record, or the round's break, says
 			// which.
@@ -256,13 +256,13 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 			a.broken = rep[0] != 0
 			return a, nil
 		}
-		c.waits.grants.add(wk.via)
-		a.broken = len(wk.grant.tokens) == 0 || wk.grant.tokens[0] != barrierCompleted
+		c.waits.Grants.Add(wk.Via)
+		a.broken = len(wk.Grant.Tokens) == 0 || wk.Grant.Tokens[0] != barrierCompleted
 		return a, nil
 	case <-ctx.Done():
 	case <-c.done:
 	}
-	c.waits.unregister(r, w)
+	c.waits.Unregister(r, w)
 	if err := ctx.Err(); err != nil {
 		c.letGo(ctx, breaks(asked), cp, nil)
 		return arrival{}, wrap(err)

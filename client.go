@@ -16,6 +16,7 @@ import (
 	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/sched"
 	"github.com/fairlock/fairlock/internal/script"
+	"github.com/fairlock/fairlock/internal/wait"
 )
 
 // MaxCapacity is the largest semaphore capacity. Scripts count permits in
@@ -82,7 +83,7 @@ type Client struct {
 	calls *callpath.Caller // the script call path
 	plans plans            // the plans of single requests made so far
 	renew *renewer         // batches the leases' renewals
-	waits *waits           // where acquisitions wait for their grants
+	waits *wait.Waits      // where acquisitions wait for their grants
 	id    string           // identifies this client's wake lists; unguessable
 	// The lease and waiter TTLs as script arguments, rendered once.
 	leaseMs, waiterMs string
@@ -268,9 +269,9 @@ func newClient(b backend.Backend, rdb RedisClient, opts []Option) (*Client, erro
 	c.done = c.closing.Done()
 	c.renewing, c.endRenews = context.WithCancel(context.Background())
 	c.closeEnds, c.renewEnds = callpath.NewEnds(c.closing), callpath.NewEnds(c.renewing)
-	c.waits = &waits{mu: &c.mu, wg: &c.wg, closing: c.closing, done: c.done, calls: c.calls, b: b, info: info,
-		waiterTTL: cfg.waiterTTL, prefix: cfg.prefix, id: id, leaseMs: c.leaseMs, waiterMs: c.waiterMs, logf: c.logf,
-		rooms: make(map[string]*room), tickets: make(map[string]*room), listeners: make(map[string][]*listener)}
+	c.waits = &wait.Waits{Mu: &c.mu, Wg: &c.wg, Closing: c.closing, Done: c.done, Calls: c.calls, B: b, Info: info,
+		WaiterTTL: cfg.waiterTTL, Prefix: cfg.prefix, ID: id, LeaseMs: c.leaseMs, WaiterMs: c.waiterMs, Logf: c.logf,
+		Rooms: make(map[string]*wait.Room), Tickets: make(map[string]*wait.Room), Listeners: make(map[string][]*wait.Listener)}
 	c.renew = &renewer{calls: c.calls, closing: c.renewing, id: id, leaseTTL: cfg.leaseTTL,
 		more: c.pumpLater, queues: make(map[string]*renewQueue)}
 	c.tasksDone = sync.NewCond(&c.mu)

@@ -13,6 +13,7 @@ import (
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/script"
+	"github.com/fairlock/fairlock/internal/wait"
 )
 
 // Closing a client. Close and Shutdown release the leases the client
@@ -230,13 +231,13 @@ func (c *Client) shutdown(ctx context.Context, mode closeMode) error {
 		s = &shutdownState{release: mode != closeAbandon,
 			cut: make(chan struct{}), drained: make(chan struct{}), done: make(chan struct{})}
 		c.shut = s
-		c.closed, c.waits.closed = true, true
+		c.closed, c.waits.Closed = true, true
 		c.closeAll() // blocked waits leave their queues, blocking reads end
-		var listening []*listener
-		for _, ls := range c.waits.listeners {
+		var listening []*wait.Listener
+		for _, ls := range c.waits.Listeners {
 			listening = append(listening, ls...)
 		}
-		closeBlk := c.waits.closeBlk
+		closeBlk := c.waits.CloseBlk
 		// With nothing held, queued or running, the close's work is a few
 		// local steps: done before shutdown returns, whatever ctx.
 		idle := len(c.leases) == 0 && c.tasks == 0 && c.acquiring == 0 && c.wg.idle() && len(listening) == 0
@@ -334,7 +335,7 @@ func (c *Client) draining() bool {
 // until the cut, releases or abandons the leases still held then, and
 // waits for every goroutine the client started and every acquisition
 // under way; then it closes s.done.
-func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, closeBlk func() error) {
+func (c *Client) stop(s *shutdownState, start time.Time, listening []*wait.Listener, closeBlk func() error) {
 	var nudges sync.WaitGroup
 	if closeBlk != nil {
 		// Closing its connections ends every BLPOP in flight.
@@ -347,7 +348,7 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*listener, 
 			nudges.Go(func() {
 				ctx, cancel := context.WithDeadline(context.Background(), start.Add(nudgeBound))
 				defer cancel()
-				_ = script.NudgeScript.On(ctx, c.b, []string{c.waits.ctlOf(l)}, c.waiterMs)
+				_ = script.NudgeScript.On(ctx, c.b, []string{c.waits.CtlOf(l)}, c.waiterMs)
 			})
 		}
 	}

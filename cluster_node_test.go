@@ -167,7 +167,7 @@ func TestClusterEnabledNodeForeignWakeList(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer holder.Close()
-	one := c.waits.processList()
+	one := c.waits.ProcessList()
 	if one == "" {
 		t.Fatalf("client id %q: no one wake list; want one on one server", c.id)
 	}

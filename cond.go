@@ -127,7 +127,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	defer c.unhold()
 	// The waiter registers before its script runs, so a grant announced
 	// the moment it is signalled finds it.
-	r, w, err := c.register(p, true)
+	r, w, err := c.enter(p, true)
 	if err != nil {
 		// The client is closing: the lease goes as its close says.
 		l.spendAtClose()
@@ -140,7 +140,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	if c.cfg.observer != nil {
 		np.id = eventIDs.Add(1)
 	}
-	fresh := w.ticket
+	fresh := w.Ticket
 	release := p.releaseCall(script.OpRelease, l.ticket, c, l.announced, l.tokens)
 	leave := cp.releaseCall(script.OpLeave, fresh, c, true, nil)
 	until := l.expiresBy()
@@ -168,13 +168,13 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	l.released = true
 	l.mu.Unlock()
 	if !ok {
-		c.waits.unregister(r, w)
+		c.waits.Unregister(r, w)
 		l.finish(errReleased)
 		return nil, wrap(c.endedByClose(ctx, o.Res.Err))
 	}
 	rep, err := parseWaitReply(o.Res)
 	if err != nil {
-		c.waits.unregister(r, w)
+		c.waits.Unregister(r, w)
 		return nil, l.waitFailed(ctx, err, release, until, cp, fresh)
 	}
 	if rep.more {
@@ -185,7 +185,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 		// the new ticket wait, which has ended since with no trace (dead,
 		// and dropped by a signal or a queue's run): the wait ends as a
 		// spurious wakeup does, and locks again.
-		c.waits.unregister(r, w)
+		c.waits.Unregister(r, w)
 		l.finish(errReleased)
 		if np.id != 0 {
 			c.observeFor(np, Event{Kind: WaitStarted, Names: np.names, ID: np.id})
@@ -193,7 +193,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 		return c.acquirePlan(ctx, np, true, sent)
 	}
 	if rep.result != 1 {
-		c.waits.unregister(r, w)
+		c.waits.Unregister(r, w)
 		l.finish(ErrLeaseLost)
 		return nil, wrap(ErrLeaseLost)
 	}
@@ -201,7 +201,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	if np.id != 0 {
 		c.observeFor(np, Event{Kind: WaitStarted, Names: np.names, ID: np.id})
 	}
-	c.waits.noteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clock.Sample{Sent: sent, Redis: rep.now})
+	c.waits.NoteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clock.Sample{Sent: sent, Redis: rep.now})
 	tokens, deadline, again, err := c.awaitGrant(ctx, "wait", p, cp, r, w)
 	if again {
 		// A spurious wakeup: lock again, as the same acquisition (whose

@@ -78,9 +78,9 @@ func TestGrantHeardBeforeItsQueuedReply(t *testing.T) {
 				return
 			}
 			for deadline := time.Now().Add(5 * time.Second); ; {
-				waiter.waits.mu.Lock()
-				_, waiting := waiter.waits.tickets[ticket]
-				waiter.waits.mu.Unlock()
+				waiter.waits.Mu.Lock()
+				_, waiting := waiter.waits.Tickets[ticket]
+				waiter.waits.Mu.Unlock()
 				if !waiting {
 					return
 				}
@@ -106,9 +106,9 @@ func TestGrantHeardBeforeItsQueuedReply(t *testing.T) {
 			first <- err
 		}()
 		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-			waiter.waits.mu.Lock()
-			n := len(waiter.waits.tickets)
-			waiter.waits.mu.Unlock()
+			waiter.waits.Mu.Lock()
+			n := len(waiter.waits.Tickets)
+			waiter.waits.Mu.Unlock()
 			if n > 0 {
 				break
 			}

@@ -105,10 +105,10 @@ func init() {
 		return client.(*Client).calls.RunRaw(ctx, op, keys, args)
 	}
 	testhook.Grants = func(client any) (reply, wake, refresh int64) {
-		return client.(*Client).waits.grants.get()
+		return client.(*Client).waits.Grants.Get()
 	}
 	testhook.GivenBack = func(client any) int64 {
-		return client.(*Client).waits.grants.late.Load()
+		return client.(*Client).waits.Grants.Late.Load()
 	}
 	testhook.OpFlags = func(name string) ([]string, bool) {
 		o := script.OpNamed(name)

@@ -9,6 +9,7 @@ import (
 	"github.com/fairlock/fairlock/internal/keyslot"
 	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/wait"
 	"pgregory.net/rapid"
 )
 
@@ -110,8 +111,8 @@ var keyNamers = []keyNamer{
 // blocking read takes wakeKey: one list per prefix, slot (hash tag),
 // client and number.
 func controlList(o keyObject, wakeKey, id string, err error) (string, []string, error) {
-	w := &waits{prefix: o.prefix, id: id}
-	return fmt.Sprintf("control list %d of %q under %q in tag %q", o.seq, id, o.prefix, keyslot.HashTag(wakeKey)), []string{w.ctlName(wakeKey, o.seq)}, err
+	w := &wait.Waits{Prefix: o.prefix, ID: id}
+	return fmt.Sprintf("control list %d of %q under %q in tag %q", o.seq, id, o.prefix, keyslot.HashTag(wakeKey)), []string{w.CtlName(wakeKey, o.seq)}, err
 }
 
 // namerOf returns the namer of kind.

@@ -13,6 +13,7 @@ import (
 	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/script"
+	"github.com/fairlock/fairlock/internal/wait"
 )
 
 // Countdown latches (package latch). A latch named N keeps its count in a
@@ -308,11 +309,11 @@ func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl tim
 	for {
 		// The waiter registers before its script runs, so a wake-up
 		// pushed the moment it waits finds it.
-		r, w, err := c.register(p, true)
+		r, w, err := c.enter(p, true)
 		if err != nil {
 			return 0, wrap(err)
 		}
-		ticket := w.ticket
+		ticket := w.Ticket
 		sent := time.Now()
 		callCtx, bound := c.boundByClose(ctx)
 		o, ok := c.calls.Op(callCtx, lk.call(opLatchWait, init, msArg(ttl), ticket, c.id, lease, c.waiterMs), func(callpath.Outcome) {
@@ -326,31 +327,31 @@ func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl tim
 		})
 		bound.done()
 		if !ok {
-			c.waits.unregister(r, w)
+			c.waits.Unregister(r, w)
 			return 0, wrap(c.endedByClose(ctx, o.Res.Err))
 		}
 		rep, err := latchReply(o.Res)
 		if stored, ok := latchStored(err); ok {
-			c.waits.unregister(r, w) // (nothing was written)
+			c.waits.Unregister(r, w) // (nothing was written)
 			return stored, nil
 		}
 		if err != nil {
-			c.waits.unregister(r, w)
+			c.waits.Unregister(r, w)
 			if !leftAsIs(o.Res.Err) && !fault.IsDialError(err) {
 				c.withdraw(ctx, cp, ticket)
 			}
 			return 0, fail(ctx, op, p.names, err)
 		}
 		if rep[0] == 0 {
-			c.waits.unregister(r, w)
+			c.waits.Unregister(r, w)
 			return 0, nil
 		}
 		if o.AckErr != nil {
-			c.waits.unregister(r, w)
+			c.waits.Unregister(r, w)
 			c.withdraw(ctx, cp, ticket)
 			return 0, wrap(o.AckErr)
 		}
-		c.waits.noteQueued(r, w, time.Duration(rep[2])*time.Millisecond, clock.Sample{Sent: sent, Redis: rep[1]})
+		c.waits.NoteQueued(r, w, time.Duration(rep[2])*time.Millisecond, clock.Sample{Sent: sent, Redis: rep[1]})
 		if waiting != nil {
 			waiting()
 		}
@@ -366,27 +367,27 @@ func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl tim
 // false when the waiter was dropped and must ask again; or an error:
 // Redis failing the room, ctx's end or the client's close (the waiter
 // then withdraws in the background).
-func (c *Client) awaitOpen(ctx context.Context, op string, cp plan, r *room, w *waiter) (bool, error) {
+func (c *Client) awaitOpen(ctx context.Context, op string, cp plan, r *wait.Room, w *wait.Waiter) (bool, error) {
 	select {
-	case <-w.ch:
-		wk := w.wk
+	case <-w.Ch:
+		wk := w.Wk
 		switch {
-		case wk.err != nil:
-			c.withdraw(ctx, cp, w.ticket)
-			return false, fail(ctx, op, cp.names, wk.err)
-		case wk.requeue:
+		case wk.Err != nil:
+			c.withdraw(ctx, cp, w.Ticket)
+			return false, fail(ctx, op, cp.names, wk.Err)
+		case wk.Requeue:
 			return false, nil
 		}
-		c.waits.grants.add(wk.via)
+		c.waits.Grants.Add(wk.Via)
 		return true, nil
 	case <-ctx.Done():
 	case <-c.done:
 	}
-	c.waits.unregister(r, w)
+	c.waits.Unregister(r, w)
 	if err := ctx.Err(); err != nil {
-		c.withdraw(ctx, cp, w.ticket)
+		c.withdraw(ctx, cp, w.Ticket)
 		return false, opError(op, cp.names, err)
 	}
-	c.withdrawAtClose(ctx, cp, w.ticket)
+	c.withdrawAtClose(ctx, cp, w.Ticket)
 	return false, opError(op, cp.names, ErrClosed)
 }

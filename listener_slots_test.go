@@ -9,6 +9,7 @@ import (
 
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/keyslot"
+	"github.com/fairlock/fairlock/internal/wait"
 )
 
 // slotsBackend is a Backend for walking a client's listeners through their
@@ -23,7 +24,7 @@ type slotsBackend struct {
 
 func (b *slotsBackend) Info() backend.Info { return backend.Info{Layout: b.layout} }
 func (b *slotsBackend) Script(_ context.Context, s backend.Script) (any, error) {
-	if s.Name != typesScript.SHA && s.Name != typesScript.Src {
+	if s.Name != wait.TypesScript.SHA && s.Name != wait.TypesScript.Src {
 		return nil, nil // a nudge
 	}
 	b.mu.Lock()
@@ -78,81 +79,81 @@ func TestListenerReadsStayInOneSlot(t *testing.T) {
 			}
 			defer c.Close()
 			w := c.waits
-			w.mu.Lock()
+			w.Mu.Lock()
 			for _, name := range names {
 				k, err := c.keys(name)
 				if err != nil {
-					w.mu.Unlock()
+					w.Mu.Unlock()
 					t.Fatal(err)
 				}
-				r := &room{c: w, k: k, wakeKey: w.wakeKeyLocked(k), kick: make(chan struct{}, 1),
-					waiters: map[string]*waiter{"T" + name: {ticket: "T" + name}}, running: true, stop: make(chan struct{})}
-				w.rooms[k.Base] = r
-				w.attachLocked(r)
+				r := &wait.Room{C: w, K: k, WakeKey: w.WakeKeyLocked(k), Kick: make(chan struct{}, 1),
+					Waiters: map[string]*wait.Waiter{"T" + name: {Ticket: "T" + name}}, Running: true, Stop: make(chan struct{})}
+				w.Rooms[k.Base] = r
+				w.AttachLocked(r)
 			}
-			w.mu.Unlock()
+			w.Mu.Unlock()
 
 			check := func(state string) {
 				t.Helper()
-				w.mu.Lock()
-				defer w.mu.Unlock()
-				heard := map[*room]bool{}
-				for _, ls := range w.listeners {
+				w.Mu.Lock()
+				defer w.Mu.Unlock()
+				heard := map[*wait.Room]bool{}
+				for _, ls := range w.Listeners {
 					for _, l := range ls {
-						keys := l.readKeysLocked()
+						keys := l.ReadKeysLocked()
 						for _, k := range keys[1:] {
 							if keyslot.Of(k) != keyslot.Of(keys[0]) {
 								t.Fatalf("%s: a blocking read takes %q (slot %d) and %q (slot %d): refused as CROSSSLOT", state, keys[0], keyslot.Of(keys[0]), k, keyslot.Of(k))
 							}
 						}
-						for _, r := range l.rooms {
-							heard[r] = heard[r] || l.wakes[r.wakeKey] > 0
+						for _, r := range l.Rooms {
+							heard[r] = heard[r] || l.Wakes[r.WakeKey] > 0
 						}
 					}
 				}
-				for _, r := range w.rooms {
+				for _, r := range w.Rooms {
 					if !heard[r] {
-						t.Fatalf("%s: no listener reads %s's wake list %q", state, r.k.Base, r.wakeKey)
+						t.Fatalf("%s: no listener reads %s's wake list %q", state, r.K.Base, r.WakeKey)
 					}
 				}
 			}
 			// foreignAt has every listener look at its read's keys as after
 			// a WRONGTYPE (leaveOutForeign), with planted values at keys.
-			foreignAt := func(state string, keys func(l *listener) []string) {
+			foreignAt := func(state string, keys func(l *wait.Listener) []string) {
 				t.Helper()
-				w.mu.Lock()
-				var all []*listener
-				for _, ls := range w.listeners {
+				w.Mu.Lock()
+				var all []*wait.Listener
+				for _, ls := range w.Listeners {
 					all = append(all, ls...)
 				}
 				reads := make([][]string, len(all))
 				for i, l := range all {
-					reads[i] = l.readKeysLocked()
+					reads[i] = l.ReadKeysLocked()
 					for _, k := range keys(l) {
 						b.plant(k, true)
 					}
 				}
-				w.mu.Unlock()
+				w.Mu.Unlock()
 				for i, l := range all {
-					w.leaveOutForeign(l, b, reads[i])
+					w.LeaveOutForeign(l, b, reads[i])
 				}
 				check(state)
 			}
 			check("at first")
-			one := w.processList()
+			one := w.ProcessList()
 			if one != "" {
-				foreignAt("the client's wake list holds another program's value", func(*listener) []string { return []string{one} })
+				foreignAt("the client's wake list holds another program's value", func(*wait.Listener) []string { return []string{one} })
 			}
-			foreignAt("and every control list does too", func(l *listener) []string { return []string{l.ctl} })
-			foreignAt("and the new control lists too", func(l *listener) []string { return []string{l.ctl} })
+			foreignAt("and every control list does too", func(l *wait.Listener) []string { return []string{l.Ctl} })
+			foreignAt("and the new control lists too", func(l *wait.Listener) []string { return []string{l.Ctl} })
 			if one != "" {
 				b.plant(one, false)
-				w.mu.Lock()
-				w.useListsLocked(false) // what processListBack does once the value is gone
-				w.mu.Unlock()
+				w.Mu.Lock()
+				w.UseListsLocked(false) // what processListBack does once the value is gone
+				w.Mu.Unlock()
 				check("the client's wake list is free again")
-				foreignAt("a control list holds another program's value, then the client's wake list", func(l *listener) []string { return []string{l.ctl} })
-				foreignAt("and the client's wake list", func(*listener) []string { return []string{one} })
+				foreignAt("a control list holds another program's value, then the client's wake list", func(l *wait.Listener) []string { return []string{l.Ctl} })
+				foreignAt("and the client's wake list", func(*wait.Listener) []string { return []string{one} })
 			}
 		})
 	}

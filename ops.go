@@ -12,6 +12,7 @@ import (
 	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/script"
+	"github.com/fairlock/fairlock/internal/wait"
 )
 
 // The Go side of each script op: the arguments it takes and the reply it
@@ -23,7 +24,7 @@ import (
 // (internal/callpath) runs them. The ops are called from acquire.go
 // (acquire, try), cleanup.go (leave, pump, release), lease.go (release,
 // renew), renew.go
-// (renew_batch), room.go (refresh), status.go (status) and cond.go (wait,
+// (renew_batch), internal/wait (refresh), status.go (status) and cond.go (wait,
 // signal).
 
 // The acquire script's reply codes (acquire.lua).
@@ -60,7 +61,7 @@ func releaseResult(n int64, sentLive bool) int64 {
 // next event is due (acqQueued, ms from now).
 type acquireReply struct {
 	code, now, next int64
-	g               grant
+	g               wait.Grant
 }
 
 // parseAcquireReply reads acquire.lua's reply to a request for parts
@@ -100,19 +101,19 @@ func parseAcquireReply(out script.Result, parts int) (acquireReply, error) {
 	if r.now, err = script.Reply(res).Int(1); err != nil {
 		return bad(err)
 	}
-	if r.g.expiry, err = script.Reply(res).Int(2); err != nil {
+	if r.g.Expiry, err = script.Reply(res).Int(2); err != nil {
 		return bad(fmt.Errorf("bad grant expiry %q", fmt.Sprint(res[2])))
 	}
-	r.g.tokens = make([]int64, parts)
+	r.g.Tokens = make([]int64, parts)
 	for i := range parts {
 		t, err := script.Reply(res).Int(3 + i)
 		if err != nil || t <= 0 {
 			return bad(fmt.Errorf("bad token %q", fmt.Sprint(res[3+i])))
 		}
-		r.g.tokens[i] = t
+		r.g.Tokens[i] = t
 	}
-	if s, ok := res[3].(string); ok && parts == 1 && canonicalToken(s) {
-		r.g.tok0 = res[3] // already boxed: no allocation
+	if s, ok := res[3].(string); ok && parts == 1 && wait.CanonicalToken(s) {
+		r.g.Tok0 = res[3] // already boxed: no allocation
 	}
 	return r, nil
 }

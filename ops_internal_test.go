@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/fairlock/fairlock/internal/script"
+	"github.com/fairlock/fairlock/internal/wait"
 )
 
 // Every reply acquire.lua documents reads as its code says, and a reply
@@ -20,8 +21,8 @@ func TestParseAcquireReply(t *testing.T) {
 		want  acquireReply // when ok
 		ok    bool
 	}{
-		{"granted", cmd(int64(1), int64(100), int64(10100), "7"), 1, acquireReply{code: acqGranted, now: 100, g: grant{expiry: 10100, tokens: []int64{7}}}, true},
-		{"granted before, two semaphores", cmd(int64(3), "100", "3100", "7", "9"), 2, acquireReply{code: acqGrantedBefore, now: 100, g: grant{expiry: 3100, tokens: []int64{7, 9}}}, true},
+		{"granted", cmd(int64(1), int64(100), int64(10100), "7"), 1, acquireReply{code: acqGranted, now: 100, g: wait.Grant{Expiry: 10100, Tokens: []int64{7}}}, true},
+		{"granted before, two semaphores", cmd(int64(3), "100", "3100", "7", "9"), 2, acquireReply{code: acqGrantedBefore, now: 100, g: wait.Grant{Expiry: 3100, Tokens: []int64{7, 9}}}, true},
 		{"queued", cmd(int64(2), int64(100), int64(250)), 1, acquireReply{code: acqQueued, now: 100, next: 250}, true},
 		{"not granted", cmd(int64(0)), 1, acquireReply{code: acqNotGranted}, true},
 		{"ended", cmd(int64(4)), 1, acquireReply{code: acqEnded}, true},
@@ -45,11 +46,11 @@ func TestParseAcquireReply(t *testing.T) {
 			if err != nil {
 				t.Fatalf("parseAcquireReply: %v", err)
 			}
-			if got.code != tc.want.code || got.now != tc.want.now || got.next != tc.want.next || got.g.expiry != tc.want.g.expiry || len(got.g.tokens) != len(tc.want.g.tokens) {
+			if got.code != tc.want.code || got.now != tc.want.now || got.next != tc.want.next || got.g.Expiry != tc.want.g.Expiry || len(got.g.Tokens) != len(tc.want.g.Tokens) {
 				t.Fatalf("parseAcquireReply = %+v; want %+v", got, tc.want)
 			}
-			for i := range got.g.tokens {
-				if got.g.tokens[i] != tc.want.g.tokens[i] {
+			for i := range got.g.Tokens {
+				if got.g.Tokens[i] != tc.want.g.Tokens[i] {
 					t.Fatalf("parseAcquireReply = %+v; want %+v", got, tc.want)
 				}
 			}

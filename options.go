@@ -10,6 +10,7 @@ import (
 	"unicode"
 
 	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/wait"
 )
 
 // Defaults of the [Option] settings.
@@ -26,10 +27,10 @@ const (
 	// to retry a renewal that failed; a queued waiter is refreshed
 	// TTL/renewDivisor after its acquire or last round of refreshes
 	// answered.
-	renewDivisor = 3
+	renewDivisor = wait.RenewDivisor
 	// retryDivisor: a renewal or refresh that failed is tried again
 	// TTL/retryDivisor later (a renewal never past its lease's deadline).
-	retryDivisor = 10
+	retryDivisor = wait.RetryDivisor
 	// never is a timer's duration for "not planned": whatever is planned
 	// comes earlier.
 	never = time.Duration(math.MaxInt64)

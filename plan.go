@@ -11,6 +11,7 @@ import (
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/keyslot"
 	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/wait"
 )
 
 // MaxResources is the most semaphores one request may lock at once.
@@ -70,11 +71,11 @@ func (p plan) leaseMs() string {
 	return ""
 }
 
-// register makes p's ticket (see waits.register): a waiter too, in the
+// enter makes p's ticket (see wait.Waits.Enter): a waiter too, in the
 // room of p's first semaphore, when it may wait.
-func (c *Client) register(p plan, wait bool) (*room, *waiter, error) {
+func (c *Client) enter(p plan, mayWait bool) (*wait.Room, *wait.Waiter, error) {
 	first := p.first()
-	return c.waits.register(first.k, first.req.Permits, p.group, p.leaseMs(), wait)
+	return c.waits.Enter(first.k, first.req.Permits, p.group, p.leaseMs(), mayWait)
 }
 
 // A planLease is a lease TTL other than the client's, with the same as a

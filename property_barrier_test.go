@@ -140,9 +140,9 @@ func (m *machine) barrierAwait(t *rapid.T) {
 	m.waitFor(t, fmt.Sprintf("process %d waits at the barrier", a.id), func() bool {
 		a.c.mu.Lock()
 		defer a.c.mu.Unlock()
-		if r := a.c.waits.rooms[b.k.res.Base]; r != nil {
-			for tk, x := range r.waiters {
-				if x.queued && !m.known[tk] {
+		if r := a.c.waits.Rooms[b.k.res.Base]; r != nil {
+			for tk, x := range r.Waiters {
+				if x.Queued && !m.known[tk] {
 					w.ticket = tk
 					m.known[tk] = true
 					return true
@@ -263,12 +263,12 @@ func (m *machine) barrierHeartbeat(t *rapid.T) {
 	}
 	for _, a := range m.live(barriering) {
 		a.c.mu.Lock()
-		r := a.c.waits.rooms[m.barrier.k.res.Base]
+		r := a.c.waits.Rooms[m.barrier.k.res.Base]
 		a.c.mu.Unlock()
 		if r == nil {
 			continue // (check sees that its Await returned)
 		}
-		if _, err := r.refresh(); err != nil {
+		if _, err := r.Refresh(); err != nil {
 			t.Fatalf("process %d's refresh of its barrier waiter: %v", a.id, err)
 		}
 	}

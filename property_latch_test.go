@@ -127,9 +127,9 @@ func (m *machine) latchWait(t *rapid.T) {
 	m.waitFor(t, fmt.Sprintf("process %d waits on the latch", a.id), func() bool {
 		a.c.mu.Lock()
 		defer a.c.mu.Unlock()
-		if r := a.c.waits.rooms[l.k.res.Base]; r != nil {
-			for tk, x := range r.waiters {
-				if x.queued && !m.known[tk] {
+		if r := a.c.waits.Rooms[l.k.res.Base]; r != nil {
+			for tk, x := range r.Waiters {
+				if x.Queued && !m.known[tk] {
 					w.ticket = tk
 					m.known[tk] = true
 					return true
@@ -278,12 +278,12 @@ func (m *machine) latchHeartbeat(t *rapid.T) {
 	now := m.nowMs()
 	for _, a := range m.live(latching) {
 		a.c.mu.Lock()
-		r := a.c.waits.rooms[m.latch.k.res.Base]
+		r := a.c.waits.Rooms[m.latch.k.res.Base]
 		a.c.mu.Unlock()
 		if r == nil {
 			continue // (check sees that its Wait returned)
 		}
-		if _, err := r.refresh(); err != nil {
+		if _, err := r.Refresh(); err != nil {
 			t.Fatalf("process %d's refresh of its latch waiter: %v", a.id, err)
 		}
 	}

@@ -37,6 +37,7 @@ import (
 	"github.com/fairlock/fairlock/internal/script"
 	"github.com/fairlock/fairlock/internal/statecheck"
 	"github.com/fairlock/fairlock/internal/testhook"
+	"github.com/fairlock/fairlock/internal/wait"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )
@@ -1111,10 +1112,10 @@ func (m *machine) diagnose(a *actor) string {
 	list, _ := m.rdb.LRange(ctx, wake, 0, -1).Result()
 	ttl, _ := m.rdb.PTTL(ctx, wake).Result()
 	a.c.mu.Lock()
-	r := a.c.waits.rooms[a.sem.k.Base]
+	r := a.c.waits.Rooms[a.sem.k.Base]
 	room := "no room"
 	if r != nil {
-		room = fmt.Sprintf("room running=%v waiters=%d", r.running, len(r.waiters))
+		room = fmt.Sprintf("room running=%v waiters=%d", r.Running, len(r.Waiters))
 	}
 	a.c.mu.Unlock()
 	return fmt.Sprintf("%s\nwake list %v (TTL %v), %s", m.dump(a.sem), list, ttl, room)
@@ -1251,9 +1252,9 @@ func (m *machine) begin(t *rapid.T, a *actor, parts []mpart, grant bool) {
 func (m *machine) newQueued(a *actor) string {
 	a.c.mu.Lock()
 	defer a.c.mu.Unlock()
-	if r := a.c.waits.rooms[a.sem.k.Base]; r != nil {
-		for tk, w := range r.waiters {
-			if w.queued && !m.known[tk] {
+	if r := a.c.waits.Rooms[a.sem.k.Base]; r != nil {
+		for tk, w := range r.Waiters {
+			if w.Queued && !m.known[tk] {
 				return tk
 			}
 		}
@@ -1625,7 +1626,7 @@ func (m *machine) settle(t *rapid.T) {
 // heartbeat makes every live process renew its leases and refresh its
 // waiters now, as its timers do at a third of each TTL.
 func (m *machine) heartbeat(t *rapid.T) {
-	refreshed := map[*room]bool{} // crowd members share their rooms
+	refreshed := map[*wait.Room]bool{} // crowd members share their rooms
 	for _, a := range m.live(waiting, holding) {
 		switch a.state {
 		case holding:
@@ -1635,13 +1636,13 @@ func (m *machine) heartbeat(t *rapid.T) {
 			}
 		case waiting:
 			a.c.mu.Lock()
-			r := a.c.waits.rooms[a.sem.k.Base]
+			r := a.c.waits.Rooms[a.sem.k.Base]
 			a.c.mu.Unlock()
 			if r == nil || refreshed[r] {
 				continue // granted by an earlier heartbeat (settle checks it), or refreshed
 			}
 			refreshed[r] = true
-			if _, err := r.refresh(); err != nil {
+			if _, err := r.Refresh(); err != nil {
 				t.Fatalf("process %d's refresh: %v", a.id, err)
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/internal/redistest"
+	"github.com/fairlock/fairlock/internal/wait"
 )
 
 // A client keeps the room of an acquisition granted at once (made, never
@@ -30,23 +31,23 @@ func TestSpareRoom(t *testing.T) {
 		}
 		defer other.Close()
 		req := func(name string) Request { return Request{Name: name, Capacity: 1, Permits: 1} }
-		spare := func() *room {
-			c.waits.mu.Lock()
-			defer c.waits.mu.Unlock()
-			return c.waits.spare
+		spare := func() *wait.Room {
+			c.waits.Mu.Lock()
+			defer c.waits.Mu.Unlock()
+			return c.waits.Spare
 		}
 		// roomOf waits until c has a running room on name, and returns it.
-		roomOf := func(name string) *room {
+		roomOf := func(name string) *wait.Room {
 			t.Helper()
 			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-				c.waits.mu.Lock()
-				for _, r := range c.waits.rooms {
-					if r.running && strings.Contains(r.k.Base, "{"+name+"}") {
-						c.waits.mu.Unlock()
+				c.waits.Mu.Lock()
+				for _, r := range c.waits.Rooms {
+					if r.Running && strings.Contains(r.K.Base, "{"+name+"}") {
+						c.waits.Mu.Unlock()
 						return r
 					}
 				}
-				c.waits.mu.Unlock()
+				c.waits.Mu.Unlock()
 			}
 			t.Fatalf("no running room on %s", name)
 			return nil
@@ -86,9 +87,9 @@ func TestSpareRoom(t *testing.T) {
 		if err := <-got; err != nil {
 			t.Fatal(err)
 		}
-		c.waits.mu.Lock()
-		own := c.waits.ownLists
-		c.waits.mu.Unlock()
+		c.waits.Mu.Lock()
+		own := c.waits.OwnLists
+		c.waits.Mu.Unlock()
 		if !own {
 			t.Fatalf("the client does not listen on a wake list per semaphore")
 		}
@@ -102,7 +103,7 @@ func TestSpareRoom(t *testing.T) {
 			t.Fatal(err)
 		}
 		kept := spare()
-		if kept == nil || !strings.Contains(kept.k.Base, "{spare-a}") {
+		if kept == nil || !strings.Contains(kept.K.Base, "{spare-a}") {
 			t.Fatalf("after a grant at once, the spare room is %+v, want spare-a's", kept)
 		}
 
@@ -119,24 +120,24 @@ func TestSpareRoom(t *testing.T) {
 			got <- err
 		}()
 		r := roomOf("spare-b")
-		c.waits.mu.Lock()
-		want := c.waits.wakeKeyLocked(r.k)
-		wakeKey := r.wakeKey
-		c.waits.mu.Unlock()
+		c.waits.Mu.Lock()
+		want := c.waits.WakeKeyLocked(r.K)
+		wakeKey := r.WakeKey
+		c.waits.Mu.Unlock()
 		if r != kept {
 			t.Errorf("the room on spare-b is not the spare")
 		}
 		if wakeKey != want {
 			t.Errorf("the room on spare-b listens on %s, want %s", wakeKey, want)
 		}
-		_, woken, _ := c.waits.grants.get()
+		_, woken, _ := c.waits.Grants.Get()
 		if err := held.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if err := <-got; err != nil {
 			t.Fatal(err)
 		}
-		if _, n, _ := c.waits.grants.get(); n != woken+1 {
+		if _, n, _ := c.waits.Grants.Get(); n != woken+1 {
 			t.Errorf("the waiter on spare-b learned its grant by %d wake-ups, want 1", n-woken)
 		}
 
@@ -153,9 +154,9 @@ func TestSpareRoom(t *testing.T) {
 			got <- err
 		}()
 		r = roomOf("spare-c")
-		c.waits.mu.Lock()
-		c.waits.stopRoomLocked(r)
-		c.waits.mu.Unlock()
+		c.waits.Mu.Lock()
+		c.waits.StopRoomLocked(r)
+		c.waits.Mu.Unlock()
 		stop()
 		if err := <-got; !errors.Is(err, context.Canceled) {
 			t.Fatalf("the cancelled waiter's Acquire: %v, want context.Canceled", err)

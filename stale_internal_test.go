@@ -17,6 +17,7 @@ import (
 	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/script"
+	"github.com/fairlock/fairlock/internal/wait"
 )
 
 // failStale judges each waiter by the refreshes that covered it. One
@@ -49,17 +50,17 @@ func TestFailStaleJudgesEachWaiter(t *testing.T) {
 		{"refused beside others, past three TTLs", 3*ttl + time.Millisecond, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := &waiter{ticket: "T", queued: true, alive: now.Add(-tc.since), failed: refused, alone: tc.alone, ch: make(chan struct{}, 1)}
-			r := &room{c: c.waits, waiters: map[string]*waiter{"T": w}, answered: now}
-			r.failStale(now)
+			w := &wait.Waiter{Ticket: "T", Queued: true, Alive: now.Add(-tc.since), Failed: refused, Alone: tc.alone, Ch: make(chan struct{}, 1)}
+			r := &wait.Room{C: c.waits, Waiters: map[string]*wait.Waiter{"T": w}, Answered: now}
+			r.FailStale(now)
 			select {
-			case <-w.ch:
-				wk := w.wk
+			case <-w.Ch:
+				wk := w.Wk
 				if !tc.fails {
-					t.Fatalf("failed: %v", wk.err)
+					t.Fatalf("failed: %v", wk.Err)
 				}
-				if !errors.Is(wk.err, ErrRedis) || !errors.Is(wk.err, refused) {
-					t.Fatalf("failed with %v; want ErrRedis and the refresh's error", wk.err)
+				if !errors.Is(wk.Err, ErrRedis) || !errors.Is(wk.Err, refused) {
+					t.Fatalf("failed with %v; want ErrRedis and the refresh's error", wk.Err)
 				}
 			default:
 				if tc.fails {
@@ -83,43 +84,43 @@ func TestRefreshBatchesOneLeaseTTLEach(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	r := &room{c: c.waits, waiters: map[string]*waiter{}}
+	r := &wait.Room{C: c.waits, Waiters: map[string]*wait.Waiter{}}
 	c.mu.Lock()
-	empty, _ := r.refreshBatchesLocked(time.Time{})
+	empty, _ := r.RefreshBatchesLocked(time.Time{})
 	c.mu.Unlock()
-	if len(empty) != 1 || refreshCount(empty[0]) != 0 || empty[0][2] != c.leaseMs {
+	if len(empty) != 1 || wait.RefreshCount(empty[0]) != 0 || empty[0][2] != c.leaseMs {
 		t.Fatalf("an empty room's round = %q, want one script of no tickets", empty)
 	}
 	leases := []string{c.leaseMs, "2000", "150"}
 	want := map[string]string{} // ticket -> lease
 	for i := range 300 {
 		lease := leases[i%len(leases)]
-		w := &waiter{ticket: fmt.Sprintf("T%d", i), permits: 1, lease: lease, queued: i%7 != 0, ch: make(chan struct{}, 1)}
+		w := &wait.Waiter{Ticket: fmt.Sprintf("T%d", i), Permits: 1, Lease: lease, Queued: i%7 != 0, Ch: make(chan struct{}, 1)}
 		if i%5 == 0 {
-			w.failed = errors.New("refused")
+			w.Failed = errors.New("refused")
 		}
-		r.waiters[w.ticket] = w
-		if w.queued {
-			want[w.ticket] = lease
+		r.Waiters[w.Ticket] = w
+		if w.Queued {
+			want[w.Ticket] = lease
 		}
 	}
 	c.mu.Lock()
-	batches, _ := r.refreshBatchesLocked(time.Time{})
+	batches, _ := r.RefreshBatchesLocked(time.Time{})
 	c.mu.Unlock()
 	seen := map[string]string{}
 	for _, args := range batches {
 		lease := args[2]
-		if n := refreshCount(args); n == 0 || n > refreshBatch {
+		if n := wait.RefreshCount(args); n == 0 || n > wait.RefreshBatch {
 			t.Errorf("a script of %d tickets", n)
 		}
-		for i := range refreshCount(args) {
-			tk := refreshedTicket(args, i)
+		for i := range wait.RefreshCount(args) {
+			tk := wait.RefreshedTicket(args, i)
 			if _, dup := seen[tk]; dup {
 				t.Errorf("%s in two scripts", tk)
 			}
 			seen[tk] = lease
 			if want[tk] != lease {
-				t.Errorf("%s (queued %v, lease TTL %q) refreshed with lease TTL %q", tk, r.waiters[tk].queued, want[tk], lease)
+				t.Errorf("%s (queued %v, lease TTL %q) refreshed with lease TTL %q", tk, r.Waiters[tk].Queued, want[tk], lease)
 			}
 		}
 	}
@@ -147,33 +148,33 @@ func TestPeriodicRoundLeavesYoungWaitersOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	every, young := c.waits.refreshEvery(), c.waits.youngFor()
+	every, young := c.waits.RefreshEvery(), c.waits.YoungFor()
 	now := time.Now()
-	mk := func(ticket string, since time.Duration, failed error, queued bool) *waiter {
-		return &waiter{ticket: ticket, permits: 1, lease: c.leaseMs, queued: queued, alive: now.Add(-since), failed: failed, ch: make(chan struct{}, 1)}
+	mk := func(ticket string, since time.Duration, failed error, queued bool) *wait.Waiter {
+		return &wait.Waiter{Ticket: ticket, Permits: 1, Lease: c.leaseMs, Queued: queued, Alive: now.Add(-since), Failed: failed, Ch: make(chan struct{}, 1)}
 	}
 	tickets := func(batches [][]string) map[string]bool {
 		got := map[string]bool{}
 		for _, args := range batches {
-			for i := range refreshCount(args) {
-				got[refreshedTicket(args, i)] = true
+			for i := range wait.RefreshCount(args) {
+				got[wait.RefreshedTicket(args, i)] = true
 			}
 		}
 		return got
 	}
-	r := &room{c: c.waits, k: k, kick: make(chan struct{}, 1), waiters: map[string]*waiter{}}
-	for _, w := range []*waiter{
+	r := &wait.Room{C: c.waits, K: k, Kick: make(chan struct{}, 1), Waiters: map[string]*wait.Waiter{}}
+	for _, w := range []*wait.Waiter{
 		mk("Y1", young/5, nil, true),
 		mk("Y2", young*3/5, nil, true),
 		mk("O", young+young/2, nil, true),
 		mk("S", young/5, errors.New("refused"), true), // a suspect
 		mk("Q", 0, nil, false),                        // not yet queued
 	} {
-		r.waiters[w.ticket] = w
+		r.Waiters[w.Ticket] = w
 	}
 	c.mu.Lock()
-	periodic, due := r.refreshBatchesLocked(now.Add(-young))
-	all, allDue := r.refreshBatchesLocked(time.Time{})
+	periodic, due := r.RefreshBatchesLocked(now.Add(-young))
+	all, allDue := r.RefreshBatchesLocked(time.Time{})
 	c.mu.Unlock()
 	everyone := map[string]bool{"Y1": true, "Y2": true, "O": true, "S": true}
 	if got := tickets(periodic); !maps.Equal(got, everyone) || !due.IsZero() {
@@ -183,58 +184,58 @@ func TestPeriodicRoundLeavesYoungWaitersOut(t *testing.T) {
 		t.Errorf("a refresh refreshes %v (due %v), want %v", slices.Sorted(maps.Keys(got)), allDue, slices.Sorted(maps.Keys(everyone)))
 	}
 	// A suspect alone among young waiters takes them along too.
-	delete(r.waiters, "O")
+	delete(r.Waiters, "O")
 	c.mu.Lock()
-	periodic, due = r.refreshBatchesLocked(now.Add(-young))
+	periodic, due = r.RefreshBatchesLocked(now.Add(-young))
 	c.mu.Unlock()
 	if got, want := tickets(periodic), map[string]bool{"Y1": true, "Y2": true, "S": true}; !maps.Equal(got, want) || !due.IsZero() {
 		t.Errorf("a periodic round with a suspect refreshes %v (due %v), want %v", slices.Sorted(maps.Keys(got)), due, slices.Sorted(maps.Keys(want)))
 	}
 	// Only young waiters: no script, due one refresh period after the
 	// oldest.
-	delete(r.waiters, "S")
+	delete(r.Waiters, "S")
 	c.mu.Lock()
-	periodic, due = r.refreshBatchesLocked(now.Add(-young))
+	periodic, due = r.RefreshBatchesLocked(now.Add(-young))
 	c.mu.Unlock()
 	if len(periodic) != 0 {
 		t.Errorf("a periodic round of young waiters builds %d scripts, want none", len(periodic))
 	}
-	if want := r.waiters["Y2"].alive.Add(every); !due.Equal(want) {
+	if want := r.Waiters["Y2"].Alive.Add(every); !due.Equal(want) {
 		t.Errorf("a periodic round of young waiters is next due at %v, want %v: one refresh period after the oldest", due.Sub(now), want.Sub(now))
 	}
 
 	// A round that refreshes an old waiter takes the young along: no waiter
 	// is refreshed more often than every period. (Redis has none of them,
 	// and reports them gone.)
-	mixed := &room{c: c.waits, k: k, kick: make(chan struct{}, 1), waiters: map[string]*waiter{
+	mixed := &wait.Room{C: c.waits, K: k, Kick: make(chan struct{}, 1), Waiters: map[string]*wait.Waiter{
 		"O2": mk("O2", young+young/2, nil, true), "Y3": mk("Y3", young/5, nil, true)}}
-	y3 := mixed.waiters["Y3"]
-	if _, err := mixed.round(true); err != nil {
+	y3 := mixed.Waiters["Y3"]
+	if _, err := mixed.Round(true); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-y3.ch:
+	case <-y3.Ch:
 	default:
 		t.Error("a periodic round that refreshed an old waiter left a young one out")
 	}
 
 	// Only a waiter not yet queued: one script with no ticket, which runs
 	// the queue.
-	unqueued := &room{c: c.waits, k: k, kick: make(chan struct{}, 1), waiters: map[string]*waiter{"Q": r.waiters["Q"]}}
+	unqueued := &wait.Room{C: c.waits, K: k, Kick: make(chan struct{}, 1), Waiters: map[string]*wait.Waiter{"Q": r.Waiters["Q"]}}
 	c.mu.Lock()
-	periodic, due = unqueued.refreshBatchesLocked(now.Add(-young))
+	periodic, due = unqueued.RefreshBatchesLocked(now.Add(-young))
 	c.mu.Unlock()
-	if len(periodic) != 1 || refreshCount(periodic[0]) != 0 || !due.IsZero() {
+	if len(periodic) != 1 || wait.RefreshCount(periodic[0]) != 0 || !due.IsZero() {
 		t.Errorf("a periodic round with no queued waiter builds %d scripts (due %v), want one naming nobody", len(periodic), due)
 	}
 
 	// Only young waiters: no script, and the round comes back in time.
-	delete(r.waiters, "Q")
-	young1 := maps.Clone(r.waiters)
+	delete(r.Waiters, "Q")
+	young1 := maps.Clone(r.Waiters)
 	scripts := func() int { return m.CommandCount() }
 	before := scripts()
-	limit := time.Until(r.waiters["Y2"].alive.Add(every))
-	next, err := r.round(true)
+	limit := time.Until(r.Waiters["Y2"].Alive.Add(every))
+	next, err := r.Round(true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,9 +247,9 @@ func TestPeriodicRoundLeavesYoungWaitersOut(t *testing.T) {
 	}
 	// An event of the queue due: the round runs the queue, and names every
 	// waiter (here Redis has none of them, and reports them gone).
-	r.event = time.Now().Add(-time.Millisecond)
+	r.Event = time.Now().Add(-time.Millisecond)
 	before = scripts()
-	if _, err := r.round(true); err != nil {
+	if _, err := r.Round(true); err != nil {
 		t.Fatal(err)
 	}
 	if scripts() == before {
@@ -256,9 +257,9 @@ func TestPeriodicRoundLeavesYoungWaitersOut(t *testing.T) {
 	}
 	for _, tk := range []string{"Y1", "Y2"} {
 		select {
-		case <-young1[tk].ch:
-			wk := young1[tk].wk
-			if !wk.requeue {
+		case <-young1[tk].Ch:
+			wk := young1[tk].Wk
+			if !wk.Requeue {
 				t.Errorf("%s: %+v, want it reported gone", tk, wk)
 			}
 		default:
@@ -266,17 +267,17 @@ func TestPeriodicRoundLeavesYoungWaitersOut(t *testing.T) {
 		}
 	}
 	c.mu.Lock()
-	event := r.event
+	event := r.Event
 	c.mu.Unlock()
 	if !event.IsZero() {
 		t.Errorf("the event is still noted, %v from now, after a round ran the queue past it (the queue is empty)", time.Until(event))
 	}
 	// An event not yet due: no script, and the round comes back for it.
-	r.waiters = map[string]*waiter{"Y1": mk("Y1", 0, nil, true)}
+	r.Waiters = map[string]*wait.Waiter{"Y1": mk("Y1", 0, nil, true)}
 	for _, ahead := range []time.Duration{time.Hour, 20 * time.Millisecond} {
-		r.event = time.Now().Add(ahead)
+		r.Event = time.Now().Add(ahead)
 		before = scripts()
-		next, err := r.round(true)
+		next, err := r.Round(true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -304,14 +305,14 @@ func TestPeriodicRoundAfterAStall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &waiter{ticket: "Y", permits: 1, lease: c.leaseMs, queued: true, alive: time.Now(), ch: make(chan struct{}, 1)}
-	r := &room{c: c.waits, k: k, kick: make(chan struct{}, 1), waiters: map[string]*waiter{"Y": w}}
+	w := &wait.Waiter{Ticket: "Y", Permits: 1, Lease: c.leaseMs, Queued: true, Alive: time.Now(), Ch: make(chan struct{}, 1)}
+	r := &wait.Room{C: c.waits, K: k, Kick: make(chan struct{}, 1), Waiters: map[string]*wait.Waiter{"Y": w}}
 	c.mu.Lock()
 	go func() {
-		time.Sleep(3 * c.waits.youngFor())
+		time.Sleep(3 * c.waits.YoungFor())
 		c.mu.Unlock()
 	}()
-	next, err := r.round(true)
+	next, err := r.Round(true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,10 +383,10 @@ func TestQueuedEventsAreThoseThatMoveTheQueue(t *testing.T) {
 			var event time.Time
 			for deadline := time.Now().Add(10 * time.Second); event.IsZero() && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 				c.mu.Lock()
-				for _, r := range c.waits.rooms {
-					for _, w := range r.waiters {
-						if w.queued {
-							event = r.event
+				for _, r := range c.waits.Rooms {
+					for _, w := range r.Waiters {
+						if w.Queued {
+							event = r.Event
 						}
 					}
 				}
@@ -425,12 +426,12 @@ func TestRefusedRefreshPartedWithinTheRound(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The script's forms learnt first, the scripts count one command each.
-	empty := &room{c: c.waits, k: k, kick: make(chan struct{}, 1), waiters: map[string]*waiter{}}
-	if _, err := empty.round(false); err != nil {
+	empty := &wait.Room{C: c.waits, K: k, Kick: make(chan struct{}, 1), Waiters: map[string]*wait.Waiter{}}
+	if _, err := empty.Round(false); err != nil {
 		t.Fatal(err)
 	}
 	other := fault.ForeignErrPrefix + "string hash " + c.cfg.prefix + "{other}:s"
-	const n = refreshBatch // one script
+	const n = wait.RefreshBatch // one script
 	for _, tc := range []struct {
 		name, bad, reply string // bad "": every script refused
 		scripts          int64
@@ -446,25 +447,25 @@ func TestRefusedRefreshPartedWithinTheRound(t *testing.T) {
 	} {
 		hook.bad, hook.all, hook.reply = tc.bad, tc.bad == "", tc.reply
 		hook.sent.Store(0)
-		r := &room{c: c.waits, k: k, kick: make(chan struct{}, 1), waiters: map[string]*waiter{}}
-		ws := map[string]*waiter{}
+		r := &wait.Room{C: c.waits, K: k, Kick: make(chan struct{}, 1), Waiters: map[string]*wait.Waiter{}}
+		ws := map[string]*wait.Waiter{}
 		for i := range n {
 			tk := fmt.Sprintf("w%d", i)
-			ws[tk] = &waiter{ticket: tk, permits: 1, lease: c.leaseMs, queued: true, alive: time.Now(), ch: make(chan struct{}, 1)}
-			r.waiters[tk] = ws[tk]
+			ws[tk] = &wait.Waiter{Ticket: tk, Permits: 1, Lease: c.leaseMs, Queued: true, Alive: time.Now(), Ch: make(chan struct{}, 1)}
+			r.Waiters[tk] = ws[tk]
 		}
-		if _, err := r.round(false); err == nil {
+		if _, err := r.Round(false); err == nil {
 			t.Fatalf("%s: a round with a refused script returned no error", tc.name)
 		}
 		c.mu.Lock()
 		for tk, w := range ws {
 			switch {
-			case tc.bad == "" && (w.failed == nil || w.alone):
-				t.Errorf("%s, every script refused: %s failed=%v alone=%v, want failed beside others", tc.name, tk, w.failed, w.alone)
-			case tc.bad != "" && tk == tc.bad && (w.failed == nil || !w.alone):
-				t.Errorf("%s: %s, the waiter at fault: failed=%v alone=%v, want refused in a script of its own", tc.name, tk, w.failed, w.alone)
-			case tc.bad != "" && tk != tc.bad && w.failed != nil:
-				t.Errorf("%s: %s, beside the waiter at fault: still failed (%v) after the round", tc.name, tk, w.failed)
+			case tc.bad == "" && (w.Failed == nil || w.Alone):
+				t.Errorf("%s, every script refused: %s failed=%v alone=%v, want failed beside others", tc.name, tk, w.Failed, w.Alone)
+			case tc.bad != "" && tk == tc.bad && (w.Failed == nil || !w.Alone):
+				t.Errorf("%s: %s, the waiter at fault: failed=%v alone=%v, want refused in a script of its own", tc.name, tk, w.Failed, w.Alone)
+			case tc.bad != "" && tk != tc.bad && w.Failed != nil:
+				t.Errorf("%s: %s, beside the waiter at fault: still failed (%v) after the round", tc.name, tk, w.Failed)
 			}
 		}
 		c.mu.Unlock()
@@ -473,11 +474,11 @@ func TestRefusedRefreshPartedWithinTheRound(t *testing.T) {
 		}
 	}
 	// Past its limit, a round parts nothing more.
-	r := &room{c: c.waits, k: k, kick: make(chan struct{}, 1), waiters: map[string]*waiter{}}
-	args := c.waits.refreshArgs(2, c.leaseMs)
-	args = appendRefreshed(appendRefreshed(args, "x1", 1, ""), "x2", 1, "")
+	r := &wait.Room{C: c.waits, K: k, Kick: make(chan struct{}, 1), Waiters: map[string]*wait.Waiter{}}
+	args := c.waits.RefreshArgs(2, c.leaseMs)
+	args = wait.AppendRefreshed(wait.AppendRefreshed(args, "x1", 1, ""), "x2", 1, "")
 	sent := 0
-	r.narrow(args, &backend.ReplyError{Reply: other}, func([]string) error { sent++; return nil }, time.Now())
+	r.Narrow(args, &backend.ReplyError{Reply: other}, func([]string) error { sent++; return nil }, time.Now())
 	if sent != 0 {
 		t.Errorf("a parting past its limit sent %d scripts", sent)
 	}

@@ -17,9 +17,9 @@ import (
 func TestClientPartsWired(t *testing.T) {
 	lazy := map[string]bool{
 		"waits.blk":      true, // made on the first wait (blockingLocked)
-		"waits.closeBlk": true,
+		"waits.CloseBlk": true,
 		"calls.Batch":    true, // WithBatching's: checked below
-		"waits.spare":    true, // the first room made and forgotten without running
+		"waits.Spare":    true, // the first room made and forgotten without running
 	}
 	c, err := New(redistest.Mini(t).Client(t), WithLeaseTTL(7*time.Second), WithWaiterTTL(3*time.Second))
 	if err != nil {
@@ -35,11 +35,11 @@ func TestClientPartsWired(t *testing.T) {
 		{"calls.ackTimeout", c.calls.AckTimeout, c.cfg.ackTimeout},
 		{"renew.leaseTTL", c.renew.leaseTTL, c.cfg.leaseTTL},
 		{"renew.id", c.renew.id, c.id},
-		{"waits.id", c.waits.id, c.id},
-		{"waits.leaseMs", c.waits.leaseMs, c.leaseMs},
-		{"waits.waiterMs", c.waits.waiterMs, c.waiterMs},
-		{"waits.done", c.waits.done, c.done},
-		{"waits.closing", c.waits.closing, c.closing},
+		{"waits.id", c.waits.ID, c.id},
+		{"waits.leaseMs", c.waits.LeaseMs, c.leaseMs},
+		{"waits.waiterMs", c.waits.WaiterMs, c.waiterMs},
+		{"waits.done", c.waits.Done, c.done},
+		{"waits.closing", c.waits.Closing, c.closing},
 		{"renew.closing", c.renew.closing, c.renewing},
 	} {
 		if tc.got != tc.want {

@@ -1,4 +1,4 @@
-package fairlock
+package wait
 
 import (
 	"context"
@@ -18,30 +18,30 @@ import (
 // leaves new rooms to another listener of its group.
 const maxListenKeys = 512
 
-// A listener receives the grants to the waiters of rooms of one client
+// A Listener receives the grants to the waiters of rooms of one client
 // whose wake lists number up to maxListenKeys, with one BLPOP at a time,
 // on one connection of the client's blocking client (see
 // [waits.blockingLocked]), never on the caller's pool, so waiting on any
 // number of semaphores cannot delay renewals or releases. The rooms of one
-// listener share a group: the keys one BLPOP may take together (any on a
+// Listener share a group: the keys one BLPOP may take together (any on a
 // single node, one hash slot on Cluster). On a single node every room of
-// the client has the same wake list (keyspace.Keys.Wake), so one listener reading
+// the client has the same wake list (keyspace.Keys.Wake), so one Listener reading
 // two keys hears the grants on every semaphore the client waits on.
 //
-// Besides the rooms' wake lists the BLPOP takes the listener's control
+// Besides the rooms' wake lists the BLPOP takes the Listener's control
 // list, ctl. A room that joins while the BLPOP blocks, with a wake list
 // the BLPOP does not take, pushes an empty entry there (a nudge), so the
-// listener starts again with the new key at once rather than at the
+// Listener starts again with the new key at once rather than at the
 // BLPOP's timeout. Only a change of the key set costs a nudge; a room
 // keeps its place for listenTimeout after its last waiter leaves, so a
 // semaphore waited on again and again costs none.
-type listener struct {
+type Listener struct {
 	group string
-	ctl   string
+	Ctl   string
 
 	// Guarded by c.mu.
-	rooms map[string]*room // by keyspace.Keys.Base
-	wakes map[string]int   // the rooms' wake keys, each with its number of rooms
+	Rooms map[string]*Room // by keyspace.Keys.Base
+	Wakes map[string]int   // the rooms' wake keys, each with its number of rooms
 	keys  []string         // ctl, then the wake keys; nil: rebuild
 	// foreign are wake keys another program wrote (a value that is not a
 	// list, which fails the whole BLPOP): left out of it, so that the
@@ -65,8 +65,8 @@ type listener struct {
 // useListsLocked): then one group per slot. For a Backend whose placement
 // fairlock cannot know (backend.Other), every wake list is a group of its
 // own: one BLPOP per semaphore, as the client routes single-key commands.
-func (c *waits) listenGroup(wakeKey string) string {
-	if c.info.Layout == backend.Single || c.info.Layout == backend.Cluster {
+func (c *Waits) listenGroup(wakeKey string) string {
+	if c.Info.Layout == backend.Single || c.Info.Layout == backend.Cluster {
 		return strconv.Itoa(keyslot.Of(wakeKey))
 	}
 	return wakeKey
@@ -77,56 +77,56 @@ func (c *waits) listenGroup(wakeKey string) string {
 // go-redis, a client of the caller's kind with a pool of its own, so
 // blocked reads never hold the caller's connections). If the Backend
 // cannot make one, the listeners block on it. c.mu is held.
-func (c *waits) blockingLocked() backend.Backend {
+func (c *Waits) blockingLocked() backend.Backend {
 	if c.blk != nil {
 		return c.blk
 	}
-	blk, closeBlk, err := c.b.Blocking()
+	blk, closeBlk, err := c.B.Blocking()
 	if err != nil || blk == nil {
 		if err != nil {
-			c.logf(slog.LevelWarn, "fairlock: no client of its own for blocking reads; they use the client's connections", nil, "", slog.Any("error", err))
+			c.Logf(slog.LevelWarn, "fairlock: no client of its own for blocking reads; they use the client's connections", nil, "", slog.Any("error", err))
 		}
-		blk, closeBlk = c.b, nil
+		blk, closeBlk = c.B, nil
 	}
-	c.blk, c.closeBlk = blk, closeBlk
+	c.blk, c.CloseBlk = blk, closeBlk
 	return c.blk
 }
 
-// attachLocked gives the running room r to a listener of its group,
+// AttachLocked gives the running room r to a listener of its group,
 // starting one if none has space. It returns the listener to nudge, if
 // its BLPOP may be blocked without r's wake list. c.mu is held and c is
 // not closed.
-func (c *waits) attachLocked(r *room) (nudge *listener) {
-	g := c.listenGroup(r.wakeKey)
-	var l *listener
-	for _, x := range c.listeners[g] {
-		if x.wakes[r.wakeKey] > 0 || len(x.wakes) < maxListenKeys {
+func (c *Waits) AttachLocked(r *Room) (nudge *Listener) {
+	g := c.listenGroup(r.WakeKey)
+	var l *Listener
+	for _, x := range c.Listeners[g] {
+		if x.Wakes[r.WakeKey] > 0 || len(x.Wakes) < maxListenKeys {
 			l = x
 			break
 		}
 	}
 	if l == nil {
 		c.listenerSeq++
-		l = &listener{
+		l = &Listener{
 			group: g,
 			// In the slot and under the hash tag of the room's wake list.
-			ctl:   c.ctlName(r.wakeKey, c.listenerSeq),
-			rooms: make(map[string]*room),
-			wakes: make(map[string]int),
+			Ctl:   c.CtlName(r.WakeKey, c.listenerSeq),
+			Rooms: make(map[string]*Room),
+			Wakes: make(map[string]int),
 			swept: time.Now(),
 		}
-		c.listeners[g] = append(c.listeners[g], l)
+		c.Listeners[g] = append(c.Listeners[g], l)
 		blk := c.blockingLocked()
-		c.wg.Add(1)
+		c.Wg.Add(1)
 		go c.runListener(l, blk)
 	}
 	r.idleSince = time.Time{}
-	if l.rooms[r.k.Base] == r {
+	if l.Rooms[r.K.Base] == r {
 		return nil
 	}
-	l.rooms[r.k.Base] = r
-	l.wakes[r.wakeKey]++
-	if l.wakes[r.wakeKey] > 1 {
+	l.Rooms[r.K.Base] = r
+	l.Wakes[r.WakeKey]++
+	if l.Wakes[r.WakeKey] > 1 {
 		return nil // the BLPOP takes its wake key already
 	}
 	l.keys = nil
@@ -137,60 +137,60 @@ func (c *waits) attachLocked(r *room) (nudge *listener) {
 	return nil
 }
 
-// ctlName names a listener's control list, numbered seq, in the slot and
+// CtlName names a listener's control list, numbered seq, in the slot and
 // under the hash tag of key: a derived key (keyspace.Keys.Derived) of kind
 // keyspace.KindControl beside the base prefix{tag}, which no other kind of key
 // uses, so it is never another object's key; the client id and seq tell
 // two listeners' lists apart.
-func (c *waits) ctlName(key string, seq uint64) string {
-	return keyspace.DerivedKey(c.prefix+"{"+keyslot.HashTag(key)+"}", keyspace.KindControl, c.id, strconv.FormatUint(seq, 10))
+func (c *Waits) CtlName(key string, seq uint64) string {
+	return keyspace.DerivedKey(c.Prefix+"{"+keyslot.HashTag(key)+"}", keyspace.KindControl, c.ID, strconv.FormatUint(seq, 10))
 }
 
 // nudge ends l's BLPOP so that it starts again with its new keys. If it
 // fails, the new rooms are heard when the BLPOP times out (listenTimeout),
 // and their grants are found by their refresh in any case.
-func (c *waits) nudge(l *listener, via backend.Backend) {
-	defer c.wg.Done()
-	ctx, cancel := context.WithTimeout(context.Background(), c.waiterTTL)
+func (c *Waits) nudge(l *Listener, via backend.Backend) {
+	defer c.Wg.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), c.WaiterTTL)
 	defer cancel()
-	_ = script.NudgeScript.On(ctx, via, []string{c.ctlOf(l)}, c.waiterMs)
+	_ = script.NudgeScript.On(ctx, via, []string{c.CtlOf(l)}, c.WaiterMs)
 }
 
-// ctlOf returns l's control list (which leaveOutForeign may rename).
-func (c *waits) ctlOf(l *listener) string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return l.ctl
+// CtlOf returns l's control list (which leaveOutForeign may rename).
+func (c *Waits) CtlOf(l *Listener) string {
+	c.Mu.Lock()
+	defer c.Mu.Unlock()
+	return l.Ctl
 }
 
 // runListener is l's goroutine: it BLPOPs on l's keys and hands each grant
 // to its room, until l has no room left or c closes.
-func (c *waits) runListener(l *listener, blk backend.Backend) {
-	defer c.wg.Done()
+func (c *Waits) runListener(l *Listener, blk backend.Backend) {
+	defer c.Wg.Done()
 	backoff := time.NewTimer(0)
 	defer backoff.Stop()
 	delay := time.Duration(0)
 	for {
 		c.processListBack(blk)
-		c.mu.Lock()
+		c.Mu.Lock()
 		c.sweepLocked(l)
-		if c.closed || len(l.rooms) == 0 {
+		if c.Closed || len(l.Rooms) == 0 {
 			c.dropListenerLocked(l)
-			c.mu.Unlock()
+			c.Mu.Unlock()
 			return
 		}
-		keys := l.readKeysLocked()
+		keys := l.ReadKeysLocked()
 		l.blocked, l.nudged = true, false
-		c.mu.Unlock()
+		c.Mu.Unlock()
 
 		key, vals, many, err := c.blockingPop(blk, keys)
 
-		c.mu.Lock()
+		c.Mu.Lock()
 		l.blocked = false
-		ctl := key == l.ctl
-		c.mu.Unlock()
+		ctl := key == l.Ctl
+		c.Mu.Unlock()
 		if delay > 0 && err == nil {
-			c.logf(slog.LevelInfo, "fairlock: blocking read recovered", nil, "", slog.Int("semaphores", len(keys)-1))
+			c.Logf(slog.LevelInfo, "fairlock: blocking read recovered", nil, "", slog.Int("semaphores", len(keys)-1))
 		}
 		switch {
 		case err == nil && key == "": // timed out
@@ -210,7 +210,7 @@ func (c *waits) runListener(l *listener, blk backend.Backend) {
 			}
 		case fault.WrongType(err):
 			// Another program wrote one of the wake keys: leave it out.
-			if c.leaveOutForeign(l, blk, keys) {
+			if c.LeaveOutForeign(l, blk, keys) {
 				continue
 			}
 			fallthrough
@@ -219,27 +219,27 @@ func (c *waits) runListener(l *listener, blk backend.Backend) {
 			// with backoff. Waiters learn of an outage from their rooms'
 			// maintain, which fails them after one liveness period.
 			if delay == 0 && !c.isClosed() {
-				c.logf(slog.LevelWarn, "fairlock: blocking read failed; retrying with backoff", nil, "",
+				c.Logf(slog.LevelWarn, "fairlock: blocking read failed; retrying with backoff", nil, "",
 					slog.Int("semaphores", len(keys)-1), slog.Any("error", err))
 			}
 			delay = min(max(2*delay, 10*time.Millisecond), time.Second)
 			backoff.Reset(delay)
 			select {
 			case <-backoff.C:
-			case <-c.done:
+			case <-c.Done:
 			}
 		}
 	}
 }
 
-// readKeysLocked returns the keys of l's next blocking read: its control
+// ReadKeysLocked returns the keys of l's next blocking read: its control
 // list, then its rooms' wake lists but those another program wrote. They
 // share one slot (see listenGroup). c.mu is held.
-func (l *listener) readKeysLocked() []string {
+func (l *Listener) ReadKeysLocked() []string {
 	if l.keys == nil {
-		l.keys = make([]string, 0, 1+len(l.wakes))
-		l.keys = append(l.keys, l.ctl)
-		for k := range l.wakes {
+		l.keys = make([]string, 0, 1+len(l.Wakes))
+		l.keys = append(l.keys, l.Ctl)
+		for k := range l.Wakes {
 			if !l.foreign[k] {
 				l.keys = append(l.keys, k)
 			}
@@ -248,8 +248,8 @@ func (l *listener) readKeysLocked() []string {
 	return l.keys
 }
 
-// typesScript returns the type of each of KEYS (TYPE): a read.
-var typesScript = script.NewEvalCode(`local out = {}
+// TypesScript returns the type of each of KEYS (TYPE): a read.
+var TypesScript = script.NewEvalCode(`local out = {}
 for i, k in ipairs(KEYS) do
   local t = redis.call('TYPE', k)
   if type(t) == 'table' then t = t.ok end
@@ -257,26 +257,26 @@ for i, k in ipairs(KEYS) do
 end
 return out`)
 
-// leaveOutForeign finds the keys among keys (ctl first) that hold
+// LeaveOutForeign finds the keys among keys (ctl first) that hold
 // something other than a list, written by another program: a wake key is
 // left out of l's blocking reads, the control list replaced by one of
 // another name; the log says so. It reports whether it found any.
-func (c *waits) leaveOutForeign(l *listener, blk backend.Backend, keys []string) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), c.waiterTTL)
+func (c *Waits) LeaveOutForeign(l *Listener, blk backend.Backend, keys []string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), c.WaiterTTL)
 	defer cancel()
-	types, err := typesScript.On(ctx, blk, keys).Strings()
+	types, err := TypesScript.On(ctx, blk, keys).Strings()
 	if err != nil || len(types) != len(keys) {
 		return false
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.Mu.Lock()
+	defer c.Mu.Unlock()
 	found := false
-	if t := types[0]; t != "none" && t != "list" && keys[0] == l.ctl {
+	if t := types[0]; t != "none" && t != "list" && keys[0] == l.Ctl {
 		// The control list: the listener takes another name for it.
 		c.listenerSeq++
-		l.ctl = c.ctlName(keys[0], c.listenerSeq)
+		l.Ctl = c.CtlName(keys[0], c.listenerSeq)
 		l.keys, found = nil, true
-		c.logf(slog.LevelError, "fairlock: a blocking read's control list holds a value another program wrote; the read takes another",
+		c.Logf(slog.LevelError, "fairlock: a blocking read's control list holds a value another program wrote; the read takes another",
 			nil, "", slog.String("key", keys[0]), slog.String("type", t))
 	}
 	for i, t := range types[1:] {
@@ -284,10 +284,10 @@ func (c *waits) leaveOutForeign(l *listener, blk backend.Backend, keys []string)
 		if t == "none" || t == "list" {
 			continue
 		}
-		if !c.ownLists && k == c.processList() {
-			c.useListsLocked(true)
+		if !c.OwnLists && k == c.ProcessList() {
+			c.UseListsLocked(true)
 			found = true
-			c.logf(slog.LevelError, "fairlock: the client's wake list holds a value another program wrote; its grants arrive on each semaphore's own list, one blocking read per hash slot, until that value is gone",
+			c.Logf(slog.LevelError, "fairlock: the client's wake list holds a value another program wrote; its grants arrive on each semaphore's own list, one blocking read per hash slot, until that value is gone",
 				nil, "", slog.String("key", k), slog.String("type", t))
 			continue
 		}
@@ -295,54 +295,54 @@ func (c *waits) leaveOutForeign(l *listener, blk backend.Backend, keys []string)
 			l.foreign = make(map[string]bool)
 		}
 		l.foreign[k], l.keys, found = true, nil, true
-		c.logf(slog.LevelError, "fairlock: a wake list holds a value another program wrote; its waiters hear their grants through their refresh until it is deleted",
+		c.Logf(slog.LevelError, "fairlock: a wake list holds a value another program wrote; its waiters hear their grants through their refresh until it is deleted",
 			nil, "", slog.String("key", k), slog.String("type", t))
 	}
 	return found
 }
 
-// processList returns the client's one wake list (keyspace.Keys.Wake), or "" when
+// ProcessList returns the client's one wake list (keyspace.Keys.Wake), or "" when
 // it has one per semaphore.
-func (c *waits) processList() string {
-	if _, ok := keyspace.ProcessListPrefix(c.id); !ok {
+func (c *Waits) ProcessList() string {
+	if _, ok := keyspace.ProcessListPrefix(c.ID); !ok {
 		return ""
 	}
-	return keyspace.ProcessList(c.prefix, c.id)
+	return keyspace.ProcessList(c.Prefix, c.ID)
 }
 
-// useListsLocked moves every room to its semaphore's own wake list
+// UseListsLocked moves every room to its semaphore's own wake list
 // (own), where the scripts push grants while the client's one list holds
 // another program's value (wake_list in lua/rules.lua), or back to the
 // client's one list. The wake lists change groups (listenGroup), so every
 // running room is attached afresh, to listeners of its new group with
 // control lists in its new slot; the old listeners, left without rooms,
 // end (those blocked in a read are nudged). c.mu is held.
-func (c *waits) useListsLocked(own bool) {
-	c.ownLists, c.ownChecked = own, time.Now()
-	c.spare = nil // its wake list is the old one
-	for _, r := range c.rooms {
-		r.wakeKey = c.wakeKeyLocked(r.k)
+func (c *Waits) UseListsLocked(own bool) {
+	c.OwnLists, c.ownChecked = own, time.Now()
+	c.Spare = nil // its wake list is the old one
+	for _, r := range c.Rooms {
+		r.WakeKey = c.WakeKeyLocked(r.K)
 	}
-	var running []*room
-	old := c.listeners
-	c.listeners = make(map[string][]*listener)
+	var running []*Room
+	old := c.Listeners
+	c.Listeners = make(map[string][]*Listener)
 	for _, ls := range old {
 		for _, l := range ls {
-			for _, r := range l.rooms {
+			for _, r := range l.Rooms {
 				running = append(running, r)
 			}
-			l.rooms, l.wakes, l.keys = make(map[string]*room), make(map[string]int), nil
+			l.Rooms, l.Wakes, l.keys = make(map[string]*Room), make(map[string]int), nil
 			if l.blocked && !l.nudged && c.blk != nil {
 				l.nudged = true
-				c.wg.Add(1)
+				c.Wg.Add(1)
 				go c.nudge(l, c.blk)
 			}
 		}
 	}
 	for _, r := range running {
-		r.wakeKey = c.wakeKeyLocked(r.k)
-		if l := c.attachLocked(r); l != nil && c.blk != nil {
-			c.wg.Add(1)
+		r.WakeKey = c.WakeKeyLocked(r.K)
+		if l := c.AttachLocked(r); l != nil && c.blk != nil {
+			c.Wg.Add(1)
 			go c.nudge(l, c.blk)
 		}
 	}
@@ -352,30 +352,30 @@ func (c *waits) useListsLocked(own bool) {
 // once another program's value there is gone: the scripts push there
 // again as soon as it is. It looks at most once per listenTimeout, and
 // reports whether it moved them.
-func (c *waits) processListBack(blk backend.Backend) bool {
-	c.mu.Lock()
-	due := c.ownLists && time.Since(c.ownChecked) >= listenTimeout
+func (c *Waits) processListBack(blk backend.Backend) bool {
+	c.Mu.Lock()
+	due := c.OwnLists && time.Since(c.ownChecked) >= listenTimeout
 	if due {
 		c.ownChecked = time.Now()
 	}
-	c.mu.Unlock()
+	c.Mu.Unlock()
 	if !due {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(c.closing, c.waiterTTL)
+	ctx, cancel := context.WithTimeout(c.Closing, c.WaiterTTL)
 	defer cancel()
-	list := c.processList()
-	types, err := typesScript.On(ctx, blk, []string{list}).Strings()
+	list := c.ProcessList()
+	types, err := TypesScript.On(ctx, blk, []string{list}).Strings()
 	if err != nil || len(types) != 1 || types[0] != "none" && types[0] != "list" {
 		return false
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.ownLists {
+	c.Mu.Lock()
+	defer c.Mu.Unlock()
+	if !c.OwnLists {
 		return false
 	}
-	c.useListsLocked(false)
-	c.logf(slog.LevelInfo, "fairlock: the client's wake list no longer holds another program's value; its grants arrive there again",
+	c.UseListsLocked(false)
+	c.Logf(slog.LevelInfo, "fairlock: the client's wake list no longer holds another program's value; its grants arrive there again",
 		nil, "", slog.String("key", list))
 	return true
 }
@@ -383,37 +383,37 @@ func (c *waits) processListBack(blk backend.Backend) bool {
 // sweepLocked stops the rooms of l that have had no waiter for
 // listenTimeout, looking at most four times per listenTimeout. c.mu is
 // held.
-func (c *waits) sweepLocked(l *listener) {
+func (c *Waits) sweepLocked(l *Listener) {
 	now := time.Now()
 	if now.Sub(l.swept) < listenTimeout/4 {
 		return
 	}
 	l.swept = now
-	for base, r := range l.rooms {
+	for base, r := range l.Rooms {
 		switch {
-		case len(r.waiters) > 0:
+		case len(r.Waiters) > 0:
 			r.idleSince = time.Time{}
 		case r.idleSince.IsZero():
 			r.idleSince = now
 		case now.Sub(r.idleSince) >= listenTimeout:
-			delete(l.rooms, base)
-			if l.wakes[r.wakeKey]--; l.wakes[r.wakeKey] <= 0 {
-				delete(l.wakes, r.wakeKey)
-				delete(l.foreign, r.wakeKey)
+			delete(l.Rooms, base)
+			if l.Wakes[r.WakeKey]--; l.Wakes[r.WakeKey] <= 0 {
+				delete(l.Wakes, r.WakeKey)
+				delete(l.foreign, r.WakeKey)
 				l.keys = nil
 			}
-			c.stopRoomLocked(r)
+			c.StopRoomLocked(r)
 		}
 	}
 }
 
 // dropListenerLocked stops l's remaining rooms and forgets l. c.mu is held.
-func (c *waits) dropListenerLocked(l *listener) {
-	for _, r := range l.rooms {
-		c.stopRoomLocked(r)
+func (c *Waits) dropListenerLocked(l *Listener) {
+	for _, r := range l.Rooms {
+		c.StopRoomLocked(r)
 	}
-	l.rooms, l.wakes = nil, nil
-	ls := c.listeners[l.group]
+	l.Rooms, l.Wakes = nil, nil
+	ls := c.Listeners[l.group]
 	for i, x := range ls {
 		if x == l {
 			ls = append(ls[:i:i], ls[i+1:]...)
@@ -421,17 +421,17 @@ func (c *waits) dropListenerLocked(l *listener) {
 		}
 	}
 	if len(ls) == 0 {
-		delete(c.listeners, l.group)
+		delete(c.Listeners, l.group)
 	} else {
-		c.listeners[l.group] = ls
+		c.Listeners[l.group] = ls
 	}
 }
 
 // isClosed reports whether Close has begun.
-func (c *waits) isClosed() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.closed
+func (c *Waits) isClosed() bool {
+	c.Mu.Lock()
+	defer c.Mu.Unlock()
+	return c.Closed
 }
 
 // drainBatch is the most wake-ups one read takes (BLMPOP's count, drain's
@@ -449,8 +449,8 @@ const drainBatch = 128
 // closes: a client that gives a blocking read no deadline of its own
 // (rueidis, valkey-go) cannot hang on a Redis that stopped answering, nor
 // keep Close waiting for it.
-func (c *waits) blockingPop(blk backend.Backend, keys []string) (key string, vals []string, many bool, err error) {
-	ctx, cancel := context.WithTimeout(c.closing, listenTimeout+c.waiterTTL)
+func (c *Waits) blockingPop(blk backend.Backend, keys []string) (key string, vals []string, many bool, err error) {
+	ctx, cancel := context.WithTimeout(c.Closing, listenTimeout+c.WaiterTTL)
 	defer cancel()
 	if !c.noBLMPop.Load() {
 		key, vals, err = blk.BlockingPop(ctx, listenTimeout, drainBatch, keys)
@@ -467,9 +467,9 @@ func (c *waits) blockingPop(blk backend.Backend, keys []string) (key string, val
 // command: after a release granted thousands of one process's waiters,
 // their wake-ups arrive together, and one BLPOP each would cost a round
 // trip each. A failure leaves them to the next BLPOP.
-func (c *waits) drain(blk backend.Backend, key string) {
+func (c *Waits) drain(blk backend.Backend, key string) {
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), c.waiterTTL)
+		ctx, cancel := context.WithTimeout(context.Background(), c.WaiterTTL)
 		got, err := blk.Pop(ctx, key, drainBatch)
 		cancel()
 		if err != nil {

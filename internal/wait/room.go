@@ -1,4 +1,12 @@
-package fairlock
+// Package wait is where a client's acquisitions wait for their grants:
+// a room per semaphore waited on, which keeps its waiters alive in Redis
+// (refresh) and runs the queue when a lease or a waiter deadline passes,
+// and the listeners, whose blocking reads hear the grants the scripts push
+// onto the client's wake lists and hand each to its waiter. It reaches
+// Redis through the client's call path (internal/callpath) and Backend
+// only, and imports nothing of the root package: the root package builds
+// a Waits into each Client and reads each waiter's wake-up.
+package wait
 
 import (
 	"context"
@@ -24,120 +32,120 @@ import (
 // the block at once. go-redis rounds shorter timeouts up to a second anyway.
 const listenTimeout = time.Second
 
-// waits is how a client's acquisitions wait for their grants: a room per
+// Waits is how a client's acquisitions wait for their grants: a room per
 // semaphore waited on (its waiters, their liveness refresh, the queue's
 // timed events) and the listeners (listener.go) whose blocking reads hear
 // the grants. It shares the client's lock, and reaches Redis through the
 // client's call path (refreshes) and Backend (blocking reads, nudges).
-type waits struct {
-	mu      *sync.Mutex     // the client's
-	wg      *workGroup      // the client's: goroutines Close waits for
-	closing context.Context // the client's: ends at Close
-	done    <-chan struct{} // closing's
-	calls   *callpath.Caller
-	b       backend.Backend
-	info    backend.Info
-	waiterTTL time.Duration // the client's
-	prefix    string        // the client's key prefix
-	id      string // the client's: names its wake and control lists
+type Waits struct {
+	Mu        *sync.Mutex     // the client's
+	Wg        Group           // the client's: goroutines Close waits for
+	Closing   context.Context // the client's: ends at Close
+	Done      <-chan struct{} // closing's
+	Calls     *callpath.Caller
+	B         backend.Backend
+	Info      backend.Info
+	WaiterTTL time.Duration // the client's
+	Prefix    string        // the client's key prefix
+	ID        string        // the client's: names its wake and control lists
 	// The TTLs as script arguments (the client's).
-	leaseMs, waiterMs string
-	logf              func(level slog.Level, msg string, names []string, token string, attrs ...slog.Attr)
+	LeaseMs, WaiterMs string
+	Logf              func(level slog.Level, msg string, names []string, token string, attrs ...slog.Attr)
 
 	// Guarded by mu.
-	closed  bool             // Close has begun: no room starts
-	rooms   map[string]*room // by keyspace.Keys.Base
-	tickets map[string]*room // by ticket: the room each waiter waits in
-	// spare is a room that was made and forgotten without ever running
+	Closed  bool             // Close has begun: no room starts
+	Rooms   map[string]*Room // by keyspace.Keys.Base
+	Tickets map[string]*Room // by ticket: the room each waiter waits in
+	// Spare is a room that was made and forgotten without ever running
 	// (its acquisition was granted at once, as most are), kept for the
 	// next room: nothing but its waiters' acquisitions ever held it, and
 	// they have all left it (see unregister).
-	spare *room
-	// ownLists: the client's one wake list (keyspace.Keys.Wake) holds another
+	Spare *Room
+	// OwnLists: the client's one wake list (keyspace.Keys.Wake) holds another
 	// program's value, so the scripts push its grants onto each
 	// semaphore's own list, and its rooms listen there; ownChecked is
 	// when that was last looked at (see processListBack).
-	ownLists    bool
+	OwnLists    bool
 	ownChecked  time.Time
-	listeners   map[string][]*listener // by listenGroup
+	Listeners   map[string][]*Listener // by listenGroup
 	listenerSeq uint64                 // names listeners' control lists
 	blk         backend.Backend        // where listeners block; see blockingLocked
-	closeBlk    func() error           // closes blk if the Client's Backend made it
+	CloseBlk    func() error           // closes blk if the Client's Backend made it
 
 	noBLMPop atomic.Bool // blk's server lacks BLMPOP: listeners use BLPOP
 
-	// grants counts the grants this client's acquisitions took, by how
+	// Grants counts the Grants this client's acquisitions took, by how
 	// each learned of its grant (for tests: a grant that a wake-up
 	// should carry and a refresh found instead is a lost wake-up), and
-	// the grants they gave back as heard too late (for tests: a process
+	// the Grants they gave back as heard too late (for tests: a process
 	// that did not stall gives none back).
-	grants grantCounts
+	Grants grantCounts
 }
 
-// A room gathers one client's waiters on one semaphore. While it has
+// A Room gathers one client's waiters on one semaphore. While it has
 // waiters it belongs to one of the client's listeners (listener.go), whose
 // blocking read receives every grant to them, and it runs maintain, which
 // refreshes their liveness and runs the queue when a lease or a waiter
 // deadline passes.
-type room struct {
-	c       *waits
-	k       keyspace.Keys
-	wakeKey string        // where it hears grants (waits.wakeKeyLocked; guarded by c.mu once running)
-	kick    chan struct{} // wakes maintain to look at due again
+type Room struct {
+	C       *Waits
+	K       keyspace.Keys
+	WakeKey string        // where it hears grants (waits.wakeKeyLocked; guarded by c.mu once running)
+	Kick    chan struct{} // wakes maintain to look at due again
 
 	// Guarded by c.mu.
-	waiters   map[string]*waiter
-	running   bool          // maintain runs and a listener hears wakeKey
+	Waiters   map[string]*Waiter
+	Running   bool          // maintain runs and a listener hears wakeKey
 	due       time.Time     // when maintain runs next
-	stop      chan struct{} // closed when maintain must end
+	Stop      chan struct{} // closed when maintain must end
 	idleSince time.Time     // when its listener first saw it without waiters
 	clock     clock.Sample  // the latest reading of the semaphore's Redis clock
-	answered  time.Time     // when a script of the room last answered (see failStale)
-	// event is the earliest moment a script's reply put the queue's next
-	// event at (a lease's expiry, a waiter's deadline) that no answered
+	Answered  time.Time     // when a script of the room last answered (see failStale)
+	// Event is the earliest moment a script's reply put the queue's next
+	// Event at (a lease's expiry, a waiter's deadline) that no answered
 	// round has run the queue past yet; zero for none (see round).
-	event time.Time
+	Event time.Time
 }
 
-type waiter struct {
-	ticket  string
-	box     any           // ticket, boxed once for every call that names it
-	permits int64         // of the room's semaphore
+type Waiter struct {
+	Ticket  string
+	Box     any           // ticket, boxed once for every call that names it
+	Permits int64         // of the room's semaphore
 	group   string        // the plan's group, for a request over several semaphores
-	lease   string        // the plan's lease TTL as a script argument (its member holds it)
-	ch      chan struct{} // buffered; signalled at most once, once wk is set
-	wk      wakeup        // what ch signals: written once, before the signal
-	// queued is set (under c.mu) once the acquire script has queued the
-	// ticket. Only queued tickets are refreshed: a refresh that reached
+	Lease   string        // the plan's lease TTL as a script argument (its member holds it)
+	Ch      chan struct{} // buffered; signalled at most once, once wk is set
+	Wk      wakeup        // what ch signals: written once, before the signal
+	// Queued is set (under c.mu) once the acquire script has Queued the
+	// ticket. Only Queued tickets are refreshed: a refresh that reached
 	// Redis before the ticket's own acquire script would report it gone.
-	queued bool
-	// alive is when the ticket was last known alive in Redis (queued, or
+	Queued bool
+	// Alive is when the ticket was last known Alive in Redis (queued, or
 	// a refresh that covered it answered), and failed the error of the
 	// refreshes that covered it since, if they all failed (both guarded
 	// by c.mu). See failStale.
-	alive  time.Time
-	failed error
-	// alone: the last refresh that failed covered this waiter alone, so
+	Alive  time.Time
+	Failed error
+	// Alone: the last refresh that failed covered this waiter Alone, so
 	// its failure is this waiter's own (guarded by c.mu).
-	alone bool
+	Alone bool
 }
 
 // wakeup is what a waiter learns: granted (a token per semaphore), dropped
 // from the queue (requeue), or cut off from Redis for longer than its
 // liveness (err).
 type wakeup struct {
-	grant   grant
+	Grant   Grant
 	sample  clock.Sample // relates grant.expiry to the local clock
-	via     grantVia     // how a grant was learned
-	requeue bool
-	err     error
+	Via     grantVia     // how a grant was learned
+	Requeue bool
+	Err     error
 }
 
 // grantVia is how an acquisition learned of its grant.
 type grantVia int
 
 const (
-	viaReply   grantVia = iota // its own acquire script's reply
+	ViaReply   grantVia = iota // its own acquire script's reply
 	viaWake                    // a wake-up popped from its wake list
 	viaRefresh                 // its room's refresh
 )
@@ -146,46 +154,46 @@ const (
 // those given back as heard too late.
 type grantCounts struct {
 	n    [3]atomic.Int64
-	late atomic.Int64
+	Late atomic.Int64
 }
 
-func (g *grantCounts) add(v grantVia) { g.n[v].Add(1) }
+func (g *grantCounts) Add(v grantVia) { g.n[v].Add(1) }
 
-// gaveBack counts a grant given back because it was heard after the
+// GaveBack counts a grant given back because it was heard after the
 // moment its lease could have ended.
-func (g *grantCounts) gaveBack() { g.late.Add(1) }
+func (g *grantCounts) GaveBack() { g.Late.Add(1) }
 
-// get returns the grants learned by each way: reply, wake-up, refresh.
-func (g *grantCounts) get() (reply, wake, refresh int64) {
-	return g.n[viaReply].Load(), g.n[viaWake].Load(), g.n[viaRefresh].Load()
+// Get returns the grants learned by each way: reply, wake-up, refresh.
+func (g *grantCounts) Get() (reply, wake, refresh int64) {
+	return g.n[ViaReply].Load(), g.n[viaWake].Load(), g.n[viaRefresh].Load()
 }
 
-// register makes a ticket for one acquisition of permits of the
+// Enter makes a ticket for one acquisition of permits of the
 // semaphore of keys k (the first of a request over several, whose group
 // is group), whose lease TTL is lease as a script argument ("" for the
 // client's); when it may wait, the ticket also gets a waiter in that
 // semaphore's room.
-func (c *waits) register(k keyspace.Keys, permits int64, group, lease string, wait bool) (*room, *waiter, error) {
+func (c *Waits) Enter(k keyspace.Keys, permits int64, group, lease string, wait bool) (*Room, *Waiter, error) {
 	if lease == "" {
-		lease = c.leaseMs
+		lease = c.LeaseMs
 	}
 	t := keyspace.NewTicket()
-	w := &waiter{ticket: t, box: t, permits: permits, group: group, lease: lease, ch: make(chan struct{}, 1)}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil, nil, ErrClosed
+	w := &Waiter{Ticket: t, Box: t, Permits: permits, group: group, Lease: lease, Ch: make(chan struct{}, 1)}
+	c.Mu.Lock()
+	defer c.Mu.Unlock()
+	if c.Closed {
+		return nil, nil, fault.ErrClosed
 	}
 	if !wait {
 		return nil, w, nil
 	}
-	r := c.rooms[k.Base]
+	r := c.Rooms[k.Base]
 	if r == nil {
 		r = c.newRoomLocked(k)
-		c.rooms[k.Base] = r
+		c.Rooms[k.Base] = r
 	}
-	r.waiters[w.ticket] = w
-	c.tickets[w.ticket] = r
+	r.Waiters[w.Ticket] = w
+	c.Tickets[w.Ticket] = r
 	return r, w, nil
 }
 
@@ -193,98 +201,98 @@ func (c *waits) register(k keyspace.Keys, permits int64, group, lease string, wa
 // waiters: the spare one if there is one (its wake list kept when it was
 // made for k, as the wake lists change only with useListsLocked, which
 // drops the spare), else a new one. c.mu is held.
-func (c *waits) newRoomLocked(k keyspace.Keys) *room {
-	r := c.spare
+func (c *Waits) newRoomLocked(k keyspace.Keys) *Room {
+	r := c.Spare
 	if r == nil {
-		return &room{c: c, k: k, wakeKey: c.wakeKeyLocked(k), kick: make(chan struct{}, 1), waiters: make(map[string]*waiter)}
+		return &Room{C: c, K: k, WakeKey: c.WakeKeyLocked(k), Kick: make(chan struct{}, 1), Waiters: make(map[string]*Waiter)}
 	}
-	c.spare = nil
-	wakeKey := r.wakeKey
-	if r.k.Base != k.Base {
-		wakeKey = c.wakeKeyLocked(k)
+	c.Spare = nil
+	wakeKey := r.WakeKey
+	if r.K.Base != k.Base {
+		wakeKey = c.WakeKeyLocked(k)
 	}
-	*r = room{c: c, k: k, wakeKey: wakeKey, kick: r.kick, waiters: r.waiters}
+	*r = Room{C: c, K: k, WakeKey: wakeKey, Kick: r.Kick, Waiters: r.Waiters}
 	return r
 }
 
-// wakeKeyLocked returns the list on which the client hears grants on the
+// WakeKeyLocked returns the list on which the client hears grants on the
 // semaphore of keys k. c.mu is held.
-func (c *waits) wakeKeyLocked(k keyspace.Keys) string {
-	if c.ownLists {
-		return k.OwnWake(c.id)
+func (c *Waits) WakeKeyLocked(k keyspace.Keys) string {
+	if c.OwnLists {
+		return k.OwnWake(c.ID)
 	}
-	return k.Wake(c.id)
+	return k.Wake(c.ID)
 }
 
-func (c *waits) unregister(r *room, w *waiter) {
+func (c *Waits) Unregister(r *Room, w *Waiter) {
 	if r == nil {
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	r.forgetLocked(w.ticket)
-	if len(r.waiters) == 0 && !r.running && c.rooms[r.k.Base] == r {
-		delete(c.rooms, r.k.Base)
+	c.Mu.Lock()
+	defer c.Mu.Unlock()
+	r.forgetLocked(w.Ticket)
+	if len(r.Waiters) == 0 && !r.Running && c.Rooms[r.K.Base] == r {
+		delete(c.Rooms, r.K.Base)
 		// A room that never ran was held by its waiters' acquisitions
 		// alone (no maintain, no listener), and each has left it; one
 		// that ran may still be in its maintain's or a listener's hands.
-		if r.stop == nil {
-			c.spare = r
+		if r.Stop == nil {
+			c.Spare = r
 		}
 	}
 }
 
-// noteQueued records that w is queued, makes sure r runs (maintain, and a
+// NoteQueued records that w is queued, makes sure r runs (maintain, and a
 // listener that hears its wake list), and that maintain runs no later than
 // after the given time (the queue's next event, or < 0 for none). A room
 // that starts running may nudge its listener, in the background. sample is
 // the reading of Redis's clock the acquire script reported.
-func (c *waits) noteQueued(r *room, w *waiter, next time.Duration, sample clock.Sample) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+func (c *Waits) NoteQueued(r *Room, w *Waiter, next time.Duration, sample clock.Sample) {
+	c.Mu.Lock()
+	defer c.Mu.Unlock()
 	// The script set the ticket's deadline after it was sent.
-	w.queued, w.alive = true, time.Now()
+	w.Queued, w.Alive = true, time.Now()
 	if !sample.Sent.IsZero() {
-		w.alive = sample.Sent
+		w.Alive = sample.Sent
 	}
-	r.answered = w.alive
+	r.Answered = w.Alive
 	r.noteClockLocked(sample)
 	r.noteEventLocked(sample.Sent, next)
-	if c.closed {
+	if c.Closed {
 		return
 	}
-	if !r.running {
-		r.running = true
-		r.stop = make(chan struct{})
-		r.due = time.Now().Add(c.refreshEvery())
-		c.wg.Add(1)
-		go r.maintain(r.stop)
-		if l := c.attachLocked(r); l != nil {
-			c.wg.Add(1)
+	if !r.Running {
+		r.Running = true
+		r.Stop = make(chan struct{})
+		r.due = time.Now().Add(c.RefreshEvery())
+		c.Wg.Add(1)
+		go r.maintain(r.Stop)
+		if l := c.AttachLocked(r); l != nil {
+			c.Wg.Add(1)
 			go c.nudge(l, c.blk)
 		}
 	}
 	r.scheduleLocked(next)
 }
 
-func (c *waits) refreshEvery() time.Duration { return c.waiterTTL / renewDivisor }
+func (c *Waits) RefreshEvery() time.Duration { return c.WaiterTTL / RenewDivisor }
 
-// clockOf returns the reading of Redis's clock by which wake-up wk's grant
+// ClockOf returns the reading of Redis's clock by which wake-up wk's grant
 // is counted: the one it came with, or, for a grant heard before its room
 // had any (announced and heard the moment its ticket was queued, before
 // the process read its acquire's reply), the room's latest, which that
 // reply has given it since (noteQueued runs before the grant is awaited).
-func (c *waits) clockOf(r *room, wk wakeup) clock.Sample {
+func (c *Waits) ClockOf(r *Room, wk wakeup) clock.Sample {
 	if !wk.sample.Sent.IsZero() {
 		return wk.sample
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.Mu.Lock()
+	defer c.Mu.Unlock()
 	return r.clock
 }
 
 // noteClockLocked keeps the latest reading of Redis's clock.
-func (r *room) noteClockLocked(s clock.Sample) {
+func (r *Room) noteClockLocked(s clock.Sample) {
 	if s.Sent.After(r.clock.Sent) {
 		r.clock = s
 	}
@@ -292,48 +300,48 @@ func (r *room) noteClockLocked(s clock.Sample) {
 
 // noteEventLocked notes the queue's next event as a script sent at sent
 // reported it: next from then (< 0 for none). c.mu is held.
-func (r *room) noteEventLocked(sent time.Time, next time.Duration) {
+func (r *Room) noteEventLocked(sent time.Time, next time.Duration) {
 	if next < 0 || sent.IsZero() {
 		return
 	}
-	if at := sent.Add(next); r.event.IsZero() || at.Before(r.event) {
-		r.event = at
+	if at := sent.Add(next); r.Event.IsZero() || at.Before(r.Event) {
+		r.Event = at
 	}
 }
 
 // scheduleLocked moves maintain's next run earlier, to next from now.
-func (r *room) scheduleLocked(next time.Duration) {
+func (r *Room) scheduleLocked(next time.Duration) {
 	if next < 0 {
 		return
 	}
 	if at := time.Now().Add(next); at.Before(r.due) {
 		r.due = at
 		select {
-		case r.kick <- struct{}{}:
+		case r.Kick <- struct{}{}:
 		default:
 		}
 	}
 }
 
-// stopRoomLocked ends r's maintain and, once r has no waiters, forgets r,
+// StopRoomLocked ends r's maintain and, once r has no waiters, forgets r,
 // so a later waiter starts afresh. r's listener has let it go. c.mu is
 // held.
-func (c *waits) stopRoomLocked(r *room) {
-	if !r.running {
+func (c *Waits) StopRoomLocked(r *Room) {
+	if !r.Running {
 		return
 	}
-	r.running = false
-	close(r.stop)
-	if len(r.waiters) == 0 && c.rooms[r.k.Base] == r {
-		delete(c.rooms, r.k.Base)
+	r.Running = false
+	close(r.Stop)
+	if len(r.Waiters) == 0 && c.Rooms[r.K.Base] == r {
+		delete(c.Rooms, r.K.Base)
 	}
 }
 
 // forgetLocked removes ticket's waiter from r. c.mu is held.
-func (r *room) forgetLocked(ticket string) {
-	delete(r.waiters, ticket)
-	if r.c.tickets[ticket] == r {
-		delete(r.c.tickets, ticket)
+func (r *Room) forgetLocked(ticket string) {
+	delete(r.Waiters, ticket)
+	if r.C.Tickets[ticket] == r {
+		delete(r.C.Tickets, ticket)
 	}
 }
 
@@ -341,20 +349,20 @@ func (r *room) forgetLocked(ticket string) {
 // waiter, in whichever room it waits; it is the one place payloads reach
 // waiters. A payload for a ticket that no longer waits is dropped (see
 // deliver).
-func (c *waits) deliverGrant(payload string) {
+func (c *Waits) deliverGrant(payload string) {
 	ticket, g, ok := parseWake(payload)
 	if !ok {
 		return
 	}
-	c.mu.Lock()
-	r := c.tickets[ticket]
+	c.Mu.Lock()
+	r := c.Tickets[ticket]
 	var sample clock.Sample
 	if r != nil {
 		sample = r.clock
 	}
-	c.mu.Unlock()
+	c.Mu.Unlock()
 	if r != nil {
-		r.deliver(ticket, wakeup{grant: g, sample: sample, via: viaWake})
+		r.deliver(ticket, wakeup{Grant: g, sample: sample, Via: viaWake})
 	}
 }
 
@@ -362,14 +370,14 @@ func (c *waits) deliverGrant(payload string) {
 // a ticket that no longer waits (cancelled, or from an earlier life of the
 // wake list) is dropped: tickets are never reused, so it cannot be
 // mistaken for a grant to anybody else.
-func (r *room) deliver(ticket string, wk wakeup) {
-	r.c.mu.Lock()
-	w := r.waiters[ticket]
+func (r *Room) deliver(ticket string, wk wakeup) {
+	r.C.Mu.Lock()
+	w := r.Waiters[ticket]
 	r.forgetLocked(ticket)
-	r.c.mu.Unlock()
+	r.C.Mu.Unlock()
 	if w != nil {
-		w.wk = wk
-		w.ch <- struct{}{}
+		w.Wk = wk
+		w.Ch <- struct{}{}
 	}
 }
 
@@ -382,47 +390,47 @@ func (r *room) deliver(ticket string, wk wakeup) {
 // that long, and rounds back to back then took the time of the grants
 // they were keeping alive. A waiter whose answers take two thirds of the
 // waiter TTL is lost, and queues again.)
-func (r *room) maintain(stop chan struct{}) {
-	c := r.c
-	defer c.wg.Done()
+func (r *Room) maintain(stop chan struct{}) {
+	c := r.C
+	defer c.Wg.Done()
 	timer := time.NewTimer(never) // reset below
 	defer timer.Stop()
 	for {
-		c.mu.Lock()
+		c.Mu.Lock()
 		due := r.due
-		c.mu.Unlock()
+		c.Mu.Unlock()
 		timer.Reset(time.Until(due))
 		select {
 		case <-stop:
 			return
-		case <-c.done:
+		case <-c.Done:
 			return
-		case <-r.kick:
+		case <-r.Kick:
 			continue
 		case <-timer.C:
 		}
-		c.mu.Lock()
+		c.Mu.Lock()
 		if time.Now().Before(r.due) {
-			c.mu.Unlock()
+			c.Mu.Unlock()
 			continue
 		}
 		r.due = time.Now().Add(never) // lowered by the result below or by schedule
-		c.mu.Unlock()
+		c.Mu.Unlock()
 
-		next, err := r.round(true)
+		next, err := r.Round(true)
 		if err != nil {
-			r.failStale(time.Now())
-			next = min(next, c.waiterTTL/retryDivisor)
+			r.FailStale(time.Now())
+			next = min(next, c.WaiterTTL/RetryDivisor)
 		}
-		c.mu.Lock()
+		c.Mu.Lock()
 		r.scheduleLocked(next)
-		c.mu.Unlock()
+		c.Mu.Unlock()
 	}
 }
 
-// refreshBatch is the most tickets one refresh script takes, so that a
+// RefreshBatch is the most tickets one refresh script takes, so that a
 // room of any size refreshes in scripts of bounded length.
-const refreshBatch = 128
+const RefreshBatch = 128
 
 // suspectScripts is the most refresh scripts a round sends for the
 // waiters whose last refresh failed.
@@ -440,7 +448,7 @@ const staleTimeouts = 10
 // a waiter's TTL, and the waiters it had not reached yet died.
 const refreshParallel = 8
 
-// refreshBatchesLocked returns the arguments of the refresh scripts of a
+// RefreshBatchesLocked returns the arguments of the refresh scripts of a
 // round over r's queued waiters (at least one script, which runs the
 // queue even when none is queued). With a non-zero young, a round in
 // which every queued waiter was last known alive after young sends no
@@ -448,18 +456,18 @@ const refreshParallel = 8
 // refresh period after it was last known alive; a round that refreshes
 // any waiter names them all, so that none is refreshed more often than
 // every period. c.mu is held.
-func (r *room) refreshBatchesLocked(young time.Time) (batches [][]string, due time.Time) {
-	c := r.c
+func (r *Room) RefreshBatchesLocked(young time.Time) (batches [][]string, due time.Time) {
+	c := r.C
 	if !young.IsZero() {
-		for _, w := range r.waiters {
-			if !w.queued {
+		for _, w := range r.Waiters {
+			if !w.Queued {
 				continue
 			}
-			if w.failed != nil || !w.alive.After(young) {
+			if w.Failed != nil || !w.Alive.After(young) {
 				due = time.Time{}
 				break
 			}
-			if at := w.alive.Add(c.refreshEvery()); due.IsZero() || at.Before(due) {
+			if at := w.Alive.Add(c.RefreshEvery()); due.IsZero() || at.Before(due) {
 				due = at
 			}
 		}
@@ -480,24 +488,24 @@ func (r *room) refreshBatchesLocked(young time.Time) (batches [][]string, due ti
 	// in batches of their TTL.
 	open := map[string][]string{} // by lease TTL: the batch being filled
 	var suspects []string
-	for t, w := range r.waiters {
-		if !w.queued {
+	for t, w := range r.Waiters {
+		if !w.Queued {
 			continue
 		}
-		if w.failed != nil {
+		if w.Failed != nil {
 			suspects = append(suspects, t)
 			continue
 		}
-		args := open[w.lease]
+		args := open[w.Lease]
 		if args == nil {
-			args = c.refreshArgs(min(len(r.waiters), refreshBatch), w.lease)
+			args = c.RefreshArgs(min(len(r.Waiters), RefreshBatch), w.Lease)
 		}
-		args = appendRefreshed(args, t, w.permits, w.group)
-		if refreshCount(args) >= refreshBatch {
+		args = AppendRefreshed(args, t, w.Permits, w.group)
+		if RefreshCount(args) >= RefreshBatch {
 			batches = append(batches, args)
 			args = nil
 		}
-		open[w.lease] = args
+		open[w.Lease] = args
 	}
 	for _, args := range open {
 		if args != nil {
@@ -506,15 +514,15 @@ func (r *room) refreshBatchesLocked(young time.Time) (batches [][]string, due ti
 	}
 	rand.Shuffle(len(suspects), func(i, j int) { suspects[i], suspects[j] = suspects[j], suspects[i] })
 	var lead [][]string
-	for chunk := range slices.Chunk(suspects, min(refreshBatch, max(1, (len(suspects)+suspectScripts-1)/suspectScripts))) {
+	for chunk := range slices.Chunk(suspects, min(RefreshBatch, max(1, (len(suspects)+suspectScripts-1)/suspectScripts))) {
 		byLease := map[string][]string{}
 		for _, t := range chunk {
-			w := r.waiters[t]
-			args := byLease[w.lease]
+			w := r.Waiters[t]
+			args := byLease[w.Lease]
 			if args == nil {
-				args = c.refreshArgs(len(chunk), w.lease)
+				args = c.RefreshArgs(len(chunk), w.Lease)
 			}
-			byLease[w.lease] = appendRefreshed(args, t, w.permits, w.group)
+			byLease[w.Lease] = AppendRefreshed(args, t, w.Permits, w.group)
 		}
 		for _, args := range byLease {
 			lead = append(lead, args)
@@ -522,63 +530,63 @@ func (r *room) refreshBatchesLocked(young time.Time) (batches [][]string, due ti
 	}
 	batches = append(lead, batches...)
 	if len(batches) == 0 {
-		batches = append(batches, c.refreshArgs(0, c.leaseMs))
+		batches = append(batches, c.RefreshArgs(0, c.LeaseMs))
 	}
 	return batches, time.Time{}
 }
 
-// refresh keeps r's waiters alive in Redis, runs the queue (dropping dead
+// Refresh keeps r's waiters alive in Redis, runs the queue (dropping dead
 // waiters and expired leases, granting what fits), hands on what it learns
 // about r's tickets, notes each queued waiter alive or failed, and returns
 // when it should run next and the first error of its scripts that failed.
 // (A round of many scripts may see some answered and some not: on a busy
 // Redis, those queued behind the others' traffic run out of time.)
-func (r *room) refresh() (next time.Duration, first error) { return r.round(false) }
+func (r *Room) Refresh() (next time.Duration, first error) { return r.Round(false) }
 
-// youngFor is how long after a waiter was last known alive a periodic
+// YoungFor is how long after a waiter was last known alive a periodic
 // round may leave it to the next: its deadline is then more than five
 // sixths of a waiter TTL away, and the round that refreshes it comes by
 // the time it is one refresh period old, as a waiter's first refresh
 // always came.
-func (c *waits) youngFor() time.Duration { return c.refreshEvery() / 2 }
+func (c *Waits) YoungFor() time.Duration { return c.RefreshEvery() / 2 }
 
-// round is a round of refresh. A periodic one (maintain's) whose waiters
+// Round is a Round of refresh. A periodic one (maintain's) whose waiters
 // were all known alive within youngFor, when no event of the queue is
 // due, sends no script, and comes back before the first of them is one
-// refresh period old or at the next event, whichever is first; a round
+// refresh period old or at the next event, whichever is first; a Round
 // that refreshes some waiter refreshes them all. A busy semaphore's
 // waiters mostly wait less than a refresh period: their rooms then send
 // no refresh at all. (The queue's events are run at their time, by a
-// round then; the waiters' acquire scripts, and any release, run the
+// Round then; the waiters' acquire scripts, and any release, run the
 // queue besides.)
-func (r *room) round(periodic bool) (next time.Duration, first error) {
-	c := r.c
-	c.mu.Lock()
+func (r *Room) Round(periodic bool) (next time.Duration, first error) {
+	c := r.C
+	c.Mu.Lock()
 	now := time.Now()
-	ahead := !r.event.IsZero() && now.Before(r.event) // an event, not yet due
+	ahead := !r.Event.IsZero() && now.Before(r.Event) // an event, not yet due
 	var young time.Time
-	if periodic && (r.event.IsZero() || ahead) {
+	if periodic && (r.Event.IsZero() || ahead) {
 		// (A round at an event names every waiter: the script reports
 		// those a lost party or an opened latch ends.)
-		young = now.Add(-c.youngFor())
+		young = now.Add(-c.YoungFor())
 	}
-	batches, due := r.refreshBatchesLocked(young)
-	next = c.refreshEvery()
+	batches, due := r.RefreshBatchesLocked(young)
+	next = c.RefreshEvery()
 	if !due.IsZero() {
 		next = max(0, min(next, due.Sub(now)))
 	}
 	if ahead {
-		next = min(next, r.event.Sub(now))
+		next = min(next, r.Event.Sub(now))
 	}
-	c.mu.Unlock()
+	c.Mu.Unlock()
 	if len(batches) == 0 {
 		return next, nil
 	}
 	var mu sync.Mutex // next, first
 	one := func(args []string) error {
-		ctx, cancel := context.WithTimeout(context.Background(), c.waiterTTL)
+		ctx, cancel := context.WithTimeout(context.Background(), c.WaiterTTL)
 		sent := time.Now()
-		res, _ := c.calls.Run(ctx, script.Call{Op: script.OpRefresh, Keys: r.k.List(), Args: args}) // unreplicated refreshes are refreshed again
+		res, _ := c.Calls.Run(ctx, script.Call{Op: script.OpRefresh, Keys: r.K.List(), Args: args}) // unreplicated refreshes are refreshed again
 		cancel()
 		rep, err := parseRefreshReply(res)
 		r.noteRefreshed(args, sent, err)
@@ -594,8 +602,8 @@ func (r *room) round(periodic bool) (next time.Duration, first error) {
 	}
 	// Parting a refused script stops a waiter TTL into the round: the
 	// rounds that follow go on with what is left (see narrow).
-	until := time.Now().Add(c.waiterTTL)
-	send := func(args []string) { r.narrow(args, one(args), one, until) }
+	until := time.Now().Add(c.WaiterTTL)
+	send := func(args []string) { r.Narrow(args, one(args), one, until) }
 	if len(batches) == 1 {
 		send(batches[0])
 		return next, first
@@ -617,7 +625,7 @@ func (r *room) round(periodic bool) (next time.Duration, first error) {
 	return next, first
 }
 
-// narrow parts a refresh script that Redis refused for some of its
+// Narrow parts a refresh script that Redis refused for some of its
 // waiters (err: another program's key at a multi-lock waiter's other
 // semaphore, see refusedForSome) into suspectScripts smaller ones, sent
 // side by side by one, and goes on parting those refused while others
@@ -633,11 +641,11 @@ func (r *room) round(periodic bool) (next time.Duration, first error) {
 // refusal of the semaphore itself (its own key, its layout, a Redis
 // loading) parts nothing, rather than send Redis eight scripts for each
 // it refused.
-func (r *room) narrow(args []string, err error, one func([]string) error, until time.Time) {
-	if !r.refusedForSome(err) || refreshCount(args) < 2 || !time.Now().Before(until) {
+func (r *Room) Narrow(args []string, err error, one func([]string) error, until time.Time) {
+	if !r.refusedForSome(err) || RefreshCount(args) < 2 || !time.Now().Before(until) {
 		return
 	}
-	n := refreshCount(args)
+	n := RefreshCount(args)
 	k := min(n, suspectScripts)
 	parts := make([][]string, k)
 	for i := range parts {
@@ -655,7 +663,7 @@ func (r *room) narrow(args []string, err error, one func([]string) error, until 
 	}
 	for i, part := range parts {
 		if errs[i] != nil {
-			wg.Go(func() { r.narrow(part, errs[i], one, until) })
+			wg.Go(func() { r.Narrow(part, errs[i], one, until) })
 		}
 	}
 	wg.Wait()
@@ -666,7 +674,7 @@ func (r *room) narrow(args []string, err error, one func([]string) error, until 
 // key (FAIRLOCK_FOREIGN_KEY <found> <kept> <key>) that is not one of r's
 // own keys (its base too: a latch's or a barrier's hash), so at another
 // semaphore that a waiter's multi-lock request names.
-func (r *room) refusedForSome(err error) bool {
+func (r *Room) refusedForSome(err error) bool {
 	msg, ok := fault.ReplyOf(err)
 	if !ok {
 		return false
@@ -680,54 +688,54 @@ func (r *room) refusedForSome(err error) bool {
 		return false
 	}
 	key := f[2]
-	return key != r.k.Base && !slices.Contains(r.k.All, key) && !strings.HasPrefix(key, r.k.Base+keyspace.Sep)
+	return key != r.K.Base && !slices.Contains(r.K.All, key) && !strings.HasPrefix(key, r.K.Base+keyspace.Sep)
 }
 
 // apply hands on what a refresh reply says: the queue's next event and
 // the tickets that stopped waiting (granted, or dropped).
-func (r *room) apply(rep refreshReply, sent time.Time, next *time.Duration) error {
+func (r *Room) apply(rep refreshReply, sent time.Time, next *time.Duration) error {
 	if rep.next >= 0 {
 		*next = min(*next, time.Duration(rep.next)*time.Millisecond)
 	}
 	sample := clock.Sample{Sent: sent, Redis: rep.now}
-	r.c.mu.Lock()
+	r.C.Mu.Lock()
 	r.noteClockLocked(sample)
-	if !r.event.IsZero() && !r.event.After(sent) {
-		r.event = time.Time{} // this script ran the queue past it
+	if !r.Event.IsZero() && !r.Event.After(sent) {
+		r.Event = time.Time{} // this script ran the queue past it
 	}
 	r.noteEventLocked(sent, time.Duration(rep.next)*time.Millisecond)
-	r.c.mu.Unlock()
+	r.C.Mu.Unlock()
 	for _, t := range rep.gone {
 		if t.grant == nil {
-			r.deliver(t.ticket, wakeup{requeue: true})
+			r.deliver(t.ticket, wakeup{Requeue: true})
 			continue
 		}
-		r.deliver(t.ticket, wakeup{grant: *t.grant, sample: sample, via: viaRefresh})
+		r.deliver(t.ticket, wakeup{Grant: *t.grant, sample: sample, Via: viaRefresh})
 	}
 	return nil
 }
 
 // noteRefreshed notes the waiters of the refresh args alive at sent if
 // the refresh was answered (err nil), else failed with err.
-func (r *room) noteRefreshed(args []string, sent time.Time, err error) {
-	r.c.mu.Lock()
-	defer r.c.mu.Unlock()
+func (r *Room) noteRefreshed(args []string, sent time.Time, err error) {
+	r.C.Mu.Lock()
+	defer r.C.Mu.Unlock()
 	if err == nil {
-		r.answered = sent
+		r.Answered = sent
 	}
-	for i := range refreshCount(args) {
-		w := r.waiters[refreshedTicket(args, i)]
+	for i := range RefreshCount(args) {
+		w := r.Waiters[RefreshedTicket(args, i)]
 		switch {
 		case w == nil:
 		case err == nil:
-			w.alive, w.failed, w.alone = sent, nil, false
+			w.Alive, w.Failed, w.Alone = sent, nil, false
 		default:
-			w.failed, w.alone = fault.ScriptError(err), refreshCount(args) == 1
+			w.Failed, w.Alone = fault.ScriptError(err), RefreshCount(args) == 1
 		}
 	}
 }
 
-// failStale ends, with an error matching ErrRedis, the wait of each queued
+// FailStale ends, with an error matching fault.ErrRedis, the wait of each queued
 // waiter that refreshes can no longer keep alive: its ticket has died in
 // Redis, or will, and its Acquire must not wait on in ignorance.
 //
@@ -746,28 +754,28 @@ func (r *room) noteRefreshed(args []string, sent time.Time, err error) {
 // waiter whose ticket died meanwhile is reported gone by the next refresh
 // that covers it and queues again; but one whose refreshes have all timed
 // out for staleTimeouts waiter TTLs fails.
-func (r *room) failStale(now time.Time) {
-	c := r.c
-	var stale []*waiter
-	c.mu.Lock()
-	for t, w := range r.waiters {
-		if !w.queued || w.failed == nil {
+func (r *Room) FailStale(now time.Time) {
+	c := r.C
+	var stale []*Waiter
+	c.Mu.Lock()
+	for t, w := range r.Waiters {
+		if !w.Queued || w.Failed == nil {
 			continue
 		}
-		lost := now.Sub(w.alive) >= c.waiterTTL && w.alone || now.Sub(w.alive) >= 3*c.waiterTTL
-		if fault.Slow(w.failed) {
-			limit := 3 * c.waiterTTL
-			lost = now.Sub(w.alive) >= limit && now.Sub(r.answered) >= limit ||
-				now.Sub(w.alive) >= staleTimeouts*c.waiterTTL
+		lost := now.Sub(w.Alive) >= c.WaiterTTL && w.Alone || now.Sub(w.Alive) >= 3*c.WaiterTTL
+		if fault.Slow(w.Failed) {
+			limit := 3 * c.WaiterTTL
+			lost = now.Sub(w.Alive) >= limit && now.Sub(r.Answered) >= limit ||
+				now.Sub(w.Alive) >= staleTimeouts*c.WaiterTTL
 		}
 		if lost {
 			r.forgetLocked(t)
 			stale = append(stale, w)
 		}
 	}
-	c.mu.Unlock()
+	c.Mu.Unlock()
 	for _, w := range stale {
-		w.wk = wakeup{err: fmt.Errorf("%w: waiter could not be kept alive for %v: %w", ErrRedis, now.Sub(w.alive).Round(time.Millisecond), w.failed)}
-		w.ch <- struct{}{}
+		w.Wk = wakeup{Err: fmt.Errorf("%w: waiter could not be kept alive for %v: %w", fault.ErrRedis, now.Sub(w.Alive).Round(time.Millisecond), w.Failed)}
+		w.Ch <- struct{}{}
 	}
 }

@@ -1,30 +1,32 @@
-package fairlock
+package wait
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/fairlock/fairlock/internal/script"
 )
 
-// refreshArgs starts the arguments of "refresh" (lua/ops/refresh.lua) for
+// RefreshArgs starts the arguments of "refresh" (lua/ops/refresh.lua) for
 // waiters queued with the lease TTL lease (a script argument), with room
 // for n tickets; appendRefreshed adds one ticket, and refreshCount counts
 // them.
-func (c *waits) refreshArgs(n int, lease string) []string {
+func (c *Waits) RefreshArgs(n int, lease string) []string {
 	args := make([]string, 0, 4+3*n)
-	return append(args, script.OpRefresh.Name, c.id, lease, c.waiterMs)
+	return append(args, script.OpRefresh.Name, c.ID, lease, c.WaiterMs)
 }
 
-func appendRefreshed(args []string, ticket string, permits int64, group string) []string {
+func AppendRefreshed(args []string, ticket string, permits int64, group string) []string {
 	return append(args, ticket, strconv.FormatInt(permits, 10), group)
 }
 
-func refreshCount(args []string) int { return (len(args) - 4) / 3 }
+func RefreshCount(args []string) int { return (len(args) - 4) / 3 }
 
-// refreshedTicket returns the i-th ticket of refresh args.
-func refreshedTicket(args []string, i int) string { return args[4+3*i] }
+// RefreshedTicket returns the i-th ticket of refresh args.
+func RefreshedTicket(args []string, i int) string { return args[4+3*i] }
 
 // refreshReply is "refresh"'s reply: the queue's next event (ms, -1 for
 // none), Redis's clock, and the tickets that no longer wait.
@@ -37,7 +39,7 @@ type refreshReply struct {
 // its wake-up was lost), or dropped (nil: it queues again).
 type refreshed struct {
 	ticket string
-	grant  *grant
+	grant  *Grant
 }
 
 func parseRefreshReply(out script.Result) (refreshReply, error) {
@@ -69,44 +71,43 @@ func parseRefreshReply(out script.Result) (refreshReply, error) {
 	return r, nil
 }
 
-
 // parseWake splits a wake-up "ticket expiryMs token..." pushed by
 // queue.lua: the grant's expiry by Redis's clock, then one token per
 // semaphore of the ticket's request.
-func parseWake(s string) (ticket string, g grant, ok bool) {
+func parseWake(s string) (ticket string, g Grant, ok bool) {
 	f := strings.Fields(s)
 	if len(f) < 3 {
-		return "", grant{}, false
+		return "", Grant{}, false
 	}
 	g, err := parseGrant(f[1:])
 	return f[0], g, err == nil
 }
 
-// grant is a grant as a script reports it: its expiry by Redis's clock and
+// Grant is a Grant as a script reports it: its expiry by Redis's clock and
 // a token per semaphore.
-type grant struct {
-	expiry int64 // ms, Redis's clock
-	tokens []int64
-	// tok0 is tokens[0] as a script argument, boxed, when the reply gave
+type Grant struct {
+	Expiry int64 // ms, Redis's clock
+	Tokens []int64
+	// Tok0 is tokens[0] as a script argument, boxed, when the reply gave
 	// it in canonical form (itoa(tokens[0])); nil otherwise.
-	tok0 any
+	Tok0 any
 }
 
-// canonicalToken reports whether s, which parsed as a token > 0, is
+// CanonicalToken reports whether s, which parsed as a token > 0, is
 // itoa of its value: no sign, no leading zero.
-func canonicalToken(s string) bool { return s != "" && s[0] >= '1' && s[0] <= '9' }
+func CanonicalToken(s string) bool { return s != "" && s[0] >= '1' && s[0] <= '9' }
 
 // parseGrant reads "expiryMs token..." fields.
-func parseGrant(f []string) (grant, error) {
+func parseGrant(f []string) (Grant, error) {
 	if len(f) < 2 {
-		return grant{}, fmt.Errorf("bad grant %q", f)
+		return Grant{}, fmt.Errorf("bad grant %q", f)
 	}
 	exp, err := strconv.ParseInt(f[0], 10, 64)
 	if err != nil {
-		return grant{}, fmt.Errorf("bad grant expiry %q", f[0])
+		return Grant{}, fmt.Errorf("bad grant expiry %q", f[0])
 	}
 	tokens, err := parseTokens(f[1:])
-	return grant{expiry: exp, tokens: tokens}, err
+	return Grant{Expiry: exp, Tokens: tokens}, err
 }
 
 func parseTokens(f []string) ([]int64, error) {
@@ -121,3 +122,19 @@ func parseTokens(f []string) ([]int64, error) {
 	return tokens, nil
 }
 
+// Group counts the goroutines a client's Close waits for.
+type Group interface {
+	Add(int)
+	Done()
+}
+
+const (
+	// RenewDivisor: a waiter's liveness is refreshed every waiter TTL ÷
+	// RenewDivisor (and a lease renewed every lease TTL ÷ RenewDivisor).
+	RenewDivisor = 3
+	// RetryDivisor: a failed refresh is tried again after waiter TTL ÷
+	// RetryDivisor.
+	RetryDivisor = 10
+	// never is a delay no timer reaches.
+	never = time.Duration(math.MaxInt64)
+)
