@@ -148,12 +148,3 @@ func (w *waitReport) end(err error) {
 		w.c.observe(Event{Kind: WaitAbandoned, Names: w.names, Wait: time.Since(w.started), Err: err, ID: w.id})
 	}
 }
-
-// permits lists a plan's permits in name order.
-func (p plan) permits() []int64 {
-	out := make([]int64, len(p.parts))
-	for i, pt := range p.parts {
-		out[i] = pt.req.Permits
-	}
-	return out
-}

@@ -243,3 +243,12 @@ func sameSlot(parts []part) error {
 	}
 	return nil
 }
+
+// permits lists a plan's permits in name order.
+func (p plan) permits() []int64 {
+	out := make([]int64, len(p.parts))
+	for i, pt := range p.parts {
+		out[i] = pt.req.Permits
+	}
+	return out
+}

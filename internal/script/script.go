@@ -7,6 +7,8 @@ package script
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"sync/atomic"
 )
 
@@ -216,4 +218,20 @@ func (oc Call) Add(a string, box any) Call {
 	}
 	oc.Args = append(oc.Args, a)
 	return oc
+}
+
+// Reply reads a script's array reply as integers and strings.
+type Reply []any
+
+func (r Reply) Int(i int) (int64, error) {
+	if i >= len(r) {
+		return 0, fmt.Errorf("short script reply %v", []any(r))
+	}
+	switch v := r[i].(type) {
+	case int64:
+		return v, nil
+	case string:
+		return strconv.ParseInt(v, 10, 64)
+	}
+	return 0, fmt.Errorf("unexpected script reply %v", []any(r))
 }

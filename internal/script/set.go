@@ -3,7 +3,6 @@ package script
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -372,20 +371,4 @@ func (e *EvalCode) On(ctx context.Context, b backend.Backend, keys []string, arg
 		v, err := b.Script(ctx, s)
 		return Result{v, err}
 	}, keys, args)
-}
-
-// Reply reads a script's array reply as integers and strings.
-type Reply []any
-
-func (r Reply) Int(i int) (int64, error) {
-	if i >= len(r) {
-		return 0, fmt.Errorf("short script reply %v", []any(r))
-	}
-	switch v := r[i].(type) {
-	case int64:
-		return v, nil
-	case string:
-		return strconv.ParseInt(v, 10, 64)
-	}
-	return 0, fmt.Errorf("unexpected script reply %v", []any(r))
 }
