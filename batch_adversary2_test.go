@@ -226,7 +226,7 @@ func (b *boxedCheckBackend) Script(ctx context.Context, sc backend.Script) (any,
 // not nil, is Args as []any, each element the string at its index in
 // Args, made once by fairlock: a client whose commands take []any may send
 // it rather than box Args again." fairlock itself passes a Boxed that is
-// a strict prefix of Args: renew_batch (ops.go renewBatchCall) appends to
+// a strict prefix of Args: renew_batch (internal/renew batchCall) appends to
 // oc.args without oc.argv, and caller.alone sets sc.Boxed = oc.argv
 // anyway. goRedis.send guards with sameArgs; an adapter written from the
 // documented contract (sending Boxed when not nil) sends a renewal with

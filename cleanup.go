@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fairlock/fairlock/internal/callpath"
+	"github.com/fairlock/fairlock/internal/keyspace"
 	"github.com/fairlock/fairlock/internal/script"
 )
 
@@ -236,44 +237,46 @@ func (c *Client) mayOutlastClose(ctx context.Context) bool {
 const maxPumps = 10000
 
 // pumpLater finishes, in the background, the work a script left on p's
-// semaphores: each "pump" script does a bounded part of it. One pump runs
-// per semaphore at a time; Close waits for it.
+// semaphores (pump).
 func (c *Client) pumpLater(p plan) {
+	for _, pt := range p.parts {
+		c.pump(pt.k)
+	}
+}
+
+// pump finishes, in the background, the work a script left on the
+// semaphore of keys k: each "pump" script does a bounded part of it. One
+// pump runs per semaphore at a time; Close waits for it.
+func (c *Client) pump(k keyspace.Keys) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
+	if c.closed || c.pumping[k.Base] {
 		return
 	}
-	for _, pt := range p.parts {
-		k := pt.k
-		if c.pumping[k.Base] {
-			continue
-		}
-		c.pumping[k.Base] = true
-		c.wg.Add(1)
-		go func() {
-			defer c.wg.Done()
-			defer func() {
-				c.mu.Lock()
-				delete(c.pumping, k.Base)
-				c.mu.Unlock()
-			}()
-			for range maxPumps {
-				select {
-				case <-c.done:
-					return
-				default:
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
-				res, _ := c.calls.Run(ctx, pumpCall(k.List()))
-				cancel()
-				more, err := parsePumpReply(res)
-				if err != nil || !more {
-					return
-				}
-			}
+	c.pumping[k.Base] = true
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		defer func() {
+			c.mu.Lock()
+			delete(c.pumping, k.Base)
+			c.mu.Unlock()
 		}()
-	}
+		for range maxPumps {
+			select {
+			case <-c.done:
+				return
+			default:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
+			res, _ := c.calls.Run(ctx, pumpCall(k.List()))
+			cancel()
+			more, err := parsePumpReply(res)
+			if err != nil || !more {
+				return
+			}
+		}
+	}()
 }
 
 // Resends back off from resendFirst, doubling up to resendMost, with

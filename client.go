@@ -14,6 +14,7 @@ import (
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/renew"
 	"github.com/fairlock/fairlock/internal/sched"
 	"github.com/fairlock/fairlock/internal/script"
 	"github.com/fairlock/fairlock/internal/wait"
@@ -82,7 +83,7 @@ type Client struct {
 	cfg   config
 	calls *callpath.Caller // the script call path
 	plans plans            // the plans of single requests made so far
-	renew *renewer         // batches the leases' renewals
+	renew *renew.Batcher   // batches the leases' renewals
 	waits *wait.Waits      // where acquisitions wait for their grants
 	id    string           // identifies this client's wake lists; unguessable
 	// The lease and waiter TTLs as script arguments, rendered once.
@@ -272,8 +273,7 @@ func newClient(b backend.Backend, rdb RedisClient, opts []Option) (*Client, erro
 	c.waits = &wait.Waits{Mu: &c.mu, Wg: &c.wg, Closing: c.closing, Done: c.done, Calls: c.calls, B: b, Info: info,
 		WaiterTTL: cfg.waiterTTL, Prefix: cfg.prefix, ID: id, LeaseMs: c.leaseMs, WaiterMs: c.waiterMs, Logf: c.logf,
 		Rooms: make(map[string]*wait.Room), Tickets: make(map[string]*wait.Room), Listeners: make(map[string][]*wait.Listener)}
-	c.renew = &renewer{calls: c.calls, closing: c.renewing, id: id, leaseTTL: cfg.leaseTTL,
-		more: c.pumpLater, queues: make(map[string]*renewQueue)}
+	c.renew = renew.New(c.calls, c.renewing, id, cfg.leaseTTL, c.pump)
 	c.tasksDone = sync.NewCond(&c.mu)
 	c.answerWait = answerWait(b, info)
 	c.idle = make(chan func())

@@ -617,7 +617,7 @@ func (l *Lease) renew() {
 	var n int64
 	var err error
 	if l.batchable() && !capped {
-		n, err = l.c.renew.renewBatched(ctx, l, announced, lease)
+		n, err = l.c.renew.Renew(ctx, l.p.parts[0].k, l.ticket, l.p.parts[0].req.Permits, l.tokens[0], announced, lease)
 	} else {
 		o, _ := l.c.calls.Op(ctx, l.p.releaseCallTTL(script.OpRenew, l.ticket, l.c, announced, l.tokens, lease), nil)
 		n, err = l.c.released(l.p, o.Res)
@@ -766,3 +766,6 @@ func LeaseContext(parent context.Context, lease *Lease) (ctx context.Context, ca
 		cancelCause(context.Canceled)
 	}
 }
+
+// batchable reports whether l renews in batches.
+func (l *Lease) batchable() bool { return len(l.p.parts) == 1 && l.c.cfg.ackReplicas == 0 }

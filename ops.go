@@ -23,9 +23,8 @@ import (
 // WithReplicaAck waits for it) are in internal/script; the call path
 // (internal/callpath) runs them. The ops are called from acquire.go
 // (acquire, try), cleanup.go (leave, pump, release), lease.go (release,
-// renew), renew.go
-// (renew_batch), internal/wait (refresh), status.go (status) and cond.go (wait,
-// signal).
+// renew), status.go (status) and cond.go (wait, signal); internal/renew
+// builds its own renew_batch, and internal/wait its refresh.
 
 // The acquire script's reply codes (acquire.lua).
 const (
@@ -166,30 +165,6 @@ func (p plan) releaseCallBoxed(o *script.Op, ticket string, ticketBox any, c *Cl
 	return oc
 }
 
-// renewedBatch reads a renew_batch reply {{result...}, more} for n leases:
-// each one's result, and whether the script left work for later.
-func renewedBatch(o callpath.Outcome, n int) (results []int64, more bool, err error) {
-	res, err := o.Res.Slice()
-	if err != nil {
-		return nil, false, err
-	}
-	m, err := script.Reply(res).Int(1)
-	if err != nil {
-		return nil, false, err
-	}
-	list, _ := res[0].([]any)
-	if len(list) != n {
-		return nil, false, fmt.Errorf("%w: renewal reply %v for %d leases", ErrRedis, res, n)
-	}
-	out := make([]int64, n)
-	for i := range list {
-		if out[i], err = script.Reply(list).Int(i); err != nil {
-			return nil, false, err
-		}
-	}
-	return out, m == 1, nil
-}
-
 // waitCall is release.lua's "wait" on cp's keys (p's and the
 // condition's): a release of the lease held under ticket on p's
 // semaphores, and the new ticket fresh waiting on the condition cond.
@@ -243,16 +218,6 @@ func parseSignalReply(out script.Result) (signalReply, error) {
 	err := ints(out, &r.woken, &cmore, &more, &bound)
 	r.condMore, r.more, r.bound = cmore == 1, more == 1, strconv.FormatInt(bound, 10)
 	return r, err
-}
-
-// renewBatchCall is "renew_batch" (lua/ops/renew_batch.lua) on keys, for
-// leases of that one semaphore held by the client id.
-func renewBatchCall(id string, keys []string, batch []*renewReq) script.Call {
-	oc := script.NewCall(script.OpRenewBatch, keys, 1+5*len(batch)).With(id)
-	for _, r := range batch {
-		oc.Args = append(oc.Args, r.l.ticket, itoa(r.l.p.parts[0].req.Permits), itoa(r.l.tokens[0]), boolArg(r.announced), msArg(r.ttl))
-	}
-	return oc
 }
 
 // pumpCall is "pump" (lua/ops/pump.lua) on keys; parsePumpReply reads

@@ -33,14 +33,14 @@ func TestClientPartsWired(t *testing.T) {
 	}{
 		{"calls.ackReplicas", c.calls.AckReplicas, c.cfg.ackReplicas},
 		{"calls.ackTimeout", c.calls.AckTimeout, c.cfg.ackTimeout},
-		{"renew.leaseTTL", c.renew.leaseTTL, c.cfg.leaseTTL},
-		{"renew.id", c.renew.id, c.id},
+		{"renew.LeaseTTL", c.renew.LeaseTTL, c.cfg.leaseTTL},
+		{"renew.ID", c.renew.ID, c.id},
 		{"waits.id", c.waits.ID, c.id},
 		{"waits.leaseMs", c.waits.LeaseMs, c.leaseMs},
 		{"waits.waiterMs", c.waits.WaiterMs, c.waiterMs},
 		{"waits.done", c.waits.Done, c.done},
 		{"waits.closing", c.waits.Closing, c.closing},
-		{"renew.closing", c.renew.closing, c.renewing},
+		{"renew.Closing", c.renew.Closing, c.renewing},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s = %v, want the client's %v", tc.name, tc.got, tc.want)
