@@ -12,7 +12,7 @@ import (
 	"github.com/fairlock/fairlock/internal/wait"
 )
 
-// acquire runs Acquire (wait) and TryAcquire (!wait) for one or more
+// acquire runs Acquire (mayWait) and TryAcquire (!mayWait) for one or more
 // semaphores.
 func (c *Client) acquire(ctx context.Context, reqs []Request, mayWait bool) (*Lease, error) {
 	p, err := c.plan(reqs)

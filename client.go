@@ -97,7 +97,7 @@ type Client struct {
 	done     <-chan struct{}
 	// renewing ends when a close ends the leases the client still holds
 	// (at once for Close and Abandon; for Shutdown, once their holders
-	// have released them or its context ended): the renewer takes no
+	// have released them or its context ended): the renewal batcher takes no
 	// renewal after it.
 	renewing  context.Context
 	endRenews context.CancelFunc

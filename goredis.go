@@ -581,9 +581,6 @@ func (g *goRedis) named(err error) error {
 
 func (e *noAnswerError) Unwrap() error { return e.err }
 
-// fault.ErrPoolTimeout is a client's connection pool that had no connection
-// free in time.
-
 // A kindError is a client's error that also matches kind.
 type kindError struct{ err, kind error }
 

@@ -278,7 +278,7 @@ const (
 // fail turns an error from Redis or the connection into fairlock's error
 // for op on the semaphores names (in the order the script took them). It is
 // the one place where Redis errors become a call's (the errors a script
-// names, through scriptError, which the background paths use too).
+// names, through fault.ScriptError, which the background paths use too).
 func fail(ctx context.Context, op string, names []string, err error) error {
 	// Only the caller's context makes a context error the caller's; an
 	// internal timeout means Redis did not answer in time.

@@ -40,6 +40,8 @@ func TestClientPartsWired(t *testing.T) {
 		{"waits.waiterMs", c.waits.WaiterMs, c.waiterMs},
 		{"waits.done", c.waits.Done, c.done},
 		{"waits.closing", c.waits.Closing, c.closing},
+		{"waits.WaiterTTL", c.waits.WaiterTTL, c.cfg.waiterTTL},
+		{"waits.Prefix", c.waits.Prefix, c.cfg.prefix},
 		{"renew.Closing", c.renew.Closing, c.renewing},
 	} {
 		if tc.got != tc.want {

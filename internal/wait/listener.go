@@ -21,17 +21,17 @@ const maxListenKeys = 512
 // A Listener receives the grants to the waiters of rooms of one client
 // whose wake lists number up to maxListenKeys, with one BLPOP at a time,
 // on one connection of the client's blocking client (see
-// [waits.blockingLocked]), never on the caller's pool, so waiting on any
+// [Waits.blockingLocked]), never on the caller's pool, so waiting on any
 // number of semaphores cannot delay renewals or releases. The rooms of one
-// Listener share a group: the keys one BLPOP may take together (any on a
+// listener share a group: the keys one BLPOP may take together (any on a
 // single node, one hash slot on Cluster). On a single node every room of
-// the client has the same wake list (keyspace.Keys.Wake), so one Listener reading
+// the client has the same wake list (keyspace.Keys.Wake), so one listener reading
 // two keys hears the grants on every semaphore the client waits on.
 //
-// Besides the rooms' wake lists the BLPOP takes the Listener's control
+// Besides the rooms' wake lists the BLPOP takes the listener's control
 // list, ctl. A room that joins while the BLPOP blocks, with a wake list
 // the BLPOP does not take, pushes an empty entry there (a nudge), so the
-// Listener starts again with the new key at once rather than at the
+// listener starts again with the new key at once rather than at the
 // BLPOP's timeout. Only a change of the key set costs a nudge; a room
 // keeps its place for listenTimeout after its last waiter leaves, so a
 // semaphore waited on again and again costs none.

@@ -59,7 +59,7 @@ type Waits struct {
 	// Spare is a room that was made and forgotten without ever running
 	// (its acquisition was granted at once, as most are), kept for the
 	// next room: nothing but its waiters' acquisitions ever held it, and
-	// they have all left it (see unregister).
+	// they have all left it (see Unregister).
 	Spare *Room
 	// OwnLists: the client's one wake list (keyspace.Keys.Wake) holds another
 	// program's value, so the scripts push its grants onto each
@@ -74,10 +74,10 @@ type Waits struct {
 
 	noBLMPop atomic.Bool // blk's server lacks BLMPOP: listeners use BLPOP
 
-	// Grants counts the Grants this client's acquisitions took, by how
+	// Grants counts the grants this client's acquisitions took, by how
 	// each learned of its grant (for tests: a grant that a wake-up
 	// should carry and a refresh found instead is a lost wake-up), and
-	// the Grants they gave back as heard too late (for tests: a process
+	// the grants they gave back as heard too late (for tests: a process
 	// that did not stall gives none back).
 	Grants grantCounts
 }
@@ -90,7 +90,7 @@ type Waits struct {
 type Room struct {
 	C       *Waits
 	K       keyspace.Keys
-	WakeKey string        // where it hears grants (waits.wakeKeyLocked; guarded by c.mu once running)
+	WakeKey string        // where it hears grants (Waits.WakeKeyLocked; guarded by c.mu once running)
 	Kick    chan struct{} // wakes maintain to look at due again
 
 	// Guarded by c.mu.
@@ -102,7 +102,7 @@ type Room struct {
 	clock     clock.Sample  // the latest reading of the semaphore's Redis clock
 	Answered  time.Time     // when a script of the room last answered (see failStale)
 	// Event is the earliest moment a script's reply put the queue's next
-	// Event at (a lease's expiry, a waiter's deadline) that no answered
+	// event at (a lease's expiry, a waiter's deadline) that no answered
 	// round has run the queue past yet; zero for none (see round).
 	Event time.Time
 }
@@ -115,17 +115,17 @@ type Waiter struct {
 	Lease   string        // the plan's lease TTL as a script argument (its member holds it)
 	Ch      chan struct{} // buffered; signalled at most once, once wk is set
 	Wk      wakeup        // what ch signals: written once, before the signal
-	// Queued is set (under c.mu) once the acquire script has Queued the
-	// ticket. Only Queued tickets are refreshed: a refresh that reached
+	// Queued is set (under c.mu) once the acquire script has queued the
+	// ticket. Only queued tickets are refreshed: a refresh that reached
 	// Redis before the ticket's own acquire script would report it gone.
 	Queued bool
-	// Alive is when the ticket was last known Alive in Redis (queued, or
+	// Alive is when the ticket was last known alive in Redis (queued, or
 	// a refresh that covered it answered), and failed the error of the
 	// refreshes that covered it since, if they all failed (both guarded
 	// by c.mu). See failStale.
 	Alive  time.Time
 	Failed error
-	// Alone: the last refresh that failed covered this waiter Alone, so
+	// Alone: the last refresh that failed covered this waiter alone, so
 	// its failure is this waiter's own (guarded by c.mu).
 	Alone bool
 }
@@ -477,7 +477,7 @@ func (r *Room) RefreshBatchesLocked(young time.Time) (batches [][]string, due ti
 	}
 	// Waiters whose last refresh failed go in batches of their own,
 	// shuffled, in at most suspectScripts scripts (of at most
-	// refreshBatch tickets), sent first: so the batches halve and more as
+	// RefreshBatch tickets), sent first: so the batches halve and more as
 	// the suspects dwindle, and one waiter whose refresh fails for what it
 	// reaches (see failStale) parts from the others within a few rounds
 	// (128, 16, 2, 1 tickets); and on a busy Redis the scripts that timed
@@ -550,14 +550,14 @@ func (r *Room) Refresh() (next time.Duration, first error) { return r.Round(fals
 // always came.
 func (c *Waits) YoungFor() time.Duration { return c.RefreshEvery() / 2 }
 
-// Round is a Round of refresh. A periodic one (maintain's) whose waiters
+// Round is a round of refresh. A periodic one (maintain's) whose waiters
 // were all known alive within youngFor, when no event of the queue is
 // due, sends no script, and comes back before the first of them is one
-// refresh period old or at the next event, whichever is first; a Round
+// refresh period old or at the next event, whichever is first; a round
 // that refreshes some waiter refreshes them all. A busy semaphore's
 // waiters mostly wait less than a refresh period: their rooms then send
 // no refresh at all. (The queue's events are run at their time, by a
-// Round then; the waiters' acquire scripts, and any release, run the
+// round then; the waiters' acquire scripts, and any release, run the
 // queue besides.)
 func (r *Room) Round(periodic bool) (next time.Duration, first error) {
 	c := r.C

@@ -83,7 +83,7 @@ func parseWake(s string) (ticket string, g Grant, ok bool) {
 	return f[0], g, err == nil
 }
 
-// Grant is a Grant as a script reports it: its expiry by Redis's clock and
+// Grant is a grant as a script reports it: its expiry by Redis's clock and
 // a token per semaphore.
 type Grant struct {
 	Expiry int64 // ms, Redis's clock
