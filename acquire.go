@@ -8,6 +8,7 @@ import (
 	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/ops"
 	"github.com/fairlock/fairlock/internal/script"
 	"github.com/fairlock/fairlock/internal/wait"
 )
@@ -102,7 +103,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, mayWait bool, queued t
 			c.waits.Unregister(r, w)
 			return nil, wrap(c.endedByClose(ctx, o.Res.Err))
 		}
-		rep, err := parseAcquireReply(o.Res, len(p.parts))
+		rep, err := ops.ParseAcquireReply(o.Res, len(p.parts))
 		if err != nil {
 			c.waits.Unregister(r, w)
 			if !leftAsIs(o.Res.Err) && !fault.IsDialError(err) {
@@ -112,10 +113,10 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, mayWait bool, queued t
 			}
 			return nil, fail(ctx, op, p.names, err)
 		}
-		switch rep.code {
-		case acqGranted, acqGrantedBefore:
+		switch rep.Code {
+		case ops.AcqGranted, ops.AcqGrantedBefore:
 			c.waits.Unregister(r, w)
-			if rep.g.Expiry <= rep.now {
+			if rep.Grant.Expiry <= rep.Now {
 				// Granted by a run whose reply was lost, and expired
 				// since: ask again.
 				c.waits.Grants.GaveBack()
@@ -124,18 +125,18 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, mayWait bool, queued t
 			}
 			if o.AckErr != nil {
 				// Granted on the master only: give it back.
-				c.giveBack(ctx, p, w.Ticket, rep.g.Tokens)
+				c.giveBack(ctx, p, w.Ticket, rep.Grant.Tokens)
 				return nil, wrap(o.AckErr)
 			}
 			// A grant found by a resend lasts only the waiter TTL until
 			// confirmed, like an announced one.
-			deadline := clock.Sample{Sent: sent, Redis: rep.now}.LocalDeadline(rep.g.Expiry)
+			deadline := clock.Sample{Sent: sent, Redis: rep.Now}.LocalDeadline(rep.Grant.Expiry)
 			c.waits.Grants.Add(wait.ViaReply)
-			return c.newLease(ctx, p, w.Ticket, rep.g.Tokens, deadline, rep.code == acqGrantedBefore, leaseBoxes{w.Box, rep.g.Tok0})
-		case acqNotGranted:
+			return c.newLease(ctx, p, w.Ticket, rep.Grant.Tokens, deadline, rep.Code == ops.AcqGrantedBefore, leaseBoxes{w.Box, rep.Grant.Tok0})
+		case ops.AcqNotGranted:
 			c.waits.Unregister(r, w)
 			return nil, wrap(ErrNotAcquired)
-		case acqEnded:
+		case ops.AcqEnded:
 			// A resend found this request's grant over: ask again.
 			c.waits.Unregister(r, w)
 			continue
@@ -150,7 +151,7 @@ func (c *Client) acquirePlan(ctx context.Context, p plan, mayWait bool, queued t
 			queued = sent
 			c.observeFor(p, Event{Kind: WaitStarted, Names: p.names, ID: p.id})
 		}
-		c.waits.NoteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clock.Sample{Sent: sent, Redis: rep.now})
+		c.waits.NoteQueued(r, w, time.Duration(rep.Next)*time.Millisecond, clock.Sample{Sent: sent, Redis: rep.Now})
 		tokens, deadline, again, err := c.awaitGrant(ctx, op, p, p, r, w)
 		switch {
 		case err != nil:

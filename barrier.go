@@ -12,6 +12,7 @@ import (
 	"github.com/fairlock/fairlock/internal/engine"
 	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/ops"
 	"github.com/fairlock/fairlock/internal/script"
 )
 
@@ -89,7 +90,7 @@ func (bk barrierKeys) plan(name string) plan {
 func (bk barrierKeys) call(o *script.Op, parties int64, args ...string) script.Call {
 	keys := append(append(make([]string, 0, 7), bk.res.List()...), condKeys(bk.res, barrierCond)...)
 	keys = append(keys, bk.state)
-	return script.NewCall(o, keys, 1+len(args)).With(itoa(parties)).With(args...)
+	return script.NewCall(o, keys, 1+len(args)).With(ops.Itoa(parties)).With(args...)
 }
 
 // barrierInts reads the first n integers of a script's reply (at least one).
@@ -175,10 +176,10 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 	}
 	ticket := w.Ticket
 	await := func(asked string) script.Call {
-		return bk.call(opBarrierAwait, parties, msArg(ttl), ticket, c.id, lease, c.waiterMs, asked)
+		return bk.call(opBarrierAwait, parties, ops.MsArg(ttl), ticket, c.id, lease, c.waiterMs, asked)
 	}
 	breaks := func(asked string) script.Call {
-		return bk.call(opBarrierBreak, parties, msArg(ttl), ticket, asked)
+		return bk.call(opBarrierBreak, parties, ops.MsArg(ttl), ticket, asked)
 	}
 	sent := time.Now()
 	callCtx, bound := c.boundByClose(ctx)
@@ -219,7 +220,7 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 		return arrival{round: rep[1], index: rep[2], broken: true}, nil
 	}
 	a := arrival{round: rep[3], index: rep[4]}
-	asked := itoa(a.round)
+	asked := ops.Itoa(a.round)
 	if o.AckErr != nil {
 		c.waits.Unregister(r, w)
 		c.letGo(ctx, breaks(asked), cp, nil)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/fairlock/fairlock/internal/ops"
 	"github.com/fairlock/fairlock/internal/script"
 	"github.com/redis/go-redis/v9"
 )
@@ -61,7 +62,7 @@ func TestBoxedArgumentsAreTheArgs(t *testing.T) {
 			"leave announced": p.releaseCall(script.OpLeave, "t1", c, true, nil),
 			"renew at a cap":  p.releaseCallTTL(script.OpRenew, "t1", c, false, tokens, time.Second),
 			"wait":            p.waitCall(p, "t1", c, false, tokens, "t2", "cond"),
-			"pump":            pumpCall(p.keys),
+			"pump":            ops.PumpCall(p.keys),
 		} {
 			if !sameArgs(oc.Argv, oc.Args) {
 				t.Errorf("%s on %v: boxed %q, arguments %q", name, p.names, oc.Argv, oc.Args)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/ops"
 	"github.com/fairlock/fairlock/internal/script"
 )
 
@@ -269,9 +270,9 @@ func (c *Client) pump(k keyspace.Keys) {
 			default:
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.waiterTTL)
-			res, _ := c.calls.Run(ctx, pumpCall(k.List()))
+			res, _ := c.calls.Run(ctx, ops.PumpCall(k.List()))
 			cancel()
-			more, err := parsePumpReply(res)
+			more, err := ops.ParsePumpReply(res)
 			if err != nil || !more {
 				return
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/ops"
 	"github.com/fairlock/fairlock/internal/renew"
 	"github.com/fairlock/fairlock/internal/sched"
 	"github.com/fairlock/fairlock/internal/script"
@@ -256,8 +257,8 @@ func newClient(b backend.Backend, rdb RedisClient, opts []Option) (*Client, erro
 		info:     info,
 		cfg:      cfg,
 		id:       id,
-		leaseMs:  msArg(cfg.leaseTTL),
-		waiterMs: msArg(cfg.waiterTTL),
+		leaseMs:  ops.MsArg(cfg.leaseTTL),
+		waiterMs: ops.MsArg(cfg.waiterTTL),
 		leases:   make(map[*Lease]struct{}),
 		pumping:  make(map[string]bool),
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/ops"
 	"github.com/fairlock/fairlock/internal/script"
 )
 
@@ -172,15 +173,15 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 		l.finish(errReleased)
 		return nil, wrap(c.endedByClose(ctx, o.Res.Err))
 	}
-	rep, err := parseWaitReply(o.Res)
+	rep, err := ops.ParseWaitReply(o.Res)
 	if err != nil {
 		c.waits.Unregister(r, w)
 		return nil, l.waitFailed(ctx, err, release, until, cp, fresh)
 	}
-	if rep.more {
+	if rep.More {
 		c.pumpLater(p)
 	}
-	if rep.result == releasedNoTrace && live {
+	if rep.Result == ops.ReleasedNoTrace && live {
 		// A copy of the call whose first run released the lease and made
 		// the new ticket wait, which has ended since with no trace (dead,
 		// and dropped by a signal or a queue's run): the wait ends as a
@@ -192,7 +193,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 		}
 		return c.acquirePlan(ctx, np, true, sent)
 	}
-	if rep.result != 1 {
+	if rep.Result != 1 {
 		c.waits.Unregister(r, w)
 		l.finish(ErrLeaseLost)
 		return nil, wrap(ErrLeaseLost)
@@ -201,7 +202,7 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 	if np.id != 0 {
 		c.observeFor(np, Event{Kind: WaitStarted, Names: np.names, ID: np.id})
 	}
-	c.waits.NoteQueued(r, w, time.Duration(rep.next)*time.Millisecond, clock.Sample{Sent: sent, Redis: rep.now})
+	c.waits.NoteQueued(r, w, time.Duration(rep.Next)*time.Millisecond, clock.Sample{Sent: sent, Redis: rep.Now})
 	tokens, deadline, again, err := c.awaitGrant(ctx, "wait", p, cp, r, w)
 	if again {
 		// A spurious wakeup: lock again, as the same acquisition (whose
@@ -263,7 +264,7 @@ func (l *Lease) waitFailed(ctx context.Context, err error, release script.Call, 
 		return wrap("the lease was released: the release goes on in the background")
 	}
 	n, rerr := c.released(p, o.Res)
-	n = releaseResult(n, live)
+	n = ops.ReleaseResult(n, live)
 	switch {
 	case rerr == nil && n == 1:
 		l.finish(errReleased)
@@ -328,21 +329,21 @@ func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, 
 		// carries too: the resend finds the first run's reply.
 		// The call ends at the close too (see boundByClose).
 		callCtx, closeBound := c.boundByClose(ctx)
-		o, ok := c.calls.Op(callCtx, signalCall(keys, cond, all, bound, keyspace.NewTicket()).Under(ctx), nil)
+		o, ok := c.calls.Op(callCtx, ops.SignalCall(keys, cond, all, bound, keyspace.NewTicket()).Under(ctx), nil)
 		closeBound.done()
 		if !ok {
 			return total, wrap(c.endedByClose(ctx, o.Res.Err))
 		}
-		rep, err := parseSignalReply(o.Res)
+		rep, err := ops.ParseSignalReply(o.Res)
 		if err != nil {
 			return total, fail(ctx, op, p.names, err)
 		}
-		bound = rep.bound
-		total += int(rep.woken)
-		if rep.more {
+		bound = rep.Bound
+		total += int(rep.Woken)
+		if rep.More {
 			c.pumpLater(p)
 		}
-		if !rep.condMore || (!all && total > 0) {
+		if !rep.CondMore || (!all && total > 0) {
 			break
 		}
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/fairlock/fairlock/internal/differential"
 	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/ops"
 	"github.com/fairlock/fairlock/internal/statecheck"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
@@ -163,7 +164,7 @@ func (m *callMachine) noteTold(c call, res any) {
 	switch c.Op() {
 	case "acquire", "try":
 		if len(r) > 2 {
-			if code, _ := r[0].(int64); code == acqGranted || code == acqGrantedBefore {
+			if code, _ := r[0].(int64); code == ops.AcqGranted || code == ops.AcqGrantedBefore {
 				e, _ := r[2].(int64)
 				m.told[c.Args[1]] = max(m.told[c.Args[1]], e)
 			}
@@ -343,12 +344,12 @@ func (m *callMachine) acquire(t *rapid.T) {
 		return // an error (a capacity mismatch)
 	}
 	switch code, _ := res[0].(int64); code {
-	case acqGranted, acqGrantedBefore:
+	case ops.AcqGranted, ops.AcqGrantedBefore:
 		for _, v := range res[3:] {
 			tk.tokens = append(tk.tokens, fmt.Sprint(v))
 		}
 		m.holding = append(m.holding, tk)
-	case acqQueued:
+	case ops.AcqQueued:
 		m.waiting = append(m.waiting, tk)
 	}
 }
@@ -767,7 +768,7 @@ func (m *callMachine) resendAcquire(t *rapid.T) {
 	for _, v := range res[min(3, len(res)):] {
 		tokens = append(tokens, fmt.Sprint(v))
 	}
-	if len(res) == 0 || res[0] != int64(acqGrantedBefore) || !slices.Equal(tokens, held.tokens) {
+	if len(res) == 0 || res[0] != int64(ops.AcqGrantedBefore) || !slices.Equal(tokens, held.tokens) {
 		t.Fatalf("a late copy of the acquire of %s, whose lease (tokens %v) lives, answered %v: taken for a new request", held.ticket, held.tokens, res)
 	}
 }
@@ -804,7 +805,7 @@ func (m *callMachine) resendWait(t *rapid.T) {
 		t.Fatalf("a late copy of a condition wait whose new ticket %s is %s answered %v, want 1 (the first run made it wait)", fresh, where, res)
 	}
 	if gone && ok && len(res) > 0 && res[0] == int64(0) {
-		t.Fatalf("a late copy of a condition wait whose first run released the lease and made the new ticket %s wait, which has ended with no trace, answered %v, want %d (no trace: the caller decides)", fresh, res, releasedNoTrace)
+		t.Fatalf("a late copy of a condition wait whose first run released the lease and made the new ticket %s wait, which has ended with no trace, answered %v, want %d (no trace: the caller decides)", fresh, res, ops.ReleasedNoTrace)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/fault"
 )
 
@@ -201,4 +202,45 @@ func leftAsIs(err error) bool {
 // the context before it sends).
 func cutShort(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+const (
+	capacityErrPrefix = "FAIRLOCK_CAPACITY "
+)
+
+// fail turns an error from Redis or the connection into fairlock's error
+// for op on the semaphores names (in the order the script took them). It is
+// the one place where Redis errors become a call's (the errors a script
+// names, through fault.ScriptError, which the background paths use too).
+func fail(ctx context.Context, op string, names []string, err error) error {
+	// Only the caller's context makes a context error the caller's; an
+	// internal timeout means Redis did not answer in time.
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return opError(op, names, ctxErr)
+	}
+	if callpath.DeadlineLike(err) && callpath.PastDeadline(ctx) {
+		// ctx's deadline, passed a moment before ctx says so (settle).
+		return opError(op, names, context.DeadlineExceeded)
+	}
+	if errors.Is(err, ErrRedis) {
+		return opError(op, names, err)
+	}
+	msg := err.Error()
+	if rest, ok := strings.CutPrefix(msg, capacityErrPrefix); ok {
+		// "<stored> <index>": the capacity stored with the index-th
+		// semaphore.
+		stored, idx, _ := strings.Cut(rest, " ")
+		i, _ := strconv.Atoi(idx)
+		if len(names) > 1 && i >= 1 && i <= len(names) {
+			return opError(op, names, fmt.Errorf("%w: stored capacity of %q is %s", ErrCapacityMismatch, names[i-1], stored))
+		}
+		return opError(op, names, fmt.Errorf("%w: stored capacity is %s", ErrCapacityMismatch, stored))
+	}
+	if mapped := fault.ScriptError(err); mapped != err {
+		return opError(op, names, mapped)
+	}
+	if strings.HasPrefix(msg, "CROSSSLOT") {
+		return opError(op, names, fmt.Errorf("%w: %w", ErrCrossSlot, err))
+	}
+	return opError(op, names, fmt.Errorf("%w: %w", ErrRedis, err))
 }

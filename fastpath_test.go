@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fairlock/fairlock/internal/ops"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -29,18 +30,18 @@ func TestReleaseSkipsDeadHead(t *testing.T) {
 			return res
 		}
 		held := acquire("HOLDER", "cli", 10000)
-		if held[0] != int64(acqGranted) {
+		if held[0] != int64(ops.AcqGranted) {
 			t.Fatalf("holder: %v", held)
 		}
 		// Behind a long-lived first waiter (so the queue's deadline bound
 		// is set by it), the short-lived one must lower the bound.
-		if res := acquire("FIRST", "first", 60000); res[0] != int64(acqQueued) {
+		if res := acquire("FIRST", "first", 60000); res[0] != int64(ops.AcqQueued) {
 			t.Fatalf("first waiter: %v", res)
 		}
-		if res := acquire("DEAD", "dead", 100); res[0] != int64(acqQueued) {
+		if res := acquire("DEAD", "dead", 100); res[0] != int64(ops.AcqQueued) {
 			t.Fatalf("dead waiter: %v", res)
 		}
-		if res := acquire("LIVE", "live", 60000); res[0] != int64(acqQueued) {
+		if res := acquire("LIVE", "live", 60000); res[0] != int64(ops.AcqQueued) {
 			t.Fatalf("live waiter: %v", res)
 		}
 		// The first waiter leaves, so the dying one heads the queue.
@@ -79,7 +80,7 @@ func TestRefreshDoesNotReviveDeadWaiter(t *testing.T) {
 			ticket string
 			waitMs int64
 			code   int64
-		}{{"HOLDER", 10000, acqGranted}, {"LATE", 100, acqQueued}} {
+		}{{"HOLDER", 10000, ops.AcqGranted}, {"LATE", 100, ops.AcqQueued}} {
 			res, err := runTest(ctx, c.calls.Scripts.Named("acquire"), rdb, p.keys, "acquire", w.ticket, "cli", 10000, w.waitMs, "", 1, 1).Slice()
 			if err != nil || res[0] != w.code {
 				t.Fatalf("acquire %s: %v, %v", w.ticket, res, err)

@@ -41,6 +41,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/ops"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/script"
 	"github.com/fairlock/fairlock/internal/testhook"
@@ -539,7 +540,7 @@ func (s *fscen) resendAcquire(op string, tk *cticket) *cticket {
 	}
 	res := s.exec(call{Keys: partKeys(tk.parts), Args: args})
 	if len(res) > 3 {
-		if code, _ := res[0].(int64); code == acqGranted || code == acqGrantedBefore {
+		if code, _ := res[0].(int64); code == ops.AcqGranted || code == ops.AcqGrantedBefore {
 			tk.tokens = nil
 			for _, v := range res[3:] {
 				tk.tokens = append(tk.tokens, fmt.Sprint(v))

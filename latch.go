@@ -12,6 +12,7 @@ import (
 	"github.com/fairlock/fairlock/internal/engine"
 	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/ops"
 	"github.com/fairlock/fairlock/internal/script"
 	"github.com/fairlock/fairlock/internal/wait"
 )
@@ -90,7 +91,7 @@ func (lk latchKeys) plan(name string) plan {
 func (lk latchKeys) call(o *script.Op, init int64, args ...string) script.Call {
 	keys := append(condKeys(lk.res, latchCond), lk.count)
 	keys = append(append(make([]string, 0, 7), lk.res.List()...), keys...)
-	return script.NewCall(o, keys, 1+len(args)).With(itoa(init)).With(args...)
+	return script.NewCall(o, keys, 1+len(args)).With(ops.Itoa(init)).With(args...)
 }
 
 // latchReply reads latch.lua's reply into integers: its code (or count),
@@ -228,7 +229,7 @@ func (c *Client) latchDown(ctx context.Context, name string, init int64, ttl tim
 	id, wait := keyspace.NewTicket(), resendFirst
 	until := time.Now().Add(min(c.cfg.waiterTTL, latchResendFor))
 	for scripts := 0; scripts < maxLatchScripts; {
-		o, ok := c.calls.Op(ctx, lk.call(opLatchDown, init, msArg(ttl), id), nil)
+		o, ok := c.calls.Op(ctx, lk.call(opLatchDown, init, ops.MsArg(ttl), id), nil)
 		if !ok {
 			return 0, 0, opError(op, names, o.Res.Err)
 		}
@@ -316,7 +317,7 @@ func (c *Client) latchWait(ctx context.Context, name string, init int64, ttl tim
 		ticket := w.Ticket
 		sent := time.Now()
 		callCtx, bound := c.boundByClose(ctx)
-		o, ok := c.calls.Op(callCtx, lk.call(opLatchWait, init, msArg(ttl), ticket, c.id, lease, c.waiterMs), func(callpath.Outcome) {
+		o, ok := c.calls.Op(callCtx, lk.call(opLatchWait, init, ops.MsArg(ttl), ticket, c.id, lease, c.waiterMs), func(callpath.Outcome) {
 			// The script may have made the ticket wait after the caller
 			// left.
 			var report func(error)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fairlock/fairlock/internal/engine"
 	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/ops"
 	"github.com/fairlock/fairlock/internal/script"
 )
 
@@ -54,7 +55,7 @@ func (c *Client) leaderRun(ctx context.Context, op string, lo *script.Op, name s
 func (c *Client) leaderSet(ctx context.Context, name string, term int64, value string, ttl time.Duration) (bool, error) {
 	const op = "record leader"
 	cmd, ackErr, err := c.leaderRun(ctx, op, script.OpLeaderSet, name, func(k keyspace.Keys) []string {
-		return []string{itoa(term), value, msArg(ttl), leaderChannel(k)}
+		return []string{ops.Itoa(term), value, ops.MsArg(ttl), leaderChannel(k)}
 	})
 	if err != nil {
 		return false, err
@@ -72,7 +73,7 @@ func (c *Client) leaderSet(ctx context.Context, name string, term int64, value s
 
 func (c *Client) leaderClear(ctx context.Context, name string, term int64) error {
 	_, _, err := c.leaderRun(ctx, "clear leader", script.OpLeaderClear, name, func(k keyspace.Keys) []string {
-		return []string{itoa(term), "", "1", leaderChannel(k)}
+		return []string{ops.Itoa(term), "", "1", leaderChannel(k)}
 	})
 	return err
 }

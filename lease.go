@@ -12,6 +12,7 @@ import (
 	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/fault"
+	"github.com/fairlock/fairlock/internal/ops"
 	"github.com/fairlock/fairlock/internal/sched"
 	"github.com/fairlock/fairlock/internal/script"
 )
@@ -405,7 +406,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	res, ackErr := o.Res, o.AckErr
 	n, err := l.c.released(l.p, res)
-	n = releaseResult(n, live)
+	n = ops.ReleaseResult(n, live)
 	if err == nil && n == 1 && ackErr != nil {
 		// Released on the master; a failover now could bring the lease
 		// back until its TTL runs out.

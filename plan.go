@@ -11,6 +11,8 @@ import (
 	"github.com/fairlock/fairlock/backend"
 	"github.com/fairlock/fairlock/internal/keyslot"
 	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/ops"
+	"github.com/fairlock/fairlock/internal/script"
 	"github.com/fairlock/fairlock/internal/wait"
 )
 
@@ -33,7 +35,7 @@ func (pt part) permitsArg() string {
 	if pt.permits != "" {
 		return pt.permits
 	}
-	return itoa(pt.req.Permits)
+	return ops.Itoa(pt.req.Permits)
 }
 
 // capacityArg returns the part's capacity as a script argument.
@@ -41,7 +43,7 @@ func (pt part) capacityArg() string {
 	if pt.capacity != "" {
 		return pt.capacity
 	}
-	return itoa(pt.req.Capacity)
+	return ops.Itoa(pt.req.Capacity)
 }
 
 // A plan is a validated request for one or more semaphores, in the form
@@ -174,7 +176,7 @@ func (c *Client) newPlan(reqs []Request) (plan, error) {
 		if err != nil {
 			return plan{}, err
 		}
-		pt := part{k: k, req: req, permits: itoa(req.Permits), capacity: itoa(req.Capacity)}
+		pt := part{k: k, req: req, permits: ops.Itoa(req.Permits), capacity: ops.Itoa(req.Capacity)}
 		pt.permitsBox, pt.capacityBox = pt.permits, pt.capacity
 		p.parts[i] = pt
 	}
@@ -189,7 +191,7 @@ func (c *Client) newPlan(reqs []Request) (plan, error) {
 	}
 	p.names = names
 	if ttl := leaseTTLOf(p.parts, c.cfg.leaseTTL); ttl != c.cfg.leaseTTL {
-		ms := msArg(ttl)
+		ms := ops.MsArg(ttl)
 		p.lease = &planLease{ttl: ttl, ms: ms, arg: ms}
 	}
 	if len(p.parts) == 1 {
@@ -251,4 +253,61 @@ func (p plan) permits() []int64 {
 		out[i] = pt.req.Permits
 	}
 	return out
+}
+
+// acquireCall is acquire.lua's o ("acquire" or "try") for ticket on p's
+// semaphores.
+func (p plan) acquireCall(o *script.Op, ticket string, ticketBox any, c *Client) script.Call {
+	lease, leaseBox := p.leaseArgs(c)
+	oc := script.NewCall(o, p.keys, 5+2*len(p.parts)).Add(ticket, ticketBox).Add(c.id, c.idArg).
+		Add(lease, leaseBox).Add(c.waiterMs, c.waiterArg).Add(p.group, p.groupArg)
+	for _, pt := range p.parts {
+		oc = oc.Add(pt.permitsArg(), pt.permitsBox).Add(pt.capacityArg(), pt.capacityBox)
+	}
+	return oc
+}
+
+// releaseCall is release.lua's o on p's semaphores held under ticket with
+// the given tokens (nil, zeros, for "leave").
+func (p plan) releaseCall(o *script.Op, ticket string, c *Client, announced bool, tokens []int64) script.Call {
+	return p.releaseCallTTL(o, ticket, c, announced, tokens, p.ttl(c))
+}
+
+// releaseCallTTL is releaseCall with the lease TTL given: only "renew" may
+// ask for another than the plan's (a cap on holding), since the other
+// ops find a waiter by a member that contains the TTL it queued with.
+func (p plan) releaseCallTTL(o *script.Op, ticket string, c *Client, announced bool, tokens []int64, ttl time.Duration) script.Call {
+	return p.releaseCallBoxed(o, ticket, nil, c, announced, tokens, nil, ttl)
+}
+
+// releaseCallBoxed is releaseCallTTL with the ticket and the first token
+// boxed beforehand (nil: box them now).
+func (p plan) releaseCallBoxed(o *script.Op, ticket string, ticketBox any, c *Client, announced bool, tokens []int64, tok0 any, ttl time.Duration) script.Call {
+	lease, leaseBox := p.leaseArgs(c)
+	if ttl != p.ttl(c) {
+		lease, leaseBox = ops.MsArg(ttl), nil
+	}
+	oc := script.NewCall(o, p.keys, 6+2*len(p.parts)).Add(ticket, ticketBox).Add(c.id, c.idArg).Add(lease, leaseBox).
+		Add(c.waiterMs, c.waiterArg).Add(p.group, p.groupArg).Add(ops.BoolArg(announced), ops.BoolBox(announced))
+	for i, pt := range p.parts {
+		var tok int64
+		if tokens != nil {
+			tok = tokens[i]
+		}
+		if i == 0 && tok0 != nil {
+			oc = oc.Add(pt.permitsArg(), pt.permitsBox).Add(tok0.(string), tok0)
+			continue
+		}
+		oc = oc.Add(pt.permitsArg(), pt.permitsBox).Add(ops.Itoa(tok), nil)
+	}
+	return oc
+}
+
+// waitCall is release.lua's "wait" on cp's keys (p's and the
+// condition's): a release of the lease held under ticket on p's
+// semaphores, and the new ticket fresh waiting on the condition cond.
+func (p plan) waitCall(cp plan, ticket string, c *Client, announced bool, tokens []int64, fresh, cond string) script.Call {
+	oc := p.releaseCall(script.OpWait, ticket, c, announced, tokens).With(fresh, cond)
+	oc.Keys = cp.keys
+	return oc
 }

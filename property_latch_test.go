@@ -20,6 +20,7 @@ import (
 
 	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/ops"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )
@@ -209,7 +210,7 @@ func (m *machine) latchDownTwice(c *Client) (int64, error) {
 	l, ctx, id := m.latch, context.Background(), keyspace.NewTicket()
 	var got [2][3]int64
 	for i := range got {
-		o, ok := c.calls.Op(ctx, l.k.call(opLatchDown, l.init, msArg(l.ttl), id), nil)
+		o, ok := c.calls.Op(ctx, l.k.call(opLatchDown, l.init, ops.MsArg(l.ttl), id), nil)
 		if !ok {
 			return 0, o.Res.Err
 		}

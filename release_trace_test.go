@@ -13,6 +13,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/fairlock/fairlock/internal/differential"
 	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/ops"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/statecheck"
 	"github.com/fairlock/fairlock/internal/testhook"
@@ -71,7 +72,7 @@ func tokenOf(t *testing.T, out any) string {
 // What a release answers when it finds no trace of its lease. A release
 // leaves none, so an earlier run of the call released it if the call was
 // sent while the lease lived; sent later, the lease may have ended long
-// ago. The script answers releasedNoTrace and the caller, which knows when
+// ago. The script answers ops.ReleasedNoTrace and the caller, which knows when
 // it sent the call, decides (Lease.Release: TestReleaseAfterLapseIsLost).
 
 // A release of a lease that expired, once the semaphore's keys are gone
@@ -139,7 +140,7 @@ func TestResentReleaseOfRequeuedTicketAnswersAlike(t *testing.T) {
 		t.Fatalf("PA's release = %v", got)
 	}
 	tokenOf(t, g.run("acquire", "TB", "PB", "1200", "1000", "", "1", "1"))
-	if got, _ := g.run("acquire", "TA", "PA", "10000", "1000", "", "1", "1").([]any); len(got) == 0 || got[0] != int64(acqQueued) {
+	if got, _ := g.run("acquire", "TA", "PA", "10000", "1000", "", "1", "1").([]any); len(got) == 0 || got[0] != int64(ops.AcqQueued) {
 		t.Fatalf("the delayed copy of TA's acquire = %v, want it queued", got)
 	}
 	g.advance(1500) // past the copy's deadline (its waiter is dead) and PB's lease
@@ -185,8 +186,8 @@ func TestResentReleaseLeavesALaterGrantsRecord(t *testing.T) {
 	g.run("pump")
 	for i := range 2 {
 		got := acquire()
-		if len(got) < 4 || got[0] != int64(acqGrantedBefore) || fmt.Sprint(got[3]) != later {
-			t.Fatalf("copy %d of the acquire = %v, want %d with the later grant's token %s\n%s", i+1, got, acqGrantedBefore, later, g.dump())
+		if len(got) < 4 || got[0] != int64(ops.AcqGrantedBefore) || fmt.Sprint(got[3]) != later {
+			t.Fatalf("copy %d of the acquire = %v, want %d with the later grant's token %s\n%s", i+1, got, ops.AcqGrantedBefore, later, g.dump())
 		}
 	}
 	st := statecheck.State{Prefix: "trace:", Bases: []string{base}, At: g.now / 1000, Shift: differential.ExpiryShift}
@@ -293,8 +294,8 @@ func TestLateMultiAcquireSeesItsPartLeftOnAnotherSemaphore(t *testing.T) {
 		g.advance(21000)
 	}
 	got := acquire() // the late copy
-	if len(got) < 3 || got[0] != int64(acqGrantedBefore) || got[2] != int64(0) {
-		t.Fatalf("the late copy = %v, want %d (granted before) with expiry 0\n%s", got, acqGrantedBefore, g.dump())
+	if len(got) < 3 || got[0] != int64(ops.AcqGrantedBefore) || got[2] != int64(0) {
+		t.Fatalf("the late copy = %v, want %d (granted before) with expiry 0\n%s", got, ops.AcqGrantedBefore, g.dump())
 	}
 	st := statecheck.State{Prefix: "trace:", Bases: []string{a, b}, At: g.now / 1000, Shift: differential.ExpiryShift}
 	if err := statecheck.Check(context.Background(), g.r.RDB, st); err != nil {
@@ -346,16 +347,16 @@ func lateCopyAfterConfirmation(t *testing.T, transform func(string) string, batc
 	}
 	acquire("TA", "PA") // kept in the state hash
 	held := acquire("TC", "PC")
-	if len(held) < 4 || held[0] != int64(acqGranted) {
+	if len(held) < 4 || held[0] != int64(ops.AcqGranted) {
 		return fmt.Errorf("the second lease = %v, want granted", held)
 	}
-	if got := acquire("TB", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+	if got := acquire("TB", "PB"); len(got) < 1 || got[0] != int64(ops.AcqQueued) {
 		return fmt.Errorf("the third request = %v, want queued", got)
 	}
 	g.run("release", "TC", "PC", "200000", "3000", "", "0", "1", fmt.Sprint(held[3]))
 	// Handed over to TB in :h; a copy of its acquire learns the token.
 	got := acquire("TB", "PB")
-	if len(got) < 4 || got[0] != int64(acqGrantedBefore) {
+	if len(got) < 4 || got[0] != int64(ops.AcqGrantedBefore) {
 		return fmt.Errorf("TB after the handover = %v, want granted before\n%s", got, g.dump())
 	}
 	token := fmt.Sprint(got[3])
@@ -367,8 +368,8 @@ func lateCopyAfterConfirmation(t *testing.T, transform func(string) string, batc
 		return fmt.Errorf("the confirmation = %v, want [1 0]", got)
 	}
 	got = acquire("TB", "PB") // a late copy
-	if len(got) < 4 || got[0] != int64(acqGrantedBefore) || fmt.Sprint(got[3]) != token || got[2] == int64(0) {
-		return fmt.Errorf("a late copy of TB's acquire after its confirmation = %v, want %d with token %s, live\n%s", got, acqGrantedBefore, token, g.dump())
+	if len(got) < 4 || got[0] != int64(ops.AcqGrantedBefore) || fmt.Sprint(got[3]) != token || got[2] == int64(0) {
+		return fmt.Errorf("a late copy of TB's acquire after its confirmation = %v, want %d with token %s, live\n%s", got, ops.AcqGrantedBefore, token, g.dump())
 	}
 	return nil
 }
@@ -397,14 +398,14 @@ func newWaiterLivesAWholeTTL(t *testing.T, transform func(string) string) error 
 		return got
 	}
 	held := acquire("TA", "PA")
-	if len(held) < 4 || held[0] != int64(acqGranted) {
+	if len(held) < 4 || held[0] != int64(ops.AcqGranted) {
 		return fmt.Errorf("the first lease = %v, want granted", held)
 	}
-	if got := acquire("TB", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+	if got := acquire("TB", "PB"); len(got) < 1 || got[0] != int64(ops.AcqQueued) {
 		return fmt.Errorf("PB's first request = %v, want queued", got)
 	}
 	g.advance(600) // under a third of the waiter TTL (3 s)
-	if got := acquire("TC", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+	if got := acquire("TC", "PB"); len(got) < 1 || got[0] != int64(ops.AcqQueued) {
 		return fmt.Errorf("PB's second request = %v, want queued", got)
 	}
 	g.advance(2900) // 3500 ms after TB's call, 2900 ms after TC's
@@ -435,14 +436,14 @@ func deadProcessWaitersStayDead(t *testing.T, transform func(string) string) err
 		return got
 	}
 	held := acquire("TA", "PA")
-	if len(held) < 4 || held[0] != int64(acqGranted) {
+	if len(held) < 4 || held[0] != int64(ops.AcqGranted) {
 		return fmt.Errorf("the first lease = %v, want granted", held)
 	}
-	if got := acquire("TB", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+	if got := acquire("TB", "PB"); len(got) < 1 || got[0] != int64(ops.AcqQueued) {
 		return fmt.Errorf("PB's first request = %v, want queued", got)
 	}
 	g.advance(4000) // PB's waiter TTL (3 s) passes unrefreshed
-	if got := acquire("TC", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+	if got := acquire("TC", "PB"); len(got) < 1 || got[0] != int64(ops.AcqQueued) {
 		return fmt.Errorf("PB's second request = %v, want queued", got)
 	}
 	g.run("release", "TA", "PA", "200000", "3000", "", "0", "1", fmt.Sprint(held[3]))
@@ -478,19 +479,19 @@ func queuedBehindAFreshFieldKeepsTheKeys(t *testing.T, transform func(string) st
 	}
 	// Everything below runs in one millisecond of Redis's clock.
 	held := acquire("TA", "PA")
-	if len(held) < 4 || held[0] != int64(acqGranted) {
+	if len(held) < 4 || held[0] != int64(ops.AcqGranted) {
 		return fmt.Errorf("the first lease = %v, want granted", held)
 	}
-	if got := acquire("TB", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+	if got := acquire("TB", "PB"); len(got) < 1 || got[0] != int64(ops.AcqQueued) {
 		return fmt.Errorf("PB's first request = %v, want queued", got)
 	}
 	g.run("leave", "TB", "PB", "200000", wait, "", "0", "1", "0")
 	// Idle: the keys' TTL falls to a few seconds.
 	g.run("release", "TA", "PA", "200000", wait, "", "0", "1", fmt.Sprint(held[3]))
-	if got := acquire("TC", "PC"); len(got) < 1 || got[0] != int64(acqGranted) {
+	if got := acquire("TC", "PC"); len(got) < 1 || got[0] != int64(ops.AcqGranted) {
 		return fmt.Errorf("PC's request = %v, want granted\n%s", got, g.dump())
 	}
-	if got := acquire("TD", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+	if got := acquire("TD", "PB"); len(got) < 1 || got[0] != int64(ops.AcqQueued) {
 		return fmt.Errorf("PB's second request = %v, want queued\n%s", got, g.dump())
 	}
 	// The keys' expiry as the scripts keep it (the state's exp), against
@@ -533,7 +534,7 @@ func poppedHeadPutBack(t *testing.T, transform func(string) string) error {
 	ta := tokenOf(t, g.runOn(keysOf(a), "acquire", "TA", "PA", "200000", "3000", "", "1", "1"))
 	tokenOf(t, g.runOn(keysOf(b), "acquire", "TB", "PB", "200000", "3000", "", "1", "1"))
 	group := a + "\t1\t1\t" + b + "\t1\t1"
-	if got, _ := g.runOn(append(keysOf(a), keysOf(b)...), "acquire", "TM", "PM", "200000", "3000", group, "1", "1", "1", "1").([]any); len(got) < 1 || got[0] != int64(acqQueued) {
+	if got, _ := g.runOn(append(keysOf(a), keysOf(b)...), "acquire", "TM", "PM", "200000", "3000", group, "1", "1", "1", "1").([]any); len(got) < 1 || got[0] != int64(ops.AcqQueued) {
 		return fmt.Errorf("the multi-request = %v, want queued", got)
 	}
 	g.advance(10)
@@ -580,7 +581,7 @@ func deadFieldsGo(t *testing.T, transform func(string) string) error {
 	tokenOf(t, g.run("acquire", "TA", "PA", "200000", "3000", "", "1", "1"))
 	for i := range 5 {
 		got, _ := g.run("acquire", fmt.Sprintf("TW%dX", i), fmt.Sprintf("PW%d", i), "200000", "3000", "", "1", "1").([]any)
-		if len(got) < 1 || got[0] != int64(acqQueued) {
+		if len(got) < 1 || got[0] != int64(ops.AcqQueued) {
 			return fmt.Errorf("waiter %d = %v, want queued", i, got)
 		}
 	}
@@ -588,7 +589,7 @@ func deadFieldsGo(t *testing.T, transform func(string) string) error {
 		return fmt.Errorf("%d liveness fields for 5 waiting processes\n%s", n, g.dump())
 	}
 	g.advance(4000) // their waiter TTL passes unrefreshed
-	if got, _ := g.run("acquire", "TN", "PN", "200000", "3000", "", "1", "1").([]any); len(got) < 1 || got[0] != int64(acqQueued) {
+	if got, _ := g.run("acquire", "TN", "PN", "200000", "3000", "", "1", "1").([]any); len(got) < 1 || got[0] != int64(ops.AcqQueued) {
 		return fmt.Errorf("the new waiter = %v, want queued", got)
 	}
 	if n := fields(); n != 1 {
@@ -623,10 +624,10 @@ func garbageFieldWrittenAnewMovesZq(t *testing.T, transform func(string) string)
 		return got
 	}
 	held := acquire("TA", "PA")
-	if len(held) < 4 || held[0] != int64(acqGranted) {
+	if len(held) < 4 || held[0] != int64(ops.AcqGranted) {
 		return fmt.Errorf("the first lease = %v, want granted", held)
 	}
-	if got := acquire("TB", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+	if got := acquire("TB", "PB"); len(got) < 1 || got[0] != int64(ops.AcqQueued) {
 		return fmt.Errorf("PB's first request = %v, want queued", got)
 	}
 	// Another program's mistake: PB's field no longer says anything.
@@ -634,7 +635,7 @@ func garbageFieldWrittenAnewMovesZq(t *testing.T, transform func(string) string)
 		return err
 	}
 	g.advance(10)
-	if got := acquire("TC", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+	if got := acquire("TC", "PB"); len(got) < 1 || got[0] != int64(ops.AcqQueued) {
 		return fmt.Errorf("PB's second request = %v, want queued", got)
 	}
 	st := statecheck.State{Prefix: "trace:", Bases: []string{"trace:{s}"}, At: g.now / 1000, Shift: differential.ExpiryShift}
@@ -670,10 +671,10 @@ func lostStateHashKeepsTheCapacity(t *testing.T, transform func(string) string) 
 		return got
 	}
 	a := acquire("TA", "PA") // kept in the state hash
-	if len(a) < 4 || a[0] != int64(acqGranted) {
+	if len(a) < 4 || a[0] != int64(ops.AcqGranted) {
 		return fmt.Errorf("TA = %v, want granted", a)
 	}
-	if got := acquire("TB", "PB"); len(got) < 4 || got[0] != int64(acqGranted) { // in :h
+	if got := acquire("TB", "PB"); len(got) < 4 || got[0] != int64(ops.AcqGranted) { // in :h
 		return fmt.Errorf("TB = %v, want granted", got)
 	}
 	g.advance(10)
@@ -685,7 +686,7 @@ func lostStateHashKeepsTheCapacity(t *testing.T, transform func(string) string) 
 	g.advance(10)
 	granted := 0
 	for _, x := range []string{"C", "D"} {
-		if got := acquire("T"+x, "P"+x); len(got) > 0 && got[0] == int64(acqGranted) {
+		if got := acquire("T"+x, "P"+x); len(got) > 0 && got[0] == int64(ops.AcqGranted) {
 			granted++
 		}
 	}
@@ -717,10 +718,10 @@ func poppedHeadKeepsItsKeysTTL(t *testing.T, transform func(string) string) erro
 		return got
 	}
 	held := acquire("TA", "PA")
-	if len(held) < 4 || held[0] != int64(acqGranted) {
+	if len(held) < 4 || held[0] != int64(ops.AcqGranted) {
 		return fmt.Errorf("the first lease = %v, want granted", held)
 	}
-	if got := acquire("TW", "PW"); len(got) < 1 || got[0] != int64(acqQueued) {
+	if got := acquire("TW", "PW"); len(got) < 1 || got[0] != int64(ops.AcqQueued) {
 		return fmt.Errorf("PW's request = %v, want queued", got)
 	}
 	// Another program's mistakes: the state loses exp, and :t (which a
@@ -766,11 +767,11 @@ func rebuiltStateKeepsItsKeys(t *testing.T, transform func(string) string) error
 	// Capacity 3: TA (1 permit) kept in the state hash, TB (2) in :h; TC
 	// (2) waits.
 	for _, x := range [][2]string{{"A", "1"}, {"B", "2"}} {
-		if got := acquire("T"+x[0], "P"+x[0], x[1]); len(got) < 4 || got[0] != int64(acqGranted) {
+		if got := acquire("T"+x[0], "P"+x[0], x[1]); len(got) < 4 || got[0] != int64(ops.AcqGranted) {
 			return fmt.Errorf("T%s = %v, want granted", x[0], got)
 		}
 	}
-	if got := acquire("TC", "PC", "2"); len(got) < 1 || got[0] != int64(acqQueued) {
+	if got := acquire("TC", "PC", "2"); len(got) < 1 || got[0] != int64(ops.AcqQueued) {
 		return fmt.Errorf("TC = %v, want queued", got)
 	}
 	if err := g.r.RDB.Del(context.Background(), "trace:{s}:s").Err(); err != nil {
@@ -804,7 +805,7 @@ func refreshLeavesDeadWaitersDead(t *testing.T, transform func(string) string) e
 	g := newTraceRigWith(t, transform)
 	tokenOf(t, g.run("acquire", "TA", "PA", "200000", "3000", "", "1", "1"))
 	for _, ticket := range []string{"TB1", "TB2"} {
-		if got, _ := g.run("acquire", ticket, "PB", "200000", "3000", "", "1", "1").([]any); len(got) < 1 || got[0] != int64(acqQueued) {
+		if got, _ := g.run("acquire", ticket, "PB", "200000", "3000", "", "1", "1").([]any); len(got) < 1 || got[0] != int64(ops.AcqQueued) {
 			return fmt.Errorf("%s = %v, want queued", ticket, got)
 		}
 	}
@@ -845,18 +846,18 @@ func refreshLeavesADeadFieldDead(t *testing.T, transform func(string) string) er
 		got, _ := g.runOn(keysOf(base), "acquire", ticket, client, "200000", "3000", "", "1", "1").([]any)
 		return got
 	}
-	if got := one(a, "TA", "PA"); len(got) < 4 || got[0] != int64(acqGranted) {
+	if got := one(a, "TA", "PA"); len(got) < 4 || got[0] != int64(ops.AcqGranted) {
 		return fmt.Errorf("TA = %v, want granted", got)
 	}
 	held := one(b, "TC", "PC")
-	if len(held) < 4 || held[0] != int64(acqGranted) {
+	if len(held) < 4 || held[0] != int64(ops.AcqGranted) {
 		return fmt.Errorf("TC = %v, want granted", held)
 	}
-	if got, _ := g.runOn(both, "acquire", "TG", "PB", "200000", "3000", group, "1", "1", "1", "1").([]any); len(got) < 1 || got[0] != int64(acqQueued) {
+	if got, _ := g.runOn(both, "acquire", "TG", "PB", "200000", "3000", group, "1", "1", "1", "1").([]any); len(got) < 1 || got[0] != int64(ops.AcqQueued) {
 		return fmt.Errorf("TG = %v, want queued", got)
 	}
 	g.advance(2000)
-	if got := one(a, "TZ", "PB"); len(got) < 1 || got[0] != int64(acqQueued) {
+	if got := one(a, "TZ", "PB"); len(got) < 1 || got[0] != int64(ops.AcqQueued) {
 		return fmt.Errorf("TZ = %v, want queued", got)
 	}
 	g.advance(1500) // PB's field on b (3 s from TG) is dead; on a, alive
@@ -1044,7 +1045,7 @@ func conditionKeysFollowTheKeysExpiry(t *testing.T, transform func(string) strin
 	waitOn := func(held, waiter, cond string) error {
 		got := g.run("acquire", held, "PB", "1000", wait, "", "1", "1")
 		r, ok := got.([]any)
-		if !ok || len(r) < 4 || r[0] != int64(acqGranted) {
+		if !ok || len(r) < 4 || r[0] != int64(ops.AcqGranted) {
 			return fmt.Errorf("%s's acquire = %v, want granted", held, got)
 		}
 		args := []string{"wait", held, "PB", "1000", wait, "", "0", "1", fmt.Sprint(r[3]), waiter, cond}

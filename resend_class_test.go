@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/fairlock/fairlock/internal/ops"
 	"github.com/fairlock/fairlock/internal/redistest"
 	"github.com/fairlock/fairlock/internal/script"
 	"github.com/fairlock/fairlock/internal/testhook"
@@ -60,7 +61,7 @@ func newResendPair(t testing.TB, real, fast bool) *resendPair {
 func (p *resendPair) sides() []*replayer { return []*replayer{p.once, p.twice} }
 
 // callerOutcome renders what the caller of op learns from its reply: what the
-// client acts on, as ops.go reads it.
+// client acts on, as internal/ops reads it.
 func callerOutcome(op string, out any, err error) string {
 	if err != nil {
 		return "error " + err.Error()
@@ -77,9 +78,9 @@ func callerOutcome(op string, out any, err error) string {
 		// Granted at once (1) or already (3): the same grant; a resend
 		// finds the grant the first run made.
 		switch code, _ := at(0).(int64); code {
-		case acqGranted, acqGrantedBefore:
+		case ops.AcqGranted, ops.AcqGrantedBefore:
 			return fmt.Sprintf("granted %v", res[2:])
-		case acqQueued:
+		case ops.AcqQueued:
 			// The next event is a hint for the waiter's refresh.
 			return "queued"
 		}
@@ -89,7 +90,7 @@ func callerOutcome(op string, out any, err error) string {
 		// call does anyway. A release that finds no trace of its lease
 		// (3) is released to a caller that sent it while the lease
 		// lived, as a resend at the first's clock was.
-		if op == "release" && at(0) == int64(releasedNoTrace) {
+		if op == "release" && at(0) == int64(ops.ReleasedNoTrace) {
 			return "result 1"
 		}
 		return fmt.Sprintf("result %v", at(0))

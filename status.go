@@ -9,6 +9,7 @@ import (
 
 	"github.com/fairlock/fairlock/internal/callpath"
 	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/ops"
 	"github.com/fairlock/fairlock/internal/script"
 )
 
@@ -87,7 +88,7 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 		return Status{}, opError("status", []string{name}, err)
 	}
 	o, _ := c.calls.Call(ctx, func(ctx context.Context) callpath.Outcome {
-		res, _ := c.calls.Run(ctx, statusCall(k.List()))
+		res, _ := c.calls.Run(ctx, ops.StatusCall(k.List()))
 		return callpath.Outcome{Res: res}
 	}, nil)
 	res, err := o.Res.Slice()
@@ -119,7 +120,7 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	score := func(v any) (float64, error) { return strconv.ParseFloat(fmt.Sprint(v), 64) }
 	hs, _ := res[2].([]any)
 	for i := 0; i+1 < len(hs); i += 2 {
-		client, n, tok, err := holderMember(fmt.Sprint(hs[i]))
+		client, n, tok, err := ops.HolderMember(fmt.Sprint(hs[i]))
 		if err != nil {
 			return bad("holder", hs[i], err)
 		}
@@ -133,7 +134,7 @@ func (c *Client) Status(ctx context.Context, name string) (Status, error) {
 	}
 	ws, _ := res[3].([]any)
 	for i := 0; i+1 < len(ws); i += 2 {
-		client, n, err := waiterMember(fmt.Sprint(ws[i]))
+		client, n, err := ops.WaiterMember(fmt.Sprint(ws[i]))
 		if err != nil {
 			return bad("waiter", ws[i], err)
 		}

@@ -7,14 +7,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/fairlock/fairlock/internal/callpath"
-	"github.com/fairlock/fairlock/internal/clock"
 	"github.com/fairlock/fairlock/internal/fault"
 	"github.com/fairlock/fairlock/internal/keyspace"
+	"github.com/fairlock/fairlock/internal/ops"
 	"github.com/fairlock/fairlock/internal/script"
 )
 
@@ -173,7 +172,7 @@ func (c *Batcher) sendRenewals(q *queue) {
 func batchCall(id string, keys []string, batch []*Req) script.Call {
 	oc := script.NewCall(script.OpRenewBatch, keys, 1+5*len(batch)).With(id)
 	for _, r := range batch {
-		oc.Args = append(oc.Args, r.ticket, strconv.FormatInt(r.permits, 10), strconv.FormatInt(r.token, 10), boolArg(r.announced), strconv.FormatInt(clock.MS(r.ttl), 10))
+		oc.Args = append(oc.Args, r.ticket, ops.Itoa(r.permits), ops.Itoa(r.token), ops.BoolArg(r.announced), ops.MsArg(r.ttl))
 	}
 	return oc
 }
@@ -200,12 +199,4 @@ func renewed(o callpath.Outcome, n int) (results []int64, more bool, err error) 
 		}
 	}
 	return out, m == 1, nil
-}
-
-// boolArg renders a bool as a script argument.
-func boolArg(b bool) string {
-	if b {
-		return "1"
-	}
-	return "0"
 }
