@@ -136,7 +136,8 @@ func TestCheckUnacknowledgedCountDown(t *testing.T) {
 		mark     string
 	}{
 		{"its count down failed in the span", 1040, []Span{{From: 1035, Till: 5000}}, unackedMark},
-		{"its count down failed before the span", 1040, []Span{{From: 2000, Till: 5000}}, lossMark},
+		{"its count down was still running when the span began", 1040, []Span{{From: 2000, Till: 5000}}, unackedMark},
+		{"its count down failed before the span", 1040, []Span{{From: 3005, Till: 5000}}, lossMark},
 		{"no span", 1040, nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

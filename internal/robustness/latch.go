@@ -221,8 +221,9 @@ func CheckLatch(h History, pauses []Pause, lim Limits) LatchResult {
 }
 
 // unackedMark begins a latch's violation near a fault (lossMark) on a
-// latch one of whose count downs failed in the fault's span: one that
-// WithReplicaAck did not see replicated (or whose answer was lost). Redis
+// latch one of whose count downs failed and was running in the fault's
+// span: one that WithReplicaAck did not see replicated (or whose answer
+// was lost). Redis
 // ran it on the master, where a Count could read it, and a failover can
 // then lose it: the count is read lower, then higher again. WithReplicaAck
 // promises that a count down it acknowledged survives a failover, not
@@ -231,11 +232,15 @@ func CheckLatch(h History, pauses []Pause, lim Limits) LatchResult {
 const unackedMark = lossMark + "after a count down that failed unacknowledged: "
 
 // unackedDownNear reports whether one of ops is a latch_down that failed
-// and whose call meets one of spans.
+// and was running (from its call to its return) at some moment of one of
+// spans: Redis may have run it at any moment of that time, and a count
+// down sent before the span began can run after it (the master paused
+// with the call waiting in its socket runs it when it wakes, before it
+// learns it was replaced).
 func unackedDownNear(spans []Span, ops []porcupine.Operation) bool {
 	for _, o := range ops {
 		op := o.Input.(Op)
-		if op.Kind == "latch_down" && op.Err != "" && near(spans, op.Call, op.Call) != "" {
+		if op.Kind == "latch_down" && op.Err != "" && near(spans, op.Call, op.Return) != "" {
 			return true
 		}
 	}
