@@ -123,6 +123,7 @@ type WaitReply struct {
 	Now, Next int64
 }
 
+// ParseWaitReply reads "wait"'s reply (WaitReply).
 func ParseWaitReply(out script.Result) (WaitReply, error) {
 	var r WaitReply
 	var more int64
@@ -152,6 +153,7 @@ type SignalReply struct {
 	Bound          string
 }
 
+// ParseSignalReply reads "signal"'s reply (SignalReply).
 func ParseSignalReply(out script.Result) (SignalReply, error) {
 	var r SignalReply
 	var cmore, more, bound int64
@@ -164,6 +166,7 @@ func ParseSignalReply(out script.Result) (SignalReply, error) {
 // whether work is left still.
 func PumpCall(keys []string) script.Call { return script.NewCall(script.OpPump, keys, 0) }
 
+// ParsePumpReply reads "pump"'s reply: whether work is left still.
 func ParsePumpReply(out script.Result) (more bool, err error) {
 	var m int64
 	err = Ints(out, &m)
@@ -225,7 +228,7 @@ func BoolArg(b bool) string {
 	return "0"
 }
 
-// BoolBox is boolArg(b) boxed, once for all calls.
+// BoolBox is BoolArg(b) boxed, once for all calls.
 func BoolBox(b bool) any {
 	if b {
 		return ArgTrue

@@ -233,10 +233,10 @@ const unackedMark = lossMark + "after a count down that failed unacknowledged: "
 
 // unackedDownNear reports whether one of ops is a latch_down that failed
 // and was running (from its call to its return) at some moment of one of
-// spans: Redis may have run it at any moment of that time, and a count
-// down sent before the span began can run after it (the master paused
-// with the call waiting in its socket runs it when it wakes, before it
-// learns it was replaced).
+// spans: Redis may have run it at any moment of that time. The call's
+// time is taken before it is sent, and a count down resends the same
+// count down until it is acknowledged or its time is up: one called
+// before the span began can reach Redis after it.
 func unackedDownNear(spans []Span, ops []porcupine.Operation) bool {
 	for _, o := range ops {
 		op := o.Input.(Op)

@@ -12,7 +12,8 @@ import (
 // resend); a child stopped past its lease; Redis paused; a Sentinel
 // failover with the master killed (without WithReplicaAck: the rows allow
 // what lost writes can show, lostWrites) and with it paused under
-// WithReplicaAck(1) (nothing allowed); and a Cluster slot move of every
+// WithReplicaAck(1) (allowed: a latch with a count down that failed
+// unacknowledged while the fault ran, unackedMark); and a Cluster slot move of every
 // object's slot.
 var objectFaults = []string{
 	"none",

@@ -89,12 +89,12 @@ type Grant struct {
 	Expiry int64 // ms, Redis's clock
 	Tokens []int64
 	// Tok0 is tokens[0] as a script argument, boxed, when the reply gave
-	// it in canonical form (itoa(tokens[0])); nil otherwise.
+	// it in canonical form (the decimal of tokens[0]); nil otherwise.
 	Tok0 any
 }
 
 // CanonicalToken reports whether s, which parsed as a token > 0, is
-// itoa of its value: no sign, no leading zero.
+// the decimal of its value: no sign, no leading zero.
 func CanonicalToken(s string) bool { return s != "" && s[0] >= '1' && s[0] <= '9' }
 
 // parseGrant reads "expiryMs token..." fields.
