@@ -719,7 +719,21 @@ func renewal(t *testing.T, tg Target) {
 	if err := l.Err(); err != nil {
 		t.Fatalf("lease ended after three TTLs: %v", err)
 	}
-	if _, err := other.TryAcquire(ctx, req); !errors.Is(err, fairlock.ErrNotAcquired) {
+	asked := time.Now()
+	got, err := other.TryAcquire(ctx, req)
+	switch {
+	case err == nil:
+		// Either the lease lapsed while TryAcquire ran (its renewals did
+		// not land: the lease is not kept, but nobody holds it twice), or
+		// two live leases hold the one permit. Both fail; the message says
+		// which.
+		took := time.Since(asked).Round(time.Millisecond)
+		_ = got.Release(ctx)
+		if lerr := l.Err(); lerr != nil {
+			t.Fatalf("TryAcquire by another process was granted (in %v) once the lease had lapsed: its renewals did not keep it: %v", took, lerr)
+		}
+		t.Fatalf("TryAcquire by another process was granted (in %v) while the lease is live: two holders", took)
+	case !errors.Is(err, fairlock.ErrNotAcquired):
 		t.Fatalf("TryAcquire by another process = %v, want ErrNotAcquired", err)
 	}
 	if err := l.Release(ctx); err != nil {
