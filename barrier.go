@@ -211,13 +211,15 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 		}
 		return arrival{}, fail(ctx, op, names, err)
 	}
-	switch rep[0] {
-	case 0:
+	if rep[0] != 1 {
 		c.waits.Unregister(r, w)
-		return arrival{round: rep[1], index: rep[2]}, nil
-	case 2:
-		c.waits.Unregister(r, w)
-		return arrival{round: rep[1], index: rep[2], broken: true}, nil
+		if o.AckErr != nil {
+			// The arrival completed (or broke) the round on the master
+			// alone: a failover can lose what it wrote, so its success is
+			// not reported.
+			return arrival{}, wrap(o.AckErr)
+		}
+		return arrival{round: rep[1], index: rep[2], broken: rep[0] == 2}, nil
 	}
 	a := arrival{round: rep[3], index: rep[4]}
 	asked := ops.Itoa(a.round)

@@ -193,7 +193,12 @@ func (b *Barrier) mismatch(op string, stored int64) error {
 // stored ones fail with [ErrPartiesMismatch], another program's value at
 // one of the barrier's keys with [fairlock.ErrForeignKey], both having
 // changed nothing; Redis failing, or a waiter its process could not keep
-// alive, yields [fairlock.ErrRedis], and breaks the round.
+// alive, yields [fairlock.ErrRedis], and breaks the round. With
+// [fairlock.WithReplicaAck], an arrival whose change the replicas did not
+// acknowledge in time yields an error matching [fairlock.ErrNotReplicated]
+// (a waiting one breaks its round): when it was the round's last party,
+// the others may have returned the round completed, and a failover can
+// lose that completion.
 //
 // The client's observer ([fairlock.WithObserver]) sees an Await that
 // waited, under one ID naming the barrier, from [fairlock.WaitStarted]

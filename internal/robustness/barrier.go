@@ -90,10 +90,20 @@ func CheckBarrier(h History, pauses []Pause, lim Limits) BarrierResult {
 	var calls Result
 	// A violation whose calls meet a fault's span is marked (lossMark),
 	// and named apart from the others.
+	// One near a fault when an arrival failed in its span is marked
+	// unackedMark: the arrival may have completed a round on the master
+	// alone.
 	var marked, unmarked []string
+	unacked := false
+	for _, op := range h.Ops {
+		unacked = unacked || unackedIn(lim.Faults, op, "barrier_await")
+	}
 	violate := func(from, till int64, format string, args ...any) {
 		v := fmt.Sprintf(format, args...)
 		if m := near(lim.Faults, from, till); m != "" {
+			if unacked {
+				m = unackedMark
+			}
 			marked = append(marked, m+v)
 		} else {
 			unmarked = append(unmarked, v)
@@ -191,8 +201,10 @@ func CheckBarrier(h History, pauses []Pause, lim Limits) BarrierResult {
 	for _, vs := range [][]string{unmarked, marked} {
 		if n := len(vs); n > maxBarrierViolations {
 			mark := ""
-			if strings.HasPrefix(vs[0], lossMark) {
-				mark = lossMark
+			for _, m := range []string{unackedMark, lossMark} {
+				if mark == "" && strings.HasPrefix(vs[0], m) {
+					mark = m
+				}
 			}
 			vs = append(vs[:maxBarrierViolations:maxBarrierViolations], fmt.Sprintf("%sbarrier: %d violations more", mark, n-maxBarrierViolations))
 		}

@@ -160,3 +160,47 @@ func TestCheckUnacknowledgedCountDown(t *testing.T) {
 		})
 	}
 }
+
+// An arrival that failed unacknowledged near a failover may have completed
+// its round on the master alone: the other parties returned the round, and
+// once the replica took over, a party arriving again completed it again.
+// The barrier's violation is marked as such (which the rows with
+// WithReplicaAck allow) only when such an arrival meets the fault's span;
+// an arrival that found its round broken wrote nothing of its own.
+func TestCheckUnacknowledgedArrival(t *testing.T) {
+	history := func(failed Op) []Op {
+		return []Op{await(1, 1000, 1100, 1, 0, ""), await(2, 1010, 1100, 1, 1, ""), failed, await(1, 1200, 1300, 1, 2, "")}
+	}
+	for _, tc := range []struct {
+		name   string
+		failed Op
+		spans  []Span
+		mark   string
+	}{
+		{"its arrival failed in the span", await(3, 1040, 1540, 0, 0, "not-replicated"), []Span{{From: 1150, Till: 5000}}, unackedMark},
+		{"its arrival failed before the span", await(3, 1040, 1100, 0, 0, "not-replicated"), []Span{{From: 1150, Till: 5000}}, lossMark},
+		{"an arrival that found its round broken in the span", await(3, 1040, 1540, 1, -1, "broken"), []Span{{From: 1150, Till: 5000}}, lossMark},
+		{"no span", await(3, 1040, 1540, 0, 0, "not-replicated"), nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := lim
+			l.Faults = tc.spans
+			vs := CheckBarrier(History{Ops: history(tc.failed)}, nil, l).Violations
+			if len(vs) == 0 {
+				t.Fatal("no violation")
+			}
+			for _, v := range vs {
+				got := ""
+				for _, m := range []string{unackedMark, lossMark} {
+					if strings.HasPrefix(v, m) {
+						got = m
+						break
+					}
+				}
+				if got != tc.mark {
+					t.Errorf("marked %q, want %q: %s", got, tc.mark, v)
+				}
+			}
+		})
+	}
+}

@@ -205,8 +205,10 @@ func CheckLatch(h History, pauses []Pause, lim Limits) LatchResult {
 			from, till = min(from, o.Input.(Op).Call), max(till, o.Input.(Op).Return)
 		}
 		mark := near(lim.Faults, from, till)
-		if mark != "" && unackedDownNear(lim.Faults, by[name]) {
-			mark = unackedMark
+		for _, o := range by[name] {
+			if mark != "" && unackedIn(lim.Faults, o.Input.(Op), "latch_down") {
+				mark = unackedMark
+			}
 		}
 		if named[mark]++; named[mark] <= maxLatchViolations {
 			res.Violations = append(res.Violations, mark+v)
@@ -220,31 +222,28 @@ func CheckLatch(h History, pauses []Pause, lim Limits) LatchResult {
 	return res
 }
 
-// unackedMark begins a latch's violation near a fault (lossMark) on a
-// latch one of whose count downs failed and was running in the fault's
-// span: one that WithReplicaAck did not see replicated (or whose answer
-// was lost). Redis
-// ran it on the master, where a Count could read it, and a failover can
-// then lose it: the count is read lower, then higher again. WithReplicaAck
-// promises that a count down it acknowledged survives a failover, not
-// that a read sees only acknowledged ones: a row with WithReplicaAck
-// allows this violation alone.
-const unackedMark = lossMark + "after a count down that failed unacknowledged: "
+// unackedMark begins a latch's or barrier's violation near a fault
+// (lossMark) on an object one of whose changes (a count down, an
+// arrival) failed and was running in the fault's span: one that
+// WithReplicaAck did not see replicated (or whose answer was lost). Redis
+// ran it on the master, where other calls could read it (a Count, the
+// other parties of the round it completed), and a failover can then lose
+// it: a latch's count is read lower, then higher again; a barrier's round
+// completes for some parties, then again, or breaks. WithReplicaAck
+// promises that a change it acknowledged survives a failover, not that a
+// read sees only acknowledged ones: a row with WithReplicaAck allows this
+// violation alone.
+const unackedMark = lossMark + "after a change that failed unacknowledged: "
 
-// unackedDownNear reports whether one of ops is a latch_down that failed
-// and was running (from its call to its return) at some moment of one of
-// spans: Redis may have run it at any moment of that time. The call's
-// time is taken before it is sent, and a count down resends the same
-// count down until it is acknowledged or its time is up: one called
+// unackedIn reports whether op is a change of kind that failed (other
+// than by finding its barrier's round broken, which writes nothing of its
+// own) and was running (from its call to its return) at some moment of
+// one of spans: Redis may have run it at any moment of that time. The
+// call's time is taken before it is sent, and a count down resends the
+// same count down until it is acknowledged or its time is up: one called
 // before the span began can reach Redis after it.
-func unackedDownNear(spans []Span, ops []porcupine.Operation) bool {
-	for _, o := range ops {
-		op := o.Input.(Op)
-		if op.Kind == "latch_down" && op.Err != "" && near(spans, op.Call, op.Return) != "" {
-			return true
-		}
-	}
-	return false
+func unackedIn(spans []Span, op Op, kind string) bool {
+	return op.Kind == kind && op.Err != "" && op.Class != "broken" && near(spans, op.Call, op.Return) != ""
 }
 
 // maxLatchViolations is how many latches CheckLatch names; a rule broken
