@@ -228,13 +228,17 @@ func (e *env) withSteps(name string, f func(*env) ([]*Table, []Target, error)) (
 	if !e.cfg.slowlog || !e.real {
 		return f(e)
 	}
+	// Each step has a minute of its own: the scenario between them can
+	// run longer than that.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	s, err := startSteps(ctx, e.admin)
+	cancel()
 	if err != nil {
 		return nil, nil, fmt.Errorf("-slowlog: %w", err)
 	}
 	tables, targets, err := f(e)
+	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	if err != nil {
 		s.restore(ctx)
 		return tables, targets, err
