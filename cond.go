@@ -198,6 +198,15 @@ func (l *Lease) condWait(ctx context.Context, cond string) (*Lease, error) {
 		l.finish(ErrLeaseLost)
 		return nil, wrap(ErrLeaseLost)
 	}
+	if o.AckErr != nil {
+		// The wait ran on the master alone, and a failover can lose it:
+		// the new ticket leaves the condition, and the lease counts as
+		// released, as a Release's does then.
+		c.waits.Unregister(r, w)
+		l.finish(errReleased)
+		c.withdraw(ctx, cp, fresh)
+		return nil, wrap(fmt.Errorf("%w; the lease was released (on the master), and nothing waits", o.AckErr))
+	}
 	l.finish(errReleased)
 	if np.id != 0 {
 		c.observeFor(np, Event{Kind: WaitStarted, Names: np.names, ID: np.id})
@@ -342,6 +351,11 @@ func (c *Client) signal(ctx context.Context, name, cond string, all bool) (int, 
 		total += int(rep.Woken)
 		if rep.More {
 			c.pumpLater(p)
+		}
+		if o.AckErr != nil {
+			// Woken on the master alone: a failover can lose the
+			// wake-ups.
+			return total, wrap(o.AckErr)
 		}
 		if !rep.CondMore || (!all && total > 0) {
 			break

@@ -144,7 +144,11 @@ func WithWaiterTTL(d time.Duration) Option {
 // When the replicas do not acknowledge in time, Acquire gives the grant
 // back and returns an error matching [ErrNotReplicated]; a renewal counts
 // as failed (and is retried until the lease's deadline); Release returns
-// the error, though the master has released the lease. A grant that
+// the error, though the master has released the lease. So does every other
+// call that changes Redis's state (a wait on a condition, a signal, a
+// latch's count down, a barrier's arrival, an election's record): it
+// returns an error matching [ErrNotReplicated], having changed the master,
+// which a failover can then undo. A grant that
 // reaches a waiter through its wake list is confirmed, with the wait,
 // before Acquire returns. The client must be a *redis.Client (also as
 // returned by redis.NewFailoverClient); [New] refuses others, since on

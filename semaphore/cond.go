@@ -71,7 +71,10 @@ func (c *Cond) Name() string { return c.name }
 // [fairlock.ErrRedis] that says so. A closed client fails with
 // [fairlock.ErrClosed]. When ctx ends, Wait returns within the bounds of
 // [fairlock.Client.Acquire]; leaving the condition (or the queue, a grant
-// that raced the cancellation handed on) goes on in the background. To an
+// that raced the cancellation handed on) goes on in the background. With
+// [fairlock.WithReplicaAck], a wait the replicas did not acknowledge in
+// time fails with an error matching [fairlock.ErrNotReplicated]: the lease
+// was released on the master, and the waiter leaves the condition. To an
 // [fairlock.Observer] each Wait is an acquisition of its own: the lease
 // given ends with LeaseReleased, then WaitStarted, and Granted or
 // WaitAbandoned, under a new event ID.
@@ -93,7 +96,10 @@ func (c *Cond) Wait(ctx context.Context, lease *fairlock.Lease) (*fairlock.Lease
 // [fairlock.ErrInvalidName], a Redis that cannot be reached with
 // [fairlock.ErrRedis], a closed client with [fairlock.ErrClosed]; when ctx
 // ends first, Signal returns an error matching ctx.Err(), and the signal
-// may or may not have been delivered. A Signal that go-redis sends again
+// may or may not have been delivered. With [fairlock.WithReplicaAck], a
+// signal the replicas did not acknowledge in time returns the count and
+// an error matching [fairlock.ErrNotReplicated]: the master woke the
+// waiter, and a failover can lose that. A Signal that go-redis sends again
 // (its reply lost) wakes nobody more.
 func (c *Cond) Signal(ctx context.Context) (int, error) {
 	if err := c.check(); err != nil {

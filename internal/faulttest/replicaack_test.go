@@ -3,6 +3,7 @@ package faulttest
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,21 +17,58 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// With WithReplicaAck on a master that has no replica, no change is ever
-// acknowledged: every call that changes Redis's state must say so
-// (ErrNotReplicated), whichever path it takes through its script (a grant,
-// a wait, a count down that opens the latch, an arrival that waits and
-// one that completes its round), rather than report a success a failover
-// could undo.
+// fakeAcks answers every WAIT of its client's pipelines with one replica
+// while on is set: on a master with no replica, the calls made then are
+// acknowledged, and the calls made with it unset are not.
+type fakeAcks struct{ on atomic.Bool }
+
+func (*fakeAcks) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (*fakeAcks) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (f *fakeAcks) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if !f.on.Load() {
+			return err
+		}
+		for _, c := range cmds {
+			if w, ok := c.(*redis.IntCmd); ok && c.Name() == "wait" {
+				w.SetVal(1)
+				w.SetErr(nil)
+			}
+		}
+		return err
+	}
+}
+
+// With WithReplicaAck, a call that changes Redis's state and whose change
+// the replicas do not acknowledge must say so (ErrNotReplicated), whichever
+// path it takes through its script (a grant, a wait, a release, a wait on
+// a condition, a signal that wakes a waiter, a count down that opens the
+// latch, an arrival that waits and one that completes its round, a term
+// recorded and one resigned), rather than report a success a failover
+// could undo. The server has no replica: each row's setup runs with the
+// acknowledgements faked, the call under test without.
 func TestEveryChangeAwaitsReplicas(t *testing.T) {
 	b := redistest.RealBackend(t) // skips, or fails under CI, without redis-server
+	prefix := redistest.Prefix(t)
 	rdb := redis.NewClient(&redis.Options{Addr: b.Addr})
 	t.Cleanup(func() { _ = rdb.Close() })
-	c, err := fairlock.New(rdb, fairlock.WithPrefix(redistest.Prefix(t)), fairlock.WithReplicaAck(1, 50*time.Millisecond))
+	acks := &fakeAcks{}
+	rdb.AddHook(acks)
+	c, err := fairlock.New(rdb, fairlock.WithPrefix(prefix), fairlock.WithReplicaAck(1, 50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
+	// plain waits on conditions for the signal rows.
+	prdb := redis.NewClient(&redis.Options{Addr: b.Addr})
+	t.Cleanup(func() { _ = prdb.Close() })
+	plain, err := fairlock.New(prdb, fairlock.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = plain.Close() })
+
 	mutex := func(name string) fairlock.Request { return fairlock.Request{Name: name, Capacity: 1, Permits: 1} }
 	lease := func(l *fairlock.Lease, err error) error {
 		if l != nil {
@@ -38,73 +76,173 @@ func TestEveryChangeAwaitsReplicas(t *testing.T) {
 		}
 		return err
 	}
+	// condWaiter makes a plain client's waiter wait on cond of mutex
+	// name, and returns when it waits.
+	condWaiter := func(t *testing.T, ctx context.Context, name, cond string) {
+		m, err := semaphore.NewMutex(plain, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cv, err := semaphore.NewNamedCond(m, cond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := m.Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = lease(cv.Wait(ctx, l)) }()
+		for {
+			st, err := plain.Status(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Held == 0 { // released by the wait: it waits
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 	for _, tc := range []struct {
 		what string
-		run  func(ctx context.Context) error
+		// setup runs with the acknowledgements faked, and returns the call
+		// under test.
+		setup func(t *testing.T, ctx context.Context) func() error
 	}{
-		{"Acquire", func(ctx context.Context) error { return lease(c.Acquire(ctx, mutex("acq"))) }},
-		{"TryAcquire", func(ctx context.Context) error { return lease(c.TryAcquire(ctx, mutex("try"))) }},
-		{"multilock.Lock", func(ctx context.Context) error { return lease(multilock.Lock(ctx, c, "ml.a", "ml.b")) }},
-		{"RWMutex.RLock", func(ctx context.Context) error {
+		{"Acquire", func(t *testing.T, ctx context.Context) func() error {
+			return func() error { return lease(c.Acquire(ctx, mutex("acq"))) }
+		}},
+		{"TryAcquire", func(t *testing.T, ctx context.Context) func() error {
+			return func() error { return lease(c.TryAcquire(ctx, mutex("try"))) }
+		}},
+		{"multilock.Lock", func(t *testing.T, ctx context.Context) func() error {
+			return func() error { return lease(multilock.Lock(ctx, c, "ml.a", "ml.b")) }
+		}},
+		{"RWMutex.RLock", func(t *testing.T, ctx context.Context) func() error {
 			rw, err := semaphore.NewRWMutex(c, "rw")
 			if err != nil {
-				return err
+				t.Fatal(err)
 			}
-			return lease(rw.RLock(ctx))
+			return func() error { return lease(rw.RLock(ctx)) }
 		}},
-		{"latch CountDown, the count stays above 0", func(ctx context.Context) error {
+		{"Release", func(t *testing.T, ctx context.Context) func() error {
+			l, err := c.Acquire(ctx, mutex("rel"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return func() error { return l.Release(ctx) }
+		}},
+		{"Cond.Wait", func(t *testing.T, ctx context.Context) func() error {
+			m, err := semaphore.NewMutex(c, "cw")
+			if err != nil {
+				t.Fatal(err)
+			}
+			cv, err := semaphore.NewNamedCond(m, "c")
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := m.Lock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return func() error {
+				wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				defer cancel()
+				return lease(cv.Wait(wctx, l))
+			}
+		}},
+		{"Cond.Signal that wakes a waiter", func(t *testing.T, ctx context.Context) func() error {
+			condWaiter(t, ctx, "cs", "c")
+			m, err := semaphore.NewMutex(c, "cs")
+			if err != nil {
+				t.Fatal(err)
+			}
+			cv, err := semaphore.NewNamedCond(m, "c")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return func() error { _, err := cv.Signal(ctx); return err }
+		}},
+		{"Cond.Broadcast that wakes a waiter", func(t *testing.T, ctx context.Context) func() error {
+			condWaiter(t, ctx, "cb", "c")
+			m, err := semaphore.NewMutex(c, "cb")
+			if err != nil {
+				t.Fatal(err)
+			}
+			cv, err := semaphore.NewNamedCond(m, "c")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return func() error { _, err := cv.Broadcast(ctx); return err }
+		}},
+		{"latch CountDown, the count stays above 0", func(t *testing.T, ctx context.Context) func() error {
 			l, err := latch.New(c, "down2", 2)
 			if err != nil {
-				return err
+				t.Fatal(err)
 			}
-			return l.CountDown(ctx)
+			return func() error { return l.CountDown(ctx) }
 		}},
-		{"latch CountDown that opens the latch", func(ctx context.Context) error {
+		{"latch CountDown that opens the latch", func(t *testing.T, ctx context.Context) func() error {
 			l, err := latch.New(c, "down1", 1)
 			if err != nil {
-				return err
+				t.Fatal(err)
 			}
-			return l.CountDown(ctx)
+			return func() error { return l.CountDown(ctx) }
 		}},
-		{"latch Wait that waits", func(ctx context.Context) error {
+		{"latch Wait that waits", func(t *testing.T, ctx context.Context) func() error {
 			l, err := latch.New(c, "wait", 1)
 			if err != nil {
-				return err
+				t.Fatal(err)
 			}
-			return l.Wait(ctx)
+			return func() error { return l.Wait(ctx) }
 		}},
-		{"barrier Await that waits", func(ctx context.Context) error {
+		{"barrier Await that waits", func(t *testing.T, ctx context.Context) func() error {
 			br, err := barrier.New(c, "wait", 2)
 			if err != nil {
-				return err
+				t.Fatal(err)
 			}
-			_, err = br.Await(ctx)
-			return err
+			return func() error { _, err := br.Await(ctx); return err }
 		}},
-		{"barrier Await that completes its round", func(ctx context.Context) error {
+		{"barrier Await that completes its round", func(t *testing.T, ctx context.Context) func() error {
 			br, err := barrier.New(c, "last", 1)
 			if err != nil {
-				return err
+				t.Fatal(err)
 			}
-			_, err = br.Await(ctx)
-			return err
+			return func() error { _, err := br.Await(ctx); return err }
 		}},
-		{"election Campaign", func(ctx context.Context) error {
+		{"election Campaign", func(t *testing.T, ctx context.Context) func() error {
 			el, err := election.New(c, "el")
 			if err != nil {
+				t.Fatal(err)
+			}
+			return func() error {
+				l, err := el.Campaign(ctx, "v")
+				if l != nil {
+					_ = l.Resign(context.Background())
+				}
 				return err
 			}
-			l, err := el.Campaign(ctx, "v")
-			if l != nil {
-				_ = l.Resign(context.Background())
+		}},
+		{"election Resign", func(t *testing.T, ctx context.Context) func() error {
+			el, err := election.New(c, "resign")
+			if err != nil {
+				t.Fatal(err)
 			}
-			return err
+			l, err := el.Campaign(ctx, "v")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return func() error { return l.Resign(ctx) }
 		}},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			if err := tc.run(ctx); !errors.Is(err, fairlock.ErrNotReplicated) {
+			acks.on.Store(true)
+			call := tc.setup(t, ctx)
+			acks.on.Store(false)
+			defer acks.on.Store(true)
+			if err := call(); !errors.Is(err, fairlock.ErrNotReplicated) {
 				t.Errorf("%s with no replica to acknowledge = %v, want ErrNotReplicated", tc.what, err)
 			}
 		})
