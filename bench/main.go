@@ -77,7 +77,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.jsonFile, "json", "", "also write the results as JSON to this file")
 	fs.StringVar(&cfg.svgDir, "svg", "", "also draw the results as SVG figures into this directory (created if need be), and link them from the tables; relative to the directory the command runs in (bench/ under go -C bench)")
 	fs.StringVar(&only, "impls", "all", "comma-separated implementations: fairlock, redsync, redislock, setnx, ..., or all (all but the studies, such as "+autopipeName+", measured only when named)")
-	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "also write a CPU profile of the whole run (every implementation in this process) to this file")
+	fs.StringVar(&cfg.cpuProf, "cpuprofile", "", "also write a CPU profile of the whole run (every implementation in this process) to this file; in the contended scenarios the samples of each implementation's goroutines carry the labels impl and N (go tool pprof -tagfocus impl=^fairlock$)")
 	fs.BoolVar(&cfg.slowlog, "slowlog", false, "also time each call inside Redis, per scenario, from SLOWLOG with every command logged: a table of server time per call (a script's with the commands it runs), which costs the server about a microsecond a command (real servers only)")
 	fs.IntVar(&cfg.maxQueue, "max-queue", 0, "the queue scenario's largest queue: sizes 10, 100, ... 100000 up to this one; 0 for 10000 on a real server, 1000 on the embedded miniredis")
 	if err := fs.Parse(args); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -783,9 +784,14 @@ func contendedWith(e *env, name, title string, hold time.Duration, ns []int) ([]
 		for s := range parts {
 			for _, i := range rotate(e.impls, s) {
 				probe := func() snap { return e.snap(cnt[i]) }
-				loopProbed(ps[i], e.cfg.duration/parts, hold, 1, sts[i], probe, func(ctx context.Context, _ int, p *proc) (int64, func(context.Context) error, error) {
-					u, err := p.lock(ctx, fmt.Sprintf("%s%d", name, N))
-					return 1, u, err
+				// A -cpuprofile's samples of the slice's goroutines, and of
+				// those they start, carry the implementation and N.
+				labels := pprof.Labels("impl", e.impls[i].name, "N", strconv.Itoa(N))
+				pprof.Do(context.Background(), labels, func(context.Context) {
+					loopProbed(ps[i], e.cfg.duration/parts, hold, 1, sts[i], probe, func(ctx context.Context, _ int, p *proc) (int64, func(context.Context) error, error) {
+						u, err := p.lock(ctx, fmt.Sprintf("%s%d", name, N))
+						return 1, u, err
+					})
 				})
 				if sts[i].err != nil {
 					return nil, nil, fmt.Errorf("%s, N=%d: %w", e.impls[i].name, N, sts[i].err)
