@@ -3,7 +3,6 @@ package fairlock
 import (
 	"fmt"
 	"log/slog"
-	"math"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -31,9 +30,6 @@ const (
 	// retryDivisor: a renewal or refresh that failed is tried again
 	// TTL/retryDivisor later (a renewal never past its lease's deadline).
 	retryDivisor = wait.RetryDivisor
-	// never is a timer's duration for "not planned": whatever is planned
-	// comes earlier.
-	never = time.Duration(math.MaxInt64)
 )
 
 // MaxNameLen is the longest semaphore name, in bytes, that fairlock accepts;

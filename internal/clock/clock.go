@@ -13,6 +13,10 @@ type Sample struct {
 	Redis int64 // ms
 }
 
+// Never is a delay no timer reaches: a timer's duration for "not
+// planned", whatever is planned comes earlier.
+const Never = time.Duration(1<<63 - 1)
+
 // Tick is the resolution of Redis's clock as the scripts read it:
 // whole milliseconds, rounded down. A script that reports the time R (a
 // Sample's Redis) may run with Redis's clock anywhere in [R, R+1 ms), so

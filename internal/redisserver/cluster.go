@@ -43,24 +43,18 @@ func StartCluster(n int) (*Cluster, error) {
 	}
 	c := &Cluster{}
 	for range n {
-		var s *Server
-		var err error
-		for range 20 {
-			port, perr := freePort()
-			if perr != nil {
-				return nil, perr
-			}
-			if port+10000 > 65535 || !portFree(port+10000) {
-				continue
-			}
-			s = &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), Port: port,
+		// A node's cluster bus listens on its port + 10000.
+		bus := func(port int) bool { return port+10000 <= 65535 && portFree(port+10000) }
+		s, err := onFreePort(20, bus, func(port int) (*Server, error) {
+			s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), Port: port,
 				Args: []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"}}
-			if err = s.start(); err == nil {
-				break
+			if err := s.start(); err != nil {
+				s.Stop()
+				return nil, err
 			}
-			s = nil
-		}
-		if s == nil {
+			return s, nil
+		})
+		if err != nil {
 			c.Stop()
 			return nil, fmt.Errorf("starting cluster node: %v", err)
 		}

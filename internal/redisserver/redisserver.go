@@ -128,16 +128,36 @@ func Start(args ...string) (*Server, error) {
 	if _, err := Binary("redis-server"); err != nil {
 		return nil, err
 	}
-	var last error
-	for range 5 {
+	return onFreePort(5, nil, func(port int) (*Server, error) {
+		s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), Port: port, Args: args}
+		if err := s.start(); err != nil {
+			s.Stop()
+			return nil, err
+		}
+		return s, nil
+	})
+}
+
+// onFreePort runs start on fresh free loopback ports until a server starts,
+// up to tries times (another process can take a port between freePort and
+// the server's bind), and returns it, or the last error. A port that
+// usable (when not nil) refuses is skipped, and counts as a try. A start
+// that fails must leave nothing behind (its process and directory).
+func onFreePort(tries int, usable func(port int) bool, start func(port int) (*Server, error)) (*Server, error) {
+	last := fmt.Errorf("no usable free port in %d tries", tries)
+	for range tries {
 		port, err := freePort()
 		if err != nil {
 			return nil, err
 		}
-		s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), Port: port, Args: args}
-		if last = s.start(); last == nil {
+		if usable != nil && !usable(port) {
+			continue
+		}
+		s, err := start(port)
+		if err == nil {
 			return s, nil
 		}
+		last = err
 	}
 	return nil, last
 }

@@ -107,12 +107,7 @@ func StartSentinel(downAfter time.Duration) (*Sentinel, error) {
 // port; like Start, it tries again on a fresh port, up to 5 times, when
 // another process took the port first.
 func startSentinel(masterPort int, downAfter time.Duration) (*Server, error) {
-	var last error
-	for range 5 {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
+	return onFreePort(5, nil, func(port int) (*Server, error) {
 		dir, err := os.MkdirTemp("", "sentinel")
 		if err != nil {
 			return nil, err
@@ -127,10 +122,10 @@ func startSentinel(masterPort int, downAfter time.Duration) (*Server, error) {
 			return nil, err
 		}
 		x := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), Port: port, dir: dir, conf: path}
-		if last = x.start(); last == nil {
-			return x, nil
+		if err := x.start(); err != nil {
+			x.Stop()
+			return nil, err
 		}
-		x.Stop()
-	}
-	return nil, last
+		return x, nil
+	})
 }

@@ -393,7 +393,7 @@ func (r *Room) deliver(ticket string, wk wakeup) {
 func (r *Room) maintain(stop chan struct{}) {
 	c := r.C
 	defer c.Wg.Done()
-	timer := time.NewTimer(never) // reset below
+	timer := time.NewTimer(clock.Never) // reset below
 	defer timer.Stop()
 	for {
 		c.Mu.Lock()
@@ -414,7 +414,7 @@ func (r *Room) maintain(stop chan struct{}) {
 			c.Mu.Unlock()
 			continue
 		}
-		r.due = time.Now().Add(never) // lowered by the result below or by schedule
+		r.due = time.Now().Add(clock.Never) // lowered by the result below or by schedule
 		c.Mu.Unlock()
 
 		next, err := r.Round(true)

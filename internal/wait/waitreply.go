@@ -2,10 +2,8 @@ package wait
 
 import (
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/fairlock/fairlock/internal/script"
 )
@@ -135,6 +133,4 @@ const (
 	// RetryDivisor: a failed refresh is tried again after waiter TTL ÷
 	// RetryDivisor.
 	RetryDivisor = 10
-	// never is a delay no timer reaches.
-	never = time.Duration(math.MaxInt64)
 )
