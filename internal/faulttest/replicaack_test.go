@@ -76,17 +76,22 @@ func TestEveryChangeAwaitsReplicas(t *testing.T) {
 		}
 		return err
 	}
-	// condWaiter makes a plain client's waiter wait on cond of mutex
-	// name, and returns when it waits.
-	condWaiter := func(t *testing.T, ctx context.Context, name, cond string) {
-		m, err := semaphore.NewMutex(plain, name)
+	// condOf returns client cl's mutex name and its condition "c".
+	condOf := func(t *testing.T, cl *fairlock.Client, name string) (*semaphore.Mutex, *semaphore.Cond) {
+		m, err := semaphore.NewMutex(cl, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		cv, err := semaphore.NewNamedCond(m, cond)
+		cv, err := semaphore.NewNamedCond(m, "c")
 		if err != nil {
 			t.Fatal(err)
 		}
+		return m, cv
+	}
+	// condWaiter makes a plain client's waiter wait on mutex name's
+	// condition, and returns when it waits.
+	condWaiter := func(t *testing.T, ctx context.Context, name string) {
+		m, cv := condOf(t, plain, name)
 		l, err := m.Lock(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -133,14 +138,7 @@ func TestEveryChangeAwaitsReplicas(t *testing.T) {
 			return func() error { return l.Release(ctx) }
 		}},
 		{"Cond.Wait", func(t *testing.T, ctx context.Context) func() error {
-			m, err := semaphore.NewMutex(c, "cw")
-			if err != nil {
-				t.Fatal(err)
-			}
-			cv, err := semaphore.NewNamedCond(m, "c")
-			if err != nil {
-				t.Fatal(err)
-			}
+			m, cv := condOf(t, c, "cw")
 			l, err := m.Lock(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -152,27 +150,13 @@ func TestEveryChangeAwaitsReplicas(t *testing.T) {
 			}
 		}},
 		{"Cond.Signal that wakes a waiter", func(t *testing.T, ctx context.Context) func() error {
-			condWaiter(t, ctx, "cs", "c")
-			m, err := semaphore.NewMutex(c, "cs")
-			if err != nil {
-				t.Fatal(err)
-			}
-			cv, err := semaphore.NewNamedCond(m, "c")
-			if err != nil {
-				t.Fatal(err)
-			}
+			condWaiter(t, ctx, "cs")
+			_, cv := condOf(t, c, "cs")
 			return func() error { _, err := cv.Signal(ctx); return err }
 		}},
 		{"Cond.Broadcast that wakes a waiter", func(t *testing.T, ctx context.Context) func() error {
-			condWaiter(t, ctx, "cb", "c")
-			m, err := semaphore.NewMutex(c, "cb")
-			if err != nil {
-				t.Fatal(err)
-			}
-			cv, err := semaphore.NewNamedCond(m, "c")
-			if err != nil {
-				t.Fatal(err)
-			}
+			condWaiter(t, ctx, "cb")
+			_, cv := condOf(t, c, "cb")
 			return func() error { _, err := cv.Broadcast(ctx); return err }
 		}},
 		{"latch CountDown, the count stays above 0", func(t *testing.T, ctx context.Context) func() error {
