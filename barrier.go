@@ -256,6 +256,11 @@ func (c *Client) barrierAwait(ctx context.Context, name string, parties int64, t
 				c.letGo(ctx, breaks(asked), cp, nil)
 				return arrival{}, fail(ctx, op, names, err)
 			}
+			if o.AckErr != nil {
+				// The re-ask broke the round (or read how it ended) on
+				// the master alone.
+				return arrival{}, wrap(o.AckErr)
+			}
 			a.broken = rep[0] != 0
 			return a, nil
 		}
