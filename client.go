@@ -339,7 +339,9 @@ func isNilPointer(v any) bool {
 // and each of those calls still returns ErrClosed. So it does if a
 // release or withdrawal being sent again in the background (after an
 // error that passes, see [Lease.Release]) had not landed by its bound:
-// Close cuts it short there and counts it.
+// Close cuts it short there and counts it. With [WithReplicaAck], a
+// release the master ran but its replicas did not acknowledge is not sent
+// again; Close's error counts those too, and matches [ErrNotReplicated].
 //
 // Every call of the client's on its way to Redis when Close begins ends
 // at the close: an Acquire's or a condition wait's script call, a

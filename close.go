@@ -92,6 +92,10 @@ type shutdownState struct {
 	pending atomic.Int64 // of ended, releases not yet landed (nor given up)
 	failed  atomic.Int64 // releases that did not land
 	lastErr lastError    // why the last of those did not
+	// With WithReplicaAck, the releases that landed on the master but
+	// that its replicas did not acknowledge.
+	unacked    atomic.Int64
+	unackedErr lastError // the last of those's error
 	// The withdrawals of the acquisitions the close ended (waits, grants
 	// that raced it).
 	withdrawals     atomic.Int64 // begun
@@ -126,6 +130,13 @@ func (l *lastError) Load() error {
 func (s *shutdownState) fail(err error) {
 	s.failed.Add(1)
 	s.lastErr.Store(err)
+}
+
+// unack notes a release that landed on the master but that its
+// replicas did not acknowledge, for err (ErrNotReplicated's).
+func (s *shutdownState) unack(err error) {
+	s.unacked.Add(1)
+	s.unackedErr.Store(err)
 }
 
 // failResend notes a release or withdrawal sent again in the background
@@ -367,7 +378,10 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*wait.Liste
 		for range min(len(leases), closeFanOut) {
 			releases.Go(func() {
 				for l := range work {
-					if err := l.releaseAtClose(by); err != nil {
+					switch err := l.releaseAtClose(by); {
+					case errors.Is(err, ErrNotReplicated):
+						s.unack(err)
+					case err != nil:
 						s.fail(err)
 					}
 					s.pending.Add(-1)
@@ -435,6 +449,10 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*wait.Liste
 		err := s.lastErr.Load()
 		errs = append(errs, fmt.Errorf("%w: %d of %d leases could not be released (last: %w); Redis ends them when their TTL runs out", ErrRedis, n, len(leases), err))
 	}
+	if n := s.unacked.Load(); n > 0 {
+		err := s.unackedErr.Load()
+		errs = append(errs, fmt.Errorf("%w: %d of %d leases were released on the master, but its replicas did not acknowledge the release (last: %w); a failover can undo it, and Redis then ends the lease when its TTL runs out", ErrRedis, n, len(leases), err))
+	}
 	if n := s.withdrawFailed.Load(); n > 0 {
 		err := s.withdrawLastErr.Load()
 		errs = append(errs, fmt.Errorf("%w: %d of %d acquisitions the close ended could not be withdrawn (last: %w); Redis drops their tickets at their deadlines (a waiter's within its waiter TTL)", ErrRedis, n, s.withdrawals.Load(), err))
@@ -464,8 +482,10 @@ func (c *Client) stop(s *shutdownState, start time.Time, listening []*wait.Liste
 // deadline, past which Redis has dropped it anyway). The lease ends before
 // the release is sent, so that work watching Done or a LeaseContext
 // learns of it before the next holder can be granted. It returns why the
-// release did not land, or nil: landed, found the lease already gone, or
-// left to its holder, whose Release or condition wait took it first.
+// release did not land (one that landed on the master but that its
+// replicas did not acknowledge, with WithReplicaAck: an error matching
+// ErrNotReplicated), or nil: landed, found the lease already gone, or left
+// to its holder, whose Release or condition wait took it first.
 func (l *Lease) releaseAtClose(by time.Time) error {
 	l.mu.Lock()
 	if l.released {
@@ -476,7 +496,7 @@ func (l *Lease) releaseAtClose(by time.Time) error {
 	after := l.atClose
 	l.mu.Unlock()
 	err := l.c.sendUntil(oc, l.p, until)
-	if after != nil && err == nil {
+	if after != nil && (err == nil || errors.Is(err, ErrNotReplicated)) {
 		ctx, cancel := context.WithDeadline(context.Background(), by)
 		after(ctx)
 		cancel()
@@ -501,7 +521,9 @@ func (l *Lease) endAtClose(by time.Time) (oc script.Call, until time.Time) {
 // error that passes (with resendLater's backoff), until it lands or until.
 // It returns nil once it landed (whatever it found: a lease expired
 // meanwhile is no error), or the last error. With WithReplicaAck, a
-// release Redis's master ran counts as landed.
+// release Redis's master ran counts as landed, and is not sent again; if
+// the replicas did not acknowledge it, sendUntil returns that error
+// (matching ErrNotReplicated).
 func (c *Client) sendUntil(oc script.Call, p plan, until time.Time) error {
 	wait := resendFirst
 	var err error
@@ -513,11 +535,11 @@ func (c *Client) sendUntil(oc script.Call, p plan, until time.Time) error {
 			break
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), until)
-		res, _ := c.calls.Run(ctx, oc)
+		res, ackErr := c.calls.Run(ctx, oc)
 		_, err = c.released(p, res)
 		cancel()
 		if err == nil {
-			return nil
+			return ackErr
 		}
 		if !transient(err) {
 			break

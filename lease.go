@@ -121,7 +121,7 @@ func (c *Client) newLease(ctx context.Context, p plan, ticket string, tokens []i
 	}
 	// With WithReplicaAck, an announced grant is confirmed, and the
 	// confirmation replicated, before the caller may rely on it.
-	l.due = time.Now()                                      // (renewed below)
+	l.due = time.Now()                                            // (renewed below)
 	l.timer = c.sched.Start(&l.entry, clock.Never, renewLease, l) // reset by renew
 
 	l.rmu.Unlock()

@@ -218,6 +218,96 @@ func TestEveryChangeAwaitsReplicas(t *testing.T) {
 			}
 			return func() error { return l.Resign(ctx) }
 		}},
+		{"Client.Close releasing a lease", func(t *testing.T, ctx context.Context) func() error {
+			cl, err := fairlock.New(rdb, fairlock.WithPrefix(prefix), fairlock.WithReplicaAck(1, 50*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cl.Acquire(ctx, mutex("close")); err != nil {
+				t.Fatal(err)
+			}
+			return func() error { return cl.Close() }
+		}},
+		{"barrier Await whose re-ask breaks its round", func(t *testing.T, ctx context.Context) func() error {
+			// A party of a plain client whose process dies (cut off): the
+			// waiting party's refresh reports it gone, and its re-ask
+			// breaks the round.
+			drdb := redis.NewClient(&redis.Options{Addr: b.Addr})
+			t.Cleanup(func() { _ = drdb.Close() })
+			faults := &redistest.Faults{}
+			dc, err := fairlock.New(drdb, fairlock.WithPrefix(prefix), fairlock.WithWaiterTTL(300*time.Millisecond),
+				redistest.AddHook[fairlock.Option](drdb, faults))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { faults.Down.Store(false); _ = dc.Close() })
+			dead, err := barrier.New(dc, "reask", 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() { _, _ = dead.Await(ctx) }()
+			started := make(chan struct{}, 1)
+			oc, err := fairlock.New(rdb, fairlock.WithPrefix(prefix), fairlock.WithReplicaAck(1, 50*time.Millisecond),
+				fairlock.WithObserver(observerFunc(func(e fairlock.Event) {
+					if e.Kind == fairlock.WaitStarted {
+						started <- struct{}{}
+					}
+				})))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = oc.Close() })
+			br, err := barrier.New(oc, "reask", 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitArrived := func(n int) {
+				for {
+					st, err := br.Status(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if len(st.Arrived) == n {
+						return
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			waitArrived(1)
+			res := make(chan error, 1)
+			go func() { _, err := br.Await(ctx); res <- err }()
+			<-started // its arrival acknowledged, it waits
+			return func() error {
+				faults.Down.Store(true) // the other party's process dies
+				err := <-res
+				t.Logf("Await: %v", err)
+				return err
+			}
+		}},
+		{"election Campaign", func(t *testing.T, ctx context.Context) func() error {
+			el, err := election.New(c, "el")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return func() error {
+				l, err := el.Campaign(ctx, "v")
+				if l != nil {
+					_ = l.Resign(context.Background())
+				}
+				return err
+			}
+		}},
+		{"election Resign", func(t *testing.T, ctx context.Context) func() error {
+			el, err := election.New(c, "resign")
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := el.Campaign(ctx, "v")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return func() error { return l.Resign(ctx) }
+		}},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -232,3 +322,7 @@ func TestEveryChangeAwaitsReplicas(t *testing.T) {
 		})
 	}
 }
+
+type observerFunc func(fairlock.Event)
+
+func (f observerFunc) Observe(e fairlock.Event) { f(e) }
