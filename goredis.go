@@ -385,6 +385,9 @@ func (g *goRedis) Script(ctx context.Context, s backend.Script) (any, error) {
 	return cmd.Val(), g.named(fromClient(g.dials.settle(cmd.Err())))
 }
 
+// ackChannel is the channel ScriptWait publishes to before its WAIT.
+const ackChannel = "fairlock:replica-ack"
+
 func (g *goRedis) ScriptWait(ctx context.Context, s backend.Script, replicas int, timeout time.Duration) (any, int64, error, error) {
 	p, ok := g.rdb.(pipeliner)
 	if !ok {
@@ -394,6 +397,15 @@ func (g *goRedis) ScriptWait(ctx context.Context, s backend.Script, replicas int
 	ctx = g.dials.mark(ctx, s.Keys)
 	pipe := p.Pipeline()
 	cmd := g.send(ctx, pipe, s)
+	// WAIT counts the replicas that have this connection's last write. A
+	// script that wrote nothing (a resend that found its first run's
+	// outcome, on another connection) would leave that at an older write,
+	// and WAIT would cover none of the first run's; a PUBLISH (replicated,
+	// on a channel nobody needs to hear, touching no key) is a write of
+	// the connection's own that follows everything the master ran before.
+	// A user that may not publish (ACL) gets NOPERM for it, ignored: its
+	// WAIT covers the script's own writes only.
+	_ = pipe.Process(ctx, redis.NewIntCmd(ctx, "publish", ackChannel, ""))
 	wait := redis.NewIntCmd(ctx, "wait", replicas, timeout.Milliseconds())
 	_ = pipe.Process(ctx, wait)
 	_, _ = pipe.Exec(ctx)

@@ -135,7 +135,14 @@ func WithWaiterTTL(d time.Duration) Option {
 // call that made it returns, until at least replicas replicas of the Redis
 // master have it (Redis's WAIT), for up to timeout. It narrows what a
 // failover can lose (see the README's Reliability section) at the cost of
-// a replication round trip on every acquire, renewal and release.
+// a replication round trip on every acquire, renewal and release. Each of
+// those scripts is sent with a PUBLISH on the channel
+// "fairlock:replica-ack" (no key, nothing to hear) and the WAIT: the
+// PUBLISH makes the WAIT cover all the master ran before it, also when the
+// call is a resend that found its first run's outcome and wrote nothing
+// (the first run's writes must reach the replicas too). A Redis user that
+// may not publish there (ACL) gets WAITs that cover a script's own writes
+// only.
 //
 // When the replicas do not acknowledge in time, Acquire gives the grant
 // back and returns an error matching [ErrNotReplicated]; a renewal counts
