@@ -709,15 +709,17 @@ func onEachMaster(t testing.TB, tg Target, do func(context.Context, *redis.Clien
 //
 // Another process's TryAcquire is then refused. Granted before the
 // lease's own deadline (Expiry, read just before it was sent) had passed,
-// or with the lease still reading live, two live leases held the one
-// permit: that fails at once. Granted only after that deadline, with the
-// lease reading lost, the lease lapsed on the way: as it must when this
-// process (or miniredis, which runs in it) is not run for the rest of its
-// TTL, which loaded -race runs on two cores do. That lapse, and a lease
-// read lost after its three TTLs, count as such a stall only when the
-// process was seen not to run (fltest.WatchStalls) for a fifth of the TTL
-// or more during the attempt: then the attempt is made again, three times
-// at most; without one, they fail.
+// by Redis's clock (a token is at least Redis's clock at its grant, in
+// µs; the servers run on this host's clock) or by this process's (the
+// answer came before it), or with the lease still reading live, two live
+// leases held the one permit: that fails at once. Granted only after that
+// deadline, with the lease reading lost, the lease lapsed on the way: as
+// it must when this process (or miniredis, which runs in it) is not run
+// for the rest of its TTL, which loaded -race runs on two cores do. That
+// lapse, and a lease read lost after its three TTLs, count as such a
+// stall only when the process was seen not to run (fltest.WatchStalls)
+// for half the TTL or more during the attempt: then the attempt is made
+// again, three times at most; without one, they fail.
 func renewal(t *testing.T, tg Target) {
 	for attempt := 1; ; attempt++ {
 		lapsed := renewalOnce(t, tg)
@@ -740,7 +742,7 @@ func renewalOnce(t *testing.T, tg Target) (lapsed string) {
 	var stall atomic.Int64 // the longest stall seen, ns
 	watch, stop := context.WithCancel(ctx)
 	defer stop()
-	fltest.WatchStalls(watch, ttl/5, func(from, till time.Time) {
+	fltest.WatchStalls(watch, ttl/2, func(from, till time.Time) {
 		if d := int64(till.Sub(from)); d > stall.Load() {
 			stall.Store(d)
 		}
@@ -778,6 +780,10 @@ func renewalOnce(t *testing.T, tg Target) (lapsed string) {
 		if answered.Before(deadline) {
 			t.Fatalf("TryAcquire by another process was granted (in %v) %v before the lease's deadline: two live holders (the lease's Err now: %v)",
 				took, deadline.Sub(answered).Round(time.Millisecond), l.Err())
+		}
+		if granted := time.UnixMicro(got.Token()); granted.Before(deadline) {
+			t.Fatalf("TryAcquire by another process was answered %v after the lease's deadline, but granted %v before it by Redis's clock (its token): two live holders",
+				answered.Sub(deadline).Round(time.Millisecond), deadline.Sub(granted).Round(time.Millisecond))
 		}
 		lerr := l.Err()
 		if lerr == nil {
