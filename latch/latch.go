@@ -156,7 +156,12 @@ func (l *Latch) CountDown(ctx context.Context) error {
 // background (if Redis cannot be reached, it is dropped within the
 // client's waiter TTL). Wait may return nil after its waiter was dropped
 // and asked again only if the latch was open by then; it never returns
-// nil while the count is above zero.
+// nil while the count is above zero. With [fairlock.WithReplicaAck], a
+// Wait that has to wait fails with [fairlock.ErrNotReplicated] when the
+// replicas do not acknowledge its waiter; one that finds the latch open
+// reads the master and writes nothing, so it can open on a count down
+// that failed unacknowledged, which a failover can then lose (see
+// [Latch.Count]).
 //
 // A count other than the stored one fails with [ErrCountMismatch],
 // another program's value at one of the latch's keys with
