@@ -169,7 +169,7 @@ func (f *lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 func (f *lostReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if err == nil && runsOp(cmd, f.op) && f.n.Add(-1) >= 0 {
+		if err == nil && redistest.RunsOp(cmd, f.op) && f.n.Add(-1) >= 0 {
 			cmd.SetErr(f.err)
 			return f.err
 		}
@@ -315,7 +315,7 @@ func (f *slowFailure) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 func (f *slowFailure) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if err != nil && runsOp(cmd, f.op) {
+		if err != nil && redistest.RunsOp(cmd, f.op) {
 			time.Sleep(f.delay)
 		}
 		return err

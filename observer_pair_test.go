@@ -392,7 +392,7 @@ func (f *fakeAck) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 				continue
 			}
 			keep = append(keep, cmd)
-			renew = renew || runsOp(cmd, "renew")
+			renew = renew || redistest.RunsOp(cmd, "renew")
 		}
 		err := next(ctx, keep)
 		for _, w := range waits {

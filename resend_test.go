@@ -111,7 +111,7 @@ func (f *failReleases) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 }
 func (f *failReleases) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if runsOp(cmd, cmp.Or(f.op, "release")) && f.n.Add(-1) >= 0 {
+		if redistest.RunsOp(cmd, cmp.Or(f.op, "release")) && f.n.Add(-1) >= 0 {
 			cmd.SetErr(f.err)
 			return f.err
 		}
@@ -171,19 +171,6 @@ func TestReleaseSentAgain(t *testing.T) {
 			t.Fatalf("%d refusals left: the release was not sent again", n+1)
 		}
 	})
-}
-
-// runsOp reports whether cmd runs a script's op.
-func runsOp(cmd redis.Cmder, op string) bool {
-	switch cmd.Name() {
-	case "fcall", "evalsha", "eval":
-		for _, a := range cmd.Args() {
-			if a == op {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // A cancelled waiter's withdrawal refused by an error that passes is sent

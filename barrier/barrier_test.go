@@ -377,23 +377,11 @@ func (h *doubler) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 }
 func (h *doubler) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if runsOp(cmd, h.op) {
+		if redistest.RunsOp(cmd, h.op) {
 			_ = next(ctx, cmd)
 		}
 		return next(ctx, cmd)
 	}
-}
-
-func runsOp(cmd redis.Cmder, op string) bool {
-	switch cmd.Name() {
-	case "fcall", "evalsha", "eval":
-		for _, a := range cmd.Args() {
-			if a == op {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // An arrival sent twice (as the Redis client resends a command whose

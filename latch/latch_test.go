@@ -226,24 +226,11 @@ func (h *callCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		err := next(ctx, cmd)
 		// (A script refused, as a function miniredis does not know, or
 		// one Redis has not seen, is sent again another way: one call.)
-		if runsOp(cmd, h.op) && err == nil {
+		if redistest.RunsOp(cmd, h.op) && err == nil {
 			h.n.Add(1)
 		}
 		return err
 	}
-}
-
-// runsOp reports whether cmd runs a script's op.
-func runsOp(cmd redis.Cmder, op string) bool {
-	switch cmd.Name() {
-	case "fcall", "evalsha", "eval":
-		for _, a := range cmd.Args() {
-			if a == op {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // Many waiters across several processes are all woken by the CountDown
@@ -307,7 +294,7 @@ func (h *doubler) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 }
 func (h *doubler) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if runsOp(cmd, h.op) {
+		if redistest.RunsOp(cmd, h.op) {
 			_ = next(ctx, cmd)
 		}
 		return next(ctx, cmd)
@@ -356,7 +343,7 @@ func (h *loseReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 func (h *loseReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if err == nil && runsOp(cmd, h.op) && h.n.Add(-1) >= 0 {
+		if err == nil && redistest.RunsOp(cmd, h.op) && h.n.Add(-1) >= 0 {
 			cmd.SetErr(io.ErrUnexpectedEOF)
 			return io.ErrUnexpectedEOF
 		}
@@ -397,7 +384,7 @@ func (h *failAfter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 }
 func (h *failAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !runsOp(cmd, h.op) {
+		if !redistest.RunsOp(cmd, h.op) {
 			return next(ctx, cmd)
 		}
 		if h.answered.Load() {
@@ -426,7 +413,7 @@ func (h *holdOp) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 }
 func (h *holdOp) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if h.holding.Load() && runsOp(cmd, h.op) {
+		if h.holding.Load() && redistest.RunsOp(cmd, h.op) {
 			select {
 			case <-h.open:
 			case <-ctx.Done():
@@ -453,7 +440,7 @@ func (h *lateCopies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 func (h *lateCopies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !runsOp(cmd, h.op) || h.open.Load() {
+		if !redistest.RunsOp(cmd, h.op) || h.open.Load() {
 			return next(ctx, cmd)
 		}
 		if h.ran.Load() {

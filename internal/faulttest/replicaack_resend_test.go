@@ -18,20 +18,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// pipeRunsOp reports whether cmd runs fairlock's script op (its name is
-// among the call's arguments).
-func pipeRunsOp(cmd redis.Cmder, op string) bool {
-	switch cmd.Name() {
-	case "fcall", "evalsha", "eval":
-		for _, a := range cmd.Args() {
-			if a == op {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // resendOn runs every pipeline that calls op a second time on another
 // connection (its own client's) and hands the caller the second reply:
 // what go-redis's retry does when the first reply is lost with its
@@ -51,7 +37,7 @@ func (h *resendOn) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 		h.mu.Lock()
 		op := h.op
 		h.mu.Unlock()
-		if op == "" || !pipeRunsOp(cmds[0], op) {
+		if op == "" || !redistest.RunsOp(cmds[0], op) {
 			return err
 		}
 		first := fmt.Sprint(cmds[0].(*redis.Cmd).Val(), " wait=", cmds[len(cmds)-1].(*redis.IntCmd).Val())
@@ -104,7 +90,10 @@ func TestResentChangeAwaitsReplicas(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: master.Addr})
 	t.Cleanup(func() { _ = rdb.Close() })
 	rdb.AddHook(hook)
-	c, err := fairlock.New(rdb, fairlock.WithPrefix(prefix), fairlock.WithReplicaAck(1, 100*time.Millisecond))
+	// Two seconds: a live replica acknowledges each row's setup under a
+	// loaded -race run too (100 ms was not enough there); the paused one
+	// makes each call under test wait them out.
+	c, err := fairlock.New(rdb, fairlock.WithPrefix(prefix), fairlock.WithReplicaAck(1, 2*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -284,30 +284,6 @@ func TestEveryChangeAwaitsReplicas(t *testing.T) {
 				return err
 			}
 		}},
-		{"election Campaign", func(t *testing.T, ctx context.Context) func() error {
-			el, err := election.New(c, "el")
-			if err != nil {
-				t.Fatal(err)
-			}
-			return func() error {
-				l, err := el.Campaign(ctx, "v")
-				if l != nil {
-					_ = l.Resign(context.Background())
-				}
-				return err
-			}
-		}},
-		{"election Resign", func(t *testing.T, ctx context.Context) func() error {
-			el, err := election.New(c, "resign")
-			if err != nil {
-				t.Fatal(err)
-			}
-			l, err := el.Campaign(ctx, "v")
-			if err != nil {
-				t.Fatal(err)
-			}
-			return func() error { return l.Resign(ctx) }
-		}},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

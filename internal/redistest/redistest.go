@@ -249,3 +249,18 @@ func Long(t testing.TB) {
 		t.Skip("long: runs in the full suite (without -short)")
 	}
 }
+
+// RunsOp reports whether cmd runs fairlock's script op: an FCALL, EVALSHA
+// or EVAL whose arguments name it (every script call carries its op's
+// name). Tests' hooks use it to pick out one op's commands.
+func RunsOp(cmd redis.Cmder, op string) bool {
+	switch cmd.Name() {
+	case "fcall", "evalsha", "eval":
+		for _, a := range cmd.Args() {
+			if a == op {
+				return true
+			}
+		}
+	}
+	return false
+}
