@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -94,10 +95,7 @@ func CheckBarrier(h History, pauses []Pause, lim Limits) BarrierResult {
 	// unackedMark: the arrival may have completed a round on the master
 	// alone.
 	var marked, unmarked []string
-	unacked := false
-	for _, op := range h.Ops {
-		unacked = unacked || unackedIn(lim.Faults, op, "barrier_await")
-	}
+	unacked := slices.ContainsFunc(h.Ops, func(op Op) bool { return unackedIn(lim.Faults, op, "barrier_await") })
 	violate := func(from, till int64, format string, args ...any) {
 		v := fmt.Sprintf(format, args...)
 		if m := near(lim.Faults, from, till); m != "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -205,10 +206,10 @@ func CheckLatch(h History, pauses []Pause, lim Limits) LatchResult {
 			from, till = min(from, o.Input.(Op).Call), max(till, o.Input.(Op).Return)
 		}
 		mark := near(lim.Faults, from, till)
-		for _, o := range by[name] {
-			if mark != "" && unackedIn(lim.Faults, o.Input.(Op), "latch_down") {
-				mark = unackedMark
-			}
+		if mark != "" && slices.ContainsFunc(by[name], func(o porcupine.Operation) bool {
+			return unackedIn(lim.Faults, o.Input.(Op), "latch_down")
+		}) {
+			mark = unackedMark
 		}
 		if named[mark]++; named[mark] <= maxLatchViolations {
 			res.Violations = append(res.Violations, mark+v)
